@@ -1,0 +1,222 @@
+/* Reverse mode over the recorded IR: walk from the loss to the leaves that
+ * require grad, apply each op's VJP (which records more lazy ops), and
+ * accumulate into each leaf's persistent grad with cx_assign. Forward,
+ * backward and the optimizer update therefore land in one graph. */
+#include "internal.h"
+
+static uint64_t g_remat_region;
+static int g_remat_depth;
+static uint64_t g_remat_counter;
+
+void cx_remat_begin(void)
+{
+    if (g_remat_depth++ == 0) g_remat_region = ++g_remat_counter;
+}
+void cx_remat_end(void) { if (g_remat_depth > 0 && --g_remat_depth == 0) g_remat_region = 0; }
+bool cx_remat_active(void) { return g_remat_depth > 0; }
+uint64_t cx_remat_region(void) { return g_remat_region; }
+
+cx_tensor *cx_requires_grad(cx_tensor *t, bool on)
+{
+    if (!t || t->node->op == OP_ERROR) return t;
+    if (on && !cx_dtype_is_float((cx_dtype)t->node->dtype)) {
+        cx_set_error("requires_grad: dtype %s cannot require grad", cx_dtype_name((cx_dtype)t->node->dtype));
+        return t;
+    }
+    if (on) {
+        t->flags |= TF_REQUIRES_GRAD;
+        if (t->node->op == OP_DATA) {
+            t->node->flags |= NF_REQUIRES_GRAD;
+            t->node->grad_leaf = t;
+        }
+    } else {
+        t->flags &= ~(uint32_t)TF_REQUIRES_GRAD;
+        if (t->node->op == OP_DATA) { t->node->flags &= ~(uint32_t)NF_REQUIRES_GRAD; t->node->grad_leaf = NULL; }
+    }
+    return t;
+}
+
+bool cx_get_requires_grad(const cx_tensor *t) { return t && (t->flags & TF_REQUIRES_GRAD); }
+cx_tensor *cx_grad(cx_tensor *t) { return t ? t->grad : NULL; }
+
+void cx_zero_grad(cx_tensor *t)
+{
+    if (!t || !t->grad) return;
+    cx_tensor *g = t->grad;
+    t->grad = NULL;
+    cx_free(g);
+}
+
+void cx_set_grad(cx_tensor *t, cx_tensor *g)
+{
+    if (!t) return;
+    cx_zero_grad(t);
+    if (g) t->grad = cx_persist(cx_alias(g));
+}
+
+/* ---- rematerialization ----------------------------------------------------------- */
+
+/* Backward reads forward values of remat-region nodes through fresh clones
+ * (tagged so interning never merges them with the originals), so the
+ * forward activations can die after their forward use. */
+typedef struct { cx_node **from, **to; int n, cap; uint64_t tag; } remat_map;
+
+static cx_node *remat_clone(remat_map *m, cx_node *x)
+{
+    if (!(x->flags & NF_REMAT) || x->remat_tag == m->tag) return x;
+    for (int i = 0; i < m->n; i++) if (m->from[i] == x) return m->to[i];
+    cx_node *ins_small[8];
+    cx_node **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);
+    if (!ins) return x;
+    for (int i = 0; i < x->ninputs; i++) ins[i] = remat_clone(m, x->inputs[i]);
+    cx_node_desc d = { .op = (cx_op)x->op, .dtype = (cx_dtype)x->dtype, .ndim = x->ndim, .shape = x->shape,
+                       .ninputs = x->ninputs, .inputs = ins, .nattrs = x->nattrs, .attrs = x->attrs,
+                       .fval = x->fval, .flags = x->flags & ~(uint32_t)(NF_INTERNED | NF_REMAT) };
+    /* the clone is interned under the backward's tag */
+    uint64_t saved = g_remat_region;
+    int saved_depth = g_remat_depth;
+    g_remat_region = m->tag;
+    g_remat_depth = 1;
+    cx_node *c = cx_node_make(&d);
+    g_remat_region = saved;
+    g_remat_depth = saved_depth;
+    if (ins != ins_small) free(ins);
+    if (!c) return x;
+    if (m->n == m->cap) {
+        int cap = m->cap ? m->cap * 2 : 64;
+        cx_node **f = realloc(m->from, sizeof *f * (size_t)cap), **t;
+        if (!f) { cx_node_unref(c); return x; }
+        m->from = f;
+        t = realloc(m->to, sizeof *t * (size_t)cap);
+        if (!t) { cx_node_unref(c); return x; }
+        m->to = t;
+        m->cap = cap;
+    }
+    m->from[m->n] = x;
+    m->to[m->n++] = c;
+    return c;
+}
+
+/* ---- backward ------------------------------------------------------------------------- */
+
+static void accumulate_leaf(cx_tensor *leaf, cx_tensor *g)
+{
+    cx_tensor *gc = cx_dtype_of(g) == cx_dtype_of(leaf) ? cx_alias(g) : cx_cast(g, cx_dtype_of(leaf));
+    cx_no_grad_begin();
+    if (!leaf->grad) {
+        leaf->grad = cx_persist(cx_alias(gc));
+    } else {
+        cx_tensor *s = cx_add(leaf->grad, gc);
+        cx_assign(leaf->grad, s);
+        cx_drop(s);
+    }
+    cx_no_grad_end();
+    cx_drop(gc);
+}
+
+cx_status cx_backward(cx_tensor *loss)
+{
+    if (!loss) { cx_set_error("backward: loss is NULL"); return CX_ERR_ARG; }
+    cx_node *root = loss->node;
+    if (root->op == OP_ERROR) { cx_set_error("backward: loss is poisoned: %s", root->err); return CX_ERR_SHAPE; }
+    if (root->numel != 1) {
+        char b[160];
+        cx_set_error("backward: loss of shape %s is not a scalar", cx_shape_str(b, sizeof b, root->shape, root->ndim));
+        return CX_ERR_SHAPE;
+    }
+    if (!cx_dtype_is_float((cx_dtype)root->dtype)) { cx_set_error("backward: loss dtype %s is not float", cx_dtype_name((cx_dtype)root->dtype)); return CX_ERR_ARG; }
+    if (!(root->flags & NF_REQUIRES_GRAD)) { cx_set_error("backward: loss does not depend on any tensor that requires grad"); return CX_ERR_ARG; }
+
+    /* topological order of the grad-carrying subgraph (iterative DFS) */
+    int cap = 1024, n = 0, sp = 0;
+    cx_node **order = malloc(sizeof *order * (size_t)cap);
+    struct frame { cx_node *x; int next; } *stack = malloc(sizeof *stack * 1024);
+    int scap = 1024;
+    if (!order || !stack) { free(order); free(stack); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
+    int epoch = cx_mark_epoch();
+    int visited = epoch, done = visited + 1;
+    stack[sp++] = (struct frame){ root, 0 };
+    root->mark = visited;
+    while (sp) {
+        struct frame *f = &stack[sp - 1];
+        if (f->next < f->x->ninputs) {
+            cx_node *c = f->x->inputs[f->next++];
+            if (!(c->flags & NF_REQUIRES_GRAD) || c->mark == visited || c->mark == done) continue;
+            c->mark = visited;
+            if (sp == scap) {
+                scap *= 2;
+                struct frame *ns = realloc(stack, sizeof *ns * (size_t)scap);
+                if (!ns) { free(order); free(stack); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
+                stack = ns;
+            }
+            stack[sp++] = (struct frame){ c, 0 };
+        } else {
+            f->x->mark = done;
+            if (n == cap) {
+                cap *= 2;
+                cx_node **no = realloc(order, sizeof *no * (size_t)cap);
+                if (!no) { free(order); free(stack); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
+                order = no;
+            }
+            order[n++] = f->x;
+            sp--;
+        }
+    }
+    free(stack);
+    for (int i = 0; i < n; i++) { order[i]->index = i; cx_node_ref(order[i]); }
+
+    cx_tensor **grads = calloc((size_t)n, sizeof *grads);
+    if (!grads) { for (int i = 0; i < n; i++) cx_node_unref(order[i]); free(order); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
+    bool was_enabled = cx_grad_enabled();
+    cx_no_grad_begin(); /* the backward graph itself carries no gradient */
+    grads[n - 1] = cx_ones(root->shape, root->ndim, (cx_dtype)root->dtype);
+    remat_map rm = { .tag = ~0ull - (uint64_t)epoch };
+    cx_status st = CX_OK;
+    for (int i = n - 1; i >= 0; i--) {
+        cx_node *x = order[i];
+        cx_tensor *g = grads[i];
+        grads[i] = NULL;
+        if (!g) continue;
+        if (x->op == OP_DATA) {
+            if (x->grad_leaf) accumulate_leaf(x->grad_leaf, g);
+            cx_drop(g);
+            if (cx_current_step_depth() > 0) {} /* step owns g */
+            continue;
+        }
+        const cx_op_info *info = &cx_op_table[x->op];
+        if (!info->vjp) { cx_drop(g); continue; }
+        cx_tensor *ins_small[8];
+        cx_tensor **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);
+        if (!ins) { st = CX_ERR_OOM; cx_drop(g); break; }
+        for (int k = 0; k < x->ninputs; k++) ins[k] = cx_tensor_of(remat_clone(&rm, x->inputs[k]));
+        cx_tensor *out = cx_tensor_of(remat_clone(&rm, x));
+        for (int k = 0; k < x->ninputs; k++) {
+            cx_node *c = x->inputs[k];
+            if (!(c->flags & NF_REQUIRES_GRAD) || c->mark != done) continue;
+            cx_tensor *gk = info->vjp(x, ins, out, g, k);
+            if (!gk) continue;
+            if (gk->node->op == OP_ERROR) { cx_set_error("backward: %s: %s", info->name, gk->node->err); st = CX_ERR_SHAPE; cx_drop(gk); continue; }
+            int j = c->index;
+            if (!grads[j]) grads[j] = gk;
+            else {
+                cx_tensor *s = cx_add(grads[j], gk);
+                cx_drop(grads[j]);
+                cx_drop(gk);
+                grads[j] = s;
+            }
+        }
+        for (int k = 0; k < x->ninputs; k++) cx_drop(ins[k]);
+        if (ins != ins_small) free(ins);
+        cx_drop(out);
+        cx_drop(g);
+    }
+    cx_no_grad_end();
+    (void)was_enabled;
+    for (int i = 0; i < n; i++) { if (grads[i]) cx_drop(grads[i]); }
+    for (int i = 0; i < rm.n; i++) cx_node_unref(rm.to[i]);
+    free(rm.from); free(rm.to);
+    for (int i = 0; i < n; i++) cx_node_unref(order[i]);
+    free(grads);
+    free(order);
+    return st;
+}

@@ -1,0 +1,254 @@
+/* Collectives: IR builders, the replica-group table, and the backend
+ * registry (world of one unless parallel/ registers MPI). */
+#include "internal.h"
+
+/* ---- world of one ----------------------------------------------------------- */
+
+static int one_size(void *ctx) { (void)ctx; return 1; }
+static int one_rank(void *ctx) { (void)ctx; return 0; }
+
+static void *one_start(void *ctx, const cx_comm_op *op)
+{
+    (void)ctx;
+    size_t es = cx_dtype_size(op->dtype);
+    if (op->out != op->in) memmove(op->out, op->in, (size_t)op->count * es);
+    if ((op->kind == CX_COLL_ALL_REDUCE || op->kind == CX_COLL_REDUCE_SCATTER) && op->scale != 1.0) {
+        if (op->dtype == CX_F32) {
+            float *o = op->out;
+            for (int64_t i = 0; i < op->count; i++) o[i] = (float)(o[i] * op->scale);
+        } else if (op->dtype == CX_BF16) {
+            uint16_t *o = op->out;
+            for (int64_t i = 0; i < op->count; i++) o[i] = cx_f32_to_bf16((float)(cx_bf16_to_f32(o[i]) * op->scale));
+        }
+    }
+    return (void *)1;
+}
+
+static cx_status one_wait(void *ctx, void *req) { (void)ctx; (void)req; return CX_OK; }
+
+static const cx_comm_backend g_world_of_one = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait };
+static cx_comm_backend g_backend = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait };
+
+void cx_comm_register(const cx_comm_backend *b) { g_backend = b ? *b : g_world_of_one; }
+const cx_comm_backend *cx_comm_get(void) { return &g_backend; }
+int cx_comm_world_size(void) { return g_backend.world_size(g_backend.ctx); }
+int cx_comm_rank(void) { return g_backend.rank(g_backend.ctx); }
+
+cx_status cx_comm_run(const cx_comm_op *op)
+{
+    void *req = g_backend.start(g_backend.ctx, op);
+    if (!req) return CX_ERR_COMM;
+    return g_backend.wait(g_backend.ctx, req);
+}
+
+/* ---- replica groups ---------------------------------------------------------------- */
+
+/* Group lists are interned so a node carries a small id; id 0 = all ranks. */
+typedef struct { int ngroups, group_size; int *ranks; } group_list;
+static group_list *g_groups;
+static int g_ngroups;
+
+const int *cx_groups_lookup(int64_t id, int rank, int *size)
+{
+    if (id <= 0 || id > g_ngroups) { *size = 0; return NULL; }
+    group_list *g = &g_groups[id - 1];
+    for (int i = 0; i < g->ngroups; i++)
+        for (int j = 0; j < g->group_size; j++)
+            if (g->ranks[i * g->group_size + j] == rank) { *size = g->group_size; return &g->ranks[i * g->group_size]; }
+    *size = -1;
+    return NULL;
+}
+
+int cx_groups_describe(int64_t id, int *ngroups, int *group_size, const int **ranks)
+{
+    if (id <= 0 || id > g_ngroups) return 0;
+    *ngroups = g_groups[id - 1].ngroups;
+    *group_size = g_groups[id - 1].group_size;
+    *ranks = g_groups[id - 1].ranks;
+    return 1;
+}
+
+/* @return the group id, 0 for all ranks, -1 (with error set) if invalid. */
+static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *group_size)
+{
+    int world = cx_comm_world_size();
+    if (!rg) { *group_size = world; return 0; }
+    if (rg->ngroups <= 0 || rg->group_size <= 0 || !rg->ranks) {
+        cx_set_error("%s: replica groups must have ngroups > 0, group_size > 0 and ranks", op);
+        return -1;
+    }
+    int total = rg->ngroups * rg->group_size;
+    /* every rank exactly once, as XLA requires */
+    char *seen = calloc((size_t)(world > total ? world : total), 1);
+    if (!seen) { cx_set_error("%s: out of memory", op); return -1; }
+    for (int i = 0; i < total; i++) {
+        int r = rg->ranks[i];
+        if (r < 0 || r >= world || seen[r]) {
+            free(seen);
+            cx_set_error("%s: replica groups are invalid: rank %d is %s (world size %d)", op, r,
+                         (r < 0 || r >= world) ? "out of range" : "listed twice", world);
+            return -1;
+        }
+        seen[r] = 1;
+    }
+    free(seen);
+    if (total != world) {
+        cx_set_error("%s: replica groups cover %d ranks but the world has %d", op, total, world);
+        return -1;
+    }
+    *group_size = rg->group_size;
+    for (int i = 0; i < g_ngroups; i++) {
+        group_list *g = &g_groups[i];
+        if (g->ngroups == rg->ngroups && g->group_size == rg->group_size &&
+            !memcmp(g->ranks, rg->ranks, sizeof(int) * (size_t)total))
+            return i + 1;
+    }
+    group_list *ng = realloc(g_groups, sizeof *ng * (size_t)(g_ngroups + 1));
+    if (!ng) { cx_set_error("%s: out of memory", op); return -1; }
+    g_groups = ng;
+    int *ranks = malloc(sizeof(int) * (size_t)total);
+    if (!ranks) { cx_set_error("%s: out of memory", op); return -1; }
+    memcpy(ranks, rg->ranks, sizeof(int) * (size_t)total);
+    g_groups[g_ngroups] = (group_list){ rg->ngroups, rg->group_size, ranks };
+    return ++g_ngroups;
+}
+
+/* ---- IR builders ---------------------------------------------------------------------- */
+
+/* attrs: [0] group id, [1] reduce op, [2] axis / split axis, [3] concat axis / root */
+static cx_tensor *coll(cx_op op, cx_tensor *a, const int64_t *shape, int64_t gid, int64_t red, int64_t ax0,
+                       int64_t ax1, double scale, bool pin)
+{
+    int64_t attrs[4] = { gid, red, ax0, ax1 };
+    cx_tensor *r;
+    if (pin) {
+        /* pinned: a unique node CSE can never merge */
+        cx_tensor *ins[1] = { a };
+        cx_node *n;
+        uint32_t flags = NF_PINNED | ((a->node->flags & NF_REQUIRES_GRAD) && cx_grad_enabled() ? NF_REQUIRES_GRAD : 0);
+        cx_node *in = ins[0]->node;
+        cx_node_desc d = { .op = op, .dtype = (cx_dtype)a->node->dtype, .ndim = a->node->ndim, .shape = shape,
+                           .ninputs = 1, .inputs = &in, .nattrs = 4, .attrs = attrs, .fval = scale, .flags = flags };
+        n = cx_node_make(&d);
+        if (!n) return cx_poison("%s: out of memory", cx_op_table[op].name);
+        r = cx_tensor_wrap(n);
+    } else {
+        r = cx_make_op(op, (cx_dtype)a->node->dtype, shape, a->node->ndim, &a, 1, attrs, 4, scale);
+    }
+    return r;
+}
+
+static cx_tensor *check_coll(cx_tensor *a, const char *op)
+{
+    if (!a) return cx_poison("%s: input is NULL", op);
+    if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
+    return NULL;
+}
+
+cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op red, double scale, const cx_replica_groups *groups, bool pin)
+{
+    cx_tensor *p = check_coll(a, "all_reduce");
+    if (p) return p;
+    int gs;
+    int64_t gid = groups_intern(groups, "all_reduce", &gs);
+    if (gid < 0) return cx_poison("%s", cx_last_error());
+    if ((unsigned)red > CX_RED_MIN) return cx_poison("all_reduce: unknown reduction %d", (int)red);
+    return coll(OP_ALL_REDUCE, a, a->node->shape, gid, red, 0, 0, scale, pin);
+}
+
+cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin)
+{
+    cx_tensor *p = check_coll(a, "all_gather");
+    if (p) return p;
+    int gs;
+    int64_t gid = groups_intern(groups, "all_gather", &gs);
+    if (gid < 0) return cx_poison("%s", cx_last_error());
+    int ax = cx_norm_axis(axis, a->node->ndim);
+    if (ax < 0 || a->node->ndim == 0) return cx_poison("all_gather: axis %d out of range for rank %d", axis, a->node->ndim);
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, a->node->shape, sizeof shape);
+    shape[ax] *= gs;
+    return coll(OP_ALL_GATHER, a, shape, gid, 0, ax, 0, 1.0, pin);
+}
+
+cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op red, double scale, int axis, const cx_replica_groups *groups, bool pin)
+{
+    cx_tensor *p = check_coll(a, "reduce_scatter");
+    if (p) return p;
+    int gs;
+    int64_t gid = groups_intern(groups, "reduce_scatter", &gs);
+    if (gid < 0) return cx_poison("%s", cx_last_error());
+    int ax = cx_norm_axis(axis, a->node->ndim);
+    if (ax < 0 || a->node->ndim == 0) return cx_poison("reduce_scatter: axis %d out of range for rank %d", axis, a->node->ndim);
+    if (a->node->shape[ax] % gs)
+        return cx_poison("reduce_scatter: axis %d of size %lld is not divisible by the group size %d", ax,
+                         (long long)a->node->shape[ax], gs);
+    if (red == CX_RED_MAX || red == CX_RED_MIN || (unsigned)red > CX_RED_MIN)
+        return cx_poison("reduce_scatter: only sum and mean reductions are supported");
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, a->node->shape, sizeof shape);
+    shape[ax] /= gs;
+    return coll(OP_REDUCE_SCATTER, a, shape, gid, red, ax, 0, scale, pin);
+}
+
+cx_tensor *cx_all_to_all(cx_tensor *a, int split_axis, int concat_axis, const cx_replica_groups *groups, bool pin)
+{
+    cx_tensor *p = check_coll(a, "all_to_all");
+    if (p) return p;
+    int gs;
+    int64_t gid = groups_intern(groups, "all_to_all", &gs);
+    if (gid < 0) return cx_poison("%s", cx_last_error());
+    int nd = a->node->ndim;
+    int sa = cx_norm_axis(split_axis, nd), ca = cx_norm_axis(concat_axis, nd);
+    if (sa < 0 || ca < 0 || nd == 0) return cx_poison("all_to_all: axes %d, %d out of range for rank %d", split_axis, concat_axis, nd);
+    if (a->node->shape[sa] % gs)
+        return cx_poison("all_to_all: split axis %d of size %lld is not divisible by the group size %d", sa,
+                         (long long)a->node->shape[sa], gs);
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, a->node->shape, sizeof shape);
+    shape[sa] /= gs;
+    shape[ca] *= gs;
+    return coll(OP_ALL_TO_ALL, a, shape, gid, 0, sa, ca, 1.0, pin);
+}
+
+cx_tensor *cx_broadcast(cx_tensor *a, int root, const cx_replica_groups *groups, bool pin)
+{
+    cx_tensor *p = check_coll(a, "broadcast");
+    if (p) return p;
+    int gs;
+    int64_t gid = groups_intern(groups, "broadcast", &gs);
+    if (gid < 0) return cx_poison("%s", cx_last_error());
+    if (root < 0 || root >= gs) return cx_poison("broadcast: root %d is outside the group of %d", root, gs);
+    return coll(OP_BROADCAST, a, a->node->shape, gid, 0, 0, root, 1.0, pin);
+}
+
+cx_tensor *cx_vjp_collective(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)in; (void)out; (void)i;
+    int64_t gid = n->attrs[0];
+    cx_replica_groups rg, *rgp = NULL;
+    int ng, gs;
+    const int *ranks;
+    if (cx_groups_describe(gid, &ng, &gs, &ranks)) { rg = (cx_replica_groups){ ng, gs, ranks }; rgp = &rg; }
+    switch ((cx_op)n->op) {
+    case OP_ALL_REDUCE:
+        if (n->attrs[1] == CX_RED_MAX || n->attrs[1] == CX_RED_MIN) return NULL;
+        return cx_all_reduce(g, (cx_reduce_op)n->attrs[1], n->fval, rgp, true);
+    case OP_ALL_GATHER: return cx_reduce_scatter(g, CX_RED_SUM, 1.0, (int)n->attrs[2], rgp, true);
+    case OP_REDUCE_SCATTER: {
+        cx_tensor *a = cx_all_gather(g, (int)n->attrs[2], rgp, true);
+        if (n->attrs[1] == CX_RED_MEAN || n->fval != 1.0) {
+            int size = 0;
+            int world = cx_comm_world_size();
+            size = rgp ? gs : world;
+            double s = n->fval * (n->attrs[1] == CX_RED_MEAN ? 1.0 / size : 1.0);
+            cx_tensor *r = cx_mul_scalar(a, s);
+            cx_drop(a);
+            return r;
+        }
+        return a;
+    }
+    case OP_ALL_TO_ALL: return cx_all_to_all(g, (int)n->attrs[3], (int)n->attrs[2], rgp, true);
+    default: return NULL;
+    }
+}

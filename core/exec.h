@@ -1,0 +1,159 @@
+/* The executable: a flat list of kernel instructions over buffer slots,
+ * produced by lower.c from a captured graph and run by exec.c. It holds no
+ * pointers into the IR, so it can be cached and reused by any later trace
+ * with the same key. */
+#ifndef CX_EXEC_H
+#define CX_EXEC_H
+
+#include "internal.h"
+#include "kernels.h"
+
+#define CX_BLK 256
+
+/* An affine map from a kernel's iteration index to an element offset of a
+ * buffer, with optional validity ranges per iteration dim (padding). */
+typedef struct {
+    int64_t offset;
+    int64_t strides[CX_MAX_DIMS];
+    bool masked;
+    int64_t lo[CX_MAX_DIMS], hi[CX_MAX_DIMS];
+} cx_view;
+
+typedef enum {
+    P_LOAD,    /* slot, view, src dtype */
+    P_CONST,   /* f / i */
+    P_RT,      /* slot = runtime scalar index */
+    P_IOTA,    /* value = view address */
+    P_RNG,     /* slot = seed rt, a = offset rt (as rt index), i = kind; counter = offset + view address */
+    P_UN,      /* op, a */
+    P_BIN,     /* op, a, b */
+    P_WHERE,   /* a ? b : c */
+    P_CAST,    /* a -> dtype */
+    P_MASK,    /* view mask ? a : f */
+} cx_pkind;
+
+typedef struct {
+    uint8_t kind;
+    uint8_t op;      /* cx_op for P_UN / P_BIN */
+    uint8_t dtype;   /* logical dtype of the result */
+    uint8_t src_dtype;
+    int32_t a, b, c;
+    int32_t slot;
+    int32_t view;
+    double f;
+    int64_t i;
+} cx_pinstr;
+
+typedef struct {
+    int n, cap;
+    cx_pinstr *ins;
+    int nviews, vcap;
+    cx_view *views;
+    int result;
+} cx_program;
+
+typedef enum {
+    K_FUSED, K_REDUCE, K_MATMUL, K_CONV, K_CONV_BI, K_CONV_BW, K_MAXPOOL, K_MAXPOOL_BWD,
+    K_AVGPOOL, K_AVGPOOL_BWD, K_GATHER, K_SCATTER_ADD, K_CONCAT, K_PAD, K_COLL, K_COPY,
+} cx_kkind;
+
+typedef struct {
+    int slot;
+    cx_view view;    /* over the kernel's iteration space (heavy ops: identity or matmul layout) */
+    uint8_t dtype;
+    int64_t numel;
+    int ndim;
+    int64_t shape[CX_MAX_DIMS];
+    /* matmul operands: element offset, transposed layout, stride between batches */
+    int64_t offset;
+    bool trans;
+    int64_t batch_stride;
+} cx_kin;
+
+typedef struct {
+    cx_kkind kind;
+    int out_slot;
+    uint8_t out_dtype;
+    int64_t out_numel;
+    int ndim;
+    int64_t shape[CX_MAX_DIMS];      /* iteration shape (fused/reduce) or output shape */
+    cx_program prog;                 /* K_FUSED, K_REDUCE, and epilogues */
+    bool has_epilogue;               /* heavy op followed by prog in place */
+    int epilogue_src;                /* register index of the heavy result in prog (a P_LOAD of out_slot) */
+    int red_op;                      /* OP_REDUCE_SUM / OP_REDUCE_MAX / OP_ARGMAX */
+    int nkeep;                       /* reduce: leading kept iteration dims */
+    int64_t red_axis_stride;         /* argmax: iteration stride to index conversion */
+    int nin;
+    cx_kin in[4];
+    int64_t attrs[16];
+    double fval;
+    int64_t scratch_bytes;
+    int scratch_slot;
+    int wait_at;                     /* K_COLL: kernel index before which to wait */
+} cx_kernel;
+
+typedef enum { SLOT_INPUT, SLOT_OUTPUT, SLOT_ARENA } cx_slot_kind;
+
+typedef struct {
+    cx_slot_kind kind;
+    int index;          /* input / output ordinal */
+    int64_t bytes;
+    int64_t offset;     /* arena */
+    int def, last;      /* kernel indices of first write and last read */
+} cx_slot;
+
+typedef struct cx_executable {
+    uint64_t key_hi, key_lo;
+    int n_inputs, n_rts, n_outputs;
+    uint8_t *out_dtypes;
+    int64_t *out_bytes;
+    int *out_alias;     /* input ordinal whose buffer the output takes, or -1 */
+    int *out_slot;
+    int nslots;
+    cx_slot *slots;
+    int nkernels;
+    cx_kernel *kernels;
+    int64_t arena_bytes, intermediate_bytes;
+    int num_nodes, num_work_kernels, num_aliased;
+    int max_prog;       /* largest program (registers per thread) */
+} cx_executable;
+
+/* ---- the captured graph (compile input) ---------------------------------------- */
+
+typedef struct {
+    uint16_t op;
+    uint8_t dtype, ndim;
+    int64_t shape[CX_MAX_DIMS];
+    int64_t numel;
+    int ninputs;
+    int *inputs;             /* indices into the graph */
+    int nattrs;
+    int64_t attrs[CX_MAX_ATTRS];
+    double fval;
+    int input_ordinal;       /* OP_DATA: ordinal; OP_RTSCALAR: rt ordinal */
+} cx_gnode;
+
+typedef struct {
+    int n;
+    cx_gnode *nodes;         /* topological order */
+    int *input_storage;
+    int n_inputs, n_rts;
+    int n_outputs;
+    int *outputs;            /* graph index per output */
+    int *out_alias;          /* input ordinal or -1 */
+} cx_graph;
+
+/* Lowers a captured graph. @return the executable or NULL (error set). */
+cx_executable *cx_lower(const cx_graph *g);
+void cx_executable_free(cx_executable *e);
+
+/* Runs an executable. inputs: device pointers per input ordinal; rts:
+ * runtime scalar values (as double and int64); outputs: pointers per output
+ * (aliased outputs equal their input's pointer). @return CX_OK or an error. */
+cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *rt_f, const int64_t *rt_i,
+                     void *const *outputs);
+
+/* Shared arena for intermediates (grows; counted as device memory). */
+void *cx_arena_get(int64_t bytes);
+
+#endif

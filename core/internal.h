@@ -1,0 +1,255 @@
+/* Internals of the lazy tensor core: IR nodes, tensor handles, op table.
+ * Only core/ includes this file. */
+#ifndef CX_INTERNAL_H
+#define CX_INTERNAL_H
+
+#include <cxla/core.h>
+#include <cxla/comm.h>
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Always-on check for programmer bugs inside the library. */
+#define CX_ASSERT(cond)                                                              \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "cxla: internal assertion failed at %s:%d: %s\n",       \
+                    __FILE__, __LINE__, #cond);                                      \
+            abort();                                                                 \
+        }                                                                            \
+    } while (0)
+
+/* Allocation that reports failure as CX_ERR_OOM instead of crashing later. */
+void *cx_xmalloc(size_t n);
+void *cx_xcalloc(size_t n, size_t size);
+void *cx_xrealloc(void *p, size_t n);
+
+/* ---- the op set ------------------------------------------------------- */
+
+typedef enum {
+    /* leaves */
+    OP_DATA = 0, OP_CONST, OP_RTSCALAR, OP_IOTA, OP_RNG,
+    /* elementwise unary */
+    OP_NEG, OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_TANH, OP_ERF, OP_ABS, OP_SIGN, OP_CAST,
+    /* elementwise binary / ternary */
+    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN, OP_POW, OP_LT, OP_LE, OP_EQ, OP_WHERE,
+    /* reductions */
+    OP_REDUCE_SUM, OP_REDUCE_MAX, OP_ARGMAX,
+    /* movement */
+    OP_RESHAPE, OP_PERMUTE, OP_EXPAND, OP_SLICE, OP_PAD, OP_CONCAT,
+    /* contraction and friends */
+    OP_MATMUL, OP_CONV2D, OP_CONV2D_BWD_INPUT, OP_CONV2D_BWD_WEIGHT,
+    OP_MAXPOOL, OP_MAXPOOL_BWD, OP_AVGPOOL, OP_AVGPOOL_BWD, OP_GATHER, OP_SCATTER_ADD,
+    /* collectives */
+    OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_BROADCAST,
+    /* a poisoned value (bad arguments somewhere upstream) */
+    OP_ERROR,
+    OP_COUNT
+} cx_op;
+
+typedef enum {
+    G_LEAF, G_UNARY, G_BINARY, G_TERNARY, G_REDUCE, G_MOVEMENT, G_CONTRACT, G_COLLECTIVE, G_ERROR
+} cx_op_group;
+
+struct cx_node;
+typedef struct cx_node cx_node;
+struct cx_vjp_ctx;
+
+/* VJP rule: given the node and the gradient of its output, return the
+ * gradient of input `i` (a new lazy tensor, or NULL when not
+ * differentiable w.r.t. that input). Rules use the public lazy ops. */
+typedef cx_tensor *(*cx_vjp_fn)(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i);
+
+typedef struct {
+    const char *name;
+    int arity;           /* -1: variadic */
+    cx_op_group group;
+    cx_vjp_fn vjp;       /* NULL: not differentiable */
+} cx_op_info;
+
+extern const cx_op_info cx_op_table[OP_COUNT];
+
+/* ---- nodes -------------------------------------------------------------- */
+
+#define CX_MAX_ATTRS 24
+
+enum {
+    NF_REQUIRES_GRAD = 1u << 0,   /* some gradient flows through this node */
+    NF_PINNED = 1u << 1,          /* never interned (pinned collectives) */
+    NF_REMAT = 1u << 2,           /* recorded in a rematerialization region */
+    NF_INTERNED = 1u << 3,
+};
+
+typedef struct cx_buffer {
+    void *data;
+    size_t bytes;
+    int refs;
+} cx_buffer;
+
+struct cx_node {
+    uint16_t op;
+    uint8_t dtype;
+    uint8_t ndim;
+    uint32_t flags;
+    int64_t shape[CX_MAX_DIMS];
+    int64_t numel;
+    int ninputs;
+    cx_node **inputs;            /* owned array of counted references */
+    cx_node *inline_inputs[3];
+    int nattrs;
+    int64_t attrs[CX_MAX_ATTRS];
+    double fval;                 /* constant value, scale, pad value, ... */
+    uint64_t remat_tag;          /* non-zero on rematerialized clones */
+    uint64_t hash;               /* intern hash */
+    uint64_t id;                 /* creation order */
+    int refs;                    /* tensors + consumer nodes */
+    int hrefs;                   /* tensor handles only */
+    cx_node *intern_next;
+    /* leaves */
+    cx_buffer *buf;              /* OP_DATA */
+    double rt_f;                 /* OP_RTSCALAR value */
+    int64_t rt_i;
+    struct cx_tensor *grad_leaf; /* OP_DATA of a tensor that requires grad */
+    char *err;                   /* OP_ERROR message */
+    /* scratch for graph walks */
+    int mark;
+    int index;
+};
+
+/* ---- tensors -------------------------------------------------------------- */
+
+enum {
+    TF_PERSISTENT = 1u << 0,
+    TF_KEPT = 1u << 1,
+    TF_REQUIRES_GRAD = 1u << 2,
+    TF_ASSIGNED = 1u << 3,   /* pending value came from cx_assign */
+};
+
+struct cx_tensor {
+    cx_node *node;
+    uint32_t flags;
+    int step_depth;          /* step that owns it (0 = none) */
+    uint64_t id;
+    cx_tensor *prev, *next;  /* live list, creation order */
+    cx_tensor *step_next;    /* owning step's list */
+    cx_tensor *grad;         /* persistent gradient */
+    cx_node *donor;          /* old value (OP_DATA) a cx_assign may overwrite */
+    int step_slot;           /* index in the owning step's list */
+    char *name;
+};
+
+/* ---- node API ------------------------------------------------------------ */
+
+/* Creates (or finds, when interned) a node. `inputs` are borrowed; the node
+ * takes its own references. Shape/dtype must already be valid. */
+typedef struct {
+    cx_op op;
+    cx_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    int ninputs;
+    cx_node *const *inputs;
+    int nattrs;
+    const int64_t *attrs;
+    double fval;
+    uint32_t flags;
+} cx_node_desc;
+
+cx_node *cx_node_make(const cx_node_desc *d);
+void cx_node_ref(cx_node *n);
+void cx_node_unref(cx_node *n);
+cx_node *cx_node_data(cx_buffer *buf, cx_dtype dt, const int64_t *shape, int ndim);
+cx_node *cx_node_error(const char *msg);
+int64_t cx_shape_numel(const int64_t *shape, int ndim);
+uint64_t cx_next_id(void);
+/* Two fresh values for node->mark in a graph walk (visited, done). */
+int cx_mark_epoch(void);
+
+cx_buffer *cx_buffer_new(size_t bytes);
+void cx_buffer_ref(cx_buffer *b);
+void cx_buffer_unref(cx_buffer *b);
+/* Device memory accounting (live buffers + arena). */
+void cx_mem_account(int64_t delta);
+/* Checks a request against CX_MEMORY_LIMIT. @return CX_OK or CX_ERR_OOM. */
+cx_status cx_mem_check(int64_t request, const char *what);
+
+/* Wraps a node in a new handle (takes over the caller's reference). */
+cx_tensor *cx_tensor_wrap(cx_node *n);
+/* Wraps with a fresh reference. */
+cx_tensor *cx_tensor_of(cx_node *n);
+/* Poison helper: records the message as the thread's last error and returns
+ * an error tensor. printf-style. */
+cx_tensor *cx_poison(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cx_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Formats a shape as "(2, 3)" into buf. */
+const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
+
+/* Iterates the live tensor list (creation order). */
+cx_tensor *cx_live_first(void);
+void cx_set_node(cx_tensor *t, cx_node *n); /* takes a new reference on n */
+
+/* ---- op helpers shared across op files -------------------------------------- */
+
+/* Creates an op node from tensors, propagating poison and requires-grad. */
+cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
+                      cx_tensor *const *ins, int nin, const int64_t *attrs, int nattrs,
+                      double fval);
+cx_tensor *cx_expand_to(cx_tensor *a, const int64_t *shape, int ndim);
+/* Sums `g` down to `shape` (the reverse of broadcasting). */
+cx_tensor *cx_sum_to(cx_tensor *g, const int64_t *shape, int ndim);
+cx_tensor *cx_scalar_like(cx_tensor *a, double v);
+cx_dtype cx_promote(cx_dtype a, cx_dtype b);
+int cx_norm_axis(int axis, int ndim);
+/* Step-scoped temporaries used inside composites are released at step end;
+ * outside a step, composite helpers release them immediately with this. */
+void cx_drop(cx_tensor *t);
+
+/* ---- RNG --------------------------------------------------------------------- */
+
+/* Philox-4x32-10 counter: 4 words for counter value `ctr` under `seed`. */
+void cx_philox(uint64_t seed, uint64_t ctr, uint32_t out[4]);
+float cx_rng_uniform01(uint64_t seed, uint64_t ctr);
+float cx_rng_normal01(uint64_t seed, uint64_t ctr);
+/* Reserves `n` counter values. @return the offset to use. */
+uint64_t cx_rng_reserve(uint64_t n);
+uint64_t cx_rng_seed(void);
+
+/* ---- graph execution (compile.c / exec.c) ------------------------------------ */
+
+/* Materializes the pending values of `ts` in one graph (compile or cache
+ * hit, run). Poisoned tensors are skipped and reported.
+ * @return CX_OK or the first error. */
+cx_status cx_materialize(cx_tensor **ts, int n, const char *cause);
+
+/* ---- autograd / steps state ----------------------------------------------------- */
+
+bool cx_remat_active(void);
+uint64_t cx_remat_region(void);
+/* Tensors created while a step is open belong to the innermost step. */
+int cx_current_step_depth(void);
+
+/* ---- comm backend (registered by parallel/) --------------------------------------- */
+
+const cx_comm_backend *cx_comm_get(void);
+
+/* ---- bf16 ------------------------------------------------------------------------ */
+
+static inline float cx_bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+static inline uint16_t cx_f32_to_bf16(float f)
+{
+    union { uint32_t u; float f; } v = { .f = f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
+    uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);  /* round to nearest even */
+    return (uint16_t)((v.u + rounding) >> 16);
+}
+
+/* ---- timing ------------------------------------------------------------------------ */
+double cx_now(void);
+
+#endif

@@ -1,0 +1,73 @@
+/* Dense kernels the executor calls: outputs first, then inputs, then sizes.
+ * All buffers are contiguous row-major f32 unless stated. Each kernel is
+ * free to use the worker pool (cx_pool_parallel_for) and OpenBLAS; none
+ * allocates except through the `scratch` it is given (size from the
+ * matching *_scratch_bytes function), so the memory plan accounts for it.
+ */
+#ifndef CX_KERNELS_H
+#define CX_KERNELS_H
+
+#include <stdint.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct {
+    int64_t n, c, h, w;        /* input  (N, C, H, W) */
+    int64_t o, kh, kw;         /* weight (O, C/groups, KH, KW) */
+    int64_t oh, ow;            /* output (N, O, OH, OW) */
+    int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
+} cx_conv_geom;
+
+/* Fills oh/ow from the rest. @return false if the output would be empty or
+ * the geometry is invalid (channels not divisible by groups, ...). */
+bool cx_conv_geom_finish(cx_conv_geom *g);
+
+size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g);
+/* y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/g, KH, KW)). */
+void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch);
+
+size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g);
+/* dx (N, C, H, W) = d conv / d x applied to dy (N, O, OH, OW). Overwrites dx. */
+void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch);
+
+size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
+/* dw (O, C/g, KH, KW) = d conv / d w applied to dy. Overwrites dw. */
+void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch);
+
+typedef struct {
+    int64_t n, c, h, w;        /* input (N, C, H, W) */
+    int64_t oh, ow;            /* output */
+    int kh, kw, sh, sw, ph, pw;
+} cx_pool_geom;
+
+bool cx_pool_geom_finish(cx_pool_geom *g);
+/* Max pool; padding acts as -inf. Ties: the first maximum in row-major
+ * window order wins (as PyTorch). */
+void cx_max_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
+/* dx = scatter of dy to each window's first maximum. Overwrites dx. */
+void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const cx_pool_geom *g);
+/* Average pool, count_include_pad = true (divisor kh*kw always). */
+void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
+void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
+
+/* Batched matmul: for each b in [0, batch): C_b (M, N) = op(A_b) op(B_b),
+ * A_b at a + b*stride_a (stride 0 = broadcast), row-major with leading
+ * dims lda/ldb. trans_a means A_b is stored (K, M). */
+void cx_matmul_f32(float *c, const float *a, const float *b,
+                   int64_t batch, int64_t m, int64_t n, int64_t k,
+                   bool trans_a, bool trans_b,
+                   int64_t stride_a, int64_t stride_b);
+
+/* torch.gather / scatter_add on a tensor viewed as (outer, dim, inner):
+ * out (outer, idx_dim, inner); index (outer, idx_dim, inner) of i64.
+ * Gather: out[o][i][j] = src[o][index[o][i][j]][j] with src (outer, src_dim, inner).
+ * Indices outside [0, src_dim) are clamped away: gather yields 0 and
+ * scatter_add skips them, and the count of such indices is returned so
+ * the caller can report it. */
+int64_t cx_gather_f32(float *out, const float *src, const int64_t *index,
+                      int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner);
+/* out (outer, out_dim, inner) += src (outer, idx_dim, inner) at index. */
+int64_t cx_scatter_add_f32(float *out, const float *src, const int64_t *index,
+                           int64_t outer, int64_t out_dim, int64_t idx_dim, int64_t inner);
+
+#endif

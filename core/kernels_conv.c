@@ -1,0 +1,531 @@
+/* 2-D convolution and its two backward ops via im2col + OpenBLAS sgemm.
+ *
+ * Images are processed in chunks: the patches of a whole chunk go into one
+ * (C*KH*KW, chunk*OH*OW) column matrix so that each group needs a single
+ * large sgemm instead of one small call per image (small calls leave the
+ * BLAS threads idle on fork/join). Only the layout copies around the sgemm
+ * (im2col, col2im, scatter/gather between (O, chunk*P) and (chunk, O, P))
+ * run on the worker pool; the sgemm itself is threaded by OpenBLAS, and is
+ * always called from the calling thread, never from a pool worker.
+ */
+#include "kernels.h"
+#include "pool.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* Bound on the im2col scratch: large enough that a chunk makes a big
+ * sgemm, small enough that the column matrix of a chunk still sits in the
+ * outer caches when the sgemm reads it back. */
+#ifndef CONV_SCRATCH_CAP
+#define CONV_SCRATCH_CAP ((size_t)32 << 20)
+#endif
+/* Below this many output pixels per image a 1x1 conv is cheaper through a
+ * chunked layout copy than through one tiny sgemm per image. */
+#define CONV_DIRECT_MIN_PIXELS 256
+/* With this few taps per output (C/groups*KH*KW, e.g. the first layer of
+ * a CNN or a depthwise conv) an sgemm is memory bound, OpenBLAS handles
+ * the skinny shapes badly, and the relayout to (N, O, OH, OW) would cost
+ * as much as the product: plain vector loops over the column matrix that
+ * write the final layout directly are faster. */
+#define CONV_THIN_K 16
+/* Floats of copying per pool task: enough to amortize the dispatch. */
+#define CONV_GRAIN_FLOATS 8192
+#define SCRATCH_ALIGN 64
+
+typedef struct {
+    int64_t k;      /* rows of the column matrix: C*KH*KW */
+    int64_t kg;     /* rows per group: C/groups*KH*KW */
+    int64_t og;     /* output channels per group */
+    int64_t p;      /* output pixels per image: OH*OW */
+    int64_t chunk;  /* images per sgemm */
+    bool direct;    /* 1x1, stride 1, no padding: sgemm straight on x and y */
+    bool thin;      /* kg <= CONV_THIN_K: loops instead of sgemm, no (O, chunk*P) buffer */
+} conv_plan;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static size_t round_floats(int64_t n) { return (size_t)ceil_div(n, 16) * 16; }
+
+static int64_t grain_for(int64_t floats_per_item)
+{
+    return max64(1, CONV_GRAIN_FLOATS / max64(1, floats_per_item));
+}
+
+bool cx_conv_geom_finish(cx_conv_geom *g)
+{
+    if (!g) return false;
+    if (g->n <= 0 || g->c <= 0 || g->h <= 0 || g->w <= 0 || g->o <= 0 || g->kh <= 0 || g->kw <= 0)
+        return false;
+    if (g->stride_h <= 0 || g->stride_w <= 0 || g->dil_h <= 0 || g->dil_w <= 0 || g->pad_h < 0 ||
+        g->pad_w < 0 || g->groups <= 0)
+        return false;
+    if (g->c % g->groups != 0 || g->o % g->groups != 0) return false;
+    int64_t span_h = (int64_t)g->dil_h * (g->kh - 1) + 1;
+    int64_t span_w = (int64_t)g->dil_w * (g->kw - 1) + 1;
+    int64_t room_h = g->h + 2 * (int64_t)g->pad_h - span_h;
+    int64_t room_w = g->w + 2 * (int64_t)g->pad_w - span_w;
+    if (room_h < 0 || room_w < 0) return false;
+    g->oh = room_h / g->stride_h + 1;
+    g->ow = room_w / g->stride_w + 1;
+    /* Every sgemm dimension and leading dimension must fit a BLAS int; a
+     * single image's column block is the smallest unit we can hand over. */
+    int64_t kg = g->c / g->groups * g->kh * g->kw;
+    if (g->oh > INT_MAX / g->ow || kg > INT_MAX || g->o > INT_MAX ||
+        g->c > INT_MAX || g->h > INT_MAX / g->w)
+        return false;
+    return true;
+}
+
+static conv_plan make_plan(const cx_conv_geom *g)
+{
+    conv_plan pl;
+    pl.kg = g->c / g->groups * g->kh * g->kw;
+    pl.k = pl.kg * g->groups;
+    pl.og = g->o / g->groups;
+    pl.p = g->oh * g->ow;
+    pl.direct = g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 &&
+                g->pad_h == 0 && g->pad_w == 0 && (pl.p >= CONV_DIRECT_MIN_PIXELS || g->n == 1);
+    pl.thin = !pl.direct && pl.kg <= CONV_THIN_K;
+    int64_t per_image = (pl.k + (pl.thin ? 0 : g->o)) * pl.p * (int64_t)sizeof(float);
+    int64_t chunk = max64(1, (int64_t)CONV_SCRATCH_CAP / per_image);
+    chunk = min64(chunk, INT_MAX / pl.p);
+    chunk = max64(1, min64(chunk, g->n));
+    /* Equal chunks: a short tail chunk would run a poorly shaped sgemm. */
+    chunk = ceil_div(g->n, ceil_div(g->n, chunk));
+    pl.chunk = chunk;
+    return pl;
+}
+
+/* Both buffers of a chunk: the column matrix (K, chunk*P) and the output
+ * or gathered dy (O, chunk*P). Every op needs the same pair. */
+static size_t plan_scratch_bytes(const cx_conv_geom *g, const conv_plan *pl)
+{
+    if (pl->direct) return 0;
+    int64_t cp = pl->chunk * pl->p;
+    return (round_floats(pl->k * cp) + (pl->thin ? 0 : round_floats(g->o * cp))) * sizeof(float) +
+           SCRATCH_ALIGN;
+}
+
+static float *scratch_col(void *scratch)
+{
+    uintptr_t p = (uintptr_t)scratch;
+    p = (p + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
+    return (float *)p;
+}
+
+static float *scratch_out(float *col, const conv_plan *pl)
+{
+    return col + round_floats(pl->k * pl->chunk * pl->p);
+}
+
+size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g)
+{
+    conv_plan pl = make_plan(g);
+    return plan_scratch_bytes(g, &pl);
+}
+
+size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g)
+{
+    conv_plan pl = make_plan(g);
+    return plan_scratch_bytes(g, &pl);
+}
+
+size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g)
+{
+    conv_plan pl = make_plan(g);
+    return plan_scratch_bytes(g, &pl);
+}
+
+/* Output positions [lo, hi) whose input coordinate out*s + start lies in
+ * [0, in_n); start = k*dilation - pad may be negative. */
+static void valid_range(int64_t out_n, int64_t in_n, int64_t s, int64_t start, int64_t *lo, int64_t *hi)
+{
+    int64_t l = start >= 0 ? 0 : ceil_div(-start, s);
+    int64_t h = in_n - 1 - start < 0 ? 0 : min64(out_n, (in_n - 1 - start) / s + 1);
+    *lo = min64(l, out_n);
+    *hi = max64(h, *lo);
+}
+
+/* ---- layout copies on the pool ----------------------------------------- */
+
+typedef struct {
+    const cx_conv_geom *g;
+    const conv_plan *pl;
+    const float *x;      /* (cn, C, H, W) */
+    float *col;          /* (K, cn*P) */
+    const float *dcol;   /* (K, cn*P) */
+    float *dx;           /* (cn, C, H, W) */
+    int64_t cn;
+} im2col_job;
+
+/* One task = one (k, image) row segment of P floats, so the rows of a
+ * chunk are written front to back without sharing cache lines much. */
+static void im2col_range(void *ctx, int64_t begin, int64_t end)
+{
+    const im2col_job *j = ctx;
+    const cx_conv_geom *g = j->g;
+    const int64_t kk = g->kh * g->kw, p = j->pl->p, ld = j->cn * p;
+    const int64_t sh = g->stride_h, sw = g->stride_w, oh_n = g->oh, ow_n = g->ow;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t k = t / j->cn, n = t % j->cn;
+        int64_t c = k / kk, r = k % kk, kh = r / g->kw, kw = r % g->kw;
+        int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
+        int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+        valid_range(oh_n, g->h, sh, start_h, &oh_lo, &oh_hi);
+        valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
+        const float *src = j->x + (n * g->c + c) * g->h * g->w;
+        float *dst = j->col + k * ld + n * p;
+        if (oh_lo > 0) memset(dst, 0, sizeof(float) * (size_t)(oh_lo * ow_n));
+        for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
+            float *d = dst + oh * ow_n;
+            const float *s = src + (oh * sh + start_h) * g->w;
+            for (int64_t ow = 0; ow < ow_lo; ow++) d[ow] = 0.0f;
+            if (sw == 1) {
+                memcpy(d + ow_lo, s + ow_lo + start_w, sizeof(float) * (size_t)(ow_hi - ow_lo));
+            } else {
+                for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow] = s[ow * sw + start_w];
+            }
+            for (int64_t ow = ow_hi; ow < ow_n; ow++) d[ow] = 0.0f;
+        }
+        if (oh_hi < oh_n) memset(dst + oh_hi * ow_n, 0, sizeof(float) * (size_t)((oh_n - oh_hi) * ow_n));
+    }
+}
+
+/* One task = one (image, channel) plane of dx, so every dx element is
+ * summed by one thread in a fixed order (deterministic, no atomics). */
+static void col2im_range(void *ctx, int64_t begin, int64_t end)
+{
+    const im2col_job *j = ctx;
+    const cx_conv_geom *g = j->g;
+    const int64_t kk = g->kh * g->kw, p = j->pl->p, ld = j->cn * p;
+    const int64_t sh = g->stride_h, sw = g->stride_w, oh_n = g->oh, ow_n = g->ow;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t n = t / g->c, c = t % g->c;
+        float *dst = j->dx + t * g->h * g->w;
+        memset(dst, 0, sizeof(float) * (size_t)(g->h * g->w));
+        for (int64_t r = 0; r < kk; r++) {
+            int64_t kh = r / g->kw, kw = r % g->kw;
+            int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
+            int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+            valid_range(oh_n, g->h, sh, start_h, &oh_lo, &oh_hi);
+            valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
+            const float *src = j->dcol + (c * kk + r) * ld + n * p;
+            for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
+                float *d = dst + (oh * sh + start_h) * g->w + start_w;
+                const float *s = src + oh * ow_n;
+                if (sw == 1) {
+                    for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow] += s[ow];
+                } else {
+                    for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow * sw] += s[ow];
+                }
+            }
+        }
+    }
+}
+
+typedef struct {
+    float *dst;
+    const float *src;
+    int64_t cn, o, p;
+    bool to_nchw;        /* (O, cn*P) -> (cn, O, P), else the reverse */
+} relayout_job;
+
+static void relayout_range(void *ctx, int64_t begin, int64_t end)
+{
+    const relayout_job *j = ctx;
+    const size_t bytes = sizeof(float) * (size_t)j->p;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t n = t / j->o, o = t % j->o;
+        const int64_t nchw = (n * j->o + o) * j->p, wide = o * j->cn * j->p + n * j->p;
+        if (j->to_nchw)
+            memcpy(j->dst + nchw, j->src + wide, bytes);
+        else
+            memcpy(j->dst + wide, j->src + nchw, bytes);
+    }
+}
+
+/* The copies are handed out in blocks from a shared counter rather than
+ * split evenly up front: right after an sgemm the BLAS threads keep
+ * spinning for a while and share the cores with the pool, so one pool
+ * thread can run at half speed; with an even split everyone would wait
+ * for it. */
+typedef struct {
+    atomic_int_fast64_t next;
+    int64_t n, block;
+    cx_range_fn fn;
+    void *ctx;
+} dyn_job;
+
+static void dyn_each(void *p, int64_t tid, int64_t nthreads)
+{
+    (void)tid;
+    (void)nthreads;
+    dyn_job *j = p;
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&j->next, j->block, memory_order_relaxed);
+        if (b >= j->n) return;
+        j->fn(j->ctx, b, min64(b + j->block, j->n));
+    }
+}
+
+static void parallel_dyn(int64_t n, int64_t grain, cx_range_fn fn, void *ctx)
+{
+    int64_t threads = cx_pool_threads();
+    if (n < 2 * grain || threads <= 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    dyn_job j = { .n = n, .fn = fn, .ctx = ctx };
+    j.block = max64(grain, n / (8 * threads));
+    atomic_init(&j.next, 0);
+    cx_pool_run_each(dyn_each, &j);
+}
+
+static void im2col(float *col, const float *x, const cx_conv_geom *g, const conv_plan *pl, int64_t cn)
+{
+    im2col_job j = { .g = g, .pl = pl, .x = x, .col = col, .cn = cn };
+    parallel_dyn(pl->k * cn, grain_for(pl->p), im2col_range, &j);
+}
+
+static void col2im(float *dx, const float *dcol, const cx_conv_geom *g, const conv_plan *pl, int64_t cn)
+{
+    im2col_job j = { .g = g, .pl = pl, .dcol = dcol, .dx = dx, .cn = cn };
+    parallel_dyn(cn * g->c, grain_for(pl->k / g->c * pl->p), col2im_range, &j);
+}
+
+static void relayout(float *dst, const float *src, int64_t cn, int64_t o, int64_t p, bool to_nchw)
+{
+    relayout_job j = { .dst = dst, .src = src, .cn = cn, .o = o, .p = p, .to_nchw = to_nchw };
+    parallel_dyn(cn * o, grain_for(p), relayout_range, &j);
+}
+
+/* ---- thin path (few taps per output) ------------------------------------ */
+
+/* Eight floats, any alignment, may alias float data. GCC and Clang lower it
+ * to the widest vector the target has (two SSE registers on plain x86-64). */
+typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
+#define V8(p) (*(const v8f *)(const void *)(p))
+#define V8W(p) (*(v8f *)(void *)(p))
+
+/* y[q] = sum_t coef[t*cs] * src[t*ss + q] for q < p. Four vectors of
+ * output stay in registers across all terms, so y is written once; the
+ * naive term-by-term axpy re-reads and re-writes y per term. */
+static void lincomb(float *y, const float *src, int64_t ss, const float *coef, int64_t cs, int64_t terms,
+                    int64_t p)
+{
+    int64_t q = 0;
+    for (; q + 32 <= p; q += 32) {
+        const float c0 = coef[0];
+        v8f a0 = c0 * V8(src + q), a1 = c0 * V8(src + q + 8);
+        v8f a2 = c0 * V8(src + q + 16), a3 = c0 * V8(src + q + 24);
+        for (int64_t t = 1; t < terms; t++) {
+            const float *s = src + t * ss + q;
+            const float c = coef[t * cs];
+            a0 += c * V8(s);
+            a1 += c * V8(s + 8);
+            a2 += c * V8(s + 16);
+            a3 += c * V8(s + 24);
+        }
+        V8W(y + q) = a0;
+        V8W(y + q + 8) = a1;
+        V8W(y + q + 16) = a2;
+        V8W(y + q + 24) = a3;
+    }
+    for (; q < p; q++) {
+        float acc = coef[0] * src[q];
+        for (int64_t t = 1; t < terms; t++) acc += coef[t * cs] * src[t * ss + q];
+        y[q] = acc;
+    }
+}
+
+typedef struct {
+    const cx_conv_geom *g;
+    const conv_plan *pl;
+    float *out;          /* y, dcol or dw */
+    const float *a;      /* col or dy */
+    const float *w;      /* weights (fwd, bwd_input) or dy (bwd_weight) */
+    int64_t cn;
+    bool accumulate;     /* bwd_weight: add to dw (chunks after the first) */
+} thin_job;
+
+/* y[n, o, :] = sum_k w[o, k] * col[g*kg + k, n*P : n*P + P]; one task per
+ * (image, output channel) row. */
+static void thin_fwd_range(void *ctx, int64_t begin, int64_t end)
+{
+    const thin_job *j = ctx;
+    const int64_t o_n = j->g->o, p = j->pl->p, kg = j->pl->kg, ld = j->cn * p;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t n = t / o_n, o = t % o_n, gi = o / j->pl->og;
+        lincomb(j->out + t * p, j->a + gi * kg * ld + n * p, ld, j->w + o * kg, 1, kg, p);
+    }
+}
+
+/* dcol[row, n*P : n*P + P] = sum_{o in group} w[o, k] * dy[n, o, :], with
+ * row = g*kg + k; one task per (image, row). */
+static void thin_bwd_input_range(void *ctx, int64_t begin, int64_t end)
+{
+    const thin_job *j = ctx;
+    const int64_t k_n = j->pl->k, p = j->pl->p, kg = j->pl->kg, og = j->pl->og, ld = j->cn * p;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t n = t / k_n, row = t % k_n, gi = row / kg, k = row % kg;
+        lincomb(j->out + row * ld + n * p, j->a + (n * j->g->o + gi * og) * p, p,
+                j->w + gi * og * kg + k, kg, og, p);
+    }
+}
+
+/* dw[o, k] (+)= sum_n dot(dy[n, o, :], col[g*kg + k, n*P : n*P + P]); one
+ * task per output channel; each block of a dy row is loaded once for all
+ * kg taps. Vector lane sums keep the reduction order fixed (deterministic
+ * whatever the thread count). */
+static void thin_bwd_weight_range(void *ctx, int64_t begin, int64_t end)
+{
+    const thin_job *j = ctx;
+    const int64_t p = j->pl->p, kg = j->pl->kg, ld = j->cn * p, pv = p / 16 * 16;
+    for (int64_t o = begin; o < end; o++) {
+        const int64_t gi = o / j->pl->og;
+        v8f acc[CONV_THIN_K];
+        float tail[CONV_THIN_K];
+        for (int64_t k = 0; k < kg; k++) {
+            acc[k] = (v8f){ 0 };
+            tail[k] = 0.0f;
+        }
+        for (int64_t n = 0; n < j->cn; n++) {
+            const float *dy = j->w + (n * j->g->o + o) * p;
+            const float *c0 = j->a + gi * kg * ld + n * p;
+            for (int64_t q = 0; q < pv; q += 16) {
+                const v8f d0 = V8(dy + q), d1 = V8(dy + q + 8);
+                for (int64_t k = 0; k < kg; k++) {
+                    const float *ck = c0 + k * ld + q;
+                    acc[k] += d0 * V8(ck) + d1 * V8(ck + 8);
+                }
+            }
+            for (int64_t k = 0; k < kg; k++)
+                for (int64_t q = pv; q < p; q++) tail[k] += dy[q] * c0[k * ld + q];
+        }
+        float *dw = j->out + o * kg;
+        for (int64_t k = 0; k < kg; k++) {
+            float s = tail[k];
+            for (int l = 0; l < 8; l++) s += acc[k][l];
+            dw[k] = j->accumulate ? dw[k] + s : s;
+        }
+    }
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c,
+                (blasint)ldc);
+}
+
+void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch)
+{
+    conv_plan pl = make_plan(g);
+    const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
+    const int64_t out_img = g->o * pl.p;
+    if (pl.direct) {
+        /* x[n] is already the (C, H*W) column matrix. */
+        for (int64_t n = 0; n < g->n; n++)
+            for (int64_t gi = 0; gi < groups; gi++)
+                sgemm(false, false, pl.og, pl.p, cg, w + gi * pl.og * cg, cg,
+                      x + n * in_img + gi * cg * pl.p, pl.p, 0.0f, y + n * out_img + gi * pl.og * pl.p,
+                      pl.p);
+        return;
+    }
+    float *col = scratch_col(scratch), *out = scratch_out(col, &pl);
+    for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
+        const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
+        im2col(col, x + n0 * in_img, g, &pl, cn);
+        if (pl.thin) {
+            thin_job j = { .g = g, .pl = &pl, .out = y + n0 * out_img, .a = col, .w = w, .cn = cn };
+            parallel_dyn(cn * g->o, grain_for(pl.kg * pl.p), thin_fwd_range, &j);
+            continue;
+        }
+        /* A single image's (O, P) result already has the layout of y. */
+        float *dst = cn == 1 ? y + n0 * out_img : out;
+        for (int64_t gi = 0; gi < groups; gi++)
+            sgemm(false, false, pl.og, ld, pl.kg, w + gi * pl.og * pl.kg, pl.kg, col + gi * pl.kg * ld,
+                  ld, 0.0f, dst + gi * pl.og * ld, ld);
+        if (cn > 1) relayout(y + n0 * out_img, out, cn, g->o, pl.p, true);
+    }
+}
+
+/* ---- backward ----------------------------------------------------------- */
+
+void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch)
+{
+    conv_plan pl = make_plan(g);
+    const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
+    const int64_t out_img = g->o * pl.p;
+    if (pl.direct) {
+        for (int64_t n = 0; n < g->n; n++)
+            for (int64_t gi = 0; gi < groups; gi++)
+                sgemm(true, false, cg, pl.p, pl.og, w + gi * pl.og * cg, cg,
+                      dy + n * out_img + gi * pl.og * pl.p, pl.p, 0.0f, dx + n * in_img + gi * cg * pl.p,
+                      pl.p);
+        return;
+    }
+    float *dcol = scratch_col(scratch), *dyw = scratch_out(dcol, &pl);
+    for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
+        const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
+        const float *src = dy + n0 * out_img;
+        if (pl.thin) {
+            thin_job j = { .g = g, .pl = &pl, .out = dcol, .a = src, .w = w, .cn = cn };
+            parallel_dyn(cn * pl.k, grain_for(pl.og * pl.p), thin_bwd_input_range, &j);
+            col2im(dx + n0 * in_img, dcol, g, &pl, cn);
+            continue;
+        }
+        if (cn > 1) {
+            relayout(dyw, src, cn, g->o, pl.p, false);
+            src = dyw;
+        }
+        for (int64_t gi = 0; gi < groups; gi++)
+            sgemm(true, false, pl.kg, ld, pl.og, w + gi * pl.og * pl.kg, pl.kg, src + gi * pl.og * ld, ld,
+                  0.0f, dcol + gi * pl.kg * ld, ld);
+        col2im(dx + n0 * in_img, dcol, g, &pl, cn);
+    }
+}
+
+void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch)
+{
+    conv_plan pl = make_plan(g);
+    const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
+    const int64_t out_img = g->o * pl.p;
+    if (g->n <= 0) {
+        memset(dw, 0, sizeof(float) * (size_t)(g->o * pl.kg));
+        return;
+    }
+    if (pl.direct) {
+        for (int64_t n = 0; n < g->n; n++)
+            for (int64_t gi = 0; gi < groups; gi++)
+                sgemm(false, true, pl.og, cg, pl.p, dy + n * out_img + gi * pl.og * pl.p, pl.p,
+                      x + n * in_img + gi * cg * pl.p, pl.p, n == 0 ? 0.0f : 1.0f, dw + gi * pl.og * cg, cg);
+        return;
+    }
+    float *col = scratch_col(scratch), *dyw = scratch_out(col, &pl);
+    for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
+        const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
+        im2col(col, x + n0 * in_img, g, &pl, cn);
+        const float *src = dy + n0 * out_img;
+        if (pl.thin) {
+            thin_job j = { .g = g, .pl = &pl, .out = dw, .a = col, .w = src, .cn = cn, .accumulate = n0 > 0 };
+            parallel_dyn(g->o, grain_for(pl.kg * cn * pl.p), thin_bwd_weight_range, &j);
+            continue;
+        }
+        if (cn > 1) {
+            relayout(dyw, src, cn, g->o, pl.p, false);
+            src = dyw;
+        }
+        for (int64_t gi = 0; gi < groups; gi++)
+            sgemm(false, true, pl.og, pl.kg, ld, src + gi * pl.og * ld, ld, col + gi * pl.kg * ld, ld,
+                  n0 == 0 ? 0.0f : 1.0f, dw + gi * pl.og * pl.kg, pl.kg);
+    }
+}

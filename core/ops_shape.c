@@ -1,0 +1,498 @@
+/* Movement ops (views: reshape, permute, expand, slice, pad, concat) and
+ * reductions, with their VJPs. Trivial cases fold at record time. */
+#include "internal.h"
+
+#include <math.h>
+
+static cx_tensor *check_in(cx_tensor *a, const char *op)
+{
+    if (!a) return cx_poison("%s: input is NULL", op);
+    if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
+    return NULL;
+}
+
+static bool same_shape(const int64_t *a, int na, const int64_t *b, int nb)
+{
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++) if (a[i] != b[i]) return false;
+    return true;
+}
+
+cx_tensor *cx_reshape(cx_tensor *a, const int64_t *shape_in, int ndim)
+{
+    cx_tensor *p = check_in(a, "reshape");
+    if (p) return p;
+    char b0[160], b1[160];
+    if (ndim < 0 || ndim > CX_MAX_DIMS) return cx_poison("reshape: rank %d is outside 0..%d", ndim, CX_MAX_DIMS);
+    int64_t shape[CX_MAX_DIMS];
+    int infer = -1;
+    int64_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        shape[i] = shape_in[i];
+        if (shape[i] == -1) {
+            if (infer >= 0) return cx_poison("reshape: more than one -1 in %s", cx_shape_str(b0, sizeof b0, shape_in, ndim));
+            infer = i;
+        } else if (shape[i] < 0) {
+            return cx_poison("reshape: negative dimension in %s", cx_shape_str(b0, sizeof b0, shape_in, ndim));
+        } else {
+            known *= shape[i];
+        }
+    }
+    if (infer >= 0) {
+        if (known == 0 || a->node->numel % known)
+            return cx_poison("reshape: cannot infer -1 in %s for %lld elements of %s",
+                             cx_shape_str(b0, sizeof b0, shape_in, ndim), (long long)a->node->numel,
+                             cx_shape_str(b1, sizeof b1, a->node->shape, a->node->ndim));
+        shape[infer] = a->node->numel / known;
+    }
+    if (cx_shape_numel(shape, ndim) != a->node->numel)
+        return cx_poison("reshape: cannot reshape %s (%lld elements) to %s",
+                         cx_shape_str(b0, sizeof b0, a->node->shape, a->node->ndim), (long long)a->node->numel,
+                         cx_shape_str(b1, sizeof b1, shape, ndim));
+    if (same_shape(shape, ndim, a->node->shape, a->node->ndim)) return cx_alias(a);
+    /* reshape of a reshape is one reshape */
+    if (a->node->op == OP_RESHAPE && (a->node->flags & NF_REQUIRES_GRAD) == (a->node->inputs[0]->flags & NF_REQUIRES_GRAD)) {
+        cx_tensor *inner = cx_tensor_of(a->node->inputs[0]);
+        cx_tensor *r = cx_reshape(inner, shape, ndim);
+        cx_drop(inner);
+        return r;
+    }
+    return cx_make_op(OP_RESHAPE, (cx_dtype)a->node->dtype, shape, ndim, &a, 1, NULL, 0, 0);
+}
+
+cx_tensor *cx_permute(cx_tensor *a, const int *perm)
+{
+    cx_tensor *p = check_in(a, "permute");
+    if (p) return p;
+    int nd = a->node->ndim;
+    int64_t attrs[CX_MAX_DIMS], shape[CX_MAX_DIMS];
+    bool seen[CX_MAX_DIMS] = { 0 }, ident = true;
+    for (int i = 0; i < nd; i++) {
+        int ax = perm ? cx_norm_axis(perm[i], nd) : -1;
+        if (ax < 0 || seen[ax]) {
+            char b[160];
+            return cx_poison("permute: invalid permutation for shape %s (axis %d at position %d)",
+                             cx_shape_str(b, sizeof b, a->node->shape, nd), perm ? perm[i] : 0, i);
+        }
+        seen[ax] = true;
+        attrs[i] = ax;
+        shape[i] = a->node->shape[ax];
+        if (ax != i) ident = false;
+    }
+    if (ident) return cx_alias(a);
+    if (a->node->op == OP_PERMUTE && (a->node->flags & NF_REQUIRES_GRAD) == (a->node->inputs[0]->flags & NF_REQUIRES_GRAD)) {
+        int composed[CX_MAX_DIMS];
+        for (int i = 0; i < nd; i++) composed[i] = (int)a->node->attrs[attrs[i]];
+        cx_tensor *inner = cx_tensor_of(a->node->inputs[0]);
+        cx_tensor *r = cx_permute(inner, composed);
+        cx_drop(inner);
+        return r;
+    }
+    return cx_make_op(OP_PERMUTE, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, nd, 0);
+}
+
+cx_tensor *cx_transpose(cx_tensor *a, int axis0, int axis1)
+{
+    cx_tensor *p = check_in(a, "transpose");
+    if (p) return p;
+    int nd = a->node->ndim;
+    int x = cx_norm_axis(axis0, nd), y = cx_norm_axis(axis1, nd);
+    if (x < 0 || y < 0 || nd == 0) return cx_poison("transpose: axes %d, %d out of range for rank %d", axis0, axis1, nd);
+    int perm[CX_MAX_DIMS];
+    for (int i = 0; i < nd; i++) perm[i] = i;
+    perm[x] = y;
+    perm[y] = x;
+    return cx_permute(a, perm);
+}
+
+cx_tensor *cx_expand(cx_tensor *a, const int64_t *shape, int ndim)
+{
+    cx_tensor *p = check_in(a, "expand");
+    if (p) return p;
+    char b0[160], b1[160];
+    int nd = a->node->ndim;
+    if (ndim < nd || ndim > CX_MAX_DIMS)
+        return cx_poison("expand: cannot expand %s to %s", cx_shape_str(b0, sizeof b0, a->node->shape, nd),
+                         cx_shape_str(b1, sizeof b1, shape, ndim));
+    int64_t full[CX_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) {
+        int j = i - (ndim - nd);
+        int64_t s = j >= 0 ? a->node->shape[j] : 1;
+        int64_t want = shape[i] == -1 ? s : shape[i];
+        if (s != want && s != 1)
+            return cx_poison("expand: cannot expand %s to %s", cx_shape_str(b0, sizeof b0, a->node->shape, nd),
+                             cx_shape_str(b1, sizeof b1, shape, ndim));
+        full[i] = want;
+    }
+    if (same_shape(full, ndim, a->node->shape, nd)) return cx_alias(a);
+    cx_tensor *src = a;
+    bool drop_src = false;
+    if (ndim != nd) {
+        int64_t lifted[CX_MAX_DIMS] = { 0 };
+        for (int i = 0; i < ndim; i++) lifted[i] = i < ndim - nd ? 1 : a->node->shape[i - (ndim - nd)];
+        src = cx_reshape(a, lifted, ndim);
+        drop_src = true;
+        if (same_shape(full, ndim, lifted, ndim)) return src;
+    }
+    cx_tensor *r = cx_make_op(OP_EXPAND, (cx_dtype)a->node->dtype, full, ndim, &src, 1, NULL, 0, 0);
+    if (drop_src) cx_drop(src);
+    return r;
+}
+
+cx_tensor *cx_slice(cx_tensor *a, int axis, int64_t start, int64_t end, int64_t step)
+{
+    cx_tensor *p = check_in(a, "slice");
+    if (p) return p;
+    int nd = a->node->ndim;
+    int ax = cx_norm_axis(axis, nd);
+    char b[160];
+    if (ax < 0 || nd == 0) return cx_poison("slice: axis %d out of range for shape %s", axis, cx_shape_str(b, sizeof b, a->node->shape, nd));
+    int64_t dim = a->node->shape[ax];
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    if (end > dim) end = dim;
+    if (step <= 0 || start < 0 || start > dim || end < start)
+        return cx_poison("slice: range [%lld:%lld:%lld] is invalid for axis %d of shape %s", (long long)start,
+                         (long long)end, (long long)step, axis, cx_shape_str(b, sizeof b, a->node->shape, nd));
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
+    shape[ax] = (end - start + step - 1) / step;
+    if (start == 0 && shape[ax] == dim && (step == 1 || dim <= 1)) return cx_alias(a);
+    int64_t attrs[3] = { ax, start, step };
+    return cx_make_op(OP_SLICE, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, 3, 0);
+}
+
+/* Internal pad with interior padding (used by the slice VJP). */
+static cx_tensor *pad_full(cx_tensor *a, const int64_t *lo, const int64_t *hi, const int64_t *interior, double value)
+{
+    int nd = a->node->ndim;
+    int64_t shape[CX_MAX_DIMS], attrs[3 * CX_MAX_DIMS];
+    bool trivial = true;
+    for (int i = 0; i < nd; i++) {
+        int64_t in = interior ? interior[i] : 0;
+        int64_t s = a->node->shape[i];
+        shape[i] = lo[i] + hi[i] + (s > 0 ? s + (s - 1) * in : 0);
+        attrs[i] = lo[i];
+        attrs[nd + i] = hi[i];
+        attrs[2 * nd + i] = in;
+        if (lo[i] || hi[i] || (in && s > 1)) trivial = false;
+    }
+    if (trivial) return cx_alias(a);
+    return cx_make_op(OP_PAD, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, 3 * nd, value);
+}
+
+cx_tensor *cx_pad(cx_tensor *a, const int64_t *lo, const int64_t *hi, double value)
+{
+    cx_tensor *p = check_in(a, "pad");
+    if (p) return p;
+    int nd = a->node->ndim;
+    for (int i = 0; i < nd; i++)
+        if (!lo || !hi || lo[i] < 0 || hi[i] < 0) return cx_poison("pad: padding of axis %d must be >= 0", i);
+    return pad_full(a, lo, hi, NULL, value);
+}
+
+cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
+{
+    if (n <= 0 || !ts) return cx_poison("concat: no inputs");
+    for (int i = 0; i < n; i++) {
+        cx_tensor *p = check_in(ts[i], "concat");
+        if (p) return p;
+    }
+    int nd = ts[0]->node->ndim;
+    int ax = cx_norm_axis(axis, nd);
+    char b0[160], b1[160];
+    if (ax < 0 || nd == 0) return cx_poison("concat: axis %d out of range for rank %d", axis, nd);
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, ts[0]->node->shape, sizeof(int64_t) * (size_t)nd);
+    cx_dtype dt = (cx_dtype)ts[0]->node->dtype;
+    for (int i = 1; i < n; i++) {
+        cx_node *x = ts[i]->node;
+        bool ok = x->ndim == nd;
+        for (int d = 0; ok && d < nd; d++) if (d != ax && x->shape[d] != shape[d]) ok = false;
+        if (!ok) return cx_poison("concat: shapes %s and %s differ outside axis %d",
+                                  cx_shape_str(b0, sizeof b0, ts[0]->node->shape, nd),
+                                  cx_shape_str(b1, sizeof b1, x->shape, x->ndim), ax);
+        shape[ax] += x->shape[ax];
+        dt = cx_promote(dt, (cx_dtype)x->dtype);
+    }
+    if (n == 1) return cx_alias(ts[0]);
+    cx_tensor **cast = malloc((size_t)n * sizeof *cast);
+    if (!cast) return cx_poison("concat: out of memory");
+    for (int i = 0; i < n; i++) cast[i] = cx_cast(ts[i], dt);
+    int64_t attr = ax;
+    cx_tensor *r = cx_make_op(OP_CONCAT, dt, shape, nd, cast, n, &attr, 1, 0);
+    for (int i = 0; i < n; i++) cx_drop(cast[i]);
+    free(cast);
+    return r;
+}
+
+cx_tensor *cx_flatten(cx_tensor *a, int start_axis, int end_axis)
+{
+    cx_tensor *p = check_in(a, "flatten");
+    if (p) return p;
+    int nd = a->node->ndim;
+    if (nd == 0) { int64_t one = 1; return cx_reshape(a, &one, 1); }
+    int s = cx_norm_axis(start_axis, nd), e = cx_norm_axis(end_axis, nd);
+    if (s < 0 || e < 0 || s > e) return cx_poison("flatten: axes %d..%d invalid for rank %d", start_axis, end_axis, nd);
+    int64_t shape[CX_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < s; i++) shape[k++] = a->node->shape[i];
+    int64_t m = 1;
+    for (int i = s; i <= e; i++) m *= a->node->shape[i];
+    shape[k++] = m;
+    for (int i = e + 1; i < nd; i++) shape[k++] = a->node->shape[i];
+    return cx_reshape(a, shape, k);
+}
+
+cx_tensor *cx_unsqueeze(cx_tensor *a, int axis)
+{
+    cx_tensor *p = check_in(a, "unsqueeze");
+    if (p) return p;
+    int nd = a->node->ndim;
+    if (axis < 0) axis += nd + 1;
+    if (axis < 0 || axis > nd || nd >= CX_MAX_DIMS) return cx_poison("unsqueeze: axis out of range for rank %d", nd);
+    int64_t shape[CX_MAX_DIMS];
+    for (int i = 0, k = 0; i <= nd; i++) shape[i] = i == axis ? 1 : a->node->shape[k++];
+    return cx_reshape(a, shape, nd + 1);
+}
+
+cx_tensor *cx_squeeze(cx_tensor *a, int axis)
+{
+    cx_tensor *p = check_in(a, "squeeze");
+    if (p) return p;
+    int nd = a->node->ndim;
+    int ax = cx_norm_axis(axis, nd);
+    if (ax < 0 || nd == 0) return cx_poison("squeeze: axis %d out of range for rank %d", axis, nd);
+    if (a->node->shape[ax] != 1) return cx_alias(a);
+    int64_t shape[CX_MAX_DIMS];
+    for (int i = 0, k = 0; i < nd; i++) if (i != ax) shape[k++] = a->node->shape[i];
+    return cx_reshape(a, shape, nd - 1);
+}
+
+/* ---- reductions ----------------------------------------------------------------- */
+
+static bool axes_mask(cx_tensor *a, const int *axes, int naxes, const char *op, uint64_t *mask, cx_tensor **err)
+{
+    int nd = a->node->ndim;
+    *mask = 0;
+    if (naxes == 0) { *mask = nd ? (1ull << nd) - 1 : 0; return true; }
+    for (int i = 0; i < naxes; i++) {
+        int ax = cx_norm_axis(axes[i], nd);
+        if (ax < 0 || nd == 0) {
+            char b[160];
+            *err = cx_poison("%s: axis %d out of range for shape %s", op, axes[i], cx_shape_str(b, sizeof b, a->node->shape, nd));
+            return false;
+        }
+        *mask |= 1ull << ax;
+    }
+    return true;
+}
+
+static cx_tensor *finish_keepdim(cx_tensor *r, cx_tensor *a, uint64_t mask, bool keepdim)
+{
+    if (keepdim) return r;
+    int64_t shape[CX_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < a->node->ndim; i++) if (!(mask >> i & 1)) shape[k++] = a->node->shape[i];
+    cx_tensor *s = cx_reshape(r, shape, k);
+    cx_drop(r);
+    return s;
+}
+
+/* The primitive keeps reduced dims as size 1. */
+static cx_tensor *reduce_prim(cx_op op, cx_tensor *a, uint64_t mask, cx_dtype dt)
+{
+    int64_t shape[CX_MAX_DIMS];
+    int nd = a->node->ndim;
+    for (int i = 0; i < nd; i++) shape[i] = (mask >> i & 1) ? 1 : a->node->shape[i];
+    if (mask == 0) return cx_cast(a, dt);
+    int64_t attr = (int64_t)mask;
+    return cx_make_op(op, dt, shape, nd, &a, 1, &attr, 1, 0);
+}
+
+static cx_tensor *reduce(cx_op op, cx_tensor *a, const int *axes, int naxes, bool keepdim, const char *name)
+{
+    cx_tensor *p = check_in(a, name);
+    if (p) return p;
+    uint64_t mask;
+    cx_tensor *err;
+    if (!axes_mask(a, axes, naxes, name, &mask, &err)) return err;
+    cx_dtype dt = (cx_dtype)a->node->dtype;
+    if (op == OP_REDUCE_SUM && !cx_dtype_is_float(dt)) dt = CX_I64; /* as torch.sum */
+    if (op == OP_REDUCE_MAX) {
+        for (int i = 0; i < a->node->ndim; i++)
+            if ((mask >> i & 1) && a->node->shape[i] == 0)
+                return cx_poison("max: reducing an empty axis %d has no identity", i);
+    }
+    cx_tensor *src = a;
+    if (dt != a->node->dtype) src = cx_cast(a, dt);
+    cx_tensor *r = reduce_prim(op, src, mask, dt);
+    if (src != a) cx_drop(src);
+    return finish_keepdim(r, a, mask, keepdim);
+}
+
+cx_tensor *cx_sum(cx_tensor *a, const int *axes, int naxes, bool keepdim) { return reduce(OP_REDUCE_SUM, a, axes, naxes, keepdim, "sum"); }
+cx_tensor *cx_max(cx_tensor *a, const int *axes, int naxes, bool keepdim) { return reduce(OP_REDUCE_MAX, a, axes, naxes, keepdim, "max"); }
+
+cx_tensor *cx_mean(cx_tensor *a, const int *axes, int naxes, bool keepdim)
+{
+    cx_tensor *p = check_in(a, "mean");
+    if (p) return p;
+    uint64_t mask;
+    cx_tensor *err;
+    if (!axes_mask(a, axes, naxes, "mean", &mask, &err)) return err;
+    int64_t count = 1;
+    for (int i = 0; i < a->node->ndim; i++) if (mask >> i & 1) count *= a->node->shape[i];
+    cx_tensor *f = cx_dtype_is_float(cx_dtype_of(a)) ? cx_alias(a) : cx_cast(a, CX_F32);
+    cx_tensor *s = cx_sum(f, axes, naxes, keepdim);
+    cx_tensor *r = cx_mul_scalar(s, count ? 1.0 / (double)count : NAN);
+    cx_drop(f);
+    cx_drop(s);
+    return r;
+}
+
+cx_tensor *cx_var(cx_tensor *a, const int *axes, int naxes, int correction, bool keepdim)
+{
+    cx_tensor *p = check_in(a, "var");
+    if (p) return p;
+    uint64_t mask;
+    cx_tensor *err;
+    if (!axes_mask(a, axes, naxes, "var", &mask, &err)) return err;
+    int64_t count = 1;
+    for (int i = 0; i < a->node->ndim; i++) if (mask >> i & 1) count *= a->node->shape[i];
+    cx_tensor *m = cx_mean(a, axes, naxes, true);
+    cx_tensor *d = cx_sub(a, m);
+    cx_tensor *d2 = cx_mul(d, d);
+    cx_tensor *s = cx_sum(d2, axes, naxes, keepdim);
+    double denom = (double)(count - correction);
+    cx_tensor *r = cx_mul_scalar(s, denom > 0 ? 1.0 / denom : NAN);
+    cx_drop(m); cx_drop(d); cx_drop(d2); cx_drop(s);
+    return r;
+}
+
+cx_tensor *cx_argmax(cx_tensor *a, int axis, bool keepdim)
+{
+    cx_tensor *p = check_in(a, "argmax");
+    if (p) return p;
+    int nd = a->node->ndim;
+    int ax = cx_norm_axis(axis, nd);
+    if (ax < 0 || nd == 0) return cx_poison("argmax: axis %d out of range for rank %d", axis, nd);
+    if (a->node->shape[ax] == 0) return cx_poison("argmax: axis %d is empty", ax);
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
+    shape[ax] = 1;
+    int64_t attr = ax;
+    cx_tensor *r = cx_make_op(OP_ARGMAX, CX_I64, shape, nd, &a, 1, &attr, 1, 0);
+    return finish_keepdim(r, a, 1ull << ax, keepdim);
+}
+
+cx_tensor *cx_logsumexp(cx_tensor *a, int axis, bool keepdim)
+{
+    cx_tensor *p = check_in(a, "logsumexp");
+    if (p) return p;
+    cx_tensor *m = cx_max(a, &axis, 1, true);
+    cx_tensor *md = cx_detach(m);
+    /* an all -inf row has max -inf: shift by 0 there so the result is -inf, not NaN */
+    cx_tensor *fin = cx_abs(md);
+    cx_tensor *inf = cx_scalar_like(md, INFINITY);
+    cx_tensor *isinf = cx_eq(fin, inf);
+    cx_tensor *zero = cx_scalar_like(md, 0.0);
+    cx_tensor *shift = cx_where(isinf, zero, md);
+    cx_tensor *d = cx_sub(a, shift);
+    cx_tensor *e = cx_exp(d);
+    cx_tensor *s = cx_sum(e, &axis, 1, true);
+    cx_tensor *l = cx_log(s);
+    cx_tensor *r = cx_add(l, shift);
+    cx_tensor *out = keepdim ? cx_alias(r) : cx_squeeze(r, axis);
+    cx_tensor *tmp[] = { m, md, fin, inf, isinf, zero, shift, d, e, s, l, r };
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) cx_drop(tmp[i]);
+    return out;
+}
+
+/* ---- VJPs -------------------------------------------------------------------------- */
+
+cx_tensor *cx_sum_to(cx_tensor *g, const int64_t *shape, int ndim)
+{
+    int gd = g->node->ndim;
+    if (same_shape(g->node->shape, gd, shape, ndim)) return cx_alias(g);
+    int axes[CX_MAX_DIMS], n = 0;
+    for (int i = 0; i < gd; i++) {
+        int j = i - (gd - ndim);
+        if (j < 0 || (shape[j] == 1 && g->node->shape[i] != 1)) axes[n++] = i;
+    }
+    cx_tensor *s = n ? cx_sum(g, axes, n, true) : cx_alias(g);
+    cx_tensor *r = cx_reshape(s, shape, ndim);
+    cx_drop(s);
+    return r;
+}
+
+cx_tensor *cx_vjp_movement(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)out;
+    cx_node *x = in[0]->node;
+    int nd = x->ndim;
+    switch ((cx_op)n->op) {
+    case OP_RESHAPE: return cx_reshape(g, x->shape, nd);
+    case OP_PERMUTE: {
+        int inv[CX_MAX_DIMS];
+        for (int k = 0; k < nd; k++) inv[n->attrs[k]] = k;
+        return cx_permute(g, inv);
+    }
+    case OP_EXPAND: return cx_sum_to(g, x->shape, nd);
+    case OP_SLICE: {
+        int ax = (int)n->attrs[0];
+        int64_t start = n->attrs[1], step = n->attrs[2];
+        int64_t lo[CX_MAX_DIMS] = { 0 }, hi[CX_MAX_DIMS] = { 0 }, inner[CX_MAX_DIMS] = { 0 };
+        int64_t cnt = n->shape[ax];
+        lo[ax] = start;
+        inner[ax] = step - 1;
+        int64_t covered = cnt > 0 ? start + (cnt - 1) * step + 1 : start;
+        hi[ax] = x->shape[ax] - covered;
+        return pad_full(g, lo, hi, inner, 0.0);
+    }
+    case OP_PAD: {
+        cx_tensor *cur = cx_alias(g);
+        for (int d = 0; d < nd; d++) {
+            int64_t lo = n->attrs[d], in_ = n->attrs[2 * nd + d];
+            if (lo == 0 && in_ == 0 && n->shape[d] == x->shape[d]) continue;
+            int64_t end = lo + (x->shape[d] > 0 ? (x->shape[d] - 1) * (in_ + 1) + 1 : 0);
+            cx_tensor *s = cx_slice(cur, d, lo, end, in_ + 1);
+            cx_drop(cur);
+            cur = s;
+        }
+        return cur;
+    }
+    case OP_CONCAT: {
+        int ax = (int)n->attrs[0];
+        int64_t off = 0;
+        for (int k = 0; k < i; k++) off += in[k]->node->shape[ax];
+        return cx_slice(g, ax, off, off + in[i]->node->shape[ax], 1);
+    }
+    default: return NULL;
+    }
+}
+
+cx_tensor *cx_vjp_reduce(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)i;
+    cx_node *x = in[0]->node;
+    switch ((cx_op)n->op) {
+    case OP_REDUCE_SUM: return cx_expand(g, x->shape, x->ndim);
+    case OP_REDUCE_MAX: {
+        /* ties share the gradient evenly (amax semantics) */
+        cx_tensor *oe = cx_expand(out, x->shape, x->ndim);
+        cx_tensor *mask = cx_eq(in[0], oe);
+        cx_tensor *mf = cx_cast(mask, (cx_dtype)x->dtype);
+        int axes[CX_MAX_DIMS], na = 0;
+        for (int d = 0; d < x->ndim; d++) if (n->attrs[0] >> d & 1) axes[na++] = d;
+        cx_tensor *cnt = cx_sum(mf, axes, na, true);
+        cx_tensor *gs = cx_div(g, cnt);
+        cx_tensor *ge = cx_expand(gs, x->shape, x->ndim);
+        cx_tensor *r = cx_mul(ge, mf);
+        cx_tensor *tmp[] = { oe, mask, mf, cnt, gs, ge };
+        for (size_t k = 0; k < sizeof tmp / sizeof *tmp; k++) cx_drop(tmp[k]);
+        return r;
+    }
+    default: return NULL;
+    }
+}

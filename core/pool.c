@@ -1,0 +1,157 @@
+/* A small fork-join pool. Workers spin briefly then sleep on a condition
+ * variable: kernels in a step come back to back, so a short spin avoids a
+ * futex round trip per kernel without burning a core between steps. */
+#include "pool.h"
+#include <cxla/core.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define CX_POOL_MAX 256
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    int nthreads;                 /* including the caller */
+    pthread_t tids[CX_POOL_MAX];
+    atomic_uint_fast64_t generation;
+    atomic_int remaining;
+    void (*job)(void *ctx, int64_t tid, int64_t nthreads);
+    void *job_ctx;
+    int stop;
+    int started;
+} cx_pool;
+
+static cx_pool g_pool = { .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+                          .done = PTHREAD_COND_INITIALIZER };
+static _Thread_local int t_in_pool_job;
+static pthread_mutex_t g_dispatch = PTHREAD_MUTEX_INITIALIZER;
+
+static void *worker_main(void *arg)
+{
+    int64_t tid = (int64_t)(intptr_t)arg;
+    uint64_t seen = 0;
+    t_in_pool_job = 1;
+    for (;;) {
+        uint64_t gen = 0;
+        for (int spin = 0; spin < 20000; spin++) {
+            gen = atomic_load_explicit(&g_pool.generation, memory_order_acquire);
+            if (gen != seen) break;
+        }
+        if (gen == seen) {
+            pthread_mutex_lock(&g_pool.mu);
+            while (!g_pool.stop && (gen = atomic_load(&g_pool.generation)) == seen)
+                pthread_cond_wait(&g_pool.wake, &g_pool.mu);
+            pthread_mutex_unlock(&g_pool.mu);
+        }
+        if (g_pool.stop) return NULL;
+        seen = gen;
+        g_pool.job(g_pool.job_ctx, tid, g_pool.nthreads);
+        if (atomic_fetch_sub(&g_pool.remaining, 1) == 1) {
+            pthread_mutex_lock(&g_pool.mu);
+            pthread_cond_signal(&g_pool.done);
+            pthread_mutex_unlock(&g_pool.mu);
+        }
+    }
+}
+
+static void pool_start(void)
+{
+    int n = cx_get_num_threads();
+    if (n > CX_POOL_MAX) n = CX_POOL_MAX;
+    g_pool.nthreads = n;
+    g_pool.stop = 0;
+    int started = 1;
+    for (int i = 1; i < n; i++) {
+        if (pthread_create(&g_pool.tids[i], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
+        started++;
+    }
+    g_pool.nthreads = started; /* degrade gracefully if threads cannot start */
+    g_pool.started = 1;
+}
+
+void cx_pool_shutdown(void)
+{
+    pthread_mutex_lock(&g_dispatch);
+    if (g_pool.started) {
+        pthread_mutex_lock(&g_pool.mu);
+        g_pool.stop = 1;
+        pthread_cond_broadcast(&g_pool.wake);
+        pthread_mutex_unlock(&g_pool.mu);
+        for (int i = 1; i < g_pool.nthreads; i++) pthread_join(g_pool.tids[i], NULL);
+        g_pool.started = 0;
+    }
+    pthread_mutex_unlock(&g_dispatch);
+}
+
+int cx_pool_threads(void)
+{
+    if (!g_pool.started) return cx_get_num_threads();
+    return g_pool.nthreads;
+}
+
+void cx_pool_run_each(void (*fn)(void *ctx, int64_t tid, int64_t nthreads), void *ctx)
+{
+    if (t_in_pool_job) { fn(ctx, 0, 1); return; }
+    pthread_mutex_lock(&g_dispatch);
+    if (!g_pool.started || g_pool.nthreads != cx_get_num_threads()) {
+        if (g_pool.started) {
+            pthread_mutex_unlock(&g_dispatch);
+            cx_pool_shutdown();
+            pthread_mutex_lock(&g_dispatch);
+        }
+        pool_start();
+    }
+    if (g_pool.nthreads == 1) {
+        pthread_mutex_unlock(&g_dispatch);
+        t_in_pool_job = 1;
+        fn(ctx, 0, 1);
+        t_in_pool_job = 0;
+        return;
+    }
+    g_pool.job = fn;
+    g_pool.job_ctx = ctx;
+    atomic_store(&g_pool.remaining, g_pool.nthreads - 1);
+    pthread_mutex_lock(&g_pool.mu);
+    atomic_fetch_add_explicit(&g_pool.generation, 1, memory_order_release);
+    pthread_cond_broadcast(&g_pool.wake);
+    pthread_mutex_unlock(&g_pool.mu);
+    t_in_pool_job = 1;
+    fn(ctx, 0, g_pool.nthreads);
+    t_in_pool_job = 0;
+    for (int spin = 0; spin < 200000 && atomic_load(&g_pool.remaining) > 0; spin++) {}
+    if (atomic_load(&g_pool.remaining) > 0) {
+        pthread_mutex_lock(&g_pool.mu);
+        while (atomic_load(&g_pool.remaining) > 0) pthread_cond_wait(&g_pool.done, &g_pool.mu);
+        pthread_mutex_unlock(&g_pool.mu);
+    }
+    pthread_mutex_unlock(&g_dispatch);
+}
+
+typedef struct {
+    int64_t n, grain;
+    cx_range_fn fn;
+    void *ctx;
+} range_job;
+
+static void range_each(void *p, int64_t tid, int64_t nthreads)
+{
+    range_job *j = p;
+    int64_t chunks = j->n / (j->grain > 0 ? j->grain : 1);
+    if (chunks < 1) chunks = 1;
+    if (chunks > nthreads) chunks = nthreads;
+    if (tid >= chunks) return;
+    int64_t b = j->n * tid / chunks, e = j->n * (tid + 1) / chunks;
+    if (b < e) j->fn(j->ctx, b, e);
+}
+
+void cx_pool_parallel_for(int64_t n, int64_t grain, cx_range_fn fn, void *ctx)
+{
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    if (n < 2 * grain || t_in_pool_job || cx_get_num_threads() == 1) { fn(ctx, 0, n); return; }
+    range_job j = { n, grain, fn, ctx };
+    cx_pool_run_each(range_each, &j);
+}

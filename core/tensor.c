@@ -1,0 +1,402 @@
+/* Tensor handles, the live list, steps, host transfers and cx_assign. */
+#include "internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+
+/* The live list holds every handle in creation order: sync takes its
+ * outputs from it. The loader may create handles on another thread, so the
+ * list is locked. */
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static cx_tensor *g_live_head, *g_live_tail;
+
+/* Steps: each open step owns the handles made while it is innermost. */
+#define CX_MAX_STEP_DEPTH 16
+typedef struct {
+    cx_tensor **items;
+    int n, cap;
+} tensor_list;
+static _Thread_local int t_step_depth;
+static _Thread_local tensor_list t_steps[CX_MAX_STEP_DEPTH + 1];
+/* handles kept at the end of a step live until the end of the next step at
+ * the same depth, so a training loop that keeps its loss does not leak */
+static _Thread_local tensor_list t_carry[CX_MAX_STEP_DEPTH + 1];
+
+int cx_current_step_depth(void) { return t_step_depth; }
+
+static bool list_push(tensor_list *l, cx_tensor *t)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 256;
+        cx_tensor **items = realloc(l->items, (size_t)cap * sizeof *items);
+        if (!items) return false;
+        l->items = items;
+        l->cap = cap;
+    }
+    t->step_slot = l->n;
+    l->items[l->n++] = t;
+    return true;
+}
+
+cx_tensor *cx_live_first(void) { return g_live_head; }
+
+static void live_link(cx_tensor *t)
+{
+    pthread_mutex_lock(&g_live_mu);
+    t->prev = g_live_tail;
+    t->next = NULL;
+    if (g_live_tail) g_live_tail->next = t; else g_live_head = t;
+    g_live_tail = t;
+    pthread_mutex_unlock(&g_live_mu);
+}
+
+static void live_unlink(cx_tensor *t)
+{
+    pthread_mutex_lock(&g_live_mu);
+    if (t->prev) t->prev->next = t->next; else g_live_head = t->next;
+    if (t->next) t->next->prev = t->prev; else g_live_tail = t->prev;
+    pthread_mutex_unlock(&g_live_mu);
+}
+
+void cx_set_node(cx_tensor *t, cx_node *n)
+{
+    if (t->node == n) return;
+    cx_node_ref(n);
+    n->hrefs++;
+    if (t->node) { t->node->hrefs--; cx_node_unref(t->node); }
+    t->node = n;
+}
+
+cx_tensor *cx_tensor_wrap(cx_node *n)
+{
+    if (!n) return NULL;
+    cx_tensor *t = calloc(1, sizeof *t);
+    if (!t) { cx_node_unref(n); cx_set_error("out of memory: tensor handle"); return NULL; }
+    t->node = n;
+    n->hrefs++;
+    t->id = cx_next_id();
+    t->step_depth = t_step_depth;
+    t->step_slot = -1;
+    if (t_step_depth > 0 && !list_push(&t_steps[t_step_depth], t)) t->step_depth = 0;
+    if (t->step_depth == 0) t->flags |= TF_PERSISTENT;
+    live_link(t);
+    return t;
+}
+
+cx_tensor *cx_tensor_of(cx_node *n)
+{
+    cx_node_ref(n);
+    return cx_tensor_wrap(n);
+}
+
+cx_tensor *cx_poison(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cx_set_error("%s", msg);
+    return cx_tensor_wrap(cx_node_error(msg));
+}
+
+static void release_handle(cx_tensor *t)
+{
+    live_unlink(t);
+    if (t->grad) release_handle(t->grad);
+    if (t->donor) cx_node_unref(t->donor);
+    t->node->hrefs--;
+    cx_node_unref(t->node);
+    free(t->name);
+    free(t);
+}
+
+static void step_forget(cx_tensor *t)
+{
+    if (t->step_depth > 0 && t->step_slot >= 0) {
+        tensor_list *l = (t->flags & TF_KEPT) ? &t_carry[t->step_depth] : &t_steps[t->step_depth];
+        if (t->step_slot < l->n && l->items[t->step_slot] == t) l->items[t->step_slot] = NULL;
+    }
+}
+
+void cx_free(cx_tensor *t)
+{
+    if (!t) return;
+    step_forget(t);
+    release_handle(t);
+}
+
+void cx_drop(cx_tensor *t)
+{
+    /* inside a step the step releases it; elsewhere nobody would */
+    if (t && t->step_depth == 0 && !(t->flags & TF_REQUIRES_GRAD)) cx_free(t);
+}
+
+cx_tensor *cx_keep(cx_tensor *t)
+{
+    if (t && t->step_depth > 0) t->flags |= TF_KEPT;
+    return t;
+}
+
+cx_tensor *cx_persist(cx_tensor *t)
+{
+    if (!t) return t;
+    step_forget(t);
+    t->step_depth = 0;
+    t->step_slot = -1;
+    t->flags |= TF_PERSISTENT;
+    t->flags &= ~(uint32_t)TF_KEPT;
+    return t;
+}
+
+cx_tensor *cx_alias(cx_tensor *t)
+{
+    if (!t) return NULL;
+    return cx_tensor_of(t->node);
+}
+
+void cx_step_begin(void)
+{
+    if (t_step_depth >= CX_MAX_STEP_DEPTH) {
+        cx_set_error("cx_step_begin: steps nested deeper than %d", CX_MAX_STEP_DEPTH);
+        return;
+    }
+    t_step_depth++;
+    /* last step's kept handles now belong to this step */
+    tensor_list *c = &t_carry[t_step_depth];
+    for (int i = 0; i < c->n; i++) {
+        cx_tensor *t = c->items[i];
+        if (!t) continue;
+        t->flags &= ~(uint32_t)TF_KEPT;
+        if (!list_push(&t_steps[t_step_depth], t)) { t->step_depth = 0; t->flags |= TF_PERSISTENT; }
+    }
+    c->n = 0;
+}
+
+cx_status cx_step_end(void)
+{
+    if (t_step_depth == 0) {
+        cx_set_error("cx_step_end: no step is open");
+        return CX_ERR_STATE;
+    }
+    int d = t_step_depth;
+    tensor_list *l = &t_steps[d];
+    tensor_list *c = &t_carry[d];
+    for (int i = 0; i < l->n; i++) {
+        cx_tensor *t = l->items[i];
+        if (!t) continue;
+        if (t->flags & TF_KEPT) {
+            if (!list_push(c, t)) { t->flags &= ~(uint32_t)TF_KEPT; t->step_depth = 0; t->flags |= TF_PERSISTENT; }
+        } else {
+            release_handle(t);
+        }
+    }
+    l->n = 0;
+    t_step_depth--;
+    cx_status st = cx_materialize(NULL, 0, "step end");
+    cx_counter_add("MarkStep", 1);
+    return st;
+}
+
+cx_status cx_sync(void) { return cx_materialize(NULL, 0, "user sync"); }
+
+cx_status cx_sync_tensors(cx_tensor **ts, int n) { return cx_materialize(ts, n, "user sync"); }
+
+/* ---- creation ------------------------------------------------------------ */
+
+static bool check_shape(const char *op, const int64_t *shape, int ndim)
+{
+    if (ndim < 0 || ndim > CX_MAX_DIMS || (ndim > 0 && !shape)) {
+        cx_set_error("%s: rank %d is outside 0..%d", op, ndim, CX_MAX_DIMS);
+        return false;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) {
+            char b[160];
+            cx_set_error("%s: negative dimension in shape %s", op, cx_shape_str(b, sizeof b, shape, ndim));
+            return false;
+        }
+    return true;
+}
+
+cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dtype dtype)
+{
+    if (!check_shape("from_host", shape, ndim)) return cx_poison("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("from_host: unknown dtype %d", (int)dtype);
+    double t0 = cx_now();
+    int64_t numel = cx_shape_numel(shape, ndim);
+    size_t bytes = (size_t)numel * cx_dtype_size(dtype);
+    if (bytes && !data) return cx_poison("from_host: data is NULL for %lld elements", (long long)numel);
+    cx_buffer *b = cx_buffer_new(bytes);
+    if (!b) return cx_poison("from_host: %s", cx_last_error());
+    if (bytes) memcpy(b->data, data, bytes);
+    cx_node *n = cx_node_data(b, dtype, shape, ndim);
+    if (!n) { cx_buffer_unref(b); return cx_poison("from_host: out of memory"); }
+    cx_metric_add("TransferToDeviceTime", cx_now() - t0);
+    cx_counter_add("CreateDataHandles", 1);
+    return cx_tensor_wrap(n);
+}
+
+cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype)
+{
+    if (!check_shape("full", shape, ndim)) return cx_poison("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("full: unknown dtype %d", (int)dtype);
+    /* a 0-d constant expanded: the constant is one node whatever the shape */
+    cx_node_desc d = { .op = OP_CONST, .dtype = dtype, .ndim = 0, .fval = value };
+    cx_tensor *c = cx_tensor_wrap(cx_node_make(&d));
+    if (ndim == 0) return c;
+    cx_tensor *r = cx_expand_to(c, shape, ndim);
+    cx_drop(c);
+    return r;
+}
+
+cx_tensor *cx_zeros(const int64_t *shape, int ndim, cx_dtype dtype) { return cx_full(shape, ndim, 0.0, dtype); }
+cx_tensor *cx_ones(const int64_t *shape, int ndim, cx_dtype dtype) { return cx_full(shape, ndim, 1.0, dtype); }
+cx_tensor *cx_scalar(double value, cx_dtype dtype) { return cx_full(NULL, 0, value, dtype); }
+
+cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
+{
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("runtime_scalar: unknown dtype %d", (int)dtype);
+    cx_node_desc d = { .op = OP_RTSCALAR, .dtype = dtype, .ndim = 0 };
+    cx_node *n = cx_node_make(&d);
+    if (!n) return cx_poison("runtime_scalar: out of memory");
+    n->rt_f = value;
+    n->rt_i = (int64_t)value;
+    return cx_tensor_wrap(n);
+}
+
+cx_tensor *cx_arange(int64_t n, cx_dtype dtype)
+{
+    if (n < 0) return cx_poison("arange: negative length %lld", (long long)n);
+    cx_node_desc d = { .op = OP_IOTA, .dtype = dtype, .ndim = 1, .shape = &n };
+    return cx_tensor_wrap(cx_node_make(&d));
+}
+
+/* ---- introspection ---------------------------------------------------------- */
+
+int cx_ndim(const cx_tensor *t) { return t ? t->node->ndim : 0; }
+const int64_t *cx_shape(const cx_tensor *t) { return t ? t->node->shape : NULL; }
+int64_t cx_numel(const cx_tensor *t) { return t ? t->node->numel : 0; }
+cx_dtype cx_dtype_of(const cx_tensor *t) { return t ? (cx_dtype)t->node->dtype : CX_F32; }
+bool cx_is_pending(const cx_tensor *t) { return t && t->node->op != OP_DATA; }
+bool cx_is_persistent(const cx_tensor *t) { return t && t->step_depth == 0; }
+const char *cx_tensor_error(const cx_tensor *t)
+{
+    if (!t) return "NULL tensor";
+    return t->node->op == OP_ERROR ? t->node->err : NULL;
+}
+
+int64_t cx_dim(const cx_tensor *t, int axis)
+{
+    if (!t) return 0;
+    int nd = t->node->ndim;
+    if (axis < 0) axis += nd;
+    if (axis < 0 || axis >= nd) return 0;
+    return t->node->shape[axis];
+}
+
+void cx_set_name(cx_tensor *t, const char *name)
+{
+    if (!t) return;
+    free(t->name);
+    t->name = name ? strdup(name) : NULL;
+}
+
+const char *cx_get_name(const cx_tensor *t) { return t ? t->name : NULL; }
+
+/* ---- assign ------------------------------------------------------------------ */
+
+cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
+{
+    if (!dst || !value) { cx_set_error("assign: NULL tensor"); return CX_ERR_ARG; }
+    if (dst->step_depth != 0) {
+        cx_set_error("assign: destination is not persistent (create it outside a step or cx_persist it)");
+        return CX_ERR_STATE;
+    }
+    if (value->node->op == OP_ERROR) {
+        cx_set_error("assign: value is poisoned: %s", value->node->err);
+        return CX_ERR_SHAPE;
+    }
+    cx_node *d = dst->node, *v = value->node;
+    if (d->op != OP_ERROR) {
+        bool same = d->ndim == v->ndim && d->dtype == v->dtype;
+        for (int i = 0; same && i < d->ndim; i++) same = d->shape[i] == v->shape[i];
+        if (!same) {
+            char a[160], b[160];
+            cx_set_error("assign: value %s %s does not match destination %s %s",
+                         cx_shape_str(a, sizeof a, v->shape, v->ndim), cx_dtype_name((cx_dtype)v->dtype),
+                         cx_shape_str(b, sizeof b, d->shape, d->ndim), cx_dtype_name((cx_dtype)d->dtype));
+            return CX_ERR_SHAPE;
+        }
+    }
+    if (d == v) return CX_OK;
+    /* remember the last materialized value: its buffer may take the result */
+    if (d->op == OP_DATA && !dst->donor) {
+        cx_node_ref(d);
+        dst->donor = d;
+    }
+    cx_set_node(dst, v);
+    dst->flags |= TF_ASSIGNED;
+    return CX_OK;
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+static void convert_out(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n)
+{
+    if (odt == idt) { memcpy(out, in, (size_t)n * cx_dtype_size(idt)); return; }
+    for (int64_t i = 0; i < n; i++) {
+        double v;
+        switch (idt) {
+        case CX_F32: v = ((const float *)in)[i]; break;
+        case CX_BF16: v = cx_bf16_to_f32(((const uint16_t *)in)[i]); break;
+        case CX_I32: v = ((const int32_t *)in)[i]; break;
+        case CX_I64: v = (double)((const int64_t *)in)[i]; break;
+        case CX_U8: v = ((const uint8_t *)in)[i]; break;
+        default: v = ((const uint8_t *)in)[i] != 0; break;
+        }
+        switch (odt) {
+        case CX_F32: ((float *)out)[i] = (float)v; break;
+        case CX_BF16: ((uint16_t *)out)[i] = cx_f32_to_bf16((float)v); break;
+        case CX_I32: ((int32_t *)out)[i] = (int32_t)v; break;
+        case CX_I64: ((int64_t *)out)[i] = (int64_t)v; break;
+        case CX_U8: ((uint8_t *)out)[i] = (uint8_t)v; break;
+        default: ((uint8_t *)out)[i] = v != 0; break;
+        }
+    }
+}
+
+cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype)
+{
+    if (!t || (!out && t->node->numel)) { cx_set_error("to_host: NULL argument"); return CX_ERR_ARG; }
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) { cx_set_error("to_host: unknown dtype %d", (int)dtype); return CX_ERR_ARG; }
+    if (t->node->op == OP_ERROR) { cx_set_error("%s", t->node->err); return CX_ERR_SHAPE; }
+    if (t->node->op != OP_DATA) {
+        cx_status st = cx_materialize(&t, 1, "value read");
+        if (st != CX_OK) return st;
+    }
+    double t0 = cx_now();
+    convert_out(out, dtype, t->node->buf->data, (cx_dtype)t->node->dtype, t->node->numel);
+    cx_metric_add("TransferFromDeviceTime", cx_now() - t0);
+    return CX_OK;
+}
+
+double cx_item(cx_tensor *t)
+{
+    if (!t) { cx_set_error("item: NULL tensor"); return NAN; }
+    if (t->node->op != OP_ERROR && t->node->numel != 1) {
+        char b[160];
+        cx_set_error("item: tensor of shape %s has %lld elements, not 1",
+                     cx_shape_str(b, sizeof b, t->node->shape, t->node->ndim), (long long)t->node->numel);
+        return NAN;
+    }
+    if (cx_dtype_is_float((cx_dtype)t->node->dtype) || t->node->op == OP_ERROR) {
+        float f;
+        if (cx_to_host(t, &f, CX_F32) != CX_OK) return NAN;
+        return f;
+    }
+    int64_t i;
+    if (cx_to_host(t, &i, CX_I64) != CX_OK) return NAN;
+    return (double)i;
+}

@@ -1,0 +1,162 @@
+/* Errors, allocation, dtypes, timing, memory accounting. */
+#include "internal.h"
+
+#include <errno.h>
+#include <strings.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <time.h>
+
+static _Thread_local char t_last_error[1024];
+
+const char *cx_last_error(void) { return t_last_error; }
+void cx_clear_error(void) { t_last_error[0] = 0; }
+
+void cx_set_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_last_error, sizeof t_last_error, fmt, ap);
+    va_end(ap);
+}
+
+void *cx_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) cx_set_error("out of memory: malloc of %zu bytes failed", n);
+    return p;
+}
+
+void *cx_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) cx_set_error("out of memory: calloc of %zu x %zu bytes failed", n, size);
+    return p;
+}
+
+void *cx_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) cx_set_error("out of memory: realloc to %zu bytes failed", n);
+    return q;
+}
+
+double cx_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const struct { const char *name; size_t size; bool is_float; } g_dtypes[CX_DTYPE_COUNT] = {
+    [CX_F32] = { "f32", 4, true },
+    [CX_BF16] = { "bf16", 2, true },
+    [CX_I32] = { "i32", 4, false },
+    [CX_I64] = { "i64", 8, false },
+    [CX_U8] = { "u8", 1, false },
+    [CX_BOOL] = { "bool", 1, false },
+};
+
+size_t cx_dtype_size(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT ? g_dtypes[dt].size : 0; }
+const char *cx_dtype_name(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT ? g_dtypes[dt].name : "?"; }
+bool cx_dtype_is_float(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT && g_dtypes[dt].is_float; }
+
+const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, cap - off, "(");
+    for (int i = 0; i < ndim && off < cap; i++)
+        off += (size_t)snprintf(buf + off, cap - off, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (ndim == 1 && off < cap) off += (size_t)snprintf(buf + off, cap - off, ",");
+    if (off < cap) snprintf(buf + off, cap - off, ")");
+    return buf;
+}
+
+int64_t cx_shape_numel(const int64_t *shape, int ndim)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+/* ---- memory accounting ---------------------------------------------------- */
+
+static atomic_llong g_mem_in_use;
+static atomic_llong g_mem_peak;
+static int64_t g_mem_limit = -1; /* -1: not parsed yet; 0: none */
+
+static int64_t parse_limit(const char *s)
+{
+    if (!s || !*s) return 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return 0;
+    while (*end == ' ') end++;
+    double mult = 1;
+    if (!strcasecmp(end, "k") || !strcasecmp(end, "kb")) mult = 1e3;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mb")) mult = 1e6;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gb")) mult = 1e9;
+    else if (!strcasecmp(end, "kib")) mult = 1024.0;
+    else if (!strcasecmp(end, "mib")) mult = 1024.0 * 1024;
+    else if (!strcasecmp(end, "gib")) mult = 1024.0 * 1024 * 1024;
+    else if (*end) return 0;
+    return (int64_t)(v * mult);
+}
+
+static int64_t mem_limit(void)
+{
+    if (g_mem_limit < 0) g_mem_limit = parse_limit(getenv("CX_MEMORY_LIMIT"));
+    return g_mem_limit;
+}
+
+void cx_mem_account(int64_t delta)
+{
+    int64_t now = atomic_fetch_add(&g_mem_in_use, delta) + delta;
+    int64_t peak = atomic_load(&g_mem_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, now)) {}
+}
+
+cx_status cx_mem_check(int64_t request, const char *what)
+{
+    int64_t lim = mem_limit();
+    if (lim > 0 && atomic_load(&g_mem_in_use) + request > lim) {
+        cx_set_error("out of memory: %s needs %lld bytes with %lld in use, over the limit of %lld bytes (CX_MEMORY_LIMIT)",
+                     what, (long long)request, (long long)atomic_load(&g_mem_in_use), (long long)lim);
+        return CX_ERR_OOM;
+    }
+    return CX_OK;
+}
+
+int64_t cx_memory_in_use(void) { return atomic_load(&g_mem_in_use); }
+int64_t cx_memory_peak(void) { return atomic_load(&g_mem_peak); }
+void cx_memory_reset_peak(void) { atomic_store(&g_mem_peak, atomic_load(&g_mem_in_use)); }
+
+cx_buffer *cx_buffer_new(size_t bytes)
+{
+    if (cx_mem_check((int64_t)bytes, "a device buffer") != CX_OK) return NULL;
+    cx_buffer *b = cx_xmalloc(sizeof *b);
+    if (!b) return NULL;
+    /* 64-byte alignment keeps vector loads and OpenBLAS happy */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    b->data = aligned_alloc(64, rounded ? rounded : 64);
+    if (!b->data) {
+        cx_set_error("out of memory: device buffer of %zu bytes", bytes);
+        free(b);
+        return NULL;
+    }
+    b->bytes = bytes;
+    b->refs = 1;
+    cx_mem_account((int64_t)bytes);
+    return b;
+}
+
+void cx_buffer_ref(cx_buffer *b) { if (b) b->refs++; }
+
+void cx_buffer_unref(cx_buffer *b)
+{
+    if (!b || --b->refs > 0) return;
+    cx_mem_account(-(int64_t)b->bytes);
+    free(b->data);
+    free(b);
+}

@@ -1,0 +1,61 @@
+/* The communication backend interface. Collectives are IR ops in the core;
+ * they execute through the backend registered here (parallel/ registers
+ * MPI). Without one, the core uses a world of one. */
+#ifndef CXLA_COMM_H
+#define CXLA_COMM_H
+
+#include <cxla/core.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    CX_COLL_ALL_REDUCE = 0,
+    CX_COLL_ALL_GATHER,      /* out = concat of every member's `in` in group order */
+    CX_COLL_REDUCE_SCATTER,  /* out = member's block of reduce(in); count = out elements */
+    CX_COLL_ALL_TO_ALL,      /* in/out: group_size blocks of count/group_size */
+    CX_COLL_BROADCAST,       /* out = in of group member `root` */
+} cx_coll_kind;
+
+/* One collective over contiguous buffers. `count` is the element count of
+ * `in` (for reduce-scatter: of `out`). The reduction result is multiplied by
+ * `scale` (1 = none); CX_RED_MEAN divides by the group size. */
+typedef struct {
+    cx_coll_kind kind;
+    cx_reduce_op red;
+    double scale;
+    cx_dtype dtype;
+    const void *in;
+    void *out;
+    int64_t count;
+    /* the replica group this rank belongs to, as global ranks, in order;
+     * NULL means every rank */
+    const int *group;
+    int group_size;
+    int root;            /* index within the group (broadcast) */
+} cx_comm_op;
+
+typedef struct cx_comm_backend {
+    const char *name;
+    void *ctx;
+    int (*world_size)(void *ctx);
+    int (*rank)(void *ctx);
+    /* Starts a collective (it may run asynchronously).
+     * @return a request handle, or NULL on failure (message via cx_last_error). */
+    void *(*start)(void *ctx, const cx_comm_op *op);
+    /* Waits for a request and releases it. @return CX_OK or CX_ERR_COMM. */
+    cx_status (*wait)(void *ctx, void *req);
+} cx_comm_backend;
+
+/* Registers a backend (the struct is copied). NULL restores the world of one. */
+void cx_comm_register(const cx_comm_backend *backend);
+/* Runs one collective synchronously through the registered backend. */
+cx_status cx_comm_run(const cx_comm_op *op);
+int cx_comm_world_size(void);
+int cx_comm_rank(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
