@@ -249,6 +249,13 @@ static inline uint16_t cx_f32_to_bf16(float f)
     return (uint16_t)((v.u + rounding) >> 16);
 }
 
+/* ---- a tiny lock for the core's shared lists (uncontended almost always) ---- */
+#include <stdatomic.h>
+typedef atomic_flag cx_spinlock;
+#define CX_SPINLOCK_INIT ATOMIC_FLAG_INIT
+static inline void cx_spin_lock(cx_spinlock *l) { while (atomic_flag_test_and_set_explicit(l, memory_order_acquire)) {} }
+static inline void cx_spin_unlock(cx_spinlock *l) { atomic_flag_clear_explicit(l, memory_order_release); }
+
 /* ---- timing ------------------------------------------------------------------------ */
 double cx_now(void);
 

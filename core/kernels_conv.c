@@ -7,6 +7,11 @@
  * (im2col, col2im, scatter/gather between (O, chunk*P) and (chunk, O, P))
  * run on the worker pool; the sgemm itself is threaded by OpenBLAS, and is
  * always called from the calling thread, never from a pool worker.
+ *
+ * Two shapes take other routes: 1x1 stride-1 unpadded convs on large
+ * planes run one sgemm per image straight on x and y (x[n] already is the
+ * column matrix), and convs with very few taps per output (first layers,
+ * depthwise) replace the sgemm by vector loops on the pool ("thin" path).
  */
 #include "kernels.h"
 #include "pool.h"
@@ -16,12 +21,10 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Bound on the im2col scratch: large enough that a chunk makes a big
- * sgemm, small enough that the column matrix of a chunk still sits in the
- * outer caches when the sgemm reads it back. */
-#ifndef CONV_SCRATCH_CAP
+/* Bound on the scratch of one chunk. On the MNIST shapes, chunks much
+ * smaller than this lose more to per-chunk fork/join (pool and BLAS thread
+ * wake-ups, one sgemm call each) than they win from cache reuse. */
 #define CONV_SCRATCH_CAP ((size_t)32 << 20)
-#endif
 /* Below this many output pixels per image a 1x1 conv is cheaper through a
  * chunked layout copy than through one tiny sgemm per image. */
 #define CONV_DIRECT_MIN_PIXELS 256
@@ -30,7 +33,7 @@
  * the skinny shapes badly, and the relayout to (N, O, OH, OW) would cost
  * as much as the product: plain vector loops over the column matrix that
  * write the final layout directly are faster. */
-#define CONV_THIN_K 16
+#define CONV_THIN_K 12
 /* Floats of copying per pool task: enough to amortize the dispatch. */
 #define CONV_GRAIN_FLOATS 8192
 #define SCRATCH_ALIGN 64
@@ -186,7 +189,7 @@ static void im2col_range(void *ctx, int64_t begin, int64_t end)
             const float *s = src + (oh * sh + start_h) * g->w;
             for (int64_t ow = 0; ow < ow_lo; ow++) d[ow] = 0.0f;
             if (sw == 1) {
-                memcpy(d + ow_lo, s + ow_lo + start_w, sizeof(float) * (size_t)(ow_hi - ow_lo));
+                memcpy(d + ow_lo, s + (ow_lo + start_w), sizeof(float) * (size_t)(ow_hi - ow_lo));
             } else {
                 for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow] = s[ow * sw + start_w];
             }
@@ -216,12 +219,14 @@ static void col2im_range(void *ctx, int64_t begin, int64_t end)
             valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
             const float *src = j->dcol + (c * kk + r) * ld + n * p;
             for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
-                float *d = dst + (oh * sh + start_h) * g->w + start_w;
+                float *d = dst + (oh * sh + start_h) * g->w;
                 const float *s = src + oh * ow_n;
                 if (sw == 1) {
-                    for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow] += s[ow];
+                    float *dd = d + (ow_lo + start_w);
+                    const float *ss = s + ow_lo;
+                    for (int64_t i = 0; i < ow_hi - ow_lo; i++) dd[i] += ss[i];
                 } else {
-                    for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow * sw] += s[ow];
+                    for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow * sw + start_w] += s[ow];
                 }
             }
         }
@@ -378,40 +383,52 @@ static void thin_bwd_input_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* dw[o, k] (+)= sum_n dot(dy[n, o, :], col[g*kg + k, n*P : n*P + P]); one
- * task per output channel; each block of a dy row is loaded once for all
- * kg taps. Vector lane sums keep the reduction order fixed (deterministic
- * whatever the thread count). */
+/* Output channels of one group handled together by a bwd_weight task:
+ * each column-matrix load then feeds this many dot products. */
+#define THIN_OB 4
+
+/* dw[o, k] (+)= sum_n dot(dy[n, o, :], col[g*kg + k, n*P : n*P + P]). One
+ * task = up to THIN_OB output channels of one group, so each column
+ * block is loaded once for all of them (the column matrix is re-read per
+ * task, from L2 at best). Vector lane sums keep the reduction order fixed
+ * (deterministic whatever the thread count). */
 static void thin_bwd_weight_range(void *ctx, int64_t begin, int64_t end)
 {
     const thin_job *j = ctx;
-    const int64_t p = j->pl->p, kg = j->pl->kg, ld = j->cn * p, pv = p / 16 * 16;
-    for (int64_t o = begin; o < end; o++) {
-        const int64_t gi = o / j->pl->og;
-        v8f acc[CONV_THIN_K];
-        float tail[CONV_THIN_K];
-        for (int64_t k = 0; k < kg; k++) {
-            acc[k] = (v8f){ 0 };
-            tail[k] = 0.0f;
-        }
+    const int64_t p = j->pl->p, kg = j->pl->kg, og = j->pl->og, ld = j->cn * p, pv = p / 8 * 8;
+    const int64_t blocks = (og + THIN_OB - 1) / THIN_OB;
+    for (int64_t t = begin; t < end; t++) {
+        const int64_t gi = t / blocks, o0 = gi * og + (t % blocks) * THIN_OB;
+        const int64_t nb = o0 + THIN_OB <= (gi + 1) * og ? THIN_OB : (gi + 1) * og - o0;
+        v8f acc[THIN_OB][CONV_THIN_K];
+        float tail[THIN_OB][CONV_THIN_K];
+        for (int64_t b = 0; b < THIN_OB; b++)
+            for (int64_t k = 0; k < kg; k++) {
+                acc[b][k] = (v8f){ 0 };
+                tail[b][k] = 0.0f;
+            }
         for (int64_t n = 0; n < j->cn; n++) {
-            const float *dy = j->w + (n * j->g->o + o) * p;
+            const float *dy = j->w + (n * j->g->o + o0) * p;
             const float *c0 = j->a + gi * kg * ld + n * p;
-            for (int64_t q = 0; q < pv; q += 16) {
-                const v8f d0 = V8(dy + q), d1 = V8(dy + q + 8);
+            for (int64_t q = 0; q < pv; q += 8) {
+                v8f d[THIN_OB];
+                for (int64_t b = 0; b < nb; b++) d[b] = V8(dy + b * p + q);
                 for (int64_t k = 0; k < kg; k++) {
-                    const float *ck = c0 + k * ld + q;
-                    acc[k] += d0 * V8(ck) + d1 * V8(ck + 8);
+                    const v8f c = V8(c0 + k * ld + q);
+                    for (int64_t b = 0; b < nb; b++) acc[b][k] += d[b] * c;
                 }
             }
-            for (int64_t k = 0; k < kg; k++)
-                for (int64_t q = pv; q < p; q++) tail[k] += dy[q] * c0[k * ld + q];
+            for (int64_t b = 0; b < nb; b++)
+                for (int64_t k = 0; k < kg; k++)
+                    for (int64_t q = pv; q < p; q++) tail[b][k] += dy[b * p + q] * c0[k * ld + q];
         }
-        float *dw = j->out + o * kg;
-        for (int64_t k = 0; k < kg; k++) {
-            float s = tail[k];
-            for (int l = 0; l < 8; l++) s += acc[k][l];
-            dw[k] = j->accumulate ? dw[k] + s : s;
+        for (int64_t b = 0; b < nb; b++) {
+            float *dw = j->out + (o0 + b) * kg;
+            for (int64_t k = 0; k < kg; k++) {
+                float s = tail[b][k];
+                for (int l = 0; l < 8; l++) s += acc[b][k][l];
+                dw[k] = j->accumulate ? dw[k] + s : s;
+            }
         }
     }
 }
@@ -440,7 +457,8 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom 
                       pl.p);
         return;
     }
-    float *col = scratch_col(scratch), *out = scratch_out(col, &pl);
+    /* The thin path has no (O, chunk*P) buffer. */
+    float *col = scratch_col(scratch), *out = pl.thin ? NULL : scratch_out(col, &pl);
     for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         im2col(col, x + n0 * in_img, g, &pl, cn);
@@ -473,7 +491,7 @@ void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_co
                       pl.p);
         return;
     }
-    float *dcol = scratch_col(scratch), *dyw = scratch_out(dcol, &pl);
+    float *dcol = scratch_col(scratch), *dyw = pl.thin ? NULL : scratch_out(dcol, &pl);
     for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         const float *src = dy + n0 * out_img;
@@ -510,14 +528,15 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
                       x + n * in_img + gi * cg * pl.p, pl.p, n == 0 ? 0.0f : 1.0f, dw + gi * pl.og * cg, cg);
         return;
     }
-    float *col = scratch_col(scratch), *dyw = scratch_out(col, &pl);
+    float *col = scratch_col(scratch), *dyw = pl.thin ? NULL : scratch_out(col, &pl);
     for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         im2col(col, x + n0 * in_img, g, &pl, cn);
         const float *src = dy + n0 * out_img;
         if (pl.thin) {
             thin_job j = { .g = g, .pl = &pl, .out = dw, .a = col, .w = src, .cn = cn, .accumulate = n0 > 0 };
-            parallel_dyn(g->o, grain_for(pl.kg * cn * pl.p), thin_bwd_weight_range, &j);
+            const int64_t tasks = groups * ((pl.og + THIN_OB - 1) / THIN_OB);
+            parallel_dyn(tasks, grain_for(pl.kg * cn * pl.p * THIN_OB), thin_bwd_weight_range, &j);
             continue;
         }
         if (cn > 1) {

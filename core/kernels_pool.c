@@ -6,7 +6,7 @@
 #include "kernels.h"
 #include "pool.h"
 
-#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Floats touched per pool task before splitting pays off. */
@@ -54,20 +54,113 @@ static window window_at(const cx_pool_geom *g, int64_t oh, int64_t ow)
 /* Index of the window's maximum within the plane. Scanning row-major with
  * a strict '>' keeps the first of equal maxima; a NaN is taken (and a later
  * NaN replaces it), so NaN propagates as in PyTorch. Starting from the
- * first element makes an all -inf window pick that element. */
-static int64_t argmax_window(const float *plane, int64_t w, window r)
+ * first element makes an all -inf window pick that element. The selects
+ * are written branch-free: on real data the comparison is a coin flip, and
+ * mispredicted branches cost more than the rest of the pooling. */
+static inline uint32_t float_bits(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+static inline float bits_float(uint32_t b)
+{
+    float v;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
+/* One step of the scan: take v (at index i) if it beats m. Bit masks
+ * rather than ?: so the compiler cannot turn the select into a branch. */
+static inline void max_step(float v, int64_t i, float *m, int64_t *best)
+{
+    const uint32_t take = -(uint32_t)((v > *m) | (v != v));
+    const uint64_t take64 = (uint64_t)(int64_t)(int32_t)take;
+    *m = bits_float((float_bits(v) & take) | (float_bits(*m) & ~take));
+    *best = (int64_t)(((uint64_t)i & take64) | ((uint64_t)*best & ~take64));
+}
+
+static inline int64_t argmax_window(const float *plane, int64_t w, window r)
 {
     int64_t best = r.h0 * w + r.w0;
     float m = plane[best];
     for (int64_t ih = r.h0; ih < r.h1; ih++)
-        for (int64_t iw = r.w0; iw < r.w1; iw++) {
-            float v = plane[ih * w + iw];
-            if (v > m || isnan(v)) {
-                m = v;
-                best = ih * w + iw;
+        for (int64_t iw = r.w0; iw < r.w1; iw++) max_step(plane[ih * w + iw], ih * w + iw, &m, &best);
+    return best;
+}
+
+/* Output columns whose window lies entirely inside the input width:
+ * [lo, hi). These take the vectorized row loops; the few border columns
+ * take the clipped scalar path. */
+static void interior_cols(const cx_pool_geom *g, int64_t *lo, int64_t *hi)
+{
+    int64_t l = (g->pw + g->sw - 1) / g->sw;
+    int64_t room = g->w - g->kw + g->pw;
+    int64_t h = room < 0 ? 0 : room / g->sw + 1;
+    if (l > g->ow) l = g->ow;
+    if (h > g->ow) h = g->ow;
+    *lo = l;
+    *hi = h > l ? h : l;
+}
+
+#define POOL_BLOCK 64
+
+/* Max and first argmax of the windows of output row oh, columns [a, b)
+ * (all interior), into val/arg indexed from 0. Same scan order and rule as
+ * argmax_window, one window per vector lane; the lanes track the tap
+ * number (narrow, so vectors stay full) and turn it into a plane index at
+ * the end. `sw` is a literal at the hot call sites so the strided loads
+ * get specialized. */
+static inline void max_interior(const cx_pool_geom *g, const float *plane, int64_t oh, int64_t a, int64_t b,
+                                int64_t sw, float *restrict val, int64_t *restrict arg)
+{
+    const int64_t hs = oh * g->sh - g->ph, w = g->w;
+    const int64_t h0 = hs < 0 ? 0 : hs, h1 = hs + g->kh > g->h ? g->h : hs + g->kh;
+    const int64_t n = b - a, base = a * sw - g->pw;
+    uint32_t tap[POOL_BLOCK];
+    for (int64_t i = 0; i < n; i++) {
+        val[i] = plane[h0 * w + base + i * sw];
+        tap[i] = 0;
+    }
+    uint32_t t = 0;
+    for (int64_t ih = h0; ih < h1; ih++)
+        for (int64_t kw = 0; kw < g->kw; kw++, t++) {
+            if (t == 0) continue;
+            const float *s = plane + ih * w + base + kw;
+            for (int64_t i = 0; i < n; i++) {
+                const float v = s[i * sw];
+                const uint32_t take = -(uint32_t)((v > val[i]) | (v != v));
+                val[i] = bits_float((float_bits(v) & take) | (float_bits(val[i]) & ~take));
+                tap[i] = (t & take) | (tap[i] & ~take);
             }
         }
-    return best;
+    for (int64_t i = 0; i < n; i++)
+        arg[i] = (h0 + tap[i] / g->kw) * w + base + i * sw + tap[i] % g->kw;
+}
+
+/* val/arg for output row oh, columns [c0, c1) (c1 - c0 <= POOL_BLOCK). */
+static void max_block(const cx_pool_geom *g, const float *plane, int64_t oh, int64_t c0, int64_t c1,
+                      int64_t in_lo, int64_t in_hi, float *val, int64_t *arg)
+{
+    int64_t a = c0 > in_lo ? c0 : in_lo, b = c1 < in_hi ? c1 : in_hi;
+    if (a >= b) a = b = c1;
+    for (int64_t ow = c0; ow < a; ow++) {
+        arg[ow - c0] = argmax_window(plane, g->w, window_at(g, oh, ow));
+        val[ow - c0] = plane[arg[ow - c0]];
+    }
+    if (a < b) {
+        if (g->sw == 1)
+            max_interior(g, plane, oh, a, b, 1, val + (a - c0), arg + (a - c0));
+        else if (g->sw == 2)
+            max_interior(g, plane, oh, a, b, 2, val + (a - c0), arg + (a - c0));
+        else
+            max_interior(g, plane, oh, a, b, g->sw, val + (a - c0), arg + (a - c0));
+    }
+    for (int64_t ow = b; ow < c1; ow++) {
+        arg[ow - c0] = argmax_window(plane, g->w, window_at(g, oh, ow));
+        val[ow - c0] = plane[arg[ow - c0]];
+    }
 }
 
 static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
@@ -75,29 +168,70 @@ static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
     const pool_job *j = ctx;
     const cx_pool_geom *g = j->g;
     const int64_t in_plane = g->h * g->w, out_plane = g->oh * g->ow;
+    int64_t in_lo, in_hi;
+    interior_cols(g, &in_lo, &in_hi);
+    float val[POOL_BLOCK];
+    int64_t arg[POOL_BLOCK];
     for (int64_t t = begin; t < end; t++) {
         const float *x = j->x + t * in_plane;
         float *y = j->out + t * out_plane;
         for (int64_t oh = 0; oh < g->oh; oh++)
-            for (int64_t ow = 0; ow < g->ow; ow++)
-                y[oh * g->ow + ow] = x[argmax_window(x, g->w, window_at(g, oh, ow))];
+            for (int64_t c0 = 0; c0 < g->ow; c0 += POOL_BLOCK) {
+                const int64_t c1 = c0 + POOL_BLOCK < g->ow ? c0 + POOL_BLOCK : g->ow;
+                max_block(g, x, oh, c0, c1, in_lo, in_hi, val, arg);
+                memcpy(y + oh * g->ow + c0, val, sizeof(float) * (size_t)(c1 - c0));
+            }
     }
 }
 
+/* Gradients are added in output order (oh, ow), as the reference does;
+ * overlapping windows therefore sum in a fixed order. */
 static void max_bwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pool_job *j = ctx;
     const cx_pool_geom *g = j->g;
     const int64_t in_plane = g->h * g->w, out_plane = g->oh * g->ow;
+    int64_t in_lo, in_hi;
+    interior_cols(g, &in_lo, &in_hi);
+    float val[POOL_BLOCK];
+    int64_t arg[POOL_BLOCK];
     for (int64_t t = begin; t < end; t++) {
         const float *x = j->x + t * in_plane;
         const float *dy = j->dy + t * out_plane;
         float *dx = j->out + t * in_plane;
         memset(dx, 0, sizeof(float) * (size_t)in_plane);
         for (int64_t oh = 0; oh < g->oh; oh++)
-            for (int64_t ow = 0; ow < g->ow; ow++)
-                dx[argmax_window(x, g->w, window_at(g, oh, ow))] += dy[oh * g->ow + ow];
+            for (int64_t c0 = 0; c0 < g->ow; c0 += POOL_BLOCK) {
+                const int64_t c1 = c0 + POOL_BLOCK < g->ow ? c0 + POOL_BLOCK : g->ow;
+                max_block(g, x, oh, c0, c1, in_lo, in_hi, val, arg);
+                for (int64_t ow = c0; ow < c1; ow++) dx[arg[ow - c0]] += dy[oh * g->ow + ow];
+            }
     }
+}
+
+static inline void avg_interior(const cx_pool_geom *g, const float *plane, int64_t oh, int64_t a, int64_t b,
+                                int64_t sw, float inv, float *restrict y)
+{
+    const int64_t hs = oh * g->sh - g->ph, w = g->w;
+    const int64_t h0 = hs < 0 ? 0 : hs, h1 = hs + g->kh > g->h ? g->h : hs + g->kh;
+    const int64_t n = b - a, base = a * sw - g->pw;
+    float acc[POOL_BLOCK];
+    for (int64_t i = 0; i < n; i++) acc[i] = 0.0f;
+    for (int64_t ih = h0; ih < h1; ih++)
+        for (int64_t kw = 0; kw < g->kw; kw++) {
+            const float *s = plane + ih * w + base + kw;
+            for (int64_t i = 0; i < n; i++) acc[i] += s[i * sw];
+        }
+    for (int64_t i = 0; i < n; i++) y[i] = acc[i] * inv;
+}
+
+static float avg_window(const cx_pool_geom *g, const float *plane, int64_t oh, int64_t ow, float inv)
+{
+    window r = window_at(g, oh, ow);
+    float s = 0.0f;
+    for (int64_t ih = r.h0; ih < r.h1; ih++)
+        for (int64_t iw = r.w0; iw < r.w1; iw++) s += plane[ih * g->w + iw];
+    return s * inv;
 }
 
 static void avg_fwd_range(void *ctx, int64_t begin, int64_t end)
@@ -106,17 +240,25 @@ static void avg_fwd_range(void *ctx, int64_t begin, int64_t end)
     const cx_pool_geom *g = j->g;
     const int64_t in_plane = g->h * g->w, out_plane = g->oh * g->ow;
     const float inv = 1.0f / (float)(g->kh * g->kw);
+    int64_t in_lo, in_hi;
+    interior_cols(g, &in_lo, &in_hi);
     for (int64_t t = begin; t < end; t++) {
         const float *x = j->x + t * in_plane;
         float *y = j->out + t * out_plane;
-        for (int64_t oh = 0; oh < g->oh; oh++)
-            for (int64_t ow = 0; ow < g->ow; ow++) {
-                window r = window_at(g, oh, ow);
-                float s = 0.0f;
-                for (int64_t ih = r.h0; ih < r.h1; ih++)
-                    for (int64_t iw = r.w0; iw < r.w1; iw++) s += x[ih * g->w + iw];
-                y[oh * g->ow + ow] = s * inv;
+        for (int64_t oh = 0; oh < g->oh; oh++) {
+            float *yr = y + oh * g->ow;
+            for (int64_t ow = 0; ow < in_lo; ow++) yr[ow] = avg_window(g, x, oh, ow, inv);
+            for (int64_t a = in_lo; a < in_hi; a += POOL_BLOCK) {
+                const int64_t b = a + POOL_BLOCK < in_hi ? a + POOL_BLOCK : in_hi;
+                if (g->sw == 1)
+                    avg_interior(g, x, oh, a, b, 1, inv, yr + a);
+                else if (g->sw == 2)
+                    avg_interior(g, x, oh, a, b, 2, inv, yr + a);
+                else
+                    avg_interior(g, x, oh, a, b, g->sw, inv, yr + a);
             }
+            for (int64_t ow = in_hi; ow < g->ow; ow++) yr[ow] = avg_window(g, x, oh, ow, inv);
+        }
     }
 }
 

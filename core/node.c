@@ -12,6 +12,35 @@ uint64_t cx_next_id(void) { return atomic_fetch_add(&g_next_id, 1); }
 static int g_mark_epoch;
 int cx_mark_epoch(void) { g_mark_epoch += 2; return g_mark_epoch; }
 
+/* Nodes are recycled through a free list; the loader thread makes data
+ * nodes too, hence the lock. */
+static cx_spinlock g_node_lock = CX_SPINLOCK_INIT;
+static cx_node *g_free_nodes;
+static int g_nfree_nodes;
+
+static cx_node *node_alloc(void)
+{
+    cx_node *n = NULL;
+    cx_spin_lock(&g_node_lock);
+    if (g_free_nodes) { n = g_free_nodes; g_free_nodes = n->intern_next; g_nfree_nodes--; }
+    cx_spin_unlock(&g_node_lock);
+    if (n) { memset(n, 0, sizeof *n); return n; }
+    return calloc(1, sizeof *n);
+}
+
+static void node_free(cx_node *n)
+{
+    cx_spin_lock(&g_node_lock);
+    if (g_nfree_nodes < 8192) {
+        n->intern_next = g_free_nodes;
+        g_free_nodes = n;
+        g_nfree_nodes++;
+        n = NULL;
+    }
+    cx_spin_unlock(&g_node_lock);
+    free(n);
+}
+
 /* ---- intern table (weak: it never keeps a node alive) ---------------------- */
 
 static cx_node **g_tab;
@@ -98,14 +127,14 @@ cx_node *cx_node_make(const cx_node_desc *d)
                 if (n->hash == h && node_matches(n, d, remat)) { n->refs++; return n; }
         }
     }
-    cx_node *n = calloc(1, sizeof *n);
+    cx_node *n = node_alloc();
     if (!n) return NULL;
     n->op = (uint16_t)d->op;
     n->dtype = (uint8_t)d->dtype;
     n->ndim = (uint8_t)d->ndim;
     n->flags = d->flags | (remat ? NF_REMAT : 0);
     n->remat_tag = remat;
-    memcpy(n->shape, d->shape, sizeof(int64_t) * (size_t)d->ndim);
+    if (d->ndim) memcpy(n->shape, d->shape, sizeof(int64_t) * (size_t)d->ndim);
     n->numel = cx_shape_numel(d->shape, d->ndim);
     n->ninputs = d->ninputs;
     n->inputs = d->ninputs <= 3 ? n->inline_inputs : calloc((size_t)d->ninputs, sizeof *n->inputs);
@@ -157,7 +186,7 @@ void cx_node_unref(cx_node *n)
         if (x->inputs != x->inline_inputs) free(x->inputs);
         cx_buffer_unref(x->buf);
         free(x->err);
-        free(x);
+        node_free(x);
     }
     if (stack != stack_small) free(stack);
 }

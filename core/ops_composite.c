@@ -232,6 +232,17 @@ cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction r
 
 cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red)
 {
+    if (!a || !b) return cx_poison("mse_loss: input is NULL");
+    if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
+    if (b->node->op == OP_ERROR) return cx_tensor_of(b->node);
+    bool same = a->node->ndim == b->node->ndim;
+    for (int i = 0; same && i < a->node->ndim; i++) same = a->node->shape[i] == b->node->shape[i];
+    if (!same) {
+        char b0[160], b1[160];
+        return cx_poison("mse_loss: input %s and target %s differ in shape",
+                         cx_shape_str(b0, sizeof b0, a->node->shape, a->node->ndim),
+                         cx_shape_str(b1, sizeof b1, b->node->shape, b->node->ndim));
+    }
     cx_tensor *d = cx_sub(a, b);
     cx_tensor *d2 = cx_mul(d, d);
     cx_tensor *r;

@@ -109,9 +109,12 @@ static bool prepare_operands(const char *op, cx_tensor *const *ins, int n, cx_dt
         }
     }
     for (int i = 0; i < n; i++) {
-        cx_tensor *c = cx_cast(ins[i], dt);
+        cx_node *x = ins[i]->node;
+        bool same = x->dtype == dt && x->ndim == *nd && !memcmp(x->shape, shape, sizeof(int64_t) * (size_t)*nd);
+        if (same) { out[i] = NULL; continue; } /* use the input as is */
+        cx_tensor *c = x->dtype == dt ? ins[i] : cx_cast(ins[i], dt);
         out[i] = cx_expand(c, shape, *nd);
-        cx_drop(c);
+        if (c != ins[i]) cx_drop(c);
     }
     return true;
 }
@@ -164,9 +167,10 @@ static cx_tensor *binary(cx_op op, cx_tensor *a, cx_tensor *b)
     int nd;
     if (!prepare_operands(cx_op_table[op].name, ins, 2, dt, ops, shape, &nd, &err)) return err;
     bool cmp = op == OP_LT || op == OP_LE || op == OP_EQ;
-    cx_tensor *r = cx_make_op(op, cmp ? CX_BOOL : dt, shape, nd, ops, 2, NULL, 0, 0);
-    cx_drop(ops[0]);
-    cx_drop(ops[1]);
+    cx_tensor *use[2] = { ops[0] ? ops[0] : a, ops[1] ? ops[1] : b };
+    cx_tensor *r = cx_make_op(op, cmp ? CX_BOOL : dt, shape, nd, use, 2, NULL, 0, 0);
+    if (ops[0]) cx_drop(ops[0]);
+    if (ops[1]) cx_drop(ops[1]);
     return r;
 }
 
@@ -208,6 +212,8 @@ cx_tensor *cx_where(cx_tensor *cond, cx_tensor *a, cx_tensor *b)
                              cx_shape_str(b0, sizeof b0, cond->node->shape, cond->node->ndim),
                              cx_shape_str(b1, sizeof b1, shape, nd));
         }
+        if (!ops[1]) ops[1] = cx_alias(a);
+        if (!ops[2]) ops[2] = cx_alias(b);
         if (nd2 != nd || memcmp(s2, shape, sizeof(int64_t) * (size_t)nd)) {
             cx_tensor *o1 = cx_expand(ops[1], s2, nd2), *o2 = cx_expand(ops[2], s2, nd2);
             cx_drop(ops[1]); cx_drop(ops[2]);

@@ -283,6 +283,10 @@ static bool axes_mask(cx_tensor *a, const int *axes, int naxes, const char *op, 
             *err = cx_poison("%s: axis %d out of range for shape %s", op, axes[i], cx_shape_str(b, sizeof b, a->node->shape, nd));
             return false;
         }
+        if (*mask >> ax & 1) {
+            *err = cx_poison("%s: axis %d is repeated", op, axes[i]);
+            return false;
+        }
         *mask |= 1ull << ax;
     }
     return true;
@@ -390,6 +394,11 @@ cx_tensor *cx_logsumexp(cx_tensor *a, int axis, bool keepdim)
 {
     cx_tensor *p = check_in(a, "logsumexp");
     if (p) return p;
+    if (cx_norm_axis(axis, a->node->ndim) < 0 || a->node->ndim == 0) {
+        char b[160];
+        return cx_poison("logsumexp: axis %d out of range for shape %s", axis,
+                         cx_shape_str(b, sizeof b, a->node->shape, a->node->ndim));
+    }
     cx_tensor *m = cx_max(a, &axis, 1, true);
     cx_tensor *md = cx_detach(m);
     /* an all -inf row has max -inf: shift by 0 there so the result is -inf, not NaN */

@@ -8,7 +8,10 @@
 /* The live list holds every handle in creation order: sync takes its
  * outputs from it. The loader may create handles on another thread, so the
  * list is locked. */
-static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static cx_spinlock g_live_mu = CX_SPINLOCK_INIT;
+/* freed handles are reused: a step creates and frees hundreds */
+static cx_tensor *g_free_handles;
+static int g_nfree_handles;
 static cx_tensor *g_live_head, *g_live_tail;
 
 /* Steps: each open step owns the handles made while it is innermost. */
@@ -43,20 +46,20 @@ cx_tensor *cx_live_first(void) { return g_live_head; }
 
 static void live_link(cx_tensor *t)
 {
-    pthread_mutex_lock(&g_live_mu);
+    cx_spin_lock(&g_live_mu);
     t->prev = g_live_tail;
     t->next = NULL;
     if (g_live_tail) g_live_tail->next = t; else g_live_head = t;
     g_live_tail = t;
-    pthread_mutex_unlock(&g_live_mu);
+    cx_spin_unlock(&g_live_mu);
 }
 
 static void live_unlink(cx_tensor *t)
 {
-    pthread_mutex_lock(&g_live_mu);
+    cx_spin_lock(&g_live_mu);
     if (t->prev) t->prev->next = t->next; else g_live_head = t->next;
     if (t->next) t->next->prev = t->prev; else g_live_tail = t->prev;
-    pthread_mutex_unlock(&g_live_mu);
+    cx_spin_unlock(&g_live_mu);
 }
 
 void cx_set_node(cx_tensor *t, cx_node *n)
@@ -71,7 +74,12 @@ void cx_set_node(cx_tensor *t, cx_node *n)
 cx_tensor *cx_tensor_wrap(cx_node *n)
 {
     if (!n) return NULL;
-    cx_tensor *t = calloc(1, sizeof *t);
+    cx_tensor *t = NULL;
+    cx_spin_lock(&g_live_mu);
+    if (g_free_handles) { t = g_free_handles; g_free_handles = t->next; g_nfree_handles--; }
+    cx_spin_unlock(&g_live_mu);
+    if (t) memset(t, 0, sizeof *t);
+    else t = calloc(1, sizeof *t);
     if (!t) { cx_node_unref(n); cx_set_error("out of memory: tensor handle"); return NULL; }
     t->node = n;
     n->hrefs++;
@@ -109,6 +117,14 @@ static void release_handle(cx_tensor *t)
     t->node->hrefs--;
     cx_node_unref(t->node);
     free(t->name);
+    cx_spin_lock(&g_live_mu);
+    if (g_nfree_handles < 4096) {
+        t->next = g_free_handles;
+        g_free_handles = t;
+        g_nfree_handles++;
+        t = NULL;
+    }
+    cx_spin_unlock(&g_live_mu);
     free(t);
 }
 
@@ -335,6 +351,17 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
     if (d->op == OP_DATA && !dst->donor) {
         cx_node_ref(d);
         dst->donor = d;
+    }
+    if (v->op == OP_DATA && (dst->flags & TF_REQUIRES_GRAD)) {
+        /* a gradient leaf needs its own node over the shared buffer */
+        cx_buffer_ref(v->buf);
+        cx_node *own = cx_node_data(v->buf, (cx_dtype)v->dtype, v->shape, v->ndim);
+        if (!own) { cx_buffer_unref(v->buf); cx_set_error("assign: out of memory"); return CX_ERR_OOM; }
+        own->flags |= NF_REQUIRES_GRAD;
+        own->grad_leaf = dst;
+        cx_set_node(dst, own);
+        cx_node_unref(own);
+        return CX_OK;
     }
     cx_set_node(dst, v);
     dst->flags |= TF_ASSIGNED;

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <pthread.h>
 
 static _Thread_local char t_last_error[1024];
 
@@ -14,6 +15,14 @@ const char *cx_last_error(void) { return t_last_error; }
 void cx_clear_error(void) { t_last_error[0] = 0; }
 
 void cx_set_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_last_error, sizeof t_last_error, fmt, ap);
+    va_end(ap);
+}
+
+void cx_set_last_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -132,14 +141,82 @@ int64_t cx_memory_in_use(void) { return atomic_load(&g_mem_in_use); }
 int64_t cx_memory_peak(void) { return atomic_load(&g_mem_peak); }
 void cx_memory_reset_peak(void) { atomic_store(&g_mem_peak, atomic_load(&g_mem_in_use)); }
 
+/* Large buffers are cached when freed and handed out again for the same
+ * size, as an accelerator's caching allocator does: a training step frees
+ * and allocates the same sizes every time, and fresh pages cost a page
+ * fault each. Cached bytes do not count as in use. */
+#define CX_BUFCACHE_SLOTS 32
+#define CX_BUFCACHE_MIN (64 * 1024)
+static struct { void *data; size_t cap; } g_bufcache[CX_BUFCACHE_SLOTS];
+static int g_bufcache_n;
+static size_t g_bufcache_bytes;
+static pthread_mutex_t g_bufcache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t cache_limit(void)
+{
+    static size_t lim;
+    if (!lim) {
+        const char *e = getenv("CX_BUFFER_CACHE_BYTES");
+        lim = e ? (size_t)strtoull(e, NULL, 10) : (size_t)2 << 30;
+        if (!lim) lim = 1;
+    }
+    return lim;
+}
+
+static void *cache_take(size_t cap)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&g_bufcache_mu);
+    for (int i = 0; i < g_bufcache_n; i++)
+        if (g_bufcache[i].cap == cap) {
+            p = g_bufcache[i].data;
+            g_bufcache_bytes -= cap;
+            g_bufcache[i] = g_bufcache[--g_bufcache_n];
+            break;
+        }
+    pthread_mutex_unlock(&g_bufcache_mu);
+    return p;
+}
+
+static bool cache_put(void *p, size_t cap)
+{
+    bool kept = false;
+    pthread_mutex_lock(&g_bufcache_mu);
+    if (cap >= CX_BUFCACHE_MIN && g_bufcache_n < CX_BUFCACHE_SLOTS && g_bufcache_bytes + cap <= cache_limit()) {
+        g_bufcache[g_bufcache_n].data = p;
+        g_bufcache[g_bufcache_n].cap = cap;
+        g_bufcache_n++;
+        g_bufcache_bytes += cap;
+        kept = true;
+    }
+    pthread_mutex_unlock(&g_bufcache_mu);
+    return kept;
+}
+
+void cx_buffer_cache_release(void)
+{
+    pthread_mutex_lock(&g_bufcache_mu);
+    for (int i = 0; i < g_bufcache_n; i++) free(g_bufcache[i].data);
+    g_bufcache_n = 0;
+    g_bufcache_bytes = 0;
+    pthread_mutex_unlock(&g_bufcache_mu);
+}
+
 cx_buffer *cx_buffer_new(size_t bytes)
 {
     if (cx_mem_check((int64_t)bytes, "a device buffer") != CX_OK) return NULL;
     cx_buffer *b = cx_xmalloc(sizeof *b);
     if (!b) return NULL;
     /* 64-byte alignment keeps vector loads and OpenBLAS happy */
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    b->data = aligned_alloc(64, rounded ? rounded : 64);
+    size_t cap = (bytes + 63) & ~(size_t)63;
+    if (!cap) cap = 64;
+    b->data = cache_take(cap);
+    if (!b->data) b->data = aligned_alloc(64, cap);
+    if (!b->data) {
+        /* the cache may hold what we need in other sizes */
+        cx_buffer_cache_release();
+        b->data = aligned_alloc(64, cap);
+    }
     if (!b->data) {
         cx_set_error("out of memory: device buffer of %zu bytes", bytes);
         free(b);
@@ -157,6 +234,8 @@ void cx_buffer_unref(cx_buffer *b)
 {
     if (!b || --b->refs > 0) return;
     cx_mem_account(-(int64_t)b->bytes);
-    free(b->data);
+    size_t cap = (b->bytes + 63) & ~(size_t)63;
+    if (!cap) cap = 64;
+    if (!cache_put(b->data, cap)) free(b->data);
     free(b);
 }

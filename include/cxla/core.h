@@ -46,6 +46,9 @@ typedef struct cx_tensor cx_tensor;
 /* @return the last error message of this thread ("" if none). */
 const char *cx_last_error(void);
 void cx_clear_error(void);
+/* Sets this thread's last error (for modules and programs built on the
+ * core: nn, optim, parallel, user layers). printf-style. */
+void cx_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* @return the message of a poisoned tensor, NULL if t is healthy. */
 const char *cx_tensor_error(const cx_tensor *t);
 
@@ -76,8 +79,9 @@ cx_tensor *cx_arange(int64_t n, cx_dtype dtype);
 /* Releases a handle. NULL is fine. Tensors created inside a step are
  * released by cx_step_end unless kept. */
 void cx_free(cx_tensor *t);
-/* Makes a step tensor survive the current step (it is still materialized at
- * step end if pending). @return t. */
+/* Makes a step tensor survive the current step (it is materialized at step
+ * end if pending) so it can be read after it; it is released at the end of
+ * the next step at the same depth (cx_persist holds it longer). @return t. */
 cx_tensor *cx_keep(cx_tensor *t);
 /* Makes t persistent: never released by a step; only cx_free releases it.
  * @return t. */

@@ -1,0 +1,15 @@
+/* Shared helpers for cxla-bench subcommands. */
+#ifndef CX_BENCH_H
+#define CX_BENCH_H
+
+#include <stdint.h>
+
+double bench_now(void);
+/* Median of n doubles (sorts in place). */
+double bench_median(double *v, int n);
+/* Prints {"bench": NAME, "value": X, "unit": U, "ref": R, "ratio": X/R}. */
+void bench_emit(const char *name, double value, const char *unit, double ref);
+
+int bench_core(int argc, char **argv);
+
+#endif

@@ -1,0 +1,388 @@
+/* train: the reference cxla trainer (MNIST / Fashion-MNIST classifiers).
+ *
+ * Read it top to bottom: flags, data, model, optimizer, then the loop. Each
+ * training step is one lazy graph: forward, backward and the optimizer
+ * update are recorded between the loader's step marks and compiled once.
+ *
+ * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data set missing or
+ * unreadable, 21 test accuracy below --target-accuracy.
+ */
+#include <cxla/cxla.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "models.h"
+
+enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21 };
+
+/* ---- flags ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *model;        /* cnn, lenet, mlp */
+    const char *data;         /* fashion-mnist, mnist, fake */
+    const char *data_dir;     /* NULL: the data set's default */
+    int epochs;
+    long steps;               /* per epoch; 0: the whole epoch */
+    long batch_size;
+    double lr, momentum, weight_decay;
+    const char *optimizer;    /* sgd, adam, adamw */
+    long seed;
+    long log_every;
+    int threads;              /* 0: the library's default */
+    double target_accuracy;   /* percent; 0: no target */
+    long width;
+    int depth;
+} config;
+
+static config default_config(void)
+{
+    return (config){
+        .model = "cnn", .data = "fashion-mnist", .data_dir = NULL, .epochs = 1, .steps = 0,
+        .batch_size = 64, .lr = 0.01, .momentum = 0.5, .weight_decay = 0.0, .optimizer = "sgd",
+        .seed = 1, .log_every = 100, .threads = 0, .target_accuracy = 0.0, .width = 128, .depth = 2,
+    };
+}
+
+static void usage(FILE *f)
+{
+    config d = default_config();
+    fprintf(f,
+            "usage: train [flags]\n"
+            "  --model {cnn,lenet,mlp}           model (default %s)\n"
+            "  --data {fashion-mnist,mnist,fake} data set (default %s)\n"
+            "  --data-dir DIR                    IDX files (default %s for fashion-mnist,\n"
+            "                                    %s for mnist)\n"
+            "  --epochs N                        epochs (default %d)\n"
+            "  --steps N                         steps per epoch, 0 = all (default %ld)\n"
+            "  --batch-size N                    batch size (default %ld)\n"
+            "  --lr X                            learning rate (default %g)\n"
+            "  --momentum X                      SGD momentum (default %g)\n"
+            "  --optimizer {sgd,adam,adamw}      optimizer (default %s)\n"
+            "  --weight-decay X                  weight decay (default %g)\n"
+            "  --seed N                          RNG seed for init and shuffling (default %ld)\n"
+            "  --log-every N                     log the loss every N steps (default %ld)\n"
+            "  --threads N                       compute threads, 0 = all cores (default %d)\n"
+            "  --target-accuracy PCT             exit 21 if the final test accuracy is below (default %g = off)\n"
+            "  --width N                         mlp hidden width (default %ld)\n"
+            "  --depth N                         mlp hidden layers (default %d)\n"
+            "  --help                            this text\n"
+            "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
+            "            21 below --target-accuracy\n",
+            d.model, d.data, CX_FASHION_MNIST_DIR, CX_MNIST_DIR, d.epochs, d.steps, d.batch_size, d.lr,
+            d.momentum, d.optimizer, d.weight_decay, d.seed, d.log_every, d.threads, d.target_accuracy, d.width,
+            d.depth);
+}
+
+/* One-line error and exit 2, for every flag problem. */
+static void bad_flag(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "train: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, " (see train --help)\n");
+    exit(EXIT_USAGE);
+}
+
+static long parse_long(const char *flag, const char *v, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        char range[64];
+        snprintf(range, sizeof range, "an integer in [%ld, %ld]", lo, hi);
+        fprintf(stderr, "train: %s: expected %s, got '%s' (see train --help)\n", flag, range, v);
+        exit(EXIT_USAGE);
+    }
+    return x;
+}
+
+static double parse_double(const char *flag, const char *v, double lo)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo) {
+        fprintf(stderr, "train: %s: expected a number >= %g, got '%s' (see train --help)\n", flag, lo, v);
+        exit(EXIT_USAGE);
+    }
+    return x;
+}
+
+static const char *parse_choice(const char *flag, const char *v, const char *const *choices)
+{
+    for (int i = 0; choices[i]; i++)
+        if (!strcmp(v, choices[i])) return choices[i];
+    bad_flag("%s: unknown value '%s'", flag, v);
+    return NULL;
+}
+
+static config parse_args(int argc, char **argv)
+{
+    static const char *const models[] = { "cnn", "lenet", "mlp", NULL };
+    static const char *const datas[] = { "fashion-mnist", "mnist", "fake", NULL };
+    static const char *const optims[] = { "sgd", "adam", "adamw", NULL };
+    config c = default_config();
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0) bad_flag("unexpected argument '%s'%s", arg, "");
+        /* --flag=value or --flag value */
+        char name[64];
+        const char *eq = strchr(arg, '=');
+        const char *v;
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (len >= sizeof name) bad_flag("unknown flag '%s'%s", arg, "");
+        memcpy(name, arg, len);
+        name[len] = '\0';
+        if (eq) v = eq + 1;
+        else if (i + 1 < argc) v = argv[++i];
+        else { bad_flag("%s needs a value%s", name, ""); v = NULL; }
+
+        if (!strcmp(name, "--model")) c.model = parse_choice(name, v, models);
+        else if (!strcmp(name, "--data")) c.data = parse_choice(name, v, datas);
+        else if (!strcmp(name, "--data-dir")) c.data_dir = v;
+        else if (!strcmp(name, "--epochs")) c.epochs = (int)parse_long(name, v, 1, 1000000);
+        else if (!strcmp(name, "--steps")) c.steps = parse_long(name, v, 0, 1L << 40);
+        else if (!strcmp(name, "--batch-size")) c.batch_size = parse_long(name, v, 1, 1L << 20);
+        else if (!strcmp(name, "--lr")) c.lr = parse_double(name, v, 0.0);
+        else if (!strcmp(name, "--momentum")) c.momentum = parse_double(name, v, 0.0);
+        else if (!strcmp(name, "--optimizer")) c.optimizer = parse_choice(name, v, optims);
+        else if (!strcmp(name, "--weight-decay")) c.weight_decay = parse_double(name, v, 0.0);
+        else if (!strcmp(name, "--seed")) c.seed = parse_long(name, v, 0, 1L << 62);
+        else if (!strcmp(name, "--log-every")) c.log_every = parse_long(name, v, 1, 1L << 40);
+        else if (!strcmp(name, "--threads")) c.threads = (int)parse_long(name, v, 0, 4096);
+        else if (!strcmp(name, "--target-accuracy")) c.target_accuracy = parse_double(name, v, 0.0);
+        else if (!strcmp(name, "--width")) c.width = parse_long(name, v, 1, 1L << 20);
+        else if (!strcmp(name, "--depth")) c.depth = (int)parse_long(name, v, 0, 1000);
+        else bad_flag("unknown flag '%s'%s", name, "");
+    }
+    return c;
+}
+
+/* ---- data ------------------------------------------------------------------- */
+
+/* @return the split, or exits 3 naming the missing file. */
+static cx_dataset *load_split(const config *c, bool train)
+{
+    cx_dataset *ds = NULL;
+    cx_status st;
+    if (!strcmp(c->data, "fake")) {
+        cx_fake_data_opts f = cx_fake_data_default_opts();
+        f.size = train ? 60000 : 10000;
+        f.seed = (uint64_t)c->seed + (train ? 0 : 1);
+        st = cx_fake_data(f, &ds);
+    } else {
+        cx_mnist_opts o = cx_mnist_default_opts();
+        o.kind = !strcmp(c->data, "mnist") ? CX_DATASET_MNIST : CX_DATASET_FASHION_MNIST;
+        o.dir = c->data_dir;
+        o.train = train;
+        st = cx_mnist_load(o, &ds);
+    }
+    if (st != CX_OK) {
+        fprintf(stderr, "train: %s\n", cx_last_error());
+        exit(st == CX_ERR_OOM ? EXIT_RUNTIME : EXIT_DATA);
+    }
+    return ds;
+}
+
+/* ---- model and optimizer ---------------------------------------------------------- */
+
+static cx_module *build_model(const config *c, const cx_dataset *ds)
+{
+    int64_t chw[3];
+    cx_dataset_image_shape(ds, chw);
+    if (!strcmp(c->model, "cnn")) return model_cnn();
+    if (!strcmp(c->model, "lenet")) return model_lenet();
+    return model_mlp(chw[0] * chw[1] * chw[2], c->width, c->depth, cx_dataset_num_classes(ds));
+}
+
+static cx_optimizer *build_optimizer(const config *c, cx_module *model)
+{
+    int n;
+    cx_named_tensor *params = cx_module_parameters(model, &n);
+    if (!params) return NULL;
+    cx_optimizer *opt;
+    if (!strcmp(c->optimizer, "sgd")) {
+        cx_sgd_opts o = cx_sgd_default_opts();
+        o.lr = c->lr;
+        o.momentum = c->momentum;
+        o.weight_decay = c->weight_decay;
+        opt = cx_optim_sgd(params, n, o);
+    } else {
+        bool w = !strcmp(c->optimizer, "adamw");
+        cx_adam_opts o = w ? cx_adamw_default_opts() : cx_adam_default_opts();
+        o.lr = c->lr;
+        o.weight_decay = c->weight_decay;
+        opt = w ? cx_optim_adamw(params, n, o) : cx_optim_adam(params, n, o);
+    }
+    free(params);
+    return opt;
+}
+
+/* ---- training -------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A loss kept past its step, printed once that step has run (reading it
+ * earlier would execute part of the graph twice). */
+typedef struct {
+    cx_tensor *loss;
+    int64_t batch;
+} pending_log;
+
+static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dataset_size, int64_t batches)
+{
+    if (!p->loss) return;
+    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch, (long long)(p->batch * batch_size),
+           (long long)dataset_size, 100.0 * (double)p->batch / (double)batches, cx_item(p->loss));
+    fflush(stdout);
+    cx_free(p->loss);
+    p->loss = NULL;
+}
+
+/* One epoch. The loader marks the steps: each cx_loader_next ends the
+ * previous step (compile-or-hit, run) and begins the next. @return status. */
+static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_optimizer *opt, cx_loader *loader,
+                             int64_t dataset_size)
+{
+    cx_module_train(model, true);
+    cx_loader_set_epoch(loader, epoch, 0);
+    int64_t batches = cx_loader_len(loader), images = 0, steps = 0;
+    pending_log log = { NULL, 0 };
+    double t0 = now_s();
+    cx_batch b;
+    while (cx_loader_next(loader, &b)) {
+        flush_log(&log, epoch, c->batch_size, dataset_size, batches);
+        cx_optim_zero_grad(opt);
+        cx_tensor *logp = cx_module_forward(model, b.images);          // (B, 10)
+        cx_tensor *loss = cx_nll_loss(logp, b.labels, CX_REDUCE_MEAN, -100);
+        cx_status st = cx_backward(loss);
+        if (st == CX_OK) st = cx_optim_step(opt);
+        if (st != CX_OK) {
+            fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
+            cx_loader_end_step(loader);
+            return st;
+        }
+        if (b.index % c->log_every == 0) log = (pending_log){ cx_keep(loss), b.index };
+        images += b.size;
+        if (++steps == c->steps) {
+            cx_loader_end_step(loader);
+            break;
+        }
+    }
+    if (cx_loader_error(loader) != CX_OK) {
+        fprintf(stderr, "train: epoch %d: %s\n", epoch, cx_last_error());
+        cx_free(log.loss);
+        return cx_loader_error(loader);
+    }
+    flush_log(&log, epoch, c->batch_size, dataset_size, batches);
+    double dt = now_s() - t0;
+    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s)\n", epoch, (long long)steps,
+           (long long)images, dt, (double)images / dt);
+    fflush(stdout);
+    return CX_OK;
+}
+
+/* Accuracy in percent over a whole split. Correct predictions are summed on
+ * the device into one persistent counter, read once at the end. */
+static double evaluate(cx_module *model, cx_loader *loader)
+{
+    cx_module_train(model, false);
+    cx_loader_set_epoch(loader, 0, 0);
+    cx_tensor *correct = cx_zeros(NULL, 0, CX_I64);
+    cx_sync_tensors(&correct, 1);
+    int64_t seen = 0;
+    cx_no_grad_begin();
+    cx_batch b;
+    while (cx_loader_next(loader, &b)) {
+        cx_tensor *pred = cx_argmax(cx_module_forward(model, b.images), 1, false);   // (B) i64
+        cx_tensor *hits = cx_sum(cx_cast(cx_eq(pred, b.labels), CX_I64), NULL, 0, false);
+        cx_assign(correct, cx_add(correct, hits));
+        seen += b.size;
+    }
+    cx_no_grad_end();
+    double acc = seen ? 100.0 * cx_item(correct) / (double)seen : 0.0;
+    cx_free(correct);
+    return acc;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    config c = parse_args(argc, argv);
+    if (c.threads > 0) cx_set_num_threads(c.threads);
+    cx_manual_seed((uint64_t)c.seed);
+
+    cx_dataset *train_set = load_split(&c, true);
+    cx_dataset *test_set = load_split(&c, false);
+
+    cx_module *model = build_model(&c, train_set);
+    cx_optimizer *opt = model ? build_optimizer(&c, model) : NULL;
+    if (!model || !opt) {
+        fprintf(stderr, "train: cannot build model %s: %s\n", c.model, cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images\n", c.model,
+           (long long)cx_module_num_params(model), cx_optim_name(opt), c.lr, c.data,
+           (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set));
+
+    /* Later: --parallel {ddp,xm,fsdp} sets rank/world here and wraps the model. */
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.seed = (uint64_t)c.seed;
+    cx_sampler *train_sampler = cx_sampler_new(cx_dataset_size(train_set), so);
+    so.shuffle = false;
+    cx_sampler *test_sampler = cx_sampler_new(cx_dataset_size(test_set), so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = c.batch_size;
+    cx_loader *train_loader = train_sampler ? cx_loader_new(train_set, train_sampler, lo) : NULL;
+    cx_loader *test_loader = test_sampler ? cx_loader_new(test_set, test_sampler, lo) : NULL;
+    if (!train_loader || !test_loader) {
+        fprintf(stderr, "train: cannot start the data loaders: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
+
+    int rc = 0;
+    double acc = 0.0;
+    for (int epoch = 1; epoch <= c.epochs && rc == 0; epoch++) {
+        if (train_epoch(&c, epoch, model, opt, train_loader, cx_dataset_size(train_set)) != CX_OK) {
+            rc = EXIT_RUNTIME;
+            break;
+        }
+        acc = evaluate(model, test_loader);
+        if (cx_loader_error(test_loader) != CX_OK || isnan(acc)) {
+            fprintf(stderr, "train: evaluation failed: %s\n", cx_last_error());
+            rc = EXIT_RUNTIME;
+            break;
+        }
+        printf("Test accuracy: %.2f%%\n", acc);
+        fflush(stdout);
+    }
+    if (rc == 0 && c.target_accuracy > 0 && acc < c.target_accuracy) {
+        fprintf(stderr, "train: test accuracy %.2f%% is below the target %.2f%%\n", acc, c.target_accuracy);
+        rc = EXIT_BELOW_TARGET;
+    }
+
+    cx_loader_free(train_loader);
+    cx_loader_free(test_loader);
+    cx_sampler_free(train_sampler);
+    cx_sampler_free(test_sampler);
+    cx_optim_free(opt);
+    cx_module_free(model);
+    cx_dataset_free(train_set);
+    cx_dataset_free(test_set);
+    return rc;
+}

@@ -1,0 +1,12 @@
+/* cxla: PyTorch/XLA's training stack in C. The umbrella header. */
+#ifndef CXLA_CXLA_H
+#define CXLA_CXLA_H
+
+#include <cxla/core.h>
+#include <cxla/comm.h>
+#include <cxla/nn.h>
+#include <cxla/optim.h>
+#include <cxla/data.h>
+#include <cxla/parallel.h>
+
+#endif

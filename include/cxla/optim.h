@@ -1,0 +1,116 @@
+/* cxla optim: SGD, Adam, AdamW, learning-rate schedules, gradient clipping.
+ *
+ * An optimizer step only records IR: every parameter and state update is a
+ * cx_assign, so forward, backward and update compile into one graph.
+ * Hyper-parameters (learning rate, bias corrections, ...) enter that graph as
+ * runtime scalars, so changing them (a schedule) never recompiles. State
+ * tensors are persistent, created (zero-filled, materialized) with the
+ * optimizer, which makes the first step's graph the same as every other's.
+ */
+#ifndef CXLA_OPTIM_H
+#define CXLA_OPTIM_H
+
+#include <cxla/core.h>
+#include <cxla/nn.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cx_optimizer cx_optimizer;
+
+typedef struct {
+    double lr, momentum, dampening, weight_decay;
+    bool nesterov;
+} cx_sgd_opts;
+/* lr 0.01, momentum 0, dampening 0, weight_decay 0, nesterov off. */
+cx_sgd_opts cx_sgd_default_opts(void);
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    bool amsgrad;
+} cx_adam_opts;
+/* lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0 (cx_adamw_default_opts:
+ * 0.01), amsgrad off. */
+cx_adam_opts cx_adam_default_opts(void);
+cx_adam_opts cx_adamw_default_opts(void);
+
+/* Optimizers over `n` named parameters (e.g. from cx_module_parameters; the
+ * names are copied, the tensors borrowed: they must outlive the optimizer).
+ * @return the optimizer, or NULL with cx_last_error set on bad
+ * hyper-parameters (negative lr, momentum, ..., nesterov without momentum or
+ * with dampening, betas outside [0, 1)) or out of memory. */
+cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts opts);
+/* Adam: L2 weight decay added to the gradient. */
+cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts opts);
+/* AdamW: decoupled weight decay, param *= 1 - lr * weight_decay. */
+cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts opts);
+void cx_optim_free(cx_optimizer *opt);
+
+/* Records one update of every parameter that has a gradient (in no-grad
+ * mode). Parameters without one are skipped, as in PyTorch.
+ * @return CX_OK, or the error of a poisoned gradient/update (CX_ERR_SHAPE). */
+cx_status cx_optim_step(cx_optimizer *opt);
+/* Sets every parameter's gradient to none (PyTorch's set_to_none=True). */
+void cx_optim_zero_grad(cx_optimizer *opt);
+
+void cx_optim_set_lr(cx_optimizer *opt, double lr);
+double cx_optim_get_lr(const cx_optimizer *opt);
+/* Steps taken (the host's copy of the "step" state). */
+int64_t cx_optim_step_count(const cx_optimizer *opt);
+/* After restoring state from a checkpoint. */
+void cx_optim_set_step_count(cx_optimizer *opt, int64_t steps);
+const char *cx_optim_name(const cx_optimizer *opt);   /* "SGD", "Adam", "AdamW" */
+
+/* The state tensors, named "<param>.<state>" ("fc1.weight.exp_avg",
+ * "fc1.weight.momentum_buffer", "fc1.weight.step"), in parameter order.
+ * One allocation: release with free(). NULL when out of memory. */
+cx_named_tensor *cx_optim_state(const cx_optimizer *opt, int *n);
+/* The parameters it updates (names as given). Release with free(). */
+cx_named_tensor *cx_optim_params(const cx_optimizer *opt, int *n);
+
+/* ---- gradient clipping ----------------------------------------------------- */
+
+/* Scales the gradients of `params` so their total 2-norm is at most
+ * max_norm (coefficient max_norm / (norm + 1e-6), capped at 1, as
+ * torch.nn.utils.clip_grad_norm_). Computed on the device: nothing is read
+ * back. Tensors without a gradient are skipped.
+ * @return the total norm before clipping, a lazy 0-d tensor (owned by the
+ * caller/step), or a poisoned tensor on max_norm <= 0. */
+cx_tensor *cx_clip_grad_norm(cx_tensor *const *params, int n, double max_norm);
+/* The same over an optimizer's parameters. */
+cx_tensor *cx_optim_clip_grad_norm(cx_optimizer *opt, double max_norm);
+
+/* ---- learning-rate schedules ------------------------------------------------- */
+
+typedef enum {
+    CX_LR_CONSTANT = 0,
+    CX_LR_STEP,      /* base * gamma^floor(t / step_size)          (StepLR) */
+    CX_LR_COSINE,    /* min + (base - min)(1 + cos(pi t / total)) / 2 (CosineAnnealingLR,
+                        which keeps following the cosine past total) */
+} cx_lr_kind;
+
+/* A pure function of the step: no state to save. An optional linear
+ * warm-up (LinearLR from warmup_start_factor to 1 over warmup_steps) runs
+ * first; the main schedule then starts at t = 0 (as SequentialLR). */
+typedef struct {
+    cx_lr_kind kind;
+    double base_lr;
+    int64_t step_size;            /* CX_LR_STEP */
+    double gamma;                 /* CX_LR_STEP */
+    int64_t total_steps;          /* CX_LR_COSINE: T_max */
+    double min_lr;                /* CX_LR_COSINE: eta_min */
+    int64_t warmup_steps;         /* 0: none */
+    double warmup_start_factor;
+} cx_lr_schedule;
+
+/* Constant 0.01, step_size 1, gamma 0.1, total_steps 1, min_lr 0, no warm-up
+ * (start factor 1/3 as LinearLR's default). */
+cx_lr_schedule cx_lr_schedule_default_opts(void);
+/* The learning rate for step t (0-based). */
+double cx_lr_at(const cx_lr_schedule *s, int64_t t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

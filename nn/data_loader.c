@@ -1,0 +1,278 @@
+/* Prefetching loader: a background thread gathers, normalizes and uploads
+ * the next batches while the current step runs (like MpDeviceLoader).
+ *
+ * Requests form a queue of sequence numbers: the calling thread posts batch
+ * seq = posted++ (taking its indices from the sampler, which only it
+ * touches), the worker fills seq = worked++, and the caller takes
+ * seq = taken++. Slot of seq is seq % nslots. */
+#include "nn_internal.h"
+
+#include <cxla/data.h>
+
+#include <pthread.h>
+
+typedef struct {
+    int64_t *idx;        /* (batch_size) sample indices */
+    int64_t n;           /* samples in this batch */
+    int64_t index;       /* batch number in the epoch */
+    float *img;          /* (batch_size, C, H, W) host staging */
+    int64_t *lab;        /* (batch_size) */
+    cx_tensor *images, *labels;   /* persistent: made on the worker thread */
+    cx_status status;
+    char err[512];
+} slot;
+
+struct cx_loader {
+    const cx_dataset *ds;
+    cx_sampler *sampler;
+    cx_loader_opts o;
+    int64_t chw[3];
+    int nslots;
+    slot *slots;
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    int64_t posted, worked, taken;   /* sequence counters (under mu) */
+    bool quit;
+    /* caller-side state */
+    int64_t next_batch_index;
+    int64_t position;        /* samples handed out this epoch */
+    bool at_end;
+    bool step_open;
+    cx_tensor *cur_images, *cur_labels;
+    cx_status error;
+};
+
+cx_loader_opts cx_loader_default_opts(void)
+{
+    return (cx_loader_opts){ .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
+}
+
+static void fill_slot(cx_loader *l, slot *s)
+{
+    cx_dataset_gather(l->ds, s->idx, s->n, s->img, s->lab);
+    int64_t ishape[4] = { s->n, l->chw[0], l->chw[1], l->chw[2] };
+    int64_t lshape[1] = { s->n };
+    /* On this thread no step is open, so both handles are persistent; the
+     * caller's thread releases them once their step has ended. */
+    s->images = cx_from_host(s->img, ishape, 4, CX_F32);
+    s->labels = cx_from_host(s->lab, lshape, 1, CX_I64);
+    const char *e = !s->images || !s->labels ? "out of memory"
+                  : cx_tensor_error(s->images) ? cx_tensor_error(s->images)
+                  : cx_tensor_error(s->labels);
+    if (e) {
+        s->status = CX_ERR_OOM;
+        snprintf(s->err, sizeof s->err, "loader: uploading batch %lld failed: %s", (long long)s->index, e);
+    } else {
+        s->status = CX_OK;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    cx_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->quit && l->worked == l->posted) pthread_cond_wait(&l->work_cv, &l->mu);
+        if (l->quit) break;
+        slot *s = &l->slots[l->worked % l->nslots];
+        pthread_mutex_unlock(&l->mu);
+        fill_slot(l, s);
+        pthread_mutex_lock(&l->mu);
+        l->worked++;
+        pthread_cond_broadcast(&l->done_cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Posts the next batch of the sampler if there is one and a free slot.
+ * @return true if posted. */
+static bool post_one(cx_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    bool full = l->posted - l->taken >= l->nslots;
+    int64_t seq = l->posted;
+    pthread_mutex_unlock(&l->mu);
+    if (full) return false;
+    slot *s = &l->slots[seq % l->nslots];
+    int64_t bs = l->o.batch_size;
+    int64_t left = cx_sampler_len(l->sampler) - cx_sampler_position(l->sampler);
+    if (left <= 0 || (l->o.drop_last && left < bs)) return false;
+    s->n = cx_sampler_take(l->sampler, s->idx, bs);
+    s->index = l->next_batch_index++;
+    s->images = s->labels = NULL;
+    pthread_mutex_lock(&l->mu);
+    l->posted++;
+    pthread_cond_signal(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+    return true;
+}
+
+static void release_current(cx_loader *l)
+{
+    cx_free(l->cur_images);
+    cx_free(l->cur_labels);
+    l->cur_images = l->cur_labels = NULL;
+}
+
+/* Waits for every posted batch and frees them (epoch change, shutdown). */
+static void drain(cx_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    while (l->worked < l->posted) pthread_cond_wait(&l->done_cv, &l->mu);
+    for (int64_t q = l->taken; q < l->posted; q++) {
+        slot *s = &l->slots[q % l->nslots];
+        cx_free(s->images);
+        cx_free(s->labels);
+        s->images = s->labels = NULL;
+    }
+    l->taken = l->posted;
+    pthread_mutex_unlock(&l->mu);
+}
+
+cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
+{
+    if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
+        cx_set_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
+                     ds ? "set" : "NULL", sampler ? "set" : "NULL", (long long)o.batch_size, o.prefetch);
+        return NULL;
+    }
+    cx_loader *l = calloc(1, sizeof *l);
+    if (!l) { cx_set_error("cx_loader_new: out of memory"); return NULL; }
+    l->ds = ds;
+    l->sampler = sampler;
+    l->o = o;
+    cx_dataset_image_shape(ds, l->chw);
+    l->nslots = o.prefetch;
+    l->slots = calloc((size_t)l->nslots, sizeof *l->slots);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->work_cv, NULL);
+    pthread_cond_init(&l->done_cv, NULL);
+    if (!l->slots) goto oom;
+    size_t per = (size_t)(l->chw[0] * l->chw[1] * l->chw[2]);
+    for (int i = 0; i < l->nslots; i++) {
+        slot *s = &l->slots[i];
+        s->idx = malloc((size_t)o.batch_size * sizeof *s->idx);
+        s->lab = malloc((size_t)o.batch_size * sizeof *s->lab);
+        s->img = malloc((size_t)o.batch_size * per * sizeof *s->img);
+        if (!s->idx || !s->lab || !s->img) goto oom;
+    }
+    if (pthread_create(&l->thread, NULL, worker_main, l) != 0) {
+        cx_loader_free(l);
+        cx_set_error("cx_loader_new: cannot start the prefetch thread");
+        return NULL;
+    }
+    l->thread_started = true;
+    l->position = cx_sampler_position(sampler);
+    return l;
+oom:
+    cx_loader_free(l);
+    cx_set_error("cx_loader_new: out of memory for %d batches of %lld", o.prefetch, (long long)o.batch_size);
+    return NULL;
+}
+
+void cx_loader_free(cx_loader *l)
+{
+    if (!l) return;
+    if (l->thread_started) {
+        cx_loader_end_step(l);
+        drain(l);
+        pthread_mutex_lock(&l->mu);
+        l->quit = true;
+        pthread_cond_signal(&l->work_cv);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->thread, NULL);
+    }
+    release_current(l);
+    if (l->slots) {
+        for (int i = 0; i < l->nslots; i++) {
+            free(l->slots[i].idx);
+            free(l->slots[i].lab);
+            free(l->slots[i].img);
+        }
+    }
+    free(l->slots);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->work_cv);
+    pthread_cond_destroy(&l->done_cv);
+    free(l);
+}
+
+int64_t cx_loader_len(const cx_loader *l)
+{
+    int64_t n = cx_sampler_len(l->sampler), bs = l->o.batch_size;
+    return l->o.drop_last ? n / bs : (n + bs - 1) / bs;
+}
+
+cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position)
+{
+    cx_loader_end_step(l);
+    drain(l);
+    cx_sampler_set_epoch(l->sampler, epoch);
+    cx_status st = cx_sampler_set_position(l->sampler, position);
+    if (st != CX_OK) return st;
+    l->position = position;
+    l->next_batch_index = position / l->o.batch_size;
+    l->at_end = false;
+    l->error = CX_OK;
+    return CX_OK;
+}
+
+int64_t cx_loader_position(const cx_loader *l) { return l->position; }
+cx_status cx_loader_error(const cx_loader *l) { return l->error; }
+
+cx_status cx_loader_end_step(cx_loader *l)
+{
+    cx_status st = CX_OK;
+    if (l->step_open) {
+        l->step_open = false;
+        st = cx_step_end();
+        if (st != CX_OK && l->error == CX_OK) l->error = st;
+    }
+    release_current(l);
+    return st;
+}
+
+bool cx_loader_next(cx_loader *l, cx_batch *out)
+{
+    memset(out, 0, sizeof *out);
+    if (cx_loader_end_step(l) != CX_OK) { l->at_end = true; return false; }
+    if (l->at_end) return false;
+    while (post_one(l)) {}   /* keep the pipeline full */
+
+    pthread_mutex_lock(&l->mu);
+    if (l->taken == l->posted) {      /* nothing in flight: the epoch is over */
+        pthread_mutex_unlock(&l->mu);
+        l->at_end = true;
+        return false;
+    }
+    while (l->worked <= l->taken) pthread_cond_wait(&l->done_cv, &l->mu);
+    slot *s = &l->slots[l->taken % l->nslots];
+    l->taken++;
+    pthread_mutex_unlock(&l->mu);
+
+    l->cur_images = s->images;
+    l->cur_labels = s->labels;
+    s->images = s->labels = NULL;
+    int64_t n = s->n, index = s->index;
+    if (s->status != CX_OK) {
+        cx_set_error("%s", s->err);
+        l->error = s->status;
+        l->at_end = true;
+        release_current(l);
+        return false;
+    }
+    post_one(l);              /* refill the slot just freed (s is reused from here) */
+    l->position += n;
+    if (l->o.mark_step) {
+        cx_step_begin();
+        l->step_open = true;
+    }
+    out->images = l->cur_images;
+    out->labels = l->cur_labels;
+    out->size = n;
+    out->index = index;
+    return true;
+}

@@ -1,0 +1,22 @@
+/* Flatten: merges dims start..end into one. */
+#include "nn_internal.h"
+
+typedef struct {
+    int start, end;
+} flatten;
+
+static cx_tensor *flatten_forward(cx_module *m, cx_tensor *x)
+{
+    const flatten *f = cx_module_impl(m);
+    return cx_flatten(x, f->start, f->end);
+}
+
+static const cx_module_type flatten_type = { "Flatten", flatten_forward, free };
+
+cx_module *cx_nn_flatten(int start_dim, int end_dim)
+{
+    flatten *f = malloc(sizeof *f);
+    if (!f) { cx_set_error("cx_nn_flatten: out of memory"); return NULL; }
+    *f = (flatten){ start_dim, end_dim };
+    return cx_module_new(&flatten_type, f);
+}

@@ -1,0 +1,398 @@
+/* Modules: named parameters, buffers and children; state-dict names. */
+#include "nn_internal.h"
+
+typedef struct {
+    char *name;
+    cx_tensor *t;
+} entry;
+
+typedef struct {
+    char *name;
+    cx_module *m;
+} child;
+
+struct cx_module {
+    const cx_module_type *type;
+    void *impl;
+    bool training;
+    entry *params;
+    int nparams, cap_params;
+    entry *buffers;
+    int nbuffers, cap_buffers;
+    child *children;
+    int nchildren, cap_children;
+};
+
+cx_status cx_nn_materialize(cx_tensor **ts, int n)
+{
+    cx_tensor *pending[64];
+    int np = 0;
+    cx_status st = CX_OK;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i] || !cx_is_pending(ts[i])) continue;
+        pending[np++] = ts[i];
+        if (np == 64 || i == n - 1) {
+            cx_status s = cx_sync_tensors(pending, np);
+            if (s != CX_OK && st == CX_OK) st = s;
+            np = 0;
+        }
+    }
+    if (np > 0) {
+        cx_status s = cx_sync_tensors(pending, np);
+        if (s != CX_OK && st == CX_OK) st = s;
+    }
+    return st;
+}
+
+cx_module *cx_module_new(const cx_module_type *type, void *impl)
+{
+    CX_ASSERT(type && type->forward);
+    cx_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        if (type->free) type->free(impl);
+        cx_set_error("cx_module_new: out of memory for a %s", type->name);
+        return NULL;
+    }
+    m->type = type;
+    m->impl = impl;
+    m->training = true;
+    return m;
+}
+
+void *cx_module_impl(const cx_module *m) { return m->impl; }
+const char *cx_module_type_name(const cx_module *m) { return m ? m->type->name : "(null)"; }
+
+static bool valid_name(const char *name)
+{
+    return name && name[0] && !strchr(name, '.');
+}
+
+static bool name_taken(const cx_module *m, const char *name)
+{
+    for (int i = 0; i < m->nparams; i++) if (!strcmp(m->params[i].name, name)) return true;
+    for (int i = 0; i < m->nbuffers; i++) if (!strcmp(m->buffers[i].name, name)) return true;
+    for (int i = 0; i < m->nchildren; i++) if (!strcmp(m->children[i].name, name)) return true;
+    return false;
+}
+
+/* Grows an array of `size`-byte items to hold n + 1. */
+static bool grow(void **arr, int *cap, int n, size_t size)
+{
+    if (n < *cap) return true;
+    int nc = *cap ? *cap * 2 : 4;
+    void *p = realloc(*arr, (size_t)nc * size);
+    if (!p) return false;
+    *arr = p;
+    *cap = nc;
+    return true;
+}
+
+static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor *t, bool param)
+{
+    const char *err = NULL;
+    if (!m || !t) err = "NULL module or tensor";
+    else if (!valid_name(name)) err = "empty name or name with a dot";
+    else if (name_taken(m, name)) err = "name already used";
+    else if (cx_tensor_error(t)) err = cx_tensor_error(t);
+    else if (param && !cx_dtype_is_float(cx_dtype_of(t))) err = "parameters must be floating point";
+    if (err) {
+        cx_set_error("%s '%s' of %s: %s", what, name ? name : "(null)", cx_module_type_name(m), err);
+        cx_free(t);
+        return -1;
+    }
+    entry **arr = param ? &m->params : &m->buffers;
+    int *n = param ? &m->nparams : &m->nbuffers;
+    int *cap = param ? &m->cap_params : &m->cap_buffers;
+    char *copy = strdup(name);
+    if (!copy || !grow((void **)arr, cap, *n, sizeof(entry))) {
+        free(copy);
+        cx_free(t);
+        cx_set_error("%s '%s' of %s: out of memory", what, name, cx_module_type_name(m));
+        return -1;
+    }
+    cx_persist(t);
+    cx_status st = cx_nn_materialize(&t, 1);
+    if (st != CX_OK) {
+        free(copy);
+        cx_free(t);
+        return -1;
+    }
+    if (param) cx_requires_grad(t, true);
+    (*arr)[*n] = (entry){ copy, t };
+    return (*n)++;
+}
+
+int cx_module_register_parameter(cx_module *m, const char *name, cx_tensor *t)
+{
+    return add_entry(m, "parameter", name, t, true);
+}
+
+int cx_module_register_buffer(cx_module *m, const char *name, cx_tensor *t)
+{
+    return add_entry(m, "buffer", name, t, false);
+}
+
+int cx_module_add_child(cx_module *m, const char *name, cx_module *c)
+{
+    const char *err = NULL;
+    if (!m || !c) err = "NULL module";
+    else if (!valid_name(name)) err = "empty name or name with a dot";
+    else if (name_taken(m, name)) err = "name already used";
+    if (err) {
+        cx_set_error("child '%s' of %s: %s", name ? name : "(null)", cx_module_type_name(m), err);
+        cx_module_free(c);
+        return -1;
+    }
+    char *copy = strdup(name);
+    if (!copy || !grow((void **)&m->children, &m->cap_children, m->nchildren, sizeof(child))) {
+        free(copy);
+        cx_module_free(c);
+        cx_set_error("child '%s' of %s: out of memory", name, cx_module_type_name(m));
+        return -1;
+    }
+    c->training = m->training;
+    m->children[m->nchildren] = (child){ copy, c };
+    return m->nchildren++;
+}
+
+cx_tensor *cx_module_param(const cx_module *m, int slot)
+{
+    CX_ASSERT(slot >= 0 && slot < m->nparams);
+    return m->params[slot].t;
+}
+
+cx_tensor *cx_module_buffer(const cx_module *m, int slot)
+{
+    CX_ASSERT(slot >= 0 && slot < m->nbuffers);
+    return m->buffers[slot].t;
+}
+
+cx_module *cx_module_child(const cx_module *m, int slot)
+{
+    CX_ASSERT(slot >= 0 && slot < m->nchildren);
+    return m->children[slot].m;
+}
+
+int cx_module_num_children(const cx_module *m) { return m->nchildren; }
+
+void cx_module_set_param(cx_module *m, int slot, cx_tensor *t)
+{
+    CX_ASSERT(slot >= 0 && slot < m->nparams && t);
+    if (m->params[slot].t != t) cx_free(m->params[slot].t);
+    m->params[slot].t = t;
+}
+
+void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t)
+{
+    CX_ASSERT(slot >= 0 && slot < m->nbuffers && t);
+    if (m->buffers[slot].t != t) cx_free(m->buffers[slot].t);
+    m->buffers[slot].t = t;
+}
+
+cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x)
+{
+    if (!m) return cx_poison("cx_module_forward: module is NULL");
+    return m->type->forward(m, x);
+}
+
+void cx_module_train(cx_module *m, bool on)
+{
+    if (!m) return;
+    m->training = on;
+    for (int i = 0; i < m->nchildren; i++) cx_module_train(m->children[i].m, on);
+}
+
+bool cx_module_is_training(const cx_module *m) { return m && m->training; }
+
+void cx_module_free(cx_module *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->nchildren; i++) {
+        cx_module_free(m->children[i].m);
+        free(m->children[i].name);
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        cx_zero_grad(m->params[i].t);
+        cx_free(m->params[i].t);
+        free(m->params[i].name);
+    }
+    for (int i = 0; i < m->nbuffers; i++) {
+        cx_free(m->buffers[i].t);
+        free(m->buffers[i].name);
+    }
+    if (m->type->free) m->type->free(m->impl);
+    free(m->children);
+    free(m->params);
+    free(m->buffers);
+    free(m);
+}
+
+/* ---- walking the tree ------------------------------------------------------ */
+
+enum { WANT_PARAMS = 1, WANT_BUFFERS = 2 };
+
+/* Visits entries in state-dict order; `visit` gets the prefix (with a
+ * trailing dot, or "") and the entry. */
+typedef void (*visit_fn)(void *ctx, const char *prefix, size_t plen, const entry *e);
+
+static bool walk(const cx_module *m, int want, char **prefix, size_t *pcap, size_t plen,
+                 visit_fn visit, void *ctx)
+{
+    if (want & WANT_PARAMS)
+        for (int i = 0; i < m->nparams; i++) visit(ctx, *prefix, plen, &m->params[i]);
+    if (want & WANT_BUFFERS)
+        for (int i = 0; i < m->nbuffers; i++) visit(ctx, *prefix, plen, &m->buffers[i]);
+    for (int i = 0; i < m->nchildren; i++) {
+        size_t cl = strlen(m->children[i].name);
+        if (plen + cl + 2 > *pcap) {
+            size_t nc = (plen + cl + 2) * 2;
+            char *p = realloc(*prefix, nc);
+            if (!p) return false;
+            *prefix = p;
+            *pcap = nc;
+        }
+        memcpy(*prefix + plen, m->children[i].name, cl);
+        (*prefix)[plen + cl] = '.';
+        (*prefix)[plen + cl + 1] = '\0';
+        if (!walk(m->children[i].m, want, prefix, pcap, plen + cl + 1, visit, ctx)) return false;
+        (*prefix)[plen] = '\0';
+    }
+    return true;
+}
+
+typedef struct {
+    int n;
+    size_t chars;
+    cx_named_tensor *out;
+    char *names;
+} collect_ctx;
+
+static void count_visit(void *ctx, const char *prefix, size_t plen, const entry *e)
+{
+    (void)prefix;
+    collect_ctx *c = ctx;
+    c->n++;
+    c->chars += plen + strlen(e->name) + 1;
+}
+
+static void fill_visit(void *ctx, const char *prefix, size_t plen, const entry *e)
+{
+    collect_ctx *c = ctx;
+    size_t nl = strlen(e->name);
+    memcpy(c->names, prefix, plen);
+    memcpy(c->names + plen, e->name, nl + 1);
+    c->out[c->n++] = (cx_named_tensor){ c->names, e->t };
+    c->names += plen + nl + 1;
+}
+
+static cx_named_tensor *collect(const cx_module *m, int want, int *n, const char *what)
+{
+    *n = 0;
+    size_t pcap = 64;
+    char *prefix = calloc(1, pcap);
+    collect_ctx c = { 0 };
+    if (!prefix || !walk(m, want, &prefix, &pcap, 0, count_visit, &c)) goto oom;
+    /* One block: the array, then the names it points into. */
+    size_t head = (size_t)(c.n ? c.n : 1) * sizeof(cx_named_tensor);
+    char *block = malloc(head + c.chars + 1);
+    if (!block) goto oom;
+    collect_ctx f = { .out = (cx_named_tensor *)block, .names = block + head };
+    prefix[0] = '\0';
+    if (!walk(m, want, &prefix, &pcap, 0, fill_visit, &f)) { free(block); goto oom; }
+    free(prefix);
+    *n = f.n;
+    return f.out;
+oom:
+    free(prefix);
+    cx_set_error("%s of %s: out of memory", what, cx_module_type_name(m));
+    return NULL;
+}
+
+cx_named_tensor *cx_module_parameters(const cx_module *m, int *n)
+{
+    return collect(m, WANT_PARAMS, n, "cx_module_parameters");
+}
+
+cx_named_tensor *cx_module_buffers(const cx_module *m, int *n)
+{
+    return collect(m, WANT_BUFFERS, n, "cx_module_buffers");
+}
+
+cx_named_tensor *cx_module_state_dict(const cx_module *m, int *n)
+{
+    return collect(m, WANT_PARAMS | WANT_BUFFERS, n, "cx_module_state_dict");
+}
+
+cx_module *cx_module_find(cx_module *m, const char *path)
+{
+    while (m && path && *path) {
+        const char *dot = strchr(path, '.');
+        size_t len = dot ? (size_t)(dot - path) : strlen(path);
+        cx_module *next = NULL;
+        for (int i = 0; i < m->nchildren; i++) {
+            if (strlen(m->children[i].name) == len && !strncmp(m->children[i].name, path, len)) {
+                next = m->children[i].m;
+                break;
+            }
+        }
+        m = next;
+        path = dot ? dot + 1 : path + len;
+    }
+    return m;
+}
+
+cx_tensor *cx_module_get(const cx_module *m, const char *key)
+{
+    if (!m || !key) return NULL;
+    const char *dot = strrchr(key, '.');
+    const cx_module *owner = m;
+    const char *leaf = key;
+    if (dot) {
+        char path[512];
+        size_t len = (size_t)(dot - key);
+        if (len >= sizeof path) return NULL;
+        memcpy(path, key, len);
+        path[len] = '\0';
+        owner = cx_module_find((cx_module *)m, path);
+        leaf = dot + 1;
+    }
+    if (!owner) return NULL;
+    for (int i = 0; i < owner->nparams; i++) if (!strcmp(owner->params[i].name, leaf)) return owner->params[i].t;
+    for (int i = 0; i < owner->nbuffers; i++) if (!strcmp(owner->buffers[i].name, leaf)) return owner->buffers[i].t;
+    return NULL;
+}
+
+static void numel_visit(void *ctx, const char *prefix, size_t plen, const entry *e)
+{
+    (void)prefix; (void)plen;
+    *(int64_t *)ctx += cx_numel(e->t);
+}
+
+int64_t cx_module_num_params(const cx_module *m)
+{
+    if (!m) return 0;
+    int64_t total = 0;
+    size_t pcap = 64;
+    char *prefix = calloc(1, pcap);
+    if (!prefix) return -1;
+    bool ok = walk(m, WANT_PARAMS, &prefix, &pcap, 0, numel_visit, &total);
+    free(prefix);
+    return ok ? total : -1;
+}
+
+cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dtype dtype)
+{
+    cx_tensor *t = cx_module_get(m, key);
+    if (!t) {
+        cx_set_error("cx_module_load: %s has no parameter or buffer '%s'", cx_module_type_name(m),
+                     key ? key : "(null)");
+        return CX_ERR_ARG;
+    }
+    cx_tensor *v = cx_from_host(data, cx_shape(t), cx_ndim(t), dtype);
+    cx_tensor *c = dtype == cx_dtype_of(t) ? v : cx_cast(v, cx_dtype_of(t));
+    cx_status st = cx_assign(t, c);
+    if (c != v) cx_free(c);
+    cx_free(v);
+    if (st != CX_OK) return st;
+    return cx_sync_tensors(&t, 1);
+}

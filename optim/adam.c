@@ -1,0 +1,110 @@
+/* Adam and AdamW (torch.optim.Adam / AdamW, single-tensor path). */
+#include "optim_internal.h"
+
+#include <math.h>
+
+enum { EXP_AVG = 0, EXP_AVG_SQ, MAX_EXP_AVG_SQ, STEP };
+enum { HP_BETA1 = 0, HP_1MBETA1, HP_BETA2, HP_1MBETA2, HP_EPS, HP_WD, HP_DECAY, HP_COUNT };
+
+cx_adam_opts cx_adam_default_opts(void)
+{
+    return (cx_adam_opts){ .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
+                           .amsgrad = false };
+}
+
+cx_adam_opts cx_adamw_default_opts(void)
+{
+    cx_adam_opts o = cx_adam_default_opts();
+    o.weight_decay = 1e-2;
+    return o;
+}
+
+static int adam_hyper(cx_optimizer *o, cx_tensor **hp)
+{
+    const cx_adam_opts *a = &o->o.adam;
+    hp[HP_BETA1] = cx_runtime_scalar(a->beta1, CX_F32);
+    hp[HP_1MBETA1] = cx_runtime_scalar(1.0 - a->beta1, CX_F32);
+    hp[HP_BETA2] = cx_runtime_scalar(a->beta2, CX_F32);
+    hp[HP_1MBETA2] = cx_runtime_scalar(1.0 - a->beta2, CX_F32);
+    hp[HP_EPS] = cx_runtime_scalar(a->eps, CX_F32);
+    hp[HP_WD] = cx_runtime_scalar(a->weight_decay, CX_F32);
+    hp[HP_DECAY] = cx_runtime_scalar(1.0 - o->lr * a->weight_decay, CX_F32);
+    return HP_COUNT;
+}
+
+static cx_status adam_update(cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp)
+{
+    const cx_adam_opts *a = &o->o.adam;
+    cx_temps t = { .n = 0 };
+    cx_status st = CX_OK;
+    cx_tensor *g = cx_grad(p->p);
+    cx_tensor *param = p->p;
+    if (a->weight_decay != 0.0) {
+        if (o->decoupled) param = cx_tmp(&t, cx_mul(param, hp[HP_DECAY]));       // AdamW
+        else g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(param, hp[HP_WD]))));   // Adam: L2
+    }
+    cx_tensor *m = p->state[EXP_AVG], *v = p->state[EXP_AVG_SQ];
+    cx_tensor *nm = cx_tmp(&t, cx_add(cx_tmp(&t, cx_mul(m, hp[HP_BETA1])), cx_tmp(&t, cx_mul(g, hp[HP_1MBETA1]))));
+    cx_tensor *g2 = cx_tmp(&t, cx_mul(g, g));
+    cx_tensor *nv = cx_tmp(&t, cx_add(cx_tmp(&t, cx_mul(v, hp[HP_BETA2])), cx_tmp(&t, cx_mul(g2, hp[HP_1MBETA2]))));
+    if ((st = cx_optim_assign(m, nm, "Adam exp_avg")) != CX_OK) goto out;
+    if ((st = cx_optim_assign(v, nv, "Adam exp_avg_sq")) != CX_OK) goto out;
+    cx_tensor *stp = p->state[STEP];
+    if ((st = cx_optim_assign(stp, cx_tmp(&t, cx_add_scalar(stp, 1.0)), "Adam step")) != CX_OK) goto out;
+    cx_tensor *second = nv;
+    if (a->amsgrad) {
+        cx_tensor *mx = p->state[MAX_EXP_AVG_SQ];
+        second = cx_tmp(&t, cx_maximum(mx, nv));
+        if ((st = cx_optim_assign(mx, second, "Adam max_exp_avg_sq")) != CX_OK) goto out;
+    }
+    /* Bias corrections from the host's step count, in double as PyTorch's
+     * Python floats, passed as runtime scalars. */
+    double step = (double)(p->steps + 1);
+    double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
+    cx_tensor *step_size = cx_tmp(&t, cx_runtime_scalar(o->lr / bc1, CX_F32));
+    cx_tensor *bc2_sqrt = cx_tmp(&t, cx_runtime_scalar(sqrt(bc2), CX_F32));
+    cx_tensor *denom = cx_tmp(&t, cx_add(cx_tmp(&t, cx_div(cx_tmp(&t, cx_sqrt(second)), bc2_sqrt)), hp[HP_EPS]));
+    cx_tensor *upd = cx_tmp(&t, cx_mul(cx_tmp(&t, cx_div(nm, denom)), step_size));
+    st = cx_optim_assign(p->p, cx_tmp(&t, cx_sub(param, upd)), o->decoupled ? "AdamW update" : "Adam update");
+out:
+    cx_temps_end(&t);
+    return st;
+}
+
+static const cx_optim_kind adam_kind = {
+    .name = "Adam", .nstate = 4, .state_names = { "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step" },
+    .update = adam_update, .hyper = adam_hyper,
+};
+static const cx_optim_kind adamw_kind = {
+    .name = "AdamW", .nstate = 4, .state_names = { "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step" },
+    .update = adam_update, .hyper = adam_hyper,
+};
+
+static cx_optimizer *adam_new(const cx_optim_kind *kind, const cx_named_tensor *params, int n, cx_adam_opts a,
+                              bool decoupled)
+{
+    if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps >= 0) ||
+        !(a.weight_decay >= 0)) {
+        cx_set_error("%s: bad hyper-parameters: lr %g, betas (%g, %g), eps %g, weight_decay %g (want lr, eps, "
+                     "weight_decay >= 0 and betas in [0, 1))", kind->name, a.lr, a.beta1, a.beta2, a.eps,
+                     a.weight_decay);
+        return NULL;
+    }
+    bool want[CX_OPTIM_MAX_STATE] = { true, true, a.amsgrad, true };
+    cx_optimizer *o = cx_optim_new(kind, params, n, a.lr, want);
+    if (o) {
+        o->o.adam = a;
+        o->decoupled = decoupled;
+    }
+    return o;
+}
+
+cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts a)
+{
+    return adam_new(&adam_kind, params, n, a, false);
+}
+
+cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts a)
+{
+    return adam_new(&adamw_kind, params, n, a, true);
+}

@@ -1,0 +1,74 @@
+/* Shared by the optimizers: the common optimizer object and a scope that
+ * releases temporaries recorded outside a step. Not installed. */
+#ifndef CX_OPTIM_INTERNAL_H
+#define CX_OPTIM_INTERNAL_H
+
+#include "../nn/nn_internal.h"
+
+#include <cxla/optim.h>
+
+#define CX_OPTIM_MAX_STATE 4
+
+typedef struct {
+    char *name;
+    cx_tensor *p;
+    cx_tensor *state[CX_OPTIM_MAX_STATE];   /* by the kind's state slots */
+    int64_t steps;                          /* updates this parameter got */
+} cx_oparam;
+
+struct cx_optimizer;
+
+typedef struct {
+    const char *name;
+    int nstate;
+    const char *state_names[CX_OPTIM_MAX_STATE];
+    /* Records the update of one parameter; `hp` are the step's shared
+     * runtime scalars. */
+    cx_status (*update)(struct cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp);
+    /* Makes the step's shared runtime scalars into hp[]. @return their count. */
+    int (*hyper)(struct cx_optimizer *o, cx_tensor **hp);
+} cx_optim_kind;
+
+struct cx_optimizer {
+    const cx_optim_kind *kind;
+    int n;
+    cx_oparam *ps;
+    double lr;
+    int64_t steps;
+    union {
+        cx_sgd_opts sgd;
+        cx_adam_opts adam;
+    } o;
+    bool decoupled;   /* AdamW */
+};
+
+/* Builds the common object: copies names, makes zero state tensors for the
+ * kind's state slots whose `want[i]` is true. NULL on failure (error set). */
+cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_named_tensor *params, int n, double lr,
+                           const bool *want);
+
+/* Temporaries of one update: inside a step they belong to it; outside, the
+ * handles are released when the scope ends. */
+#define CX_TEMPS_MAX 48
+typedef struct {
+    cx_tensor *t[CX_TEMPS_MAX];
+    int n;
+} cx_temps;
+
+static inline cx_tensor *cx_tmp(cx_temps *s, cx_tensor *t)
+{
+    CX_ASSERT(s->n < CX_TEMPS_MAX);
+    s->t[s->n++] = t;
+    return t;
+}
+
+static inline void cx_temps_end(cx_temps *s)
+{
+    for (int i = 0; i < s->n; i++) cx_drop(s->t[i]);
+    s->n = 0;
+}
+
+/* Records `dst = value` and reports a poisoned value. */
+cx_status cx_optim_assign(cx_tensor *dst, cx_tensor *value, const char *what);
+
+#endif

@@ -1,0 +1,63 @@
+/* SGD with momentum, dampening, Nesterov and weight decay (torch.optim.SGD). */
+#include "optim_internal.h"
+
+enum { SGD_MOMENTUM_BUFFER = 0 };
+enum { HP_LR = 0, HP_WD, HP_MOMENTUM, HP_COUNT };
+
+cx_sgd_opts cx_sgd_default_opts(void)
+{
+    return (cx_sgd_opts){ .lr = 0.01, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false };
+}
+
+static int sgd_hyper(cx_optimizer *o, cx_tensor **hp)
+{
+    hp[HP_LR] = cx_runtime_scalar(o->lr, CX_F32);
+    hp[HP_WD] = cx_runtime_scalar(o->o.sgd.weight_decay, CX_F32);
+    hp[HP_MOMENTUM] = cx_runtime_scalar(o->o.sgd.momentum, CX_F32);
+    return HP_COUNT;
+}
+
+static cx_status sgd_update(cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp)
+{
+    const cx_sgd_opts *s = &o->o.sgd;
+    cx_temps t = { .n = 0 };
+    cx_tensor *g = cx_grad(p->p);
+    if (s->weight_decay != 0.0) g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(p->p, hp[HP_WD]))));
+    if (s->momentum != 0.0) {
+        /* PyTorch starts the buffer as a copy of the first gradient. The
+         * buffer is zeros until then, so buf * 0 + g * 1 is that copy, and
+         * the coefficients being runtime scalars keeps one graph for all steps. */
+        bool first = p->steps == 0;
+        cx_tensor *keep = cx_tmp(&t, cx_runtime_scalar(first ? 0.0 : s->momentum, CX_F32));
+        cx_tensor *take = cx_tmp(&t, cx_runtime_scalar(first ? 1.0 : 1.0 - s->dampening, CX_F32));
+        cx_tensor *buf = p->state[SGD_MOMENTUM_BUFFER];
+        cx_tensor *nb = cx_tmp(&t, cx_add(cx_tmp(&t, cx_mul(buf, keep)), cx_tmp(&t, cx_mul(g, take))));
+        cx_status st = cx_optim_assign(buf, nb, "SGD momentum_buffer");
+        if (st != CX_OK) { cx_temps_end(&t); return st; }
+        g = s->nesterov ? cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(nb, hp[HP_MOMENTUM])))) : nb;
+    }
+    cx_tensor *np = cx_tmp(&t, cx_sub(p->p, cx_tmp(&t, cx_mul(g, hp[HP_LR]))));
+    cx_status st = cx_optim_assign(p->p, np, "SGD update");
+    cx_temps_end(&t);
+    return st;
+}
+
+static const cx_optim_kind sgd_kind = {
+    .name = "SGD", .nstate = 1, .state_names = { "momentum_buffer" },
+    .update = sgd_update, .hyper = sgd_hyper,
+};
+
+cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts s)
+{
+    if (!(s.lr >= 0) || !(s.momentum >= 0) || !(s.weight_decay >= 0) || !(s.dampening >= 0) ||
+        (s.nesterov && (s.momentum <= 0 || s.dampening != 0))) {
+        cx_set_error("SGD: bad hyper-parameters: lr %g, momentum %g, dampening %g, weight_decay %g, nesterov %d "
+                     "(want non-negative; nesterov needs momentum and zero dampening)",
+                     s.lr, s.momentum, s.dampening, s.weight_decay, (int)s.nesterov);
+        return NULL;
+    }
+    bool want[CX_OPTIM_MAX_STATE] = { s.momentum != 0.0 };
+    cx_optimizer *o = cx_optim_new(&sgd_kind, params, n, s.lr, want);
+    if (o) o->o.sgd = s;
+    return o;
+}

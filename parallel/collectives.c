@@ -1,0 +1,287 @@
+/* Eager host collectives (barrier, rendezvous, mesh_reduce), parameter
+ * broadcast, and the bucketed gradient all-reduce behind both
+ * xm.optimizer_step and DDP. */
+#include "parallel_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cx_status mpi_err(int rc, const char *what)
+{
+    if (rc == MPI_SUCCESS) return CX_OK;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    cx_set_last_error("%s failed on rank %d: %s", what, cx_global_ordinal(), msg);
+    return CX_ERR_COMM;
+}
+
+static cx_status do_barrier(void *arg)
+{
+    (void)arg;
+    return mpi_err(MPI_Barrier(cx_dist_world_comm()), "barrier");
+}
+
+cx_status cx_barrier(void)
+{
+    if (!cx_dist_uses_mpi()) return CX_OK;
+    return cx_dist_run_on_progress(do_barrier, NULL);
+}
+
+/* ---- rendezvous ------------------------------------------------------------------- */
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001b3ull; }
+    return h;
+}
+
+typedef struct {
+    const char *tag;
+    const void *payload;
+    size_t n;
+    void **out;
+    size_t *sizes;
+} rdv_args;
+
+static cx_status do_rendezvous(void *p)
+{
+    rdv_args *a = p;
+    MPI_Comm w = cx_dist_world_comm();
+    int world = cx_world_size();
+    uint64_t mine[2] = { fnv1a(a->tag), (uint64_t)a->n };
+    uint64_t *all = malloc(sizeof(uint64_t) * 2 * (size_t)world);
+    if (!all) { cx_set_last_error("rendezvous: out of memory"); return CX_ERR_OOM; }
+    cx_status st = mpi_err(MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, w), "rendezvous");
+    if (st != CX_OK) { free(all); return st; }
+    size_t maxn = 0;
+    for (int r = 0; r < world; r++) {
+        if (all[2 * r] != mine[0]) {
+            cx_set_last_error("rendezvous '%s': rank %d arrived with a different tag", a->tag, r);
+            free(all);
+            return CX_ERR_ARG;
+        }
+        if (all[2 * r + 1] > maxn) maxn = (size_t)all[2 * r + 1];
+    }
+    char *buf = calloc((size_t)world * (maxn ? maxn : 1), 1);
+    char *mybuf = calloc(maxn ? maxn : 1, 1);
+    if (!buf || !mybuf) { free(all); free(buf); free(mybuf); cx_set_last_error("rendezvous: out of memory"); return CX_ERR_OOM; }
+    if (a->n) memcpy(mybuf, a->payload, a->n);
+    st = mpi_err(MPI_Allgather(mybuf, (int)maxn, MPI_BYTE, buf, (int)maxn, MPI_BYTE, w), "rendezvous");
+    free(mybuf);
+    if (st == CX_OK) {
+        if (a->sizes) for (int r = 0; r < world; r++) a->sizes[r] = (size_t)all[2 * r + 1];
+        *a->out = buf;
+    } else {
+        free(buf);
+    }
+    free(all);
+    return st;
+}
+
+cx_status cx_rendezvous(const char *tag, const void *payload, size_t n, void **out, size_t *sizes)
+{
+    if (!tag || !out || (n && !payload)) { cx_set_last_error("rendezvous: NULL argument"); return CX_ERR_ARG; }
+    if (!cx_dist_uses_mpi()) {
+        void *copy = malloc(n ? n : 1);
+        if (!copy) { cx_set_last_error("rendezvous: out of memory"); return CX_ERR_OOM; }
+        if (n) memcpy(copy, payload, n);
+        *out = copy;
+        if (sizes) sizes[0] = n;
+        return CX_OK;
+    }
+    rdv_args a = { tag, payload, n, out, sizes };
+    return cx_dist_run_on_progress(do_rendezvous, &a);
+}
+
+static void mean_reduce(const double *all, int world, int n, double *out)
+{
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int r = 0; r < world; r++) s += all[r * n + i];
+        out[i] = s / world;
+    }
+}
+
+cx_status cx_mesh_reduce(const char *tag, const double *data, int n, cx_mesh_reduce_fn reduce, double *out)
+{
+    if (n < 0 || (n && (!data || !out))) { cx_set_last_error("mesh_reduce: bad arguments"); return CX_ERR_ARG; }
+    void *all = NULL;
+    cx_status st = cx_rendezvous(tag, data, sizeof(double) * (size_t)n, &all, NULL);
+    if (st != CX_OK) return st;
+    (reduce ? reduce : mean_reduce)(all, cx_world_size(), n, out);
+    free(all);
+    return CX_OK;
+}
+
+/* ---- module agreement and broadcast -------------------------------------------------- */
+
+static void append(char **buf, size_t *len, size_t *cap, const char *s)
+{
+    size_t n = strlen(s);
+    if (*len + n + 1 > *cap) {
+        size_t c = (*cap ? *cap * 2 : 1024);
+        while (c < *len + n + 1) c *= 2;
+        char *b = realloc(*buf, c);
+        if (!b) return;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+}
+
+char *cx_module_signature(const cx_module *m)
+{
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    append(&buf, &len, &cap, "");
+    for (int pass = 0; pass < 2; pass++) {
+        int n = 0;
+        cx_named_tensor *ts = pass ? cx_module_buffers(m, &n) : cx_module_parameters(m, &n);
+        for (int i = 0; ts && i < n; i++) {
+            char item[512];
+            int off = snprintf(item, sizeof item, "%s%s:%s:(", pass ? "buffer " : "", ts[i].name,
+                               cx_dtype_name(cx_dtype_of(ts[i].tensor)));
+            for (int d = 0; d < cx_ndim(ts[i].tensor) && off < (int)sizeof item; d++)
+                off += snprintf(item + off, sizeof item - (size_t)off, d ? ", %lld" : "%lld", (long long)cx_dim(ts[i].tensor, d));
+            if (off < (int)sizeof item) snprintf(item + off, sizeof item - (size_t)off, ");");
+            append(&buf, &len, &cap, item);
+        }
+        free(ts);
+    }
+    return buf;
+}
+
+cx_status cx_check_same_module(const cx_module *m, const char *what)
+{
+    char *sig = cx_module_signature(m);
+    if (!sig) { cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
+    void *all = NULL;
+    size_t *sizes = calloc((size_t)cx_world_size(), sizeof *sizes);
+    if (!sizes) { free(sig); cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
+    cx_status st = cx_rendezvous(what, sig, strlen(sig) + 1, &all, sizes);
+    if (st != CX_OK) { free(sig); free(sizes); return st; }
+    int world = cx_world_size();
+    size_t maxn = 0;
+    for (int r = 0; r < world; r++) if (sizes[r] > maxn) maxn = sizes[r];
+    const char *root = all;
+    for (int r = 1; r < world && st == CX_OK; r++) {
+        const char *other = (const char *)all + (size_t)r * maxn;
+        if (!strcmp(root, other)) continue;
+        /* name the first entry that differs, identically on every rank */
+        const char *a = root, *b = other;
+        while (*a && *a == *b) { a++; b++; }
+        const char *sa = a, *sb = b;
+        while (sa > root && sa[-1] != ';') sa--;
+        while (sb > other && sb[-1] != ';') sb--;
+        const char *ea = strchr(sa, ';'), *eb = strchr(sb, ';');
+        int la = ea ? (int)(ea - sa) : (int)strlen(sa), lb = eb ? (int)(eb - sb) : (int)strlen(sb);
+        cx_set_last_error("%s: rank %d's model differs from rank 0's: rank 0 has '%.*s', rank %d has '%.*s'", what, r,
+                          la, la ? sa : "(nothing)", r, lb, lb ? sb : "(nothing)");
+        st = CX_ERR_ARG;
+    }
+    free(all);
+    free(sizes);
+    free(sig);
+    return st;
+}
+
+static cx_status broadcast_tensors(cx_named_tensor *ts, int n)
+{
+    if (cx_world_size() == 1) return CX_OK;
+    for (int i = 0; i < n; i++) {
+        cx_tensor *b = cx_broadcast(ts[i].tensor, 0, NULL, true);
+        cx_status st = cx_assign(ts[i].tensor, b);
+        cx_free(b);
+        if (st != CX_OK) return st;
+    }
+    return cx_sync();
+}
+
+cx_status cx_broadcast_master_params(cx_module *m)
+{
+    cx_status st = cx_check_same_module(m, "broadcast_master_params");
+    if (st != CX_OK) return st;
+    int np = 0, nb = 0;
+    cx_named_tensor *p = cx_module_parameters(m, &np), *b = cx_module_buffers(m, &nb);
+    if (!p || !b) { free(p); free(b); cx_set_last_error("broadcast_master_params: out of memory"); return CX_ERR_OOM; }
+    st = broadcast_tensors(p, np);
+    if (st == CX_OK) st = broadcast_tensors(b, nb);
+    free(p);
+    free(b);
+    return st;
+}
+
+/* ---- bucketed gradient all-reduce --------------------------------------------------------- */
+
+int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes, double scale)
+{
+    int buckets = 0;
+    int i = n - 1;
+    cx_tensor **members = malloc(sizeof *members * (size_t)(n + 1));
+    cx_tensor **flats = malloc(sizeof *flats * (size_t)(n + 1));
+    if (!members || !flats) { free(members); free(flats); cx_set_last_error("allreduce_gradients: out of memory"); return -1; }
+    while (i >= 0) {
+        int64_t cap = buckets == 0 ? first_bucket_bytes : bucket_bytes;
+        int64_t bytes = 0;
+        int k = 0;
+        cx_dtype dt = CX_F32;
+        /* reverse registration order: the last layers' gradients exist first */
+        for (; i >= 0; i--) {
+            cx_tensor *g = cx_grad(params[i]);
+            if (!g) continue;
+            int64_t b = cx_numel(g) * (int64_t)cx_dtype_size(cx_dtype_of(g));
+            if (k > 0 && (bytes + b > cap || cx_dtype_of(g) != dt)) break;
+            if (k == 0) dt = cx_dtype_of(g);
+            members[k++] = params[i];
+            bytes += b;
+        }
+        if (k == 0) break;
+        for (int j = 0; j < k; j++) {
+            int64_t all = -1;
+            flats[j] = cx_reshape(cx_grad(members[j]), &all, 1);
+        }
+        cx_tensor *cat = k == 1 ? cx_alias(flats[0]) : cx_concat(flats, k, 0);
+        cx_tensor *red = cx_all_reduce(cat, CX_RED_SUM, scale, NULL, true);
+        int64_t off = 0;
+        cx_status st = CX_OK;
+        for (int j = 0; j < k; j++) {
+            cx_tensor *g = cx_grad(members[j]);
+            int64_t cnt = cx_numel(g);
+            cx_tensor *piece = cx_slice(red, 0, off, off + cnt, 1);
+            cx_tensor *shaped = cx_reshape(piece, cx_shape(g), cx_ndim(g));
+            if (st == CX_OK) st = cx_assign(g, shaped);
+            cx_free(piece);
+            cx_free(shaped);
+            off += cnt;
+        }
+        for (int j = 0; j < k; j++) cx_free(flats[j]);
+        cx_free(cat);
+        cx_free(red);
+        if (st != CX_OK) { free(members); free(flats); return -1; }
+        buckets++;
+    }
+    free(members);
+    free(flats);
+    cx_counter_add("GradientBuckets", buckets);
+    return buckets;
+}
+
+cx_status cx_optimizer_step(cx_optimizer *opt)
+{
+    int n = 0;
+    cx_named_tensor *ps = cx_optim_params(opt, &n);
+    if (!ps) { cx_set_last_error("optimizer_step: out of memory"); return CX_ERR_OOM; }
+    cx_tensor **ts = malloc(sizeof *ts * (size_t)(n + 1));
+    if (!ts) { free(ps); cx_set_last_error("optimizer_step: out of memory"); return CX_ERR_OOM; }
+    for (int i = 0; i < n; i++) ts[i] = ps[i].tensor;
+    int world = cx_world_size();
+    int b = world > 1 ? cx_allreduce_gradients(ts, n, 1 << 20, 25 << 20, 1.0 / world) : 0;
+    free(ts);
+    free(ps);
+    if (b < 0) return CX_ERR_COMM;
+    return cx_optim_step(opt);
+}

@@ -1,0 +1,107 @@
+/* DistributedDataParallel: one model replica per rank, gradients averaged
+ * by bucketed all-reduces recorded into the step graph (pinned, one per
+ * bucket, reverse registration order, 1/world folded into the result). The
+ * executor issues each as soon as its gradients are computed and waits only
+ * where the optimizer needs them, so the rest of backward overlaps them. */
+#include "../parallel_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct cx_ddp {
+    cx_module *m;
+    cx_ddp_opts o;
+    cx_named_tensor *params;
+    int nparams;
+    cx_named_tensor *buffers;
+    int nbuffers;
+    int no_sync;
+    int last_buckets;
+};
+
+cx_ddp_opts cx_ddp_default_opts(void)
+{
+    return (cx_ddp_opts){ .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true };
+}
+
+cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts)
+{
+    if (!m) { cx_set_last_error("ddp_wrap: module is NULL"); return NULL; }
+    if (opts.first_bucket_bytes <= 0 || opts.bucket_bytes <= 0) {
+        cx_set_last_error("ddp_wrap: bucket sizes must be positive (got %lld and %lld)", (long long)opts.first_bucket_bytes,
+                          (long long)opts.bucket_bytes);
+        return NULL;
+    }
+    cx_ddp *d = calloc(1, sizeof *d);
+    if (!d) { cx_set_last_error("ddp_wrap: out of memory"); return NULL; }
+    d->m = m;
+    d->o = opts;
+    d->params = cx_module_parameters(m, &d->nparams);
+    d->buffers = cx_module_buffers(m, &d->nbuffers);
+    if (!d->params || !d->buffers) { cx_ddp_free(d); cx_set_last_error("ddp_wrap: out of memory"); return NULL; }
+    /* every rank must hold the same model before anything is exchanged */
+    if (cx_check_same_module(m, "ddp_wrap") != CX_OK || cx_broadcast_master_params(m) != CX_OK) {
+        cx_ddp_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void cx_ddp_free(cx_ddp *d)
+{
+    if (!d) return;
+    free(d->params);
+    free(d->buffers);
+    free(d);
+}
+
+cx_module *cx_ddp_module(cx_ddp *d) { return d ? d->m : NULL; }
+
+cx_tensor *cx_ddp_forward(cx_ddp *d, cx_tensor *x)
+{
+    if (!d) return cx_module_forward(NULL, x);
+    if (d->o.broadcast_buffers && cx_world_size() > 1 && cx_module_is_training(d->m)) {
+        /* torch DDP's buffer sync: rank 0's running stats before each forward */
+        for (int i = 0; i < d->nbuffers; i++) {
+            cx_tensor *b = cx_broadcast(d->buffers[i].tensor, 0, NULL, true);
+            cx_assign(d->buffers[i].tensor, b);
+            cx_free(b);
+        }
+    }
+    return cx_module_forward(d->m, x);
+}
+
+cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss)
+{
+    if (!d) { cx_set_last_error("ddp_backward: wrapper is NULL"); return CX_ERR_ARG; }
+    cx_status st = cx_backward(loss);
+    if (st != CX_OK || d->no_sync) return st;
+    cx_tensor **ts = malloc(sizeof *ts * (size_t)(d->nparams + 1));
+    if (!ts) { cx_set_last_error("ddp_backward: out of memory"); return CX_ERR_OOM; }
+    for (int i = 0; i < d->nparams; i++) ts[i] = d->params[i].tensor;
+    int b = cx_allreduce_gradients(ts, d->nparams, d->o.first_bucket_bytes, d->o.bucket_bytes, 1.0 / cx_world_size());
+    free(ts);
+    if (b < 0) return CX_ERR_COMM;
+    d->last_buckets = b;
+    return CX_OK;
+}
+
+void cx_ddp_no_sync_begin(cx_ddp *d) { if (d) d->no_sync++; }
+void cx_ddp_no_sync_end(cx_ddp *d) { if (d && d->no_sync > 0) d->no_sync--; }
+int cx_ddp_num_buckets(const cx_ddp *d) { return d ? d->last_buckets : 0; }
+
+int cx_ddp_predict_buckets(const cx_ddp *d)
+{
+    if (!d) return 0;
+    int buckets = 0, k = 0;
+    int64_t bytes = 0;
+    for (int i = d->nparams - 1; i >= 0; i--) {
+        cx_tensor *p = d->params[i].tensor;
+        int64_t b = cx_numel(p) * (int64_t)cx_dtype_size(cx_dtype_of(p));
+        int64_t cap = buckets == 0 ? d->o.first_bucket_bytes : d->o.bucket_bytes;
+        if (k > 0 && bytes + b > cap) { buckets++; k = 0; bytes = 0; }
+        k++;
+        bytes += b;
+    }
+    return buckets + (k > 0);
+}

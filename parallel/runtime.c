@@ -1,0 +1,368 @@
+/* The MPI runtime: rank queries and the comm backend.
+ *
+ * Every MPI call runs on one progress thread, fed by a FIFO: Open MPI 4.1
+ * does not progress non-blocking collectives by itself, so a dedicated
+ * thread that runs each collective to completion lets the executor keep
+ * computing until it needs a result, and a single caller keeps every rank's
+ * MPI call order identical to its program order. */
+#include <cxla/cxla.h>
+#include <cxla/parallel.h>
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* core internals this module may use: none. Only <cxla/comm.h>. */
+
+typedef struct comm_req {
+    cx_comm_op op;
+    /* eager host work: a function run on the progress thread */
+    cx_status (*fn)(void *arg);
+    void *arg;
+    cx_status status;
+    char err[512];
+    atomic_int done;
+    double seconds;
+    struct comm_req *next;
+} comm_req;
+
+typedef struct group_comm {
+    int size;
+    int *ranks;
+    MPI_Comm comm;
+    struct group_comm *next;
+} group_comm;
+
+static struct {
+    bool initialized, mpi;
+    int rank, size, local_rank, local_size;
+    MPI_Comm world;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, done_cv;
+    comm_req *head, *tail;
+    bool stop;
+    group_comm *groups;
+} R = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER,
+        .size = 1, .local_size = 1 };
+
+static MPI_Datatype mpi_type(cx_dtype dt)
+{
+    switch (dt) {
+    case CX_F32: return MPI_FLOAT;
+    case CX_I32: return MPI_INT32_T;
+    case CX_I64: return MPI_INT64_T;
+    case CX_BF16: return MPI_UINT16_T;
+    default: return MPI_UINT8_T;
+    }
+}
+
+static MPI_Op mpi_op(cx_reduce_op r)
+{
+    switch (r) {
+    case CX_RED_MAX: return MPI_MAX;
+    case CX_RED_MIN: return MPI_MIN;
+    default: return MPI_SUM;
+    }
+}
+
+static MPI_Comm comm_for(const cx_comm_op *op, char *err, size_t errn)
+{
+    if (!op->group || op->group_size == R.size) return R.world;
+    for (group_comm *g = R.groups; g; g = g->next)
+        if (g->size == op->group_size && !memcmp(g->ranks, op->group, sizeof(int) * (size_t)g->size)) return g->comm;
+    /* new group: every rank reaches this split in the same order (the same
+     * kernel sequence), so the collective split is safe */
+    int color = op->group[0], key = 0;
+    for (int i = 0; i < op->group_size; i++) if (op->group[i] == R.rank) key = i;
+    MPI_Comm c;
+    if (MPI_Comm_split(R.world, color, key, &c) != MPI_SUCCESS) {
+        snprintf(err, errn, "collective: MPI_Comm_split for a replica group failed");
+        return MPI_COMM_NULL;
+    }
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    group_comm *g = calloc(1, sizeof *g);
+    if (!g) return c;
+    g->size = op->group_size;
+    g->ranks = malloc(sizeof(int) * (size_t)g->size);
+    if (g->ranks) memcpy(g->ranks, op->group, sizeof(int) * (size_t)g->size);
+    g->comm = c;
+    g->next = R.groups;
+    R.groups = g;
+    return c;
+}
+
+static float bf16f(uint16_t h) { union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 }; return v.f; }
+static uint16_t fbf16(float f)
+{
+    union { uint32_t u; float f; } v = { .f = f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static void scale_buffer(void *buf, cx_dtype dt, int64_t n, double s)
+{
+    if (s == 1.0) return;
+    if (dt == CX_F32) { float *p = buf; float f = (float)s; for (int64_t i = 0; i < n; i++) p[i] *= f; }
+    else if (dt == CX_BF16) { uint16_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = fbf16((float)(bf16f(p[i]) * s)); }
+    else if (dt == CX_I32) { int32_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int32_t)(p[i] * s); }
+    else if (dt == CX_I64) { int64_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int64_t)((double)p[i] * s); }
+}
+
+/* Runs one collective to completion on the progress thread. */
+static cx_status run_op(const cx_comm_op *op, char *err, size_t errn)
+{
+    MPI_Comm c = comm_for(op, err, errn);
+    if (c == MPI_COMM_NULL) return CX_ERR_COMM;
+    int gsize;
+    MPI_Comm_size(c, &gsize);
+    MPI_Datatype t = mpi_type(op->dtype);
+    size_t es = cx_dtype_size(op->dtype);
+    int rc = MPI_SUCCESS;
+    if (op->count > INT32_MAX) { snprintf(err, errn, "collective: %lld elements exceed MPI's count limit", (long long)op->count); return CX_ERR_COMM; }
+    int count = (int)op->count;
+    double scale = op->scale * ((op->red == CX_RED_MEAN) ? 1.0 / gsize : 1.0);
+    switch (op->kind) {
+    case CX_COLL_ALL_REDUCE:
+    case CX_COLL_REDUCE_SCATTER: {
+        /* reduce-scatter as a whole all-reduce: measured faster than
+         * MPI_Reduce_scatter_block with Open MPI 4.1 on shared memory */
+        int64_t full = op->kind == CX_COLL_ALL_REDUCE ? op->count : op->count * gsize;
+        void *tmp = NULL;
+        if (op->dtype == CX_BF16) {
+            float *f = malloc(sizeof(float) * (size_t)full);
+            if (!f) { snprintf(err, errn, "collective: out of memory"); return CX_ERR_OOM; }
+            for (int64_t i = 0; i < full; i++) f[i] = bf16f(((const uint16_t *)op->in)[i]);
+            rc = MPI_Allreduce(MPI_IN_PLACE, f, (int)full, MPI_FLOAT, mpi_op(op->red), c);
+            int64_t off = op->kind == CX_COLL_ALL_REDUCE ? 0 : op->count * (int64_t)0;
+            if (op->kind == CX_COLL_REDUCE_SCATTER) { int me; MPI_Comm_rank(c, &me); off = op->count * me; }
+            for (int64_t i = 0; i < op->count; i++) ((uint16_t *)op->out)[i] = fbf16((float)(f[off + i] * scale));
+            free(f);
+            break;
+        }
+        if (op->kind == CX_COLL_ALL_REDUCE) {
+            const void *src = op->in == op->out ? MPI_IN_PLACE : op->in;
+            rc = MPI_Allreduce(src, op->out, count, t, mpi_op(op->red), c);
+            if (rc == MPI_SUCCESS) scale_buffer(op->out, op->dtype, op->count, scale);
+        } else {
+            tmp = malloc(es * (size_t)full);
+            if (!tmp) { snprintf(err, errn, "collective: out of memory"); return CX_ERR_OOM; }
+            rc = MPI_Allreduce(op->in, tmp, (int)full, t, mpi_op(op->red), c);
+            int me;
+            MPI_Comm_rank(c, &me);
+            memcpy(op->out, (char *)tmp + es * (size_t)(op->count * me), es * (size_t)op->count);
+            free(tmp);
+            if (rc == MPI_SUCCESS) scale_buffer(op->out, op->dtype, op->count, scale);
+        }
+        break;
+    }
+    case CX_COLL_ALL_GATHER:
+        rc = MPI_Allgather(op->in, count, t, op->out, count, t, c);
+        break;
+    case CX_COLL_ALL_TO_ALL:
+        rc = MPI_Alltoall(op->in, count / gsize, t, op->out, count / gsize, t, c);
+        break;
+    case CX_COLL_BROADCAST:
+        if (op->out != op->in) memcpy(op->out, op->in, es * (size_t)op->count);
+        rc = MPI_Bcast(op->out, count, t, op->root, c);
+        break;
+    }
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        snprintf(err, errn, "collective failed on rank %d: %.200s", R.rank, msg);
+        return CX_ERR_COMM;
+    }
+    return CX_OK;
+}
+
+static void *progress_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&R.mu);
+        while (!R.head && !R.stop) pthread_cond_wait(&R.cv, &R.mu);
+        if (!R.head && R.stop) { pthread_mutex_unlock(&R.mu); return NULL; }
+        comm_req *q = R.head;
+        R.head = q->next;
+        if (!R.head) R.tail = NULL;
+        pthread_mutex_unlock(&R.mu);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (q->fn) {
+            q->status = q->fn(q->arg);
+            /* the message lives in this thread's error slot: carry it back */
+            if (q->status != CX_OK) snprintf(q->err, sizeof q->err, "%s", cx_last_error());
+        } else {
+            q->status = run_op(&q->op, q->err, sizeof q->err);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        q->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        pthread_mutex_lock(&R.mu);
+        atomic_store(&q->done, 1);
+        pthread_cond_broadcast(&R.done_cv);
+        pthread_mutex_unlock(&R.mu);
+    }
+}
+
+static comm_req *enqueue(comm_req *q)
+{
+    atomic_store(&q->done, 0);
+    q->next = NULL;
+    pthread_mutex_lock(&R.mu);
+    if (R.tail) R.tail->next = q; else R.head = q;
+    R.tail = q;
+    pthread_cond_signal(&R.cv);
+    pthread_mutex_unlock(&R.mu);
+    return q;
+}
+
+static cx_status wait_req(comm_req *q)
+{
+    if (!atomic_load(&q->done)) {
+        pthread_mutex_lock(&R.mu);
+        while (!atomic_load(&q->done)) pthread_cond_wait(&R.done_cv, &R.mu);
+        pthread_mutex_unlock(&R.mu);
+    }
+    cx_metric_add("CollectiveTime", q->seconds);
+    cx_status st = q->status;
+    if (st != CX_OK && q->err[0]) cx_set_last_error(q->err);
+    return st;
+}
+
+/* ---- the backend the core calls ----------------------------------------------- */
+
+static int be_size(void *ctx) { (void)ctx; return R.size; }
+static int be_rank(void *ctx) { (void)ctx; return R.rank; }
+
+static void *be_start(void *ctx, const cx_comm_op *op)
+{
+    (void)ctx;
+    comm_req *q = calloc(1, sizeof *q);
+    if (!q) { cx_set_last_error("collective: out of memory"); return NULL; }
+    q->op = *op;
+    cx_counter_add("CollectiveCount", 1);
+    return enqueue(q);
+}
+
+static cx_status be_wait(void *ctx, void *req)
+{
+    (void)ctx;
+    comm_req *q = req;
+    double t0 = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t0 = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    cx_status st = wait_req(q);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    cx_metric_add("CollectiveWaitTime", (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - t0);
+    free(q);
+    return st;
+}
+
+/* Runs fn(arg) on the progress thread, in order with the collectives. */
+cx_status cx_dist_run_on_progress(cx_status (*fn)(void *), void *arg)
+{
+    if (!R.mpi) return fn(arg);
+    comm_req q = { .fn = fn, .arg = arg };
+    enqueue(&q);
+    return wait_req(&q);
+}
+
+MPI_Comm cx_dist_world_comm(void) { return R.world; }
+
+/* ---- init / finalize --------------------------------------------------------------- */
+
+static bool launched_by_mpi(void)
+{
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
+cx_status cx_dist_init(int *argc, char ***argv)
+{
+    if (R.initialized) return CX_OK;
+    R.rank = 0;
+    R.size = 1;
+    R.local_rank = 0;
+    R.local_size = 1;
+    if (launched_by_mpi()) {
+        int provided = 0;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+            cx_set_last_error("dist_init: MPI_Init_thread failed");
+            return CX_ERR_COMM;
+        }
+        if (provided < MPI_THREAD_SERIALIZED) {
+            cx_set_last_error("dist_init: this MPI provides thread level %d; cxla needs at least MPI_THREAD_SERIALIZED", provided);
+            MPI_Finalize();
+            return CX_ERR_COMM;
+        }
+        MPI_Comm_dup(MPI_COMM_WORLD, &R.world);
+        MPI_Comm_set_errhandler(R.world, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(R.world, &R.rank);
+        MPI_Comm_size(R.world, &R.size);
+        MPI_Comm local;
+        MPI_Comm_split_type(R.world, MPI_COMM_TYPE_SHARED, R.rank, MPI_INFO_NULL, &local);
+        MPI_Comm_rank(local, &R.local_rank);
+        MPI_Comm_size(local, &R.local_size);
+        MPI_Comm_free(&local);
+        R.mpi = true;
+        R.stop = false;
+        if (pthread_create(&R.thread, NULL, progress_main, NULL) != 0) {
+            cx_set_last_error("dist_init: cannot start the progress thread");
+            MPI_Finalize();
+            R.mpi = false;
+            return CX_ERR_COMM;
+        }
+        cx_comm_backend be = { "mpi", NULL, be_size, be_rank, be_start, be_wait };
+        cx_comm_register(&be);
+    }
+    /* ranks on one host share its cores */
+    if (!getenv("CX_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int t = (int)(cores / R.local_size);
+        cx_set_num_threads(t > 0 ? t : 1);
+    }
+    R.initialized = true;
+    return CX_OK;
+}
+
+void cx_dist_finalize(void)
+{
+    if (!R.initialized) return;
+    if (R.mpi) {
+        pthread_mutex_lock(&R.mu);
+        R.stop = true;
+        pthread_cond_signal(&R.cv);
+        pthread_mutex_unlock(&R.mu);
+        pthread_join(R.thread, NULL);
+        cx_comm_register(NULL);
+        for (group_comm *g = R.groups, *n; g; g = n) {
+            n = g->next;
+            MPI_Comm_free(&g->comm);
+            free(g->ranks);
+            free(g);
+        }
+        R.groups = NULL;
+        MPI_Comm_free(&R.world);
+        MPI_Finalize();
+        R.mpi = false;
+    }
+    R.initialized = false;
+    R.size = 1;
+    R.rank = 0;
+}
+
+bool cx_dist_is_initialized(void) { return R.initialized; }
+int cx_world_size(void) { return R.size; }
+int cx_global_ordinal(void) { return R.rank; }
+int cx_local_ordinal(void) { return R.local_rank; }
+int cx_local_process_count(void) { return R.local_size; }
+int cx_addressable_device_count(void) { return 1; }
+int cx_global_device_count(void) { return R.size; }
+bool cx_is_master_ordinal(bool local) { return local ? R.local_rank == 0 : R.rank == 0; }
+bool cx_dist_uses_mpi(void) { return R.mpi; }

@@ -1,0 +1,25 @@
+#!/bin/sh
+# Installs what cxla needs on Debian 12 (as root, or through sudo), and
+# nothing when everything is already there.
+set -eu
+
+PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libhdf5-dev libzstd-dev libcriterion-dev hdf5-tools graphviz"
+OPTIONAL="dataset-fashion-mnist"
+
+missing=""
+for p in $PACKAGES $OPTIONAL; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
+# the data set is optional: the trainer falls back to --data fake without it
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $OPTIONAL >/dev/null 2>&1 ||
+    echo "install-deps: dataset-fashion-mnist could not be installed; training falls back to fake data" >&2

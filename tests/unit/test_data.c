@@ -1,0 +1,367 @@
+/* Data: IDX files (raw and gzip), MNIST / Fashion-MNIST, fake data, the
+ * sampler and the prefetching loader. */
+#include <criterion/criterion.h>
+
+#include <cxla/cxla.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[64];
+
+static void make_dir(void)
+{
+    strcpy(g_dir, "/tmp/cxla-data-XXXXXX");
+    cr_assert(mkdtemp(g_dir));
+}
+
+static void remove_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    cr_expect(system(cmd) == 0);
+}
+
+/* Writes an unsigned-byte IDX file with dims and bytes 0, 1, 2, ... */
+static void write_idx(const char *path, const uint32_t *dims, int ndim, const uint8_t *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    uint8_t magic[4] = { 0, 0, 0x08, (uint8_t)ndim };
+    fwrite(magic, 1, 4, f);
+    for (int i = 0; i < ndim; i++) {
+        uint8_t d[4] = { (uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8),
+                         (uint8_t)dims[i] };
+        fwrite(d, 1, 4, f);
+    }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+Test(data, idx_raw_and_gzip, .init = make_dir, .fini = remove_dir)
+{
+    uint8_t px[2 * 3 * 4];
+    for (int i = 0; i < 24; i++) px[i] = (uint8_t)(i * 10);
+    uint32_t dims[3] = { 2, 3, 4 };
+    char path[256], cmd[512];
+    snprintf(path, sizeof path, "%s/a-idx3-ubyte", g_dir);
+    write_idx(path, dims, 3, px, 24);
+    cx_idx_array a;
+    cr_assert_eq(cx_idx_read(path, &a), CX_OK, "%s", cx_last_error());
+    cr_expect_eq(a.ndim, 3);
+    cr_expect_eq(a.dims[0], 2);
+    cr_expect_eq(a.dims[2], 4);
+    cr_expect(memcmp(a.data, px, 24) == 0);
+    cx_idx_array_release(&a);
+    snprintf(cmd, sizeof cmd, "gzip -k %s", path);
+    cr_assert(system(cmd) == 0);
+    strcat(path, ".gz");
+    cr_assert_eq(cx_idx_read(path, &a), CX_OK, "%s", cx_last_error());
+    cr_expect(memcmp(a.data, px, 24) == 0);
+    cx_idx_array_release(&a);
+    cx_idx_array_release(NULL);
+}
+
+Test(data, idx_errors_name_the_file, .init = make_dir, .fini = remove_dir)
+{
+    char path[256];
+    cx_idx_array a;
+    snprintf(path, sizeof path, "%s/missing", g_dir);
+    cr_expect_eq(cx_idx_read(path, &a), CX_ERR_IO);
+    cr_expect(strstr(cx_last_error(), path) != NULL, "%s", cx_last_error());
+    uint8_t px[4] = { 1, 2, 3, 4 };
+    uint32_t dims[1] = { 10 };            /* claims 10 bytes, has 4 */
+    snprintf(path, sizeof path, "%s/short", g_dir);
+    write_idx(path, dims, 1, px, 4);
+    cr_expect_eq(cx_idx_read(path, &a), CX_ERR_IO);
+    cr_expect(strstr(cx_last_error(), "truncated") != NULL, "%s", cx_last_error());
+    snprintf(path, sizeof path, "%s/text", g_dir);
+    FILE *f = fopen(path, "w");
+    fputs("hello world", f);
+    fclose(f);
+    cr_expect_eq(cx_idx_read(path, &a), CX_ERR_IO);
+    cr_expect(strstr(cx_last_error(), "not an IDX") != NULL, "%s", cx_last_error());
+    cr_expect(a.data == NULL);
+}
+
+Test(data, missing_fashion_mnist_names_path_and_package)
+{
+    cx_mnist_opts o = cx_mnist_default_opts();
+    o.dir = "/nonexistent/fmnist";
+    cx_dataset *ds = (cx_dataset *)1;
+    cr_expect_eq(cx_mnist_load(o, &ds), CX_ERR_IO);
+    cr_expect(ds == NULL);
+    const char *e = cx_last_error();
+    cr_expect(strstr(e, "/nonexistent/fmnist/train-images-idx3-ubyte.gz") != NULL, "%s", e);
+    cr_expect(strstr(e, "dataset-fashion-mnist") != NULL, "%s", e);
+    cr_expect(strchr(e, '\n') == NULL);
+}
+
+Test(data, fashion_mnist_from_debian_package)
+{
+    if (access(CX_FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) != 0) {
+        cr_skip_test("dataset-fashion-mnist is not installed");
+    }
+    cx_dataset *train = NULL, *test = NULL;
+    cx_mnist_opts o = cx_mnist_default_opts();
+    cr_assert_eq(cx_mnist_load(o, &train), CX_OK, "%s", cx_last_error());
+    o.train = false;
+    cr_assert_eq(cx_mnist_load(o, &test), CX_OK, "%s", cx_last_error());
+    cr_expect_eq(cx_dataset_size(train), 60000);
+    cr_expect_eq(cx_dataset_size(test), 10000);
+    int64_t chw[3];
+    cx_dataset_image_shape(train, chw);
+    cr_expect(chw[0] == 1 && chw[1] == 28 && chw[2] == 28);
+    cr_expect_eq(cx_dataset_label(train, 0), 9);   /* the first training image is an ankle boot */
+    float mean, std;
+    cx_dataset_normalization(train, &mean, &std);
+    cr_expect_float_eq(mean, 0.2860f, 1e-7);
+    cr_expect_float_eq(std, 0.3530f, 1e-7);
+    /* Normalized pixels average ~0 with std ~1 over many images. */
+    int64_t idx[1000];
+    for (int i = 0; i < 1000; i++) idx[i] = i * 60;
+    float *img = malloc(1000 * 784 * sizeof *img);
+    cr_assert(img);
+    cx_dataset_gather(train, idx, 1000, img, NULL);
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 1000 * 784; i++) { s += img[i]; s2 += (double)img[i] * img[i]; }
+    double m = s / (1000 * 784), sd = sqrt(s2 / (1000 * 784) - m * m);
+    cr_expect(fabs(m) < 0.05 && fabs(sd - 1.0) < 0.05, "normalized mean %g std %g", m, sd);
+    cr_expect_float_eq(img[0], (0.0f / 255.0f - 0.2860f) / 0.3530f, 1e-6);
+    free(img);
+    cx_dataset_free(train);
+    cx_dataset_free(test);
+}
+
+Test(data, fake_data_is_deterministic)
+{
+    cx_fake_data_opts o = cx_fake_data_default_opts();
+    o.size = 100;
+    o.seed = 5;
+    cx_dataset *a, *b, *c;
+    cr_assert_eq(cx_fake_data(o, &a), CX_OK);
+    cr_assert_eq(cx_fake_data(o, &b), CX_OK);
+    o.seed = 6;
+    cr_assert_eq(cx_fake_data(o, &c), CX_OK);
+    cr_expect(memcmp(cx_dataset_pixels(a, 0), cx_dataset_pixels(b, 0), 100 * 784) == 0);
+    cr_expect(memcmp(cx_dataset_pixels(a, 0), cx_dataset_pixels(c, 0), 784) != 0);
+    for (int i = 0; i < 100; i++) cr_expect(cx_dataset_label(a, i) >= 0 && cx_dataset_label(a, i) < 10);
+    cx_dataset_free(a);
+    cx_dataset_free(b);
+    cx_dataset_free(c);
+    o.size = 0;
+    cx_dataset *d;
+    cr_expect_eq(cx_fake_data(o, &d), CX_ERR_ARG);
+    cx_dataset_free(NULL);
+}
+
+/* ---- sampler ------------------------------------------------------------- */
+
+static int64_t take_all(cx_sampler *s, int64_t *out)
+{
+    int64_t n = 0, k;
+    while ((k = cx_sampler_take(s, out + n, 3)) > 0) n += k;
+    return n;
+}
+
+Test(data, sampler_partitions_ranks)
+{
+    int64_t seen[100] = { 0 }, buf[100];
+    for (int r = 0; r < 4; r++) {
+        cx_sampler_opts o = cx_sampler_default_opts();
+        o.seed = 42;
+        o.rank = r;
+        o.world_size = 4;
+        cx_sampler *s = cx_sampler_new(100, o);
+        cr_assert(s);
+        cr_expect_eq(cx_sampler_len(s), 25);
+        cr_expect_eq(take_all(s, buf), 25);
+        for (int i = 0; i < 25; i++) seen[buf[i]]++;
+        cx_sampler_free(s);
+    }
+    for (int i = 0; i < 100; i++) cr_expect_eq(seen[i], 1, "index %d taken %lld times", i, (long long)seen[i]);
+}
+
+Test(data, sampler_padding_and_drop_last)
+{
+    cx_sampler_opts o = cx_sampler_default_opts();
+    o.world_size = 3;
+    o.rank = 2;
+    o.shuffle = false;
+    cx_sampler *s = cx_sampler_new(10, o);
+    int64_t buf[10];
+    cr_expect_eq(cx_sampler_len(s), 4);          /* ceil(10 / 3), padded by wrapping */
+    cr_expect_eq(take_all(s, buf), 4);
+    cr_expect(buf[0] == 2 && buf[1] == 5 && buf[2] == 8 && buf[3] == 1);   /* 11 % 10 */
+    cx_sampler_free(s);
+    o.drop_last = true;
+    s = cx_sampler_new(10, o);
+    cr_expect_eq(cx_sampler_len(s), 3);
+    cx_sampler_free(s);
+    o.rank = 3;
+    cr_expect(cx_sampler_new(10, o) == NULL);
+    cr_expect(strstr(cx_last_error(), "rank 3") != NULL, "%s", cx_last_error());
+}
+
+Test(data, sampler_shuffles_deterministically_per_epoch)
+{
+    cx_sampler_opts o = cx_sampler_default_opts();
+    o.seed = 7;
+    cx_sampler *a = cx_sampler_new(50, o), *b = cx_sampler_new(50, o);
+    int64_t x[50], y[50], z[50];
+    take_all(a, x);
+    take_all(b, y);
+    cr_expect(memcmp(x, y, sizeof x) == 0, "same seed and epoch, same order");
+    int64_t sum = 0;
+    bool identity = true;
+    for (int i = 0; i < 50; i++) { sum += x[i]; identity &= x[i] == i; }
+    cr_expect_eq(sum, 49 * 50 / 2);
+    cr_expect(!identity);
+    cx_sampler_set_epoch(a, 1);
+    cr_expect_eq(cx_sampler_epoch(a), 1);
+    take_all(a, z);
+    cr_expect(memcmp(x, z, sizeof x) != 0, "another epoch, another order");
+    /* Resume mid-epoch from a saved position. */
+    cx_sampler_set_epoch(b, 1);
+    cr_expect_eq(cx_sampler_set_position(b, 20), CX_OK);
+    cr_expect_eq(cx_sampler_position(b), 20);
+    cr_expect_eq(take_all(b, y), 30);
+    cr_expect(memcmp(y, z + 20, 30 * sizeof *y) == 0);
+    cr_expect_eq(cx_sampler_set_position(b, 51), CX_ERR_ARG);
+    cx_sampler_free(a);
+    cx_sampler_free(b);
+    cx_sampler_free(NULL);
+}
+
+/* ---- loader ---------------------------------------------------------------- */
+
+static cx_dataset *fake(int64_t n)
+{
+    cx_fake_data_opts o = cx_fake_data_default_opts();
+    o.size = n;
+    o.height = o.width = 4;
+    cx_dataset *ds;
+    cr_assert_eq(cx_fake_data(o, &ds), CX_OK);
+    return ds;
+}
+
+Test(data, loader_batches_match_the_sampler)
+{
+    cx_dataset *ds = fake(50);
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.seed = 3;
+    cx_sampler *s = cx_sampler_new(50, so), *ref = cx_sampler_new(50, so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = 16;
+    lo.prefetch = 3;
+    cx_loader *l = cx_loader_new(ds, s, lo);
+    cr_assert(l, "%s", cx_last_error());
+    cr_expect_eq(cx_loader_len(l), 4);
+    cx_batch b;
+    int batches = 0;
+    int64_t total = 0;
+    while (cx_loader_next(l, &b)) {
+        cr_expect_eq(b.index, batches);
+        cr_expect_eq(cx_dim(b.images, 0), b.size);
+        cr_expect_eq(cx_dim(b.images, 1), 1);
+        cr_expect_eq(cx_dim(b.images, 3), 4);
+        cr_expect_eq(cx_dtype_of(b.labels), CX_I64);
+        int64_t idx[16];
+        int64_t k = cx_sampler_take(ref, idx, 16);
+        cr_assert_eq(k, b.size);
+        float want[16 * 16], got[16 * 16];
+        int64_t wl[16], gl[16];
+        cx_dataset_gather(ds, idx, k, want, wl);
+        cr_assert_eq(cx_to_host(b.images, got, CX_F32), CX_OK, "%s", cx_last_error());
+        cr_assert_eq(cx_to_host(b.labels, gl, CX_I64), CX_OK);
+        cr_expect(memcmp(want, got, (size_t)k * 16 * sizeof(float)) == 0);
+        cr_expect(memcmp(wl, gl, (size_t)k * sizeof(int64_t)) == 0);
+        total += b.size;
+        batches++;
+        cr_expect_eq(cx_loader_position(l), total);
+    }
+    cr_expect_eq(batches, 4);
+    cr_expect_eq(total, 50);
+    cr_expect_eq(cx_loader_error(l), CX_OK);
+    cr_expect(!cx_loader_next(l, &b), "stays at the end until the next epoch");
+    cx_loader_free(l);
+    cx_sampler_free(s);
+    cx_sampler_free(ref);
+    cx_dataset_free(ds);
+}
+
+Test(data, loader_drop_last_epochs_and_resume)
+{
+    cx_dataset *ds = fake(50);
+    cx_sampler_opts so = cx_sampler_default_opts();
+    cx_sampler *s = cx_sampler_new(50, so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = 16;
+    lo.drop_last = true;
+    cx_loader *l = cx_loader_new(ds, s, lo);
+    cr_expect_eq(cx_loader_len(l), 3);
+    cx_batch b;
+    int n = 0;
+    int64_t first_labels[16];
+    while (cx_loader_next(l, &b)) {
+        cr_expect_eq(b.size, 16);
+        if (n == 1) cx_to_host(b.labels, first_labels, CX_I64);
+        n++;
+    }
+    cr_expect_eq(n, 3);
+    /* Resume epoch 0 at position 16: the first batch is the old second one. */
+    cr_expect_eq(cx_loader_set_epoch(l, 0, 16), CX_OK);
+    cr_assert(cx_loader_next(l, &b));
+    cr_expect_eq(b.index, 1);
+    int64_t labels[16];
+    cx_to_host(b.labels, labels, CX_I64);
+    cr_expect(memcmp(labels, first_labels, sizeof labels) == 0);
+    /* Stop early; the loader frees what it holds. */
+    cr_expect_eq(cx_loader_end_step(l), CX_OK);
+    cr_expect_eq(cx_loader_set_epoch(l, 1, 0), CX_OK);
+    n = 0;
+    while (cx_loader_next(l, &b)) n++;
+    cr_expect_eq(n, 3);
+    cr_expect_eq(cx_loader_set_epoch(l, 1, 99), CX_ERR_ARG);
+    cx_loader_free(l);
+    cx_loader_free(NULL);
+    cx_sampler_free(s);
+    cx_dataset_free(ds);
+}
+
+Test(data, loader_marks_steps)
+{
+    cx_dataset *ds = fake(32);
+    cx_sampler *s = cx_sampler_new(32, cx_sampler_default_opts());
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = 8;
+    cx_loader *l = cx_loader_new(ds, s, lo);
+    int64_t marks0 = cx_counter_value("MarkStep");
+    cx_batch b;
+    int n = 0;
+    while (cx_loader_next(l, &b)) {
+        /* Inside the loader's step: a step tensor, kept past it. */
+        cx_tensor *t = cx_sum(b.images, NULL, 0, false);
+        cr_expect(!cx_is_persistent(t));
+        cr_expect(cx_is_persistent(b.images), "batches are made outside any step");
+        n++;
+    }
+    cr_expect_eq(n, 4);
+    cr_expect_eq(cx_counter_value("MarkStep") - marks0, 4);
+    cx_loader_free(l);
+
+    lo.mark_step = false;
+    l = cx_loader_new(ds, s, lo);
+    cx_loader_set_epoch(l, 0, 0);
+    marks0 = cx_counter_value("MarkStep");
+    while (cx_loader_next(l, &b)) {}
+    cr_expect_eq(cx_counter_value("MarkStep"), marks0);
+    cx_loader_free(l);
+    cx_sampler_free(s);
+    cx_dataset_free(ds);
+    cr_expect(cx_loader_new(NULL, NULL, lo) == NULL);
+    cr_expect(strstr(cx_last_error(), "cx_loader_new") != NULL);
+}

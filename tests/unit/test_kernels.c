@@ -1,0 +1,700 @@
+/* Dense kernels against naive reference loops written here: conv2d and
+ * its two backward ops (references are the direct sum and its adjoint, no
+ * finite differences), max/avg pooling, batched matmul, gather and
+ * scatter_add. References accumulate in double and also sum |terms|, so
+ * the tolerance is relative to the magnitude that float rounding scales
+ * with; a wrong or missing term shows up far above it. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define REL_TOL 1e-4
+#define GUARD 64
+#define GUARD_VALUE 12345.678f
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static void rng_seed(uint64_t s) { rng_state = s * 0x9e3779b97f4a7c15ull + 1; }
+
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float rng_uniform(void) { return (float)((rng_next() >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f; }
+
+static int64_t rng_int(int64_t lo, int64_t hi) { return lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1)); }
+
+/* A buffer with guard floats on both sides, to catch writes out of bounds. */
+static float *guarded(size_t n)
+{
+    float *p = malloc(sizeof(float) * (n + 2 * GUARD));
+    cr_assert_not_null(p);
+    for (size_t i = 0; i < n + 2 * GUARD; i++) p[i] = GUARD_VALUE;
+    return p + GUARD;
+}
+
+static void check_guards(const float *p, size_t n, const char *what)
+{
+    for (size_t i = 0; i < GUARD; i++) {
+        cr_assert(p[-1 - (ptrdiff_t)i] == GUARD_VALUE, "%s: write before the buffer", what);
+        cr_assert(p[n + i] == GUARD_VALUE, "%s: write past the end", what);
+    }
+}
+
+static void guarded_free(float *p)
+{
+    if (p) free(p - GUARD);
+}
+
+static float *random_buf(size_t n)
+{
+    float *p = guarded(n);
+    for (size_t i = 0; i < n; i++) p[i] = rng_uniform();
+    return p;
+}
+
+static void fill_nan(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+/* |got - ref| <= REL_TOL * (sum of |terms|) + a floor for empty sums. */
+static void check_close(const float *got, const double *ref, const double *mag, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        double tol = REL_TOL * mag[i] + 1e-6;
+        cr_assert(fabs((double)got[i] - ref[i]) <= tol, "%s[%zu]: got %.8g, want %.8g (tol %.3g)", what, i,
+                  (double)got[i], ref[i], tol);
+    }
+}
+
+/* Scratch with a guard region, filled with garbage so kernels that read
+ * scratch before writing it fail. */
+static unsigned char *scratch_alloc(size_t bytes)
+{
+    unsigned char *p = malloc(bytes + 256);
+    cr_assert_not_null(p);
+    memset(p, 0x7f, bytes);
+    memset(p + bytes, 0xa5, 256);
+    return p;
+}
+
+static void scratch_check_free(unsigned char *p, size_t bytes)
+{
+    for (size_t i = 0; i < 256; i++) cr_assert(p[bytes + i] == 0xa5, "kernel wrote past its scratch");
+    free(p);
+}
+
+/* ---- conv2d ------------------------------------------------------------- */
+
+typedef struct {
+    int64_t n, c, h, w, o, kh, kw;
+    int sh, sw, ph, pw, dh, dw, groups;
+} conv_case;
+
+static cx_conv_geom geom_of(const conv_case *t)
+{
+    cx_conv_geom g = { .n = t->n, .c = t->c, .h = t->h, .w = t->w, .o = t->o, .kh = t->kh, .kw = t->kw,
+                       .stride_h = t->sh, .stride_w = t->sw, .pad_h = t->ph, .pad_w = t->pw,
+                       .dil_h = t->dh, .dil_w = t->dw, .groups = t->groups };
+    return g;
+}
+
+typedef enum { REF_FWD, REF_BWD_INPUT, REF_BWD_WEIGHT } ref_mode;
+
+/* Visits every (output pixel, weight tap) pair that touches a real input
+ * pixel and applies the plain sum (REF_FWD) or one of its two adjoints:
+ *   y[yi] += x[xi] * w[wi];  dx[xi] += dy[yi] * w[wi];  dw[wi] += dy[yi] * x[xi]. */
+static void ref_conv(const cx_conv_geom *g, ref_mode mode, const float *x, const float *w, const float *dy,
+                     double *ref, double *mag)
+{
+    const int64_t og = g->o / g->groups, cg = g->c / g->groups;
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t o = 0; o < g->o; o++)
+            for (int64_t oh = 0; oh < g->oh; oh++)
+                for (int64_t ow = 0; ow < g->ow; ow++)
+                    for (int64_t cc = 0; cc < cg; cc++)
+                        for (int64_t kh = 0; kh < g->kh; kh++)
+                            for (int64_t kw = 0; kw < g->kw; kw++) {
+                                int64_t ih = oh * g->stride_h - g->pad_h + kh * g->dil_h;
+                                int64_t iw = ow * g->stride_w - g->pad_w + kw * g->dil_w;
+                                if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) continue;
+                                int64_t c = (o / og) * cg + cc;
+                                size_t xi = (size_t)(((n * g->c + c) * g->h + ih) * g->w + iw);
+                                size_t yi = (size_t)(((n * g->o + o) * g->oh + oh) * g->ow + ow);
+                                size_t wi = (size_t)(((o * cg + cc) * g->kh + kh) * g->kw + kw);
+                                double v;
+                                size_t at;
+                                switch (mode) {
+                                case REF_FWD: v = (double)x[xi] * w[wi], at = yi; break;
+                                case REF_BWD_INPUT: v = (double)dy[yi] * w[wi], at = xi; break;
+                                default: v = (double)dy[yi] * x[xi], at = wi; break;
+                                }
+                                ref[at] += v;
+                                mag[at] += fabs(v);
+                            }
+}
+
+static void run_conv_case(const conv_case *t)
+{
+    cx_conv_geom g = geom_of(t);
+    cr_assert(cx_conv_geom_finish(&g), "geometry rejected");
+    const size_t xs = (size_t)(g.n * g.c * g.h * g.w), ys = (size_t)(g.n * g.o * g.oh * g.ow);
+    const size_t ws = (size_t)(g.o * (g.c / g.groups) * g.kh * g.kw);
+    float *x = random_buf(xs), *w = random_buf(ws), *dy = random_buf(ys);
+    float *y = guarded(ys), *dx = guarded(xs), *dw = guarded(ws);
+    size_t most = xs > ys ? xs : ys;
+    most = most > ws ? most : ws;
+    double *ref = calloc(most, sizeof(double)), *mag = calloc(most, sizeof(double));
+    cr_assert(ref && mag);
+
+    /* forward: y = sum x * w */
+    size_t sb = cx_conv2d_scratch_bytes(&g);
+    unsigned char *scratch = scratch_alloc(sb);
+    fill_nan(y, ys);
+    cx_conv2d_fwd(y, x, w, &g, scratch);
+    scratch_check_free(scratch, sb);
+    ref_conv(&g, REF_FWD, x, w, dy, ref, mag);
+    check_guards(y, ys, "conv fwd y");
+    check_close(y, ref, mag, ys, "conv fwd y");
+
+    /* backward input: the adjoint, dx += dy * w over the same pairs */
+    memset(ref, 0, sizeof(double) * xs);
+    memset(mag, 0, sizeof(double) * xs);
+    sb = cx_conv2d_bwd_input_scratch_bytes(&g);
+    scratch = scratch_alloc(sb);
+    fill_nan(dx, xs);
+    cx_conv2d_bwd_input(dx, dy, w, &g, scratch);
+    scratch_check_free(scratch, sb);
+    ref_conv(&g, REF_BWD_INPUT, x, w, dy, ref, mag);
+    check_guards(dx, xs, "conv bwd dx");
+    check_close(dx, ref, mag, xs, "conv bwd dx");
+
+    /* backward weight: dw += dy * x over the same pairs */
+    memset(ref, 0, sizeof(double) * ws);
+    memset(mag, 0, sizeof(double) * ws);
+    sb = cx_conv2d_bwd_weight_scratch_bytes(&g);
+    scratch = scratch_alloc(sb);
+    fill_nan(dw, ws);
+    cx_conv2d_bwd_weight(dw, x, dy, &g, scratch);
+    scratch_check_free(scratch, sb);
+    ref_conv(&g, REF_BWD_WEIGHT, x, w, dy, ref, mag);
+    check_guards(dw, ws, "conv bwd dw");
+    check_close(dw, ref, mag, ws, "conv bwd dw");
+
+    /* inputs are read only */
+    check_guards(x, xs, "x");
+    check_guards(w, ws, "w");
+    check_guards(dy, ys, "dy");
+    free(ref);
+    free(mag);
+    guarded_free(x);
+    guarded_free(w);
+    guarded_free(dy);
+    guarded_free(y);
+    guarded_free(dx);
+    guarded_free(dw);
+}
+
+/* n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups */
+static const conv_case conv_cases[] = {
+    { 2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1 },        /* plain 3x3 */
+    { 1, 3, 9, 8, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1 },        /* batch 1, stride 2, padding */
+    { 2, 4, 11, 10, 3, 3, 2, 1, 1, 2, 1, 2, 2, 1 },      /* dilation 2, non-square kernel */
+    { 2, 1, 11, 10, 3, 3, 2, 1, 1, 2, 1, 2, 2, 1 },      /* the same on the thin path */
+    { 5, 4, 8, 9, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2 },        /* groups 2, batch 5 */
+    { 3, 6, 10, 7, 6, 3, 3, 1, 1, 1, 1, 1, 1, 6 },       /* depthwise */
+    { 2, 4, 11, 12, 8, 5, 5, 2, 2, 2, 2, 1, 1, 4 },      /* depthwise, multiplier 2, stride 2 */
+    { 5, 7, 16, 17, 9, 1, 1, 1, 1, 0, 0, 1, 1, 1 },      /* 1x1 on a large plane (direct sgemm) */
+    { 5, 8, 16, 16, 6, 1, 1, 1, 1, 0, 0, 1, 1, 2 },      /* 1x1 direct, groups 2 */
+    { 5, 20, 4, 5, 6, 1, 1, 1, 1, 0, 0, 1, 1, 1 },       /* 1x1 on a small plane (chunked) */
+    { 5, 7, 4, 5, 6, 1, 1, 1, 1, 0, 0, 1, 1, 1 },        /* 1x1, few channels */
+    { 2, 3, 9, 9, 4, 1, 1, 2, 2, 0, 0, 1, 1, 1 },        /* 1x1 stride 2 */
+    { 1, 6, 5, 5, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1 },        /* 1x1 with padding */
+    { 5, 5, 13, 7, 7, 2, 4, 1, 3, 1, 2, 2, 1, 1 },       /* odd everything */
+    { 5, 8, 10, 9, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1 },       /* sgemm path, one chunk of 5 */
+    { 3, 1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1 },     /* MNIST first layer (thin path) */
+    { 3, 2, 9, 8, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2 },        /* thin, 3 outputs per group */
+    { 2, 1, 7, 7, 5, 3, 3, 2, 1, 0, 1, 1, 1, 1 },        /* thin, 5 outputs (uneven blocks) */
+    { 2, 32, 12, 12, 16, 3, 3, 1, 1, 0, 0, 1, 1, 1 },    /* MNIST second layer, smaller */
+    { 1, 2, 3, 3, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1 },        /* output 1x1 */
+    { 2, 3, 5, 4, 2, 5, 4, 1, 1, 0, 0, 1, 1, 1 },        /* kernel = whole input */
+    { 2, 4, 7, 7, 6, 3, 3, 3, 3, 1, 1, 3, 3, 2 },        /* stride 3 dilation 3 groups */
+};
+
+Test(conv2d, against_reference)
+{
+    rng_seed(1);
+    for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) {
+        cr_log_info("conv case %zu", i);
+        run_conv_case(&conv_cases[i]);
+    }
+}
+
+Test(conv2d, random_shapes)
+{
+    rng_seed(2);
+    for (int it = 0; it < 40; it++) {
+        conv_case t;
+        t.groups = (int)rng_int(1, 3);
+        t.n = rng_int(1, 5);
+        t.c = t.groups * rng_int(1, 4);
+        t.o = t.groups * rng_int(1, 4);
+        t.kh = rng_int(1, 4);
+        t.kw = rng_int(1, 4);
+        t.sh = (int)rng_int(1, 3);
+        t.sw = (int)rng_int(1, 3);
+        t.dh = (int)rng_int(1, 2);
+        t.dw = (int)rng_int(1, 2);
+        t.ph = (int)rng_int(0, 2);
+        t.pw = (int)rng_int(0, 2);
+        t.h = rng_int(1, 12) + t.dh * (t.kh - 1);
+        t.w = rng_int(1, 12) + t.dw * (t.kw - 1);
+        run_conv_case(&t);
+    }
+}
+
+/* Big enough that the batch is split into several sgemm chunks (and a
+ * one-image tail chunk), and the thin path accumulates over chunks. */
+Test(conv2d, multi_chunk, .timeout = 240)
+{
+    rng_seed(3);
+    const conv_case gemm_chunks = { 5, 32, 96, 96, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1 };
+    const conv_case thin_chunks = { 5, 1, 600, 600, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1 };
+    run_conv_case(&gemm_chunks);
+    run_conv_case(&thin_chunks);
+}
+
+Test(conv2d, geometry)
+{
+    cx_conv_geom g = { .n = 64, .c = 1, .h = 28, .w = 28, .o = 32, .kh = 3, .kw = 3, .stride_h = 1,
+                       .stride_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&g));
+    cr_assert_eq(g.oh, 26);
+    cr_assert_eq(g.ow, 26);
+
+    cx_conv_geom s = g;
+    s.h = 7, s.w = 8, s.stride_h = 2, s.stride_w = 3, s.pad_h = 1, s.pad_w = 1;
+    cr_assert(cx_conv_geom_finish(&s));
+    cr_assert_eq(s.oh, 4); /* (7 + 2 - 3) / 2 + 1 */
+    cr_assert_eq(s.ow, 3); /* (8 + 2 - 3) / 3 + 1 */
+
+    cx_conv_geom d = g;
+    d.h = 10, d.dil_h = 2, d.dil_w = 3;
+    cr_assert(cx_conv_geom_finish(&d));
+    cr_assert_eq(d.oh, 6);  /* 10 - 2*2 */
+    cr_assert_eq(d.ow, 22); /* 28 - 3*2 */
+
+    cx_conv_geom bad;
+    bad = g, bad.c = 3, bad.groups = 2;
+    cr_assert_not(cx_conv_geom_finish(&bad), "channels not divisible by groups");
+    bad = g, bad.c = 4, bad.o = 3, bad.groups = 2;
+    cr_assert_not(cx_conv_geom_finish(&bad), "outputs not divisible by groups");
+    bad = g, bad.kh = 29;
+    cr_assert_not(cx_conv_geom_finish(&bad), "kernel larger than input");
+    bad = g, bad.h = 4, bad.dil_h = 2;
+    cr_assert_not(cx_conv_geom_finish(&bad), "dilated kernel larger than input");
+    bad = g, bad.stride_w = 0;
+    cr_assert_not(cx_conv_geom_finish(&bad), "zero stride");
+    bad = g, bad.dil_h = 0;
+    cr_assert_not(cx_conv_geom_finish(&bad), "zero dilation");
+    bad = g, bad.pad_h = -1;
+    cr_assert_not(cx_conv_geom_finish(&bad), "negative padding");
+    bad = g, bad.groups = 0;
+    cr_assert_not(cx_conv_geom_finish(&bad), "zero groups");
+    bad = g, bad.n = 0;
+    cr_assert_not(cx_conv_geom_finish(&bad), "empty batch");
+    bad = g, bad.kw = 0;
+    cr_assert_not(cx_conv_geom_finish(&bad), "empty kernel");
+
+    cx_conv_geom edge = g;
+    edge.h = 1, edge.w = 1, edge.pad_h = 1, edge.pad_w = 1;
+    cr_assert(cx_conv_geom_finish(&edge), "padding makes room for the kernel");
+    cr_assert_eq(edge.oh, 1);
+}
+
+/* ---- pooling ------------------------------------------------------------ */
+
+static void ref_pool(const cx_pool_geom *g, bool is_max, const float *x, const float *dy, double *y,
+                     double *dx)
+{
+    const int64_t ip = g->h * g->w, op = g->oh * g->ow;
+    for (int64_t i = 0; i < g->n * g->c * ip; i++) dx[i] = 0.0;
+    for (int64_t t = 0; t < g->n * g->c; t++)
+        for (int64_t oh = 0; oh < g->oh; oh++)
+            for (int64_t ow = 0; ow < g->ow; ow++) {
+                float m = -INFINITY;
+                int64_t arg = -1;
+                double sum = 0.0;
+                for (int64_t kh = 0; kh < g->kh; kh++)
+                    for (int64_t kw = 0; kw < g->kw; kw++) {
+                        int64_t ih = oh * g->sh - g->ph + kh, iw = ow * g->sw - g->pw + kw;
+                        if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) continue;
+                        float v = x[t * ip + ih * g->w + iw];
+                        if (arg < 0 || v > m || isnan(v)) {
+                            m = v;
+                            arg = ih * g->w + iw;
+                        }
+                        sum += v;
+                    }
+                double grad = dy[t * op + oh * g->ow + ow];
+                if (is_max) {
+                    y[t * op + oh * g->ow + ow] = m;
+                    dx[t * ip + arg] += grad;
+                } else {
+                    y[t * op + oh * g->ow + ow] = sum / (double)(g->kh * g->kw);
+                    for (int64_t kh = 0; kh < g->kh; kh++)
+                        for (int64_t kw = 0; kw < g->kw; kw++) {
+                            int64_t ih = oh * g->sh - g->ph + kh, iw = ow * g->sw - g->pw + kw;
+                            if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) continue;
+                            dx[t * ip + ih * g->w + iw] += grad / (double)(g->kh * g->kw);
+                        }
+                }
+            }
+}
+
+static void run_pool_case(cx_pool_geom g, const float *x_in)
+{
+    cr_assert(cx_pool_geom_finish(&g));
+    const size_t xs = (size_t)(g.n * g.c * g.h * g.w), ys = (size_t)(g.n * g.c * g.oh * g.ow);
+    float *x = x_in ? guarded(xs) : random_buf(xs);
+    if (x_in) memcpy(x, x_in, sizeof(float) * xs);
+    float *dy = random_buf(ys), *y = guarded(ys), *dx = guarded(xs);
+    double *ry = calloc(ys, sizeof(double)), *rdx = calloc(xs, sizeof(double));
+    double *mag_y = calloc(ys, sizeof(double)), *mag_x = calloc(xs, sizeof(double));
+    cr_assert(ry && rdx && mag_y && mag_x);
+    for (int is_max = 0; is_max < 2; is_max++) {
+        ref_pool(&g, is_max, x, dy, ry, rdx);
+        fill_nan(y, ys);
+        fill_nan(dx, xs);
+        if (is_max) {
+            cx_max_pool2d_fwd(y, x, &g);
+            cx_max_pool2d_bwd(dx, x, dy, &g);
+        } else {
+            cx_avg_pool2d_fwd(y, x, &g);
+            cx_avg_pool2d_bwd(dx, dy, &g);
+        }
+        check_guards(y, ys, "pool y");
+        check_guards(dx, xs, "pool dx");
+        if (is_max) {
+            /* a max is a copy and its gradient a sum of copies: exact up to
+             * the order of additions */
+            for (size_t i = 0; i < ys; i++)
+                cr_assert(y[i] == (float)ry[i] || (isnan(y[i]) && isnan(ry[i])), "max y[%zu]: %g vs %g", i,
+                          (double)y[i], ry[i]);
+        }
+        for (size_t i = 0; i < ys; i++) mag_y[i] = fabs(ry[i]) * (double)(g.kh * g.kw) + 1.0;
+        for (size_t i = 0; i < xs; i++) mag_x[i] = fabs(rdx[i]) * (double)(g.kh * g.kw) + 1.0;
+        if (!is_max) check_close(y, ry, mag_y, ys, "avg pool y");
+        check_close(dx, rdx, mag_x, xs, is_max ? "max pool dx" : "avg pool dx");
+    }
+    free(ry);
+    free(rdx);
+    free(mag_y);
+    free(mag_x);
+    guarded_free(x);
+    guarded_free(dy);
+    guarded_free(y);
+    guarded_free(dx);
+}
+
+Test(pool2d, against_reference)
+{
+    rng_seed(4);
+    /* n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw */
+    const cx_pool_geom cases[] = {
+        { 64, 64, 24, 24, 0, 0, 2, 2, 2, 2, 0, 0 }, /* MNIST */
+        { 1, 3, 7, 7, 0, 0, 3, 3, 2, 2, 1, 1 },
+        { 5, 2, 9, 6, 0, 0, 3, 2, 1, 2, 1, 1 },
+        { 2, 3, 5, 5, 0, 0, 2, 2, 2, 2, 0, 0 },     /* odd size: last row/col dropped */
+        { 3, 2, 11, 13, 0, 0, 5, 4, 3, 2, 2, 2 },
+        { 2, 2, 4, 4, 0, 0, 4, 4, 1, 1, 0, 0 },     /* global */
+        { 2, 2, 6, 5, 0, 0, 1, 1, 1, 1, 0, 0 },     /* identity */
+        { 1, 1, 1, 1, 0, 0, 3, 3, 1, 1, 1, 1 },     /* 1x1 input, all-padding borders */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_pool_case(cases[i], NULL);
+    for (int it = 0; it < 30; it++) {
+        cx_pool_geom g = { .n = rng_int(1, 5), .c = rng_int(1, 4), .kh = (int)rng_int(1, 4),
+                           .kw = (int)rng_int(1, 4), .sh = (int)rng_int(1, 3), .sw = (int)rng_int(1, 3) };
+        g.ph = (int)rng_int(0, g.kh / 2);
+        g.pw = (int)rng_int(0, g.kw / 2);
+        g.h = rng_int(g.kh, 14);
+        g.w = rng_int(g.kw, 14);
+        run_pool_case(g, NULL);
+    }
+}
+
+Test(pool2d, ties_and_infinities)
+{
+    /* All equal: every window's gradient goes to its first element. */
+    cx_pool_geom g = { .n = 1, .c = 1, .h = 4, .w = 4, .kh = 2, .kw = 2, .sh = 2, .sw = 2 };
+    cr_assert(cx_pool_geom_finish(&g));
+    float x[16], dy[4] = { 1, 2, 3, 4 }, dx[16], y[4];
+    for (int i = 0; i < 16; i++) x[i] = 0.5f;
+    cx_max_pool2d_fwd(y, x, &g);
+    cx_max_pool2d_bwd(dx, x, dy, &g);
+    const float want[16] = { 1, 0, 2, 0, 0, 0, 0, 0, 3, 0, 4, 0, 0, 0, 0, 0 };
+    for (int i = 0; i < 16; i++) cr_assert_eq(dx[i], want[i], "tie dx[%d] = %g", i, (double)dx[i]);
+    for (int i = 0; i < 4; i++) cr_assert_eq(y[i], 0.5f);
+
+    /* Overlapping windows with a tie inside a window: the row-major first
+     * maximum wins, and a shared maximum collects both gradients. */
+    cx_pool_geom o = { .n = 1, .c = 1, .h = 3, .w = 3, .kh = 2, .kw = 2, .sh = 1, .sw = 1 };
+    cr_assert(cx_pool_geom_finish(&o));
+    const float xo[9] = { 1, 5, 5, 1, 1, 1, 5, 1, 1 };
+    float dyo[4] = { 1, 10, 100, 1000 }, dxo[9], yo[4];
+    cx_max_pool2d_fwd(yo, xo, &o);
+    cx_max_pool2d_bwd(dxo, xo, dyo, &o);
+    const float wanto[9] = { 0, 11, 0, 0, 1000, 0, 100, 0, 0 };
+    for (int i = 0; i < 9; i++) cr_assert_eq(dxo[i], wanto[i], "overlap dx[%d] = %g", i, (double)dxo[i]);
+
+    /* -inf everywhere, with padding: padding never wins, the first real
+     * element does. */
+    cx_pool_geom p = { .n = 1, .c = 1, .h = 3, .w = 3, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1 };
+    cr_assert(cx_pool_geom_finish(&p));
+    cr_assert_eq(p.oh, 2);
+    float xi[9], dyi[4] = { 1, 1, 1, 1 }, dxi[9], yi[4];
+    for (int i = 0; i < 9; i++) xi[i] = -INFINITY;
+    cx_max_pool2d_fwd(yi, xi, &p);
+    cx_max_pool2d_bwd(dxi, xi, dyi, &p);
+    for (int i = 0; i < 4; i++) cr_assert(isinf(yi[i]) && yi[i] < 0);
+    const float wanti[9] = { 1, 1, 0, 1, 1, 0, 0, 0, 0 };
+    for (int i = 0; i < 9; i++) cr_assert_eq(dxi[i], wanti[i], "-inf dx[%d] = %g", i, (double)dxi[i]);
+
+    /* Negative values next to padding: avg counts the padding as zeros
+     * (divisor always kh*kw), max ignores it. */
+    float xn[9];
+    for (int i = 0; i < 9; i++) xn[i] = -1.0f - (float)i;
+    cx_max_pool2d_fwd(yi, xn, &p);
+    cr_assert_eq(yi[0], -1.0f);
+    cx_avg_pool2d_fwd(yi, xn, &p);
+    cr_assert_float_eq(yi[0], (-1.0f - 2.0f - 4.0f - 5.0f) / 9.0f, 1e-6);
+
+    /* NaN propagates through max pooling. */
+    float xq[16];
+    for (int i = 0; i < 16; i++) xq[i] = (float)i;
+    xq[5] = NAN;
+    cx_max_pool2d_fwd(y, xq, &g);
+    cr_assert(isnan(y[0]));
+    cr_assert_eq(y[1], 7.0f);
+}
+
+Test(pool2d, geometry)
+{
+    cx_pool_geom g = { .n = 2, .c = 3, .h = 7, .w = 8, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1 };
+    cr_assert(cx_pool_geom_finish(&g));
+    cr_assert_eq(g.oh, 4); /* floor((7 + 2 - 3) / 2) + 1 */
+    cr_assert_eq(g.ow, 4); /* floor((8 + 2 - 3) / 2) + 1 */
+    cx_pool_geom m = { .n = 1, .c = 1, .h = 5, .w = 5, .kh = 2, .kw = 2, .sh = 2, .sw = 2 };
+    cr_assert(cx_pool_geom_finish(&m));
+    cr_assert_eq(m.oh, 2);
+    cx_pool_geom ok = { .n = 1, .c = 1, .h = 4, .w = 4, .kh = 2, .kw = 2, .sh = 2, .sw = 2, .ph = 1, .pw = 1 };
+    cr_assert(cx_pool_geom_finish(&ok), "padding k/2 is allowed");
+
+    cx_pool_geom bad;
+    bad = g, bad.kh = 0;
+    cr_assert_not(cx_pool_geom_finish(&bad), "zero kernel");
+    bad = g, bad.sw = 0;
+    cr_assert_not(cx_pool_geom_finish(&bad), "zero stride");
+    bad = g, bad.ph = 2;
+    cr_assert_not(cx_pool_geom_finish(&bad), "padding above k/2");
+    bad = g, bad.pw = -1;
+    cr_assert_not(cx_pool_geom_finish(&bad), "negative padding");
+    bad = g, bad.h = 1, bad.ph = 0;
+    cr_assert_not(cx_pool_geom_finish(&bad), "empty output");
+    bad = g, bad.n = 0;
+    cr_assert_not(cx_pool_geom_finish(&bad), "empty batch");
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+static void run_matmul_case(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t sa,
+                            int64_t sb)
+{
+    const int64_t asz = m * k, bsz = k * n;
+    const size_t an = (size_t)(sa ? (batch - 1) * sa + asz : asz), bn = (size_t)(sb ? (batch - 1) * sb + bsz : bsz);
+    const size_t cn = (size_t)(batch * m * n);
+    float *a = random_buf(an), *b = random_buf(bn), *c = guarded(cn);
+    double *ref = calloc(cn + 1, sizeof(double)), *mag = calloc(cn + 1, sizeof(double));
+    cr_assert(ref && mag);
+    for (int64_t p = 0; p < batch; p++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t l = 0; l < k; l++) {
+                    float av = a[p * sa + (ta ? l * m + i : i * k + l)];
+                    float bv = b[p * sb + (tb ? j * k + l : l * n + j)];
+                    ref[(p * m + i) * n + j] += (double)av * bv;
+                    mag[(p * m + i) * n + j] += fabs((double)av * bv);
+                }
+    fill_nan(c, cn);
+    cx_matmul_f32(c, a, b, batch, m, n, k, ta, tb, sa, sb);
+    check_guards(c, cn, "matmul c");
+    check_close(c, ref, mag, cn, "matmul c");
+    free(ref);
+    free(mag);
+    guarded_free(a);
+    guarded_free(b);
+    guarded_free(c);
+}
+
+Test(matmul, against_reference)
+{
+    rng_seed(5);
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        for (int64_t batch = 1; batch <= 5; batch += 4) {
+            int64_t m = 7, n = 9, k = 13;
+            run_matmul_case(batch, m, n, k, ta, tb, m * k, k * n);          /* contiguous */
+            run_matmul_case(batch, m, n, k, ta, tb, 0, k * n);              /* broadcast A */
+            run_matmul_case(batch, m, n, k, ta, tb, m * k, 0);              /* broadcast B (folded if !ta) */
+            run_matmul_case(batch, m, n, k, ta, tb, 0, 0);                  /* both broadcast */
+            run_matmul_case(batch, m, n, k, ta, tb, m * k + 5, k * n + 3);  /* gaps between batches */
+            run_matmul_case(batch, m, n, k, ta, tb, m * k + 5, 0);          /* gapped A, shared B: no fold */
+        }
+    }
+    /* shapes that OpenBLAS threads and blocks */
+    run_matmul_case(3, 130, 70, 300, false, false, 130 * 300, 0);
+    run_matmul_case(2, 64, 257, 129, true, true, 64 * 129, 257 * 129);
+    run_matmul_case(1, 1, 1, 1, false, false, 1, 1);
+    for (int it = 0; it < 20; it++) {
+        int64_t batch = rng_int(1, 4), m = rng_int(1, 40), n = rng_int(1, 40), k = rng_int(1, 40);
+        bool ta = rng_int(0, 1), tb = rng_int(0, 1);
+        int64_t sa = rng_int(0, 1) ? m * k + rng_int(0, 3) : 0, sb = rng_int(0, 1) ? k * n + rng_int(0, 3) : 0;
+        run_matmul_case(batch, m, n, k, ta, tb, sa, sb);
+    }
+}
+
+Test(matmul, empty_k_gives_zeros)
+{
+    float c[6];
+    fill_nan(c, 6);
+    float a[1] = { 1 }, b[1] = { 1 };
+    cx_matmul_f32(c, a, b, 2, 1, 3, 0, false, false, 0, 0);
+    for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0.0f);
+}
+
+/* ---- gather / scatter_add ----------------------------------------------- */
+
+static int64_t random_index(int64_t dim, bool allow_bad)
+{
+    if (dim <= 0) return rng_int(-2, 2);
+    if (allow_bad && rng_int(0, 9) == 0) return rng_int(0, 1) ? -rng_int(1, 3) : dim + rng_int(0, 3);
+    return rng_int(0, dim - 1);
+}
+
+static void run_gather_case(int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner, bool allow_bad)
+{
+    const size_t sn = (size_t)(outer * src_dim * inner), on = (size_t)(outer * idx_dim * inner);
+    float *src = random_buf(sn), *out = guarded(on);
+    int64_t *index = malloc(sizeof(int64_t) * on);
+    cr_assert_not_null(index);
+    int64_t want_bad = 0;
+    for (size_t i = 0; i < on; i++) {
+        index[i] = random_index(src_dim, allow_bad);
+        want_bad += index[i] < 0 || index[i] >= src_dim;
+    }
+    fill_nan(out, on);
+    int64_t bad = cx_gather_f32(out, src, index, outer, src_dim, idx_dim, inner);
+    cr_assert_eq(bad, want_bad);
+    check_guards(out, on, "gather out");
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < idx_dim; i++)
+            for (int64_t e = 0; e < inner; e++) {
+                size_t at = (size_t)((o * idx_dim + i) * inner + e);
+                int64_t s = index[at];
+                float want = s >= 0 && s < src_dim ? src[(o * src_dim + s) * inner + e] : 0.0f;
+                cr_assert_eq(out[at], want, "gather out[%zu]", at);
+            }
+    free(index);
+    guarded_free(src);
+    guarded_free(out);
+}
+
+static void run_scatter_case(int64_t outer, int64_t out_dim, int64_t idx_dim, int64_t inner, bool allow_bad)
+{
+    const size_t on = (size_t)(outer * out_dim * inner), sn = (size_t)(outer * idx_dim * inner);
+    float *src = random_buf(sn), *out = random_buf(on), *out2 = guarded(on);
+    float *ref = malloc(sizeof(float) * on);
+    int64_t *index = malloc(sizeof(int64_t) * sn);
+    cr_assert(ref && index);
+    memcpy(ref, out, sizeof(float) * on);
+    memcpy(out2, out, sizeof(float) * on);
+    int64_t want_bad = 0;
+    for (size_t i = 0; i < sn; i++) {
+        index[i] = random_index(out_dim, allow_bad);
+        want_bad += index[i] < 0 || index[i] >= out_dim;
+    }
+    /* Each element gets its additions in increasing i: the kernel must
+     * reproduce this order exactly (bitwise), whatever the thread count. */
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < idx_dim; i++)
+            for (int64_t e = 0; e < inner; e++) {
+                int64_t d = index[(o * idx_dim + i) * inner + e];
+                if (d >= 0 && d < out_dim) ref[(o * out_dim + d) * inner + e] += src[(o * idx_dim + i) * inner + e];
+            }
+    int64_t bad = cx_scatter_add_f32(out, src, index, outer, out_dim, idx_dim, inner);
+    cr_assert_eq(bad, want_bad);
+    check_guards(out, on, "scatter out");
+    for (size_t i = 0; i < on; i++) cr_assert_eq(out[i], ref[i], "scatter out[%zu]: %.9g vs %.9g", i, (double)out[i], (double)ref[i]);
+    cx_scatter_add_f32(out2, src, index, outer, out_dim, idx_dim, inner);
+    cr_assert(memcmp(out, out2, sizeof(float) * on) == 0, "scatter_add is not deterministic");
+    free(ref);
+    free(index);
+    guarded_free(src);
+    guarded_free(out);
+    guarded_free(out2);
+}
+
+Test(gather, against_reference)
+{
+    rng_seed(6);
+    run_gather_case(1, 1, 1, 1, false);
+    run_gather_case(64, 10, 1, 1, false);      /* pick one class per row */
+    run_gather_case(3, 7, 5, 4, true);
+    run_gather_case(2, 50, 3000, 3, true);      /* enough rows to split over threads */
+    run_gather_case(1, 1000, 200, 300, true);   /* wide rows */
+    run_gather_case(4, 0, 3, 2, false);         /* empty source: everything out of range */
+    for (int it = 0; it < 20; it++)
+        run_gather_case(rng_int(1, 6), rng_int(1, 9), rng_int(1, 9), rng_int(1, 9), true);
+}
+
+Test(scatter_add, against_reference_and_deterministic)
+{
+    rng_seed(7);
+    run_scatter_case(1, 1, 1, 1, false);
+    run_scatter_case(1, 3, 5000, 1, false);      /* heavy duplicates, one column */
+    run_scatter_case(3, 10, 50, 1000, true);     /* several column blocks per slice */
+    run_scatter_case(1, 1000, 4000, 40, true);   /* embedding-backward-like */
+    run_scatter_case(64, 10, 1, 1, true);
+    run_scatter_case(2, 4, 300, 700, true);
+    for (int it = 0; it < 20; it++)
+        run_scatter_case(rng_int(1, 6), rng_int(1, 9), rng_int(1, 9), rng_int(1, 9), true);
+}
+
+Test(gather, reports_every_bad_index)
+{
+    const float src[6] = { 1, 2, 3, 4, 5, 6 }; /* (1, 3, 2) */
+    const int64_t index[4] = { -1, 2, 3, 0 };  /* (1, 2, 2) */
+    float out[4];
+    cr_assert_eq(cx_gather_f32(out, src, index, 1, 3, 2, 2), 2);
+    cr_assert_eq(out[0], 0.0f);
+    cr_assert_eq(out[1], 6.0f);
+    cr_assert_eq(out[2], 0.0f);
+    cr_assert_eq(out[3], 2.0f);
+    float acc[6] = { 0 };
+    const float vals[4] = { 10, 20, 30, 40 };
+    cr_assert_eq(cx_scatter_add_f32(acc, vals, index, 1, 3, 2, 2), 2);
+    const float want[6] = { 0, 40, 0, 0, 0, 20 };
+    for (int i = 0; i < 6; i++) cr_assert_eq(acc[i], want[i]);
+}

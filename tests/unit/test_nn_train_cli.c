@@ -1,0 +1,91 @@
+/* The `train` program: flags, data-set errors, exit codes, output format. */
+#include <criterion/criterion.h>
+
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_train[4096];
+
+/* The build tree: this test runs from <build>/tests, train is in <build>/examples. */
+static void find_train(void)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    cr_assert(n > 0);
+    exe[n] = '\0';
+    char *dir = dirname(dirname(exe));
+    snprintf(g_train, sizeof g_train, "%s/examples/train", dir);
+    if (access(g_train, X_OK) != 0) cr_skip_test("train not built at %s", g_train);
+}
+
+/* Runs train with args; output (stdout + stderr) into out. @return exit code. */
+static int run(const char *args, char *out, size_t cap)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "CX_NUM_THREADS=2 %s %s 2>&1", g_train, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t len = fread(out, 1, cap - 1, p);
+    out[len] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char g_out[1 << 16];
+
+Test(train_cli, help_lists_flags_with_defaults, .init = find_train)
+{
+    cr_expect_eq(run("--help", g_out, sizeof g_out), 0);
+    const char *flags[] = { "--model", "--data", "--data-dir", "--epochs", "--steps", "--batch-size", "--lr",
+                            "--momentum", "--optimizer", "--weight-decay", "--seed", "--log-every", "--threads",
+                            "--target-accuracy", "--width", "--depth" };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        cr_expect(strstr(g_out, flags[i]) != NULL, "--help lacks %s", flags[i]);
+    cr_expect(strstr(g_out, "default cnn") != NULL);
+    cr_expect(strstr(g_out, "default 64") != NULL);
+}
+
+static void expect_usage_error(const char *args, const char *needle)
+{
+    cr_expect_eq(run(args, g_out, sizeof g_out), 2, "train %s", args);
+    cr_expect(strstr(g_out, needle) != NULL, "train %s: %s", args, g_out);
+    char *nl = strchr(g_out, '\n');
+    cr_expect(nl && nl[1] == '\0', "one line: %s", g_out);
+}
+
+Test(train_cli, bad_flags_exit_2_with_one_line, .init = find_train)
+{
+    expect_usage_error("--bogus 1", "unknown flag '--bogus'");
+    expect_usage_error("--lr abc", "--lr: expected a number");
+    expect_usage_error("--epochs 0", "--epochs: expected an integer");
+    expect_usage_error("--batch-size 12x", "--batch-size");
+    expect_usage_error("--model resnet", "--model: unknown value 'resnet'");
+    expect_usage_error("--optimizer", "--optimizer needs a value");
+    expect_usage_error("stray", "unexpected argument 'stray'");
+}
+
+Test(train_cli, missing_data_names_path_and_package, .init = find_train)
+{
+    cr_expect_eq(run("--data fashion-mnist --data-dir /nonexistent/dir", g_out, sizeof g_out), 3);
+    cr_expect(strstr(g_out, "/nonexistent/dir/train-images-idx3-ubyte.gz") != NULL, "%s", g_out);
+    cr_expect(strstr(g_out, "dataset-fashion-mnist") != NULL, "%s", g_out);
+    cr_expect_eq(run("--data mnist --data-dir /nonexistent/m", g_out, sizeof g_out), 3);
+    cr_expect(strstr(g_out, "/nonexistent/m/train-images-idx3-ubyte.gz") != NULL, "%s", g_out);
+}
+
+Test(train_cli, fake_run_logs_and_misses_target, .init = find_train, .timeout = 240)
+{
+    int rc = run("--model mlp --width 32 --depth 1 --data fake --steps 5 --log-every 2 --batch-size 32 "
+                 "--target-accuracy 90",
+                 g_out, sizeof g_out);
+    cr_expect_eq(rc, 21, "exit %d: %s", rc, g_out);
+    cr_expect(strstr(g_out, "Train Epoch: 1 [0/60000 (0%)]\tLoss: ") != NULL, "%s", g_out);
+    cr_expect(strstr(g_out, "Train Epoch: 1 [64/60000 (0%)]\tLoss: ") != NULL, "%s", g_out);
+    cr_expect(strstr(g_out, "images/s") != NULL, "%s", g_out);
+    cr_expect(strstr(g_out, "Test accuracy: ") != NULL, "%s", g_out);
+    cr_expect(strstr(g_out, "below the target") != NULL, "%s", g_out);
+}
