@@ -37,6 +37,7 @@ typedef struct {
     double target_accuracy;   /* percent; 0: no target */
     long width;
     int depth;
+    const char *parallel;     /* none, ddp, xm */
 } config;
 
 static config default_config(void)
@@ -44,7 +45,7 @@ static config default_config(void)
     return (config){
         .model = "cnn", .data = "fashion-mnist", .data_dir = NULL, .epochs = 1, .steps = 0,
         .batch_size = 64, .lr = 0.01, .momentum = 0.5, .weight_decay = 0.0, .optimizer = "sgd",
-        .seed = 1, .log_every = 100, .threads = 0, .target_accuracy = 0.0, .width = 128, .depth = 2,
+        .seed = 1, .log_every = 100, .threads = 0, .target_accuracy = 0.0, .width = 128, .depth = 2, .parallel = "none",
     };
 }
 
@@ -70,12 +71,15 @@ static void usage(FILE *f)
             "  --target-accuracy PCT             exit 21 if the final test accuracy is below (default %g = off)\n"
             "  --width N                         mlp hidden width (default %ld)\n"
             "  --depth N                         mlp hidden layers (default %d)\n"
+            "  --parallel {none,ddp,xm}          data parallelism over the ranks of xla-launch:\n"
+            "                                    ddp = DistributedDataParallel, xm = xm.optimizer_step\n"
+            "                                    (default %s)\n"
             "  --help                            this text\n"
             "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
             "            21 below --target-accuracy\n",
             d.model, d.data, CX_FASHION_MNIST_DIR, CX_MNIST_DIR, d.epochs, d.steps, d.batch_size, d.lr,
             d.momentum, d.optimizer, d.weight_decay, d.seed, d.log_every, d.threads, d.target_accuracy, d.width,
-            d.depth);
+            d.depth, d.parallel);
 }
 
 /* One-line error and exit 2, for every flag problem. */
@@ -126,6 +130,7 @@ static config parse_args(int argc, char **argv)
     static const char *const models[] = { "cnn", "lenet", "mlp", NULL };
     static const char *const datas[] = { "fashion-mnist", "mnist", "fake", NULL };
     static const char *const optims[] = { "sgd", "adam", "adamw", NULL };
+    static const char *const parallels[] = { "none", "ddp", "xm", NULL };
     config c = default_config();
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -162,6 +167,7 @@ static config parse_args(int argc, char **argv)
         else if (!strcmp(name, "--target-accuracy")) c.target_accuracy = parse_double(name, v, 0.0);
         else if (!strcmp(name, "--width")) c.width = parse_long(name, v, 1, 1L << 20);
         else if (!strcmp(name, "--depth")) c.depth = (int)parse_long(name, v, 0, 1000);
+        else if (!strcmp(name, "--parallel")) c.parallel = parse_choice(name, v, parallels);
         else bad_flag("unknown flag '%s'%s", name, "");
     }
     return c;
@@ -255,8 +261,14 @@ static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dat
 
 /* One epoch. The loader marks the steps: each cx_loader_next ends the
  * previous step (compile-or-hit, run) and begins the next. @return status. */
+/* How one step's gradients are averaged over the ranks. */
+typedef struct {
+    cx_ddp *ddp;      /* --parallel ddp */
+    bool xm;          /* --parallel xm: cx_optimizer_step */
+} parallel_mode;
+
 static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_optimizer *opt, cx_loader *loader,
-                             int64_t dataset_size)
+                             int64_t dataset_size, const parallel_mode *par)
 {
     cx_module_train(model, true);
     cx_loader_set_epoch(loader, epoch, 0);
@@ -267,10 +279,11 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     while (cx_loader_next(loader, &b)) {
         flush_log(&log, epoch, c->batch_size, dataset_size, batches);
         cx_optim_zero_grad(opt);
-        cx_tensor *logp = cx_module_forward(model, b.images);          // (B, 10)
+        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, b.images)   // (B, 10)
+                                   : cx_module_forward(model, b.images);
         cx_tensor *loss = cx_nll_loss(logp, b.labels, CX_REDUCE_MEAN, -100);
-        cx_status st = cx_backward(loss);
-        if (st == CX_OK) st = cx_optim_step(opt);
+        cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : cx_backward(loss);
+        if (st == CX_OK) st = par->xm ? cx_optimizer_step(opt) : cx_optim_step(opt);
         if (st != CX_OK) {
             fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
             cx_loader_end_step(loader);
@@ -290,10 +303,18 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     }
     flush_log(&log, epoch, c->batch_size, dataset_size, batches);
     double dt = now_s() - t0;
-    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s)\n", epoch, (long long)steps,
-           (long long)images, dt, (double)images / dt);
+    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s%s)\n", epoch, (long long)steps,
+           (long long)images, dt, (double)images / dt, cx_world_size() > 1 ? " on this rank" : "");
     fflush(stdout);
     return CX_OK;
+}
+
+static void sum_reduce(const double *all, int world, int n, double *out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = 0;
+        for (int r = 0; r < world; r++) out[i] += all[r * n + i];
+    }
 }
 
 /* Accuracy in percent over a whole split. Correct predictions are summed on
@@ -314,16 +335,23 @@ static double evaluate(cx_module *model, cx_loader *loader)
         seen += b.size;
     }
     cx_no_grad_end();
-    double acc = seen ? 100.0 * cx_item(correct) / (double)seen : 0.0;
+    /* every rank evaluates its shard of the test set: average over ranks */
+    double local[2] = { cx_item(correct), (double)seen }, total[2] = { 0, 0 };
     cx_free(correct);
-    return acc;
+    if (cx_mesh_reduce("test_accuracy", local, 2, sum_reduce, total) != CX_OK) return NAN;
+    return total[1] > 0 ? 100.0 * total[0] / total[1] : 0.0;
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
 {
+    if (cx_dist_init(&argc, &argv) != CX_OK) {
+        fprintf(stderr, "train: cannot start the distributed runtime: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
     config c = parse_args(argc, argv);
+    int rank = cx_global_ordinal(), world = cx_world_size();
     if (c.threads > 0) cx_set_num_threads(c.threads);
     cx_manual_seed((uint64_t)c.seed);
 
@@ -336,13 +364,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "train: cannot build model %s: %s\n", c.model, cx_last_error());
         return EXIT_RUNTIME;
     }
-    printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images\n", c.model,
-           (long long)cx_module_num_params(model), cx_optim_name(opt), c.lr, c.data,
-           (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set));
+    if (rank == 0)
+        printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images; "
+               "%d rank(s), parallel %s\n", c.model, (long long)cx_module_num_params(model), cx_optim_name(opt), c.lr,
+               c.data, (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set), world, c.parallel);
 
-    /* Later: --parallel {ddp,xm,fsdp} sets rank/world here and wraps the model. */
+    /* data parallelism: every rank starts from rank 0's weights */
+    parallel_mode par = { NULL, false };
+    if (!strcmp(c.parallel, "ddp")) {
+        par.ddp = cx_ddp_wrap(model, cx_ddp_default_opts());
+        if (!par.ddp) {
+            fprintf(stderr, "train: %s\n", cx_last_error());
+            return EXIT_RUNTIME;
+        }
+    } else if (world > 1) {
+        par.xm = !strcmp(c.parallel, "xm");
+        if (cx_broadcast_master_params(model) != CX_OK) {
+            fprintf(stderr, "train: %s\n", cx_last_error());
+            return EXIT_RUNTIME;
+        }
+        if (!par.xm && rank == 0)
+            fprintf(stderr, "train: notice: %d ranks with --parallel none train independent replicas\n", world);
+    }
+
     cx_sampler_opts so = cx_sampler_default_opts();
     so.seed = (uint64_t)c.seed;
+    so.rank = rank;
+    so.world_size = world;
     cx_sampler *train_sampler = cx_sampler_new(cx_dataset_size(train_set), so);
     so.shuffle = false;
     cx_sampler *test_sampler = cx_sampler_new(cx_dataset_size(test_set), so);
@@ -358,7 +406,7 @@ int main(int argc, char **argv)
     int rc = 0;
     double acc = 0.0;
     for (int epoch = 1; epoch <= c.epochs && rc == 0; epoch++) {
-        if (train_epoch(&c, epoch, model, opt, train_loader, cx_dataset_size(train_set)) != CX_OK) {
+        if (train_epoch(&c, epoch, model, opt, train_loader, cx_dataset_size(train_set), &par) != CX_OK) {
             rc = EXIT_RUNTIME;
             break;
         }
@@ -368,7 +416,7 @@ int main(int argc, char **argv)
             rc = EXIT_RUNTIME;
             break;
         }
-        printf("Test accuracy: %.2f%%\n", acc);
+        if (rank == 0) printf("Test accuracy: %.2f%%\n", acc);
         fflush(stdout);
     }
     if (rc == 0 && c.target_accuracy > 0 && acc < c.target_accuracy) {
@@ -380,9 +428,11 @@ int main(int argc, char **argv)
     cx_loader_free(test_loader);
     cx_sampler_free(train_sampler);
     cx_sampler_free(test_sampler);
+    cx_ddp_free(par.ddp);
     cx_optim_free(opt);
     cx_module_free(model);
     cx_dataset_free(train_set);
     cx_dataset_free(test_set);
+    cx_dist_finalize();
     return rc;
 }

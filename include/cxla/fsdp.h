@@ -1,0 +1,115 @@
+/* cxla FSDP: fully sharded data parallel (ZeRO-2 / ZeRO-3), as PyTorch/XLA's
+ * XlaFullyShardedDataParallel.
+ *
+ * Each wrapped unit (the root, and nested submodules by choice or by an
+ * auto-wrap policy) flattens the parameters it owns (not those of nested
+ * units) into one flat parameter, zero-padded to a multiple of
+ * world_size * shard_size_multiple; every rank keeps its contiguous shard,
+ * and the optimizer only ever sees shards. The module's own parameter slots
+ * hold value-less placeholders (names and shapes only) except during the
+ * unit's forward, when they are views of the all-gathered flat parameter.
+ * Gradients reach the shard through the all-gather's VJP, a reduce-scatter.
+ */
+#ifndef CXLA_FSDP_H
+#define CXLA_FSDP_H
+
+#include <cxla/core.h>
+#include <cxla/nn.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cx_fsdp cx_fsdp;
+
+typedef struct {
+    bool reshard_after_forward;       /* true: ZeRO-3 (default); false: ZeRO-2 */
+    int shard_size_multiple;          /* flat param padded to world * this (default 1) */
+    /* nesting: every listed submodule path becomes its own unit ... */
+    const char *const *wrap_paths;
+    int n_wrap_paths;
+    /* ... or an auto-wrap policy: submodules with >= min params (size), or
+     * whose type name is listed ("Linear", "Conv2d", "TransformerBlock") */
+    int64_t auto_wrap_min_params;     /* 0: off */
+    const char *const *auto_wrap_types;
+    int n_auto_wrap_types;
+    bool grad_ckpt;                   /* rematerialize each unit's forward in backward */
+} cx_fsdp_opts;
+cx_fsdp_opts cx_fsdp_default_opts(void);
+
+/* Wraps `m` (borrowed; it must outlive the wrapper). Checks that every rank
+ * wraps the same model the same way (a mismatch is an error on every rank,
+ * never a hang), takes rank 0's values, and shards them.
+ * @return the wrapper, or NULL with cx_last_error set. */
+cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts);
+void cx_fsdp_free(cx_fsdp *f);
+cx_module *cx_fsdp_module(cx_fsdp *f);
+
+cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x);
+/* Backward: gradients are reduce-scattered (mean over ranks) into each
+ * shard's grad. Inside no_sync they accumulate unsharded per unit instead
+ * and are reduce-scattered by the next backward outside it. */
+cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss);
+void cx_fsdp_no_sync_begin(cx_fsdp *f);
+void cx_fsdp_no_sync_end(cx_fsdp *f);
+
+/* The local flat shards, one per unit, named "<unit path>.flat_param"
+ * ("flat_param" for the root). Give these to the optimizer.
+ * Release the array with free(). */
+cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n);
+
+/* Global gradient-norm clipping across shards: local sum of squares, one
+ * all-reduce. @return the total norm before clipping (lazy 0-d tensor). */
+cx_tensor *cx_fsdp_clip_grad_norm(cx_fsdp *f, double max_norm);
+
+/* ---- metadata and state dicts ------------------------------------------------ */
+
+typedef struct {
+    const char *name;                 /* full PyTorch key: "fc1.weight" */
+    int ndim;
+    int64_t shape[CX_MAX_DIMS];
+    int64_t numel;
+    int64_t offset;                   /* element offset in the unit's flat parameter */
+} cx_fsdp_param_info;
+
+typedef struct {
+    const char *path;                 /* unit's module path ("" for the root) */
+    const char *flat_name;            /* "<path>.flat_param" */
+    int nparams;
+    const cx_fsdp_param_info *params;
+    int64_t flat_numel;               /* sum of numels, unpadded */
+    int64_t padded_numel;             /* multiple of world_size * shard_size_multiple */
+    int64_t shard_numel;              /* padded_numel / world_size */
+    int64_t padding;                  /* padded_numel - flat_numel */
+    int world_size, rank;
+    int64_t shard_offset;             /* rank * shard_numel */
+} cx_fsdp_unit_info;
+
+/* Per unit, in wrap order. Owned by the wrapper. */
+const cx_fsdp_unit_info *cx_fsdp_shard_metadata(const cx_fsdp *f, int *nunits);
+
+/* Full state dict gathered to rank 0 one unit at a time (never the whole
+ * model on any rank): fn is called on rank 0 for every parameter with its
+ * host data (f32, row-major); buffers follow under their keys.
+ * @return CX_OK or the first error (from fn or communication). */
+typedef cx_status (*cx_fsdp_tensor_fn)(void *ctx, const char *name, const int64_t *shape, int ndim,
+                                       const float *data);
+cx_status cx_fsdp_full_state_dict(cx_fsdp *f, cx_fsdp_tensor_fn fn, void *ctx);
+
+/* Loads one full (unsharded) parameter into the local shard (the slice this
+ * rank owns; any world size). @return CX_OK, CX_ERR_ARG for an unknown name
+ * or a wrong numel. */
+cx_status cx_fsdp_load_full_param(cx_fsdp *f, const char *name, const float *data, int64_t numel);
+
+/* ---- gradient checkpointing ---------------------------------------------------- */
+
+/* Marks module `m` for rematerialization: its forward is recorded again for
+ * backward, so its activations die after their forward use. Under FSDP the
+ * unit's gathered parameters are reused, not gathered twice.
+ * @return CX_OK or CX_ERR_ARG. */
+cx_status cx_checkpoint_module(cx_module *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
