@@ -61,9 +61,22 @@ void cx_set_grad(cx_tensor *t, cx_tensor *g)
  * forward activations can die after their forward use. */
 typedef struct { cx_node **from, **to; int n, cap; uint64_t tag; } remat_map;
 
+static bool cheap_view(const cx_node *x)
+{
+    return x->ninputs == 1 && (cx_op_table[x->op].group == G_MOVEMENT || x->op == OP_CAST);
+}
+
 static cx_node *remat_clone(remat_map *m, cx_node *x)
 {
-    if (!(x->flags & NF_REMAT) || x->remat_tag == m->tag) return x;
+    if (x->remat_tag == m->tag) return x;
+    if (!(x->flags & NF_REMAT)) {
+        /* views and casts of a rematerialized value (a transpose of an FSDP
+         * parameter view, say) follow it; anything heavier is kept */
+        if (!cheap_view(x)) return x;
+        for (int i = 0; i < m->n; i++) if (m->from[i] == x) return m->to[i];
+        cx_node *in = remat_clone(m, x->inputs[0]);
+        if (in == x->inputs[0]) return x;
+    }
     for (int i = 0; i < m->n; i++) if (m->from[i] == x) return m->to[i];
     cx_node *ins_small[8];
     cx_node **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);

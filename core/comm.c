@@ -158,6 +158,11 @@ cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op red, double scale, const cx_
 
 cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin)
 {
+    return cx_all_gather_grad_scaled(a, axis, groups, pin, 1.0);
+}
+
+cx_tensor *cx_all_gather_grad_scaled(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin, double grad_scale)
+{
     cx_tensor *p = check_coll(a, "all_gather");
     if (p) return p;
     int gs;
@@ -168,7 +173,7 @@ cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof shape);
     shape[ax] *= gs;
-    return coll(OP_ALL_GATHER, a, shape, gid, 0, ax, 0, 1.0, pin);
+    return coll(OP_ALL_GATHER, a, shape, gid, 0, ax, 0, grad_scale, pin);
 }
 
 cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op red, double scale, int axis, const cx_replica_groups *groups, bool pin)
@@ -234,7 +239,7 @@ cx_tensor *cx_vjp_collective(cx_node *n, cx_tensor *const *in, cx_tensor *out, c
     case OP_ALL_REDUCE:
         if (n->attrs[1] == CX_RED_MAX || n->attrs[1] == CX_RED_MIN) return NULL;
         return cx_all_reduce(g, (cx_reduce_op)n->attrs[1], n->fval, rgp, true);
-    case OP_ALL_GATHER: return cx_reduce_scatter(g, CX_RED_SUM, 1.0, (int)n->attrs[2], rgp, true);
+    case OP_ALL_GATHER: return cx_reduce_scatter(g, CX_RED_SUM, n->fval, (int)n->attrs[2], rgp, true);
     case OP_REDUCE_SCATTER: {
         cx_tensor *a = cx_all_gather(g, (int)n->attrs[2], rgp, true);
         if (n->attrs[1] == CX_RED_MEAN || n->fval != 1.0) {

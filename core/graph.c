@@ -335,7 +335,16 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     void **optr = malloc(sizeof(void *) * (size_t)(nouts + 1));
     cx_status st = CX_OK;
     if (!inputs || !rt_f || !rt_i || !obufs || !optr) { st = CX_ERR_OOM; cx_set_error("sync: out of memory"); }
-    for (int i = 0; st == CX_OK && i < cp->n_inputs; i++) inputs[i] = cp->inputs[i]->buf->data;
+    for (int i = 0; st == CX_OK && i < cp->n_inputs; i++) {
+        if (!cp->inputs[i]->buf) {
+            char b[160];
+            cx_set_error("sync: a value-less placeholder of shape %s was used in a computation",
+                         cx_shape_str(b, sizeof b, cp->inputs[i]->shape, cp->inputs[i]->ndim));
+            st = CX_ERR_STATE;
+            break;
+        }
+        inputs[i] = cp->inputs[i]->buf->data;
+    }
     for (int i = 0; st == CX_OK && i < cp->n_rts; i++) { rt_f[i] = cp->rts[i]->rt_f; rt_i[i] = cp->rts[i]->rt_i; }
     for (int o = 0; st == CX_OK && o < nouts; o++) {
         if (out_alias[o] >= 0) {

@@ -51,12 +51,6 @@ static window window_at(const cx_pool_geom *g, int64_t oh, int64_t ow)
     return r;
 }
 
-/* Index of the window's maximum within the plane. Scanning row-major with
- * a strict '>' keeps the first of equal maxima; a NaN is taken (and a later
- * NaN replaces it), so NaN propagates as in PyTorch. Starting from the
- * first element makes an all -inf window pick that element. The selects
- * are written branch-free: on real data the comparison is a coin flip, and
- * mispredicted branches cost more than the rest of the pooling. */
 static inline uint32_t float_bits(float v)
 {
     uint32_t b;
@@ -75,12 +69,19 @@ static inline float bits_float(uint32_t b)
  * rather than ?: so the compiler cannot turn the select into a branch. */
 static inline void max_step(float v, int64_t i, float *m, int64_t *best)
 {
-    const uint32_t take = -(uint32_t)((v > *m) | (v != v));
-    const uint64_t take64 = (uint64_t)(int64_t)(int32_t)take;
+    const unsigned beats = (unsigned)((v > *m) | (v != v));
+    const uint32_t take = -(uint32_t)beats;
+    const uint64_t take64 = -(uint64_t)beats;
     *m = bits_float((float_bits(v) & take) | (float_bits(*m) & ~take));
     *best = (int64_t)(((uint64_t)i & take64) | ((uint64_t)*best & ~take64));
 }
 
+/* Index of the window's maximum within the plane. Scanning row-major with
+ * a strict '>' keeps the first of equal maxima; a NaN is taken (and a later
+ * NaN replaces it), so NaN propagates as in PyTorch. Starting from the
+ * first element makes an all -inf window pick that element. The selects
+ * are written branch-free: on real data the comparison is a coin flip, and
+ * mispredicted branches cost more than the rest of the pooling. */
 static inline int64_t argmax_window(const float *plane, int64_t w, window r)
 {
     int64_t best = r.h0 * w + r.w0;

@@ -690,7 +690,13 @@ static bool lower_root(lctx *c, int i)
                                 : k->kind == K_CONV_BI ? cx_conv2d_bwd_input_scratch_bytes(&g)
                                 : cx_conv2d_bwd_weight_scratch_bytes(&g));
         } else if (k->kind == K_COLL) {
-            scratch = 2 * bytes_of(&c->g->nodes[n->inputs[0]]) + 2 * bytes_of(n);
+            /* only a non-leading axis or all_to_all needs a rearrangement buffer */
+            const cx_gnode *x = &c->g->nodes[n->inputs[0]];
+            int64_t outer = 1;
+            for (int d = 0; d < (int)n->attrs[2] && d < x->ndim; d++) outer *= x->shape[d];
+            if (n->op == OP_ALL_TO_ALL) scratch = 2 * bytes_of(x);
+            else if (n->op == OP_ALL_GATHER && outer > 1) scratch = bytes_of(n);
+            else if (n->op == OP_REDUCE_SCATTER && outer > 1) scratch = bytes_of(x);
         }
         if (scratch > 0) {
             int s = add_slot(c, SLOT_ARENA, -1, scratch);

@@ -118,7 +118,11 @@ static void release_handle(cx_tensor *t)
     cx_node_unref(t->node);
     free(t->name);
     cx_spin_lock(&g_live_mu);
+#if defined(__SANITIZE_ADDRESS__)
+    if (0) {
+#else
     if (g_nfree_handles < 4096) {
+#endif
         t->next = g_free_handles;
         g_free_handles = t;
         g_nfree_handles++;
@@ -282,6 +286,25 @@ cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
     return cx_tensor_wrap(n);
 }
 
+cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype)
+{
+    if (!check_shape("placeholder", shape, ndim)) return cx_poison("%s", cx_last_error());
+    cx_node *n = cx_node_data(NULL, dtype, shape, ndim);
+    if (!n) return cx_poison("placeholder: out of memory");
+    cx_tensor *t = cx_tensor_wrap(n);
+    return cx_persist(t);
+}
+
+cx_tensor *cx_poisoned(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return cx_poison("%s", msg);
+}
+
 cx_tensor *cx_arange(int64_t n, cx_dtype dtype)
 {
     if (n < 0) return cx_poison("arange: negative length %lld", (long long)n);
@@ -402,6 +425,12 @@ cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype)
     if (t->node->op != OP_DATA) {
         cx_status st = cx_materialize(&t, 1, "value read");
         if (st != CX_OK) return st;
+    }
+    if (!t->node->buf) {
+        char b[160];
+        cx_set_error("to_host: tensor%s%s of shape %s is a value-less placeholder", t->name ? " " : "", t->name ? t->name : "",
+                     cx_shape_str(b, sizeof b, t->node->shape, t->node->ndim));
+        return CX_ERR_STATE;
     }
     double t0 = cx_now();
     convert_out(out, dtype, t->node->buf->data, (cx_dtype)t->node->dtype, t->node->numel);

@@ -10,11 +10,13 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,6 +164,36 @@ bool xl_parse_int(const char *s, long lo, long hi, int *out)
     if (errno || *end || v < lo || v > hi) return false;
     *out = (int)v;
     return true;
+}
+
+void xl_random_hex(char *out, size_t nbytes)
+{
+    unsigned char raw[64];
+    if (nbytes > sizeof raw) nbytes = sizeof raw;
+    ssize_t got = -1;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = read(fd, raw, nbytes);
+        close(fd);
+    }
+    if (got != (ssize_t)nbytes) xl_die("cannot read /dev/urandom");
+    for (size_t k = 0; k < nbytes; k++) snprintf(out + 2 * k, 3, "%02x", raw[k]);
+}
+
+socklen_t xl_unix_addr(struct sockaddr_un *addr, const char *name)
+{
+    memset(addr, 0, sizeof *addr);
+    addr->sun_family = AF_UNIX;
+    size_t n = strlen(name);
+    if (n >= sizeof addr->sun_path) n = sizeof addr->sun_path - 1;
+    memcpy(addr->sun_path, name, n);
+    /* "@name": Linux's abstract namespace, whose names start with a NUL byte and are
+     * as long as the address length says */
+    if (name[0] == '@') {
+        addr->sun_path[0] = 0;
+        return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+    }
+    return (socklen_t)sizeof *addr;
 }
 
 /* ---- self-pipe for signals ---- */

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #define XL_NAME "xla-launch"
@@ -24,7 +25,7 @@
 #define XL_MAX_LINE 65536
 
 /* Environment handed from the launcher to the wrappers. */
-#define XL_ENV_SOCKET "XLA_LAUNCH_SOCKET"   /* Unix socket path, for ranks on this node */
+#define XL_ENV_SOCKET "XLA_LAUNCH_SOCKET"   /* Unix socket ("@" = abstract), this node */
 #define XL_ENV_TCP "XLA_LAUNCH_TCP"         /* "PORT:ADDR,ADDR,...", for other nodes */
 #define XL_ENV_TOKEN "XLA_LAUNCH_TOKEN"     /* proves a connection belongs to this job */
 #define XL_ENV_NNODES "XLA_LAUNCH_NNODES"
@@ -84,6 +85,12 @@ uint64_t xl_get64(const unsigned char *p);
 /* Write the concatenation of three pieces as one write() when possible. */
 bool xl_write3(int fd, const void *a, size_t na, const void *b, size_t nb,
                const void *c, size_t nc);
+/* 2*nbytes random hex digits (from /dev/urandom) and a NUL into out. */
+void xl_random_hex(char *out, size_t nbytes);
+/* Unix socket address for `name`; "@name" is in the abstract namespace. Returns the
+ * address length to pass to bind/connect. */
+struct sockaddr_un;
+socklen_t xl_unix_addr(struct sockaddr_un *addr, const char *name);
 /* Number of CPUs this process may run on (affinity mask), at least 1. */
 int xl_cpu_count(void);
 /* Parse a whole decimal int in [lo, hi]; false if not one. */

@@ -133,17 +133,14 @@ static void send_hello(struct wrapper *w, const char *token)
 
 static int connect_unix(void)
 {
-    const char *path = getenv(XL_ENV_SOCKET);
-    struct sockaddr_un addr;
-    if (!path || strlen(path) >= sizeof addr.sun_path) return -1;
+    const char *name = getenv(XL_ENV_SOCKET);
+    if (!name || !*name) return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    memset(&addr, 0, sizeof addr);
-    addr.sun_family = AF_UNIX;
-    strcpy(addr.sun_path, path);
-    /* on another node there is no such socket (or, on a shared file system, one that
-     * refuses connections) */
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    struct sockaddr_un addr;
+    socklen_t len = xl_unix_addr(&addr, name);
+    /* on another node there is no such socket */
+    if (connect(fd, (struct sockaddr *)&addr, len) != 0) {
         close(fd);
         return -1;
     }

@@ -5,7 +5,7 @@
  * The launcher runs `mpirun <the flags users would otherwise need to know> xla-launch
  * --rank-wrapper PROGRAM ARGS`; each per-rank wrapper (rank_wrapper.c) sets RANK,
  * LOCAL_RANK, ... for its rank, runs PROGRAM and streams its output and fate back here
- * over a Unix socket. This process prints the output with a "[rank R] " prefix, writes
+ * over a socket (see launch.h). This process prints the output with a "[rank R] " prefix, writes
  * per-rank logs, notices the first failing rank, makes sure the whole job ends within
  * seconds, says in one line which rank failed and how, and optionally restarts the job.
  * mpirun's own multi-line reports are kept out of the way unless mpirun itself fails. */
@@ -75,6 +75,7 @@ static const char k_usage[] =
     "  --mpirun-arg ARG     pass ARG to mpirun (repeatable)\n"
     "  --verbose            show the mpirun command and mpirun's own messages\n"
     "  -h, --help           show this help\n"
+    "  --                   end of options (for a PROGRAM starting with '-')\n"
     "\n"
     "exit status: 0 success, 1 the job failed, 2 bad usage or setup,\n"
     "128+S interrupted by signal S.\n";
@@ -162,7 +163,8 @@ static void parse_args(int argc, char **argv, struct options *o)
         else if (!strcmp(name, "--log-dir")) o->log_dir = val;
         else if (!strcmp(name, "--mpirun")) o->mpirun = val;
         else if (!strcmp(name, "--mpirun-arg")) {
-            o->mpirun_args = realloc(o->mpirun_args, sizeof(char *) * (size_t)(o->n_mpirun_args + 1));
+            size_t n = (size_t)o->n_mpirun_args + 1;
+            o->mpirun_args = realloc(o->mpirun_args, sizeof(char *) * n);
             if (!o->mpirun_args) xl_die("out of memory");
             o->mpirun_args[o->n_mpirun_args++] = val;
         }
@@ -220,7 +222,9 @@ static char *find_mpirun(const struct options *o)
     if (want && !*want) want = NULL;
     if (!want) want = XLA_LAUNCH_MPIRUN_DEFAULT;
     char *p = find_executable(want);
-    if (!p) xl_die("mpirun '%s' not found (install Open MPI, or set --mpirun / XLA_LAUNCH_MPIRUN)", want);
+    if (!p)
+        xl_die("mpirun '%s' not found (install Open MPI, or set --mpirun / XLA_LAUNCH_MPIRUN)",
+               want);
     return p;
 }
 
@@ -324,38 +328,24 @@ static bool cma_works(void)
     return ok;
 }
 
-/* ---------------------------------------------------------------- temp dir + socket */
+/* ---------------------------------------------------------------- sockets */
 
-static char g_tmpdir[96];
-static char g_sockpath[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static char g_sockname[64];
 
-static void cleanup_tmp(void)
-{
-    if (g_sockpath[0]) unlink(g_sockpath);
-    if (g_tmpdir[0]) rmdir(g_tmpdir);
-}
-
-/* Where the wrappers on this node connect: a Unix socket in a fresh private directory. */
+/* Where the wrappers on this node connect: a Unix socket in the abstract namespace, so
+ * there is no file to create or to leave behind; the token, not file permissions,
+ * keeps strangers out. */
 static int make_socket(void)
 {
-    const char *base = getenv("TMPDIR");
-    /* sun_path is short; a long $TMPDIR would not fit */
-    if (!base || !*base || strlen(base) > 64) base = "/tmp";
-    snprintf(g_tmpdir, sizeof g_tmpdir, "%.64s/xla-launch.XXXXXX", base);
-    if (!mkdtemp(g_tmpdir)) {
-        g_tmpdir[0] = 0;
-        xl_die("cannot create a temporary directory in '%s': %s", base, strerror(errno));
-    }
-    atexit(cleanup_tmp);
-    snprintf(g_sockpath, sizeof g_sockpath, "%s/ranks.sock", g_tmpdir);
+    char rnd[17];
+    xl_random_hex(rnd, 8);
+    snprintf(g_sockname, sizeof g_sockname, "@xla-launch.%d.%s", (int)getpid(), rnd);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) xl_die("socket: %s", strerror(errno));
     struct sockaddr_un addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sun_family = AF_UNIX;
-    strcpy(addr.sun_path, g_sockpath);
-    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0)
-        xl_die("cannot listen on '%s': %s", g_sockpath, strerror(errno));
+    socklen_t len = xl_unix_addr(&addr, g_sockname);
+    if (bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, SOMAXCONN) != 0)
+        xl_die("cannot listen on Unix socket '%s': %s", g_sockname, strerror(errno));
     return fd;
 }
 
@@ -392,21 +382,6 @@ static int make_tcp_listener(char *env, size_t cap)
     return fd;
 }
 
-/* A fresh secret per launch: connections must present it in their hello. */
-static void make_token(char out[XL_TOKEN_LEN + 1])
-{
-    unsigned char raw[XL_TOKEN_LEN / 2];
-    size_t got = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t r = read(fd, raw, sizeof raw);
-        if (r > 0) got = (size_t)r;
-        close(fd);
-    }
-    if (got < sizeof raw) xl_die("cannot read /dev/urandom");
-    for (size_t k = 0; k < sizeof raw; k++) sprintf(out + 2 * k, "%02x", raw[k]);
-}
-
 /* ---------------------------------------------------------------- one job */
 
 enum source { SRC_LOST, SRC_MPIRUN, SRC_WRAPPER }; /* trust in a status, low to high */
@@ -424,6 +399,7 @@ struct conn {
     int fd;
     int rank;            /* -1 until its hello */
     bool local;          /* over the Unix socket: same node, same clock */
+    pid_t peer;          /* the wrapper's pid as the kernel says (Unix socket), or 0 */
     unsigned char *buf;  /* bytes received, not yet a whole frame */
     size_t len, cap;
 };
@@ -590,8 +566,8 @@ static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t l
     }
     /* A wrapper killed outright cannot report; mpirun still names it. */
     int sig;
-    if (sscanf(head, "mpirun noticed that process rank %d with PID %*d on node %*s exited on signal %d",
-               &rank, &sig) == 2) {
+    if (sscanf(head, "mpirun noticed that process rank %d with PID %*d on node %*s exited "
+                     "on signal %d", &rank, &sig) == 2) {
         struct xl_status st = { .rank = rank, .how = XL_SIGNALED, .code = sig,
                                 .torn_down = stopping(j) };
         record_status(j, &st, SRC_MPIRUN, xl_now());
@@ -611,7 +587,8 @@ static bool handle_message(struct job *j, struct conn *c, const unsigned char *m
         struct rank_slot *s = slot(j, rank);
         if (!s) return false;
         c->rank = rank;
-        s->wrapper_pid = c->local ? (pid_t)xl_get32(m + 8) : 0;
+        /* the kernel's word, not the hello's: right even across pid namespaces */
+        s->wrapper_pid = c->peer;
         /* the wrapper may have finished already; its frames still count */
         char ack = XL_ACK;
         ssize_t sent = send(c->fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -694,7 +671,11 @@ static void accept_conns(struct job *j, int listen_fd, bool local)
         if (fd < 0) return;
         j->conns = realloc(j->conns, sizeof *j->conns * (size_t)(j->n_conns + 1));
         if (!j->conns) xl_die("out of memory");
-        j->conns[j->n_conns++] = (struct conn){ .fd = fd, .rank = -1, .local = local };
+        struct conn c = { .fd = fd, .rank = -1, .local = local };
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        if (local && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) c.peer = cred.pid;
+        j->conns[j->n_conns++] = c;
     }
 }
 
@@ -801,7 +782,8 @@ static void event_loop(struct job *j)
         p[2] = (struct pollfd){ j->pipe_fd[1], POLLIN, 0 };
         p[3] = (struct pollfd){ j->listen_fd, POLLIN, 0 };
         p[4] = (struct pollfd){ j->tcp_fd, POLLIN, 0 };
-        for (int i = 0; i < j->n_conns; i++) p[5 + i] = (struct pollfd){ j->conns[i].fd, POLLIN, 0 };
+        for (int i = 0; i < j->n_conns; i++)
+            p[5 + i] = (struct pollfd){ j->conns[i].fd, POLLIN, 0 };
         int r = poll(p, (nfds_t)np, timeout);
         if (r < 0 && errno != EINTR) xl_die("poll: %s", strerror(errno));
         if (r <= 0) {
@@ -886,15 +868,17 @@ static enum job_result finish_job(struct job *j)
         xl_err("interrupted by %s; job stopped", sig_name(j->interrupt_sig));
         res = JOB_INTERRUPTED;
     } else if (c) {
-        if (c->st.how == XL_EXITED) xl_err("rank %d exited with status %d", c->st.rank, c->st.code);
-        else if (c->st.how == XL_SIGNALED) xl_err("rank %d killed by signal %d", c->st.rank, c->st.code);
-        else xl_err("rank %d ended without a report (its wrapper was killed)", c->st.rank);
+        int r = c->st.rank, code = c->st.code;
+        if (c->st.how == XL_EXITED) xl_err("rank %d exited with status %d", r, code);
+        else if (c->st.how == XL_SIGNALED) xl_err("rank %d killed by signal %d", r, code);
+        else xl_err("rank %d ended without a report (its wrapper was killed)", r);
         res = JOB_FAILED;
     } else if (!WIFEXITED(j->mpirun_wstatus) || WEXITSTATUS(j->mpirun_wstatus) != 0) {
         /* no rank explains it: mpirun's own words are the explanation */
         for (int i = 0; i < j->n_noise; i++) {
             const char *l = j->noise[i];
-            if (l[0] && strspn(l, "-") != strlen(l)) xl_write3(2, "mpirun: ", 8, l, strlen(l), "\n", 1);
+            if (l[0] && strspn(l, "-") != strlen(l)) /* not the boxes' rules */
+                xl_write3(2, "mpirun: ", 8, l, strlen(l), "\n", 1);
         }
         if (WIFEXITED(j->mpirun_wstatus))
             xl_err("mpirun failed with status %d", WEXITSTATUS(j->mpirun_wstatus));
@@ -927,7 +911,7 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
 
     /* a new secret per attempt: a straggler of an earlier attempt cannot join */
     char token[XL_TOKEN_LEN + 1];
-    make_token(token);
+    xl_random_hex(token, XL_TOKEN_LEN / 2);
     setenv(XL_ENV_TOKEN, token, 1);
 
     struct job j;
@@ -1009,22 +993,26 @@ int main(int argc, char **argv)
     char *first_host = NULL;
     int n_hosts = o.hostfile ? read_hostfile(o.hostfile, &first_host) : 1;
     if (o.nnodes > 1 && !o.hostfile)
-        xl_die("--nnodes %d needs --hostfile: Open MPI starts the ranks of every node from this "
-               "one command, so run xla-launch once, on one node, with a hostfile listing all nodes",
-               o.nnodes);
+        xl_die("--nnodes %d needs --hostfile: Open MPI starts the ranks of every node from "
+               "this one command, so run xla-launch once, on one node, with a hostfile listing "
+               "all nodes", o.nnodes);
     if (o.nnodes > 0 && o.node_rank >= o.nnodes)
         xl_die("--node-rank %d must be less than --nnodes %d", o.node_rank, o.nnodes);
     if (o.node_rank > 0)
         xl_die("--node-rank %d: run xla-launch once, on node 0 only; with a hostfile it starts "
                "the ranks of every node itself", o.node_rank);
     if (o.nnodes > n_hosts)
-        xl_die("hostfile '%s' lists %d host(s), fewer than --nnodes %d", o.hostfile, n_hosts, o.nnodes);
+        xl_die("hostfile '%s' lists %d host(s), fewer than --nnodes %d", o.hostfile, n_hosts,
+               o.nnodes);
     if (o.log_dir) mkdir_p(o.log_dir);
 
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) xl_die("cannot find my own executable (/proc/self/exe): %s", strerror(errno));
     self[sl] = 0;
+
+    /* before any signal handler exists: the probe's child must not run ours */
+    bool cma_off = !getenv("OMPI_MCA_btl_vader_single_copy_mechanism") && !cma_works();
 
     int cores = xl_cpu_count();
     int nproc = o.nproc ? o.nproc : (o.hostfile ? 0 : cores);
@@ -1057,7 +1045,7 @@ int main(int argc, char **argv)
         add_arg(&av, &ac, "--hostfile");
         add_arg(&av, &ac, o.hostfile);
     }
-    if (!getenv("OMPI_MCA_btl_vader_single_copy_mechanism") && !cma_works()) {
+    if (cma_off) {
         add_arg(&av, &ac, "--mca");
         add_arg(&av, &ac, "btl_vader_single_copy_mechanism");
         add_arg(&av, &ac, "none");
@@ -1074,7 +1062,7 @@ int main(int argc, char **argv)
     export_var(&av, &ac, "MASTER_PORT", mport);
     export_var(&av, &ac, XL_ENV_NNODES, nnodes);
     export_var(&av, &ac, XL_ENV_NODE_RANK, "0");
-    export_var(&av, &ac, XL_ENV_SOCKET, g_sockpath);
+    export_var(&av, &ac, XL_ENV_SOCKET, g_sockname);
     export_var(&av, &ac, XL_ENV_TOKEN, NULL); /* set by each attempt */
     if (l.tcp_fd >= 0) export_var(&av, &ac, XL_ENV_TCP, tcp_env);
     export_var(&av, &ac, "XLA_LAUNCH_RESTART_COUNT", "0");

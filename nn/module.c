@@ -21,6 +21,8 @@ struct cx_module {
     int nbuffers, cap_buffers;
     child *children;
     int nchildren, cap_children;
+    cx_module_hooks hooks[CX_MODULE_MAX_HOOKS];
+    int nhooks;
 };
 
 cx_status cx_nn_materialize(cx_tensor **ts, int n)
@@ -192,7 +194,47 @@ void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t)
 cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x)
 {
     if (!m) return cx_poison("cx_module_forward: module is NULL");
-    return m->type->forward(m, x);
+    /* pre hooks in registration order, post hooks in reverse: they nest */
+    for (int i = 0; i < m->nhooks; i++) if (m->hooks[i].pre) m->hooks[i].pre(m, m->hooks[i].ctx);
+    cx_tensor *y = m->type->forward(m, x);
+    for (int i = m->nhooks - 1; i >= 0; i--) if (m->hooks[i].post) m->hooks[i].post(m, m->hooks[i].ctx);
+    return y;
+}
+
+int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h)
+{
+    if (!m || !h) { cx_set_error("cx_module_add_hooks: NULL argument"); return -1; }
+    if (m->nhooks == CX_MODULE_MAX_HOOKS) {
+        cx_set_error("cx_module_add_hooks: module already has %d hooks", CX_MODULE_MAX_HOOKS);
+        return -1;
+    }
+    m->hooks[m->nhooks] = *h;
+    return m->nhooks++;
+}
+
+void cx_module_remove_hooks(cx_module *m, void *ctx)
+{
+    if (!m) return;
+    int k = 0;
+    for (int i = 0; i < m->nhooks; i++) if (m->hooks[i].ctx != ctx) m->hooks[k++] = m->hooks[i];
+    m->nhooks = k;
+}
+
+int cx_module_param_slot(const cx_module *m, const char *name)
+{
+    if (!m || !name) return -1;
+    for (int i = 0; i < m->nparams; i++) if (!strcmp(m->params[i].name, name)) return i;
+    return -1;
+}
+
+int cx_module_num_own_params(const cx_module *m) { return m ? m->nparams : 0; }
+const char *cx_module_param_name(const cx_module *m, int slot)
+{
+    return m && slot >= 0 && slot < m->nparams ? m->params[slot].name : NULL;
+}
+const char *cx_module_child_name(const cx_module *m, int slot)
+{
+    return m && slot >= 0 && slot < m->nchildren ? m->children[slot].name : NULL;
 }
 
 void cx_module_train(cx_module *m, bool on)

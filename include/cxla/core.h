@@ -49,6 +49,9 @@ void cx_clear_error(void);
 /* Sets this thread's last error (for modules and programs built on the
  * core: nn, optim, parallel, user layers). printf-style. */
 void cx_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A poisoned tensor carrying a one-line message, also set as the last
+ * error (for modules built on the core). printf-style. */
+cx_tensor *cx_poisoned(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* @return the message of a poisoned tensor, NULL if t is healthy. */
 const char *cx_tensor_error(const cx_tensor *t);
 
@@ -73,6 +76,10 @@ cx_tensor *cx_scalar(double value, cx_dtype dtype);
 /* A 0-d value passed at run time: changing it never recompiles (learning
  * rates, step counters). */
 cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype);
+/* A value-less tensor: shape and dtype only. Using it in a computation or
+ * reading it is an error naming it (FSDP keeps these in module slots while
+ * the values live sharded). Persistent. */
+cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype);
 /* 0..n-1 along a 1-d tensor. */
 cx_tensor *cx_arange(int64_t n, cx_dtype dtype);
 

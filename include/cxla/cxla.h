@@ -8,5 +8,6 @@
 #include <cxla/optim.h>
 #include <cxla/data.h>
 #include <cxla/parallel.h>
+#include <cxla/fsdp.h>
 
 #endif

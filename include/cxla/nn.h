@@ -65,6 +65,25 @@ int cx_module_num_children(const cx_module *m);
 void cx_module_set_param(cx_module *m, int slot, cx_tensor *t);
 void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t);
 
+/* Forward hooks, as PyTorch's forward pre/post hooks: `pre` runs before the
+ * module's forward, `post` after it (post hooks in reverse order). Used by
+ * FSDP (gather parameters) and gradient checkpointing (remat region). */
+#define CX_MODULE_MAX_HOOKS 4
+typedef struct {
+    void (*pre)(cx_module *m, void *ctx);
+    void (*post)(cx_module *m, void *ctx);
+    void *ctx;
+} cx_module_hooks;
+/* @return the hook's index, or -1 (too many hooks, NULL argument). */
+int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h);
+/* Removes every hook registered with `ctx`. */
+void cx_module_remove_hooks(cx_module *m, void *ctx);
+/* The module's own parameters (not its children's): count, names, slots. */
+int cx_module_num_own_params(const cx_module *m);
+const char *cx_module_param_name(const cx_module *m, int slot);
+int cx_module_param_slot(const cx_module *m, const char *name);
+const char *cx_module_child_name(const cx_module *m, int slot);
+
 /* ---- using modules ---------------------------------------------------- */
 
 /* Records the module's forward on x. @return its output (a step tensor when

@@ -422,6 +422,9 @@ Test(pool2d, against_reference)
         { 2, 2, 4, 4, 0, 0, 4, 4, 1, 1, 0, 0 },     /* global */
         { 2, 2, 6, 5, 0, 0, 1, 1, 1, 1, 0, 0 },     /* identity */
         { 1, 1, 1, 1, 0, 0, 3, 3, 1, 1, 1, 1 },     /* 1x1 input, all-padding borders */
+        { 1, 2, 5, 300, 0, 0, 3, 3, 2, 2, 1, 1 },  /* wide rows: several column blocks */
+        { 2, 1, 4, 200, 0, 0, 2, 3, 1, 1, 0, 1 },   /* wide rows, stride 1 */
+        { 1, 2, 9, 40, 0, 0, 3, 3, 3, 3, 1, 1 },    /* stride 3 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_pool_case(cases[i], NULL);
     for (int it = 0; it < 30; it++) {

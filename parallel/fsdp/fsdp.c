@@ -1,0 +1,478 @@
+/* FSDP (ZeRO-2 / ZeRO-3) over the lazy core.
+ *
+ * A unit's forward pre-hook all-gathers its flat shard (a pinned collective)
+ * and points the module's parameter slots at views of the gathered flat
+ * parameter; the post-hook puts the value-less placeholders back. Autograd
+ * does the rest: the all-gather's VJP is a reduce-scatter (scaled by
+ * 1/world), so each shard's grad receives the mean gradient of its slice.
+ * ZeRO-3 records the gather and its views in a rematerialization region:
+ * backward gets a fresh, pinned all-gather, so the forward's gathered
+ * parameters die right after the unit's forward. ZeRO-2 reuses the forward's
+ * gathered parameters in backward. */
+#include "../parallel_internal.h"
+#include <cxla/fsdp.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    cx_module *owner;         /* module holding the parameter slot */
+    int slot;
+    cx_tensor *placeholder;   /* value-less, shape only */
+} param_ref;
+
+typedef struct unit {
+    struct cx_fsdp *f;
+    cx_module *m;
+    char *path;
+    char *flat_name;
+    int nparams;
+    param_ref *refs;
+    cx_fsdp_param_info *info;
+    cx_tensor *shard;         /* persistent, requires grad: what the optimizer sees */
+    cx_fsdp_unit_info meta;
+    bool grad_ckpt;
+} unit;
+
+struct cx_fsdp {
+    cx_module *root;
+    cx_fsdp_opts o;
+    unit *units;
+    int nunits, cap;
+    cx_fsdp_unit_info *meta;
+    int world, rank;
+};
+
+cx_fsdp_opts cx_fsdp_default_opts(void)
+{
+    return (cx_fsdp_opts){ .reshard_after_forward = true, .shard_size_multiple = 1 };
+}
+
+/* ---- hooks ----------------------------------------------------------------------- */
+
+static void unit_pre(cx_module *m, void *ctx)
+{
+    unit *u = ctx;
+    (void)m;
+    bool zero3 = u->f->o.reshard_after_forward;
+    if (zero3) cx_remat_begin();
+    cx_tensor *full = cx_all_gather_grad_scaled(u->shard, 0, NULL, true, 1.0 / u->f->world);
+    for (int i = 0; i < u->nparams; i++) {
+        cx_fsdp_param_info *pi = &u->info[i];
+        cx_tensor *piece = cx_slice(full, 0, pi->offset, pi->offset + pi->numel, 1);
+        cx_tensor *view = cx_reshape(piece, pi->shape, pi->ndim);
+        cx_free(piece);
+        cx_module_set_param(u->refs[i].owner, u->refs[i].slot, view);
+    }
+    cx_free(full);
+    if (zero3) cx_remat_end();
+    if (u->grad_ckpt) cx_remat_begin();
+}
+
+static void unit_post(cx_module *m, void *ctx)
+{
+    unit *u = ctx;
+    (void)m;
+    if (u->grad_ckpt) cx_remat_end();
+    /* persistent: the module keeps these past the step */
+    for (int i = 0; i < u->nparams; i++)
+        cx_module_set_param(u->refs[i].owner, u->refs[i].slot, cx_persist(cx_alias(u->refs[i].placeholder)));
+}
+
+/* ---- unit discovery ------------------------------------------------------------------ */
+
+static bool listed(const char *s, const char *const *list, int n)
+{
+    for (int i = 0; i < n; i++) if (list[i] && !strcmp(list[i], s)) return true;
+    return false;
+}
+
+static char *join_path(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *p = malloc(la + lb + 2);
+    if (!p) return NULL;
+    if (la) { memcpy(p, a, la); p[la] = '.'; memcpy(p + la + 1, b, lb + 1); }
+    else memcpy(p, b, lb + 1);
+    return p;
+}
+
+static unit *add_unit(cx_fsdp *f, cx_module *m, const char *path)
+{
+    if (f->nunits == f->cap) {
+        int cap = f->cap ? f->cap * 2 : 8;
+        unit *nu = realloc(f->units, sizeof *nu * (size_t)cap);
+        if (!nu) return NULL;
+        f->units = nu;
+        f->cap = cap;
+    }
+    unit *u = &f->units[f->nunits++];
+    memset(u, 0, sizeof *u);
+    u->f = f;
+    u->m = m;
+    u->path = strdup(path);
+    return u->path ? u : NULL;
+}
+
+/* Children that become their own units: listed paths, listed type names, or
+ * subtrees with at least min params. Depth-first, so inner units come
+ * before the units that contain them. */
+static bool find_units(cx_fsdp *f, cx_module *m, const char *path)
+{
+    for (int c = 0; c < cx_module_num_children(m); c++) {
+        cx_module *ch = cx_module_child(m, c);
+        char *p = join_path(path, cx_module_child_name(m, c));
+        if (!p) return false;
+        bool ok = find_units(f, ch, p);
+        bool wrap = listed(p, f->o.wrap_paths, f->o.n_wrap_paths) ||
+                    listed(cx_module_type_name(ch), f->o.auto_wrap_types, f->o.n_auto_wrap_types) ||
+                    (f->o.auto_wrap_min_params > 0 && cx_module_num_params(ch) >= f->o.auto_wrap_min_params);
+        if (ok && wrap && cx_module_num_params(ch) > 0) ok = add_unit(f, ch, p) != NULL;
+        free(p);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static bool is_unit_module(const cx_fsdp *f, const cx_module *m)
+{
+    for (int i = 0; i < f->nunits; i++) if (f->units[i].m == m) return true;
+    return false;
+}
+
+/* Parameters a unit owns: its subtree's, minus nested units' subtrees. */
+static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, bool top)
+{
+    if (!top && is_unit_module(f, m)) return true;
+    for (int s = 0; s < cx_module_num_own_params(m); s++) {
+        param_ref *nr = realloc(u->refs, sizeof *nr * (size_t)(u->nparams + 1));
+        if (!nr) return false;
+        u->refs = nr;
+        cx_fsdp_param_info *ni = realloc(u->info, sizeof *ni * (size_t)(u->nparams + 1));
+        if (!ni) return false;
+        u->info = ni;
+        cx_tensor *t = cx_module_param(m, s);
+        cx_fsdp_param_info *pi = &u->info[u->nparams];
+        memset(pi, 0, sizeof *pi);
+        pi->name = join_path(path, cx_module_param_name(m, s));
+        if (!pi->name) return false;
+        pi->ndim = cx_ndim(t);
+        memcpy(pi->shape, cx_shape(t), sizeof(int64_t) * (size_t)pi->ndim);
+        pi->numel = cx_numel(t);
+        u->refs[u->nparams] = (param_ref){ m, s, NULL };
+        u->nparams++;
+    }
+    for (int c = 0; c < cx_module_num_children(m); c++) {
+        char *p = join_path(path, cx_module_child_name(m, c));
+        if (!p) return false;
+        bool ok = collect_params(f, u, cx_module_child(m, c), p, false);
+        free(p);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/* ---- wrap ------------------------------------------------------------------------------- */
+
+static char *wrap_signature(const cx_fsdp *f)
+{
+    size_t cap = 256, len = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[0] = 0;
+    for (int i = 0; i < f->nunits; i++) {
+        const unit *u = &f->units[i];
+        for (int k = -1; k < u->nparams; k++) {
+            char item[400];
+            if (k < 0) snprintf(item, sizeof item, "unit '%s' (zero%d);", u->path, f->o.reshard_after_forward ? 3 : 2);
+            else snprintf(item, sizeof item, "%s:%lld;", u->info[k].name, (long long)u->info[k].numel);
+            size_t n = strlen(item);
+            if (len + n + 1 > cap) {
+                cap = (len + n + 1) * 2;
+                char *ns = realloc(s, cap);
+                if (!ns) { free(s); return NULL; }
+                s = ns;
+            }
+            memcpy(s + len, item, n + 1);
+            len += n;
+        }
+    }
+    return s;
+}
+
+static cx_status check_same_wrapping(const cx_fsdp *f)
+{
+    char *sig = wrap_signature(f);
+    if (!sig) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    int world = cx_world_size();
+    size_t *sizes = calloc((size_t)world, sizeof *sizes);
+    void *all = NULL;
+    cx_status st = sizes ? cx_rendezvous("fsdp_wrap", sig, strlen(sig) + 1, &all, sizes) : CX_ERR_OOM;
+    if (st == CX_OK) {
+        size_t maxn = 0;
+        for (int r = 0; r < world; r++) if (sizes[r] > maxn) maxn = sizes[r];
+        for (int r = 1; r < world; r++)
+            if (strcmp((const char *)all, (const char *)all + (size_t)r * maxn)) {
+                cx_set_last_error("fsdp_wrap: rank %d wraps the model differently from rank 0 (units or parameters differ)", r);
+                st = CX_ERR_ARG;
+                break;
+            }
+    }
+    free(all);
+    free(sizes);
+    free(sig);
+    return st;
+}
+
+static cx_status shard_unit(cx_fsdp *f, unit *u)
+{
+    int64_t total = 0;
+    for (int i = 0; i < u->nparams; i++) { u->info[i].offset = total; total += u->info[i].numel; }
+    int64_t mult = (int64_t)f->world * (f->o.shard_size_multiple > 0 ? f->o.shard_size_multiple : 1);
+    int64_t padded = (total + mult - 1) / mult * mult;
+    if (padded == 0) padded = mult;
+    int64_t shard = padded / f->world;
+    cx_tensor **flats = malloc(sizeof *flats * (size_t)(u->nparams + 1));
+    if (!flats) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    int64_t all = -1;
+    for (int i = 0; i < u->nparams; i++)
+        flats[i] = cx_reshape(cx_module_param(u->refs[i].owner, u->refs[i].slot), &all, 1);
+    int k = u->nparams;
+    if (padded > total) {
+        int64_t pad = padded - total;
+        flats[k++] = cx_zeros(&pad, 1, CX_F32);
+    }
+    cx_tensor *flat = k == 1 ? cx_alias(flats[0]) : cx_concat(flats, k, 0);
+    cx_tensor *mine = cx_slice(flat, 0, shard * f->rank, shard * (f->rank + 1), 1);
+    u->shard = cx_persist(cx_alias(mine));
+    for (int i = 0; i < k; i++) cx_free(flats[i]);
+    free(flats);
+    cx_free(flat);
+    cx_free(mine);
+    cx_status st = cx_sync_tensors(&u->shard, 1);
+    if (st != CX_OK) return st;
+    cx_requires_grad(u->shard, true);
+    cx_set_name(u->shard, u->flat_name);
+    /* the full values now live sharded: the module keeps shapes only */
+    for (int i = 0; i < u->nparams; i++) {
+        u->refs[i].placeholder = cx_placeholder(u->info[i].shape, u->info[i].ndim, CX_F32);
+        cx_module_set_param(u->refs[i].owner, u->refs[i].slot, cx_alias(u->refs[i].placeholder));
+    }
+    u->meta = (cx_fsdp_unit_info){ .path = u->path, .flat_name = u->flat_name, .nparams = u->nparams, .params = u->info,
+                                   .flat_numel = total, .padded_numel = padded, .shard_numel = shard,
+                                   .padding = padded - total, .world_size = f->world, .rank = f->rank,
+                                   .shard_offset = shard * f->rank };
+    return CX_OK;
+}
+
+cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
+{
+    if (!m) { cx_set_last_error("fsdp_wrap: module is NULL"); return NULL; }
+    if (opts.shard_size_multiple < 0 || opts.auto_wrap_min_params < 0) {
+        cx_set_last_error("fsdp_wrap: shard_size_multiple and auto_wrap_min_params must be >= 0");
+        return NULL;
+    }
+    cx_fsdp *f = calloc(1, sizeof *f);
+    if (!f) { cx_set_last_error("fsdp_wrap: out of memory"); return NULL; }
+    f->root = m;
+    f->o = opts;
+    f->world = cx_world_size();
+    f->rank = cx_global_ordinal();
+    bool ok = find_units(f, m, "") && add_unit(f, m, "");
+    for (int i = 0; ok && i < f->nunits; i++) {
+        unit *u = &f->units[i];
+        ok = collect_params(f, u, u->m, u->path, true);
+        u->flat_name = join_path(u->path, "flat_param");
+        if (!u->flat_name) ok = false;
+        u->grad_ckpt = opts.grad_ckpt;
+    }
+    if (!ok) { cx_set_last_error("fsdp_wrap: out of memory"); cx_fsdp_free(f); return NULL; }
+    /* units that own no parameters (all nested) are dropped */
+    int k = 0;
+    for (int i = 0; i < f->nunits; i++) {
+        if (f->units[i].nparams > 0) { f->units[k++] = f->units[i]; continue; }
+        free(f->units[i].path);
+        free(f->units[i].flat_name);
+        free(f->units[i].refs);
+        free(f->units[i].info);
+    }
+    f->nunits = k;
+    for (int i = 0; i < f->nunits; i++) f->units[i].f = f;
+    if (check_same_wrapping(f) != CX_OK || cx_broadcast_master_params(m) != CX_OK) { cx_fsdp_free(f); return NULL; }
+    for (int i = 0; i < f->nunits; i++)
+        if (shard_unit(f, &f->units[i]) != CX_OK) { cx_fsdp_free(f); return NULL; }
+    f->meta = calloc((size_t)f->nunits + 1, sizeof *f->meta);
+    if (!f->meta) { cx_set_last_error("fsdp_wrap: out of memory"); cx_fsdp_free(f); return NULL; }
+    for (int i = 0; i < f->nunits; i++) {
+        f->meta[i] = f->units[i].meta;
+        cx_module_hooks h = { unit_pre, unit_post, &f->units[i] };
+        if (cx_module_add_hooks(f->units[i].m, &h) < 0) { cx_fsdp_free(f); return NULL; }
+    }
+    return f;
+}
+
+void cx_fsdp_free(cx_fsdp *f)
+{
+    if (!f) return;
+    for (int i = 0; i < f->nunits; i++) {
+        unit *u = &f->units[i];
+        cx_module_remove_hooks(u->m, u);
+        for (int k = 0; k < u->nparams; k++) {
+            cx_free(u->refs[k].placeholder);
+            free((char *)u->info[k].name);
+        }
+        cx_free(u->shard);
+        free(u->refs);
+        free(u->info);
+        free(u->path);
+        free(u->flat_name);
+    }
+    free(f->units);
+    free(f->meta);
+    free(f);
+}
+
+cx_module *cx_fsdp_module(cx_fsdp *f) { return f ? f->root : NULL; }
+cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x) { return cx_module_forward(f ? f->root : NULL, x); }
+
+cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss)
+{
+    if (!f) { cx_set_last_error("fsdp_backward: wrapper is NULL"); return CX_ERR_ARG; }
+    return cx_backward(loss);
+}
+
+cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n)
+{
+    *n = 0;
+    if (!f) return NULL;
+    cx_named_tensor *ts = calloc((size_t)f->nunits + 1, sizeof *ts);
+    if (!ts) return NULL;
+    for (int i = 0; i < f->nunits; i++) ts[i] = (cx_named_tensor){ f->units[i].flat_name, f->units[i].shard };
+    *n = f->nunits;
+    return ts;
+}
+
+const cx_fsdp_unit_info *cx_fsdp_shard_metadata(const cx_fsdp *f, int *nunits)
+{
+    *nunits = f ? f->nunits : 0;
+    return f ? f->meta : NULL;
+}
+
+cx_tensor *cx_fsdp_clip_grad_norm(cx_fsdp *f, double max_norm)
+{
+    if (!f || !(max_norm > 0)) return cx_poisoned("fsdp_clip_grad_norm: bad arguments (max_norm %g)", max_norm);
+    cx_tensor *acc = NULL;
+    for (int i = 0; i < f->nunits; i++) {
+        cx_tensor *g = cx_grad(f->units[i].shard);
+        if (!g) continue;
+        cx_tensor *sq = cx_mul(g, g);
+        cx_tensor *s = cx_sum(sq, NULL, 0, false);
+        cx_free(sq);
+        if (acc) { cx_tensor *t = cx_add(acc, s); cx_free(acc); cx_free(s); acc = t; }
+        else acc = s;
+    }
+    if (!acc) return cx_scalar(0.0, CX_F32);
+    /* padding is zero in every shard's grad: the global sum is exact */
+    cx_tensor *total = cx_all_reduce(acc, CX_RED_SUM, 1.0, NULL, true);
+    cx_tensor *norm = cx_sqrt(total);
+    cx_tensor *den = cx_add_scalar(norm, 1e-6);
+    cx_tensor *mx = cx_scalar(max_norm, CX_F32);
+    cx_tensor *coef = cx_div(mx, den);
+    cx_tensor *one = cx_scalar(1.0, CX_F32);
+    cx_tensor *c = cx_minimum(coef, one);
+    for (int i = 0; i < f->nunits; i++) {
+        cx_tensor *g = cx_grad(f->units[i].shard);
+        if (!g) continue;
+        cx_tensor *ng = cx_mul(g, c);
+        cx_assign(g, ng);
+        cx_free(ng);
+    }
+    cx_free(acc); cx_free(total); cx_free(den); cx_free(mx); cx_free(coef); cx_free(one); cx_free(c);
+    return norm;
+}
+
+/* ---- state dicts --------------------------------------------------------------------------- */
+
+cx_status cx_fsdp_full_state_dict(cx_fsdp *f, cx_fsdp_tensor_fn fn, void *ctx)
+{
+    if (!f || !fn) { cx_set_last_error("fsdp_full_state_dict: NULL argument"); return CX_ERR_ARG; }
+    cx_status st = CX_OK;
+    for (int i = 0; i < f->nunits && st == CX_OK; i++) {
+        unit *u = &f->units[i];
+        /* one unit at a time: only this unit is ever whole */
+        cx_no_grad_begin();
+        cx_tensor *full = cx_all_gather(u->shard, 0, NULL, true);
+        cx_no_grad_end();
+        float *h = malloc(sizeof(float) * (size_t)u->meta.padded_numel);
+        if (!h) { cx_free(full); cx_set_last_error("fsdp_full_state_dict: out of memory"); return CX_ERR_OOM; }
+        st = cx_to_host(full, h, CX_F32);
+        cx_free(full);
+        for (int k = 0; st == CX_OK && k < u->nparams && f->rank == 0; k++)
+            st = fn(ctx, u->info[k].name, u->info[k].shape, u->info[k].ndim, h + u->info[k].offset);
+        free(h);
+    }
+    if (st != CX_OK || f->rank != 0) return st;
+    int nb = 0;
+    cx_named_tensor *bufs = cx_module_buffers(f->root, &nb);
+    if (!bufs) { cx_set_last_error("fsdp_full_state_dict: out of memory"); return CX_ERR_OOM; }
+    for (int i = 0; i < nb && st == CX_OK; i++) {
+        int64_t n = cx_numel(bufs[i].tensor);
+        float *h = malloc(sizeof(float) * (size_t)(n ? n : 1));
+        if (!h) { st = CX_ERR_OOM; cx_set_last_error("fsdp_full_state_dict: out of memory"); break; }
+        st = cx_to_host(bufs[i].tensor, h, CX_F32);
+        if (st == CX_OK) st = fn(ctx, bufs[i].name, cx_shape(bufs[i].tensor), cx_ndim(bufs[i].tensor), h);
+        free(h);
+    }
+    free(bufs);
+    return st;
+}
+
+cx_status cx_fsdp_load_full_param(cx_fsdp *f, const char *name, const float *data, int64_t numel)
+{
+    if (!f || !name || (numel && !data)) { cx_set_last_error("fsdp_load_full_param: NULL argument"); return CX_ERR_ARG; }
+    for (int i = 0; i < f->nunits; i++) {
+        unit *u = &f->units[i];
+        for (int k = 0; k < u->nparams; k++) {
+            if (strcmp(u->info[k].name, name)) continue;
+            if (u->info[k].numel != numel) {
+                cx_set_last_error("fsdp_load_full_param: %s has %lld elements, the data %lld", name,
+                                  (long long)u->info[k].numel, (long long)numel);
+                return CX_ERR_ARG;
+            }
+            /* the part of [offset, offset + numel) inside this rank's shard */
+            int64_t lo = u->info[k].offset, hi = lo + numel;
+            int64_t s0 = u->meta.shard_offset, s1 = s0 + u->meta.shard_numel;
+            int64_t a = lo > s0 ? lo : s0, b = hi < s1 ? hi : s1;
+            if (a >= b) return CX_OK;
+            float *h = malloc(sizeof(float) * (size_t)u->meta.shard_numel);
+            if (!h) { cx_set_last_error("fsdp_load_full_param: out of memory"); return CX_ERR_OOM; }
+            cx_status st = cx_to_host(u->shard, h, CX_F32);
+            if (st == CX_OK) {
+                memcpy(h + (a - s0), data + (a - lo), sizeof(float) * (size_t)(b - a));
+                int64_t sn = u->meta.shard_numel;
+                cx_tensor *v = cx_from_host(h, &sn, 1, CX_F32);
+                st = cx_assign(u->shard, v);
+                cx_free(v);
+                if (st == CX_OK) st = cx_sync_tensors(&u->shard, 1);
+            }
+            free(h);
+            return st;
+        }
+    }
+    cx_set_last_error("fsdp_load_full_param: no parameter named '%s'", name);
+    return CX_ERR_ARG;
+}
+
+/* ---- gradient checkpointing --------------------------------------------------------------------- */
+
+static void remat_pre(cx_module *m, void *ctx) { (void)m; (void)ctx; cx_remat_begin(); }
+static void remat_post(cx_module *m, void *ctx) { (void)m; (void)ctx; cx_remat_end(); }
+static int g_remat_tag;
+
+cx_status cx_checkpoint_module(cx_module *m)
+{
+    if (!m) { cx_set_last_error("checkpoint_module: module is NULL"); return CX_ERR_ARG; }
+    cx_module_hooks h = { remat_pre, remat_post, &g_remat_tag };
+    return cx_module_add_hooks(m, &h) < 0 ? CX_ERR_ARG : CX_OK;
+}
