@@ -37,7 +37,11 @@ typedef struct {
     double target_accuracy;   /* percent; 0: no target */
     long width;
     int depth;
-    const char *parallel;     /* none, ddp, xm */
+    const char *parallel;     /* none, ddp, xm, fsdp */
+    int zero;                 /* fsdp: 2 or 3 */
+    bool nested;              /* fsdp: every Linear / Conv2d its own unit */
+    long auto_wrap_min_params;
+    bool grad_ckpt;
 } config;
 
 static config default_config(void)
@@ -46,6 +50,7 @@ static config default_config(void)
         .model = "cnn", .data = "fashion-mnist", .data_dir = NULL, .epochs = 1, .steps = 0,
         .batch_size = 64, .lr = 0.01, .momentum = 0.5, .weight_decay = 0.0, .optimizer = "sgd",
         .seed = 1, .log_every = 100, .threads = 0, .target_accuracy = 0.0, .width = 128, .depth = 2, .parallel = "none",
+        .zero = 3, .nested = false, .auto_wrap_min_params = 0, .grad_ckpt = false,
     };
 }
 
@@ -71,15 +76,19 @@ static void usage(FILE *f)
             "  --target-accuracy PCT             exit 21 if the final test accuracy is below (default %g = off)\n"
             "  --width N                         mlp hidden width (default %ld)\n"
             "  --depth N                         mlp hidden layers (default %d)\n"
-            "  --parallel {none,ddp,xm}          data parallelism over the ranks of xla-launch:\n"
-            "                                    ddp = DistributedDataParallel, xm = xm.optimizer_step\n"
-            "                                    (default %s)\n"
+            "  --parallel {none,ddp,xm,fsdp}     data parallelism over the ranks of xla-launch:\n"
+            "                                    ddp = DistributedDataParallel, xm = xm.optimizer_step,\n"
+            "                                    fsdp = fully sharded (default %s)\n"
+            "  --zero {2,3}                      fsdp: ZeRO stage, 3 reshards after forward (default %d)\n"
+            "  --nested                          fsdp: every Linear / Conv2d is its own unit\n"
+            "  --auto-wrap-min-params N          fsdp: submodules with >= N parameters are units\n"
+            "  --grad-ckpt                       rematerialize each unit's forward in backward\n"
             "  --help                            this text\n"
             "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
             "            21 below --target-accuracy\n",
             d.model, d.data, CX_FASHION_MNIST_DIR, CX_MNIST_DIR, d.epochs, d.steps, d.batch_size, d.lr,
             d.momentum, d.optimizer, d.weight_decay, d.seed, d.log_every, d.threads, d.target_accuracy, d.width,
-            d.depth, d.parallel);
+            d.depth, d.parallel, d.zero);
 }
 
 /* One-line error and exit 2, for every flag problem. */
@@ -130,7 +139,7 @@ static config parse_args(int argc, char **argv)
     static const char *const models[] = { "cnn", "lenet", "mlp", NULL };
     static const char *const datas[] = { "fashion-mnist", "mnist", "fake", NULL };
     static const char *const optims[] = { "sgd", "adam", "adamw", NULL };
-    static const char *const parallels[] = { "none", "ddp", "xm", NULL };
+    static const char *const parallels[] = { "none", "ddp", "xm", "fsdp", NULL };
     config c = default_config();
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -139,6 +148,9 @@ static config parse_args(int argc, char **argv)
             exit(0);
         }
         if (strncmp(arg, "--", 2) != 0) bad_flag("unexpected argument '%s'%s", arg, "");
+        /* switches without a value */
+        if (!strcmp(arg, "--nested")) { c.nested = true; continue; }
+        if (!strcmp(arg, "--grad-ckpt")) { c.grad_ckpt = true; continue; }
         /* --flag=value or --flag value */
         char name[64];
         const char *eq = strchr(arg, '=');
@@ -168,6 +180,8 @@ static config parse_args(int argc, char **argv)
         else if (!strcmp(name, "--width")) c.width = parse_long(name, v, 1, 1L << 20);
         else if (!strcmp(name, "--depth")) c.depth = (int)parse_long(name, v, 0, 1000);
         else if (!strcmp(name, "--parallel")) c.parallel = parse_choice(name, v, parallels);
+        else if (!strcmp(name, "--zero")) c.zero = (int)parse_long(name, v, 2, 3);
+        else if (!strcmp(name, "--auto-wrap-min-params")) c.auto_wrap_min_params = parse_long(name, v, 1, 1L << 40);
         else bad_flag("unknown flag '%s'%s", name, "");
     }
     return c;
@@ -210,10 +224,11 @@ static cx_module *build_model(const config *c, const cx_dataset *ds)
     return model_mlp(chw[0] * chw[1] * chw[2], c->width, c->depth, cx_dataset_num_classes(ds));
 }
 
-static cx_optimizer *build_optimizer(const config *c, cx_module *model)
+/* Over the model's parameters, or FSDP's flat shards. */
+static cx_optimizer *build_optimizer(const config *c, cx_module *model, cx_fsdp *fsdp)
 {
     int n;
-    cx_named_tensor *params = cx_module_parameters(model, &n);
+    cx_named_tensor *params = fsdp ? cx_fsdp_parameters(fsdp, &n) : cx_module_parameters(model, &n);
     if (!params) return NULL;
     cx_optimizer *opt;
     if (!strcmp(c->optimizer, "sgd")) {
@@ -265,6 +280,7 @@ static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dat
 typedef struct {
     cx_ddp *ddp;      /* --parallel ddp */
     bool xm;          /* --parallel xm: cx_optimizer_step */
+    cx_fsdp *fsdp;    /* --parallel fsdp: the module's forward hooks gather, autograd reduce-scatters */
 } parallel_mode;
 
 static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_optimizer *opt, cx_loader *loader,
@@ -359,19 +375,27 @@ int main(int argc, char **argv)
     cx_dataset *test_set = load_split(&c, false);
 
     cx_module *model = build_model(&c, train_set);
-    cx_optimizer *opt = model ? build_optimizer(&c, model) : NULL;
-    if (!model || !opt) {
+    if (!model) {
         fprintf(stderr, "train: cannot build model %s: %s\n", c.model, cx_last_error());
         return EXIT_RUNTIME;
     }
-    if (rank == 0)
-        printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images; "
-               "%d rank(s), parallel %s\n", c.model, (long long)cx_module_num_params(model), cx_optim_name(opt), c.lr,
-               c.data, (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set), world, c.parallel);
+    int64_t num_params = cx_module_num_params(model);
 
     /* data parallelism: every rank starts from rank 0's weights */
-    parallel_mode par = { NULL, false };
-    if (!strcmp(c.parallel, "ddp")) {
+    parallel_mode par = { NULL, false, NULL };
+    if (!strcmp(c.parallel, "fsdp")) {
+        cx_fsdp_opts fo = cx_fsdp_default_opts();
+        static const char *const unit_types[] = { "Linear", "Conv2d" };
+        fo.reshard_after_forward = c.zero == 3;
+        fo.auto_wrap_min_params = c.auto_wrap_min_params;
+        if (c.nested) { fo.auto_wrap_types = unit_types; fo.n_auto_wrap_types = 2; }
+        fo.grad_ckpt = c.grad_ckpt;
+        par.fsdp = cx_fsdp_wrap(model, fo);
+        if (!par.fsdp) {
+            fprintf(stderr, "train: %s\n", cx_last_error());
+            return EXIT_RUNTIME;
+        }
+    } else if (!strcmp(c.parallel, "ddp")) {
         par.ddp = cx_ddp_wrap(model, cx_ddp_default_opts());
         if (!par.ddp) {
             fprintf(stderr, "train: %s\n", cx_last_error());
@@ -386,6 +410,19 @@ int main(int argc, char **argv)
         if (!par.xm && rank == 0)
             fprintf(stderr, "train: notice: %d ranks with --parallel none train independent replicas\n", world);
     }
+    if (c.grad_ckpt && !par.fsdp) {
+        /* every child of the top Sequential recomputes its forward in backward */
+        for (int i = 0; i < cx_module_num_children(model); i++) cx_checkpoint_module(cx_module_child(model, i));
+    }
+    cx_optimizer *opt = build_optimizer(&c, model, par.fsdp);
+    if (!opt) {
+        fprintf(stderr, "train: cannot build the optimizer: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    if (rank == 0)
+        printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images; "
+               "%d rank(s), parallel %s\n", c.model, (long long)num_params, cx_optim_name(opt), c.lr,
+               c.data, (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set), world, c.parallel);
 
     cx_sampler_opts so = cx_sampler_default_opts();
     so.seed = (uint64_t)c.seed;
@@ -430,6 +467,7 @@ int main(int argc, char **argv)
     cx_sampler_free(test_sampler);
     cx_ddp_free(par.ddp);
     cx_optim_free(opt);
+    cx_fsdp_free(par.fsdp);
     cx_module_free(model);
     cx_dataset_free(train_set);
     cx_dataset_free(test_set);
