@@ -11,5 +11,8 @@ double bench_median(double *v, int n);
 void bench_emit(const char *name, double value, const char *unit, double ref);
 
 int bench_core(int argc, char **argv);
+int bench_ckpt(int argc, char **argv);
+int bench_train(int argc, char **argv);
+int bench_cache(int argc, char **argv);
 
 #endif

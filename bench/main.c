@@ -41,6 +41,9 @@ typedef struct {
 
 static const subcommand g_subcommands[] = {
     { "core", bench_core, "fused elementwise bandwidth, matmul GFLOP/s, cache-hit overhead" },
+    { "ckpt", bench_ckpt, "checkpoint save/load GB/s vs raw disk, consolidation peak memory" },
+    { "cache", bench_cache, "start-up with a warm vs cold persistent compile cache" },
+    { "train", bench_train, "training images/s (cnn, mlp) vs the GEMM-bound limit, 1 and 2 threads" },
 };
 
 static void usage(FILE *f)

@@ -3,6 +3,7 @@
  * op is a tight loop the compiler vectorizes; blocks are split across the
  * worker pool. Dense ops go to kernels_*.c (OpenBLAS). */
 #include "exec.h"
+#include "obs.h"
 #include "pool.h"
 
 #include <math.h>
@@ -730,6 +731,22 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     return CX_OK;
 }
 
+/* One profiler event for kernel ki (collectives carry their op and bytes). */
+static void trace_kernel(const cx_executable *e, int ki, double t0, double t1)
+{
+    const cx_kernel *k = &e->kernels[ki];
+    char args[112];
+    if (k->kind == K_COLL) {
+        int64_t bytes = k->in[0].numel * (int64_t)cx_dtype_size((cx_dtype)k->in[0].dtype);
+        snprintf(args, sizeof args, "\"kernel\": %d, \"bytes\": %lld", ki, (long long)bytes);
+        cx_trace_event("collective", cx_op_table[k->attrs[15]].name, t0, t1, args);
+    } else {
+        snprintf(args, sizeof args, "\"kernel\": %d, \"numel\": %lld%s", ki, (long long)k->out_numel,
+                 k->has_epilogue ? ", \"epilogue\": true" : "");
+        cx_trace_event("kernel", cx_kernel_kind_name(k->kind), t0, t1, args);
+    }
+}
+
 cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *rt_f, const int64_t *rt_i,
                      void *const *outputs)
 {
@@ -749,6 +766,9 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
     run_ctx rc = { e, ptr, rt_f, rt_i };
     const cx_comm_backend *be = cx_comm_get();
     cx_status st = CX_OK;
+    /* profiler (trace.c): per-kernel events only while a trace records;
+     * a collective's event spans its start to the end of its wait */
+    double *coll_t0 = (cx_obs_get() & OBS_TRACE) ? calloc((size_t)e->nkernels + 1, sizeof(double)) : NULL;
     for (int ki = 0; ki < e->nkernels && st == CX_OK; ki++) {
         /* wait for collectives whose result this kernel needs */
         for (int j = 0; j < ki; j++)
@@ -756,22 +776,30 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
                 cx_status w = be->wait(be->ctx, reqs[j]);
                 reqs[j] = NULL;
                 if (w != CX_OK && st == CX_OK) st = w;
+                if (coll_t0) trace_kernel(e, j, coll_t0[j], cx_now());
             }
         if (st != CX_OK) break;
         const cx_kernel *k = &e->kernels[ki];
+        double tk = coll_t0 ? cx_now() : 0;
         switch (k->kind) {
         case K_FUSED: run_fused(&rc, k); break;
         case K_REDUCE: run_reduce(&rc, k); break;
         case K_COLL: st = run_coll(&rc, k, &reqs[ki]); break;
         default: st = run_heavy(&rc, k); break;
         }
+        if (coll_t0) {
+            if (reqs[ki]) coll_t0[ki] = tk;
+            else trace_kernel(e, ki, tk, cx_now());
+        }
     }
     for (int j = 0; j < e->nkernels; j++)
         if (reqs[j]) {
             cx_status w = be->wait(be->ctx, reqs[j]);
             if (w != CX_OK && st == CX_OK) st = w;
+            if (coll_t0) trace_kernel(e, j, coll_t0[j], cx_now());
         }
     if (ptr != small) free(ptr);
     free(reqs);
+    free(coll_t0);
     return st;
 }

@@ -1,40 +1,15 @@
 /* Sync: capture the pending graph of the live tensors, key it, find or
  * compile its executable, run it and materialize the outputs. */
 #include "exec.h"
+#include "obs.h"
 #include "pool.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <unistd.h>
 
 #ifndef CX_COMPILE_FLAGS
 #define CX_COMPILE_FLAGS "default"
 #endif
-
-/* ---- threads --------------------------------------------------------------------- */
-
-static int g_threads;
-extern void openblas_set_num_threads(int);
-
-int cx_get_num_threads(void)
-{
-    if (g_threads <= 0) {
-        const char *env = getenv("CX_NUM_THREADS");
-        int n = env ? atoi(env) : 0;
-        if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (n <= 0) n = 1;
-        g_threads = n;
-        openblas_set_num_threads(n);
-    }
-    return g_threads;
-}
-
-void cx_set_num_threads(int n)
-{
-    if (n <= 0) n = 1;
-    g_threads = n;
-    openblas_set_num_threads(n);
-}
 
 /* ---- the executable cache (in-memory LRU) ----------------------------------------------- */
 
@@ -127,7 +102,8 @@ static bool capture_graph(capture *cp, cx_node **outs, int nouts, int visited, i
         r->mark = visited;
         while (sp) {
             struct frame *f = &stack[sp - 1];
-            if (f->next < f->x->ninputs) {
+            /* a node holding its value (eager debug mode) is a leaf */
+            if (f->next < f->x->ninputs && !f->x->buf) {
                 cx_node *c = f->x->inputs[f->next++];
                 if (c->mark == visited || c->mark == done) continue;
                 c->mark = visited;
@@ -141,7 +117,7 @@ static bool capture_graph(capture *cp, cx_node **outs, int nouts, int visited, i
             if (!grow((void **)&cp->nodes, &cp->cap, cp->n + 1, sizeof *cp->nodes)) { free(stack); return false; }
             x->index = cp->n;
             cp->nodes[cp->n++] = x;
-            if (x->op == OP_DATA) {
+            if (x->buf) {   /* OP_DATA, or a value computed by eager debug mode */
                 if (!grow((void **)&cp->inputs, &cp->in_cap, cp->n_inputs + 1, sizeof *cp->inputs)) { free(stack); return false; }
                 cp->inputs[cp->n_inputs++] = x;
             } else if (x->op == OP_RTSCALAR) {
@@ -167,8 +143,8 @@ static int input_ordinal(const capture *cp, const cx_node *x)
 
 cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
 {
-    (void)cause;
     cx_status status = CX_OK;
+    int obs = cx_obs_get();   /* observability switches (obs.h) */
     /* 1. outputs: unique pending nodes, in tensor creation order */
     int cap_t = 0, n_t = 0;
     cx_tensor **tens = NULL;
@@ -178,6 +154,7 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
             if (!t) continue;
             if (t->node->op == OP_ERROR) { cx_set_error("%s", t->node->err); status = CX_ERR_SHAPE; continue; }
             if (t->node->op == OP_DATA) continue;
+            if (t->node->buf) { cx_obs_settle(t); continue; }   /* eager: already computed */
             if (!grow((void **)&tens, &cap_t, n_t + 1, sizeof *tens)) { free(tens); cx_set_error("sync: out of memory"); return CX_ERR_OOM; }
             tens[n_t++] = t;
         }
@@ -185,6 +162,7 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
         for (cx_tensor *t = cx_live_first(); t; t = t->next) {
             if (t->node->op == OP_DATA) continue;
             if (t->node->op == OP_ERROR) { if (status == CX_OK) cx_set_error("%s", t->node->err); status = CX_ERR_SHAPE; continue; }
+            if (t->node->buf) { cx_obs_settle(t); continue; }   /* eager: already computed */
             if (!grow((void **)&tens, &cap_t, n_t + 1, sizeof *tens)) { free(tens); cx_set_error("sync: out of memory"); return CX_ERR_OOM; }
             tens[n_t++] = t;
         }
@@ -252,8 +230,15 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     key128 key = { 0xcbf29ce484222325ull, 0x84222325cbf29ce4ull };
     kmix_str(&key, CX_VERSION_STRING);
     kmix_str(&key, CX_COMPILE_FLAGS);
+    kmix_str(&key, cx_obs_compile_options());   /* user compile options (disk_cache.c) */
     for (int i = 0; i < cp->n; i++) {
         cx_node *x = cp->nodes[i];
+        if (x->buf && x->op != OP_DATA) {   /* eager value: a data leaf */
+            kmix(&key, (uint64_t)OP_DATA << 32 | (uint64_t)x->dtype << 16 | (uint64_t)x->ndim << 8);
+            for (int d = 0; d < x->ndim; d++) kmix(&key, (uint64_t)x->shape[d]);
+            kmix(&key, 0);
+            continue;
+        }
         kmix(&key, (uint64_t)x->op << 32 | (uint64_t)x->dtype << 16 | (uint64_t)x->ndim << 8 | (uint64_t)x->ninputs);
         for (int d = 0; d < x->ndim; d++) kmix(&key, (uint64_t)x->shape[d]);
         for (int a = 0; a < x->nattrs; a++) kmix(&key, (uint64_t)x->attrs[a]);
@@ -274,10 +259,14 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
 
     /* 5. cache or compile */
     cx_executable *e = cache_find(key.a, key.b);
+    int source = 0;   /* 0 in-memory hit, 1 compiled, 2 persistent cache hit */
+    double tc = cx_now();
     if (e) {
         cx_counter_add("CachedCompile", 1);
+    } else if ((obs & OBS_DISK_CACHE) && (e = cx_disk_cache_load(key.a, key.b)) != NULL) {
+        cache_insert(e);
+        source = 2;
     } else {
-        double tc = cx_now();
         cx_graph g = { 0 };
         g.n = cp->n;
         g.nodes = calloc((size_t)cp->n + 1, sizeof *g.nodes);
@@ -296,6 +285,16 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
         for (int i = 0; i < cp->n; i++) {
             cx_node *x = cp->nodes[i];
             cx_gnode *gn = &g.nodes[i];
+            if (x->buf && x->op != OP_DATA) {   /* eager value: a data leaf */
+                gn->op = OP_DATA;
+                gn->dtype = x->dtype;
+                gn->ndim = x->ndim;
+                memcpy(gn->shape, x->shape, sizeof gn->shape);
+                gn->numel = x->numel;
+                gn->inputs = g.input_storage + pos;
+                gn->input_ordinal = in_ord++;
+                continue;
+            }
             gn->op = x->op;
             gn->dtype = x->dtype;
             gn->ndim = x->ndim;
@@ -325,7 +324,15 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
         cache_insert(e);
         cx_counter_add("UncachedCompile", 1);
         cx_metric_add("CompileTime", cx_now() - tc);
+        source = 1;
+        cx_obs_compiled(e);   /* persistent cache store; cx_cache_init is refused from now on */
     }
+    if (obs & OBS_TRACE) {
+        if (source == 1) cx_trace_event("compile", "compile", tc, cx_now(), NULL);
+        else if (source == 2) cx_trace_event("compile", "persistent_cache_load", tc, cx_now(), NULL);
+    }
+    /* debug analysis and graph dumps see the graph before it runs */
+    if (obs & (OBS_DEBUG | OBS_DUMP)) cx_obs_graph(cause, key.a, key.b, cp->nodes, cp->n, outs, nouts, e, source);
 
     /* 6. bind inputs, runtime scalars and outputs */
     void **inputs = malloc(sizeof(void *) * (size_t)(cp->n_inputs + 1));
@@ -360,7 +367,14 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     if (st == CX_OK) {
         double te = cx_now();
         st = cx_execute(e, inputs, rt_f, rt_i, optr);
-        cx_metric_add("ExecuteTime", cx_now() - te);
+        double te1 = cx_now();
+        cx_metric_add("ExecuteTime", te1 - te);
+        if (obs & OBS_TRACE) {
+            char args[96];
+            snprintf(args, sizeof args, "\"kernels\": %d, \"hash\": \"%016llx%016llx\"", e->num_work_kernels,
+                     (unsigned long long)e->key_hi, (unsigned long long)e->key_lo);
+            cx_trace_event("execute", "execute", te, te1, args);
+        }
     }
     g_last_info = (cx_exec_info){ .num_kernels = e->num_work_kernels, .num_nodes = e->num_nodes,
                                   .arena_bytes = e->arena_bytes, .intermediate_bytes = e->intermediate_bytes,
@@ -392,7 +406,13 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     for (int o = 0; o < nouts; o++) if (obufs && obufs[o]) cx_buffer_unref(obufs[o]);
     free(inputs); free(rt_f); free(rt_i); free(obufs); free(optr);
     free(outs); free(tens_out); free(out_alias); free(alias_owner); free(tens);
-    cx_metric_add("SyncTime", cx_now() - t_start);
+    double t_end = cx_now();
+    cx_metric_add("SyncTime", t_end - t_start);
+    if (obs & OBS_TRACE) {
+        char args[64];
+        snprintf(args, sizeof args, "\"cause\": \"%s\", \"outputs\": %d", cause, nouts);
+        cx_trace_event("sync", "sync", t_start, t_end, args);
+    }
     if (st != CX_OK) return st;
     if (status != CX_OK) cx_set_error("%s", err_saved);
     return status;

@@ -50,6 +50,13 @@ void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const cx_pool
 void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
 void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
 
+/* C (m, n) = op(A) op(B) + beta C, row-major with leading dims, split
+ * across the worker pool (each part a single-threaded OpenBLAS call: the
+ * pool owns every compute thread, so OpenBLAS's own threads never spin
+ * against it). */
+void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
 /* Batched matmul: for each b in [0, batch): C_b (M, N) = op(A_b) op(B_b),
  * A_b at a + b*stride_a (stride 0 = broadcast), row-major with leading
  * dims lda/ldb. trans_a means A_b is stored (K, M). */

@@ -438,9 +438,7 @@ static void thin_bwd_weight_range(void *ctx, int64_t begin, int64_t end)
 static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c,
-                (blasint)ldc);
+    cx_sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch)

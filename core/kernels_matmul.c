@@ -1,17 +1,54 @@
-/* Batched sgemm. OpenBLAS threads each call itself, so batches run one
- * after another on the calling thread (never from pool workers). */
+/* Batched sgemm through cx_sgemm, which splits each product across the
+ * worker pool (single-threaded OpenBLAS calls). */
 #include "kernels.h"
+#include "pool.h"
 
 #include <cblas.h>
 #include <limits.h>
 #include <string.h>
 
+typedef struct {
+    bool ta, tb, split_m;
+    int64_t m, n, k, lda, ldb, ldc;
+    const float *a, *b;
+    float *c;
+    float beta;
+} sgemm_job;
+
+static void sgemm_part(void *p, int64_t lo, int64_t hi)
+{
+    const sgemm_job *j = p;
+    if (j->split_m) {
+        /* rows [lo, hi) of C and of op(A) */
+        const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
+        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (blasint)(hi - lo),
+                    (blasint)j->n, (blasint)j->k, 1.0f, a, (blasint)j->lda, j->b, (blasint)j->ldb, j->beta,
+                    j->c + lo * j->ldc, (blasint)j->ldc);
+    } else {
+        /* columns [lo, hi) of C and of op(B) */
+        const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
+        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (blasint)j->m,
+                    (blasint)(hi - lo), (blasint)j->k, 1.0f, j->a, (blasint)j->lda, b, (blasint)j->ldb, j->beta,
+                    j->c + lo, (blasint)j->ldc);
+    }
+}
+
+void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+              const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0) return;
+    sgemm_job j = { trans_a, trans_b, m >= n, m, n, k, lda, ldb, ldc, a, b, c, beta };
+    /* parts of at least ~2 MFLOP and 16 rows/columns: smaller ones do not pay for a fork */
+    int64_t len = j.split_m ? m : n, other = j.split_m ? n : m;
+    int64_t grain = (int64_t)(2e6 / (2.0 * (double)(other * (k > 0 ? k : 1)))) + 1;
+    if (grain < 16) grain = 16;
+    cx_pool_parallel_for(len, grain, sgemm_part, &j);
+}
+
 static void gemm(float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k, bool trans_a,
                  bool trans_b)
 {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)(trans_a ? m : k), b,
-                (blasint)(trans_b ? k : n), 0.0f, c, (blasint)n);
+    cx_sgemm(trans_a, trans_b, m, n, k, a, trans_a ? m : k, b, trans_b ? k : n, 0.0f, c, n);
 }
 
 void cx_matmul_f32(float *c, const float *a, const float *b,

@@ -1,14 +1,21 @@
 /* Counters and metrics, named as PyTorch/XLA names them. */
 #include "internal.h"
+#include "obs.h"
 
 #include <pthread.h>
 #include <math.h>
 
+/* The report (report.c) needs percentiles and rates, so each metric also
+ * keeps its last CX_METRIC_SAMPLES samples with their time stamps in a ring,
+ * as PyTorch/XLA does (its reports are over the recent window too). The
+ * ring is allocated on a metric's first sample. */
 typedef struct metric {
     char *name;
     bool is_counter;
     int64_t value;            /* counter */
     cx_metric_stats stats;    /* metric */
+    double *ring;             /* CX_METRIC_SAMPLES (value, time) pairs */
+    int64_t ring_pos;         /* samples ever written into the ring */
     struct metric *next;
 } metric;
 
@@ -51,6 +58,12 @@ void cx_metric_add(const char *name, double value)
         m->stats.last = value;
         if (value < m->stats.min) m->stats.min = value;
         if (value > m->stats.max) m->stats.max = value;
+        if (!m->ring) m->ring = calloc(2 * CX_METRIC_SAMPLES, sizeof *m->ring);
+        if (m->ring) {
+            double *slot = m->ring + 2 * (m->ring_pos++ % CX_METRIC_SAMPLES);
+            slot[0] = value;
+            slot[1] = cx_now();
+        }
     }
     pthread_mutex_unlock(&g_metrics_mu);
 }
@@ -87,6 +100,46 @@ void cx_metrics_clear(void)
         memset(&m->stats, 0, sizeof m->stats);
         m->stats.min = INFINITY;
         m->stats.max = -INFINITY;
+        m->ring_pos = 0;
     }
     pthread_mutex_unlock(&g_metrics_mu);
+}
+
+/* A consistent copy of the registry for the report: taken under the lock,
+ * formatted without it. Samples come out oldest first. */
+int cx_metrics_snapshot(cx_metric_snap **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&g_metrics_mu);
+    int n = 0;
+    for (metric *m = g_metrics; m; m = m->next) n++;
+    cx_metric_snap *s = calloc((size_t)n + 1, sizeof *s);
+    int k = 0;
+    for (metric *m = g_metrics; s && m; m = m->next, k++) {
+        s[k].name = m->name;   /* names live as long as the process */
+        s[k].is_counter = m->is_counter;
+        s[k].value = m->value;
+        s[k].stats = m->stats;
+        int64_t cnt = m->ring_pos < CX_METRIC_SAMPLES ? m->ring_pos : CX_METRIC_SAMPLES;
+        if (m->is_counter || cnt == 0 || !m->ring) continue;
+        s[k].samples = malloc(sizeof(double) * 2 * (size_t)cnt);
+        if (!s[k].samples) continue;   /* the report then shows totals only */
+        int64_t first = m->ring_pos - cnt;
+        for (int64_t i = 0; i < cnt; i++) {
+            const double *src = m->ring + 2 * ((first + i) % CX_METRIC_SAMPLES);
+            s[k].samples[2 * i] = src[0];
+            s[k].samples[2 * i + 1] = src[1];
+        }
+        s[k].nsamples = (int)cnt;
+    }
+    pthread_mutex_unlock(&g_metrics_mu);
+    if (!s) return -1;
+    *out = s;
+    return n;
+}
+
+void cx_metrics_snapshot_free(cx_metric_snap *s, int n)
+{
+    for (int i = 0; s && i < n; i++) free(s[i].samples);
+    free(s);
 }

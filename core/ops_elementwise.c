@@ -1,5 +1,6 @@
 /* Elementwise primitives: broadcasting, type promotion, and their VJPs. */
 #include "internal.h"
+#include "obs.h"
 
 #include <math.h>
 
@@ -51,7 +52,10 @@ cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
     cx_node *n = cx_node_make(&d);
     if (nodes != nodes_small) free(nodes);
     if (!n) return cx_poison("%s: out of memory", cx_op_table[op].name);
-    return cx_tensor_wrap(n);
+    cx_tensor *t = cx_tensor_wrap(n);
+    /* XLA_USE_EAGER_DEBUG_MODE (debug.c): run the op now; one branch otherwise */
+    if (t && (cx_obs_get() & OBS_EAGER)) cx_obs_eager_run(t);
+    return t;
 }
 
 /* ---- broadcasting ----------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* Tensor handles, the live list, steps, host transfers and cx_assign. */
 #include "internal.h"
+#include "obs.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -11,6 +12,12 @@
 static cx_spinlock g_live_mu = CX_SPINLOCK_INIT;
 /* freed handles are reused: a step creates and frees hundreds */
 static cx_tensor *g_free_handles;
+/* recycling would hide use-after-free from the sanitizers */
+#if defined(__SANITIZE_ADDRESS__)
+#define CX_HANDLE_CACHE 0
+#else
+#define CX_HANDLE_CACHE 4096
+#endif
 static int g_nfree_handles;
 static cx_tensor *g_live_head, *g_live_tail;
 
@@ -109,6 +116,16 @@ cx_tensor *cx_poison(const char *fmt, ...)
     return cx_tensor_wrap(cx_node_error(msg));
 }
 
+cx_tensor *cx_poisoned(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return cx_poison("%s", msg);
+}
+
 static void release_handle(cx_tensor *t)
 {
     live_unlink(t);
@@ -118,11 +135,7 @@ static void release_handle(cx_tensor *t)
     cx_node_unref(t->node);
     free(t->name);
     cx_spin_lock(&g_live_mu);
-#if defined(__SANITIZE_ADDRESS__)
-    if (0) {
-#else
-    if (g_nfree_handles < 4096) {
-#endif
+    if (g_nfree_handles < CX_HANDLE_CACHE) {
         t->next = g_free_handles;
         g_free_handles = t;
         g_nfree_handles++;
@@ -214,8 +227,14 @@ cx_status cx_step_end(void)
     }
     l->n = 0;
     t_step_depth--;
-    cx_status st = cx_materialize(NULL, 0, "step end");
+    /* observability (obs.h): the loader's step ends are told apart by their
+     * caller, which costs a dladdr, so only when someone will read the cause */
+    int obs = cx_obs_get();
+    const char *cause = (obs & (OBS_DEBUG | OBS_DUMP | OBS_TRACE)) ? cx_obs_step_cause(__builtin_return_address(0)) : "step end";
+    cx_status st = cx_materialize(NULL, 0, cause);
     cx_counter_add("MarkStep", 1);
+    /* step closures, XLA_METRICS_FILE, debug warnings: after the step's graph ran */
+    if (cx_obs_get() & (OBS_CLOSURES | OBS_METRICS_FILE | OBS_DEBUG)) cx_obs_step_end(st);
     return st;
 }
 
@@ -253,8 +272,14 @@ cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dty
     if (bytes) memcpy(b->data, data, bytes);
     cx_node *n = cx_node_data(b, dtype, shape, ndim);
     if (!n) { cx_buffer_unref(b); return cx_poison("from_host: out of memory"); }
-    cx_metric_add("TransferToDeviceTime", cx_now() - t0);
+    double t1 = cx_now();
+    cx_metric_add("TransferToDeviceTime", t1 - t0);
     cx_counter_add("CreateDataHandles", 1);
+    if (cx_obs_get() & OBS_TRACE) {   /* profiler (trace.c) */
+        char args[48];
+        snprintf(args, sizeof args, "\"bytes\": %zu", bytes);
+        cx_trace_event("transfer", "TransferToDevice", t0, t1, args);
+    }
     return cx_tensor_wrap(n);
 }
 
@@ -289,20 +314,11 @@ cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
 cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype)
 {
     if (!check_shape("placeholder", shape, ndim)) return cx_poison("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("placeholder: unknown dtype %d", (int)dtype);
     cx_node *n = cx_node_data(NULL, dtype, shape, ndim);
     if (!n) return cx_poison("placeholder: out of memory");
     cx_tensor *t = cx_tensor_wrap(n);
     return cx_persist(t);
-}
-
-cx_tensor *cx_poisoned(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return cx_poison("%s", msg);
 }
 
 cx_tensor *cx_arange(int64_t n, cx_dtype dtype)
@@ -434,7 +450,13 @@ cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype)
     }
     double t0 = cx_now();
     convert_out(out, dtype, t->node->buf->data, (cx_dtype)t->node->dtype, t->node->numel);
-    cx_metric_add("TransferFromDeviceTime", cx_now() - t0);
+    double t1 = cx_now();
+    cx_metric_add("TransferFromDeviceTime", t1 - t0);
+    if (cx_obs_get() & OBS_TRACE) {   /* profiler (trace.c) */
+        char args[48];
+        snprintf(args, sizeof args, "\"bytes\": %zu", t->node->buf->bytes);
+        cx_trace_event("transfer", "TransferFromDevice", t0, t1, args);
+    }
     return CX_OK;
 }
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "models.h"
@@ -42,6 +43,12 @@ typedef struct {
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
     long auto_wrap_min_params;
     bool grad_ckpt;
+    const char *ckpt_dir;     /* NULL: no checkpoints */
+    long ckpt_every;          /* steps between saves; 0: only at the end */
+    const char *resume;       /* NULL, "auto" or a checkpoint prefix */
+    bool metrics;             /* print the metrics report at the end */
+    const char *trace_dir;    /* profiler output, NULL: off */
+    const char *cache_dir;    /* persistent compile cache, NULL: off */
 } config;
 
 static config default_config(void)
@@ -83,6 +90,13 @@ static void usage(FILE *f)
             "  --nested                          fsdp: every Linear / Conv2d is its own unit\n"
             "  --auto-wrap-min-params N          fsdp: submodules with >= N parameters are units\n"
             "  --grad-ckpt                       rematerialize each unit's forward in backward\n"
+            "  --metrics                         print the metrics report at the end (rank 0)\n"
+            "  --trace DIR                       write a profiler trace to DIR/proc_<rank>/trace.json\n"
+            "  --cache-dir DIR                   persistent compile cache (shared by the ranks)\n"
+            "  --ckpt-dir DIR                    save checkpoints DIR/ckpt-step-<N> (HDF5, committed)\n"
+            "  --ckpt-every N                    save every N steps (default 0 = only at the end)\n"
+            "  --resume {auto,PREFIX}            resume from the latest committed checkpoint in\n"
+            "                                    --ckpt-dir (auto; none = fresh start) or from PREFIX\n"
             "  --help                            this text\n"
             "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
             "            21 below --target-accuracy\n",
@@ -151,6 +165,7 @@ static config parse_args(int argc, char **argv)
         /* switches without a value */
         if (!strcmp(arg, "--nested")) { c.nested = true; continue; }
         if (!strcmp(arg, "--grad-ckpt")) { c.grad_ckpt = true; continue; }
+        if (!strcmp(arg, "--metrics")) { c.metrics = true; continue; }
         /* --flag=value or --flag value */
         char name[64];
         const char *eq = strchr(arg, '=');
@@ -180,8 +195,13 @@ static config parse_args(int argc, char **argv)
         else if (!strcmp(name, "--width")) c.width = parse_long(name, v, 1, 1L << 20);
         else if (!strcmp(name, "--depth")) c.depth = (int)parse_long(name, v, 0, 1000);
         else if (!strcmp(name, "--parallel")) c.parallel = parse_choice(name, v, parallels);
+        else if (!strcmp(name, "--ckpt-dir")) c.ckpt_dir = v;
+        else if (!strcmp(name, "--ckpt-every")) c.ckpt_every = parse_long(name, v, 0, 1L << 40);
+        else if (!strcmp(name, "--resume")) c.resume = v;
         else if (!strcmp(name, "--zero")) c.zero = (int)parse_long(name, v, 2, 3);
         else if (!strcmp(name, "--auto-wrap-min-params")) c.auto_wrap_min_params = parse_long(name, v, 1, 1L << 40);
+        else if (!strcmp(name, "--trace")) c.trace_dir = v;
+        else if (!strcmp(name, "--cache-dir")) c.cache_dir = v;
         else bad_flag("unknown flag '%s'%s", name, "");
     }
     return c;
@@ -283,12 +303,115 @@ typedef struct {
     cx_fsdp *fsdp;    /* --parallel fsdp: the module's forward hooks gather, autograd reduce-scatters */
 } parallel_mode;
 
+/* ---- checkpoints ------------------------------------------------------------------ */
+
+/* What a checkpoint saves for this run's wrapping (FSDP: the wrapper's
+ * shards and metadata; DDP/xm: the replicated module, from rank 0). */
+static cx_ckpt_model ckpt_model_of(const config *c, const parallel_mode *par, cx_module *model)
+{
+    if (par->fsdp) return cx_ckpt_model_fsdp(par->fsdp, c->zero != 2);
+    if (par->ddp) return cx_ckpt_model_ddp(cx_ddp_module(par->ddp));
+    if (par->xm) return cx_ckpt_model_ddp(model);
+    return cx_ckpt_model_single(model);
+}
+
+static struct {
+    const config *c;
+    cx_ckpt_model model;
+    cx_optimizer *opt;
+    int64_t resume_epoch, resume_position;   /* where a resumed run continues */
+    int64_t last_saved;                      /* step of the last save (-1: none) */
+    char last_prefix[4096];                  /* its prefix */
+} g_ckpt = { .resume_epoch = 1, .last_saved = -1 };
+
+static cx_status ckpt_save_now(int64_t epoch, int64_t position)
+{
+    int64_t step = cx_optim_step_count(g_ckpt.opt);
+    char prefix[4096];
+    snprintf(prefix, sizeof prefix, "%s/ckpt-step-%lld", g_ckpt.c->ckpt_dir, (long long)step);
+    cx_ckpt_extra ex = { step, epoch, position };
+    cx_status st = cx_ckpt_save(prefix, g_ckpt.model, g_ckpt.opt, &ex);
+    if (st != CX_OK) fprintf(stderr, "train: checkpoint save failed: %s\n", cx_last_error());
+    else if (cx_global_ordinal() == 0) printf("Saved checkpoint %s\n", prefix);
+    fflush(stdout);
+    g_ckpt.last_saved = step;
+    snprintf(g_ckpt.last_prefix, sizeof g_ckpt.last_prefix, "%s", prefix);
+    return st;
+}
+
+/* Loads --resume (auto: the latest committed checkpoint, or a fresh start
+ * with a notice). @return CX_OK or the load's error. */
+static cx_status ckpt_setup(const config *c, const parallel_mode *par, cx_module *model, cx_optimizer *opt)
+{
+    g_ckpt.c = c;
+    g_ckpt.model = ckpt_model_of(c, par, model);
+    g_ckpt.opt = opt;
+    if (c->ckpt_dir && mkdir(c->ckpt_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "train: cannot create --ckpt-dir %s: %s\n", c->ckpt_dir, strerror(errno));
+        return CX_ERR_IO;
+    }
+    if (!c->resume) return CX_OK;
+    char prefix[4096];
+    if (!strcmp(c->resume, "auto")) {
+        if (!c->ckpt_dir || cx_ckpt_latest(c->ckpt_dir, prefix, sizeof prefix) != CX_OK) {
+            if (cx_global_ordinal() == 0)
+                printf("train: notice: no committed checkpoint in %s, starting fresh\n",
+                       c->ckpt_dir ? c->ckpt_dir : "(no --ckpt-dir)");
+            return CX_OK;
+        }
+    } else {
+        snprintf(prefix, sizeof prefix, "%s", c->resume);
+    }
+    cx_ckpt_extra ex;
+    if (cx_ckpt_load(prefix, g_ckpt.model, opt, &ex) != CX_OK) {
+        fprintf(stderr, "train: cannot resume: %s\n", cx_last_error());
+        return CX_ERR_IO;
+    }
+    g_ckpt.resume_epoch = ex.epoch > 0 ? ex.epoch : 1;
+    g_ckpt.resume_position = ex.sampler_position;
+    g_ckpt.last_saved = ex.step;
+    snprintf(g_ckpt.last_prefix, sizeof g_ckpt.last_prefix, "%s", prefix);
+    if (cx_global_ordinal() == 0)
+        printf("Resumed from %s: step %lld, epoch %lld, sample %lld\n", prefix, (long long)ex.step, (long long)ex.epoch,
+               (long long)ex.sampler_position);
+    return CX_OK;
+}
+
+/* Starts an epoch where a resumed run left it. @return steps already done in it. */
+static int64_t ckpt_start_epoch(cx_loader *loader, int epoch, int64_t batch_size)
+{
+    int64_t pos = epoch == g_ckpt.resume_epoch ? g_ckpt.resume_position : 0;
+    if (cx_loader_set_epoch(loader, epoch, pos) != CX_OK) {
+        pos = 0;
+        cx_loader_set_epoch(loader, epoch, 0);
+    }
+    g_ckpt.resume_position = 0;
+    return pos / batch_size;
+}
+
+/* After a step: saves every --ckpt-every steps (ending the step first, so
+ * the saved state is the step's result). */
+static cx_status ckpt_after_step(cx_loader *loader, int epoch)
+{
+    const config *c = g_ckpt.c;
+    if (!c->ckpt_dir || c->ckpt_every <= 0 || cx_optim_step_count(g_ckpt.opt) % c->ckpt_every) return CX_OK;
+    cx_status st = cx_loader_end_step(loader);
+    return st != CX_OK ? st : ckpt_save_now(epoch, cx_loader_position(loader));
+}
+
+/* The save at the end of training (unless that step is saved already):
+ * the next epoch, from its start. */
+static cx_status ckpt_final_save(int epochs)
+{
+    if (!g_ckpt.c->ckpt_dir || g_ckpt.last_saved == cx_optim_step_count(g_ckpt.opt)) return CX_OK;
+    return ckpt_save_now(epochs + 1, 0);
+}
+
 static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_optimizer *opt, cx_loader *loader,
                              int64_t dataset_size, const parallel_mode *par)
 {
     cx_module_train(model, true);
-    cx_loader_set_epoch(loader, epoch, 0);
-    int64_t batches = cx_loader_len(loader), images = 0, steps = 0;
+    int64_t batches = cx_loader_len(loader), images = 0, steps = ckpt_start_epoch(loader, epoch, c->batch_size);
     pending_log log = { NULL, 0 };
     double t0 = now_s();
     cx_batch b;
@@ -307,6 +430,7 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         }
         if (b.index % c->log_every == 0) log = (pending_log){ cx_keep(loss), b.index };
         images += b.size;
+        if (ckpt_after_step(loader, epoch) != CX_OK) return CX_ERR_IO;
         if (++steps == c->steps) {
             cx_loader_end_step(loader);
             break;
@@ -370,6 +494,15 @@ int main(int argc, char **argv)
     int rank = cx_global_ordinal(), world = cx_world_size();
     if (c.threads > 0) cx_set_num_threads(c.threads);
     cx_manual_seed((uint64_t)c.seed);
+    /* the persistent cache must be set up before the first compile */
+    if (c.cache_dir && cx_cache_init(c.cache_dir, false) != CX_OK) {
+        fprintf(stderr, "train: --cache-dir: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    if (c.trace_dir && cx_trace_start(c.trace_dir) != CX_OK) {
+        fprintf(stderr, "train: --trace: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
 
     cx_dataset *train_set = load_split(&c, true);
     cx_dataset *test_set = load_split(&c, false);
@@ -442,7 +575,8 @@ int main(int argc, char **argv)
 
     int rc = 0;
     double acc = 0.0;
-    for (int epoch = 1; epoch <= c.epochs && rc == 0; epoch++) {
+    if (ckpt_setup(&c, &par, model, opt) != CX_OK) rc = EXIT_RUNTIME;
+    for (int epoch = (int)g_ckpt.resume_epoch; epoch <= c.epochs && rc == 0; epoch++) {
         if (train_epoch(&c, epoch, model, opt, train_loader, cx_dataset_size(train_set), &par) != CX_OK) {
             rc = EXIT_RUNTIME;
             break;
@@ -456,9 +590,18 @@ int main(int argc, char **argv)
         if (rank == 0) printf("Test accuracy: %.2f%%\n", acc);
         fflush(stdout);
     }
+    if (rc == 0 && ckpt_final_save(c.epochs) != CX_OK) rc = EXIT_RUNTIME;
     if (rc == 0 && c.target_accuracy > 0 && acc < c.target_accuracy) {
         fprintf(stderr, "train: test accuracy %.2f%% is below the target %.2f%%\n", acc, c.target_accuracy);
         rc = EXIT_BELOW_TARGET;
+    }
+
+    if (c.trace_dir && cx_trace_stop() != CX_OK) fprintf(stderr, "train: --trace: %s\n", cx_last_error());
+    if (c.metrics && rank == 0) {
+        char *report = cx_metrics_report();
+        if (report) printf("%s", report);
+        free(report);
+        fflush(stdout);
     }
 
     cx_loader_free(train_loader);

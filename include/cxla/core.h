@@ -329,8 +329,9 @@ void cx_memory_reset_peak(void);
 
 /* ---- runtime configuration --------------------------------------------- */
 
-/* Compute threads (CX_NUM_THREADS overrides the default: all cores). OpenBLAS
- * is told the same number. */
+/* Compute threads (CX_NUM_THREADS overrides the default: all cores). The
+ * worker pool owns them all: each gemm is split across the pool into
+ * single-threaded OpenBLAS calls, so nothing oversubscribes the cores. */
 void cx_set_num_threads(int n);
 int cx_get_num_threads(void);
 /* Drops every cached executable. */

@@ -8,6 +8,8 @@
 #include <cxla/optim.h>
 #include <cxla/data.h>
 #include <cxla/parallel.h>
+#include <cxla/checkpoint.h>
+#include <cxla/debug.h>
 #include <cxla/fsdp.h>
 
 #endif

@@ -1,0 +1,150 @@
+/* cxla checkpoint: HDF5 state dicts, full and sharded, with atomic commit,
+ * resume, consolidation and resharding (docs/checkpoint-format.md).
+ *
+ * A checkpoint is named by a prefix ("run/ckpt-step-100"): its files are
+ * <prefix>_rank-<r>-of-<w>.h5 and its commit marker <prefix>.commit. A save
+ * writes every file under a temporary name, fsyncs and renames it; when every
+ * rank has succeeded, rank 0 writes the marker listing each file with its
+ * size and checksum. Loads accept only committed checkpoints whose files
+ * match the marker, so a crash at any point of a save leaves the previous
+ * committed checkpoint loadable.
+ *
+ * Unsharded runs (single process, DDP, xm) write one full file from rank 0
+ * (w = 1); FSDP writes one file per rank holding that rank's flat shards
+ * plus the shard metadata. Any checkpoint loads into any wrapping: a sharded
+ * one is stitched (or re-sliced) tensor by tensor on the fly.
+ */
+#ifndef CXLA_CHECKPOINT_H
+#define CXLA_CHECKPOINT_H
+
+#include <cxla/core.h>
+#include <cxla/nn.h>
+#include <cxla/optim.h>
+#include <cxla/parallel.h>
+#include <cxla/fsdp.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CX_CKPT_FORMAT_VERSION 1
+/* The default file-name pattern of the ranks' files after the prefix. */
+#define CX_CKPT_DEFAULT_SUFFIX "_rank-*-of-*.h5"
+/* The registered HDF5 filter id of zstd. */
+#define CX_CKPT_ZSTD_FILTER 32015
+
+typedef enum {
+    CX_CKPT_SINGLE = 0,   /* "none": one process */
+    CX_CKPT_DDP,          /* "ddp": replicated parameters (DDP or xm.optimizer_step) */
+    CX_CKPT_FSDP_ZERO2,   /* "fsdp-zero2" */
+    CX_CKPT_FSDP_ZERO3,   /* "fsdp-zero3" */
+} cx_ckpt_strategy;
+
+/* "none", "ddp", "fsdp-zero2", "fsdp-zero3". */
+const char *cx_ckpt_strategy_name(cx_ckpt_strategy s);
+
+/* What is saved or loaded: a plain module (single, DDP: the wrapped module)
+ * or an FSDP wrapper. Build it with one of the helpers below. */
+typedef struct {
+    cx_ckpt_strategy strategy;
+    cx_module *module;    /* SINGLE / DDP */
+    cx_fsdp *fsdp;        /* FSDP_* */
+} cx_ckpt_model;
+
+cx_ckpt_model cx_ckpt_model_single(cx_module *m);
+/* A replicated module (DDP's cx_ddp_module, or the module of an
+ * xm.optimizer_step run). */
+cx_ckpt_model cx_ckpt_model_ddp(cx_module *m);
+/* `zero3`: the wrapper reshards after forward (recorded in the files). */
+cx_ckpt_model cx_ckpt_model_fsdp(cx_fsdp *f, bool zero3);
+
+/* Training progress stored with the state. The RNG state is not here: a
+ * save records cx_get_rng_state() and a load restores it with
+ * cx_set_rng_state(), as the RNG is process-global. */
+typedef struct {
+    int64_t step;              /* optimizer steps done */
+    int64_t epoch;             /* the epoch in progress (or next) */
+    int64_t sampler_position;  /* samples taken in that epoch (cx_loader_position) */
+} cx_ckpt_extra;
+
+typedef struct {
+    /* save: 0 = no compression (default), 1..22 = zstd level through HDF5
+     * filter 32015 (chunked datasets) */
+    int compress_level;
+    /* save/load the optimizer state (default true; needs an optimizer) */
+    bool with_optimizer;
+    /* load: verify the files' sizes and checksums against the commit marker
+     * (default true) */
+    bool verify;
+} cx_ckpt_opts;
+cx_ckpt_opts cx_ckpt_default_opts(void);
+
+/* Saves a checkpoint. Collective: every rank calls it with the same prefix.
+ * `opt` may be NULL (no optimizer state); `extra` may be NULL (step = the
+ * optimizer's step count, epoch and position 0). Saving to a prefix that
+ * already holds a checkpoint first removes its commit marker.
+ * @return CX_OK on every rank once the commit marker is durable, or the
+ * same error on every rank (cx_last_error names the file and the cause);
+ * then no marker exists for this prefix. */
+cx_status cx_ckpt_save(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, const cx_ckpt_extra *extra);
+cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt,
+                            const cx_ckpt_extra *extra, cx_ckpt_opts opts);
+
+/* Loads the committed checkpoint `prefix` (any strategy, any world size)
+ * into `model` and `opt` (may be NULL), restores the RNG state and the
+ * optimizer's step count, and fills `extra` (may be NULL). Collective.
+ * Nothing is modified unless every file verifies and every tensor matches
+ * the model's names and shapes.
+ * @return CX_OK, CX_ERR_IO (not committed, missing/corrupt file, checksum),
+ * CX_ERR_SHAPE (a key missing or of another shape), CX_ERR_OOM. */
+cx_status cx_ckpt_load(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
+cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra,
+                            cx_ckpt_opts opts);
+
+/* Loads one full (consolidated) file, e.g. consolidate_ckpts' output, into
+ * a model of any wrapping; `opt` may be NULL (the file's optimizer state,
+ * if any, is then ignored). Per-tensor checksums are verified.
+ * Not collective: each rank reads the file itself. */
+cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
+
+/* @return true when `prefix` has a commit marker whose files all exist with
+ * the listed sizes (checksums are not read). */
+bool cx_ckpt_is_committed(const char *prefix);
+
+/* Finds the committed checkpoint with the highest step in `dir` (by its
+ * marker; files are size-checked). @return CX_OK and the prefix in `out`,
+ * CX_ERR_IO when there is none (cx_last_error says so), CX_ERR_ARG when
+ * `out` is too small. */
+cx_status cx_ckpt_latest(const char *dir, char *out, size_t cap);
+
+/* ---- consolidation and resharding (the consolidate_ckpts tool) -------- */
+
+typedef struct {
+    const char *suffix;       /* glob after the prefix (CX_CKPT_DEFAULT_SUFFIX) */
+    bool with_optimizer;      /* also stitch the optimizer state (false) */
+    int compress_level;       /* output compression, 0 = none */
+    int shard_size_multiple;  /* reshard: flat params padded to N * this (1) */
+} cx_ckpt_consolidate_opts;
+cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void);
+
+/* The files of `prefix` matching `suffix` (NULL: the default pattern), for
+ * reporting. @return how many, or -1 (error set). */
+int cx_ckpt_count_files(const char *prefix, const char *suffix);
+
+/* Stitches the committed checkpoint `prefix` into one full file `out_path`
+ * (streaming: peak memory is a few MiB of buffers, not the model). Every
+ * file is validated first: count, ranks, world sizes, format, metadata,
+ * sizes and checksums against the commit marker. On any error no output is
+ * left behind. */
+cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts);
+
+/* Rewrites the committed checkpoint `prefix` as a committed FSDP checkpoint
+ * `out_prefix` for `world` ranks (same units; an unsharded source becomes
+ * one root unit "flat_param" over all parameters in state-dict order).
+ * Streaming, validated, nothing left behind on error. */
+cx_status cx_ckpt_reshard(const char *prefix, const char *out_prefix, int world, cx_ckpt_consolidate_opts opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
