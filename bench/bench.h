@@ -13,6 +13,9 @@ void bench_emit(const char *name, double value, const char *unit, double ref);
 int bench_core(int argc, char **argv);
 int bench_ckpt(int argc, char **argv);
 int bench_train(int argc, char **argv);
+int bench_comm(int argc, char **argv);
+int bench_ddp(int argc, char **argv);
+int bench_fsdp(int argc, char **argv);
 int bench_cache(int argc, char **argv);
 
 #endif

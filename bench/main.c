@@ -43,6 +43,9 @@ static const subcommand g_subcommands[] = {
     { "core", bench_core, "fused elementwise bandwidth, matmul GFLOP/s, cache-hit overhead" },
     { "ckpt", bench_ckpt, "checkpoint save/load GB/s vs raw disk, consolidation peak memory" },
     { "cache", bench_cache, "start-up with a warm vs cold persistent compile cache" },
+    { "comm", bench_comm, "all-reduce bus bandwidth through the library vs MPI_Allreduce (under xla-launch)" },
+    { "ddp", bench_ddp, "DDP cnn images/s on 2 ranks x 1 thread vs 1 rank x 2 threads; exposed comm" },
+    { "fsdp", bench_fsdp, "ZeRO-2/3 vs DDP peak bytes and step time, 120M-param mlp, AdamW (under xla-launch)" },
     { "train", bench_train, "training images/s (cnn, mlp) vs the GEMM-bound limit, 1 and 2 threads" },
 };
 
