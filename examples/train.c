@@ -443,8 +443,9 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     }
     flush_log(&log, epoch, c->batch_size, dataset_size, batches);
     double dt = now_s() - t0;
-    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s%s)\n", epoch, (long long)steps,
-           (long long)images, dt, (double)images / dt, cx_world_size() > 1 ? " on this rank" : "");
+    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s%s), peak device memory %.1f MB\n", epoch,
+           (long long)steps, (long long)images, dt, (double)images / dt, cx_world_size() > 1 ? " on this rank" : "",
+           (double)cx_memory_peak() / 1e6);
     fflush(stdout);
     return CX_OK;
 }
