@@ -906,6 +906,10 @@ static bool alias_safe(cx_executable *e, int out_slot, int in_slot)
         if (!reads) continue;
         if (k < writer) continue;
         if (k == writer && kn->kind == K_FUSED && identity_only && !kn->has_epilogue) continue;
+        /* all-reduce and broadcast run in place over their own input */
+        if (k == writer && kn->kind == K_COLL && kn->nin == 1 && kn->in[0].slot == in_slot &&
+            (kn->attrs[15] == OP_ALL_REDUCE || kn->attrs[15] == OP_BROADCAST))
+            continue;
         return false;
     }
     return true;

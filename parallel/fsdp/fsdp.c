@@ -233,22 +233,30 @@ static cx_status shard_unit(cx_fsdp *f, unit *u)
     int64_t padded = (total + mult - 1) / mult * mult;
     if (padded == 0) padded = mult;
     int64_t shard = padded / f->world;
-    cx_tensor **flats = malloc(sizeof *flats * (size_t)(u->nparams + 1));
-    if (!flats) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    /* this rank's range [s0, s1) of the flat parameter, built from the
+     * overlapping pieces only: no rank ever materializes the whole unit */
+    int64_t s0 = shard * f->rank, s1 = s0 + shard;
+    cx_tensor **pieces = malloc(sizeof *pieces * (size_t)(u->nparams + 1));
+    if (!pieces) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    int k = 0;
     int64_t all = -1;
-    for (int i = 0; i < u->nparams; i++)
-        flats[i] = cx_reshape(cx_module_param(u->refs[i].owner, u->refs[i].slot), &all, 1);
-    int k = u->nparams;
-    if (padded > total) {
-        int64_t pad = padded - total;
-        flats[k++] = cx_zeros(&pad, 1, CX_F32);
+    for (int i = 0; i < u->nparams; i++) {
+        int64_t lo = u->info[i].offset, hi = lo + u->info[i].numel;
+        int64_t a = lo > s0 ? lo : s0, b = hi < s1 ? hi : s1;
+        if (a >= b) continue;
+        cx_tensor *flat = cx_reshape(cx_module_param(u->refs[i].owner, u->refs[i].slot), &all, 1);
+        pieces[k++] = cx_slice(flat, 0, a - lo, b - lo, 1);
+        cx_free(flat);
     }
-    cx_tensor *flat = k == 1 ? cx_alias(flats[0]) : cx_concat(flats, k, 0);
-    cx_tensor *mine = cx_slice(flat, 0, shard * f->rank, shard * (f->rank + 1), 1);
+    int64_t pad_lo = total > s0 ? total : s0;
+    if (s1 > pad_lo) {
+        int64_t pad = s1 - pad_lo;
+        pieces[k++] = cx_zeros(&pad, 1, CX_F32);
+    }
+    cx_tensor *mine = k == 1 ? cx_alias(pieces[0]) : cx_concat(pieces, k, 0);
     u->shard = cx_persist(cx_alias(mine));
-    for (int i = 0; i < k; i++) cx_free(flats[i]);
-    free(flats);
-    cx_free(flat);
+    for (int i = 0; i < k; i++) cx_free(pieces[i]);
+    free(pieces);
     cx_free(mine);
     cx_status st = cx_sync_tensors(&u->shard, 1);
     if (st != CX_OK) return st;
