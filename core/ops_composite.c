@@ -60,22 +60,15 @@ cx_tensor *cx_detach(cx_tensor *t)
 {
     if (!t) return cx_poison("detach: input is NULL");
     if (t->node->op == OP_ERROR || !(t->node->flags & NF_REQUIRES_GRAD)) return cx_alias(t);
-    /* a no-grad copy of the node: its own IR node, same value */
+    /* its own no-grad node with the same value: x * 1, recorded as is (the
+     * identity x * 1 = x is not applied to a value that carries grad) */
     cx_no_grad_begin();
-    int64_t shape[CX_MAX_DIMS];
-    memcpy(shape, t->node->shape, sizeof shape);
-    cx_tensor *r;
-    if (t->node->ndim > 0) {
-        /* reshape to the same shape folds away; expand(reshape) does too, so
-         * use a no-grad permute-free identity: multiply by one */
-        cx_tensor *one = cx_scalar_like(t, 1.0);
-        r = cx_mul(t, one);
-        cx_drop(one);
-    } else {
-        cx_tensor *one = cx_scalar_like(t, 1.0);
-        r = cx_mul(t, one);
-        cx_drop(one);
-    }
+    cx_tensor *one = cx_scalar_like(t, 1.0);
+    cx_tensor *ones = cx_expand(one, t->node->shape, t->node->ndim);
+    cx_tensor *ins[2] = { t, ones };
+    cx_tensor *r = cx_make_op(OP_MUL, (cx_dtype)t->node->dtype, t->node->shape, t->node->ndim, ins, 2, NULL, 0, 0);
+    cx_drop(one);
+    cx_drop(ones);
     cx_no_grad_end();
     return r;
 }

@@ -158,6 +158,13 @@ cx_tensor *cx_cast(cx_tensor *a, cx_dtype dtype)
     return cx_make_op(OP_CAST, dtype, a->node->shape, a->node->ndim, &a, 1, &attr, 1, 0);
 }
 
+/* A constant `v`, possibly broadcast (expand / reshape of a 0-d constant). */
+static bool is_constant(const cx_node *n, double v)
+{
+    while ((n->op == OP_EXPAND || n->op == OP_RESHAPE) && n->ninputs == 1) n = n->inputs[0];
+    return n->op == OP_CONST && n->fval == v;
+}
+
 static cx_tensor *binary(cx_op op, cx_tensor *a, cx_tensor *b)
 {
     cx_tensor *ins[2] = { a, b };
@@ -172,6 +179,19 @@ static cx_tensor *binary(cx_op op, cx_tensor *a, cx_tensor *b)
     if (!prepare_operands(cx_op_table[op].name, ins, 2, dt, ops, shape, &nd, &err)) return err;
     bool cmp = op == OP_LT || op == OP_LE || op == OP_EQ;
     cx_tensor *use[2] = { ops[0] ? ops[0] : a, ops[1] ? ops[1] : b };
+    /* algebraic identities: x * 1, 1 * x, x / 1, x + 0, 0 + x, x - 0 are x
+     * (as long as x already has the result's shape, dtype and grad flag) */
+    for (int side = 0; side < 2 && !cmp; side++) {
+        double ident = (op == OP_MUL || (op == OP_DIV && side == 1)) ? 1.0
+                     : (op == OP_ADD || (op == OP_SUB && side == 1)) ? 0.0 : -1.0;
+        if (ident < 0) continue;
+        cx_tensor *k = side ? b : a, *x = side ? a : b;
+        if (!is_constant(k->node, ident) || (side ? ops[0] : ops[1])) continue;
+        if ((x->node->flags & NF_REQUIRES_GRAD) && !cx_grad_enabled()) continue;
+        if (ops[0]) cx_drop(ops[0]);
+        if (ops[1]) cx_drop(ops[1]);
+        return cx_alias(x);
+    }
     cx_tensor *r = cx_make_op(op, cmp ? CX_BOOL : dt, shape, nd, use, 2, NULL, 0, 0);
     if (ops[0]) cx_drop(ops[0]);
     if (ops[1]) cx_drop(ops[1]);

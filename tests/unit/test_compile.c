@@ -749,3 +749,26 @@ Test(compile, threads_setting)
     free(a);
     cx_free(t);
 }
+
+/* Algebraic identities fold at record time: x * 1 + 0 is x itself (no
+ * node, no kernel), while detach keeps its own gradient-free node. */
+Test(compile, algebraic_identities)
+{
+    float h[4] = { 1, -2, 3, -4 };
+    const int64_t s4[] = { 4 };
+    cx_tensor *x = cx_from_host(h, s4, 1, CX_F32);
+    cx_tensor *one = cx_scalar(1.0, CX_F32), *zero = cx_scalar(0.0, CX_F32);
+    cx_tensor *y = cx_sub(cx_div(cx_add(cx_mul(one, x), zero), one), zero);
+    cr_assert(!cx_is_pending(y), "x * 1 + 0 / 1 - 0 recorded a graph instead of folding to x");
+    cx_tensor *two = cx_scalar(2.0, CX_F32);
+    cx_tensor *z = cx_mul(x, two);
+    cr_assert(cx_is_pending(z), "x * 2 must not fold");
+    cx_tensor *w = cx_requires_grad(cx_persist(cx_from_host(h, s4, 1, CX_F32)), true);
+    cx_tensor *d = cx_detach(w);
+    cr_assert(cx_is_pending(d), "detach of a grad-carrying tensor must be its own node");
+    cx_tensor *loss = cx_sum(cx_mul(d, w), NULL, 0, false);
+    cr_assert_eq(cx_backward(loss), CX_OK, "%s", cx_last_error());
+    float g[4];
+    cr_assert_eq(cx_to_host(cx_grad(w), g, CX_F32), CX_OK);
+    for (int i = 0; i < 4; i++) cr_assert_float_eq(g[i], h[i], 1e-6, "d(sum(detach(w) * w))/dw = w, got %g", g[i]);
+}
