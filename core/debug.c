@@ -176,7 +176,11 @@ static FILE *dbg_open(bool *close_it)
     *close_it = false;
     if (!g_cfg.all_ranks && local_rank() != 0) return NULL;
     if (!g_cfg.debug_file) return stderr;
-    FILE *f = fopen(g_cfg.debug_file, "a");
+    char path[4096];
+    /* like the other per-rank files: ranks asked to print must not interleave */
+    if (cx_comm_world_size() > 1) snprintf(path, sizeof path, "%s.%d", g_cfg.debug_file, cx_comm_rank());
+    else snprintf(path, sizeof path, "%s", g_cfg.debug_file);
+    FILE *f = fopen(path, "a");
     *close_it = f != NULL;
     return f ? f : stderr;
 }

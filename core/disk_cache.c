@@ -299,6 +299,7 @@ static int64_t slot_elems(const cx_executable *e, int slot, int dt)
  * in [0, limit) */
 static bool view_in_bounds(const cx_view *v, const int64_t *shape, int nd, int64_t limit)
 {
+    /* checked arithmetic: the values come from the file */
     int64_t lo = v->offset, hi = v->offset;
     for (int d = 0; d < nd; d++) {
         int64_t a = 0, b = shape[d];
@@ -307,11 +308,19 @@ static bool view_in_bounds(const cx_view *v, const int64_t *shape, int nd, int64
             if (v->hi[d] < b) b = v->hi[d];
         }
         if (b <= a) return true;   /* every lane is masked out: nothing is read */
-        int64_t s = v->strides[d];
-        if (s > 0) { lo += a * s; hi += (b - 1) * s; }
-        else { lo += (b - 1) * s; hi += a * s; }
+        int64_t s = v->strides[d], x, y;
+        if (__builtin_mul_overflow(a, s, &x) || __builtin_mul_overflow(b - 1, s, &y)) return false;
+        if (s > 0) { if (__builtin_add_overflow(lo, x, &lo) || __builtin_add_overflow(hi, y, &hi)) return false; }
+        else if (__builtin_add_overflow(lo, y, &lo) || __builtin_add_overflow(hi, x, &hi)) return false;
     }
     return lo >= 0 && hi < limit;
+}
+
+/* count elements of dtype dt fit in `bytes` (no overflow) */
+static bool fits(int64_t count, int dt, int64_t bytes)
+{
+    int64_t need;
+    return count >= 0 && !__builtin_mul_overflow(count, (int64_t)cx_dtype_size((cx_dtype)dt), &need) && need <= bytes;
 }
 
 static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program *p)
@@ -387,13 +396,14 @@ static bool exec_ok(const cx_executable *e)
             iter *= k->shape[d];
         }
         /* the output store: fused kernels write out_numel elements, copies out_numel bytes */
-        int64_t out_need = k->kind == K_COPY ? k->out_numel : k->out_numel * (int64_t)cx_dtype_size((cx_dtype)k->out_dtype);
-        if (out_need > e->slots[k->out_slot].bytes) return false;
+        if (k->kind == K_COPY ? k->out_numel > e->slots[k->out_slot].bytes
+                              : !fits(k->out_numel, k->out_dtype, e->slots[k->out_slot].bytes))
+            return false;
         if (k->kind == K_FUSED && iter != k->out_numel) return false;
         for (int i = 0; i < k->nin; i++) {
             const cx_kin *x = &k->in[i];
             if (x->slot < 0 || x->slot >= e->nslots || !dtype_ok(x->dtype) || x->ndim < 0 || x->ndim > CX_MAX_DIMS) return false;
-            if (x->numel < 0 || x->numel * (int64_t)cx_dtype_size((cx_dtype)x->dtype) > e->slots[x->slot].bytes) return false;
+            if (!fits(x->numel, x->dtype, e->slots[x->slot].bytes)) return false;
         }
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
@@ -402,6 +412,25 @@ static bool exec_ok(const cx_executable *e)
         if (k->has_epilogue && (k->epilogue_src < 0 || k->epilogue_src >= k->prog.n)) return false;
         if (!prog_ok(e, k, &k->prog)) return false;
     }
+    return true;
+}
+
+/* A bool read from raw bytes may hold any byte: check it without loading
+ * it as a bool (which would be undefined behaviour). */
+static bool bool_ok(const bool *b)
+{
+    unsigned char v;
+    memcpy(&v, b, 1);
+    return v <= 1;
+}
+
+static bool kernel_bools_ok(const cx_kernel *k)
+{
+    if (!bool_ok(&k->has_epilogue)) return false;
+    for (int i = 0; i < 4; i++)
+        if (!bool_ok(&k->in[i].trans) || !bool_ok(&k->in[i].view.masked)) return false;
+    for (int v = 0; v < k->prog.nviews; v++)
+        if (!bool_ok(&k->prog.views[v].masked)) return false;
     return true;
 }
 
@@ -437,6 +466,7 @@ static cx_executable *deserialize(const unsigned char *p, size_t n)
             kk->prog.views = r_array(&r, nv, sizeof(cx_view));
             kk->prog.cap = np;
             kk->prog.vcap = nv;
+            if (!r.bad && !kernel_bools_ok(kk)) r.bad = true;
         }
     }
     if (!r.bad && r.at != r.n) r.bad = true;   /* trailing bytes: not what we wrote */
@@ -536,8 +566,13 @@ static void store(const cx_executable *e)
 
     char path[4200], tmp[4400];
     entry_path(path, sizeof path, e->key_hi, e->key_lo);
+    /* unique per host, process and store: ranks on several hosts may share
+     * the directory over a network file system */
     static _Atomic unsigned seq;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%u", path, (int)getpid(), atomic_fetch_add(&seq, 1));
+    char host[64] = "host";
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "host");
+    host[sizeof host - 1] = '\0';
+    snprintf(tmp, sizeof tmp, "%s.tmp.%s.%d.%u", path, host, (int)getpid(), atomic_fetch_add(&seq, 1));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     bool ok = fd >= 0;
     size_t total = sizeof h + zn, put = 0;

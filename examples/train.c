@@ -460,7 +460,7 @@ static void sum_reduce(const double *all, int world, int n, double *out)
 
 /* Accuracy in percent over a whole split. Correct predictions are summed on
  * the device into one persistent counter, read once at the end. */
-static double evaluate(cx_module *model, cx_loader *loader)
+static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
 {
     cx_module_train(model, false);
     cx_loader_set_epoch(loader, 0, 0);
@@ -479,8 +479,50 @@ static double evaluate(cx_module *model, cx_loader *loader)
     /* every rank evaluates its shard of the test set: average over ranks */
     double local[2] = { cx_item(correct), (double)seen }, total[2] = { 0, 0 };
     cx_free(correct);
+    if (!all_ranks) return local[1] > 0 ? 100.0 * local[0] / local[1] : 0.0;
     if (cx_mesh_reduce("test_accuracy", local, 2, sum_reduce, total) != CX_OK) return NAN;
     return total[1] > 0 ? 100.0 * total[0] / total[1] : 0.0;
+}
+
+static double evaluate(cx_module *model, cx_loader *loader) { return evaluate_on(model, loader, true); }
+
+/* As PyTorch/XLA's FSDP test: rank 0 stitches the last (sharded)
+ * checkpoint into one file, loads it into an unwrapped model, evaluates the
+ * whole test set and checks the accuracy equals the sharded model's. */
+static int consolidate_and_check(const config *c, const cx_dataset *train_set, cx_dataset *test_set, double sharded_acc)
+{
+    if (cx_global_ordinal() != 0) return 0;
+    char out[sizeof g_ckpt.last_prefix + 32];
+    snprintf(out, sizeof out, "%s_consolidated.h5", g_ckpt.last_prefix);
+    if (cx_ckpt_consolidate(g_ckpt.last_prefix, out, cx_ckpt_consolidate_default_opts()) != CX_OK) {
+        fprintf(stderr, "train: consolidating %s: %s\n", g_ckpt.last_prefix, cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    cx_module *full = build_model(c, train_set);
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.shuffle = false;
+    cx_sampler *sampler = full ? cx_sampler_new(cx_dataset_size(test_set), so) : NULL;
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = c->batch_size;
+    cx_loader *loader = sampler ? cx_loader_new(test_set, sampler, lo) : NULL;
+    int rc = 0;
+    if (!loader || cx_ckpt_load_full(out, cx_ckpt_model_single(full), NULL, NULL) != CX_OK) {
+        fprintf(stderr, "train: reloading %s: %s\n", out, cx_last_error());
+        rc = EXIT_RUNTIME;
+    } else {
+        double acc = evaluate_on(full, loader, false);
+        printf("Checkpoint consolidated, Accuracy=%.2f (sharded model: %.2f)\n", acc, sharded_acc);
+        fflush(stdout);
+        if (fabs(acc - sharded_acc) > 1e-9) {
+            fprintf(stderr, "train: the consolidated model's accuracy %.2f%% differs from the sharded model's %.2f%%\n", acc,
+                    sharded_acc);
+            rc = EXIT_RUNTIME;
+        }
+    }
+    cx_loader_free(loader);
+    cx_sampler_free(sampler);
+    cx_module_free(full);
+    return rc;
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
@@ -592,6 +634,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     if (rc == 0 && ckpt_final_save(c.epochs) != CX_OK) rc = EXIT_RUNTIME;
+    if (rc == 0 && par.fsdp && c.ckpt_dir && g_ckpt.last_prefix[0]) rc = consolidate_and_check(&c, train_set, test_set, acc);
     if (rc == 0 && c.target_accuracy > 0 && acc < c.target_accuracy) {
         fprintf(stderr, "train: test accuracy %.2f%% is below the target %.2f%%\n", acc, c.target_accuracy);
         rc = EXIT_BELOW_TARGET;

@@ -9,8 +9,8 @@
  *       record per executed graph (".<rank>" suffix as above)
  *   PT_XLA_DEBUG_LEVEL=1|2  compilation analysis (1), plus execution
  *       analysis (2), and the "too frequent" warnings; only local rank 0
- *       prints unless CX_DEBUG_ALL_RANKS=1; PT_XLA_DEBUG_FILE=PATH sends it
- *       to a file instead of stderr
+ *       prints unless CX_DEBUG_ALL_RANKS=1; PT_XLA_DEBUG_FILE=PATH appends
+ *       it to a file (".<rank>" suffix as above) instead of stderr
  *   XLA_USE_EAGER_DEBUG_MODE=1  every op runs when it is recorded
  *   CX_CACHE_DIR=DIR  the persistent compile cache (as cx_cache_init(DIR,
  *       false); CX_CACHE_READONLY=1 makes it read-only)
