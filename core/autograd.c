@@ -36,6 +36,35 @@ cx_tensor *cx_requires_grad(cx_tensor *t, bool on)
     return t;
 }
 
+cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink)
+{
+    if (!value || !sink) return cx_poison("grad_tap: NULL argument");
+    if (value->node->op == OP_ERROR) return cx_tensor_of(value->node);
+    cx_node *v = value->node;
+    bool same = v->ndim == sink->node->ndim && v->dtype == sink->node->dtype && cx_dtype_is_float((cx_dtype)v->dtype);
+    for (int i = 0; same && i < v->ndim; i++) same = v->shape[i] == sink->node->shape[i];
+    if (!same) {
+        char a[160], b[160];
+        return cx_poison("grad_tap: value %s and sink %s differ (shape or float dtype)",
+                         cx_shape_str(a, sizeof a, v->shape, v->ndim),
+                         cx_shape_str(b, sizeof b, sink->node->shape, sink->node->ndim));
+    }
+    /* value * 1 as a unique (never interned) node that owns the gradient */
+    cx_no_grad_begin();
+    cx_tensor *one = cx_scalar_like(value, 1.0);
+    cx_tensor *ones = cx_expand(one, v->shape, v->ndim);
+    cx_no_grad_end();
+    cx_node *ins[2] = { v, ones->node };
+    cx_node_desc d = { .op = OP_MUL, .dtype = (cx_dtype)v->dtype, .ndim = v->ndim, .shape = v->shape, .ninputs = 2,
+                       .inputs = ins, .flags = NF_PINNED | (cx_grad_enabled() ? NF_REQUIRES_GRAD : 0) };
+    cx_node *n = cx_node_make(&d);
+    cx_drop(one);
+    cx_drop(ones);
+    if (!n) return cx_poison("grad_tap: out of memory");
+    n->grad_leaf = cx_grad_enabled() ? sink : NULL;
+    return cx_tensor_wrap(n);
+}
+
 bool cx_get_requires_grad(const cx_tensor *t) { return t && (t->flags & TF_REQUIRES_GRAD); }
 cx_tensor *cx_grad(cx_tensor *t) { return t ? t->grad : NULL; }
 
@@ -190,10 +219,10 @@ cx_status cx_backward(cx_tensor *loss)
         cx_tensor *g = grads[i];
         grads[i] = NULL;
         if (!g) continue;
-        if (x->op == OP_DATA) {
+        if (x->op == OP_DATA || x->grad_leaf) {
+            /* a leaf, or a gradient tap: the gradient stops here */
             if (x->grad_leaf) accumulate_leaf(x->grad_leaf, g);
             cx_drop(g);
-            if (cx_current_step_depth() > 0) {} /* step owns g */
             continue;
         }
         const cx_op_info *info = &cx_op_table[x->op];

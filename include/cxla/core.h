@@ -277,6 +277,11 @@ bool cx_get_requires_grad(const cx_tensor *t);
  * tensor updated with cx_assign). loss must have one element.
  * @return CX_OK, or CX_ERR_ARG/CX_ERR_SHAPE. */
 cx_status cx_backward(cx_tensor *loss);
+/* `value` again, as a node where backward stops and accumulates the
+ * gradient reaching it into sink's grad (sink: a persistent float tensor of
+ * the same shape, e.g. a placeholder). For wrappers that accumulate the
+ * gradient of a computed value (FSDP's no_sync). */
+cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink);
 /* The gradient of t (NULL if none yet). Owned by t. */
 cx_tensor *cx_grad(cx_tensor *t);
 /* Sets t's grad to none (frees it). */

@@ -47,9 +47,12 @@ cx_module *cx_fsdp_module(cx_fsdp *f);
 
 cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x);
 /* Backward: gradients are reduce-scattered (mean over ranks) into each
- * shard's grad; repeated backwards accumulate there (gradient accumulation
- * works, but every micro-batch communicates: there is no no_sync yet). */
+ * shard's grad. Inside no_sync they accumulate unsharded per unit instead
+ * (no reduce-scatter; a full-size gradient per unit, as PyTorch's FSDP) and
+ * the next backward outside it reduce-scatters them onto its own. */
 cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss);
+void cx_fsdp_no_sync_begin(cx_fsdp *f);
+void cx_fsdp_no_sync_end(cx_fsdp *f);
 
 /* The local flat shards, one per unit, named "<unit path>.flat_param"
  * ("flat_param" for the root). Give these to the optimizer.

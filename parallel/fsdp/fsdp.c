@@ -33,6 +33,7 @@ typedef struct unit {
     cx_tensor *shard;         /* persistent, requires grad: what the optimizer sees */
     cx_fsdp_unit_info meta;
     bool grad_ckpt;
+    cx_tensor *acc;           /* no_sync: its grad holds the unsharded accumulated gradient */
 } unit;
 
 struct cx_fsdp {
@@ -42,6 +43,7 @@ struct cx_fsdp {
     int nunits, cap;
     cx_fsdp_unit_info *meta;
     int world, rank;
+    int no_sync;
 };
 
 cx_fsdp_opts cx_fsdp_default_opts(void)
@@ -57,7 +59,18 @@ static void unit_pre(cx_module *m, void *ctx)
     (void)m;
     bool zero3 = u->f->o.reshard_after_forward;
     if (zero3) cx_remat_begin();
-    cx_tensor *full = cx_all_gather_grad_scaled(u->shard, 0, NULL, true, 1.0 / u->f->world);
+    cx_tensor *full;
+    if (u->f->no_sync) {
+        /* no communication in backward: the gradient of the gathered
+         * parameter accumulates, unsharded, in acc's grad */
+        cx_no_grad_begin();
+        cx_tensor *g = cx_all_gather(u->shard, 0, NULL, true);
+        cx_no_grad_end();
+        full = cx_grad_tap(g, u->acc);
+        cx_free(g);
+    } else {
+        full = cx_all_gather_grad_scaled(u->shard, 0, NULL, true, 1.0 / u->f->world);
+    }
     for (int i = 0; i < u->nparams; i++) {
         cx_fsdp_param_info *pi = &u->info[i];
         cx_tensor *piece = cx_slice(full, 0, pi->offset, pi->offset + pi->numel, 1);
@@ -260,6 +273,7 @@ static cx_status shard_unit(cx_fsdp *f, unit *u)
     cx_free(mine);
     cx_status st = cx_sync_tensors(&u->shard, 1);
     if (st != CX_OK) return st;
+    u->acc = cx_placeholder(&padded, 1, CX_F32);
     cx_requires_grad(u->shard, true);
     cx_set_name(u->shard, u->flat_name);
     /* the full values now live sharded: the module keeps shapes only */
@@ -331,6 +345,7 @@ void cx_fsdp_free(cx_fsdp *f)
             free((char *)u->info[k].name);
         }
         cx_free(u->shard);
+        cx_free(u->acc);
         free(u->refs);
         free(u->info);
         free(u->path);
@@ -347,8 +362,32 @@ cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x) { return cx_module_forward(
 cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss)
 {
     if (!f) { cx_set_last_error("fsdp_backward: wrapper is NULL"); return CX_ERR_ARG; }
-    return cx_backward(loss);
+    cx_status st = cx_backward(loss);
+    if (st != CX_OK || f->no_sync) return st;
+    /* the first synced backward after no_sync: reduce-scatter what the
+     * micro-batches accumulated, onto this one's shard gradient */
+    for (int i = 0; i < f->nunits; i++) {
+        unit *u = &f->units[i];
+        cx_tensor *acc = cx_grad(u->acc);
+        if (!acc) continue;
+        cx_tensor *part = cx_reduce_scatter(acc, CX_RED_SUM, 1.0 / f->world, 0, NULL, true);
+        cx_tensor *g = cx_grad(u->shard);
+        if (g) {
+            cx_tensor *sum = cx_add(g, part);
+            st = cx_assign(g, sum);
+            cx_free(sum);
+        } else {
+            cx_set_grad(u->shard, part);
+        }
+        cx_free(part);
+        cx_zero_grad(u->acc);
+        if (st != CX_OK) return st;
+    }
+    return CX_OK;
 }
+
+void cx_fsdp_no_sync_begin(cx_fsdp *f) { if (f) f->no_sync++; }
+void cx_fsdp_no_sync_end(cx_fsdp *f) { if (f && f->no_sync > 0) f->no_sync--; }
 
 cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n)
 {

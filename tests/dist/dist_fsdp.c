@@ -242,6 +242,67 @@ static int64_t step_arena(int zero)
     return a;
 }
 
+/* no_sync: micro-batches accumulate locally (no reduce-scatter: a no_sync
+ * step only all-gathers), and the synced backward gives the same shard
+ * gradients as synchronizing every micro-batch. One step per micro-batch. */
+static void no_sync_case(int zero)
+{
+    int rank = cx_global_ordinal();
+    float *grads[2] = { NULL, NULL };
+    int64_t gn = 0, quiet_colls = -1, synced_colls = -1;
+    int units = 0;
+    for (int mode = 0; mode < 2; mode++) {   /* 0: no_sync for the first two, 1: always synced */
+        cx_module *m = make_model(MLP, 1);
+        cx_fsdp *f = cx_fsdp_wrap(m, opts_for(zero, 1, 0));
+        int nu = 0;
+        cx_fsdp_shard_metadata(f, &nu);
+        units = nu;
+        int n = 0;
+        cx_named_tensor *ps = cx_fsdp_parameters(f, &n);
+        for (int i = 0; i < n; i++) cx_zero_grad(ps[i].tensor);
+        for (int micro = 0; micro < 3; micro++) {
+            bool quiet = mode == 0 && micro < 2;
+            if (quiet) cx_fsdp_no_sync_begin(f);
+            int64_t c0 = cx_counter_value("CollectiveCount");
+            cx_step_begin();
+            cx_tensor *x, *y;
+            batch(MLP, micro, (int64_t)rank * B, B, &x, &y);
+            CHECK(cx_fsdp_backward(f, loss_of(MLP, cx_fsdp_forward(f, x), y)) == CX_OK, "no_sync backward: %s", cx_last_error());
+            CHECK(cx_step_end() == CX_OK, "no_sync step: %s", cx_last_error());
+            int64_t colls = cx_counter_value("CollectiveCount") - c0;
+            if (quiet) {
+                cx_fsdp_no_sync_end(f);
+                quiet_colls = colls;
+            } else if (mode == 1) {
+                synced_colls = colls;
+            }
+        }
+        gn = 0;
+        for (int i = 0; i < n; i++) gn += cx_numel(ps[i].tensor);
+        grads[mode] = malloc(sizeof(float) * (size_t)gn);
+        int64_t off = 0;
+        for (int i = 0; i < n; i++) {
+            CHECK(cx_grad(ps[i].tensor) != NULL, "zero%d: shard %d has no gradient", zero, i);
+            if (cx_grad(ps[i].tensor)) cx_to_host(cx_grad(ps[i].tensor), grads[mode] + off, CX_F32);
+            off += cx_numel(ps[i].tensor);
+        }
+        free(ps);
+        cx_fsdp_free(f);
+        cx_module_free(m);
+    }
+    /* a no_sync step all-gathers like any other, but reduce-scatters nothing */
+    CHECK(synced_colls - quiet_colls == units, "zero%d: a synced step ran %lld collectives, a no_sync step %lld, for %d units",
+          zero, (long long)synced_colls, (long long)quiet_colls, units);
+    double worst = 0;
+    for (int64_t k = 0; k < gn; k++) {
+        double d = fabs(grads[0][k] - grads[1][k]) / fmax(1e-3, fabs(grads[1][k]));
+        if (d > worst) worst = d;
+    }
+    CHECK(worst <= 1e-5, "zero%d: no_sync accumulation differs from synced accumulation by %.3g", zero, worst);
+    free(grads[0]);
+    free(grads[1]);
+}
+
 int main(int argc, char **argv)
 {
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
@@ -254,6 +315,8 @@ int main(int argc, char **argv)
                     for (int ckpt = 0; ckpt < 2; ckpt++) run_case(kind, adamw, zero, nested, ckpt, &ref);
             snap_free(&ref);
         }
+    no_sync_case(2);
+    no_sync_case(3);
     /* metadata */
     cx_module *orig = make_model(CNN, 1), *m = make_model(CNN, 1);
     cx_fsdp *f = cx_fsdp_wrap(m, opts_for(3, 1, 0));
