@@ -91,10 +91,10 @@ static double train_step(mlp *m, int64_t B, double lr, cx_tensor **mask_out)
     step_end_ok("train_step");
     /* a kept handle only survives into the next step: persist the masks the
      * caller wants to compare after later steps */
-    if (mask_out) *mask_out = cx_persist(mask);
-    else cx_free(mask);
     cr_assert(!cx_is_pending(loss), "loss still pending after cx_step_end");
     cr_assert(!cx_is_pending(mask), "kept mask still pending after cx_step_end");
+    if (mask_out) *mask_out = cx_persist(mask);
+    else cx_free(mask);
     double v = cx_item(loss);
     cx_free(loss);
     cr_assert(isfinite(v), "loss is %g", v);
