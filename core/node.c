@@ -121,7 +121,10 @@ static bool internable(const cx_node_desc *d)
 cx_node *cx_node_make(const cx_node_desc *d)
 {
     CX_ASSERT(d->ndim >= 0 && d->ndim <= CX_MAX_DIMS && d->nattrs <= CX_MAX_ATTRS);
-    uint64_t remat = cx_remat_active() ? cx_remat_region() : 0;
+    /* leaves are never recomputed; and a data leaf may be made on the
+     * loader's thread while the main thread is inside a remat region */
+    bool leaf = d->op == OP_DATA || d->op == OP_RTSCALAR || d->op == OP_ERROR;
+    uint64_t remat = !leaf && cx_remat_active() ? cx_remat_region() : 0;
     bool intern = internable(d);
     uint64_t h = 0;
     if (intern) {
