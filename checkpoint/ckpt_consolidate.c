@@ -145,7 +145,8 @@ cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_
         st = CX_ERR_IO;
         goto out;
     }
-    if (ckpt_write_root_attrs(fid, s.strategy, 1, 0, s.world, s.step, s.epoch, s.sampler_position, s.rng_seed,
+    /* the sampler position counts this rank's samples: one rank holds them all now */
+    if (ckpt_write_root_attrs(fid, s.strategy, 1, 0, s.world, s.step, s.epoch, s.sampler_position * s.world, s.rng_seed,
                               s.rng_offset, s.optimizer, s.optimizer_steps, opts.compress_level) < 0 ||
         ckpt_attr_write_i64(fid, "consolidated_from_world_size", s.world) < 0) {
         cx_set_last_error("%s: cannot write attributes: %s", tmp, ckpt_h5_msg());
@@ -303,7 +304,10 @@ static cx_status write_reshard_file(ckpt_src *s, const ckpt_unit *u, int nu, int
     }
     cx_status st = CX_OK;
     const char *strategy = s->sharded ? s->strategy : "fsdp-zero3";
-    if (ckpt_write_root_attrs(fid, strategy, world, rank, world, s->step, s->epoch, s->sampler_position, s->rng_seed,
+    /* the sampler position counts each rank's samples: rescale it to the new
+     * world (the global position is what a resumed run must continue from) */
+    int64_t position = s->sampler_position * s->world / world;
+    if (ckpt_write_root_attrs(fid, strategy, world, rank, world, s->step, s->epoch, position, s->rng_seed,
                               s->rng_offset, s->optimizer, s->optimizer_steps, opts.compress_level) < 0 ||
         ckpt_attr_write_i64(fid, "resharded_from_world_size", s->world) < 0) {
         cx_set_last_error("%s: cannot write attributes: %s", tmp, ckpt_h5_msg());
