@@ -518,6 +518,33 @@ static cx_status assign_host(cx_tensor *t, const void *buf, cx_dtype dt, const c
 }
 
 typedef struct {
+    ckpt_src *s;
+    const ckpt_entry *e;
+} read_ctx;
+
+static cx_status fill_from_file(void *p, void *dst, size_t bytes)
+{
+    read_ctx *r = p;
+    (void)bytes;
+    return ckpt_src_read(r->s, r->e, 0, r->e->numel, dst);
+}
+
+static cx_status assign_read(cx_tensor *t, ckpt_src *s, const ckpt_entry *e, const char *what)
+{
+    read_ctx r = { s, e };
+    cx_tensor *v = cx_from_fill(cx_shape(t), cx_ndim(t), cx_dtype_of(t), fill_from_file, &r);
+    cx_status st = cx_tensor_error(v) ? CX_ERR_IO : cx_assign(t, v);
+    cx_free(v);
+    if (st == CX_OK) st = cx_sync_tensors(&t, 1);
+    if (st != CX_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cx_last_error());
+        cx_set_last_error("checkpoint: cannot load %s: %s", what, msg);
+    }
+    return st;
+}
+
+typedef struct {
     const char *state;     /* NULL: parameters */
     cx_tensor *t;
     int unit;              /* target unit (sharded) */
@@ -642,8 +669,15 @@ static cx_status load_into(ckpt_src *s, const ckpt_view *v, cx_optimizer *opt, c
                       v->units[u].flat_numel == s->units[u].flat_numel;
     /* with our own layout only our file is read; otherwise pieces may come
      * from any file */
-    for (int r = 0; r < s->nfiles && st == CX_OK; r++)
-        if (!same_layout || r == s->home) st = ckpt_src_verify(s, r);
+    if (!s->sharded && !v->sharded) {
+        /* whole tensors only: each one is checked against its own checksum
+         * as it is read (a second pass over the file would double the I/O);
+         * HDF5 checksums the metadata itself */
+        s->per_dataset = true;
+    } else {
+        for (int r = 0; r < s->nfiles && st == CX_OK; r++)
+            if (!same_layout || r == s->home) st = ckpt_src_verify(s, r);
+    }
     for (int i = 0; i < nitems && st == CX_OK; i++) {
         load_item *it = &items[i];
         if (it->unit >= 0) {
@@ -658,12 +692,17 @@ static cx_status load_into(ckpt_src *s, const ckpt_view *v, cx_optimizer *opt, c
             continue;
         }
         const ckpt_entry *e = it->e;
+        char what[1200];
+        snprintf(what, sizeof what, "%s%s%s", e->key, it->state ? "." : "", it->state ? it->state : "");
+        if (e->dtype == cx_dtype_of(it->t)) {
+            /* straight from the file into the device buffer: one copy */
+            st = assign_read(it->t, s, e, what);
+            continue;
+        }
         size_t bytes = (size_t)e->numel * cx_dtype_size(e->dtype);
         void *buf = malloc(bytes ? bytes : 1);
         if (!buf) goto oom;
         st = ckpt_src_read(s, e, 0, e->numel, buf);
-        char what[1200];
-        snprintf(what, sizeof what, "%s%s%s", e->key, it->state ? "." : "", it->state ? it->state : "");
         if (st == CX_OK) st = assign_host(it->t, buf, e->dtype, what);
         free(buf);
     }

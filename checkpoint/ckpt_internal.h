@@ -166,6 +166,7 @@ typedef struct {
     int nentries;
     ckpt_entry *entries;   /* model then optimizer */
     int home;              /* file used for replicated data */
+    bool per_dataset;      /* check each whole-dataset read against its cxh64 */
 } ckpt_src;
 
 /* Opens and validates the committed checkpoint `prefix` (files matching

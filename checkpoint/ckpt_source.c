@@ -737,7 +737,7 @@ cx_status ckpt_src_read(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, 
     }
     /* files without a whole-file checksum (a single consolidated file) are
      * checked per dataset */
-    bool per_dataset = !s->files[s->home].have_marker_hash;
+    bool per_dataset = !s->files[s->home].have_marker_hash || s->per_dataset;
     if (e->replicated) return read_range(s, s->home, e->h5path, e->dtype, a, b, buf, per_dataset);
     const ckpt_unit *u = &s->units[e->unit];
     const ckpt_pinfo *p = &u->params[e->pidx];

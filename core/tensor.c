@@ -283,6 +283,28 @@ cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dty
     return cx_tensor_wrap(n);
 }
 
+cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_fn fill, void *ctx)
+{
+    if (!check_shape("from_fill", shape, ndim)) return cx_poison("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT || !fill) return cx_poison("from_fill: bad dtype or NULL fill");
+    double t0 = cx_now();
+    size_t bytes = (size_t)cx_shape_numel(shape, ndim) * cx_dtype_size(dtype);
+    cx_buffer *b = cx_buffer_new(bytes);
+    if (!b) return cx_poison("from_fill: %s", cx_last_error());
+    cx_status st = fill(ctx, b->data, bytes);
+    if (st != CX_OK) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", cx_last_error());
+        cx_buffer_unref(b);
+        return cx_poison("%s", msg);
+    }
+    cx_node *n = cx_node_data(b, dtype, shape, ndim);
+    if (!n) { cx_buffer_unref(b); return cx_poison("from_fill: out of memory"); }
+    cx_metric_add("TransferToDeviceTime", cx_now() - t0);
+    cx_counter_add("CreateDataHandles", 1);
+    return cx_tensor_wrap(n);
+}
+
 cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype)
 {
     if (!check_shape("full", shape, ndim)) return cx_poison("%s", cx_last_error());

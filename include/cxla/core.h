@@ -67,6 +67,12 @@ bool cx_dtype_is_float(cx_dtype dt);
  * buffer. Counts TransferToDeviceTime.
  * @return a new tensor, or a poisoned tensor on a bad shape/dtype. */
 cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dtype dtype);
+/* Like cx_from_host, but `fill` writes the values straight into the new
+ * device buffer (`bytes` = numel * dtype size): one copy fewer for loaders
+ * that read from files. @return the tensor, or a poisoned tensor carrying
+ * fill's error (a non-CX_OK return; its message via cx_last_error). */
+typedef cx_status (*cx_fill_fn)(void *ctx, void *dst, size_t bytes);
+cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_fn fill, void *ctx);
 /* A constant filled with `value` (part of the graph: changing it recompiles). */
 cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype);
 cx_tensor *cx_zeros(const int64_t *shape, int ndim, cx_dtype dtype);
