@@ -220,6 +220,9 @@ static void *progress_main(void *arg)
     comm_req *active[256];
     int nactive = 0;
     for (;;) {
+        /* collectives of a step come back to back: a short spin catches the
+         * next one without a futex wake-up on its critical path */
+        for (int spin = 0; spin < 20000 && !__atomic_load_n(&R.head, __ATOMIC_ACQUIRE) && nactive == 0; spin++) {}
         pthread_mutex_lock(&R.mu);
         while (!R.head && !R.stop && nactive == 0) pthread_cond_wait(&R.cv, &R.mu);
         if (!R.head && R.stop && nactive == 0) { pthread_mutex_unlock(&R.mu); return NULL; }
