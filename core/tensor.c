@@ -408,21 +408,29 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
         }
     }
     if (d == v) return CX_OK;
+    if (v->op == OP_DATA) {
+        /* already a value: nothing will be computed, so no buffer can be
+         * donated, and the old value is released now rather than held */
+        if (dst->donor) { cx_node_unref(dst->donor); dst->donor = NULL; }
+        dst->flags &= ~(uint32_t)TF_ASSIGNED;
+        if (dst->flags & TF_REQUIRES_GRAD) {
+            /* a gradient leaf needs its own node over the shared buffer */
+            cx_buffer_ref(v->buf);
+            cx_node *own = cx_node_data(v->buf, (cx_dtype)v->dtype, v->shape, v->ndim);
+            if (!own) { cx_buffer_unref(v->buf); cx_set_error("assign: out of memory"); return CX_ERR_OOM; }
+            own->flags |= NF_REQUIRES_GRAD;
+            own->grad_leaf = dst;
+            cx_set_node(dst, own);
+            cx_node_unref(own);
+        } else {
+            cx_set_node(dst, v);
+        }
+        return CX_OK;
+    }
     /* remember the last materialized value: its buffer may take the result */
     if (d->op == OP_DATA && !dst->donor) {
         cx_node_ref(d);
         dst->donor = d;
-    }
-    if (v->op == OP_DATA && (dst->flags & TF_REQUIRES_GRAD)) {
-        /* a gradient leaf needs its own node over the shared buffer */
-        cx_buffer_ref(v->buf);
-        cx_node *own = cx_node_data(v->buf, (cx_dtype)v->dtype, v->shape, v->ndim);
-        if (!own) { cx_buffer_unref(v->buf); cx_set_error("assign: out of memory"); return CX_ERR_OOM; }
-        own->flags |= NF_REQUIRES_GRAD;
-        own->grad_leaf = dst;
-        cx_set_node(dst, own);
-        cx_node_unref(own);
-        return CX_OK;
     }
     cx_set_node(dst, v);
     dst->flags |= TF_ASSIGNED;

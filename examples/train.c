@@ -287,7 +287,8 @@ typedef struct {
 static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dataset_size, int64_t batches)
 {
     if (!p->loss) return;
-    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch, (long long)(p->batch * batch_size),
+    /* samples seen by all ranks together, as the single-process log counts them */
+    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch, (long long)(p->batch * batch_size * cx_world_size()),
            (long long)dataset_size, 100.0 * (double)p->batch / (double)batches, cx_item(p->loss));
     fflush(stdout);
     cx_free(p->loss);
