@@ -272,53 +272,27 @@ static void post_compile(FILE *f, const cx_executable *e)
 
 /* ---- IR formatting (dumps and cx_ir_text / cx_ir_dot) --------------------------------- */
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) { b->oom = true; return; }
-        if (b->s && (size_t)k < room) { b->n += (size_t)k; return; }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) { b->oom = true; return; }
-        b->s = s;
-        b->cap = cap;
-    }
-}
 
 static bool is_leaf_value(const cx_node *x) { return x->op == OP_DATA || x->buf != NULL; }
 
-static void type_str(sbuf *b, const cx_node *x)
+static void type_str(cx_sbuf *b, const cx_node *x)
 {
-    sb_printf(b, "%s[", cx_dtype_name((cx_dtype)x->dtype));
-    for (int d = 0; d < x->ndim; d++) sb_printf(b, "%s%lld", d ? "," : "", (long long)x->shape[d]);
-    sb_printf(b, "]");
+    cx_sb_printf(b, "%s[", cx_dtype_name((cx_dtype)x->dtype));
+    for (int d = 0; d < x->ndim; d++) cx_sb_printf(b, "%s%lld", d ? "," : "", (long long)x->shape[d]);
+    cx_sb_printf(b, "]");
 }
 
-static void attrs_str(sbuf *b, const cx_node *x)
+static void attrs_str(cx_sbuf *b, const cx_node *x)
 {
-    if (x->op == OP_CONST) sb_printf(b, ", value=%.9g", x->fval);
-    else if (x->op == OP_RTSCALAR) sb_printf(b, ", runtime_value=%.9g", x->rt_f);
-    else if (x->fval != 0 && !is_leaf_value(x)) sb_printf(b, ", fval=%.9g", x->fval);
+    if (x->op == OP_CONST) cx_sb_printf(b, ", value=%.9g", x->fval);
+    else if (x->op == OP_RTSCALAR) cx_sb_printf(b, ", runtime_value=%.9g", x->rt_f);
+    else if (x->fval != 0 && !is_leaf_value(x)) cx_sb_printf(b, ", fval=%.9g", x->fval);
     if (x->nattrs > 0 && !is_leaf_value(x)) {
-        sb_printf(b, ", attrs=[");
-        for (int a = 0; a < x->nattrs; a++) sb_printf(b, "%s%lld", a ? "," : "", (long long)x->attrs[a]);
-        sb_printf(b, "]");
+        cx_sb_printf(b, ", attrs=[");
+        for (int a = 0; a < x->nattrs; a++) cx_sb_printf(b, "%s%lld", a ? "," : "", (long long)x->attrs[a]);
+        cx_sb_printf(b, "]");
     }
-    if (x->flags & NF_PINNED) sb_printf(b, ", pinned");
+    if (x->flags & NF_PINNED) cx_sb_printf(b, ", pinned");
 }
 
 static const char *op_name(const cx_node *x)
@@ -327,60 +301,60 @@ static const char *op_name(const cx_node *x)
 }
 
 /* nodes: topological, each node's ->index is its position; roots: outputs */
-static void format_text(sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
+static void format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
                         cx_tensor *const *named)
 {
-    sb_printf(b, "IR {\n");
+    cx_sb_printf(b, "IR {\n");
     for (int i = 0; i < n; i++) {
         const cx_node *x = nodes[i];
-        sb_printf(b, "  %%%d = ", i);
+        cx_sb_printf(b, "  %%%d = ", i);
         type_str(b, x);
-        sb_printf(b, " %s(", op_name(x));
+        cx_sb_printf(b, " %s(", op_name(x));
         if (!is_leaf_value(x))
-            for (int k = 0; k < x->ninputs; k++) sb_printf(b, "%s%%%d", k ? ", " : "", x->inputs[k]->index);
-        sb_printf(b, ")");
+            for (int k = 0; k < x->ninputs; k++) cx_sb_printf(b, "%s%%%d", k ? ", " : "", x->inputs[k]->index);
+        cx_sb_printf(b, ")");
         attrs_str(b, x);
         bool first = true;
         for (int r = 0; r < nroots; r++)
             if (roots[r] == x) {
-                sb_printf(b, first ? ", ROOT=%d" : ",%d", r);
-                if (named && named[r] && named[r]->name) sb_printf(b, " (%s)", named[r]->name);
+                cx_sb_printf(b, first ? ", ROOT=%d" : ",%d", r);
+                if (named && named[r] && named[r]->name) cx_sb_printf(b, " (%s)", named[r]->name);
                 first = false;
             }
-        sb_printf(b, "\n");
+        cx_sb_printf(b, "\n");
     }
-    sb_printf(b, "}\n");
+    cx_sb_printf(b, "}\n");
 }
 
-static void dot_escape(sbuf *b, const char *s)
+static void dot_escape(cx_sbuf *b, const char *s)
 {
     for (; *s; s++) {
-        if (*s == '"' || *s == '\\') sb_printf(b, "\\%c", *s);
-        else if ((unsigned char)*s >= 32) sb_printf(b, "%c", *s);
+        if (*s == '"' || *s == '\\') cx_sb_printf(b, "\\%c", *s);
+        else if ((unsigned char)*s >= 32) cx_sb_printf(b, "%c", *s);
     }
 }
 
-static void format_dot(sbuf *b, const char *title, cx_node *const *nodes, int n, cx_node *const *roots, int nroots)
+static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int n, cx_node *const *roots, int nroots)
 {
-    sb_printf(b, "digraph G {\n  label=\"");
+    cx_sb_printf(b, "digraph G {\n  label=\"");
     dot_escape(b, title);
-    sb_printf(b, "\";\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
+    cx_sb_printf(b, "\";\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
     for (int i = 0; i < n; i++) {
         const cx_node *x = nodes[i];
-        sb_printf(b, "  n%d [label=\"%%%d %s\\n", i, i, op_name(x));
+        cx_sb_printf(b, "  n%d [label=\"%%%d %s\\n", i, i, op_name(x));
         type_str(b, x);
-        for (int r = 0; r < nroots; r++) if (roots[r] == x) sb_printf(b, "\\nROOT=%d", r);
-        sb_printf(b, "\"");
-        if (is_leaf_value(x)) sb_printf(b, ", style=filled, fillcolor=\"#dde8ff\"");
-        else if (cx_op_table[x->op].group == G_COLLECTIVE) sb_printf(b, ", style=filled, fillcolor=\"#ffe0c0\"");
-        sb_printf(b, "];\n");
+        for (int r = 0; r < nroots; r++) if (roots[r] == x) cx_sb_printf(b, "\\nROOT=%d", r);
+        cx_sb_printf(b, "\"");
+        if (is_leaf_value(x)) cx_sb_printf(b, ", style=filled, fillcolor=\"#dde8ff\"");
+        else if (cx_op_table[x->op].group == G_COLLECTIVE) cx_sb_printf(b, ", style=filled, fillcolor=\"#ffe0c0\"");
+        cx_sb_printf(b, "];\n");
     }
     for (int i = 0; i < n; i++) {
         const cx_node *x = nodes[i];
         if (is_leaf_value(x)) continue;
-        for (int k = 0; k < x->ninputs; k++) sb_printf(b, "  n%d -> n%d [label=\"%d\"];\n", x->inputs[k]->index, i, k);
+        for (int k = 0; k < x->ninputs; k++) cx_sb_printf(b, "  n%d -> n%d [label=\"%d\"];\n", x->inputs[k]->index, i, k);
     }
-    sb_printf(b, "}\n");
+    cx_sb_printf(b, "}\n");
 }
 
 /* post-order walk of pending tensors (what a sync would capture) */
@@ -435,7 +409,7 @@ static char *ir_string(cx_tensor *const *ts, int nts, bool dot)
             order[n++] = x;
         }
     }
-    sbuf b = { 0 };
+    cx_sbuf b = { 0 };
     if (!oom) {
         if (dot) format_dot(&b, "pending tensors", order, n, roots, nts);
         else format_text(&b, order, n, roots, nts, ts);
@@ -457,22 +431,22 @@ static int64_t g_graph_seq;
 static void dump_graph(const char *cause, uint64_t hi, uint64_t lo, cx_node *const *nodes, int n, cx_node *const *outs,
                        int nouts, int source)
 {
-    sbuf b = { 0 };
+    cx_sbuf b = { 0 };
     char title[160];
     snprintf(title, sizeof title, "graph %lld: hash %016llx%016llx, cause %s", (long long)g_graph_seq,
              (unsigned long long)hi, (unsigned long long)lo, cause);
     if (g_cfg.dump_dot) {
-        sb_printf(&b, "// [cx_graph %lld] Graph Hash: %016llx%016llx; cause: %s; %s\n", (long long)g_graph_seq,
+        cx_sb_printf(&b, "// [cx_graph %lld] Graph Hash: %016llx%016llx; cause: %s; %s\n", (long long)g_graph_seq,
                   (unsigned long long)hi, (unsigned long long)lo, cause,
                   source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
         format_dot(&b, title, nodes, n, outs, nouts);
     } else {
-        sb_printf(&b, "[cx_graph %lld]\nCause: %s\nGraph Hash: %016llx%016llx\nCompile: %s\n", (long long)g_graph_seq,
+        cx_sb_printf(&b, "[cx_graph %lld]\nCause: %s\nGraph Hash: %016llx%016llx\nCompile: %s\n", (long long)g_graph_seq,
                   cause, (unsigned long long)hi, (unsigned long long)lo,
                   source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
-        sb_printf(&b, "## BEGIN_GRAPH\n");
+        cx_sb_printf(&b, "## BEGIN_GRAPH\n");
         format_text(&b, nodes, n, outs, nouts, NULL);
-        sb_printf(&b, "## END_GRAPH\n\n");
+        cx_sb_printf(&b, "## END_GRAPH\n\n");
     }
     if (b.oom) { free(b.s); return; }
     char path[4096];

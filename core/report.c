@@ -22,14 +22,8 @@
 
 /* ---- a growable string ---------------------------------------------------- */
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
+/* shared with debug.c through obs.h */
+void cx_sb_printf(cx_sbuf *b, const char *fmt, ...)
 {
     if (b->oom) return;
     for (;;) {
@@ -49,7 +43,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
     }
 }
 
-static char *sb_finish(sbuf *b)
+static char *sb_finish(cx_sbuf *b)
 {
     if (b->oom) { free(b->s); cx_set_error("metrics report: out of memory"); return NULL; }
     if (!b->s) return strdup("");
@@ -70,39 +64,39 @@ static value_fmt fmt_of(const char *name)
 
 /* 1h02m03s004ms005.006us: the leading unit is the largest non-zero one, the
  * following ones are zero padded, microseconds keep three decimals. */
-static void fmt_time(sbuf *b, double seconds)
+static void fmt_time(cx_sbuf *b, double seconds)
 {
     static const struct { const char *suffix; double scale; int width; } parts[] = {
         { "d", 86400.0, 2 }, { "h", 3600.0, 2 }, { "m", 60.0, 2 }, { "s", 1.0, 2 }, { "ms", 1e-3, 3 },
     };
-    if (!(seconds >= 0) || isinf(seconds)) { sb_printf(b, "%gs", seconds); return; }
+    if (!(seconds >= 0) || isinf(seconds)) { cx_sb_printf(b, "%gs", seconds); return; }
     bool started = false;
     double rest = seconds;
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
         double whole = floor(rest / parts[i].scale);
         if (whole >= 1.0 || started) {
-            sb_printf(b, "%0*.0f%s", parts[i].width, whole, parts[i].suffix);
+            cx_sb_printf(b, "%0*.0f%s", parts[i].width, whole, parts[i].suffix);
             rest -= whole * parts[i].scale;
             started = true;
         }
     }
     double us = rest * 1e6;
     if (us < 0) us = 0;
-    if (started) sb_printf(b, "%07.3fus", us);
-    else sb_printf(b, "%.3fus", us);
+    if (started) cx_sb_printf(b, "%07.3fus", us);
+    else cx_sb_printf(b, "%.3fus", us);
 }
 
-static void fmt_value(sbuf *b, value_fmt f, double v)
+static void fmt_value(cx_sbuf *b, value_fmt f, double v)
 {
     if (f == FMT_TIME) { fmt_time(b, v); return; }
     if (f == FMT_BYTES) {
         static const char *const suffix[] = { "B", "KB", "MB", "GB", "TB", "PB" };
         int i = 0;
         while (i < 5 && fabs(v) >= 1024.0) { v /= 1024.0; i++; }
-        sb_printf(b, "%.2f%s", v, suffix[i]);
+        cx_sb_printf(b, "%.2f%s", v, suffix[i]);
         return;
     }
-    sb_printf(b, "%.2f", v);
+    cx_sb_printf(b, "%.2f", v);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -111,21 +105,21 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void emit_metric(sbuf *b, const cx_metric_snap *m)
+static void emit_metric(cx_sbuf *b, const cx_metric_snap *m)
 {
     value_fmt f = fmt_of(m->name);
-    sb_printf(b, "Metric: %s\n  TotalSamples: %lld\n  Accumulator: ", m->name, (long long)m->stats.total_samples);
+    cx_sb_printf(b, "Metric: %s\n  TotalSamples: %lld\n  Accumulator: ", m->name, (long long)m->stats.total_samples);
     fmt_value(b, f, m->stats.accumulator);
-    sb_printf(b, "\n");
+    cx_sb_printf(b, "\n");
     int n = m->nsamples;
     if (n > 1) {
         double total = 0;
         for (int i = 0; i < n; i++) total += m->samples[2 * i];
         double span = m->samples[2 * (n - 1) + 1] - m->samples[1];
         if (span > 0) {
-            sb_printf(b, "  ValueRate: ");
+            cx_sb_printf(b, "  ValueRate: ");
             fmt_value(b, f, total / span);
-            sb_printf(b, " / second\n  Rate: %g / second\n", (double)n / span);
+            cx_sb_printf(b, " / second\n  Rate: %g / second\n", (double)n / span);
         }
     }
     if (n > 0) {
@@ -134,14 +128,14 @@ static void emit_metric(sbuf *b, const cx_metric_snap *m)
         for (int i = 0; i < n; i++) v[i] = m->samples[2 * i];
         qsort(v, (size_t)n, sizeof *v, cmp_double);
         static const double pct[] = { 0.01, 0.05, 0.10, 0.20, 0.50, 0.80, 0.90, 0.95, 0.99 };
-        sb_printf(b, "  Percentiles: ");
+        cx_sb_printf(b, "  Percentiles: ");
         for (size_t i = 0; i < sizeof pct / sizeof *pct; i++) {
             size_t at = (size_t)(pct[i] * n);
             if (at >= (size_t)n) at = (size_t)n - 1;
-            sb_printf(b, "%s%g%%=", i ? "; " : "", pct[i] * 100.0);
+            cx_sb_printf(b, "%s%g%%=", i ? "; " : "", pct[i] * 100.0);
             fmt_value(b, f, v[at]);
         }
-        sb_printf(b, "\n");
+        cx_sb_printf(b, "\n");
         free(v);
     }
 }
@@ -164,13 +158,13 @@ static char *report(bool all, const char *const *counters, int nc, const char *c
     int n = cx_metrics_snapshot(&s);
     if (n < 0) { cx_set_error("metrics report: out of memory"); return NULL; }
     qsort(s, (size_t)n, sizeof *s, cmp_snap);
-    sbuf b = { 0 };
+    cx_sbuf b = { 0 };
     for (int i = 0; i < n; i++)
         if (!s[i].is_counter && s[i].stats.total_samples > 0 && (all || in_list(s[i].name, metrics, nm)))
             emit_metric(&b, &s[i]);
     for (int i = 0; i < n; i++)
         if (s[i].is_counter && s[i].value != 0 && (all || in_list(s[i].name, counters, nc)))
-            sb_printf(&b, "Counter: %s\n  Value: %lld\n", s[i].name, (long long)s[i].value);
+            cx_sb_printf(&b, "Counter: %s\n  Value: %lld\n", s[i].name, (long long)s[i].value);
     cx_metrics_snapshot_free(s, n);
     return sb_finish(&b);
 }
