@@ -877,6 +877,51 @@ static void fuse_epilogues(cx_executable *e)
     }
 }
 
+/* ---- prefetch -------------------------------------------------------------------------- */
+
+static int first_writer(const cx_executable *e, int slot)
+{
+    for (int k = 0; k < e->nkernels; k++) if (e->kernels[k].out_slot == slot) return k;
+    return -1;
+}
+
+static int first_reader(const cx_executable *e, int slot, int after)
+{
+    for (int k = after + 1; k < e->nkernels; k++) {
+        const cx_kernel *r = &e->kernels[k];
+        for (int i = 0; i < r->prog.n; i++) if (r->prog.ins[i].kind == P_LOAD && r->prog.ins[i].slot == slot) return k;
+        for (int i = 0; i < r->nin; i++) if (r->in[i].slot == slot) return k;
+    }
+    return e->nkernels;
+}
+
+/* FSDP prefetch: each all-gather moves up to where the previous gather's
+ * result is first used, so it runs while the previous unit computes. It
+ * stays after that previous collective (the issue order every rank shares
+ * is unchanged) and holds at most one unit ahead of its use. */
+static void prefetch_gathers(cx_executable *e)
+{
+    int prev = -1;
+    for (int k = 0; k < e->nkernels; k++) {
+        cx_kernel *kn = &e->kernels[k];
+        if (kn->kind != K_COLL) continue;
+        if (kn->attrs[15] != OP_ALL_GATHER || prev < 0) { prev = k; continue; }
+        int target = first_reader(e, e->kernels[prev].out_slot, prev);
+        /* inputs must exist by then */
+        for (int i = 0; i < kn->nin; i++) {
+            int w = first_writer(e, kn->in[i].slot);
+            if (w >= target) target = w + 1;
+        }
+        if (target < k && target > prev) {
+            cx_kernel moved = *kn;
+            memmove(&e->kernels[target + 1], &e->kernels[target], sizeof *e->kernels * (size_t)(k - target));
+            e->kernels[target] = moved;
+            k = target;
+        }
+        prev = k;
+    }
+}
+
 /* ---- output aliasing ------------------------------------------------------------------------- */
 
 /* An output may take its donor input's buffer only if every read of that
@@ -992,6 +1037,7 @@ static bool try_lower(lctx *c)
         }
     }
     fuse_epilogues(e);
+    prefetch_gathers(e);
     for (int k = 0; k < e->nkernels; k++) {
         cx_kernel *kn = &e->kernels[k];
         if (kn->kind == K_COLL) {
