@@ -26,8 +26,8 @@ static void *one_start(void *ctx, const cx_comm_op *op)
 
 static cx_status one_wait(void *ctx, void *req) { (void)ctx; (void)req; return CX_OK; }
 
-static const cx_comm_backend g_world_of_one = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait };
-static cx_comm_backend g_backend = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait };
+static const cx_comm_backend g_world_of_one = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait, NULL };
+static cx_comm_backend g_backend = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait, NULL };
 
 void cx_comm_register(const cx_comm_backend *b) { g_backend = b ? *b : g_world_of_one; }
 const cx_comm_backend *cx_comm_get(void) { return &g_backend; }

@@ -587,7 +587,7 @@ extern const int *cx_groups_lookup(int64_t id, int rank, int *size);
 
 typedef struct { void *req; } pending_coll;
 
-static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out)
+static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out, bool now)
 {
     const cx_comm_backend *be = cx_comm_get();
     const cx_kin *x = &k->in[0];
@@ -648,9 +648,15 @@ static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out)
         cx_set_error("collective: unknown op %d", op);
         return CX_ERR_COMM;
     }
+    bool permute_after = op == OP_ALL_GATHER && outer != 1;
+    if ((now || permute_after) && be->run) {
+        cx_status st = be->run(be->ctx, &c);
+        if (st == CX_OK && permute_after) block_permute(out, scratch, outer, gsize, x->numel / outer, es, false);
+        return st;
+    }
     void *req = be->start(be->ctx, &c);
     if (!req) return CX_ERR_COMM;
-    if (op == OP_ALL_GATHER && outer != 1) {
+    if (permute_after) {
         cx_status st = be->wait(be->ctx, req);
         if (st != CX_OK) return st;
         block_permute(out, scratch, outer, gsize, x->numel / outer, es, false);
@@ -784,7 +790,7 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
         switch (k->kind) {
         case K_FUSED: run_fused(&rc, k); break;
         case K_REDUCE: run_reduce(&rc, k); break;
-        case K_COLL: st = run_coll(&rc, k, &reqs[ki]); break;
+        case K_COLL: st = run_coll(&rc, k, &reqs[ki], k->wait_at <= ki + 1); break;
         default: st = run_heavy(&rc, k); break;
         }
         if (coll_t0) {

@@ -50,6 +50,7 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
     comm_req *head, *tail;
+    int pending;          /* enqueued and not yet completed */
     bool stop;
     group_comm *groups;
 } R = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER,
@@ -210,6 +211,7 @@ static void complete(comm_req *q)
     q->seconds = (double)t1.tv_sec + 1e-9 * (double)t1.tv_nsec - q->t_start;
     pthread_mutex_lock(&R.mu);
     atomic_store(&q->done, 1);
+    R.pending--;
     pthread_cond_broadcast(&R.done_cv);
     pthread_mutex_unlock(&R.mu);
 }
@@ -286,6 +288,7 @@ static comm_req *enqueue(comm_req *q)
     atomic_store(&q->done, 0);
     q->next = NULL;
     pthread_mutex_lock(&R.mu);
+    R.pending++;
     if (R.tail) R.tail->next = q; else R.head = q;
     R.tail = q;
     pthread_cond_signal(&R.cv);
@@ -295,9 +298,6 @@ static comm_req *enqueue(comm_req *q)
 
 static cx_status wait_req(comm_req *q)
 {
-    /* small collectives finish within microseconds: a short spin saves a
-     * futex sleep and wake-up on the critical path */
-    for (int spin = 0; spin < 20000 && !atomic_load_explicit(&q->done, memory_order_acquire); spin++) {}
     if (!atomic_load(&q->done)) {
         pthread_mutex_lock(&R.mu);
         while (!atomic_load(&q->done)) pthread_cond_wait(&R.done_cv, &R.mu);
@@ -337,6 +337,32 @@ static cx_status be_wait(void *ctx, void *req)
     cx_metric_add("CollectiveWaitTime", (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - t0);
     free(q);
     return st;
+}
+
+/* A collective whose result is needed at once: with nothing queued, run it
+ * right here (only this thread queues work, so the order every rank shares
+ * is kept); otherwise queue it behind the others and wait. */
+static cx_status be_run(void *ctx, const cx_comm_op *op)
+{
+    pthread_mutex_lock(&R.mu);
+    bool idle = R.pending == 0;
+    pthread_mutex_unlock(&R.mu);
+    if (!idle) {
+        void *req = be_start(ctx, op);
+        return req ? be_wait(ctx, req) : CX_ERR_COMM;
+    }
+    comm_req q = { .op = *op };
+    cx_counter_add("CollectiveCount", 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    q.status = start_op(&q);
+    if (q.status == CX_OK) finish_op(&q);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    cx_metric_add("CollectiveTime", dt);
+    cx_metric_add("CollectiveWaitTime", dt);
+    if (q.status != CX_OK && q.err[0]) cx_set_last_error("%s", q.err);
+    return q.status;
 }
 
 /* Runs fn(arg) on the progress thread, in order with the collectives. */
@@ -395,7 +421,7 @@ cx_status cx_dist_init(int *argc, char ***argv)
             R.mpi = false;
             return CX_ERR_COMM;
         }
-        cx_comm_backend be = { "mpi", NULL, be_size, be_rank, be_start, be_wait };
+        cx_comm_backend be = { "mpi", NULL, be_size, be_rank, be_start, be_wait, be_run };
         cx_comm_register(&be);
     }
     /* ranks on one host share its cores */

@@ -46,6 +46,10 @@ typedef struct cx_comm_backend {
     void *(*start)(void *ctx, const cx_comm_op *op);
     /* Waits for a request and releases it. @return CX_OK or CX_ERR_COMM. */
     cx_status (*wait)(void *ctx, void *req);
+    /* Optional: runs a collective to completion on the calling thread, used
+     * when the very next instruction needs its result (no overlap to win,
+     * and a thread hand-off to save). NULL: start + wait. */
+    cx_status (*run)(void *ctx, const cx_comm_op *op);
 } cx_comm_backend;
 
 /* all_gather whose gradient (a sum reduce-scatter) is multiplied by
