@@ -877,6 +877,88 @@ static void fuse_epilogues(cx_executable *e)
     }
 }
 
+/* ---- overlap schedule ------------------------------------------------------------------ */
+
+static bool is_grad_collective(const cx_kernel *k)
+{
+    return k->kind == K_COLL && (k->attrs[15] == OP_ALL_REDUCE || k->attrs[15] == OP_REDUCE_SCATTER);
+}
+
+typedef struct { int *slots; int n, cap; } slot_set;
+
+static void collect_read(void *p, int slot)
+{
+    slot_set *s = p;
+    if (s->n < s->cap) s->slots[s->n++] = slot;
+}
+
+/* Gradient collectives overlap the rest of backward: a list schedule that
+ * issues each all-reduce / reduce-scatter as soon as its inputs exist and
+ * runs whatever waits on one only when nothing else is ready. The order is
+ * a function of the graph alone, so every rank issues the same sequence.
+ * @return false when out of memory. */
+static bool schedule_for_overlap(cx_executable *e)
+{
+    int n = e->nkernels, ncoll = 0, ngather = 0;
+    for (int k = 0; k < n; k++) {
+        ncoll += is_grad_collective(&e->kernels[k]);
+        ngather += e->kernels[k].kind == K_COLL && e->kernels[k].attrs[15] == OP_ALL_GATHER;
+    }
+    /* FSDP graphs keep the memory-minded depth-first order (with prefetch):
+     * pulling independent work forward there would hold gathered units longer */
+    if (ncoll == 0 || ngather > 0 || n < 3) return true;
+    int maxr = 8;
+    for (int k = 0; k < n; k++) if (e->kernels[k].prog.n + 6 > maxr) maxr = e->kernels[k].prog.n + 6;
+    int *reads = malloc(sizeof(int) * (size_t)n * (size_t)maxr), *nreads = calloc((size_t)n, sizeof(int));
+    char *dep = calloc((size_t)n * (size_t)n, 1);
+    int *indeg = calloc((size_t)n, sizeof(int)), *order = malloc(sizeof(int) * (size_t)n);
+    char *waits = calloc((size_t)n, 1), *done = calloc((size_t)n, 1);
+    if (!reads || !nreads || !dep || !indeg || !order || !waits || !done) {
+        free(reads); free(nreads); free(dep); free(indeg); free(order); free(waits); free(done);
+        cx_set_error("compile: out of memory");
+        return false;
+    }
+    for (int k = 0; k < n; k++) {
+        slot_set ss = { reads + (size_t)k * (size_t)maxr, 0, maxr };
+        kernel_reads(&e->kernels[k], collect_read, &ss);
+        nreads[k] = ss.n;
+    }
+    /* j after i when j reads what i writes, writes what i reads, or both write */
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < j; i++) {
+            int wi = e->kernels[i].out_slot, wj = e->kernels[j].out_slot;
+            bool raw = false, war = false;
+            for (int r = 0; !raw && r < nreads[j]; r++) raw = reads[(size_t)j * (size_t)maxr + (size_t)r] == wi;
+            for (int r = 0; !war && r < nreads[i]; r++) war = reads[(size_t)i * (size_t)maxr + (size_t)r] == wj;
+            if (raw || war || wi == wj) { dep[(size_t)j * (size_t)n + (size_t)i] = 1; indeg[j]++; }
+            if (raw && is_grad_collective(&e->kernels[i])) waits[j] = 1;
+        }
+    for (int t = 0; t < n; t++) {
+        int pick = -1;
+        for (int pass = 0; pass < 3 && pick < 0; pass++)
+            for (int k = 0; k < n && pick < 0; k++) {
+                if (done[k] || indeg[k]) continue;
+                if (pass == 0 && !is_grad_collective(&e->kernels[k])) continue;
+                if (pass == 1 && waits[k]) continue;
+                pick = k;
+            }
+        CX_ASSERT(pick >= 0);
+        done[pick] = 1;
+        order[t] = pick;
+        for (int j = 0; j < n; j++) if (dep[(size_t)j * (size_t)n + (size_t)pick]) indeg[j]--;
+    }
+    cx_kernel *nk = malloc(sizeof *nk * (size_t)n);
+    if (!nk) {
+        free(reads); free(nreads); free(dep); free(indeg); free(order); free(waits); free(done);
+        cx_set_error("compile: out of memory");
+        return false;
+    }
+    for (int t = 0; t < n; t++) nk[t] = e->kernels[order[t]];
+    memcpy(e->kernels, nk, sizeof *nk * (size_t)n);
+    free(nk); free(reads); free(nreads); free(dep); free(indeg); free(order); free(waits); free(done);
+    return true;
+}
+
 /* ---- prefetch -------------------------------------------------------------------------- */
 
 static int first_writer(const cx_executable *e, int slot)
@@ -1037,6 +1119,7 @@ static bool try_lower(lctx *c)
         }
     }
     fuse_epilogues(e);
+    if (!schedule_for_overlap(e)) return false;
     prefetch_gathers(e);
     for (int k = 0; k < e->nkernels; k++) {
         cx_kernel *kn = &e->kernels[k];
