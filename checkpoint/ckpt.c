@@ -2,6 +2,9 @@
  * over the ranks, and loading any committed checkpoint into any wrapping. */
 #include "ckpt_internal.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <glob.h>
@@ -725,6 +728,15 @@ cx_status ckpt_load_view(const char *prefix, const char *single_file, const ckpt
     int rank = cx_global_ordinal();
     cx_status st = ckpt_src_open(&s, prefix, NULL, single_file, false, v->sharded ? rank : 0);
     if (st != CX_OK) return st;
+    /* ask the kernel to stream the files in: tensors are then read from
+     * the page cache while the disk keeps going */
+    for (int r = 0; r < s.nfiles; r++) {
+        int fd = open(s.files[r].path, O_RDONLY);
+        if (fd < 0) continue;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        close(fd);
+    }
     if (!opts.verify)
         for (int r = 0; r < s.nfiles; r++) s.files[r].verified = true;
     if (opt && opts.with_optimizer) {

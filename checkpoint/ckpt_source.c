@@ -725,7 +725,7 @@ static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int
     size_t es = cx_dtype_size(dt);
     /* with a checksum to check, read in pieces and hash each while it is
      * still in cache (one pass over memory instead of two) */
-    int64_t piece = hash && nd ? (int64_t)((4u << 20) / es) : (b - a);
+    int64_t piece = hash && nd ? (int64_t)((16u << 20) / es) : (b - a);
     if (piece < 1) piece = 1;
     ckpt_hash h;
     ckpt_hash_init(&h);
