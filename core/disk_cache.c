@@ -352,6 +352,8 @@ static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program
             if (in->a < 0 || in->a >= i || in->b < 0 || in->b >= i || in->c < 0 || in->c >= i) return false;
             break;
         case P_MASK: if (in->a < 0 || in->a >= i) return false; uses_view = true; break;
+        case P_RELU: if (in->a < 0 || in->a >= i) return false; break;
+        case P_POSMASK: if (in->a < 0 || in->a >= i || in->b < 0 || in->b >= i) return false; break;
         default: return false;
         }
         if ((in->kind == P_UN) && in->op >= OP_COUNT) return false;

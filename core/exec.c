@@ -257,6 +257,16 @@ static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, co
         case P_CAST:
             cast_block(r, in->dtype, &regs[in->a], p->ins[in->a].dtype, len);
             break;
+        case P_RELU: {
+            const float *x = regs[in->a].f;
+            for (int j = 0; j < len; j++) r->f[j] = x[j] > 0 ? x[j] : 0.0f;
+            break;
+        }
+        case P_POSMASK: {
+            const float *x = regs[in->a].f, *g = regs[in->b].f;
+            for (int j = 0; j < len; j++) r->f[j] = x[j] > 0 ? g[j] : 0.0f;
+            break;
+        }
         case P_MASK: {
             int jlo, jhi;
             const reg_t *a = &regs[in->a];

@@ -30,6 +30,8 @@ typedef enum {
     P_WHERE,   /* a ? b : c */
     P_CAST,    /* a -> dtype */
     P_MASK,    /* view mask ? a : f */
+    P_RELU,    /* a > 0 ? a : 0        (from where(0 < a, a, 0)) */
+    P_POSMASK, /* a > 0 ? b : 0        (from where(0 < a, b, 0): relu's gradient) */
 } cx_pkind;
 
 typedef struct {
@@ -142,6 +144,10 @@ typedef struct {
     int *outputs;            /* graph index per output */
     int *out_alias;          /* input ordinal or -1 */
 } cx_graph;
+
+/* Rewrites where(0 < x, y, 0) into P_RELU / P_POSMASK and drops dead
+ * instructions (renumbering registers). */
+void cx_prog_peephole(cx_program *p);
 
 /* Lowers a captured graph. @return the executable or NULL (error set). */
 cx_executable *cx_lower(const cx_graph *g);

@@ -412,6 +412,59 @@ static int gen(lctx *c, int i, const mview *m)
     return r;
 }
 
+/* ---- peephole -------------------------------------------------------------------- */
+
+static bool zero_const(const cx_pinstr *in)
+{
+    return in->kind == P_CONST && in->f == 0.0 && (in->dtype == CX_F32 || in->dtype == CX_BF16);
+}
+
+void cx_prog_peephole(cx_program *p)
+{
+    for (int i = 0; i < p->n; i++) {
+        cx_pinstr *w = &p->ins[i];
+        if (w->kind != P_WHERE || (w->dtype != CX_F32 && w->dtype != CX_BF16)) continue;
+        const cx_pinstr *c = &p->ins[w->a];
+        if (c->kind != P_BIN || c->op != OP_LT || !zero_const(&p->ins[c->a]) || !zero_const(&p->ins[w->c])) continue;
+        int x = c->b;
+        if (p->ins[x].dtype != w->dtype) continue;
+        cx_pinstr r = { .kind = w->b == x ? P_RELU : P_POSMASK, .dtype = w->dtype, .a = x, .b = w->b };
+        *w = r;
+    }
+    /* dead-code elimination, then compact the registers */
+    char *live = calloc((size_t)p->n + 1, 1);
+    int *map = malloc(sizeof(int) * (size_t)(p->n + 1));
+    if (!live || !map) { free(live); free(map); return; }   /* the unoptimized program is still correct */
+    live[p->result] = 1;
+    for (int i = p->n - 1; i >= 0; i--) {
+        if (!live[i]) continue;
+        const cx_pinstr *in = &p->ins[i];
+        switch ((cx_pkind)in->kind) {
+        case P_UN: case P_CAST: case P_MASK: case P_RELU: live[in->a] = 1; break;
+        case P_BIN: case P_POSMASK: live[in->a] = 1; live[in->b] = 1; break;
+        case P_WHERE: live[in->a] = 1; live[in->b] = 1; live[in->c] = 1; break;
+        default: break;
+        }
+    }
+    int k = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (!live[i]) continue;
+        cx_pinstr in = p->ins[i];
+        switch ((cx_pkind)in.kind) {
+        case P_UN: case P_CAST: case P_MASK: case P_RELU: in.a = map[in.a]; break;
+        case P_BIN: case P_POSMASK: in.a = map[in.a]; in.b = map[in.b]; break;
+        case P_WHERE: in.a = map[in.a]; in.b = map[in.b]; in.c = map[in.c]; break;
+        default: break;
+        }
+        map[i] = k;
+        p->ins[k++] = in;
+    }
+    p->result = map[p->result];
+    p->n = k;
+    free(live);
+    free(map);
+}
+
 /* ---- coalescing ----------------------------------------------------------------- */
 
 static bool view_full(const cx_view *v, int d, const int64_t *shape)
@@ -620,6 +673,7 @@ static bool lower_root(lctx *c, int i)
         int r = gen(c, n->inputs[0], &m);
         if (r < 0) return false;
         k->prog.result = r;
+        cx_prog_peephole(&k->prog);
         if (n->op != OP_ARGMAX) {
             int split = nkeep;
             k->ndim = coalesce(&k->prog, k->shape, k->ndim, &split);
@@ -721,6 +775,7 @@ static bool lower_root(lctx *c, int i)
     c->root[i] = 1;
     if (r < 0) return false;
     k->prog.result = r;
+    cx_prog_peephole(&k->prog);
     int split = 0;
     k->ndim = coalesce(&k->prog, k->shape, k->ndim, &split);
     return true;
