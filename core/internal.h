@@ -202,9 +202,6 @@ cx_tensor *cx_sum_to(cx_tensor *g, const int64_t *shape, int ndim);
 cx_tensor *cx_scalar_like(cx_tensor *a, double v);
 cx_dtype cx_promote(cx_dtype a, cx_dtype b);
 int cx_norm_axis(int axis, int ndim);
-/* Step-scoped temporaries used inside composites are released at step end;
- * outside a step, composite helpers release them immediately with this. */
-void cx_drop(cx_tensor *t);
 
 /* ---- RNG --------------------------------------------------------------------- */
 

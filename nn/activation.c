@@ -46,7 +46,7 @@ static const cx_module_type log_softmax_type = { "LogSoftmax", log_softmax_forwa
 cx_module *cx_nn_log_softmax(int dim)
 {
     softmax_dim *d = malloc(sizeof *d);
-    if (!d) { cx_set_error("cx_nn_log_softmax: out of memory"); return NULL; }
+    if (!d) { cx_set_last_error("cx_nn_log_softmax: out of memory"); return NULL; }
     d->dim = dim;
     return cx_module_new(&log_softmax_type, d);
 }

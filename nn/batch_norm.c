@@ -35,7 +35,7 @@ static cx_tensor *batch_norm_forward(cx_module *m, cx_tensor *x)
 {
     const batch_norm *bn = cx_module_impl(m);
     if (cx_ndim(x) != 4 || cx_dim(x, 1) != bn->c)
-        return cx_poison("BatchNorm2d(%lld): want (N, %lld, H, W), got %d dims with %lld channels",
+        return cx_poisoned("BatchNorm2d(%lld): want (N, %lld, H, W), got %d dims with %lld channels",
                          (long long)bn->c, (long long)bn->c, cx_ndim(x), cx_ndim(x) > 1 ? (long long)cx_dim(x, 1) : 0LL);
     bool batch_stats = cx_module_is_training(m) || bn->mean < 0;
     cx_tensor *mean, *var;                             // (C)
@@ -84,12 +84,12 @@ static const cx_module_type batch_norm_type = { "BatchNorm2d", batch_norm_forwar
 cx_module *cx_nn_batch_norm2d(int64_t c, cx_batch_norm_opts o)
 {
     if (c <= 0 || !(o.eps > 0) || !(o.momentum >= 0 && o.momentum <= 1)) {
-        cx_set_error("cx_nn_batch_norm2d: bad arguments: %lld features, eps %g, momentum %g", (long long)c, o.eps,
+        cx_set_last_error("cx_nn_batch_norm2d: bad arguments: %lld features, eps %g, momentum %g", (long long)c, o.eps,
                      o.momentum);
         return NULL;
     }
     batch_norm *bn = calloc(1, sizeof *bn);
-    if (!bn) { cx_set_error("cx_nn_batch_norm2d: out of memory"); return NULL; }
+    if (!bn) { cx_set_last_error("cx_nn_batch_norm2d: out of memory"); return NULL; }
     bn->o = o;
     bn->c = c;
     bn->w = bn->b = bn->mean = bn->var = bn->count = -1;

@@ -27,13 +27,13 @@ cx_module *cx_nn_conv2d(int64_t in_channels, int64_t out_channels, int k, cx_con
 {
     if (in_channels <= 0 || out_channels <= 0 || k <= 0 || o.stride <= 0 || o.padding < 0 ||
         o.dilation <= 0 || o.groups <= 0 || in_channels % o.groups || out_channels % o.groups) {
-        cx_set_error("cx_nn_conv2d: bad arguments: in %lld, out %lld, kernel %d, stride %d, padding %d, "
+        cx_set_last_error("cx_nn_conv2d: bad arguments: in %lld, out %lld, kernel %d, stride %d, padding %d, "
                      "dilation %d, groups %d", (long long)in_channels, (long long)out_channels, k, o.stride,
                      o.padding, o.dilation, o.groups);
         return NULL;
     }
     conv2d *c = calloc(1, sizeof *c);
-    if (!c) { cx_set_error("cx_nn_conv2d: out of memory"); return NULL; }
+    if (!c) { cx_set_last_error("cx_nn_conv2d: out of memory"); return NULL; }
     c->o = o;
     cx_module *m = cx_module_new(&conv2d_type, c);
     if (!m) return NULL;

@@ -59,18 +59,18 @@ static cx_status find_file(const cx_mnist_opts *o, const char *dir, const char *
     snprintf(raw, sizeof raw, "%s/%s", dir, stem);
     if (file_exists(raw)) { snprintf(path, cap, "%s", raw); return CX_OK; }
     if (o->kind == CX_DATASET_FASHION_MNIST)
-        cx_set_error("Fashion-MNIST file not found: %s (provided by the Debian package "
+        cx_set_last_error("Fashion-MNIST file not found: %s (provided by the Debian package "
                      "dataset-fashion-mnist: apt-get install dataset-fashion-mnist; or pass a directory "
                      "with the IDX files)", path);
     else
-        cx_set_error("MNIST file not found: %s (no Debian package ships MNIST; put the four IDX files "
+        cx_set_last_error("MNIST file not found: %s (no Debian package ships MNIST; put the four IDX files "
                      "there or pass their directory)", path);
     return CX_ERR_IO;
 }
 
 cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
 {
-    if (!out) { cx_set_error("cx_mnist_load: out is NULL"); return CX_ERR_ARG; }
+    if (!out) { cx_set_last_error("cx_mnist_load: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
     const char *dir = o.dir ? o.dir
                             : (o.kind == CX_DATASET_MNIST ? CX_MNIST_DIR : CX_FASHION_MNIST_DIR);
@@ -87,7 +87,7 @@ cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
     if ((st = cx_idx_read(ipath, &img)) != CX_OK) return st;
     if ((st = cx_idx_read(lpath, &lab)) != CX_OK) { cx_idx_array_release(&img); return st; }
     if (img.ndim != 3 || lab.ndim != 1 || img.dims[0] != lab.dims[0] || img.dims[0] == 0) {
-        cx_set_error("cx_mnist_load: %s (%d dims, %lld samples) and %s (%d dims, %lld labels) do not match",
+        cx_set_last_error("cx_mnist_load: %s (%d dims, %lld samples) and %s (%d dims, %lld labels) do not match",
                      ipath, img.ndim, (long long)img.dims[0], lpath, lab.ndim, (long long)lab.dims[0]);
         cx_idx_array_release(&img);
         cx_idx_array_release(&lab);
@@ -95,7 +95,7 @@ cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
     }
     for (int64_t i = 0; i < lab.dims[0]; i++) {
         if (lab.data[i] >= 10) {
-            cx_set_error("cx_mnist_load: %s: label %d at %lld is not a class 0-9", lpath, lab.data[i], (long long)i);
+            cx_set_last_error("cx_mnist_load: %s: label %d at %lld is not a class 0-9", lpath, lab.data[i], (long long)i);
             cx_idx_array_release(&img);
             cx_idx_array_release(&lab);
             return CX_ERR_IO;
@@ -106,7 +106,7 @@ cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
     if (!ds) {
         cx_idx_array_release(&img);
         cx_idx_array_release(&lab);
-        cx_set_error("cx_mnist_load: out of memory");
+        cx_set_last_error("cx_mnist_load: out of memory");
         return CX_ERR_OOM;
     }
     /* Take the IDX buffers over instead of copying 47 MB. */
@@ -138,16 +138,16 @@ static uint64_t splitmix64(uint64_t *s)
 
 cx_status cx_fake_data(cx_fake_data_opts o, cx_dataset **out)
 {
-    if (!out) { cx_set_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
+    if (!out) { cx_set_last_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
     if (o.size <= 0 || o.channels <= 0 || o.height <= 0 || o.width <= 0 || o.num_classes <= 0 ||
         o.num_classes > 256) {
-        cx_set_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, <= 256 classes)",
+        cx_set_last_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, <= 256 classes)",
                      (long long)o.size, o.channels, o.height, o.width, o.num_classes);
         return CX_ERR_ARG;
     }
     cx_dataset *ds = dataset_alloc(o.size, o.channels, o.height, o.width, o.num_classes, 0.1307f, 0.3081f);
-    if (!ds) { cx_set_error("cx_fake_data: out of memory for %lld samples", (long long)o.size); return CX_ERR_OOM; }
+    if (!ds) { cx_set_last_error("cx_fake_data: out of memory for %lld samples", (long long)o.size); return CX_ERR_OOM; }
     uint64_t s = o.seed;
     size_t per = (size_t)o.channels * (size_t)o.height * (size_t)o.width;
     for (int64_t i = 0; i < o.size; i++) {

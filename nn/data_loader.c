@@ -135,12 +135,12 @@ static void drain(cx_loader *l)
 cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
 {
     if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
-        cx_set_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
+        cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
                      ds ? "set" : "NULL", sampler ? "set" : "NULL", (long long)o.batch_size, o.prefetch);
         return NULL;
     }
     cx_loader *l = calloc(1, sizeof *l);
-    if (!l) { cx_set_error("cx_loader_new: out of memory"); return NULL; }
+    if (!l) { cx_set_last_error("cx_loader_new: out of memory"); return NULL; }
     l->ds = ds;
     l->sampler = sampler;
     l->o = o;
@@ -161,7 +161,7 @@ cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_op
     }
     if (pthread_create(&l->thread, NULL, worker_main, l) != 0) {
         cx_loader_free(l);
-        cx_set_error("cx_loader_new: cannot start the prefetch thread");
+        cx_set_last_error("cx_loader_new: cannot start the prefetch thread");
         return NULL;
     }
     l->thread_started = true;
@@ -169,7 +169,7 @@ cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_op
     return l;
 oom:
     cx_loader_free(l);
-    cx_set_error("cx_loader_new: out of memory for %d batches of %lld", o.prefetch, (long long)o.batch_size);
+    cx_set_last_error("cx_loader_new: out of memory for %d batches of %lld", o.prefetch, (long long)o.batch_size);
     return NULL;
 }
 
@@ -258,7 +258,7 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
     s->images = s->labels = NULL;
     int64_t n = s->n, index = s->index;
     if (s->status != CX_OK) {
-        cx_set_error("%s", s->err);
+        cx_set_last_error("%s", s->err);
         l->error = s->status;
         l->at_end = true;
         release_current(l);

@@ -57,7 +57,7 @@ static void build_epoch(cx_sampler *s)
 cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts o)
 {
     if (dataset_size <= 0 || o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
-        cx_set_error("cx_sampler_new: bad arguments: size %lld, rank %d of world size %d",
+        cx_set_last_error("cx_sampler_new: bad arguments: size %lld, rank %d of world size %d",
                      (long long)dataset_size, o.rank, o.world_size);
         return NULL;
     }
@@ -65,12 +65,12 @@ cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts o)
     /* drop_last cuts the tail; otherwise the permutation wraps around to pad. */
     int64_t per = o.drop_last ? dataset_size / w : (dataset_size + w - 1) / w;
     if (per <= 0) {
-        cx_set_error("cx_sampler_new: %lld samples cannot be split over %d ranks with drop_last",
+        cx_set_last_error("cx_sampler_new: %lld samples cannot be split over %d ranks with drop_last",
                      (long long)dataset_size, o.world_size);
         return NULL;
     }
     cx_sampler *s = calloc(1, sizeof *s);
-    if (!s) { cx_set_error("cx_sampler_new: out of memory"); return NULL; }
+    if (!s) { cx_set_last_error("cx_sampler_new: out of memory"); return NULL; }
     s->o = o;
     s->n = dataset_size;
     s->per_rank = per;
@@ -78,7 +78,7 @@ cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts o)
     s->perm = malloc((size_t)dataset_size * sizeof *s->perm);
     if (!s->order || !s->perm) {
         cx_sampler_free(s);
-        cx_set_error("cx_sampler_new: out of memory for %lld indices", (long long)dataset_size);
+        cx_set_last_error("cx_sampler_new: out of memory for %lld indices", (long long)dataset_size);
         return NULL;
     }
     build_epoch(s);
@@ -106,7 +106,7 @@ int64_t cx_sampler_position(const cx_sampler *s) { return s->pos; }
 cx_status cx_sampler_set_position(cx_sampler *s, int64_t pos)
 {
     if (pos < 0 || pos > s->per_rank) {
-        cx_set_error("cx_sampler_set_position: position %lld outside [0, %lld]", (long long)pos,
+        cx_set_last_error("cx_sampler_set_position: position %lld outside [0, %lld]", (long long)pos,
                      (long long)s->per_rank);
         return CX_ERR_ARG;
     }

@@ -25,11 +25,11 @@ static const cx_module_type dropout_type = { "Dropout", dropout_forward, free };
 cx_module *cx_nn_dropout(double p)
 {
     if (!(p >= 0.0 && p <= 1.0)) {
-        cx_set_error("cx_nn_dropout: probability %g outside [0, 1]", p);
+        cx_set_last_error("cx_nn_dropout: probability %g outside [0, 1]", p);
         return NULL;
     }
     dropout *d = malloc(sizeof *d);
-    if (!d) { cx_set_error("cx_nn_dropout: out of memory"); return NULL; }
+    if (!d) { cx_set_last_error("cx_nn_dropout: out of memory"); return NULL; }
     d->p = p;
     return cx_module_new(&dropout_type, d);
 }

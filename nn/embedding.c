@@ -16,11 +16,11 @@ static const cx_module_type embedding_type = { "Embedding", embedding_forward, f
 cx_module *cx_nn_embedding(int64_t num, int64_t dim)
 {
     if (num <= 0 || dim <= 0) {
-        cx_set_error("cx_nn_embedding: bad sizes %lld x %lld", (long long)num, (long long)dim);
+        cx_set_last_error("cx_nn_embedding: bad sizes %lld x %lld", (long long)num, (long long)dim);
         return NULL;
     }
     embedding *e = malloc(sizeof *e);
-    if (!e) { cx_set_error("cx_nn_embedding: out of memory"); return NULL; }
+    if (!e) { cx_set_last_error("cx_nn_embedding: out of memory"); return NULL; }
     cx_module *m = cx_module_new(&embedding_type, e);
     if (!m) return NULL;
     int64_t shape[2] = { num, dim };

@@ -16,7 +16,7 @@ static const cx_module_type flatten_type = { "Flatten", flatten_forward, free };
 cx_module *cx_nn_flatten(int start_dim, int end_dim)
 {
     flatten *f = malloc(sizeof *f);
-    if (!f) { cx_set_error("cx_nn_flatten: out of memory"); return NULL; }
+    if (!f) { cx_set_last_error("cx_nn_flatten: out of memory"); return NULL; }
     *f = (flatten){ start_dim, end_dim };
     return cx_module_new(&flatten_type, f);
 }

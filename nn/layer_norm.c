@@ -18,11 +18,11 @@ static const cx_module_type layer_norm_type = { "LayerNorm", layer_norm_forward,
 cx_module *cx_nn_layer_norm(int64_t dim, double eps, bool affine)
 {
     if (dim <= 0 || !(eps > 0)) {
-        cx_set_error("cx_nn_layer_norm: bad arguments: dim %lld, eps %g", (long long)dim, eps);
+        cx_set_last_error("cx_nn_layer_norm: bad arguments: dim %lld, eps %g", (long long)dim, eps);
         return NULL;
     }
     layer_norm *ln = malloc(sizeof *ln);
-    if (!ln) { cx_set_error("cx_nn_layer_norm: out of memory"); return NULL; }
+    if (!ln) { cx_set_last_error("cx_nn_layer_norm: out of memory"); return NULL; }
     *ln = (layer_norm){ eps, -1, -1 };
     cx_module *m = cx_module_new(&layer_norm_type, ln);
     if (!m) return NULL;

@@ -24,11 +24,11 @@ static const cx_module_type linear_type = { "Linear", linear_forward, free };
 cx_module *cx_nn_linear(int64_t in_features, int64_t out_features, bool bias)
 {
     if (in_features <= 0 || out_features <= 0) {
-        cx_set_error("cx_nn_linear: bad sizes in %lld, out %lld", (long long)in_features, (long long)out_features);
+        cx_set_last_error("cx_nn_linear: bad sizes in %lld, out %lld", (long long)in_features, (long long)out_features);
         return NULL;
     }
     linear *l = calloc(1, sizeof *l);
-    if (!l) { cx_set_error("cx_nn_linear: out of memory"); return NULL; }
+    if (!l) { cx_set_last_error("cx_nn_linear: out of memory"); return NULL; }
     cx_module *m = cx_module_new(&linear_type, l);
     if (!m) return NULL;
     int64_t wshape[2] = { out_features, in_features };

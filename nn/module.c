@@ -52,7 +52,7 @@ cx_module *cx_module_new(const cx_module_type *type, void *impl)
     cx_module *m = calloc(1, sizeof *m);
     if (!m) {
         if (type->free) type->free(impl);
-        cx_set_error("cx_module_new: out of memory for a %s", type->name);
+        cx_set_last_error("cx_module_new: out of memory for a %s", type->name);
         return NULL;
     }
     m->type = type;
@@ -98,7 +98,7 @@ static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor
     else if (cx_tensor_error(t)) err = cx_tensor_error(t);
     else if (param && !cx_dtype_is_float(cx_dtype_of(t))) err = "parameters must be floating point";
     if (err) {
-        cx_set_error("%s '%s' of %s: %s", what, name ? name : "(null)", cx_module_type_name(m), err);
+        cx_set_last_error("%s '%s' of %s: %s", what, name ? name : "(null)", cx_module_type_name(m), err);
         cx_free(t);
         return -1;
     }
@@ -109,7 +109,7 @@ static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor
     if (!copy || !grow((void **)arr, cap, *n, sizeof(entry))) {
         free(copy);
         cx_free(t);
-        cx_set_error("%s '%s' of %s: out of memory", what, name, cx_module_type_name(m));
+        cx_set_last_error("%s '%s' of %s: out of memory", what, name, cx_module_type_name(m));
         return -1;
     }
     cx_persist(t);
@@ -141,7 +141,7 @@ int cx_module_add_child(cx_module *m, const char *name, cx_module *c)
     else if (!valid_name(name)) err = "empty name or name with a dot";
     else if (name_taken(m, name)) err = "name already used";
     if (err) {
-        cx_set_error("child '%s' of %s: %s", name ? name : "(null)", cx_module_type_name(m), err);
+        cx_set_last_error("child '%s' of %s: %s", name ? name : "(null)", cx_module_type_name(m), err);
         cx_module_free(c);
         return -1;
     }
@@ -149,7 +149,7 @@ int cx_module_add_child(cx_module *m, const char *name, cx_module *c)
     if (!copy || !grow((void **)&m->children, &m->cap_children, m->nchildren, sizeof(child))) {
         free(copy);
         cx_module_free(c);
-        cx_set_error("child '%s' of %s: out of memory", name, cx_module_type_name(m));
+        cx_set_last_error("child '%s' of %s: out of memory", name, cx_module_type_name(m));
         return -1;
     }
     c->training = m->training;
@@ -193,7 +193,7 @@ void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t)
 
 cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x)
 {
-    if (!m) return cx_poison("cx_module_forward: module is NULL");
+    if (!m) return cx_poisoned("cx_module_forward: module is NULL");
     /* pre hooks in registration order, post hooks in reverse: they nest */
     for (int i = 0; i < m->nhooks; i++) if (m->hooks[i].pre) m->hooks[i].pre(m, m->hooks[i].ctx);
     cx_tensor *y = m->type->forward(m, x);
@@ -203,9 +203,9 @@ cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x)
 
 int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h)
 {
-    if (!m || !h) { cx_set_error("cx_module_add_hooks: NULL argument"); return -1; }
+    if (!m || !h) { cx_set_last_error("cx_module_add_hooks: NULL argument"); return -1; }
     if (m->nhooks == CX_MODULE_MAX_HOOKS) {
-        cx_set_error("cx_module_add_hooks: module already has %d hooks", CX_MODULE_MAX_HOOKS);
+        cx_set_last_error("cx_module_add_hooks: module already has %d hooks", CX_MODULE_MAX_HOOKS);
         return -1;
     }
     m->hooks[m->nhooks] = *h;
@@ -346,7 +346,7 @@ static cx_named_tensor *collect(const cx_module *m, int want, int *n, const char
     return f.out;
 oom:
     free(prefix);
-    cx_set_error("%s of %s: out of memory", what, cx_module_type_name(m));
+    cx_set_last_error("%s of %s: out of memory", what, cx_module_type_name(m));
     return NULL;
 }
 
@@ -426,7 +426,7 @@ cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dty
 {
     cx_tensor *t = cx_module_get(m, key);
     if (!t) {
-        cx_set_error("cx_module_load: %s has no parameter or buffer '%s'", cx_module_type_name(m),
+        cx_set_last_error("cx_module_load: %s has no parameter or buffer '%s'", cx_module_type_name(m),
                      key ? key : "(null)");
         return CX_ERR_ARG;
     }

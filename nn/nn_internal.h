@@ -1,9 +1,23 @@
-/* Shared by nn/ and optim/ sources: the core's error reporting (one-line
- * messages through cx_last_error) and small helpers. Not installed. */
+/* Shared by nn/ and optim/ sources: small helpers on top of the public core
+ * API (errors go through cx_set_last_error / cx_poisoned). Not installed. */
 #ifndef CX_NN_INTERNAL_H
 #define CX_NN_INTERNAL_H
 
-#include "internal.h"
+#include <cxla/core.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Always-on check for programmer bugs inside nn/optim. */
+#define CX_ASSERT(cond)                                                              \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "cxla: internal assertion failed at %s:%d: %s\n",       \
+                    __FILE__, __LINE__, #cond);                                      \
+            abort();                                                                 \
+        }                                                                            \
+    } while (0)
 
 #include <cxla/nn.h>
 

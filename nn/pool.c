@@ -23,12 +23,12 @@ static const cx_module_type avg_pool_type = { "AvgPool2d", avg_pool_forward, fre
 static cx_module *pool_new(const cx_module_type *type, int k, int s, int p)
 {
     if (k <= 0 || s < 0 || p < 0 || p * 2 > k) {
-        cx_set_error("%s: bad arguments: kernel %d, stride %d, padding %d (padding at most half the kernel)",
+        cx_set_last_error("%s: bad arguments: kernel %d, stride %d, padding %d (padding at most half the kernel)",
                      type->name, k, s, p);
         return NULL;
     }
     pool2d *impl = malloc(sizeof *impl);
-    if (!impl) { cx_set_error("%s: out of memory", type->name); return NULL; }
+    if (!impl) { cx_set_last_error("%s: out of memory", type->name); return NULL; }
     *impl = (pool2d){ k, s ? s : k, p };
     return cx_module_new(type, impl);
 }
@@ -49,7 +49,7 @@ static cx_tensor *adaptive_axis(cx_tensor *x, int axis, int64_t out)
     int64_t in = cx_dim(x, axis);
     if (in == out) return cx_alias(x);
     cx_tensor **parts = malloc((size_t)out * sizeof *parts);
-    if (!parts) return cx_poison("AdaptiveAvgPool2d: out of memory for %lld windows", (long long)out);
+    if (!parts) return cx_poisoned("AdaptiveAvgPool2d: out of memory for %lld windows", (long long)out);
     for (int64_t i = 0; i < out; i++) {
         int64_t lo = i * in / out, hi = ((i + 1) * in + out - 1) / out;
         cx_tensor *win = cx_slice(x, axis, lo, hi, 1);
@@ -66,7 +66,7 @@ static cx_tensor *adaptive_axis(cx_tensor *x, int axis, int64_t out)
 static cx_tensor *adaptive_forward(cx_module *m, cx_tensor *x)
 {
     const adaptive *a = cx_module_impl(m);
-    if (cx_ndim(x) != 4) return cx_poison("AdaptiveAvgPool2d: want (N, C, H, W), got %d dims", cx_ndim(x));
+    if (cx_ndim(x) != 4) return cx_poisoned("AdaptiveAvgPool2d: want (N, C, H, W), got %d dims", cx_ndim(x));
     int64_t h = cx_dim(x, 2), w = cx_dim(x, 3);
     if (h % a->oh == 0 && w % a->ow == 0) {
         int kh = (int)(h / a->oh), kw = (int)(w / a->ow);
@@ -83,11 +83,11 @@ static const cx_module_type adaptive_type = { "AdaptiveAvgPool2d", adaptive_forw
 cx_module *cx_nn_adaptive_avg_pool2d(int out_h, int out_w)
 {
     if (out_h <= 0 || out_w <= 0) {
-        cx_set_error("cx_nn_adaptive_avg_pool2d: bad output size %dx%d", out_h, out_w);
+        cx_set_last_error("cx_nn_adaptive_avg_pool2d: bad output size %dx%d", out_h, out_w);
         return NULL;
     }
     adaptive *a = malloc(sizeof *a);
-    if (!a) { cx_set_error("cx_nn_adaptive_avg_pool2d: out of memory"); return NULL; }
+    if (!a) { cx_set_last_error("cx_nn_adaptive_avg_pool2d: out of memory"); return NULL; }
     *a = (adaptive){ out_h, out_w };
     return cx_module_new(&adaptive_type, a);
 }

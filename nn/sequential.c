@@ -30,7 +30,7 @@ cx_module *cx_nn_sequential(cx_module **mods, int n)
     for (int i = 0; i < n; i++) {
         if (!ok) { cx_module_free(mods[i]); continue; }
         if (!mods[i]) {
-            cx_set_error("cx_nn_sequential: module %d is NULL (its constructor failed)", i);
+            cx_set_last_error("cx_nn_sequential: module %d is NULL (its constructor failed)", i);
             ok = false;
             continue;
         }

@@ -28,7 +28,7 @@ static cx_tensor *attention_forward(cx_module *m, cx_tensor *x)
 {
     const attention *a = cx_module_impl(m);
     if (cx_ndim(x) != 3 || cx_dim(x, 2) != a->d)
-        return cx_poison("CausalSelfAttention(%lld): want (B, T, %lld), got %d dims", (long long)a->d,
+        return cx_poisoned("CausalSelfAttention(%lld): want (B, T, %lld), got %d dims", (long long)a->d,
                          (long long)a->d, cx_ndim(x));
     int64_t b = cx_dim(x, 0), t = cx_dim(x, 1), d = a->d;
     cx_tensor *qkv = cx_module_forward(cx_module_child(m, a->qkv), x);   // (B, T, 3d)
@@ -69,12 +69,12 @@ static const cx_module_type attention_type = { "CausalSelfAttention", attention_
 cx_module *cx_nn_causal_self_attention(int64_t d, int heads)
 {
     if (d <= 0 || heads <= 0 || d % heads) {
-        cx_set_error("cx_nn_causal_self_attention: d_model %lld is not a positive multiple of %d heads",
+        cx_set_last_error("cx_nn_causal_self_attention: d_model %lld is not a positive multiple of %d heads",
                      (long long)d, heads);
         return NULL;
     }
     attention *a = malloc(sizeof *a);
-    if (!a) { cx_set_error("cx_nn_causal_self_attention: out of memory"); return NULL; }
+    if (!a) { cx_set_last_error("cx_nn_causal_self_attention: out of memory"); return NULL; }
     *a = (attention){ d, heads, -1, -1 };
     cx_module *m = cx_module_new(&attention_type, a);
     if (!m) return NULL;
@@ -113,12 +113,12 @@ static const cx_module_type block_type = { "TransformerBlock", block_forward, fr
 cx_module *cx_nn_transformer_block(int64_t d, int heads)
 {
     if (d <= 0 || heads <= 0 || d % heads) {
-        cx_set_error("cx_nn_transformer_block: d_model %lld is not a positive multiple of %d heads",
+        cx_set_last_error("cx_nn_transformer_block: d_model %lld is not a positive multiple of %d heads",
                      (long long)d, heads);
         return NULL;
     }
     block *b = malloc(sizeof *b);
-    if (!b) { cx_set_error("cx_nn_transformer_block: out of memory"); return NULL; }
+    if (!b) { cx_set_last_error("cx_nn_transformer_block: out of memory"); return NULL; }
     *b = (block){ -1, -1, -1, -1 };
     cx_module *m = cx_module_new(&block_type, b);
     if (!m) return NULL;

@@ -85,7 +85,7 @@ static cx_optimizer *adam_new(const cx_optim_kind *kind, const cx_named_tensor *
 {
     if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps >= 0) ||
         !(a.weight_decay >= 0)) {
-        cx_set_error("%s: bad hyper-parameters: lr %g, betas (%g, %g), eps %g, weight_decay %g (want lr, eps, "
+        cx_set_last_error("%s: bad hyper-parameters: lr %g, betas (%g, %g), eps %g, weight_decay %g (want lr, eps, "
                      "weight_decay >= 0 and betas in [0, 1))", kind->name, a.lr, a.beta1, a.beta2, a.eps,
                      a.weight_decay);
         return NULL;

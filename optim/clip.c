@@ -3,7 +3,7 @@
 
 cx_tensor *cx_clip_grad_norm(cx_tensor *const *params, int n, double max_norm)
 {
-    if (!(max_norm > 0)) return cx_poison("cx_clip_grad_norm: max_norm %g is not positive", max_norm);
+    if (!(max_norm > 0)) return cx_poisoned("cx_clip_grad_norm: max_norm %g is not positive", max_norm);
     cx_no_grad_begin();
     cx_tensor *total = NULL;                       // sum of squares, 0-d
     for (int i = 0; i < n; i++) {
@@ -43,7 +43,7 @@ cx_tensor *cx_clip_grad_norm(cx_tensor *const *params, int n, double max_norm)
 cx_tensor *cx_optim_clip_grad_norm(cx_optimizer *o, double max_norm)
 {
     cx_tensor **ps = malloc((size_t)(o->n ? o->n : 1) * sizeof *ps);
-    if (!ps) return cx_poison("cx_optim_clip_grad_norm: out of memory");
+    if (!ps) return cx_poisoned("cx_optim_clip_grad_norm: out of memory");
     for (int i = 0; i < o->n; i++) ps[i] = o->ps[i].p;
     cx_tensor *norm = cx_clip_grad_norm(ps, o->n, max_norm);
     free(ps);

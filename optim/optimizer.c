@@ -5,13 +5,13 @@ cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_named_tensor *par
                            const bool *want)
 {
     if (n < 0 || (n > 0 && !params)) {
-        cx_set_error("%s: no parameter list", kind->name);
+        cx_set_last_error("%s: no parameter list", kind->name);
         return NULL;
     }
     for (int i = 0; i < n; i++) {
         if (!params[i].tensor || !cx_is_persistent(params[i].tensor) ||
             !cx_dtype_is_float(cx_dtype_of(params[i].tensor))) {
-            cx_set_error("%s: parameter %d (%s) is not a persistent float tensor", kind->name, i,
+            cx_set_last_error("%s: parameter %d (%s) is not a persistent float tensor", kind->name, i,
                          params[i].name ? params[i].name : "unnamed");
             return NULL;
         }
@@ -55,7 +55,7 @@ cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_named_tensor *par
     return o;
 oom:
     cx_optim_free(o);
-    cx_set_error("%s: out of memory for the state of %d parameters", kind->name, n);
+    cx_set_last_error("%s: out of memory for the state of %d parameters", kind->name, n);
     return NULL;
 }
 
@@ -74,7 +74,7 @@ cx_status cx_optim_assign(cx_tensor *dst, cx_tensor *value, const char *what)
 {
     const char *e = cx_tensor_error(value);
     if (e) {
-        cx_set_error("%s: %s", what, e);
+        cx_set_last_error("%s: %s", what, e);
         return CX_ERR_SHAPE;
     }
     return cx_assign(dst, value);
@@ -82,7 +82,7 @@ cx_status cx_optim_assign(cx_tensor *dst, cx_tensor *value, const char *what)
 
 cx_status cx_optim_step(cx_optimizer *o)
 {
-    if (!o) { cx_set_error("cx_optim_step: optimizer is NULL"); return CX_ERR_ARG; }
+    if (!o) { cx_set_last_error("cx_optim_step: optimizer is NULL"); return CX_ERR_ARG; }
     cx_tensor *hp[16];
     cx_no_grad_begin();
     int nhp = o->kind->hyper(o, hp);
@@ -140,7 +140,7 @@ cx_named_tensor *cx_optim_state(const cx_optimizer *o, int *n)
     cx_named_tensor *arr;
     char *names;
     if (!named_block(count, chars, &arr, &names)) {
-        cx_set_error("cx_optim_state: out of memory");
+        cx_set_last_error("cx_optim_state: out of memory");
         *n = 0;
         return NULL;
     }
@@ -163,7 +163,7 @@ cx_named_tensor *cx_optim_params(const cx_optimizer *o, int *n)
     cx_named_tensor *arr;
     char *names;
     if (!named_block(o->n, chars, &arr, &names)) {
-        cx_set_error("cx_optim_params: out of memory");
+        cx_set_last_error("cx_optim_params: out of memory");
         *n = 0;
         return NULL;
     }

@@ -51,7 +51,7 @@ cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts s)
 {
     if (!(s.lr >= 0) || !(s.momentum >= 0) || !(s.weight_decay >= 0) || !(s.dampening >= 0) ||
         (s.nesterov && (s.momentum <= 0 || s.dampening != 0))) {
-        cx_set_error("SGD: bad hyper-parameters: lr %g, momentum %g, dampening %g, weight_decay %g, nesterov %d "
+        cx_set_last_error("SGD: bad hyper-parameters: lr %g, momentum %g, dampening %g, weight_decay %g, nesterov %d "
                      "(want non-negative; nesterov needs momentum and zero dampening)",
                      s.lr, s.momentum, s.dampening, s.weight_decay, (int)s.nesterov);
         return NULL;

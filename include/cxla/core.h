@@ -92,6 +92,11 @@ cx_tensor *cx_arange(int64_t n, cx_dtype dtype);
 /* Releases a handle. NULL is fine. Tensors created inside a step are
  * released by cx_step_end unless kept. */
 void cx_free(cx_tensor *t);
+/* Releases a temporary made while recording: outside a step it is freed at
+ * once, inside a step the step releases it (so layer code can drop its
+ * intermediates the same way in both). Tensors that require grad are kept.
+ * NULL is fine. */
+void cx_drop(cx_tensor *t);
 /* Makes a step tensor survive the current step (it is materialized at step
  * end if pending) so it can be read after it; it is released at the end of
  * the next step at the same depth (cx_persist holds it longer). @return t. */
