@@ -10,6 +10,10 @@ double bench_median(double *v, int n);
 /* Prints {"bench": NAME, "value": X, "unit": U, "ref": R, "ratio": X/R}. */
 void bench_emit(const char *name, double value, const char *unit, double ref);
 
+struct cx_module;
+/* The seed's MNIST cnn, as trained by `train --model cnn`. */
+struct cx_module *bench_cnn(void);
+
 int bench_core(int argc, char **argv);
 int bench_ckpt(int argc, char **argv);
 int bench_train(int argc, char **argv);

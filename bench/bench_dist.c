@@ -75,20 +75,12 @@ int bench_comm(int argc, char **argv)
 
 /* ---- ddp -------------------------------------------------------------------------- */
 
-static cx_module *cnn(void)
-{
-    cx_conv2d_opts co = cx_conv2d_default_opts();
-    cx_module *l[10] = { cx_nn_conv2d(1, 32, 3, co), cx_nn_relu(), cx_nn_conv2d(32, 64, 3, co), cx_nn_relu(),
-                         cx_nn_max_pool2d(2, 2, 0), cx_nn_flatten(1, -1), cx_nn_linear(9216, 128, true), cx_nn_relu(),
-                         cx_nn_linear(128, 10, true), cx_nn_log_softmax(1) };
-    return cx_nn_sequential(l, 10);
-}
 
 /* images/s of this rank and the per-step all-reduce wait / total (ms) */
 static double ddp_run(int64_t batch, int steps, bool ddp, double *wait_ms, double *comm_ms)
 {
     cx_manual_seed(1);
-    cx_module *m = cnn();
+    cx_module *m = bench_cnn();
     cx_ddp *d = ddp ? cx_ddp_wrap(m, cx_ddp_default_opts()) : NULL;
     int n = 0;
     cx_named_tensor *ps = cx_module_parameters(m, &n);

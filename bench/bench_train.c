@@ -31,7 +31,8 @@ static double sgemm_gflops(void)
     return 2.0 * n * n * (double)n / bench_median(t, 5) / 1e9;
 }
 
-static cx_module *cnn(void)
+/* The seed's MNIST cnn (shared with the ddp bench). */
+cx_module *bench_cnn(void)
 {
     cx_conv2d_opts co = cx_conv2d_default_opts();
     cx_module *l[10] = { cx_nn_conv2d(1, 32, 3, co), cx_nn_relu(), cx_nn_conv2d(32, 64, 3, co), cx_nn_relu(),
@@ -95,7 +96,7 @@ int bench_train(int argc, char **argv)
         double g = sgemm_gflops();
         char name[64];
         struct { const char *name; int64_t batch; double flops; int steps; cx_module *(*make)(void); } cases[3] = {
-            { "cnn_b64", 64, cnn_flops(), 15, cnn }, { "cnn_b256", 256, cnn_flops(), 7, cnn },
+            { "cnn_b64", 64, cnn_flops(), 15, bench_cnn }, { "cnn_b256", 256, cnn_flops(), 7, bench_cnn },
             { "mlp4096_b256", 256, mlp_flops(), 5, mlp },
         };
         for (int i = 0; i < 3; i++) {
