@@ -323,6 +323,28 @@ static cx_status check_flat_datasets(ckpt_src *s, int r)
     return CX_OK;
 }
 
+
+/* Rank, shape, dtype (and optionally the "kind" attribute) of a tensor
+ * dataset. @return CX_OK, or CX_ERR_IO naming the dataset. */
+static cx_status probe_dataset(hid_t fid, const char *fpath, const char *h5, int *nd, int64_t *shape, cx_dtype *dt,
+                               char *kind, size_t kind_cap)
+{
+    hid_t d = H5Dopen2(fid, h5, H5P_DEFAULT);
+    int64_t numel;
+    bool okdt = false;
+    if (d >= 0) {
+        if (dataset_shape(d, nd, shape, &numel) < 0) *nd = -1;
+        *dt = dtype_of_dataset(d, &okdt);
+        if (kind) ckpt_attr_read_str(d, "kind", kind, kind_cap);
+        H5Dclose(d);
+    }
+    if (d < 0 || *nd < 0 || !okdt) {
+        cx_set_last_error("%s: %s is not a readable tensor dataset", fpath, h5);
+        return CX_ERR_IO;
+    }
+    return CX_OK;
+}
+
 static cx_status list_entries(ckpt_src *s)
 {
     int cap = 0;
@@ -347,22 +369,10 @@ static cx_status list_entries(ckpt_src *s)
     for (int k = 0; k < model.n && st == CX_OK; k++) {
         char h5[1200], kind[32] = "param";
         snprintf(h5, sizeof h5, "/model/%s", model.names[k]);
-        hid_t d = H5Dopen2(fid, h5, H5P_DEFAULT);
         int nd = 0;
-        int64_t shape[CX_MAX_DIMS], numel;
-        bool okdt = false;
+        int64_t shape[CX_MAX_DIMS];
         cx_dtype dt = CX_F32;
-        if (d >= 0) {
-            if (dataset_shape(d, &nd, shape, &numel) < 0) nd = -1;
-            dt = dtype_of_dataset(d, &okdt);
-            ckpt_attr_read_str(d, "kind", kind, sizeof kind);
-            H5Dclose(d);
-        }
-        if (d < 0 || nd < 0 || !okdt) {
-            cx_set_last_error("%s: %s is not a readable tensor dataset", fpath, h5);
-            st = CX_ERR_IO;
-            break;
-        }
+        if ((st = probe_dataset(fid, fpath, h5, &nd, shape, &dt, kind, sizeof kind)) != CX_OK) break;
         if (!strcmp(kind, "flat_param")) continue;      /* listed per parameter above */
         if (s->sharded && strcmp(kind, "buffer")) continue;
         st = add_entry(s, &cap, model.names[k], NULL, h5, strcmp(kind, "buffer") != 0, nd, shape, dt, -1, -1, true);
@@ -390,21 +400,10 @@ static cx_status list_entries(ckpt_src *s)
         for (int k = 0; k < states.n && st == CX_OK; k++) {
             char h5[2400];
             snprintf(h5, sizeof h5, "%s/%s", gpath, states.names[k]);
-            hid_t d = H5Dopen2(fid, h5, H5P_DEFAULT);
             int nd = 0;
-            int64_t shape[CX_MAX_DIMS], numel;
-            bool okdt = false;
+            int64_t shape[CX_MAX_DIMS];
             cx_dtype dt = CX_F32;
-            if (d >= 0) {
-                if (dataset_shape(d, &nd, shape, &numel) < 0) nd = -1;
-                dt = dtype_of_dataset(d, &okdt);
-                H5Dclose(d);
-            }
-            if (d < 0 || nd < 0 || !okdt) {
-                cx_set_last_error("%s: %s is not a readable tensor dataset", fpath, h5);
-                st = CX_ERR_IO;
-                break;
-            }
+            if ((st = probe_dataset(fid, fpath, h5, &nd, shape, &dt, NULL, 0)) != CX_OK) break;
             if (!s->sharded) {
                 st = add_entry(s, &cap, groups.names[g], states.names[k], h5, false, nd, shape, dt, -1, -1, true);
                 continue;

@@ -209,7 +209,6 @@ cx_status cx_backward(cx_tensor *loss)
 
     cx_tensor **grads = calloc((size_t)n, sizeof *grads);
     if (!grads) { for (int i = 0; i < n; i++) cx_node_unref(order[i]); free(order); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
-    bool was_enabled = cx_grad_enabled();
     cx_no_grad_begin(); /* the backward graph itself carries no gradient */
     grads[n - 1] = cx_ones(root->shape, root->ndim, (cx_dtype)root->dtype);
     remat_map rm = { .tag = ~0ull - (uint64_t)epoch };
@@ -253,7 +252,6 @@ cx_status cx_backward(cx_tensor *loss)
         cx_drop(g);
     }
     cx_no_grad_end();
-    (void)was_enabled;
     for (int i = 0; i < n; i++) { if (grads[i]) cx_drop(grads[i]); }
     for (int i = 0; i < rm.n; i++) cx_node_unref(rm.to[i]);
     free(rm.from); free(rm.to);

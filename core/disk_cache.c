@@ -411,7 +411,6 @@ static bool exec_ok(const cx_executable *e)
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
         if (k->kind == K_COLL && (k->attrs[15] < OP_ALL_REDUCE || k->attrs[15] > OP_BROADCAST || k->nin < 1)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
-        if (k->has_epilogue && (k->epilogue_src < 0 || k->epilogue_src >= k->prog.n)) return false;
         if (!prog_ok(e, k, &k->prog)) return false;
     }
     return true;

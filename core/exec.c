@@ -595,8 +595,6 @@ static void block_permute(char *dst, const char *src, int64_t outer, int64_t g, 
 
 extern const int *cx_groups_lookup(int64_t id, int rank, int *size);
 
-typedef struct { void *req; } pending_coll;
-
 static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out, bool now)
 {
     const cx_comm_backend *be = cx_comm_get();
@@ -785,12 +783,14 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
     /* profiler (trace.c): per-kernel events only while a trace records;
      * a collective's event spans its start to the end of its wait */
     double *coll_t0 = (cx_obs_get() & OBS_TRACE) ? calloc((size_t)e->nkernels + 1, sizeof(double)) : NULL;
+    int outstanding = 0;   /* collectives started and not yet waited for */
     for (int ki = 0; ki < e->nkernels && st == CX_OK; ki++) {
         /* wait for collectives whose result this kernel needs */
-        for (int j = 0; j < ki; j++)
+        for (int j = 0; outstanding && j < ki; j++)
             if (reqs[j] && e->kernels[j].wait_at <= ki) {
                 cx_status w = be->wait(be->ctx, reqs[j]);
                 reqs[j] = NULL;
+                outstanding--;
                 if (w != CX_OK && st == CX_OK) st = w;
                 if (coll_t0) trace_kernel(e, j, coll_t0[j], cx_now());
             }
@@ -800,7 +800,10 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
         switch (k->kind) {
         case K_FUSED: run_fused(&rc, k); break;
         case K_REDUCE: run_reduce(&rc, k); break;
-        case K_COLL: st = run_coll(&rc, k, &reqs[ki], k->wait_at <= ki + 1); break;
+        case K_COLL:
+            st = run_coll(&rc, k, &reqs[ki], k->wait_at <= ki + 1);
+            outstanding += reqs[ki] != NULL;
+            break;
         default: st = run_heavy(&rc, k); break;
         }
         if (coll_t0) {

@@ -81,10 +81,8 @@ typedef struct {
     int64_t shape[CX_MAX_DIMS];      /* iteration shape (fused/reduce) or output shape */
     cx_program prog;                 /* K_FUSED, K_REDUCE, and epilogues */
     bool has_epilogue;               /* heavy op followed by prog in place */
-    int epilogue_src;                /* register index of the heavy result in prog (a P_LOAD of out_slot) */
     int red_op;                      /* OP_REDUCE_SUM / OP_REDUCE_MAX / OP_ARGMAX */
     int nkeep;                       /* reduce: leading kept iteration dims */
-    int64_t red_axis_stride;         /* argmax: iteration stride to index conversion */
     int nin;
     cx_kin in[4];
     int64_t attrs[16];

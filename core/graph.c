@@ -177,9 +177,8 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     cx_node **outs = malloc(sizeof *outs * (size_t)n_t);
     int *tens_out = malloc(sizeof(int) * (size_t)n_t);
     int *out_alias = malloc(sizeof(int) * (size_t)n_t);
-    cx_tensor **alias_owner = calloc((size_t)n_t, sizeof *alias_owner);
-    if (!outs || !tens_out || !out_alias || !alias_owner) {
-        free(outs); free(tens_out); free(out_alias); free(alias_owner); free(tens);
+    if (!outs || !tens_out || !out_alias) {
+        free(outs); free(tens_out); free(out_alias); free(tens);
         cx_set_error("sync: out of memory");
         return CX_ERR_OOM;
     }
@@ -219,10 +218,9 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
         for (int q = 0; q < nouts; q++) if (out_alias[q] == ord) taken = true;
         if (taken) continue;
         out_alias[o] = ord;
-        alias_owner[o] = t;
     }
     if (!ok) {
-        free(outs); free(tens_out); free(out_alias); free(alias_owner); free(tens);
+        free(outs); free(tens_out); free(out_alias); free(tens);
         cx_set_error("sync: out of memory");
         return CX_ERR_OOM;
     }
@@ -277,7 +275,7 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
         g.out_alias = malloc(sizeof(int) * (size_t)(nouts + 1));
         if (!g.nodes || !g.input_storage || !g.outputs || !g.out_alias) {
             free(g.nodes); free(g.input_storage); free(g.outputs); free(g.out_alias);
-            free(outs); free(tens_out); free(out_alias); free(alias_owner); free(tens);
+            free(outs); free(tens_out); free(out_alias); free(tens);
             cx_set_error("compile: out of memory");
             return CX_ERR_OOM;
         }
@@ -316,7 +314,7 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
         e = cx_lower(&g);
         free(g.nodes); free(g.input_storage); free(g.outputs); free(g.out_alias);
         if (!e) {
-            free(outs); free(tens_out); free(out_alias); free(alias_owner); free(tens);
+            free(outs); free(tens_out); free(out_alias); free(tens);
             return CX_ERR_STATE;
         }
         e->key_hi = key.a;
@@ -405,7 +403,7 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     }
     for (int o = 0; o < nouts; o++) if (obufs && obufs[o]) cx_buffer_unref(obufs[o]);
     free(inputs); free(rt_f); free(rt_i); free(obufs); free(optr);
-    free(outs); free(tens_out); free(out_alias); free(alias_owner); free(tens);
+    free(outs); free(tens_out); free(out_alias); free(tens);
     double t_end = cx_now();
     cx_metric_add("SyncTime", t_end - t_start);
     if (obs & OBS_TRACE) {

@@ -917,14 +917,10 @@ static void fuse_epilogues(cx_executable *e)
         merged.out_slot = f->out_slot;
         merged.ndim = f->ndim;
         memcpy(merged.shape, f->shape, sizeof merged.shape);
-        merged.attrs[14] = h->ndim;   /* heavy op's own output rank/shape stay in attrs of the op */
         for (int i = 0; i < merged.prog.n; i++)
             if (merged.prog.ins[i].kind == P_LOAD && merged.prog.ins[i].slot == h->out_slot) merged.prog.ins[i].slot = f->out_slot;
         e->slots[h->out_slot].last = -1; /* dead: no arena space */
-        /* keep the heavy op's geometry: restore its shape into a side field */
-        merged.red_axis_stride = 0;
-        memcpy(merged.in[3].shape, h->shape, sizeof h->shape);
-        merged.in[3].ndim = h->ndim;
+        /* the heavy op's own geometry comes from its inputs and attrs */
         e->kernels[reader] = merged;
         memmove(&e->kernels[k], &e->kernels[k + 1], sizeof *e->kernels * (size_t)(e->nkernels - k - 1));
         e->nkernels--;
@@ -1142,8 +1138,6 @@ static bool try_lower(lctx *c)
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i].op == OP_DATA)
             c->slot_of[i] = add_slot(c, SLOT_INPUT, g->nodes[i].input_ordinal, bytes_of(&g->nodes[i]));
-    int *alias_slot = calloc((size_t)g->n_outputs + 1, sizeof(int));
-    if (!alias_slot) return false;
     for (int o = 0; o < g->n_outputs; o++) {
         int i = g->outputs[o];
         c->slot_of[i] = add_slot(c, SLOT_OUTPUT, o, bytes_of(&g->nodes[i]));
@@ -1154,40 +1148,16 @@ static bool try_lower(lctx *c)
     for (int i = 0; i < g->n; i++) {
         if (!c->root[i]) continue;
         if (!lower_root(c, i)) {
-            free(alias_slot);
             if (c->fail_node < 0) c->fail_node = i;
             return false;
-        }
-    }
-    /* collectives: wait just before the first reader of their result */
-    for (int k = 0; k < e->nkernels; k++) {
-        cx_kernel *kn = &e->kernels[k];
-        if (kn->kind != K_COLL) continue;
-        kn->wait_at = e->nkernels;
-        for (int j = k + 1; j < e->nkernels && kn->wait_at == e->nkernels; j++) {
-            int only;
-            (void)only;
-            cx_kernel *r = &e->kernels[j];
-            for (int i = 0; i < r->prog.n; i++) if (r->prog.ins[i].kind == P_LOAD && r->prog.ins[i].slot == kn->out_slot) kn->wait_at = j;
-            for (int i = 0; i < r->nin; i++) if (r->in[i].slot == kn->out_slot) kn->wait_at = j;
-            if (r->out_slot == kn->out_slot) kn->wait_at = j;
         }
     }
     fuse_epilogues(e);
     if (!schedule_for_overlap(e)) return false;
     prefetch_gathers(e);
-    for (int k = 0; k < e->nkernels; k++) {
-        cx_kernel *kn = &e->kernels[k];
-        if (kn->kind == K_COLL) {
-            int w = e->nkernels;
-            for (int j = k + 1; j < e->nkernels && w == e->nkernels; j++) {
-                cx_kernel *r = &e->kernels[j];
-                for (int i = 0; i < r->prog.n; i++) if (r->prog.ins[i].kind == P_LOAD && r->prog.ins[i].slot == kn->out_slot) w = j;
-                for (int i = 0; i < r->nin; i++) if (r->in[i].slot == kn->out_slot) w = j;
-            }
-            kn->wait_at = w;
-        }
-    }
+    /* collectives: wait just before the first reader of their result */
+    for (int k = 0; k < e->nkernels; k++)
+        if (e->kernels[k].kind == K_COLL) e->kernels[k].wait_at = first_reader(e, e->kernels[k].out_slot, k);
     /* aliasing: safe in place, or compute into the arena and copy at the end */
     e->num_aliased = 0;
     for (int o = 0; o < g->n_outputs; o++) {
@@ -1200,7 +1170,7 @@ static bool try_lower(lctx *c)
         if (in_slot < 0 || alias_safe(e, os, in_slot)) continue;
         /* redirect the writer into a fresh arena slot, then copy */
         int tmp = add_slot(c, SLOT_ARENA, -1, e->slots[os].bytes);
-        if (tmp < 0) { free(alias_slot); return false; }
+        if (tmp < 0) return false;
         for (int k = 0; k < e->nkernels; k++) {
             cx_kernel *kn = &e->kernels[k];
             if (kn->out_slot == os) kn->out_slot = tmp;
@@ -1208,14 +1178,13 @@ static bool try_lower(lctx *c)
             for (int i = 0; i < kn->nin; i++) if (kn->in[i].slot == os) kn->in[i].slot = tmp;
         }
         cx_kernel *cp = add_kernel(c);
-        if (!cp) { free(alias_slot); return false; }
+        if (!cp) return false;
         cp->kind = K_COPY;
         cp->out_slot = os;
         cp->out_numel = e->slots[os].bytes;
         cp->nin = 1;
         cp->in[0].slot = tmp;
     }
-    free(alias_slot);
     compute_liveness(e);
     return plan_memory(e);
 }

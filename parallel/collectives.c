@@ -217,39 +217,50 @@ cx_status cx_broadcast_master_params(cx_module *m)
 
 /* ---- bucketed gradient all-reduce --------------------------------------------------------- */
 
+int cx_bucket_next(cx_tensor *const *ts, int *i, int bucket, int64_t first_bucket_bytes, int64_t bucket_bytes,
+                   int *members)
+{
+    int64_t cap = bucket == 0 ? first_bucket_bytes : bucket_bytes, bytes = 0;
+    int k = 0;
+    cx_dtype dt = CX_F32;
+    for (; *i >= 0; (*i)--) {
+        cx_tensor *t = ts[*i];
+        if (!t) continue;
+        int64_t b = cx_numel(t) * (int64_t)cx_dtype_size(cx_dtype_of(t));
+        if (k > 0 && (bytes + b > cap || cx_dtype_of(t) != dt)) break;
+        if (k == 0) dt = cx_dtype_of(t);
+        members[k++] = *i;
+        bytes += b;
+    }
+    return k;
+}
+
 int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes, double scale)
 {
     int buckets = 0;
     int i = n - 1;
-    cx_tensor **members = malloc(sizeof *members * (size_t)(n + 1));
     cx_tensor **flats = malloc(sizeof *flats * (size_t)(n + 1));
-    if (!members || !flats) { free(members); free(flats); cx_set_last_error("allreduce_gradients: out of memory"); return -1; }
-    while (i >= 0) {
-        int64_t cap = buckets == 0 ? first_bucket_bytes : bucket_bytes;
-        int64_t bytes = 0;
-        int k = 0;
-        cx_dtype dt = CX_F32;
-        /* reverse registration order: the last layers' gradients exist first */
-        for (; i >= 0; i--) {
-            cx_tensor *g = cx_grad(params[i]);
-            if (!g) continue;
-            int64_t b = cx_numel(g) * (int64_t)cx_dtype_size(cx_dtype_of(g));
-            if (k > 0 && (bytes + b > cap || cx_dtype_of(g) != dt)) break;
-            if (k == 0) dt = cx_dtype_of(g);
-            members[k++] = params[i];
-            bytes += b;
-        }
+    cx_tensor **grads = malloc(sizeof *grads * (size_t)(n + 1));
+    int *idx = malloc(sizeof *idx * (size_t)(n + 1));
+    if (!flats || !grads || !idx) {
+        free(flats); free(grads); free(idx);
+        cx_set_last_error("allreduce_gradients: out of memory");
+        return -1;
+    }
+    for (int j = 0; j < n; j++) grads[j] = cx_grad(params[j]);
+    for (;;) {
+        int k = cx_bucket_next(grads, &i, buckets, first_bucket_bytes, bucket_bytes, idx);
         if (k == 0) break;
         for (int j = 0; j < k; j++) {
             int64_t all = -1;
-            flats[j] = cx_reshape(cx_grad(members[j]), &all, 1);
+            flats[j] = cx_reshape(grads[idx[j]], &all, 1);
         }
         cx_tensor *cat = k == 1 ? cx_alias(flats[0]) : cx_concat(flats, k, 0);
         cx_tensor *red = cx_all_reduce(cat, CX_RED_SUM, scale, NULL, true);
         int64_t off = 0;
         cx_status st = CX_OK;
         for (int j = 0; j < k; j++) {
-            cx_tensor *g = cx_grad(members[j]);
+            cx_tensor *g = grads[idx[j]];
             int64_t cnt = cx_numel(g);
             cx_tensor *piece = cx_slice(red, 0, off, off + cnt, 1);
             cx_tensor *shaped = cx_reshape(piece, cx_shape(g), cx_ndim(g));
@@ -261,11 +272,12 @@ int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket
         for (int j = 0; j < k; j++) cx_free(flats[j]);
         cx_free(cat);
         cx_free(red);
-        if (st != CX_OK) { free(members); free(flats); return -1; }
+        if (st != CX_OK) { free(flats); free(grads); free(idx); return -1; }
         buckets++;
     }
-    free(members);
     free(flats);
+    free(grads);
+    free(idx);
     cx_counter_add("GradientBuckets", buckets);
     return buckets;
 }

@@ -1,10 +1,11 @@
 /* The MPI runtime: rank queries and the comm backend.
  *
- * Every MPI call runs on one progress thread, fed by a FIFO: Open MPI 4.1
- * does not progress non-blocking collectives by itself, so a dedicated
- * thread that runs each collective to completion lets the executor keep
- * computing until it needs a result, and a single caller keeps every rank's
- * MPI call order identical to its program order. */
+ * Collectives run on one progress thread, fed by a FIFO: Open MPI 4.1 does
+ * not progress non-blocking collectives by itself, so a dedicated thread
+ * that runs each collective to completion lets the executor keep computing
+ * until it needs a result. A collective needed at once runs on the caller
+ * instead, but only when nothing is queued, so every rank's MPI call order
+ * stays its program order. */
 #include <cxla/cxla.h>
 #include <cxla/parallel.h>
 
@@ -25,7 +26,6 @@ typedef struct comm_req {
     void *arg;
     cx_status status;
     char err[512];
-    MPI_Request req;
     MPI_Comm comm;
     int gsize, grank;
     void *tmp;
@@ -119,13 +119,13 @@ static void scale_buffer(void *buf, cx_dtype dt, int64_t n, double s)
     else if (dt == CX_I64) { int64_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int64_t)((double)p[i] * s); }
 }
 
-/* Runs one collective on the progress thread. Open MPI's non-blocking
- * collectives (libnbc) measured up to 2x slower than the tuned blocking
- * ones here, so the thread makes blocking calls (the compute threads go on
- * meanwhile), and MPI is told to yield when idle so its polling does not
- * starve compute on an oversubscribed host. `req` comes back completed
- * (MPI_REQUEST_NULL); finish_op post-processes. */
-static cx_status start_op(comm_req *q)
+/* Runs one collective (on the progress thread, or on the caller through
+ * be_run). Open MPI's non-blocking collectives (libnbc) measured up to 2x
+ * slower than the tuned blocking ones here, so this makes blocking calls
+ * (the compute threads go on meanwhile), and MPI is told to yield when idle
+ * so its polling does not starve compute on an oversubscribed host.
+ * finish_op post-processes (scale, reduce-scatter block, bf16). */
+static cx_status run_op(comm_req *q)
 {
     const cx_comm_op *op = &q->op;
     char *err = q->err;
@@ -137,7 +137,6 @@ static cx_status start_op(comm_req *q)
     MPI_Comm_rank(c, &q->grank);
     MPI_Datatype t = mpi_type(op->dtype);
     size_t es = cx_dtype_size(op->dtype);
-    q->req = MPI_REQUEST_NULL;
     int64_t full = op->kind == CX_COLL_REDUCE_SCATTER ? op->count * q->gsize : op->count;
     if (full > INT32_MAX) { snprintf(err, errn, "collective: %lld elements exceed MPI's count limit", (long long)full); return CX_ERR_COMM; }
     int rc = MPI_SUCCESS;
@@ -219,22 +218,17 @@ static void complete(comm_req *q)
 static void *progress_main(void *arg)
 {
     (void)arg;
-    comm_req *active[256];
-    int nactive = 0;
     for (;;) {
         /* collectives of a step come back to back: a short spin catches the
          * next one without a futex wake-up on its critical path */
-        for (int spin = 0; spin < 20000 && !__atomic_load_n(&R.head, __ATOMIC_ACQUIRE) && nactive == 0; spin++) {}
+        for (int spin = 0; spin < 20000 && !__atomic_load_n(&R.head, __ATOMIC_ACQUIRE); spin++) {}
         pthread_mutex_lock(&R.mu);
-        while (!R.head && !R.stop && nactive == 0) pthread_cond_wait(&R.cv, &R.mu);
-        if (!R.head && R.stop && nactive == 0) { pthread_mutex_unlock(&R.mu); return NULL; }
-        /* start everything queued, in order (every rank starts the same
-         * collectives in the same order) */
-        comm_req *batch = NULL;
-        if (nactive < 256) {
-            batch = R.head;
-            R.head = R.tail = NULL;
-        }
+        while (!R.head && !R.stop) pthread_cond_wait(&R.cv, &R.mu);
+        if (!R.head) { pthread_mutex_unlock(&R.mu); return NULL; }
+        /* everything queued, in order (every rank runs the same collectives
+         * in the same order) */
+        comm_req *batch = R.head;
+        R.head = R.tail = NULL;
         pthread_mutex_unlock(&R.mu);
         while (batch) {
             comm_req *q = batch;
@@ -246,39 +240,11 @@ static void *progress_main(void *arg)
                 q->status = q->fn(q->arg);
                 /* the message lives in this thread's error slot: carry it back */
                 if (q->status != CX_OK) snprintf(q->err, sizeof q->err, "%s", cx_last_error());
-                complete(q);
-                continue;
-            }
-            q->status = start_op(q);
-            if (q->status != CX_OK || nactive == 256) {
-                if (q->status == CX_OK) { MPI_Wait(&q->req, MPI_STATUS_IGNORE); finish_op(q); }
-                complete(q);
-                continue;
-            }
-            active[nactive++] = q;
-        }
-        /* poll */
-        int done_now = 0;
-        for (int i = 0; i < nactive;) {
-            int flag = 0;
-            int rc = MPI_Test(&active[i]->req, &flag, MPI_STATUS_IGNORE);
-            if (rc != MPI_SUCCESS) {
-                snprintf(active[i]->err, sizeof active[i]->err, "collective failed on rank %d", R.rank);
-                active[i]->status = CX_ERR_COMM;
-                flag = 1;
-            }
-            if (flag) {
-                if (active[i]->status == CX_OK) finish_op(active[i]);
-                complete(active[i]);
-                active[i] = active[--nactive];
-                done_now++;
             } else {
-                i++;
+                q->status = run_op(q);
+                if (q->status == CX_OK) finish_op(q);
             }
-        }
-        if (nactive && !done_now) {
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
+            complete(q);
         }
     }
 }
@@ -355,7 +321,7 @@ static cx_status be_run(void *ctx, const cx_comm_op *op)
     cx_counter_add("CollectiveCount", 1);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    q.status = start_op(&q);
+    q.status = run_op(&q);
     if (q.status == CX_OK) finish_op(&q);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

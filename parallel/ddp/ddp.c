@@ -93,15 +93,15 @@ int cx_ddp_num_buckets(const cx_ddp *d) { return d ? d->last_buckets : 0; }
 int cx_ddp_predict_buckets(const cx_ddp *d)
 {
     if (!d) return 0;
-    int buckets = 0, k = 0;
-    int64_t bytes = 0;
-    for (int i = d->nparams - 1; i >= 0; i--) {
-        cx_tensor *p = d->params[i].tensor;
-        int64_t b = cx_numel(p) * (int64_t)cx_dtype_size(cx_dtype_of(p));
-        int64_t cap = buckets == 0 ? d->o.first_bucket_bytes : d->o.bucket_bytes;
-        if (k > 0 && bytes + b > cap) { buckets++; k = 0; bytes = 0; }
-        k++;
-        bytes += b;
+    cx_tensor **ts = malloc(sizeof *ts * (size_t)(d->nparams + 1));
+    int *idx = malloc(sizeof *idx * (size_t)(d->nparams + 1));
+    int buckets = 0, i = d->nparams - 1;
+    if (ts && idx) {
+        /* the same policy over the parameters (a gradient has its parameter's size) */
+        for (int j = 0; j < d->nparams; j++) ts[j] = d->params[j].tensor;
+        while (cx_bucket_next(ts, &i, buckets, d->o.first_bucket_bytes, d->o.bucket_bytes, idx) > 0) buckets++;
     }
-    return buckets + (k > 0);
+    free(ts);
+    free(idx);
+    return buckets;
 }

@@ -127,10 +127,9 @@ int main(int argc, char **argv)
                 CHECK(cx_ddp_num_buckets(ddp) == predicted && colls == predicted,
                       "step %d: %lld all-reduces, %d buckets, policy predicts %d", s, (long long)colls, cx_ddp_num_buckets(ddp), predicted);
                 CHECK(predicted >= 3, "expected several buckets, policy gives %d", predicted);
-                double c = (double)colls, mn = 0, mx = 0;
+                double c = (double)colls, mn = 0;
                 cx_mesh_reduce("colls-min", &c, 1, NULL, &mn);
                 CHECK(mn == c, "ranks ran different numbers of all-reduces (%g here, mean %g)", c, mn);
-                (void)mx;
             }
         }
         compare(m, ref, mode == 0 ? "DDP vs single process" : "xm.optimizer_step vs single process");
