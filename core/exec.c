@@ -683,19 +683,22 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_CONV: {
         cx_conv_geom g;
         conv_geom(k, k->in[0].shape, k->in[1].shape, &g);
-        cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch);
+        cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+                      (size_t)k->scratch_bytes);
         break;
     }
     case K_CONV_BI: {
         cx_conv_geom g;
         conv_geom(k, k->attrs + 7, k->in[1].shape, &g);
-        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch);
+        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+                      (size_t)k->scratch_bytes);
         break;
     }
     case K_CONV_BW: {
         cx_conv_geom g;
         conv_geom(k, k->in[0].shape, k->attrs + 7, &g);
-        cx_conv2d_bwd_weight(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch);
+        cx_conv2d_bwd_weight(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+                      (size_t)k->scratch_bytes);
         break;
     }
     case K_MAXPOOL: case K_AVGPOOL: {

@@ -229,6 +229,7 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
     kmix_str(&key, CX_VERSION_STRING);
     kmix_str(&key, CX_COMPILE_FLAGS);
     kmix_str(&key, cx_obs_compile_options());   /* user compile options (disk_cache.c) */
+    kmix(&key, (uint64_t)cx_get_num_threads());  /* conv scratch has one tile buffer per thread */
     for (int i = 0; i < cp->n; i++) {
         cx_node *x = cp->nodes[i];
         if (x->buf && x->op != OP_DATA) {   /* eager value: a data leaf */

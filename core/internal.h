@@ -197,6 +197,9 @@ cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
                       cx_tensor *const *ins, int nin, const int64_t *attrs, int nattrs,
                       double fval);
 cx_tensor *cx_expand_to(cx_tensor *a, const int64_t *shape, int ndim);
+/* (A @ B)^T recorded as B^T @ A^T for a matmul node `mm`: the product
+ * comes out in the transposed layout, with no copy afterwards. */
+cx_tensor *cx_matmul_transposed(cx_node *mm);
 /* Sums `g` down to `shape` (the reverse of broadcasting). */
 cx_tensor *cx_sum_to(cx_tensor *g, const int64_t *shape, int ndim);
 cx_tensor *cx_scalar_like(cx_tensor *a, double v);

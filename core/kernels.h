@@ -22,17 +22,23 @@ typedef struct {
  * the geometry is invalid (channels not divisible by groups, ...). */
 bool cx_conv_geom_finish(cx_conv_geom *g);
 
+/* Scratch sizes depend on the thread count when asked; the kernels use
+ * as many threads as the scratch they are given (scratch_bytes) has room
+ * for, so a graph compiled with fewer threads still runs correctly. */
 size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g);
 /* y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/g, KH, KW)). */
-void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch);
+void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch,
+                   size_t scratch_bytes);
 
 size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g);
 /* dx (N, C, H, W) = d conv / d x applied to dy (N, O, OH, OW). Overwrites dx. */
-void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch);
+void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
+                   size_t scratch_bytes);
 
 size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
 /* dw (O, C/g, KH, KW) = d conv / d w applied to dy. Overwrites dw. */
-void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch);
+void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
+                   size_t scratch_bytes);
 
 typedef struct {
     int64_t n, c, h, w;        /* input (N, C, H, W) */

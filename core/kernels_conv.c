@@ -1,6 +1,13 @@
 /* 2-D convolution and its two backward ops via im2col + OpenBLAS sgemm.
  *
- * Images are processed in chunks: the patches of a whole chunk go into one
+ * With two or more images, each pool thread takes one image (or a block
+ * of its output rows) at a time: im2col into the thread's own column
+ * block, which stays in L2, and a single-threaded sgemm that reads and
+ * writes the tensors in their own (N, C, H, W) layout. The weight
+ * gradient sums per thread over a fixed split of the images, then adds
+ * the partial sums in thread order.
+ *
+ * A single image is processed in chunks: the patches of a whole chunk go into one
  * (C*KH*KW, chunk*OH*OW) column matrix so that each group needs a single
  * large sgemm instead of one small call per image (small calls leave the
  * BLAS threads idle on fork/join). Only the layout copies around the sgemm
@@ -15,6 +22,7 @@
  */
 #include "kernels.h"
 #include "pool.h"
+#include <cxla/core.h>
 
 #include <cblas.h>
 #include <limits.h>
@@ -37,6 +45,10 @@
 /* Floats of copying per pool task: enough to amortize the dispatch. */
 #define CONV_GRAIN_FLOATS 8192
 #define SCRATCH_ALIGN 64
+/* Bound on one tile's column block: with the sgemm's packed panels it
+ * stays in a core's L2, so the patches are written and read back from
+ * cache instead of going through memory. */
+#define CONV_TILE_BYTES ((size_t)1 << 20)
 
 typedef struct {
     int64_t k;      /* rows of the column matrix: C*KH*KW */
@@ -46,6 +58,8 @@ typedef struct {
     int64_t chunk;  /* images per sgemm */
     bool direct;    /* 1x1, stride 1, no padding: sgemm straight on x and y */
     bool thin;      /* kg <= CONV_THIN_K: loops instead of sgemm, no (O, chunk*P) buffer */
+    bool tiled;     /* per-image tiles on the pool, one single-threaded sgemm each */
+    int64_t rows;   /* tiled: output rows per tile */
 } conv_plan;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -101,7 +115,30 @@ static conv_plan make_plan(const cx_conv_geom *g)
     /* Equal chunks: a short tail chunk would run a poorly shaped sgemm. */
     chunk = ceil_div(g->n, ceil_div(g->n, chunk));
     pl.chunk = chunk;
+    /* Per-image tiles (im2col of one image's rows, then a single-threaded
+     * sgemm that writes y in place, one tile per pool thread) keep the
+     * column block in cache and need no relayout; they need at least two
+     * images to keep two threads busy in every direction. */
+    pl.tiled = !pl.direct && !pl.thin && g->n >= 2;
+    pl.rows = max64(1, min64(g->oh, (int64_t)(CONV_TILE_BYTES / sizeof(float)) / max64(1, pl.k * g->ow)));
     return pl;
+}
+
+typedef enum { TILE_FWD, TILE_BWD_INPUT, TILE_BWD_WEIGHT } tile_kind;
+
+/* Scratch of one pool thread on the tiled path: a column block and, for
+ * the weight gradient, the thread's partial dw. */
+static size_t tile_lane_bytes(const cx_conv_geom *g, const conv_plan *pl, tile_kind kind)
+{
+    size_t floats = round_floats(pl->k * pl->rows * g->ow);
+    if (kind == TILE_BWD_WEIGHT) floats += round_floats(g->o * pl->kg);
+    return floats * sizeof(float);
+}
+
+static size_t tiled_scratch_bytes(const cx_conv_geom *g, const conv_plan *pl, tile_kind kind)
+{
+    int64_t lanes = min64(g->n, max64(1, cx_get_num_threads()));
+    return (size_t)lanes * tile_lane_bytes(g, pl, kind) + SCRATCH_ALIGN;
 }
 
 /* Both buffers of a chunk: the column matrix (K, chunk*P) and the output
@@ -129,19 +166,19 @@ static float *scratch_out(float *col, const conv_plan *pl)
 size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g)
 {
     conv_plan pl = make_plan(g);
-    return plan_scratch_bytes(g, &pl);
+    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_FWD) : plan_scratch_bytes(g, &pl);
 }
 
 size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g)
 {
     conv_plan pl = make_plan(g);
-    return plan_scratch_bytes(g, &pl);
+    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_INPUT) : plan_scratch_bytes(g, &pl);
 }
 
 size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g)
 {
     conv_plan pl = make_plan(g);
-    return plan_scratch_bytes(g, &pl);
+    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_WEIGHT) : plan_scratch_bytes(g, &pl);
 }
 
 /* Output positions [lo, hi) whose input coordinate out*s + start lies in
@@ -166,6 +203,61 @@ typedef struct {
     int64_t cn;
 } im2col_job;
 
+/* dst[(oh - oh0)*OW + ow] = the input pixel tap (kh, kw) of output
+ * (oh, ow) reads from the plane src (H, W), or 0 in the padding; output
+ * rows [oh0, oh1). */
+static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
+                           int64_t oh0, int64_t oh1)
+{
+    const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
+    const int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
+    int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+    valid_range(g->oh, g->h, sh, start_h, &oh_lo, &oh_hi);
+    valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
+    oh_lo = min64(max64(oh_lo, oh0), oh1);
+    oh_hi = min64(max64(oh_hi, oh_lo), oh1);
+    dst -= oh0 * ow_n;
+    if (oh_lo > oh0) memset(dst + oh0 * ow_n, 0, sizeof(float) * (size_t)((oh_lo - oh0) * ow_n));
+    for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
+        float *d = dst + oh * ow_n;
+        const float *s = src + (oh * sh + start_h) * g->w;
+        for (int64_t ow = 0; ow < ow_lo; ow++) d[ow] = 0.0f;
+        if (sw == 1) {
+            memcpy(d + ow_lo, s + (ow_lo + start_w), sizeof(float) * (size_t)(ow_hi - ow_lo));
+        } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow] = s[ow * sw + start_w];
+        }
+        for (int64_t ow = ow_hi; ow < ow_n; ow++) d[ow] = 0.0f;
+    }
+    if (oh_hi < oh1) memset(dst + oh_hi * ow_n, 0, sizeof(float) * (size_t)((oh1 - oh_hi) * ow_n));
+}
+
+/* The reverse of im2col_segment: adds src (output rows [oh0, oh1) of tap
+ * (kh, kw)) into the input plane dst (H, W). */
+static void col2im_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
+                           int64_t oh0, int64_t oh1)
+{
+    const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
+    const int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
+    int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+    valid_range(g->oh, g->h, sh, start_h, &oh_lo, &oh_hi);
+    valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
+    oh_lo = min64(max64(oh_lo, oh0), oh1);
+    oh_hi = min64(max64(oh_hi, oh_lo), oh1);
+    src -= oh0 * ow_n;
+    for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
+        float *d = dst + (oh * sh + start_h) * g->w;
+        const float *s = src + oh * ow_n;
+        if (sw == 1) {
+            float *dd = d + (ow_lo + start_w);
+            const float *ss = s + ow_lo;
+            for (int64_t i = 0; i < ow_hi - ow_lo; i++) dd[i] += ss[i];
+        } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow * sw + start_w] += s[ow];
+        }
+    }
+}
+
 /* One task = one (k, image) row segment of P floats, so the rows of a
  * chunk are written front to back without sharing cache lines much. */
 static void im2col_range(void *ctx, int64_t begin, int64_t end)
@@ -173,29 +265,11 @@ static void im2col_range(void *ctx, int64_t begin, int64_t end)
     const im2col_job *j = ctx;
     const cx_conv_geom *g = j->g;
     const int64_t kk = g->kh * g->kw, p = j->pl->p, ld = j->cn * p;
-    const int64_t sh = g->stride_h, sw = g->stride_w, oh_n = g->oh, ow_n = g->ow;
     for (int64_t t = begin; t < end; t++) {
         int64_t k = t / j->cn, n = t % j->cn;
-        int64_t c = k / kk, r = k % kk, kh = r / g->kw, kw = r % g->kw;
-        int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
-        int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-        valid_range(oh_n, g->h, sh, start_h, &oh_lo, &oh_hi);
-        valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
-        const float *src = j->x + (n * g->c + c) * g->h * g->w;
-        float *dst = j->col + k * ld + n * p;
-        if (oh_lo > 0) memset(dst, 0, sizeof(float) * (size_t)(oh_lo * ow_n));
-        for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
-            float *d = dst + oh * ow_n;
-            const float *s = src + (oh * sh + start_h) * g->w;
-            for (int64_t ow = 0; ow < ow_lo; ow++) d[ow] = 0.0f;
-            if (sw == 1) {
-                memcpy(d + ow_lo, s + (ow_lo + start_w), sizeof(float) * (size_t)(ow_hi - ow_lo));
-            } else {
-                for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow] = s[ow * sw + start_w];
-            }
-            for (int64_t ow = ow_hi; ow < ow_n; ow++) d[ow] = 0.0f;
-        }
-        if (oh_hi < oh_n) memset(dst + oh_hi * ow_n, 0, sizeof(float) * (size_t)((oh_n - oh_hi) * ow_n));
+        int64_t c = k / kk, r = k % kk;
+        im2col_segment(j->col + k * ld + n * p, j->x + (n * g->c + c) * g->h * g->w, g, r / g->kw, r % g->kw, 0,
+                       g->oh);
     }
 }
 
@@ -206,30 +280,12 @@ static void col2im_range(void *ctx, int64_t begin, int64_t end)
     const im2col_job *j = ctx;
     const cx_conv_geom *g = j->g;
     const int64_t kk = g->kh * g->kw, p = j->pl->p, ld = j->cn * p;
-    const int64_t sh = g->stride_h, sw = g->stride_w, oh_n = g->oh, ow_n = g->ow;
     for (int64_t t = begin; t < end; t++) {
         int64_t n = t / g->c, c = t % g->c;
         float *dst = j->dx + t * g->h * g->w;
         memset(dst, 0, sizeof(float) * (size_t)(g->h * g->w));
-        for (int64_t r = 0; r < kk; r++) {
-            int64_t kh = r / g->kw, kw = r % g->kw;
-            int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
-            int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-            valid_range(oh_n, g->h, sh, start_h, &oh_lo, &oh_hi);
-            valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
-            const float *src = j->dcol + (c * kk + r) * ld + n * p;
-            for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
-                float *d = dst + (oh * sh + start_h) * g->w;
-                const float *s = src + oh * ow_n;
-                if (sw == 1) {
-                    float *dd = d + (ow_lo + start_w);
-                    const float *ss = s + ow_lo;
-                    for (int64_t i = 0; i < ow_hi - ow_lo; i++) dd[i] += ss[i];
-                } else {
-                    for (int64_t ow = ow_lo; ow < ow_hi; ow++) d[ow * sw + start_w] += s[ow];
-                }
-            }
-        }
+        for (int64_t r = 0; r < kk; r++)
+            col2im_segment(dst, j->dcol + (c * kk + r) * ld + n * p, g, r / g->kw, r % g->kw, 0, g->oh);
     }
 }
 
@@ -433,6 +489,144 @@ static void thin_bwd_weight_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
+/* ---- tiled path: one image's rows per task ------------------------------ */
+
+typedef struct {
+    const cx_conv_geom *g;
+    const conv_plan *pl;
+    tile_kind kind;
+    char *scratch;       /* lanes * lane_bytes */
+    size_t lane_bytes;
+    int64_t lanes;
+    float *out;          /* y, dx or dw */
+    const float *x;      /* fwd, bwd_weight */
+    const float *w;      /* fwd, bwd_input */
+    const float *dy;     /* bwd_input, bwd_weight */
+    atomic_int_fast64_t next;
+    atomic_int_fast64_t used;  /* bwd_weight: lanes that took part */
+} tile_job;
+
+/* Single-threaded: the tiles are already spread over the pool. */
+static void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
+                (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* col (K, (oh1-oh0)*OW) = the patches of output rows [oh0, oh1) of one
+ * image x (C, H, W). */
+static void im2col_rows(float *col, const float *x, const cx_conv_geom *g, int64_t oh0, int64_t oh1)
+{
+    const int64_t kk = g->kh * g->kw, k_n = g->c * kk, ld = (oh1 - oh0) * g->ow;
+    for (int64_t k = 0; k < k_n; k++) {
+        int64_t c = k / kk, r = k % kk;
+        im2col_segment(col + k * ld, x + c * g->h * g->w, g, r / g->kw, r % g->kw, oh0, oh1);
+    }
+}
+
+/* y[n, :, rows] = w (O, Kg) @ col, written straight into y (ld P). */
+static void tile_fwd(const tile_job *j, float *col, int64_t n, int64_t oh0, int64_t oh1)
+{
+    const cx_conv_geom *g = j->g;
+    const conv_plan *pl = j->pl;
+    const int64_t cols = (oh1 - oh0) * g->ow;
+    im2col_rows(col, j->x + n * g->c * g->h * g->w, g, oh0, oh1);
+    float *y = j->out + n * g->o * pl->p + oh0 * g->ow;
+    for (int64_t gi = 0; gi < g->groups; gi++)
+        blas(false, false, pl->og, cols, pl->kg, j->w + gi * pl->og * pl->kg, pl->kg, col + gi * pl->kg * cols,
+             cols, 0.0f, y + gi * pl->og * pl->p, pl->p);
+}
+
+/* dx[n] = col2im(w^T @ dy[n]), one row block at a time into the same dx
+ * plane (blocks overlap in the input, so one image is one task). */
+static void tile_bwd_input(const tile_job *j, float *dcol, int64_t n)
+{
+    const cx_conv_geom *g = j->g;
+    const conv_plan *pl = j->pl;
+    const int64_t kk = g->kh * g->kw, plane = g->h * g->w;
+    float *dx = j->out + n * g->c * plane;
+    memset(dx, 0, sizeof(float) * (size_t)(g->c * plane));
+    for (int64_t oh0 = 0; oh0 < g->oh; oh0 += pl->rows) {
+        const int64_t oh1 = min64(oh0 + pl->rows, g->oh), cols = (oh1 - oh0) * g->ow;
+        const float *dy = j->dy + n * g->o * pl->p + oh0 * g->ow;
+        for (int64_t gi = 0; gi < g->groups; gi++)
+            blas(true, false, pl->kg, cols, pl->og, j->w + gi * pl->og * pl->kg, pl->kg, dy + gi * pl->og * pl->p,
+                 pl->p, 0.0f, dcol + gi * pl->kg * cols, cols);
+        for (int64_t k = 0; k < pl->k; k++) {
+            int64_t c = k / kk, r = k % kk;
+            col2im_segment(dx + c * plane, dcol + k * cols, g, r / g->kw, r % g->kw, oh0, oh1);
+        }
+    }
+}
+
+/* part (O, Kg) (+)= dy[n] @ col^T over the images [n0, n1). */
+static void tile_bwd_weight(const tile_job *j, float *col, float *part, int64_t n0, int64_t n1)
+{
+    const cx_conv_geom *g = j->g;
+    const conv_plan *pl = j->pl;
+    bool first = true;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t oh0 = 0; oh0 < g->oh; oh0 += pl->rows) {
+            const int64_t oh1 = min64(oh0 + pl->rows, g->oh), cols = (oh1 - oh0) * g->ow;
+            im2col_rows(col, j->x + n * g->c * g->h * g->w, g, oh0, oh1);
+            const float *dy = j->dy + n * g->o * pl->p + oh0 * g->ow;
+            for (int64_t gi = 0; gi < g->groups; gi++)
+                blas(false, true, pl->og, pl->kg, cols, dy + gi * pl->og * pl->p, pl->p, col + gi * pl->kg * cols,
+                     cols, first ? 0.0f : 1.0f, part + gi * pl->og * pl->kg, pl->kg);
+            first = false;
+        }
+}
+
+static void tile_each(void *p, int64_t tid, int64_t nthreads)
+{
+    tile_job *j = p;
+    const int64_t lanes = min64(j->lanes, nthreads);
+    if (tid >= lanes) return;
+    if (tid == 0) atomic_store_explicit(&j->used, lanes, memory_order_relaxed);
+    float *col = (float *)(void *)(j->scratch + (size_t)tid * j->lane_bytes);
+    const cx_conv_geom *g = j->g;
+    if (j->kind == TILE_BWD_WEIGHT) {
+        /* A fixed split of the images (not first come, first served), so
+         * the partial sums and hence dw do not depend on timing; lane 0
+         * accumulates into dw itself. */
+        float *part = tid == 0 ? j->out : col + round_floats(j->pl->k * j->pl->rows * g->ow);
+        tile_bwd_weight(j, col, part, g->n * tid / lanes, g->n * (tid + 1) / lanes);
+        return;
+    }
+    const int64_t blocks = j->kind == TILE_FWD ? ceil_div(g->oh, j->pl->rows) : 1;
+    for (;;) {
+        int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= g->n * blocks) return;
+        if (j->kind == TILE_BWD_INPUT) {
+            tile_bwd_input(j, col, t);
+        } else {
+            int64_t n = t / blocks, oh0 = t % blocks * j->pl->rows;
+            tile_fwd(j, col, n, oh0, min64(oh0 + j->pl->rows, g->oh));
+        }
+    }
+}
+
+/* Runs the tiles of one op; as many pool threads take part as the scratch
+ * has lanes for (the thread count may have grown since it was sized). */
+static void run_tiled(tile_job *j, void *scratch, size_t scratch_bytes)
+{
+    j->lane_bytes = tile_lane_bytes(j->g, j->pl, j->kind);
+    j->scratch = (char *)scratch_col(scratch);
+    size_t usable = scratch_bytes - (size_t)(j->scratch - (char *)scratch);
+    j->lanes = min64(j->g->n, (int64_t)(usable / j->lane_bytes));
+    atomic_init(&j->next, 0);
+    atomic_init(&j->used, 1);
+    cx_pool_run_each(tile_each, j);
+    if (j->kind != TILE_BWD_WEIGHT) return;
+    const int64_t len = j->g->o * j->pl->kg, used = atomic_load(&j->used);
+    for (int64_t t = 1; t < used; t++) {
+        const float *part = (const float *)(void *)(j->scratch + (size_t)t * j->lane_bytes) +
+                            round_floats(j->pl->k * j->pl->rows * j->g->ow);
+        for (int64_t i = 0; i < len; i++) j->out[i] += part[i];
+    }
+}
+
 /* ---- forward ------------------------------------------------------------ */
 
 static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -441,9 +635,15 @@ static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float
     cx_sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
-void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch)
+void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch,
+                   size_t scratch_bytes)
 {
     conv_plan pl = make_plan(g);
+    if (pl.tiled) {
+        tile_job j = { .g = g, .pl = &pl, .kind = TILE_FWD, .out = y, .x = x, .w = w };
+        run_tiled(&j, scratch, scratch_bytes);
+        return;
+    }
     const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
     const int64_t out_img = g->o * pl.p;
     if (pl.direct) {
@@ -476,9 +676,15 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom 
 
 /* ---- backward ----------------------------------------------------------- */
 
-void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch)
+void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
+                         size_t scratch_bytes)
 {
     conv_plan pl = make_plan(g);
+    if (pl.tiled) {
+        tile_job j = { .g = g, .pl = &pl, .kind = TILE_BWD_INPUT, .out = dx, .w = w, .dy = dy };
+        run_tiled(&j, scratch, scratch_bytes);
+        return;
+    }
     const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
     const int64_t out_img = g->o * pl.p;
     if (pl.direct) {
@@ -510,13 +716,19 @@ void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_co
     }
 }
 
-void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch)
+void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
+                          size_t scratch_bytes)
 {
     conv_plan pl = make_plan(g);
     const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
     const int64_t out_img = g->o * pl.p;
     if (g->n <= 0) {
         memset(dw, 0, sizeof(float) * (size_t)(g->o * pl.kg));
+        return;
+    }
+    if (pl.tiled) {
+        tile_job j = { .g = g, .pl = &pl, .kind = TILE_BWD_WEIGHT, .out = dw, .x = x, .dy = dy };
+        run_tiled(&j, scratch, scratch_bytes);
         return;
     }
     if (pl.direct) {

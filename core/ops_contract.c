@@ -86,6 +86,15 @@ cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
     return out;
 }
 
+cx_tensor *cx_matmul_transposed(cx_node *mm)
+{
+    cx_tensor *a = cx_tensor_of(mm->inputs[0]), *b = cx_tensor_of(mm->inputs[1]);
+    cx_tensor *at = cx_transpose(a, -1, -2), *bt = cx_transpose(b, -1, -2);
+    cx_tensor *r = matmul_prim(bt, at);
+    cx_drop(a); cx_drop(b); cx_drop(at); cx_drop(bt);
+    return r;
+}
+
 cx_tensor *cx_vjp_matmul(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
     (void)n; (void)out;

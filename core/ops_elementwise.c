@@ -366,10 +366,29 @@ cx_tensor *cx_vjp_binary(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_te
     }
 }
 
+/* where(0 < x, x, 0), the way cx_relu records itself. */
+static bool is_relu(const cx_node *n)
+{
+    const cx_node *c = n->inputs[0];
+    return n->op == OP_WHERE && c->op == OP_LT && c->inputs[1] == n->inputs[1] && is_constant(c->inputs[0], 0.0) &&
+           is_constant(n->inputs[2], 0.0);
+}
+
 cx_tensor *cx_vjp_where(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
-    (void)n; (void)out;
     if (i == 0) return NULL;
+    if (i == 1 && is_relu(n)) {
+        /* relu(x) > 0 exactly where x > 0 (NaN included: both false). Taking
+         * the mask from the output leaves x with the forward as its only
+         * consumer, so bias + relu fuse into the producer's epilogue and
+         * neither x nor a bool mask is kept for backward. */
+        cx_tensor *z = cx_scalar_like(out, 0.0);
+        cx_tensor *pos = cx_gt(out, z);
+        cx_tensor *gz = cx_scalar_like(g, 0.0);
+        cx_tensor *r = cx_where(pos, g, gz);
+        cx_drop(z); cx_drop(pos); cx_drop(gz);
+        return r;
+    }
     cx_tensor *z = cx_scalar_like(g, 0.0);
     cx_tensor *r = i == 1 ? cx_where(in[0], g, z) : cx_where(in[0], z, g);
     cx_drop(z);

@@ -444,7 +444,15 @@ cx_tensor *cx_vjp_movement(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_
     case OP_RESHAPE: return cx_reshape(g, x->shape, nd);
     case OP_PERMUTE: {
         int inv[CX_MAX_DIMS];
-        for (int k = 0; k < nd; k++) inv[n->attrs[k]] = k;
+        bool swap_last = nd >= 2;
+        for (int k = 0; k < nd; k++) {
+            inv[n->attrs[k]] = k;
+            if (n->attrs[k] != (k < nd - 2 ? k : k == nd - 2 ? nd - 1 : nd - 2)) swap_last = false;
+        }
+        /* The gradient of W in x @ W^T (every Linear) is a matmul seen
+         * through this transpose: produce it in W's layout directly
+         * instead of copying it strided afterwards. */
+        if (swap_last && g->node->op == OP_MATMUL) return cx_matmul_transposed(g->node);
         return cx_permute(g, inv);
     }
     case OP_EXPAND: return cx_sum_to(g, x->shape, nd);

@@ -163,7 +163,7 @@ static void run_conv_case(const conv_case *t)
     size_t sb = cx_conv2d_scratch_bytes(&g);
     unsigned char *scratch = scratch_alloc(sb);
     fill_nan(y, ys);
-    cx_conv2d_fwd(y, x, w, &g, scratch);
+    cx_conv2d_fwd(y, x, w, &g, scratch, sb);
     scratch_check_free(scratch, sb);
     ref_conv(&g, REF_FWD, x, w, dy, ref, mag);
     check_guards(y, ys, "conv fwd y");
@@ -175,7 +175,7 @@ static void run_conv_case(const conv_case *t)
     sb = cx_conv2d_bwd_input_scratch_bytes(&g);
     scratch = scratch_alloc(sb);
     fill_nan(dx, xs);
-    cx_conv2d_bwd_input(dx, dy, w, &g, scratch);
+    cx_conv2d_bwd_input(dx, dy, w, &g, scratch, sb);
     scratch_check_free(scratch, sb);
     ref_conv(&g, REF_BWD_INPUT, x, w, dy, ref, mag);
     check_guards(dx, xs, "conv bwd dx");
@@ -187,7 +187,7 @@ static void run_conv_case(const conv_case *t)
     sb = cx_conv2d_bwd_weight_scratch_bytes(&g);
     scratch = scratch_alloc(sb);
     fill_nan(dw, ws);
-    cx_conv2d_bwd_weight(dw, x, dy, &g, scratch);
+    cx_conv2d_bwd_weight(dw, x, dy, &g, scratch, sb);
     scratch_check_free(scratch, sb);
     ref_conv(&g, REF_BWD_WEIGHT, x, w, dy, ref, mag);
     check_guards(dw, ws, "conv bwd dw");
