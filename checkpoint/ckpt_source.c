@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -690,6 +691,45 @@ const ckpt_entry *ckpt_src_find(const ckpt_src *s, const char *key, const char *
     return NULL;
 }
 
+/* Hashes the pieces of a dataset on a second thread while the next piece
+ * is read, so the checksum costs no time beyond the read itself. Only the
+ * reading thread calls HDF5. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const char *base;
+    size_t piece_bytes, total_bytes;
+    size_t ready;          /* bytes read so far */
+    bool stop;             /* the read failed: give up */
+    ckpt_hash h;
+} piece_hasher;
+
+static void *hash_pieces(void *arg)
+{
+    piece_hasher *ph = arg;
+    size_t done = 0;
+    while (done < ph->total_bytes) {
+        pthread_mutex_lock(&ph->mu);
+        while (ph->ready <= done && !ph->stop) pthread_cond_wait(&ph->cv, &ph->mu);
+        size_t ready = ph->ready;
+        bool stop = ph->stop;
+        pthread_mutex_unlock(&ph->mu);
+        if (stop) break;
+        ckpt_hash_update(&ph->h, ph->base + done, ready - done);
+        done = ready;
+    }
+    return NULL;
+}
+
+static void hasher_publish(piece_hasher *ph, size_t ready, bool stop)
+{
+    pthread_mutex_lock(&ph->mu);
+    ph->ready = ready;
+    ph->stop = stop;
+    pthread_cond_signal(&ph->cv);
+    pthread_mutex_unlock(&ph->mu);
+}
+
 /* Reads elements [a, b) of the dataset `h5` (shape from the file) of file r. */
 static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int64_t a, int64_t b, void *buf,
                             bool check_hash)
@@ -704,9 +744,8 @@ static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int
     }
     int nd = 0;
     int64_t shape[CX_MAX_DIMS], numel = 0;
-    hsize_t dims[CX_MAX_DIMS], n = (hsize_t)(b - a);
+    hsize_t dims[CX_MAX_DIMS];
     hid_t fs = -1, ms = -1;
-    st = CX_ERR_IO;
     if (dataset_shape(d, &nd, shape, &numel) < 0 || a < 0 || b > numel) {
         cx_set_last_error("%s: %s: range [%lld, %lld) outside the dataset (%lld elements)", f->path, h5, (long long)a,
                           (long long)b, (long long)numel);
@@ -722,12 +761,23 @@ static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int
     uint64_t want = 0;
     bool hash = check_hash && a == 0 && b == numel && ckpt_attr_read_u64(d, "cxh64", &want) == 0;
     size_t es = cx_dtype_size(dt);
-    /* with a checksum to check, read in pieces and hash each while it is
-     * still in cache (one pass over memory instead of two) */
+    /* with a checksum to check, read in pieces: each is hashed while it is
+     * still in cache, on a second thread while the next one is read */
     int64_t piece = hash && nd ? (int64_t)((16u << 20) / es) : (b - a);
     if (piece < 1) piece = 1;
-    ckpt_hash h;
-    ckpt_hash_init(&h);
+    piece_hasher ph = { .base = buf, .piece_bytes = (size_t)piece * es, .total_bytes = (size_t)(b - a) * es };
+    ckpt_hash_init(&ph.h);
+    pthread_t hasher;
+    bool threaded = hash && b - a > piece && pthread_mutex_init(&ph.mu, NULL) == 0;
+    if (threaded && pthread_cond_init(&ph.cv, NULL) != 0) {
+        pthread_mutex_destroy(&ph.mu);
+        threaded = false;
+    }
+    if (threaded && pthread_create(&hasher, NULL, hash_pieces, &ph) != 0) {
+        pthread_cond_destroy(&ph.cv);
+        pthread_mutex_destroy(&ph.mu);
+        threaded = false;
+    }
     st = fs >= 0 ? CX_OK : CX_ERR_IO;
     for (int64_t lo = a; st == CX_OK && lo < b; lo += piece) {
         int64_t hi = lo + piece < b ? lo + piece : b;
@@ -738,18 +788,24 @@ static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int
             H5Dread(d, ckpt_h5_type(dt), nd ? ms : H5S_ALL, nd ? fs : H5S_ALL, H5P_DEFAULT, dst) < 0) {
             cx_set_last_error("%s: cannot read %s: %s", f->path, h5, ckpt_h5_msg());
             st = CX_ERR_IO;
+        } else if (threaded) {
+            hasher_publish(&ph, (size_t)(hi - a) * es, false);
         } else if (hash) {
-            ckpt_hash_update(&h, dst, (size_t)cnt * es);
+            ckpt_hash_update(&ph.h, dst, (size_t)cnt * es);
         }
         if (ms >= 0) H5Sclose(ms);
         ms = -1;
     }
-    (void)n;
-    if (st == CX_OK && hash && ckpt_hash_final(&h) != want) {
+    if (threaded) {
+        if (st != CX_OK) hasher_publish(&ph, 0, true);
+        pthread_join(hasher, NULL);
+        pthread_cond_destroy(&ph.cv);
+        pthread_mutex_destroy(&ph.mu);
+    }
+    if (st == CX_OK && hash && ckpt_hash_final(&ph.h) != want) {
         cx_set_last_error("%s: %s: checksum mismatch (the file is corrupt)", f->path, h5);
         st = CX_ERR_IO;
     }
-    if (ms >= 0) H5Sclose(ms);
     if (fs >= 0) H5Sclose(fs);
     H5Dclose(d);
     return st;
