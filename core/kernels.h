@@ -26,9 +26,10 @@ bool cx_conv_geom_finish(cx_conv_geom *g);
  * as many threads as the scratch they are given (scratch_bytes) has room
  * for, so a graph compiled with fewer threads still runs correctly. */
 size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g);
-/* y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/g, KH, KW)). */
-void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch,
-                   size_t scratch_bytes);
+/* y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/g, KH, KW)) + bias[o]
+ * (bias (O) or NULL), then max(y, 0) if relu (NaN -> 0, as P_RELU). */
+void cx_conv2d_fwd(float *y, const float *x, const float *w, const float *bias, bool relu, const cx_conv_geom *g,
+                   void *scratch, size_t scratch_bytes);
 
 size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g);
 /* dx (N, C, H, W) = d conv / d x applied to dy (N, O, OH, OW). Overwrites dx. */
@@ -39,6 +40,19 @@ size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
 /* dw (O, C/g, KH, KW) = d conv / d w applied to dy. Overwrites dw. */
 void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                    size_t scratch_bytes);
+
+/* Winograd F(2x2, 3x3) (kernels_winograd.c), which the three conv2d
+ * functions above use by themselves where it applies: 3x3, stride 1,
+ * dilation 1, one group, pad <= 2, at least 8 channels each way and two
+ * images. dir: 0 forward, 1 input gradient, 2 weight gradient. */
+bool cx_wino_applies(const cx_conv_geom *g);
+size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir);
+void cx_wino_fwd(float *y, const float *x, const float *w, const float *bias, bool relu, const cx_conv_geom *g,
+                 void *scratch, size_t scratch_bytes);
+void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
+                       size_t scratch_bytes);
+void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
+                        size_t scratch_bytes);
 
 typedef struct {
     int64_t n, c, h, w;        /* input (N, C, H, W) */

@@ -68,6 +68,42 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static size_t round_floats(int64_t n) { return (size_t)ceil_div(n, 16) * 16; }
 
+/* y[i] (+ b), then max(., 0) if relu: a conv epilogue on one output row. */
+static void bias_relu_row(float *restrict y, int64_t n, const float *bias, int64_t o, bool relu)
+{
+    if (bias) {
+        const float b = bias[o];
+        if (relu)
+            for (int64_t i = 0; i < n; i++) { float v = y[i] + b; y[i] = v > 0 ? v : 0.0f; }
+        else
+            for (int64_t i = 0; i < n; i++) y[i] += b;
+    } else if (relu) {
+        for (int64_t i = 0; i < n; i++) y[i] = y[i] > 0 ? y[i] : 0.0f;
+    }
+}
+
+typedef struct {
+    float *y;
+    const float *bias;
+    bool relu;
+    int64_t o, p;
+} bias_relu_job;
+
+static void bias_relu_range(void *ctx, int64_t begin, int64_t end)
+{
+    const bias_relu_job *j = ctx;
+    for (int64_t t = begin; t < end; t++) bias_relu_row(j->y + t * j->p, j->p, j->bias, t % j->o, j->relu);
+}
+
+/* The epilogue as a pass of its own, for the paths that cannot apply it
+ * per block. */
+static void bias_relu_all(float *y, const float *bias, bool relu, const cx_conv_geom *g)
+{
+    if (!bias && !relu) return;
+    bias_relu_job j = { y, bias, relu, g->o, g->oh * g->ow };
+    cx_pool_parallel_for(g->n * g->o, max64(1, 16384 / max64(1, j.p)), bias_relu_range, &j);
+}
+
 static int64_t grain_for(int64_t floats_per_item)
 {
     return max64(1, CONV_GRAIN_FLOATS / max64(1, floats_per_item));
@@ -165,18 +201,21 @@ static float *scratch_out(float *col, const conv_plan *pl)
 
 size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g)
 {
+    if (cx_wino_applies(g)) return cx_wino_scratch_bytes(g, 0);
     conv_plan pl = make_plan(g);
     return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_FWD) : plan_scratch_bytes(g, &pl);
 }
 
 size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g)
 {
+    if (cx_wino_applies(g)) return cx_wino_scratch_bytes(g, 1);
     conv_plan pl = make_plan(g);
     return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_INPUT) : plan_scratch_bytes(g, &pl);
 }
 
 size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g)
 {
+    if (cx_wino_applies(g)) return cx_wino_scratch_bytes(g, 2);
     conv_plan pl = make_plan(g);
     return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_WEIGHT) : plan_scratch_bytes(g, &pl);
 }
@@ -412,6 +451,8 @@ typedef struct {
     const float *w;      /* weights (fwd, bwd_input) or dy (bwd_weight) */
     int64_t cn;
     bool accumulate;     /* bwd_weight: add to dw (chunks after the first) */
+    const float *bias;   /* fwd epilogue, or NULL */
+    bool relu;
 } thin_job;
 
 /* y[n, o, :] = sum_k w[o, k] * col[g*kg + k, n*P : n*P + P]; one task per
@@ -423,6 +464,7 @@ static void thin_fwd_range(void *ctx, int64_t begin, int64_t end)
     for (int64_t t = begin; t < end; t++) {
         int64_t n = t / o_n, o = t % o_n, gi = o / j->pl->og;
         lincomb(j->out + t * p, j->a + gi * kg * ld + n * p, ld, j->w + o * kg, 1, kg, p);
+        bias_relu_row(j->out + t * p, p, j->bias, o, j->relu);
     }
 }
 
@@ -502,6 +544,8 @@ typedef struct {
     const float *x;      /* fwd, bwd_weight */
     const float *w;      /* fwd, bwd_input */
     const float *dy;     /* bwd_input, bwd_weight */
+    const float *bias;   /* fwd epilogue, or NULL */
+    bool relu;
     atomic_int_fast64_t next;
     atomic_int_fast64_t used;  /* bwd_weight: lanes that took part */
 } tile_job;
@@ -536,6 +580,8 @@ static void tile_fwd(const tile_job *j, float *col, int64_t n, int64_t oh0, int6
     for (int64_t gi = 0; gi < g->groups; gi++)
         blas(false, false, pl->og, cols, pl->kg, j->w + gi * pl->og * pl->kg, pl->kg, col + gi * pl->kg * cols,
              cols, 0.0f, y + gi * pl->og * pl->p, pl->p);
+    if (j->bias || j->relu)
+        for (int64_t o = 0; o < g->o; o++) bias_relu_row(y + o * pl->p, cols, j->bias, o, j->relu);
 }
 
 /* dx[n] = col2im(w^T @ dy[n]), one row block at a time into the same dx
@@ -635,15 +681,11 @@ static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float
     cx_sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
-void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom *g, void *scratch,
-                   size_t scratch_bytes)
+/* The direct, thin and chunked paths. */
+static void conv_untiled_fwd(float *y, const float *x, const float *w, const float *bias, bool relu,
+                             const cx_conv_geom *g, const conv_plan *plp, void *scratch)
 {
-    conv_plan pl = make_plan(g);
-    if (pl.tiled) {
-        tile_job j = { .g = g, .pl = &pl, .kind = TILE_FWD, .out = y, .x = x, .w = w };
-        run_tiled(&j, scratch, scratch_bytes);
-        return;
-    }
+    const conv_plan pl = *plp;
     const int64_t groups = g->groups, cg = g->c / groups, in_img = g->c * g->h * g->w;
     const int64_t out_img = g->o * pl.p;
     if (pl.direct) {
@@ -653,6 +695,7 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom 
                 sgemm(false, false, pl.og, pl.p, cg, w + gi * pl.og * cg, cg,
                       x + n * in_img + gi * cg * pl.p, pl.p, 0.0f, y + n * out_img + gi * pl.og * pl.p,
                       pl.p);
+        bias_relu_all(y, bias, relu, g);
         return;
     }
     /* The thin path has no (O, chunk*P) buffer. */
@@ -661,7 +704,8 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom 
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         im2col(col, x + n0 * in_img, g, &pl, cn);
         if (pl.thin) {
-            thin_job j = { .g = g, .pl = &pl, .out = y + n0 * out_img, .a = col, .w = w, .cn = cn };
+            thin_job j = { .g = g, .pl = &pl, .out = y + n0 * out_img, .a = col, .w = w, .cn = cn, .bias = bias,
+                           .relu = relu };
             parallel_dyn(cn * g->o, grain_for(pl.kg * pl.p), thin_fwd_range, &j);
             continue;
         }
@@ -672,6 +716,23 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom 
                   ld, 0.0f, dst + gi * pl.og * ld, ld);
         if (cn > 1) relayout(y + n0 * out_img, out, cn, g->o, pl.p, true);
     }
+    if (!pl.thin) bias_relu_all(y, bias, relu, g);
+}
+
+void cx_conv2d_fwd(float *y, const float *x, const float *w, const float *bias, bool relu, const cx_conv_geom *g,
+                   void *scratch, size_t scratch_bytes)
+{
+    if (cx_wino_applies(g)) {
+        cx_wino_fwd(y, x, w, bias, relu, g, scratch, scratch_bytes);
+        return;
+    }
+    conv_plan pl = make_plan(g);
+    if (pl.tiled) {
+        tile_job j = { .g = g, .pl = &pl, .kind = TILE_FWD, .out = y, .x = x, .w = w, .bias = bias, .relu = relu };
+        run_tiled(&j, scratch, scratch_bytes);
+        return;
+    }
+    conv_untiled_fwd(y, x, w, bias, relu, g, &pl, scratch);
 }
 
 /* ---- backward ----------------------------------------------------------- */
@@ -679,6 +740,10 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const cx_conv_geom 
 void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
                          size_t scratch_bytes)
 {
+    if (cx_wino_applies(g)) {
+        cx_wino_bwd_input(dx, dy, w, g, scratch, scratch_bytes);
+        return;
+    }
     conv_plan pl = make_plan(g);
     if (pl.tiled) {
         tile_job j = { .g = g, .pl = &pl, .kind = TILE_BWD_INPUT, .out = dx, .w = w, .dy = dy };
@@ -724,6 +789,10 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
     const int64_t out_img = g->o * pl.p;
     if (g->n <= 0) {
         memset(dw, 0, sizeof(float) * (size_t)(g->o * pl.kg));
+        return;
+    }
+    if (cx_wino_applies(g)) {
+        cx_wino_bwd_weight(dw, x, dy, g, scratch, scratch_bytes);
         return;
     }
     if (pl.tiled) {

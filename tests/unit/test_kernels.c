@@ -163,11 +163,26 @@ static void run_conv_case(const conv_case *t)
     size_t sb = cx_conv2d_scratch_bytes(&g);
     unsigned char *scratch = scratch_alloc(sb);
     fill_nan(y, ys);
-    cx_conv2d_fwd(y, x, w, &g, scratch, sb);
-    scratch_check_free(scratch, sb);
+    cx_conv2d_fwd(y, x, w, NULL, false, &g, scratch, sb);
     ref_conv(&g, REF_FWD, x, w, dy, ref, mag);
     check_guards(y, ys, "conv fwd y");
     check_close(y, ref, mag, ys, "conv fwd y");
+
+    /* forward with the bias + relu epilogue folded in */
+    float *bias = random_buf((size_t)g.o);
+    fill_nan(y, ys);
+    cx_conv2d_fwd(y, x, w, bias, true, &g, scratch, sb);
+    scratch_check_free(scratch, sb);
+    check_guards(y, ys, "conv fwd y + bias, relu");
+    const size_t plane = (size_t)(g.oh * g.ow);
+    for (size_t i = 0; i < ys; i++) {
+        double want = ref[i] + bias[i / plane % (size_t)g.o];
+        want = want > 0 ? want : 0;
+        cr_assert(fabs((double)y[i] - want) <= REL_TOL * (mag[i] + fabs(bias[i / plane % (size_t)g.o])) + 1e-6,
+                  "conv fwd y + bias, relu [%zu]: got %.8g, want %.8g", i, (double)y[i], want);
+    }
+    check_guards(bias, (size_t)g.o, "bias");
+    guarded_free(bias);
 
     /* backward input: the adjoint, dx += dy * w over the same pairs */
     memset(ref, 0, sizeof(double) * xs);
@@ -231,15 +246,24 @@ static const conv_case conv_cases[] = {
     { 1, 2, 3, 3, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1 },        /* output 1x1 */
     { 2, 3, 5, 4, 2, 5, 4, 1, 1, 0, 0, 1, 1, 1 },        /* kernel = whole input */
     { 2, 4, 7, 7, 6, 3, 3, 3, 3, 1, 1, 3, 3, 2 },        /* stride 3 dilation 3 groups */
+    { 3, 8, 9, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1 },        /* Winograd: padding 1, odd planes, 3 images */
+    { 2, 9, 6, 11, 10, 3, 3, 1, 1, 2, 0, 1, 1, 1 },      /* Winograd: padding 2 and 0 */
+    { 3, 48, 40, 38, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1 },    /* Winograd: two tile-row blocks per image */
 };
 
 Test(conv2d, against_reference)
 {
     rng_seed(1);
+    int winograd = 0;
     for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) {
         cr_log_info("conv case %zu", i);
         run_conv_case(&conv_cases[i]);
+        cx_conv_geom g = geom_of(&conv_cases[i]);
+        cr_assert(cx_conv_geom_finish(&g));
+        winograd += cx_wino_applies(&g);
     }
+    /* the table covers the Winograd path too */
+    cr_assert_geq(winograd, 4, "only %d cases take the Winograd path", winograd);
 }
 
 Test(conv2d, random_shapes)

@@ -1,0 +1,499 @@
+/* Winograd F(2x2, 3x3) for 3x3 convolutions with stride 1, dilation 1 and
+ * one group, in all three directions (Lavin & Gray, 2015).
+ *
+ * Each 2x2 block of outputs comes from a 4x4 input tile: transformed
+ * tiles V = B^T d B and weights U = G g G^T meet in 16 independent
+ * products M[xi] (O, T) = U[xi] (O, C) @ V[xi] (C, T), one per point xi of
+ * the 4x4 transform, and A^T M A gives the outputs. That is 16 multiplies
+ * per 4 outputs instead of 36: 2.25x fewer flops than im2col + sgemm.
+ *
+ *  - forward: as above, per image (or block of tile rows) on the pool;
+ *  - input gradient: the same forward on dy with the weights flipped and
+ *    transposed (O <-> C) and padding 2 - pad: a full correlation;
+ *  - weight gradient: dU[xi] (O, C) = sum over tiles of (A dy A^T)[xi] times
+ *    V[xi], then dw = G^T dU G; each pool thread sums over a fixed split
+ *    of the images, and the partial sums are added in thread order.
+ *
+ * The transforms use only additions and halvings, so the results differ
+ * from im2col's by rounding only (a few ulps of the sums involved).
+ */
+#include "kernels.h"
+#include "pool.h"
+
+#include <cblas.h>
+#include <cxla/core.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* Bound on one task's transformed tiles (V and M): they stay in L2
+ * between the transforms and the 16 products. */
+#define WINO_BLOCK_BYTES ((size_t)3 << 19)
+#define WINO_ALIGN 64
+
+typedef enum { WINO_FWD, WINO_BWD_INPUT, WINO_BWD_WEIGHT } wino_dir;
+
+/* The convolution actually run: for the input gradient, dy -> dx. */
+typedef struct {
+    int64_t n, cin, cout;
+    int64_t h, w;            /* input plane */
+    int64_t oh, ow;          /* output plane */
+    int64_t pad_h, pad_w;
+    int64_t th, tw;          /* 2x2 output tiles */
+    int64_t rows;            /* tile rows per task */
+} wino_shape;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static size_t round16(int64_t n) { return (size_t)ceil_div(n, 16) * 16; }
+
+bool cx_wino_applies(const cx_conv_geom *g)
+{
+    /* The input gradient runs with padding 2 - pad, so pad <= 2. Few input
+     * channels leave the 16 products too thin to beat one sgemm. */
+    return g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 &&
+           g->dil_w == 1 && g->groups == 1 && g->pad_h <= 2 && g->pad_w <= 2 && g->c >= 8 && g->o >= 8 &&
+           g->n >= 2;
+}
+
+static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
+{
+    wino_shape s = { .n = g->n };
+    if (dir == WINO_BWD_INPUT) {
+        s.cin = g->o; s.cout = g->c;
+        s.h = g->oh; s.w = g->ow; s.oh = g->h; s.ow = g->w;
+        s.pad_h = 2 - g->pad_h; s.pad_w = 2 - g->pad_w;
+    } else {
+        s.cin = g->c; s.cout = g->o;
+        s.h = g->h; s.w = g->w; s.oh = g->oh; s.ow = g->ow;
+        s.pad_h = g->pad_h; s.pad_w = g->pad_w;
+    }
+    s.th = ceil_div(s.oh, 2);
+    s.tw = ceil_div(s.ow, 2);
+    int64_t per_row = 16 * (s.cin + s.cout) * s.tw * (int64_t)sizeof(float);
+    s.rows = max64(1, min64(s.th, (int64_t)WINO_BLOCK_BYTES / per_row));
+    return s;
+}
+
+/* Per-thread scratch, in floats: V, M (or the transformed dy), a block's
+ * input rows split into even and odd columns, two split output rows, and
+ * for the weight gradient the thread's dU. */
+typedef struct {
+    size_t v, m, rows, orow, du, total;
+} lane_layout;
+
+static lane_layout lane_of(const wino_shape *s, wino_dir dir)
+{
+    lane_layout l;
+    const int64_t tb = s->rows * s->tw;
+    l.v = 0;
+    l.m = l.v + round16(16 * s->cin * tb);
+    l.rows = l.m + round16(16 * s->cout * tb);
+    l.orow = l.rows + round16((2 * s->rows + 2) * 2 * (s->tw + 1));
+    l.du = l.orow + round16(4 * s->tw);
+    l.total = l.du + (dir == WINO_BWD_WEIGHT ? round16(16 * s->cout * s->cin) : 0);
+    return l;
+}
+
+/* Floats shared by all threads: the transformed weights. */
+static size_t shared_floats(const wino_shape *s, wino_dir dir)
+{
+    return dir == WINO_BWD_WEIGHT ? 0 : round16(16 * s->cout * s->cin);
+}
+
+size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir)
+{
+    wino_shape s = shape_of(g, (wino_dir)dir);
+    int64_t lanes = min64(g->n, max64(1, cx_get_num_threads()));
+    return (shared_floats(&s, (wino_dir)dir) + (size_t)lanes * lane_of(&s, (wino_dir)dir).total) * sizeof(float) +
+           WINO_ALIGN;
+}
+
+/* ---- transforms ----------------------------------------------------------- */
+
+/* U[xi][o][c] = (G g G^T)[xi] for the 3x3 kernel g of (o, c); for the
+ * input gradient the kernel is w[o][c] rotated by 180 degrees and stored
+ * at (c, o). */
+static void transform_weights(float *u, const float *w, int64_t o_n, int64_t c_n, bool flip)
+{
+    const int64_t plane = o_n * c_n;
+    for (int64_t o = 0; o < o_n; o++)
+        for (int64_t c = 0; c < c_n; c++) {
+            const float *k = w + (o * c_n + c) * 9;
+            float g[3][3];
+            for (int a = 0; a < 3; a++)
+                for (int b = 0; b < 3; b++) g[a][b] = flip ? k[(2 - a) * 3 + (2 - b)] : k[a * 3 + b];
+            float t[4][3];
+            for (int b = 0; b < 3; b++) {
+                t[0][b] = g[0][b];
+                t[1][b] = 0.5f * (g[0][b] + g[1][b] + g[2][b]);
+                t[2][b] = 0.5f * (g[0][b] - g[1][b] + g[2][b]);
+                t[3][b] = g[2][b];
+            }
+            const int64_t at = flip ? c * o_n + o : o * c_n + c;
+            for (int a = 0; a < 4; a++) {
+                float r[4] = { t[a][0], 0.5f * (t[a][0] + t[a][1] + t[a][2]), 0.5f * (t[a][0] - t[a][1] + t[a][2]),
+                               t[a][2] };
+                for (int b = 0; b < 4; b++) u[(a * 4 + b) * plane + at] = r[b];
+            }
+        }
+}
+
+/* The transforms run along a row of tiles, several tiles per vector: in
+ * the layouts below every operand of a tile row is contiguous in j. */
+typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
+#define LD(T, p) (*(const T *)(const void *)(p))
+#define ST(T, p) (*(T *)(void *)(p))
+
+/* Splits src[q], q in [0, n), into even and odd positions of q + shift:
+ * ev[m] = src[2m - shift], od[m] = src[2m + 1 - shift] for m in [0, len),
+ * zero where src has no element. */
+static void split_even_odd(float *restrict ev, float *restrict od, const float *restrict src, int64_t n,
+                           int64_t shift, int64_t len)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        float *restrict dst = pass ? od : ev;
+        /* m with 0 <= 2m + pass - shift < n */
+        int64_t lo = shift - pass > 0 ? (shift - pass + 1) / 2 : 0;
+        int64_t hi = min64(len, n - pass + shift > 0 ? (n - pass + shift + 1) / 2 : 0);
+        if (hi < lo) hi = lo;
+        for (int64_t m = 0; m < lo && m < len; m++) dst[m] = 0.0f;
+        const float *restrict s0 = src + pass - shift;
+        for (int64_t m = lo; m < hi; m++) dst[m] = s0[2 * m];
+        for (int64_t m = hi; m < len; m++) dst[m] = 0.0f;
+    }
+}
+
+/* dst[q] = (q even ? ev : od)[q / 2] for q in [0, n). */
+static void join_even_odd(float *restrict dst, const float *restrict ev, const float *restrict od, int64_t n)
+{
+    int64_t m = 0;
+    for (; 2 * m + 1 < n; m++) {
+        dst[2 * m] = ev[m];
+        dst[2 * m + 1] = od[m];
+    }
+    if (2 * m < n) dst[2 * m] = ev[m];
+}
+
+/* The same with the conv epilogue: + b, then max(., 0) if relu. */
+static void join_even_odd_bias(float *restrict dst, const float *restrict ev, const float *restrict od, int64_t n,
+                               float b, bool relu)
+{
+    int64_t m = 0;
+    if (relu) {
+        for (; 2 * m + 1 < n; m++) {
+            const float e = ev[m] + b, o = od[m] + b;
+            dst[2 * m] = e > 0 ? e : 0.0f;
+            dst[2 * m + 1] = o > 0 ? o : 0.0f;
+        }
+        if (2 * m < n) { const float e = ev[m] + b; dst[2 * m] = e > 0 ? e : 0.0f; }
+        return;
+    }
+    for (; 2 * m + 1 < n; m++) {
+        dst[2 * m] = ev[m] + b;
+        dst[2 * m + 1] = od[m] + b;
+    }
+    if (2 * m < n) dst[2 * m] = ev[m] + b;
+}
+
+/* B^T d B for tiles j..j+W-1 of one tile row: d[r][k] is ev_r[j + k/2]
+ * (k even) or od_r[j + k/2] (k odd). 16 outputs, W tiles each, at
+ * dst + xi * stride + j. */
+#define INPUT_TILES(T, ev, od, dst, stride, j)                                                      \
+    do {                                                                                            \
+        T d_[4][4];                                                                                 \
+        for (int r_ = 0; r_ < 4; r_++) {                                                           \
+            d_[r_][0] = LD(T, ev[r_] + (j));                                                        \
+            d_[r_][1] = LD(T, od[r_] + (j));                                                        \
+            d_[r_][2] = LD(T, ev[r_] + (j) + 1);                                                    \
+            d_[r_][3] = LD(T, od[r_] + (j) + 1);                                                    \
+        }                                                                                           \
+        for (int k_ = 0; k_ < 4; k_++) {                                                           \
+            T a0 = d_[0][k_] - d_[2][k_], a1 = d_[1][k_] + d_[2][k_];                               \
+            T a2 = d_[2][k_] - d_[1][k_], a3 = d_[1][k_] - d_[3][k_];                               \
+            d_[0][k_] = a0; d_[1][k_] = a1; d_[2][k_] = a2; d_[3][k_] = a3;                         \
+        }                                                                                           \
+        for (int a_ = 0; a_ < 4; a_++) {                                                           \
+            ST(T, (dst) + (a_ * 4 + 0) * (stride) + (j)) = d_[a_][0] - d_[a_][2];                  \
+            ST(T, (dst) + (a_ * 4 + 1) * (stride) + (j)) = d_[a_][1] + d_[a_][2];                  \
+            ST(T, (dst) + (a_ * 4 + 2) * (stride) + (j)) = d_[a_][2] - d_[a_][1];                  \
+            ST(T, (dst) + (a_ * 4 + 3) * (stride) + (j)) = d_[a_][1] - d_[a_][3];                  \
+        }                                                                                           \
+    } while (0)
+
+/* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
+ * image x (cin, h, w); t counts tiles from the block's first. The block's
+ * 2 (i1 - i0) + 2 input rows are split into even and odd columns once per
+ * channel (rows is 2 (i1 - i0) + 2 pairs of tw + 1 floats). */
+static void transform_input(float *v, float *rows, const float *x, const wino_shape *s, int64_t i0, int64_t i1)
+{
+    const int64_t tb = (i1 - i0) * s->tw, stride = s->cin * tb, tw = s->tw, len = tw + 1;
+    const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
+    for (int64_t c = 0; c < s->cin; c++) {
+        const float *plane = x + c * s->h * s->w;
+        for (int64_t r = 0; r < nrows; r++) {
+            float *ev = rows + 2 * r * len, *od = ev + len;
+            if (r0 + r < 0 || r0 + r >= s->h) {
+                memset(ev, 0, sizeof(float) * (size_t)(2 * len));
+                continue;
+            }
+            split_even_odd(ev, od, plane + (r0 + r) * s->w, s->w, s->pad_w, len);
+        }
+        for (int64_t i = i0; i < i1; i++) {
+            const float *base = rows + 2 * (2 * (i - i0)) * len;
+            const float *ev[4] = { base, base + 2 * len, base + 4 * len, base + 6 * len };
+            const float *od[4] = { base + len, base + 3 * len, base + 5 * len, base + 7 * len };
+            float *dst = v + c * tb + (i - i0) * tw;
+            int64_t j = 0;
+            for (; j + 8 <= tw; j += 8) INPUT_TILES(v8, ev, od, dst, stride, j);
+            for (; j + 4 <= tw; j += 4) INPUT_TILES(v4, ev, od, dst, stride, j);
+            for (; j < tw; j++) INPUT_TILES(float, ev, od, dst, stride, j);
+        }
+    }
+}
+
+/* A^T M A for tiles j..j+W-1: outputs (2j + b) of the two rows, into
+ * the even (b = 0) and odd (b = 1) halves e0/o0 (row 0), e1/o1 (row 1). */
+#define OUTPUT_TILES(T, src, stride, j, e0, o0, e1, o1)                                             \
+    do {                                                                                            \
+        T m_[16];                                                                                   \
+        for (int x_ = 0; x_ < 16; x_++) m_[x_] = LD(T, (src) + x_ * (stride) + (j));               \
+        T t_[2][4];                                                                                 \
+        for (int k_ = 0; k_ < 4; k_++) {                                                           \
+            t_[0][k_] = m_[k_] + m_[4 + k_] + m_[8 + k_];                                           \
+            t_[1][k_] = m_[4 + k_] - m_[8 + k_] - m_[12 + k_];                                      \
+        }                                                                                           \
+        ST(T, (e0) + (j)) = t_[0][0] + t_[0][1] + t_[0][2];                                        \
+        ST(T, (o0) + (j)) = t_[0][1] - t_[0][2] - t_[0][3];                                        \
+        ST(T, (e1) + (j)) = t_[1][0] + t_[1][1] + t_[1][2];                                        \
+        ST(T, (o1) + (j)) = t_[1][1] - t_[1][2] - t_[1][3];                                        \
+    } while (0)
+
+/* y[o][2i + a][2j + b] = (A^T M A)[a][b] (+ bias[o], relu) for the
+ * block's tiles, clipped to the output plane. */
+static void transform_output(float *y, float *rows, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
+                             const float *bias, bool relu)
+{
+    const int64_t tb = (i1 - i0) * s->tw, stride = s->cout * tb, tw = s->tw;
+    float *e0 = rows, *o0 = rows + tw, *e1 = rows + 2 * tw, *o1 = rows + 3 * tw;
+    for (int64_t o = 0; o < s->cout; o++) {
+        float *plane = y + o * s->oh * s->ow;
+        for (int64_t i = i0; i < i1; i++) {
+            const float *src = m + o * tb + (i - i0) * tw;
+            int64_t j = 0;
+            for (; j + 8 <= tw; j += 8) OUTPUT_TILES(v8, src, stride, j, e0, o0, e1, o1);
+            for (; j + 4 <= tw; j += 4) OUTPUT_TILES(v4, src, stride, j, e0, o0, e1, o1);
+            for (; j < tw; j++) OUTPUT_TILES(float, src, stride, j, e0, o0, e1, o1);
+            float *y0 = plane + 2 * i * s->ow;
+            if (bias || relu) {
+                const float b = bias ? bias[o] : 0.0f;
+                join_even_odd_bias(y0, e0, o0, s->ow, b, relu);
+                if (2 * i + 1 < s->oh) join_even_odd_bias(y0 + s->ow, e1, o1, s->ow, b, relu);
+            } else {
+                join_even_odd(y0, e0, o0, s->ow);
+                if (2 * i + 1 < s->oh) join_even_odd(y0 + s->ow, e1, o1, s->ow);
+            }
+        }
+    }
+}
+
+/* A dy A^T for tiles j..j+W-1 from the even/odd halves of the two dy rows
+ * (a = row 2i, b = row 2i + 1). Rows of A dy: a, a + b, a - b, -b. */
+#define GRAD_TILES(T, ae, ao, be, bo, dst, stride, j)                                               \
+    do {                                                                                            \
+        const T a0_ = LD(T, (ae) + (j)), a1_ = LD(T, (ao) + (j));                                   \
+        const T b0_ = LD(T, (be) + (j)), b1_ = LD(T, (bo) + (j));                                   \
+        const T t_[4][2] = { { a0_, a1_ }, { a0_ + b0_, a1_ + b1_ }, { a0_ - b0_, a1_ - b1_ },      \
+                             { -b0_, -b1_ } };                                                      \
+        for (int a_ = 0; a_ < 4; a_++) {                                                           \
+            ST(T, (dst) + (a_ * 4 + 0) * (stride) + (j)) = t_[a_][0];                               \
+            ST(T, (dst) + (a_ * 4 + 1) * (stride) + (j)) = t_[a_][0] + t_[a_][1];                   \
+            ST(T, (dst) + (a_ * 4 + 2) * (stride) + (j)) = t_[a_][0] - t_[a_][1];                   \
+            ST(T, (dst) + (a_ * 4 + 3) * (stride) + (j)) = -t_[a_][1];                              \
+        }                                                                                           \
+    } while (0)
+
+/* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow) in
+ * tile rows [i0, i1); outputs past the plane count as 0. */
+static void transform_grad(float *z, float *rows, const float *dy, const wino_shape *s, int64_t i0, int64_t i1)
+{
+    const int64_t tb = (i1 - i0) * s->tw, stride = s->cout * tb, tw = s->tw;
+    float *ae = rows, *ao = rows + tw, *be = rows + 2 * tw, *bo = rows + 3 * tw;
+    for (int64_t o = 0; o < s->cout; o++) {
+        const float *plane = dy + o * s->oh * s->ow;
+        for (int64_t i = i0; i < i1; i++) {
+            const float *ra = plane + 2 * i * s->ow;
+            split_even_odd(ae, ao, ra, s->ow, 0, tw);
+            if (2 * i + 1 < s->oh)
+                split_even_odd(be, bo, ra + s->ow, s->ow, 0, tw);
+            else
+                memset(be, 0, sizeof(float) * (size_t)(2 * tw));
+            float *dst = z + o * tb + (i - i0) * tw;
+            int64_t j = 0;
+            for (; j + 8 <= tw; j += 8) GRAD_TILES(v8, ae, ao, be, bo, dst, stride, j);
+            for (; j + 4 <= tw; j += 4) GRAD_TILES(v4, ae, ao, be, bo, dst, stride, j);
+            for (; j < tw; j++) GRAD_TILES(float, ae, ao, be, bo, dst, stride, j);
+        }
+    }
+}
+
+/* dw[o][c] = G^T dU[o][c] G. */
+static void finish_weight_grad(float *dw, const float *du, int64_t o_n, int64_t c_n)
+{
+    const int64_t plane = o_n * c_n;
+    for (int64_t p = 0; p < plane; p++) {
+        float d[4][4];
+        for (int x = 0; x < 16; x++) d[x / 4][x % 4] = du[x * plane + p];
+        float t[3][4];
+        for (int k = 0; k < 4; k++) {
+            t[0][k] = d[0][k] + 0.5f * (d[1][k] + d[2][k]);
+            t[1][k] = 0.5f * (d[1][k] - d[2][k]);
+            t[2][k] = 0.5f * (d[1][k] + d[2][k]) + d[3][k];
+        }
+        float *out = dw + p * 9;
+        for (int a = 0; a < 3; a++) {
+            out[a * 3 + 0] = t[a][0] + 0.5f * (t[a][1] + t[a][2]);
+            out[a * 3 + 1] = 0.5f * (t[a][1] - t[a][2]);
+            out[a * 3 + 2] = 0.5f * (t[a][1] + t[a][2]) + t[a][3];
+        }
+    }
+}
+
+/* ---- tasks on the pool ------------------------------------------------------ */
+
+typedef struct {
+    wino_shape s;
+    wino_dir dir;
+    lane_layout lane;
+    float *lanes_base;       /* lanes * lane.total floats */
+    int64_t lanes;
+    const float *u;          /* transformed weights (forward-like) */
+    const float *in;         /* x, or dy for the input gradient */
+    const float *dy;         /* weight gradient */
+    float *out;              /* y or dx */
+    const float *bias;       /* forward epilogue, or NULL */
+    bool relu;
+    atomic_int_fast64_t next;
+    atomic_int_fast64_t used;
+} wino_job;
+
+/* Single-threaded: the tasks are already spread over the pool. */
+static void blas(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                 float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
+                1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int64_t i1)
+{
+    const wino_shape *s = &j->s;
+    const int64_t tb = (i1 - i0) * s->tw;
+    float *v = lane + j->lane.v, *m = lane + j->lane.m;
+    transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
+    for (int x = 0; x < 16; x++)
+        blas(false, s->cout, tb, s->cin, j->u + x * s->cout * s->cin, s->cin, v + x * s->cin * tb, tb, 0.0f,
+             m + x * s->cout * tb, tb);
+    transform_output(j->out + n * s->cout * s->oh * s->ow, lane + j->lane.orow, m, s, i0, i1, j->bias, j->relu);
+}
+
+/* dU (+)= sum over the images [n0, n1) of Z[xi] @ V[xi]^T. */
+static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
+{
+    const wino_shape *s = &j->s;
+    float *v = lane + j->lane.v, *z = lane + j->lane.m, *du = lane + j->lane.du;
+    bool first = true;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t i0 = 0; i0 < s->th; i0 += s->rows) {
+            const int64_t i1 = min64(i0 + s->rows, s->th), tb = (i1 - i0) * s->tw;
+            transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
+            transform_grad(z, lane + j->lane.rows, j->dy + n * s->cout * s->oh * s->ow, s, i0, i1);
+            for (int x = 0; x < 16; x++)
+                blas(true, s->cout, s->cin, tb, z + x * s->cout * tb, tb, v + x * s->cin * tb, tb, first ? 0.0f : 1.0f,
+                     du + x * s->cout * s->cin, s->cin);
+            first = false;
+        }
+}
+
+static void wino_each(void *p, int64_t tid, int64_t nthreads)
+{
+    wino_job *j = p;
+    const int64_t lanes = min64(j->lanes, nthreads);
+    if (tid >= lanes) return;
+    if (tid == 0) atomic_store_explicit(&j->used, lanes, memory_order_relaxed);
+    float *lane = j->lanes_base + (size_t)tid * j->lane.total;
+    const wino_shape *s = &j->s;
+    if (j->dir == WINO_BWD_WEIGHT) {
+        /* a fixed split of the images, so dw does not depend on timing */
+        weight_task(j, lane, s->n * tid / lanes, s->n * (tid + 1) / lanes);
+        return;
+    }
+    const int64_t blocks = ceil_div(s->th, s->rows);
+    for (;;) {
+        int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= s->n * blocks) return;
+        int64_t n = t / blocks, i0 = t % blocks * s->rows;
+        fwd_task(j, lane, n, i0, min64(i0 + s->rows, s->th));
+    }
+}
+
+/* Splits the scratch into the shared weights and as many lanes as fit
+ * (the thread count may have grown since the scratch was sized). */
+static float *setup(wino_job *j, const cx_conv_geom *g, wino_dir dir, void *scratch, size_t scratch_bytes)
+{
+    j->s = shape_of(g, dir);
+    j->dir = dir;
+    j->lane = lane_of(&j->s, dir);
+    uintptr_t p = ((uintptr_t)scratch + WINO_ALIGN - 1) & ~(uintptr_t)(WINO_ALIGN - 1);
+    float *base = (float *)p;
+    size_t usable = (scratch_bytes - (size_t)(p - (uintptr_t)scratch)) / sizeof(float);
+    size_t shared = shared_floats(&j->s, dir);
+    j->lanes_base = base + shared;
+    j->lanes = usable > shared ? min64(g->n, (int64_t)((usable - shared) / j->lane.total)) : 0;
+    if (j->lanes < 1) j->lanes = 1;   /* never: the scratch is sized for one lane at least */
+    atomic_init(&j->next, 0);
+    atomic_init(&j->used, 1);
+    return base;
+}
+
+void cx_wino_fwd(float *y, const float *x, const float *w, const float *bias, bool relu, const cx_conv_geom *g,
+                 void *scratch, size_t scratch_bytes)
+{
+    wino_job j = { .bias = bias, .relu = relu };
+    float *u = setup(&j, g, WINO_FWD, scratch, scratch_bytes);
+    transform_weights(u, w, g->o, g->c, false);
+    j.u = u;
+    j.in = x;
+    j.out = y;
+    cx_pool_run_each(wino_each, &j);
+}
+
+void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
+                       size_t scratch_bytes)
+{
+    wino_job j = { .bias = NULL };
+    float *u = setup(&j, g, WINO_BWD_INPUT, scratch, scratch_bytes);
+    transform_weights(u, w, g->o, g->c, true);
+    j.u = u;
+    j.in = dy;
+    j.out = dx;
+    cx_pool_run_each(wino_each, &j);
+}
+
+void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
+                        size_t scratch_bytes)
+{
+    wino_job j = { .bias = NULL };
+    setup(&j, g, WINO_BWD_WEIGHT, scratch, scratch_bytes);
+    j.in = x;
+    j.dy = dy;
+    cx_pool_run_each(wino_each, &j);
+    const int64_t used = atomic_load(&j.used), len = 16 * g->o * g->c;
+    float *du = j.lanes_base + j.lane.du;
+    for (int64_t t = 1; t < used; t++) {
+        const float *part = j.lanes_base + (size_t)t * j.lane.total + j.lane.du;
+        for (int64_t i = 0; i < len; i++) du[i] += part[i];
+    }
+    finish_weight_grad(dw, du, g->o, g->c);
+}
