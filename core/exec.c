@@ -552,6 +552,33 @@ static bool bias_relu_epilogue(const run_ctx *rc, const cx_kernel *k, const floa
     return true;
 }
 
+/* An epilogue that is exactly where(m > 0, out, 0) with m an f32 tensor of
+ * the output's layout (relu's gradient after the op that produced the
+ * gradient, recorded as P_POSMASK): the kernel applies it as it writes. */
+static bool posmask_epilogue(const run_ctx *rc, const cx_kernel *k, const float **mask)
+{
+    const cx_program *p = &k->prog;
+    if (p->n != 3 || p->result != 2) return false;
+    const cx_pinstr *in = p->ins;
+    if (in[2].kind != P_POSMASK || in[2].dtype != CX_F32) return false;
+    const int mi = in[2].a, oi = in[2].b;
+    if (!((mi == 0 && oi == 1) || (mi == 1 && oi == 0))) return false;
+    if (in[0].kind != P_LOAD || in[1].kind != P_LOAD || in[oi].slot != k->out_slot || in[mi].slot == k->out_slot)
+        return false;
+    for (int i = 0; i < 2; i++) {
+        if (in[i].dtype != CX_F32 || in[i].src_dtype != CX_F32) return false;
+        const cx_view *v = &p->views[in[i].view];
+        if (v->offset != 0 || v->masked) return false;
+        int64_t stride = 1;
+        for (int d = k->ndim - 1; d >= 0; d--) {
+            if (k->shape[d] > 1 && v->strides[d] != stride) return false;
+            stride *= k->shape[d];
+        }
+    }
+    *mask = rc->slot_ptr[in[mi].slot];
+    return true;
+}
+
 static void conv_geom(const cx_kernel *k, const int64_t *xs, const int64_t *ws, cx_conv_geom *g)
 {
     *g = (cx_conv_geom){ .n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .o = ws[0], .kh = ws[2], .kw = ws[3],
@@ -726,8 +753,11 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_CONV_BI: {
         cx_conv_geom g;
         conv_geom(k, k->attrs + 7, k->in[1].shape, &g);
-        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
-                      (size_t)k->scratch_bytes);
+        const float *mask = NULL;
+        bool folded = k->has_epilogue && posmask_epilogue(rc, k, &mask);
+        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], mask, &g, scratch,
+                            (size_t)k->scratch_bytes);
+        if (folded) return CX_OK;
         break;
     }
     case K_CONV_BW: {
@@ -747,7 +777,10 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_MAXPOOL_BWD: {
         cx_pool_geom g;
         pool_geom(k, k->in[0].shape, &g);
-        cx_max_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g);
+        const float *mask = NULL;
+        bool folded = k->has_epilogue && posmask_epilogue(rc, k, &mask);
+        cx_max_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], mask, &g);
+        if (folded) return CX_OK;
         break;
     }
     case K_AVGPOOL_BWD: {

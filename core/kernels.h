@@ -32,9 +32,10 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const float *bias, 
                    void *scratch, size_t scratch_bytes);
 
 size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g);
-/* dx (N, C, H, W) = d conv / d x applied to dy (N, O, OH, OW). Overwrites dx. */
-void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
-                   size_t scratch_bytes);
+/* dx (N, C, H, W) = d conv / d x applied to dy (N, O, OH, OW), then kept
+ * only where posmask > 0 (posmask (N, C, H, W) or NULL). Overwrites dx. */
+void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const float *posmask, const cx_conv_geom *g,
+                         void *scratch, size_t scratch_bytes);
 
 size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
 /* dw (O, C/g, KH, KW) = d conv / d w applied to dy. Overwrites dw. */
@@ -49,8 +50,8 @@ bool cx_wino_applies(const cx_conv_geom *g);
 size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir);
 void cx_wino_fwd(float *y, const float *x, const float *w, const float *bias, bool relu, const cx_conv_geom *g,
                  void *scratch, size_t scratch_bytes);
-void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
-                       size_t scratch_bytes);
+void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const float *posmask, const cx_conv_geom *g,
+                       void *scratch, size_t scratch_bytes);
 void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                         size_t scratch_bytes);
 
@@ -64,8 +65,10 @@ bool cx_pool_geom_finish(cx_pool_geom *g);
 /* Max pool; padding acts as -inf. Ties: the first maximum in row-major
  * window order wins (as PyTorch). */
 void cx_max_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
-/* dx = scatter of dy to each window's first maximum. Overwrites dx. */
-void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const cx_pool_geom *g);
+/* dx = scatter of dy to each window's first maximum, then kept only
+ * where posmask > 0 (posmask (N, C, H, W) or NULL; NaN -> 0). Overwrites
+ * dx. posmask == x (relu before the pool) costs nothing extra. */
+void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const float *posmask, const cx_pool_geom *g);
 /* Average pool, count_include_pad = true (divisor kh*kw always). */
 void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
 void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);

@@ -737,13 +737,37 @@ void cx_conv2d_fwd(float *y, const float *x, const float *w, const float *bias, 
 
 /* ---- backward ----------------------------------------------------------- */
 
-void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
-                         size_t scratch_bytes)
+typedef struct {
+    float *dx;
+    const float *mask;
+} posmask_job;
+
+static void posmask_range(void *ctx, int64_t begin, int64_t end)
+{
+    const posmask_job *j = ctx;
+    for (int64_t i = begin; i < end; i++) j->dx[i] = j->mask[i] > 0 ? j->dx[i] : 0.0f;
+}
+
+static void conv_bwd_input_unmasked(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
+                                    size_t scratch_bytes);
+
+void cx_conv2d_bwd_input(float *dx, const float *dy, const float *w, const float *posmask, const cx_conv_geom *g,
+                         void *scratch, size_t scratch_bytes)
 {
     if (cx_wino_applies(g)) {
-        cx_wino_bwd_input(dx, dy, w, g, scratch, scratch_bytes);
+        cx_wino_bwd_input(dx, dy, w, posmask, g, scratch, scratch_bytes);
         return;
     }
+    conv_bwd_input_unmasked(dx, dy, w, g, scratch, scratch_bytes);
+    if (posmask) {
+        posmask_job j = { dx, posmask };
+        cx_pool_parallel_for(g->n * g->c * g->h * g->w, 1 << 15, posmask_range, &j);
+    }
+}
+
+static void conv_bwd_input_unmasked(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
+                                    size_t scratch_bytes)
+{
     conv_plan pl = make_plan(g);
     if (pl.tiled) {
         tile_job j = { .g = g, .pl = &pl, .kind = TILE_BWD_INPUT, .out = dx, .w = w, .dy = dy };

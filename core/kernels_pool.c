@@ -33,6 +33,7 @@ typedef struct {
     float *out;
     const float *x;
     const float *dy;
+    const float *posmask;  /* max backward: keep dx only where posmask > 0 */
 } pool_job;
 
 /* The clipped window of output (oh, ow): rows [h0, h1), cols [w0, w1). */
@@ -164,6 +165,130 @@ static void max_block(const cx_pool_geom *g, const float *plane, int64_t oh, int
     }
 }
 
+/* 2x2 windows at stride 2 without padding (every CNN's pooling): the
+ * windows tile the plane, so backward writes each dx element exactly once
+ * and needs no clearing pass. Same scan order and NaN rule as
+ * argmax_window. */
+static bool is_2x2(const cx_pool_geom *g)
+{
+    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
+}
+
+/* Vectors of W windows: the two input rows are loaded as 2W floats each
+ * and split into even and odd columns; comparisons give lane masks, and
+ * the selects are bitwise (no branches: each comparison is a coin flip). */
+typedef float f8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t i8 __attribute__((vector_size(32)));
+typedef float f4 __attribute__((vector_size(16), aligned(4), may_alias));
+typedef int32_t i4 __attribute__((vector_size(16)));
+#define VLD(F, p) (*(const F *)(const void *)(p))
+#define VST(F, p) (*(F *)(void *)(p))
+#define SEL(F, I, t, x, y) ((F)(((I)(x) & (t)) | ((I)(y) & ~(t))))
+#define EVENS8 (i8){ 0, 2, 4, 6, 8, 10, 12, 14 }
+#define ODDS8 (i8){ 1, 3, 5, 7, 9, 11, 13, 15 }
+#define LOW8 (i8){ 0, 8, 1, 9, 2, 10, 3, 11 }
+#define HIGH8 (i8){ 4, 12, 5, 13, 6, 14, 7, 15 }
+#define EVENS4 (i4){ 0, 2, 4, 6 }
+#define ODDS4 (i4){ 1, 3, 5, 7 }
+#define LOW4 (i4){ 0, 4, 1, 5 }
+#define HIGH4 (i4){ 2, 6, 3, 7 }
+
+/* Max and first-max tap (0..3, row-major) of W windows starting at
+ * column 2*ow of rows r0/r1; a NaN is taken, as in argmax_window. */
+#define MAX2X2(F, I, W, EV, OD, r0, r1, ow, m, k)                                              \
+    do {                                                                                        \
+        const F l0_ = VLD(F, (r0) + 2 * (ow)), h0_ = VLD(F, (r0) + 2 * (ow) + (W));             \
+        const F l1_ = VLD(F, (r1) + 2 * (ow)), h1_ = VLD(F, (r1) + 2 * (ow) + (W));             \
+        const F v_[4] = { __builtin_shuffle(l0_, h0_, EV), __builtin_shuffle(l0_, h0_, OD),     \
+                          __builtin_shuffle(l1_, h1_, EV), __builtin_shuffle(l1_, h1_, OD) };   \
+        m = v_[0];                                                                              \
+        k = (I){ 0 };                                                                           \
+        for (int t_ = 1; t_ < 4; t_++) {                                                        \
+            const I take_ = (v_[t_] > m) | (v_[t_] != v_[t_]);                                  \
+            m = SEL(F, I, take_, v_[t_], m);                                                    \
+            k = (take_ & t_) | (k & ~take_);                                                    \
+        }                                                                                       \
+    } while (0)
+
+static void max2x2_fwd_plane(float *restrict y, const float *restrict x, const cx_pool_geom *g)
+{
+    for (int64_t oh = 0; oh < g->oh; oh++) {
+        const float *r0 = x + 2 * oh * g->w, *r1 = r0 + g->w;
+        float *yr = y + oh * g->ow;
+        int64_t ow = 0;
+        /* the vector loads read up to 2*ow + 2W floats of a row */
+        for (; ow + 8 <= g->ow && 2 * ow + 16 <= g->w; ow += 8) {
+            f8 m;
+            i8 k;
+            MAX2X2(f8, i8, 8, EVENS8, ODDS8, r0, r1, ow, m, k);
+            (void)k;
+            VST(f8, yr + ow) = m;
+        }
+        for (; ow + 4 <= g->ow && 2 * ow + 8 <= g->w; ow += 4) {
+            f4 m;
+            i4 k;
+            MAX2X2(f4, i4, 4, EVENS4, ODDS4, r0, r1, ow, m, k);
+            (void)k;
+            VST(f4, yr + ow) = m;
+        }
+        for (; ow < g->ow; ow++) {
+            window r = { 2 * oh, 2 * oh + 2, 2 * ow, 2 * ow + 2 };
+            yr[ow] = x[argmax_window(x, g->w, r)];
+        }
+    }
+}
+
+/* Writes the two dx rows of W windows: v at the max tap, 0 elsewhere. */
+#define SCATTER2X2(F, I, LO, HI, d0, d1, ow, k, v)                                               \
+    do {                                                                                         \
+        const F z_ = (F){ 0 };                                                                   \
+        const F e0_ = SEL(F, I, k == 0, v, z_), o0_ = SEL(F, I, k == 1, v, z_);                  \
+        const F e1_ = SEL(F, I, k == 2, v, z_), o1_ = SEL(F, I, k == 3, v, z_);                  \
+        VST(F, (d0) + 2 * (ow)) = __builtin_shuffle(e0_, o0_, LO);                               \
+        VST(F, (d0) + 2 * (ow) + sizeof(F) / 4) = __builtin_shuffle(e0_, o0_, HI);               \
+        VST(F, (d1) + 2 * (ow)) = __builtin_shuffle(e1_, o1_, LO);                               \
+        VST(F, (d1) + 2 * (ow) + sizeof(F) / 4) = __builtin_shuffle(e1_, o1_, HI);               \
+    } while (0)
+
+/* With `positive`, dy passes only where the window's max is > 0: the
+ * gradient of relu before the pool, folded in (x is relu's output). */
+static void max2x2_bwd_plane(float *restrict dx, const float *restrict x, const float *restrict dy, bool positive,
+                             const cx_pool_geom *g)
+{
+    const int64_t w = g->w;
+    for (int64_t oh = 0; oh < g->oh; oh++) {
+        const float *r0 = x + 2 * oh * w, *r1 = r0 + w;
+        float *d0 = dx + 2 * oh * w, *d1 = d0 + w;
+        const float *gr = dy + oh * g->ow;
+        int64_t ow = 0;
+        for (; ow + 8 <= g->ow && 2 * ow + 16 <= w; ow += 8) {
+            f8 m;
+            i8 k;
+            MAX2X2(f8, i8, 8, EVENS8, ODDS8, r0, r1, ow, m, k);
+            f8 v = VLD(f8, gr + ow);
+            if (positive) v = SEL(f8, i8, m > 0, v, (f8){ 0 });
+            SCATTER2X2(f8, i8, LOW8, HIGH8, d0, d1, ow, k, v);
+        }
+        for (; ow + 4 <= g->ow && 2 * ow + 8 <= w; ow += 4) {
+            f4 m;
+            i4 k;
+            MAX2X2(f4, i4, 4, EVENS4, ODDS4, r0, r1, ow, m, k);
+            f4 v = VLD(f4, gr + ow);
+            if (positive) v = SEL(f4, i4, m > 0, v, (f4){ 0 });
+            SCATTER2X2(f4, i4, LOW4, HIGH4, d0, d1, ow, k, v);
+        }
+        for (; ow < g->ow; ow++) {
+            window r = { 2 * oh, 2 * oh + 2, 2 * ow, 2 * ow + 2 };
+            const int64_t at = argmax_window(x, w, r);
+            const float v = !positive || x[at] > 0 ? gr[ow] : 0.0f;
+            d0[2 * ow] = d0[2 * ow + 1] = d1[2 * ow] = d1[2 * ow + 1] = 0.0f;
+            dx[at] = v;
+        }
+        for (int64_t q = 2 * g->ow; q < w; q++) d0[q] = d1[q] = 0.0f;
+    }
+    if (2 * g->oh < g->h) memset(dx + 2 * g->oh * w, 0, sizeof(float) * (size_t)((g->h - 2 * g->oh) * w));
+}
+
 static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pool_job *j = ctx;
@@ -173,6 +298,10 @@ static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
     interior_cols(g, &in_lo, &in_hi);
     float val[POOL_BLOCK];
     int64_t arg[POOL_BLOCK];
+    if (is_2x2(g)) {
+        for (int64_t t = begin; t < end; t++) max2x2_fwd_plane(j->out + t * out_plane, j->x + t * in_plane, g);
+        return;
+    }
     for (int64_t t = begin; t < end; t++) {
         const float *x = j->x + t * in_plane;
         float *y = j->out + t * out_plane;
@@ -200,13 +329,22 @@ static void max_bwd_range(void *ctx, int64_t begin, int64_t end)
         const float *x = j->x + t * in_plane;
         const float *dy = j->dy + t * out_plane;
         float *dx = j->out + t * in_plane;
-        memset(dx, 0, sizeof(float) * (size_t)in_plane);
-        for (int64_t oh = 0; oh < g->oh; oh++)
-            for (int64_t c0 = 0; c0 < g->ow; c0 += POOL_BLOCK) {
-                const int64_t c1 = c0 + POOL_BLOCK < g->ow ? c0 + POOL_BLOCK : g->ow;
-                max_block(g, x, oh, c0, c1, in_lo, in_hi, val, arg);
-                for (int64_t ow = c0; ow < c1; ow++) dx[arg[ow - c0]] += dy[oh * g->ow + ow];
-            }
+        if (is_2x2(g)) {
+            bool folded = j->posmask == j->x;
+            max2x2_bwd_plane(dx, x, dy, folded, g);
+            if (folded || !j->posmask) continue;
+        } else {
+            memset(dx, 0, sizeof(float) * (size_t)in_plane);
+            for (int64_t oh = 0; oh < g->oh; oh++)
+                for (int64_t c0 = 0; c0 < g->ow; c0 += POOL_BLOCK) {
+                    const int64_t c1 = c0 + POOL_BLOCK < g->ow ? c0 + POOL_BLOCK : g->ow;
+                    max_block(g, x, oh, c0, c1, in_lo, in_hi, val, arg);
+                    for (int64_t ow = c0; ow < c1; ow++) dx[arg[ow - c0]] += dy[oh * g->ow + ow];
+                }
+            if (!j->posmask) continue;
+        }
+        const float *pm = j->posmask + t * in_plane;
+        for (int64_t i = 0; i < in_plane; i++) dx[i] = pm[i] > 0 ? dx[i] : 0.0f;
     }
 }
 
@@ -283,9 +421,10 @@ static void avg_bwd_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-static void run_planes(const cx_pool_geom *g, cx_range_fn fn, float *out, const float *x, const float *dy)
+static void run_planes(const cx_pool_geom *g, cx_range_fn fn, float *out, const float *x, const float *dy,
+                       const float *posmask)
 {
-    pool_job j = { .g = g, .out = out, .x = x, .dy = dy };
+    pool_job j = { .g = g, .out = out, .x = x, .dy = dy, .posmask = posmask };
     int64_t per_plane = g->h * g->w + g->oh * g->ow * g->kh * g->kw;
     int64_t grain = POOL_GRAIN_FLOATS / (per_plane > 0 ? per_plane : 1);
     cx_pool_parallel_for(g->n * g->c, grain > 1 ? grain : 1, fn, &j);
@@ -293,20 +432,20 @@ static void run_planes(const cx_pool_geom *g, cx_range_fn fn, float *out, const 
 
 void cx_max_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g)
 {
-    run_planes(g, max_fwd_range, y, x, NULL);
+    run_planes(g, max_fwd_range, y, x, NULL, NULL);
 }
 
-void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const cx_pool_geom *g)
+void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const float *posmask, const cx_pool_geom *g)
 {
-    run_planes(g, max_bwd_range, dx, x, dy);
+    run_planes(g, max_bwd_range, dx, x, dy, posmask);
 }
 
 void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g)
 {
-    run_planes(g, avg_fwd_range, y, x, NULL);
+    run_planes(g, avg_fwd_range, y, x, NULL, NULL);
 }
 
 void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g)
 {
-    run_planes(g, avg_bwd_range, dx, NULL, dy);
+    run_planes(g, avg_bwd_range, dx, NULL, dy, NULL);
 }

@@ -273,7 +273,7 @@ static void transform_input(float *v, float *rows, const float *x, const wino_sh
 /* y[o][2i + a][2j + b] = (A^T M A)[a][b] (+ bias[o], relu) for the
  * block's tiles, clipped to the output plane. */
 static void transform_output(float *y, float *rows, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
-                             const float *bias, bool relu)
+                             const float *bias, bool relu, const float *posmask)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = s->cout * tb, tw = s->tw;
     float *e0 = rows, *o0 = rows + tw, *e1 = rows + 2 * tw, *o1 = rows + 3 * tw;
@@ -293,6 +293,11 @@ static void transform_output(float *y, float *rows, const float *m, const wino_s
             } else {
                 join_even_odd(y0, e0, o0, s->ow);
                 if (2 * i + 1 < s->oh) join_even_odd(y0 + s->ow, e1, o1, s->ow);
+            }
+            if (posmask) {
+                const float *pm = posmask + (o * s->oh + 2 * i) * s->ow;
+                const int64_t n = (2 * i + 1 < s->oh ? 2 : 1) * s->ow;
+                for (int64_t q = 0; q < n; q++) y0[q] = pm[q] > 0 ? y0[q] : 0.0f;
             }
         }
     }
@@ -374,6 +379,7 @@ typedef struct {
     float *out;              /* y or dx */
     const float *bias;       /* forward epilogue, or NULL */
     bool relu;
+    const float *posmask;    /* input gradient: keep dx where posmask > 0, or NULL */
     atomic_int_fast64_t next;
     atomic_int_fast64_t used;
 } wino_job;
@@ -395,7 +401,9 @@ static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int6
     for (int x = 0; x < 16; x++)
         blas(false, s->cout, tb, s->cin, j->u + x * s->cout * s->cin, s->cin, v + x * s->cin * tb, tb, 0.0f,
              m + x * s->cout * tb, tb);
-    transform_output(j->out + n * s->cout * s->oh * s->ow, lane + j->lane.orow, m, s, i0, i1, j->bias, j->relu);
+    const int64_t plane = s->cout * s->oh * s->ow;
+    transform_output(j->out + n * plane, lane + j->lane.orow, m, s, i0, i1, j->bias, j->relu,
+                     j->posmask ? j->posmask + n * plane : NULL);
 }
 
 /* dU (+)= sum over the images [n0, n1) of Z[xi] @ V[xi]^T. */
@@ -469,10 +477,10 @@ void cx_wino_fwd(float *y, const float *x, const float *w, const float *bias, bo
     cx_pool_run_each(wino_each, &j);
 }
 
-void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const cx_conv_geom *g, void *scratch,
-                       size_t scratch_bytes)
+void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const float *posmask, const cx_conv_geom *g,
+                       void *scratch, size_t scratch_bytes)
 {
-    wino_job j = { .bias = NULL };
+    wino_job j = { .posmask = posmask };
     float *u = setup(&j, g, WINO_BWD_INPUT, scratch, scratch_bytes);
     transform_weights(u, w, g->o, g->c, true);
     j.u = u;

@@ -888,7 +888,7 @@ static void fuse_epilogues(cx_executable *e)
 {
     for (int k = 0; k < e->nkernels; k++) {
         cx_kernel *h = &e->kernels[k];
-        if (h->kind != K_MATMUL && h->kind != K_CONV) continue;
+        if (h->kind != K_MATMUL && h->kind != K_CONV && h->kind != K_CONV_BI && h->kind != K_MAXPOOL_BWD) continue;
         if (e->slots[h->out_slot].kind != SLOT_ARENA) continue;
         int reader = -1;
         if (count_readers(e, h->out_slot, &reader) != 1 || reader <= k) continue;

@@ -190,7 +190,7 @@ static void run_conv_case(const conv_case *t)
     sb = cx_conv2d_bwd_input_scratch_bytes(&g);
     scratch = scratch_alloc(sb);
     fill_nan(dx, xs);
-    cx_conv2d_bwd_input(dx, dy, w, &g, scratch, sb);
+    cx_conv2d_bwd_input(dx, dy, w, NULL, &g, scratch, sb);
     scratch_check_free(scratch, sb);
     ref_conv(&g, REF_BWD_INPUT, x, w, dy, ref, mag);
     check_guards(dx, xs, "conv bwd dx");
@@ -404,7 +404,7 @@ static void run_pool_case(cx_pool_geom g, const float *x_in)
         fill_nan(dx, xs);
         if (is_max) {
             cx_max_pool2d_fwd(y, x, &g);
-            cx_max_pool2d_bwd(dx, x, dy, &g);
+            cx_max_pool2d_bwd(dx, x, dy, NULL, &g);
         } else {
             cx_avg_pool2d_fwd(y, x, &g);
             cx_avg_pool2d_bwd(dx, dy, &g);
@@ -423,6 +423,29 @@ static void run_pool_case(cx_pool_geom g, const float *x_in)
         if (!is_max) check_close(y, ry, mag_y, ys, "avg pool y");
         check_close(dx, rdx, mag_x, xs, is_max ? "max pool dx" : "avg pool dx");
     }
+
+    /* relu's gradient folded into max pooling's: dx kept where posmask > 0,
+     * with posmask the pooled tensor itself (relu before the pool) or any
+     * other tensor */
+    float *xr = guarded(xs), *pm = guarded(xs);
+    for (size_t i = 0; i < xs; i++) {
+        xr[i] = x[i] - 0.5f;
+        pm[i] = rng_uniform() - 0.5f;
+    }
+    ref_pool(&g, true, xr, dy, ry, rdx);
+    for (int own = 0; own < 2; own++) {
+        const float *mask = own ? xr : pm;
+        fill_nan(dx, xs);
+        cx_max_pool2d_bwd(dx, xr, dy, mask, &g);
+        check_guards(dx, xs, "masked pool dx");
+        for (size_t i = 0; i < xs; i++) {
+            double want = mask[i] > 0 ? rdx[i] : 0.0;
+            cr_assert(fabs((double)dx[i] - want) <= 1e-6 * (fabs(want) * (double)(g.kh * g.kw) + 1.0),
+                      "max pool dx, posmask %s [%zu]: got %g, want %g", own ? "x" : "other", i, (double)dx[i], want);
+        }
+    }
+    guarded_free(xr);
+    guarded_free(pm);
     free(ry);
     free(rdx);
     free(mag_y);
@@ -449,6 +472,8 @@ Test(pool2d, against_reference)
         { 1, 2, 5, 300, 0, 0, 3, 3, 2, 2, 1, 1 },  /* wide rows: several column blocks */
         { 2, 1, 4, 200, 0, 0, 2, 3, 1, 1, 0, 1 },   /* wide rows, stride 1 */
         { 1, 2, 9, 40, 0, 0, 3, 3, 3, 3, 1, 1 },    /* stride 3 */
+        { 3, 2, 9, 40, 0, 0, 2, 2, 2, 2, 0, 0 },    /* 2x2: two 8-wide vectors and a 4-wide one */
+        { 2, 3, 7, 37, 0, 0, 2, 2, 2, 2, 0, 0 },    /* 2x2: odd sizes, scalar tail */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_pool_case(cases[i], NULL);
     for (int it = 0; it < 30; it++) {
@@ -470,7 +495,7 @@ Test(pool2d, ties_and_infinities)
     float x[16], dy[4] = { 1, 2, 3, 4 }, dx[16], y[4];
     for (int i = 0; i < 16; i++) x[i] = 0.5f;
     cx_max_pool2d_fwd(y, x, &g);
-    cx_max_pool2d_bwd(dx, x, dy, &g);
+    cx_max_pool2d_bwd(dx, x, dy, NULL, &g);
     const float want[16] = { 1, 0, 2, 0, 0, 0, 0, 0, 3, 0, 4, 0, 0, 0, 0, 0 };
     for (int i = 0; i < 16; i++) cr_assert_eq(dx[i], want[i], "tie dx[%d] = %g", i, (double)dx[i]);
     for (int i = 0; i < 4; i++) cr_assert_eq(y[i], 0.5f);
@@ -482,7 +507,7 @@ Test(pool2d, ties_and_infinities)
     const float xo[9] = { 1, 5, 5, 1, 1, 1, 5, 1, 1 };
     float dyo[4] = { 1, 10, 100, 1000 }, dxo[9], yo[4];
     cx_max_pool2d_fwd(yo, xo, &o);
-    cx_max_pool2d_bwd(dxo, xo, dyo, &o);
+    cx_max_pool2d_bwd(dxo, xo, dyo, NULL, &o);
     const float wanto[9] = { 0, 11, 0, 0, 1000, 0, 100, 0, 0 };
     for (int i = 0; i < 9; i++) cr_assert_eq(dxo[i], wanto[i], "overlap dx[%d] = %g", i, (double)dxo[i]);
 
@@ -494,7 +519,7 @@ Test(pool2d, ties_and_infinities)
     float xi[9], dyi[4] = { 1, 1, 1, 1 }, dxi[9], yi[4];
     for (int i = 0; i < 9; i++) xi[i] = -INFINITY;
     cx_max_pool2d_fwd(yi, xi, &p);
-    cx_max_pool2d_bwd(dxi, xi, dyi, &p);
+    cx_max_pool2d_bwd(dxi, xi, dyi, NULL, &p);
     for (int i = 0; i < 4; i++) cr_assert(isinf(yi[i]) && yi[i] < 0);
     const float wanti[9] = { 1, 1, 0, 1, 1, 0, 0, 0, 0 };
     for (int i = 0; i < 9; i++) cr_assert_eq(dxi[i], wanti[i], "-inf dx[%d] = %g", i, (double)dxi[i]);
@@ -515,6 +540,24 @@ Test(pool2d, ties_and_infinities)
     cx_max_pool2d_fwd(y, xq, &g);
     cr_assert(isnan(y[0]));
     cr_assert_eq(y[1], 7.0f);
+
+    /* The same rules on the vectorized 2x2 path (8 windows per row): ties
+     * go to the first tap, a NaN is taken, and of two NaNs the later. */
+    cx_pool_geom v = { .n = 1, .c = 1, .h = 2, .w = 16, .kh = 2, .kw = 2, .sh = 2, .sw = 2 };
+    cr_assert(cx_pool_geom_finish(&v));
+    float xv[32], dyv[8], dxv[32], yv[8];
+    for (int i = 0; i < 32; i++) xv[i] = 0.5f;
+    for (int i = 0; i < 8; i++) dyv[i] = (float)(i + 1);
+    xv[3] = NAN;                /* window 1, tap 1 */
+    xv[8] = xv[16 + 9] = NAN;   /* window 4, taps 0 and 3 */
+    cx_max_pool2d_fwd(yv, xv, &v);
+    cx_max_pool2d_bwd(dxv, xv, dyv, NULL, &v);
+    for (int i = 0; i < 8; i++) cr_assert(i == 1 || i == 4 ? isnan(yv[i]) : yv[i] == 0.5f, "vector y[%d]", i);
+    float wantv[32] = { 0 };
+    for (int i = 0; i < 8; i++) wantv[2 * i] = dyv[i];
+    wantv[2] = 0, wantv[3] = dyv[1];
+    wantv[8] = 0, wantv[16 + 9] = dyv[4];
+    for (int i = 0; i < 32; i++) cr_assert_eq(dxv[i], wantv[i], "vector dx[%d] = %g", i, (double)dxv[i]);
 }
 
 Test(pool2d, geometry)
