@@ -11,8 +11,9 @@
  *  - input gradient: the same forward on dy with the weights flipped and
  *    transposed (O <-> C) and padding 2 - pad: a full correlation;
  *  - weight gradient: dU[xi] (O, C) = sum over tiles of (A dy A^T)[xi] times
- *    V[xi], then dw = G^T dU G; each pool thread sums over a fixed split
- *    of the images, and the partial sums are added in thread order.
+ *    V[xi] (V built channels-last, so the products need no transposed
+ *    operand), then dw = G^T dU G; each pool thread sums over a fixed
+ *    split of the images, and the partial sums are added in thread order.
  *
  * The transforms use only additions and halvings, so the results differ
  * from im2col's by rounding only (a few ulps of the sums involved).
@@ -77,9 +78,10 @@ static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
 
 /* Per-thread scratch, in floats: V, M (or the transformed dy), a block's
  * input rows split into even and odd columns, two split output rows, and
- * for the weight gradient the thread's dU. */
+ * for the weight gradient the thread's dU and the block's input rows in
+ * channels-last order. */
 typedef struct {
-    size_t v, m, rows, orow, du, total;
+    size_t v, m, rows, orow, du, xt, total;
 } lane_layout;
 
 static lane_layout lane_of(const wino_shape *s, wino_dir dir)
@@ -91,7 +93,8 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir)
     l.rows = l.m + round16(16 * s->cout * tb);
     l.orow = l.rows + round16((2 * s->rows + 2) * 2 * (s->tw + 1));
     l.du = l.orow + round16(4 * s->tw);
-    l.total = l.du + (dir == WINO_BWD_WEIGHT ? round16(16 * s->cout * s->cin) : 0);
+    l.xt = l.du + (dir == WINO_BWD_WEIGHT ? round16(16 * s->cout * s->cin) : 0);
+    l.total = l.xt + (dir == WINO_BWD_WEIGHT ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
     return l;
 }
 
@@ -343,6 +346,62 @@ static void transform_grad(float *z, float *rows, const float *dy, const wino_sh
     }
 }
 
+/* xt (2 (i1 - i0) + 2 rows, wp = 2 tw + 2 columns, cin): the input rows of
+ * tile rows [i0, i1) of one image in channels-last order, shifted by the
+ * padding and zero outside the plane. */
+static void block_channels_last(float *restrict xt, const float *restrict x, const wino_shape *s, int64_t i0,
+                                int64_t i1)
+{
+    const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h, wp = 2 * s->tw + 2, cin = s->cin;
+    memset(xt, 0, sizeof(float) * (size_t)(nrows * wp * cin));
+    for (int64_t c = 0; c < cin; c++) {
+        const float *plane = x + c * s->h * s->w;
+        for (int64_t r = 0; r < nrows; r++) {
+            if (r0 + r < 0 || r0 + r >= s->h) continue;
+            const float *restrict src = plane + (r0 + r) * s->w;
+            float *restrict dst = xt + (r * wp + s->pad_w) * cin + c;
+            for (int64_t q = 0; q < s->w; q++) dst[q * cin] = src[q];
+        }
+    }
+}
+
+/* B^T d B with every operand a vector of channels [c, c + W): d[r][k] at
+ * base + r * rs + k * cin; the 16 results at dst + xi * xs. */
+#define INPUT_CL(T, base, rs, cin, dst, xs, c)                                                      \
+    do {                                                                                            \
+        T d_[4][4];                                                                                 \
+        for (int r_ = 0; r_ < 4; r_++)                                                             \
+            for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = LD(T, (base) + r_ * (rs) + k_ * (cin) + (c)); \
+        for (int k_ = 0; k_ < 4; k_++) {                                                           \
+            T a0 = d_[0][k_] - d_[2][k_], a1 = d_[1][k_] + d_[2][k_];                               \
+            T a2 = d_[2][k_] - d_[1][k_], a3 = d_[1][k_] - d_[3][k_];                               \
+            d_[0][k_] = a0; d_[1][k_] = a1; d_[2][k_] = a2; d_[3][k_] = a3;                         \
+        }                                                                                           \
+        for (int a_ = 0; a_ < 4; a_++) {                                                           \
+            ST(T, (dst) + (a_ * 4 + 0) * (xs) + (c)) = d_[a_][0] - d_[a_][2];                      \
+            ST(T, (dst) + (a_ * 4 + 1) * (xs) + (c)) = d_[a_][1] + d_[a_][2];                      \
+            ST(T, (dst) + (a_ * 4 + 2) * (xs) + (c)) = d_[a_][2] - d_[a_][1];                      \
+            ST(T, (dst) + (a_ * 4 + 3) * (xs) + (c)) = d_[a_][1] - d_[a_][3];                      \
+        }                                                                                           \
+    } while (0)
+
+/* Vt[xi][t][c] = (B^T d B)[xi]: the transposed layout, so that the weight
+ * gradient's products are plain (O, T) @ (T, C) ones (a transposed
+ * operand costs OpenBLAS twice the time at these sizes). */
+static void transform_input_cl(float *vt, const float *xt, const wino_shape *s, int64_t i0, int64_t i1)
+{
+    const int64_t tw = s->tw, cin = s->cin, wp = 2 * tw + 2, tb = (i1 - i0) * tw, xs = tb * cin, rs = wp * cin;
+    for (int64_t ii = 0; ii < i1 - i0; ii++)
+        for (int64_t j = 0; j < tw; j++) {
+            const float *base = xt + (2 * ii * wp + 2 * j) * cin;
+            float *dst = vt + (ii * tw + j) * cin;
+            int64_t c = 0;
+            for (; c + 8 <= cin; c += 8) INPUT_CL(v8, base, rs, cin, dst, xs, c);
+            for (; c + 4 <= cin; c += 4) INPUT_CL(v4, base, rs, cin, dst, xs, c);
+            for (; c < cin; c++) INPUT_CL(float, base, rs, cin, dst, xs, c);
+        }
+}
+
 /* dw[o][c] = G^T dU[o][c] G. */
 static void finish_weight_grad(float *dw, const float *du, int64_t o_n, int64_t c_n)
 {
@@ -385,11 +444,11 @@ typedef struct {
 } wino_job;
 
 /* Single-threaded: the tasks are already spread over the pool. */
-static void blas(bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                 float beta, float *c, int64_t ldc)
+static void blas(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                 float *c, int64_t ldc)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
-                1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)lda,
+                b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
 static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int64_t i1)
@@ -399,14 +458,14 @@ static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int6
     float *v = lane + j->lane.v, *m = lane + j->lane.m;
     transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
     for (int x = 0; x < 16; x++)
-        blas(false, s->cout, tb, s->cin, j->u + x * s->cout * s->cin, s->cin, v + x * s->cin * tb, tb, 0.0f,
+        blas(s->cout, tb, s->cin, j->u + x * s->cout * s->cin, s->cin, v + x * s->cin * tb, tb, 0.0f,
              m + x * s->cout * tb, tb);
     const int64_t plane = s->cout * s->oh * s->ow;
     transform_output(j->out + n * plane, lane + j->lane.orow, m, s, i0, i1, j->bias, j->relu,
                      j->posmask ? j->posmask + n * plane : NULL);
 }
 
-/* dU (+)= sum over the images [n0, n1) of Z[xi] @ V[xi]^T. */
+/* dU (+)= sum over the images [n0, n1) of Z[xi] @ Vt[xi]. */
 static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
 {
     const wino_shape *s = &j->s;
@@ -415,11 +474,12 @@ static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
     for (int64_t n = n0; n < n1; n++)
         for (int64_t i0 = 0; i0 < s->th; i0 += s->rows) {
             const int64_t i1 = min64(i0 + s->rows, s->th), tb = (i1 - i0) * s->tw;
-            transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
+            block_channels_last(lane + j->lane.xt, j->in + n * s->cin * s->h * s->w, s, i0, i1);
+            transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             transform_grad(z, lane + j->lane.rows, j->dy + n * s->cout * s->oh * s->ow, s, i0, i1);
             for (int x = 0; x < 16; x++)
-                blas(true, s->cout, s->cin, tb, z + x * s->cout * tb, tb, v + x * s->cin * tb, tb, first ? 0.0f : 1.0f,
-                     du + x * s->cout * s->cin, s->cin);
+                blas(s->cout, s->cin, tb, z + x * s->cout * tb, tb, v + x * tb * s->cin, s->cin,
+                     first ? 0.0f : 1.0f, du + x * s->cout * s->cin, s->cin);
             first = false;
         }
 }
