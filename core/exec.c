@@ -369,6 +369,18 @@ typedef struct {
     int nd;
 } reduce_job;
 
+/* Sum of a block in double: eight partial sums combined in a fixed order
+ * (deterministic, and vectorizable, unlike one running sum). */
+static double sum_block(const float *f, int len)
+{
+    double acc[8] = { 0 };
+    int q = 0;
+    for (; q + 8 <= len; q += 8)
+        for (int l = 0; l < 8; l++) acc[l] += f[q + l];
+    for (int l = 0; q < len; q++, l++) acc[l] += f[q];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
                        int64_t *acc_i, int64_t *best_idx, bool *first)
 {
@@ -379,14 +391,25 @@ static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64_t row_
     int64_t t = o;
     for (int d = k->nkeep - 1; d >= 0; d--) { idx[d] = t % k->shape[d]; t /= k->shape[d]; }
     bool fc = is_float_class(k->prog.ins[k->prog.result].dtype);
+    const cx_pinstr *ld = &k->prog.ins[0];
+    const cx_view *v = &k->prog.views[ld->view];
+    const bool direct = k->red_op == OP_REDUCE_SUM && k->prog.n == 1 && ld->kind == P_LOAD && ld->dtype == CX_F32 &&
+                        ld->src_dtype == CX_F32 && !v->masked && nd > 0 && v->strides[nd - 1] == 1;
     for (int64_t row = row_b; row < row_e; row++) {
         int64_t rr = row;
         for (int d = nd - 2; d >= k->nkeep; d--) { idx[d] = rr % k->shape[d]; rr /= k->shape[d]; }
+        if (direct) {
+            /* a plain sum of a contiguous f32 row: no copy into registers */
+            const float *src = (const float *)j->rc->slot_ptr[ld->slot] + view_base(v, idx, nd, 0);
+            for (int64_t j0 = 0; j0 < j->inner; j0 += CX_BLK)
+                *acc_f += sum_block(src + j0, (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK));
+            continue;
+        }
         for (int64_t j0 = 0; j0 < j->inner; j0 += CX_BLK) {
             int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
             reg_t *r = eval_block(j->rc, &k->prog, regs, idx, nd, j0, len);
             if (k->red_op == OP_REDUCE_SUM) {
-                if (fc) { double s = 0; for (int q = 0; q < len; q++) s += r->f[q]; *acc_f += s; }
+                if (fc) *acc_f += sum_block(r->f, len);
                 else { int64_t s = 0; for (int q = 0; q < len; q++) s += r->i[q]; *acc_i += s; }
             } else if (k->red_op == OP_REDUCE_MAX) {
                 for (int q = 0; q < len; q++) {
