@@ -48,6 +48,11 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static size_t round16(int64_t n) { return (size_t)ceil_div(n, 16) * 16; }
 
+/* Distance between the 16 matrices of one transformed operand: a multiple
+ * of 4 KiB would put the 16 streams the transforms write (and read) in
+ * one L1 set, evicting each other on every store. */
+static int64_t xi_stride(int64_t n) { return (int64_t)round16(n) + 16; }
+
 bool cx_wino_applies(const cx_conv_geom *g)
 {
     /* The input gradient runs with padding 2 - pad, so pad <= 2. Few input
@@ -77,11 +82,10 @@ static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
 }
 
 /* Per-thread scratch, in floats: V, M (or the transformed dy), a block's
- * input rows split into even and odd columns, two split output rows, and
- * for the weight gradient the thread's dU and the block's input rows in
- * channels-last order. */
+ * zero-padded input rows, and for the weight gradient the thread's dU and
+ * the block's input rows in channels-last order. */
 typedef struct {
-    size_t v, m, rows, orow, du, xt, total;
+    size_t v, m, rows, du, xt, total;
 } lane_layout;
 
 static lane_layout lane_of(const wino_shape *s, wino_dir dir)
@@ -89,11 +93,10 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir)
     lane_layout l;
     const int64_t tb = s->rows * s->tw;
     l.v = 0;
-    l.m = l.v + round16(16 * s->cin * tb);
-    l.rows = l.m + round16(16 * s->cout * tb);
-    l.orow = l.rows + round16((2 * s->rows + 2) * 2 * (s->tw + 1));
-    l.du = l.orow + round16(4 * s->tw);
-    l.xt = l.du + (dir == WINO_BWD_WEIGHT ? round16(16 * s->cout * s->cin) : 0);
+    l.m = l.v + (size_t)(16 * xi_stride(s->cin * tb));
+    l.rows = l.m + (size_t)(16 * xi_stride(s->cout * tb));
+    l.du = l.rows + round16((2 * s->rows + 2) * (2 * s->tw + 2));
+    l.xt = l.du + (dir == WINO_BWD_WEIGHT ? (size_t)(16 * xi_stride(s->cout * s->cin)) : 0);
     l.total = l.xt + (dir == WINO_BWD_WEIGHT ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
     return l;
 }
@@ -101,7 +104,7 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir)
 /* Floats shared by all threads: the transformed weights. */
 static size_t shared_floats(const wino_shape *s, wino_dir dir)
 {
-    return dir == WINO_BWD_WEIGHT ? 0 : round16(16 * s->cout * s->cin);
+    return dir == WINO_BWD_WEIGHT ? 0 : (size_t)(16 * xi_stride(s->cout * s->cin));
 }
 
 size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir)
@@ -119,7 +122,7 @@ size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir)
  * at (c, o). */
 static void transform_weights(float *u, const float *w, int64_t o_n, int64_t c_n, bool flip)
 {
-    const int64_t plane = o_n * c_n;
+    const int64_t plane = xi_stride(o_n * c_n);
     for (int64_t o = 0; o < o_n; o++)
         for (int64_t c = 0; c < c_n; c++) {
             const float *k = w + (o * c_n + c) * 9;
@@ -146,72 +149,24 @@ static void transform_weights(float *u, const float *w, int64_t o_n, int64_t c_n
  * the layouts below every operand of a tile row is contiguous in j. */
 typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
 typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
+typedef int32_t i8v __attribute__((vector_size(32)));
+typedef int32_t i4v __attribute__((vector_size(16)));
 #define LD(T, p) (*(const T *)(const void *)(p))
 #define ST(T, p) (*(T *)(void *)(p))
+/* even / odd lanes of two vectors, and their interleaving */
+#define EV8 ((i8v){ 0, 2, 4, 6, 8, 10, 12, 14 })
+#define OD8 ((i8v){ 1, 3, 5, 7, 9, 11, 13, 15 })
+#define LO8 ((i8v){ 0, 8, 1, 9, 2, 10, 3, 11 })
+#define HI8 ((i8v){ 4, 12, 5, 13, 6, 14, 7, 15 })
+#define EV4 ((i4v){ 0, 2, 4, 6 })
+#define OD4 ((i4v){ 1, 3, 5, 7 })
+#define LO4 ((i4v){ 0, 4, 1, 5 })
+#define HI4 ((i4v){ 2, 6, 3, 7 })
 
-/* Splits src[q], q in [0, n), into even and odd positions of q + shift:
- * ev[m] = src[2m - shift], od[m] = src[2m + 1 - shift] for m in [0, len),
- * zero where src has no element. */
-static void split_even_odd(float *restrict ev, float *restrict od, const float *restrict src, int64_t n,
-                           int64_t shift, int64_t len)
-{
-    for (int pass = 0; pass < 2; pass++) {
-        float *restrict dst = pass ? od : ev;
-        /* m with 0 <= 2m + pass - shift < n */
-        int64_t lo = shift - pass > 0 ? (shift - pass + 1) / 2 : 0;
-        int64_t hi = min64(len, n - pass + shift > 0 ? (n - pass + shift + 1) / 2 : 0);
-        if (hi < lo) hi = lo;
-        for (int64_t m = 0; m < lo && m < len; m++) dst[m] = 0.0f;
-        const float *restrict s0 = src + pass - shift;
-        for (int64_t m = lo; m < hi; m++) dst[m] = s0[2 * m];
-        for (int64_t m = hi; m < len; m++) dst[m] = 0.0f;
-    }
-}
-
-/* dst[q] = (q even ? ev : od)[q / 2] for q in [0, n). */
-static void join_even_odd(float *restrict dst, const float *restrict ev, const float *restrict od, int64_t n)
-{
-    int64_t m = 0;
-    for (; 2 * m + 1 < n; m++) {
-        dst[2 * m] = ev[m];
-        dst[2 * m + 1] = od[m];
-    }
-    if (2 * m < n) dst[2 * m] = ev[m];
-}
-
-/* The same with the conv epilogue: + b, then max(., 0) if relu. */
-static void join_even_odd_bias(float *restrict dst, const float *restrict ev, const float *restrict od, int64_t n,
-                               float b, bool relu)
-{
-    int64_t m = 0;
-    if (relu) {
-        for (; 2 * m + 1 < n; m++) {
-            const float e = ev[m] + b, o = od[m] + b;
-            dst[2 * m] = e > 0 ? e : 0.0f;
-            dst[2 * m + 1] = o > 0 ? o : 0.0f;
-        }
-        if (2 * m < n) { const float e = ev[m] + b; dst[2 * m] = e > 0 ? e : 0.0f; }
-        return;
-    }
-    for (; 2 * m + 1 < n; m++) {
-        dst[2 * m] = ev[m] + b;
-        dst[2 * m + 1] = od[m] + b;
-    }
-    if (2 * m < n) dst[2 * m] = ev[m] + b;
-}
-
-/* B^T d B for tiles j..j+W-1 of one tile row: d[r][k] is ev_r[j + k/2]
- * (k even) or od_r[j + k/2] (k odd). 16 outputs, W tiles each, at
- * dst + xi * stride + j. */
-#define INPUT_TILES(T, ev, od, dst, stride, j)                                                      \
+/* B^T d B for tiles j..j+W-1 of one tile row, given d[r][k] as vectors
+ * over the tiles; the 16 results at dst + xi * stride + j. */
+#define INPUT_CORE(T, d_, dst, stride, j)                                                           \
     do {                                                                                            \
-        T d_[4][4];                                                                                 \
-        for (int r_ = 0; r_ < 4; r_++) {                                                           \
-            d_[r_][0] = LD(T, ev[r_] + (j));                                                        \
-            d_[r_][1] = LD(T, od[r_] + (j));                                                        \
-            d_[r_][2] = LD(T, ev[r_] + (j) + 1);                                                    \
-            d_[r_][3] = LD(T, od[r_] + (j) + 1);                                                    \
-        }                                                                                           \
         for (int k_ = 0; k_ < 4; k_++) {                                                           \
             T a0 = d_[0][k_] - d_[2][k_], a1 = d_[1][k_] + d_[2][k_];                               \
             T a2 = d_[2][k_] - d_[1][k_], a3 = d_[1][k_] - d_[3][k_];                               \
@@ -225,40 +180,70 @@ static void join_even_odd_bias(float *restrict dst, const float *restrict ev, co
         }                                                                                           \
     } while (0)
 
+/* W tiles at once: d[r][k] = row_r[2j + k] for the W tiles, from 2W-float
+ * loads split into even and odd columns. Reads row_r[2j .. 2j + 2W + 2). */
+#define INPUT_TILES(T, W, EV, OD, row, dst, stride, j)                                              \
+    do {                                                                                            \
+        T d_[4][4];                                                                                 \
+        for (int r_ = 0; r_ < 4; r_++) {                                                           \
+            const float *p_ = (row)[r_] + 2 * (j);                                                  \
+            const T l_ = LD(T, p_), h_ = LD(T, p_ + (W)), l2_ = LD(T, p_ + 2), h2_ = LD(T, p_ + 2 + (W)); \
+            d_[r_][0] = __builtin_shuffle(l_, h_, EV);                                              \
+            d_[r_][1] = __builtin_shuffle(l_, h_, OD);                                              \
+            d_[r_][2] = __builtin_shuffle(l2_, h2_, EV);                                            \
+            d_[r_][3] = __builtin_shuffle(l2_, h2_, OD);                                            \
+        }                                                                                           \
+        INPUT_CORE(T, d_, dst, stride, j);                                                          \
+    } while (0)
+
 /* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
- * image x (cin, h, w); t counts tiles from the block's first. The block's
- * 2 (i1 - i0) + 2 input rows are split into even and odd columns once per
- * channel (rows is 2 (i1 - i0) + 2 pairs of tw + 1 floats). */
+ * image x (cin, h, w); t counts tiles from the block's first. Tile row i
+ * reads input rows 2i - pad .. 2i - pad + 3 and columns 2j - pad ..; the
+ * block's rows are read in place when no padding is involved, else from
+ * a zero-padded copy in `rows` ((2 (i1 - i0) + 2) x (2 tw + 2) floats). */
 static void transform_input(float *v, float *rows, const float *x, const wino_shape *s, int64_t i0, int64_t i1)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = s->cin * tb, tw = s->tw, len = tw + 1;
+    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw, wp = 2 * tw + 2;
     const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
+    const bool in_place = s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h;
+    const int64_t copy = min64(s->w, wp - s->pad_w);
     for (int64_t c = 0; c < s->cin; c++) {
-        const float *plane = x + c * s->h * s->w;
-        for (int64_t r = 0; r < nrows; r++) {
-            float *ev = rows + 2 * r * len, *od = ev + len;
-            if (r0 + r < 0 || r0 + r >= s->h) {
-                memset(ev, 0, sizeof(float) * (size_t)(2 * len));
-                continue;
+        const float *plane = x + c * s->h * s->w, *blk = plane + r0 * s->w;
+        int64_t rs = s->w;
+        if (!in_place) {
+            for (int64_t r = 0; r < nrows; r++) {
+                float *dst = rows + r * wp;
+                if (r0 + r < 0 || r0 + r >= s->h) {
+                    memset(dst, 0, sizeof(float) * (size_t)wp);
+                    continue;
+                }
+                memset(dst, 0, sizeof(float) * (size_t)s->pad_w);
+                memcpy(dst + s->pad_w, plane + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
+                memset(dst + s->pad_w + copy, 0, sizeof(float) * (size_t)(wp - s->pad_w - copy));
             }
-            split_even_odd(ev, od, plane + (r0 + r) * s->w, s->w, s->pad_w, len);
+            blk = rows;
+            rs = wp;
         }
         for (int64_t i = i0; i < i1; i++) {
-            const float *base = rows + 2 * (2 * (i - i0)) * len;
-            const float *ev[4] = { base, base + 2 * len, base + 4 * len, base + 6 * len };
-            const float *od[4] = { base + len, base + 3 * len, base + 5 * len, base + 7 * len };
+            const float *base = blk + 2 * (i - i0) * rs;
+            const float *row[4] = { base, base + rs, base + 2 * rs, base + 3 * rs };
             float *dst = v + c * tb + (i - i0) * tw;
             int64_t j = 0;
-            for (; j + 8 <= tw; j += 8) INPUT_TILES(v8, ev, od, dst, stride, j);
-            for (; j + 4 <= tw; j += 4) INPUT_TILES(v4, ev, od, dst, stride, j);
-            for (; j < tw; j++) INPUT_TILES(float, ev, od, dst, stride, j);
+            for (; j + 8 <= tw; j += 8) INPUT_TILES(v8, 8, EV8, OD8, row, dst, stride, j);
+            for (; j + 4 <= tw; j += 4) INPUT_TILES(v4, 4, EV4, OD4, row, dst, stride, j);
+            for (; j < tw; j++) {
+                float d_[4][4];
+                for (int r = 0; r < 4; r++)
+                    for (int k = 0; k < 4; k++) d_[r][k] = row[r][2 * j + k];
+                INPUT_CORE(float, d_, dst, stride, j);
+            }
         }
     }
 }
 
-/* A^T M A for tiles j..j+W-1: outputs (2j + b) of the two rows, into
- * the even (b = 0) and odd (b = 1) halves e0/o0 (row 0), e1/o1 (row 1). */
-#define OUTPUT_TILES(T, src, stride, j, e0, o0, e1, o1)                                             \
+/* A^T M A for tiles j..j+W-1: E0/O0 are output row 2i at columns 2j / 2j+1
+ * of each tile, E1/O1 row 2i + 1. */
+#define OUTPUT_CORE(T, src, stride, j, E0, O0, E1, O1)                                              \
     do {                                                                                            \
         T m_[16];                                                                                   \
         for (int x_ = 0; x_ < 16; x_++) m_[x_] = LD(T, (src) + x_ * (stride) + (j));               \
@@ -267,51 +252,95 @@ static void transform_input(float *v, float *rows, const float *x, const wino_sh
             t_[0][k_] = m_[k_] + m_[4 + k_] + m_[8 + k_];                                           \
             t_[1][k_] = m_[4 + k_] - m_[8 + k_] - m_[12 + k_];                                      \
         }                                                                                           \
-        ST(T, (e0) + (j)) = t_[0][0] + t_[0][1] + t_[0][2];                                        \
-        ST(T, (o0) + (j)) = t_[0][1] - t_[0][2] - t_[0][3];                                        \
-        ST(T, (e1) + (j)) = t_[1][0] + t_[1][1] + t_[1][2];                                        \
-        ST(T, (o1) + (j)) = t_[1][1] - t_[1][2] - t_[1][3];                                        \
+        E0 = t_[0][0] + t_[0][1] + t_[0][2];                                                        \
+        O0 = t_[0][1] - t_[0][2] - t_[0][3];                                                        \
+        E1 = t_[1][0] + t_[1][1] + t_[1][2];                                                        \
+        O1 = t_[1][1] - t_[1][2] - t_[1][3];                                                        \
     } while (0)
 
-/* y[o][2i + a][2j + b] = (A^T M A)[a][b] (+ bias[o], relu) for the
- * block's tiles, clipped to the output plane. */
-static void transform_output(float *y, float *rows, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
+/* The epilogue on a vector of even or odd outputs: + b, relu, then the
+ * mask (its even or odd columns, loaded like the input rows). */
+#define EPILOGUE(T, I, v, b, relu)                                                                  \
+    do {                                                                                            \
+        v += b;                                                                                     \
+        if (relu) v = (T)((I)v & (I)(v > 0));                                                       \
+    } while (0)
+
+/* Stores W tiles' two outputs of one row (even E, odd O) interleaved at
+ * y + 2j, after the epilogue; pm is the posmask row or NULL. */
+#define STORE_ROW(T, I, W, EV, OD, LO, HI, y, pm, j, E, O, b, relu)                                 \
+    do {                                                                                            \
+        T e_ = E, o_ = O;                                                                           \
+        EPILOGUE(T, I, e_, b, relu);                                                                \
+        EPILOGUE(T, I, o_, b, relu);                                                                \
+        if (pm) {                                                                                   \
+            const T ml_ = LD(T, (pm) + 2 * (j)), mh_ = LD(T, (pm) + 2 * (j) + (W));                 \
+            e_ = (T)((I)e_ & (I)(__builtin_shuffle(ml_, mh_, EV) > 0));                             \
+            o_ = (T)((I)o_ & (I)(__builtin_shuffle(ml_, mh_, OD) > 0));                             \
+        }                                                                                           \
+        ST(T, (y) + 2 * (j)) = __builtin_shuffle(e_, o_, LO);                                       \
+        ST(T, (y) + 2 * (j) + (W)) = __builtin_shuffle(e_, o_, HI);                                 \
+    } while (0)
+
+#define OUTPUT_TILES(T, I, W, EV, OD, LO, HI, src, stride, j, y0, y1, pm0, pm1, b, relu)            \
+    do {                                                                                            \
+        T e0_, o0_, e1_, o1_;                                                                       \
+        OUTPUT_CORE(T, src, stride, j, e0_, o0_, e1_, o1_);                                         \
+        STORE_ROW(T, I, W, EV, OD, LO, HI, y0, pm0, j, e0_, o0_, b, relu);                          \
+        if (y1) STORE_ROW(T, I, W, EV, OD, LO, HI, y1, pm1, j, e1_, o1_, b, relu);                  \
+    } while (0)
+
+static inline float epilogue1(float v, float b, bool relu, const float *pm, int64_t q)
+{
+    v += b;
+    if (relu) v = v > 0 ? v : 0.0f;
+    if (pm) v = pm[q] > 0 ? v : 0.0f;
+    return v;
+}
+
+/* y[o][2i + a][2j + b] = (A^T M A)[a][b] (+ bias[o], relu, posmask) for
+ * the block's tiles, clipped to the output plane. */
+static void transform_output(float *y, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
                              const float *bias, bool relu, const float *posmask)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = s->cout * tb, tw = s->tw;
-    float *e0 = rows, *o0 = rows + tw, *e1 = rows + 2 * tw, *o1 = rows + 3 * tw;
+    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
     for (int64_t o = 0; o < s->cout; o++) {
-        float *plane = y + o * s->oh * s->ow;
+        float *plane = y + o * s->oh * ow;
+        const float *mplane = posmask ? posmask + o * s->oh * ow : NULL;
+        /* adding 0 would turn -0 into +0: without a bias, add nothing */
+        const float b = bias ? bias[o] : -0.0f;
         for (int64_t i = i0; i < i1; i++) {
             const float *src = m + o * tb + (i - i0) * tw;
+            float *y0 = plane + 2 * i * ow, *y1 = 2 * i + 1 < s->oh ? y0 + ow : NULL;
+            const float *pm0 = mplane ? mplane + 2 * i * ow : NULL, *pm1 = pm0 && y1 ? pm0 + ow : NULL;
             int64_t j = 0;
-            for (; j + 8 <= tw; j += 8) OUTPUT_TILES(v8, src, stride, j, e0, o0, e1, o1);
-            for (; j + 4 <= tw; j += 4) OUTPUT_TILES(v4, src, stride, j, e0, o0, e1, o1);
-            for (; j < tw; j++) OUTPUT_TILES(float, src, stride, j, e0, o0, e1, o1);
-            float *y0 = plane + 2 * i * s->ow;
-            if (bias || relu) {
-                const float b = bias ? bias[o] : 0.0f;
-                join_even_odd_bias(y0, e0, o0, s->ow, b, relu);
-                if (2 * i + 1 < s->oh) join_even_odd_bias(y0 + s->ow, e1, o1, s->ow, b, relu);
-            } else {
-                join_even_odd(y0, e0, o0, s->ow);
-                if (2 * i + 1 < s->oh) join_even_odd(y0 + s->ow, e1, o1, s->ow);
-            }
-            if (posmask) {
-                const float *pm = posmask + (o * s->oh + 2 * i) * s->ow;
-                const int64_t n = (2 * i + 1 < s->oh ? 2 : 1) * s->ow;
-                for (int64_t q = 0; q < n; q++) y0[q] = pm[q] > 0 ? y0[q] : 0.0f;
+            for (; 2 * j + 16 <= ow; j += 8)
+                OUTPUT_TILES(v8, i8v, 8, EV8, OD8, LO8, HI8, src, stride, j, y0, y1, pm0, pm1, b, relu);
+            for (; 2 * j + 8 <= ow; j += 4)
+                OUTPUT_TILES(v4, i4v, 4, EV4, OD4, LO4, HI4, src, stride, j, y0, y1, pm0, pm1, b, relu);
+            for (; j < tw; j++) {
+                float e0, o0, e1, o1;
+                OUTPUT_CORE(float, src, stride, j, e0, o0, e1, o1);
+                y0[2 * j] = epilogue1(e0, b, relu, pm0, 2 * j);
+                if (2 * j + 1 < ow) y0[2 * j + 1] = epilogue1(o0, b, relu, pm0, 2 * j + 1);
+                if (y1) {
+                    y1[2 * j] = epilogue1(e1, b, relu, pm1, 2 * j);
+                    if (2 * j + 1 < ow) y1[2 * j + 1] = epilogue1(o1, b, relu, pm1, 2 * j + 1);
+                }
             }
         }
     }
 }
 
-/* A dy A^T for tiles j..j+W-1 from the even/odd halves of the two dy rows
- * (a = row 2i, b = row 2i + 1). Rows of A dy: a, a + b, a - b, -b. */
-#define GRAD_TILES(T, ae, ao, be, bo, dst, stride, j)                                               \
+/* A dy A^T for tiles j..j+W-1 of dy rows ra (2i) and rb (2i + 1): each
+ * row's 2W floats are loaded and split into even and odd columns with
+ * shuffles. Rows of A dy: a, a + b, a - b, -b. */
+#define GRAD_TILES(T, I, W, EV, OD, ra, rb, dst, stride, j)                                        \
     do {                                                                                            \
-        const T a0_ = LD(T, (ae) + (j)), a1_ = LD(T, (ao) + (j));                                   \
-        const T b0_ = LD(T, (be) + (j)), b1_ = LD(T, (bo) + (j));                                   \
+        const T la_ = LD(T, (ra) + 2 * (j)), ha_ = LD(T, (ra) + 2 * (j) + (W));                     \
+        const T lb_ = LD(T, (rb) + 2 * (j)), hb_ = LD(T, (rb) + 2 * (j) + (W));                     \
+        const T a0_ = __builtin_shuffle(la_, ha_, EV), a1_ = __builtin_shuffle(la_, ha_, OD);       \
+        const T b0_ = __builtin_shuffle(lb_, hb_, EV), b1_ = __builtin_shuffle(lb_, hb_, OD);       \
         const T t_[4][2] = { { a0_, a1_ }, { a0_ + b0_, a1_ + b1_ }, { a0_ - b0_, a1_ - b1_ },      \
                              { -b0_, -b1_ } };                                                      \
         for (int a_ = 0; a_ < 4; a_++) {                                                           \
@@ -323,25 +352,32 @@ static void transform_output(float *y, float *rows, const float *m, const wino_s
     } while (0)
 
 /* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow) in
- * tile rows [i0, i1); outputs past the plane count as 0. */
-static void transform_grad(float *z, float *rows, const float *dy, const wino_shape *s, int64_t i0, int64_t i1)
+ * tile rows [i0, i1); outputs past the plane count as 0 (`zero` holds ow
+ * zeros for a missing second row). */
+static void transform_grad(float *z, const float *zero, const float *dy, const wino_shape *s, int64_t i0, int64_t i1)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = s->cout * tb, tw = s->tw;
-    float *ae = rows, *ao = rows + tw, *be = rows + 2 * tw, *bo = rows + 3 * tw;
+    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
     for (int64_t o = 0; o < s->cout; o++) {
-        const float *plane = dy + o * s->oh * s->ow;
+        const float *plane = dy + o * s->oh * ow;
         for (int64_t i = i0; i < i1; i++) {
-            const float *ra = plane + 2 * i * s->ow;
-            split_even_odd(ae, ao, ra, s->ow, 0, tw);
-            if (2 * i + 1 < s->oh)
-                split_even_odd(be, bo, ra + s->ow, s->ow, 0, tw);
-            else
-                memset(be, 0, sizeof(float) * (size_t)(2 * tw));
+            const float *ra = plane + 2 * i * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
             float *dst = z + o * tb + (i - i0) * tw;
             int64_t j = 0;
-            for (; j + 8 <= tw; j += 8) GRAD_TILES(v8, ae, ao, be, bo, dst, stride, j);
-            for (; j + 4 <= tw; j += 4) GRAD_TILES(v4, ae, ao, be, bo, dst, stride, j);
-            for (; j < tw; j++) GRAD_TILES(float, ae, ao, be, bo, dst, stride, j);
+            for (; 2 * j + 16 <= ow; j += 8)
+                GRAD_TILES(v8, i8v, 8, EV8, OD8, ra, rb, dst, stride, j);
+            for (; 2 * j + 8 <= ow; j += 4)
+                GRAD_TILES(v4, i4v, 4, EV4, OD4, ra, rb, dst, stride, j);
+            for (; j < tw; j++) {
+                const float a0 = ra[2 * j], a1 = 2 * j + 1 < ow ? ra[2 * j + 1] : 0.0f;
+                const float b0 = rb[2 * j], b1 = 2 * j + 1 < ow ? rb[2 * j + 1] : 0.0f;
+                const float t[4][2] = { { a0, a1 }, { a0 + b0, a1 + b1 }, { a0 - b0, a1 - b1 }, { -b0, -b1 } };
+                for (int a = 0; a < 4; a++) {
+                    dst[(a * 4 + 0) * stride + j] = t[a][0];
+                    dst[(a * 4 + 1) * stride + j] = t[a][0] + t[a][1];
+                    dst[(a * 4 + 2) * stride + j] = t[a][0] - t[a][1];
+                    dst[(a * 4 + 3) * stride + j] = -t[a][1];
+                }
+            }
         }
     }
 }
@@ -390,7 +426,8 @@ static void block_channels_last(float *restrict xt, const float *restrict x, con
  * operand costs OpenBLAS twice the time at these sizes). */
 static void transform_input_cl(float *vt, const float *xt, const wino_shape *s, int64_t i0, int64_t i1)
 {
-    const int64_t tw = s->tw, cin = s->cin, wp = 2 * tw + 2, tb = (i1 - i0) * tw, xs = tb * cin, rs = wp * cin;
+    const int64_t tw = s->tw, cin = s->cin, wp = 2 * tw + 2, tb = (i1 - i0) * tw, xs = xi_stride(tb * cin);
+    const int64_t rs = wp * cin;
     for (int64_t ii = 0; ii < i1 - i0; ii++)
         for (int64_t j = 0; j < tw; j++) {
             const float *base = xt + (2 * ii * wp + 2 * j) * cin;
@@ -405,10 +442,10 @@ static void transform_input_cl(float *vt, const float *xt, const wino_shape *s, 
 /* dw[o][c] = G^T dU[o][c] G. */
 static void finish_weight_grad(float *dw, const float *du, int64_t o_n, int64_t c_n)
 {
-    const int64_t plane = o_n * c_n;
+    const int64_t plane = o_n * c_n, xs = xi_stride(plane);
     for (int64_t p = 0; p < plane; p++) {
         float d[4][4];
-        for (int x = 0; x < 16; x++) d[x / 4][x % 4] = du[x * plane + p];
+        for (int x = 0; x < 16; x++) d[x / 4][x % 4] = du[x * xs + p];
         float t[3][4];
         for (int k = 0; k < 4; k++) {
             t[0][k] = d[0][k] + 0.5f * (d[1][k] + d[2][k]);
@@ -458,28 +495,28 @@ static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int6
     float *v = lane + j->lane.v, *m = lane + j->lane.m;
     transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
     for (int x = 0; x < 16; x++)
-        blas(s->cout, tb, s->cin, j->u + x * s->cout * s->cin, s->cin, v + x * s->cin * tb, tb, 0.0f,
-             m + x * s->cout * tb, tb);
+        blas(s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin, v + x * xi_stride(s->cin * tb), tb,
+             0.0f, m + x * xi_stride(s->cout * tb), tb);
     const int64_t plane = s->cout * s->oh * s->ow;
-    transform_output(j->out + n * plane, lane + j->lane.orow, m, s, i0, i1, j->bias, j->relu,
-                     j->posmask ? j->posmask + n * plane : NULL);
+    transform_output(j->out + n * plane, m, s, i0, i1, j->bias, j->relu, j->posmask ? j->posmask + n * plane : NULL);
 }
 
 /* dU (+)= sum over the images [n0, n1) of Z[xi] @ Vt[xi]. */
 static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
 {
     const wino_shape *s = &j->s;
-    float *v = lane + j->lane.v, *z = lane + j->lane.m, *du = lane + j->lane.du;
+    float *v = lane + j->lane.v, *z = lane + j->lane.m, *du = lane + j->lane.du, *zero = lane + j->lane.rows;
+    memset(zero, 0, sizeof(float) * (size_t)s->ow);
     bool first = true;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t i0 = 0; i0 < s->th; i0 += s->rows) {
             const int64_t i1 = min64(i0 + s->rows, s->th), tb = (i1 - i0) * s->tw;
             block_channels_last(lane + j->lane.xt, j->in + n * s->cin * s->h * s->w, s, i0, i1);
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
-            transform_grad(z, lane + j->lane.rows, j->dy + n * s->cout * s->oh * s->ow, s, i0, i1);
+            transform_grad(z, zero, j->dy + n * s->cout * s->oh * s->ow, s, i0, i1);
             for (int x = 0; x < 16; x++)
-                blas(s->cout, s->cin, tb, z + x * s->cout * tb, tb, v + x * tb * s->cin, s->cin,
-                     first ? 0.0f : 1.0f, du + x * s->cout * s->cin, s->cin);
+                blas(s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb, v + x * xi_stride(tb * s->cin), s->cin,
+                     first ? 0.0f : 1.0f, du + x * xi_stride(s->cout * s->cin), s->cin);
             first = false;
         }
 }
@@ -557,11 +594,12 @@ void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_con
     j.in = x;
     j.dy = dy;
     cx_pool_run_each(wino_each, &j);
-    const int64_t used = atomic_load(&j.used), len = 16 * g->o * g->c;
+    const int64_t used = atomic_load(&j.used), len = g->o * g->c, xs = xi_stride(len);
     float *du = j.lanes_base + j.lane.du;
     for (int64_t t = 1; t < used; t++) {
         const float *part = j.lanes_base + (size_t)t * j.lane.total + j.lane.du;
-        for (int64_t i = 0; i < len; i++) du[i] += part[i];
+        for (int x = 0; x < 16; x++)
+            for (int64_t i = 0; i < len; i++) du[x * xs + i] += part[x * xs + i];
     }
     finish_weight_grad(dw, du, g->o, g->c);
 }

@@ -191,10 +191,23 @@ static void run_conv_case(const conv_case *t)
     scratch = scratch_alloc(sb);
     fill_nan(dx, xs);
     cx_conv2d_bwd_input(dx, dy, w, NULL, &g, scratch, sb);
-    scratch_check_free(scratch, sb);
     ref_conv(&g, REF_BWD_INPUT, x, w, dy, ref, mag);
     check_guards(dx, xs, "conv bwd dx");
     check_close(dx, ref, mag, xs, "conv bwd dx");
+
+    /* with relu's gradient folded in: dx kept where the mask is > 0 */
+    float *pm = random_buf(xs);
+    for (size_t i = 0; i < xs; i++) pm[i] -= 0.5f;
+    fill_nan(dx, xs);
+    cx_conv2d_bwd_input(dx, dy, w, pm, &g, scratch, sb);
+    scratch_check_free(scratch, sb);
+    check_guards(dx, xs, "conv bwd dx, posmask");
+    for (size_t i = 0; i < xs; i++) {
+        double want = pm[i] > 0 ? ref[i] : 0.0;
+        cr_assert(fabs((double)dx[i] - want) <= REL_TOL * mag[i] + 1e-6, "conv bwd dx, posmask [%zu]: got %.8g, want %.8g",
+                  i, (double)dx[i], want);
+    }
+    guarded_free(pm);
 
     /* backward weight: dw += dy * x over the same pairs */
     memset(ref, 0, sizeof(double) * ws);
