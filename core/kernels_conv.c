@@ -1,24 +1,26 @@
-/* 2-D convolution and its two backward ops via im2col + OpenBLAS sgemm.
+/* 2-D convolution and its two backward ops.
  *
- * With two or more images, each pool thread takes one image (or a block
- * of its output rows) at a time: im2col into the thread's own column
- * block, which stays in L2, and a single-threaded sgemm that reads and
- * writes the tensors in their own (N, C, H, W) layout. The weight
- * gradient sums per thread over a fixed split of the images, then adds
- * the partial sums in thread order.
+ * Routes, by shape:
+ *  - 3x3, stride 1, one group, >= 8 channels, >= 2 images: Winograd
+ *    F(2x2, 3x3) (kernels_winograd.c);
+ *  - other convs on >= 2 images: im2col + sgemm per image on the pool.
+ *    Each pool thread takes one image (or a block of its output rows) at a
+ *    time: im2col into the thread's own column block, which stays in L2,
+ *    and a single-threaded sgemm that reads and writes the tensors in
+ *    their own (N, C, H, W) layout. The weight gradient sums per thread
+ *    over a fixed split of the images, then adds the partial sums in
+ *    thread order;
+ *  - a single image, and the thin path below: images in chunks, one
+ *    (C*KH*KW, chunk*OH*OW) column matrix per chunk, the sgemm split
+ *    across the pool by cx_sgemm;
+ *  - 1x1 stride-1 unpadded convs on large planes: one sgemm per image
+ *    straight on x and y (x[n] already is the column matrix);
+ *  - very few taps per output (first layers, depthwise): vector loops on
+ *    the pool instead of an sgemm ("thin" path).
  *
- * A single image is processed in chunks: the patches of a whole chunk go into one
- * (C*KH*KW, chunk*OH*OW) column matrix so that each group needs a single
- * large sgemm instead of one small call per image (small calls leave the
- * BLAS threads idle on fork/join). Only the layout copies around the sgemm
- * (im2col, col2im, scatter/gather between (O, chunk*P) and (chunk, O, P))
- * run on the worker pool; the sgemm itself is threaded by OpenBLAS, and is
- * always called from the calling thread, never from a pool worker.
- *
- * Two shapes take other routes: 1x1 stride-1 unpadded convs on large
- * planes run one sgemm per image straight on x and y (x[n] already is the
- * column matrix), and convs with very few taps per output (first layers,
- * depthwise) replace the sgemm by vector loops on the pool ("thin" path).
+ * The forward takes the bias (+ relu) epilogue and the input gradient the
+ * relu-gradient mask, applied per block while it is in cache where the
+ * route allows, else in one extra pass.
  */
 #include "kernels.h"
 #include "pool.h"
@@ -245,16 +247,32 @@ typedef struct {
 /* dst[(oh - oh0)*OW + ow] = the input pixel tap (kh, kw) of output
  * (oh, ow) reads from the plane src (H, W), or 0 in the padding; output
  * rows [oh0, oh1). */
+/* Where tap (kh, kw) lands for output rows [oh0, oh1): the input offsets
+ * start_h/start_w of output (0, 0), and the output rows [oh_lo, oh_hi)
+ * and columns [ow_lo, ow_hi) whose input pixel lies inside the plane. */
+typedef struct {
+    int64_t start_h, start_w, oh_lo, oh_hi, ow_lo, ow_hi;
+} tap_span;
+
+static tap_span tap_span_of(const cx_conv_geom *g, int64_t kh, int64_t kw, int64_t oh0, int64_t oh1)
+{
+    tap_span t;
+    t.start_h = kh * g->dil_h - g->pad_h;
+    t.start_w = kw * g->dil_w - g->pad_w;
+    valid_range(g->oh, g->h, g->stride_h, t.start_h, &t.oh_lo, &t.oh_hi);
+    valid_range(g->ow, g->w, g->stride_w, t.start_w, &t.ow_lo, &t.ow_hi);
+    t.oh_lo = min64(max64(t.oh_lo, oh0), oh1);
+    t.oh_hi = min64(max64(t.oh_hi, t.oh_lo), oh1);
+    return t;
+}
+
 static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
                            int64_t oh0, int64_t oh1)
 {
     const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
-    const int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
-    int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-    valid_range(g->oh, g->h, sh, start_h, &oh_lo, &oh_hi);
-    valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
-    oh_lo = min64(max64(oh_lo, oh0), oh1);
-    oh_hi = min64(max64(oh_hi, oh_lo), oh1);
+    const tap_span t = tap_span_of(g, kh, kw, oh0, oh1);
+    const int64_t start_h = t.start_h, start_w = t.start_w, oh_lo = t.oh_lo, oh_hi = t.oh_hi;
+    const int64_t ow_lo = t.ow_lo, ow_hi = t.ow_hi;
     dst -= oh0 * ow_n;
     if (oh_lo > oh0) memset(dst + oh0 * ow_n, 0, sizeof(float) * (size_t)((oh_lo - oh0) * ow_n));
     for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
@@ -277,14 +295,10 @@ static void col2im_segment(float *dst, const float *src, const cx_conv_geom *g, 
                            int64_t oh0, int64_t oh1)
 {
     const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
-    const int64_t start_h = kh * g->dil_h - g->pad_h, start_w = kw * g->dil_w - g->pad_w;
-    int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-    valid_range(g->oh, g->h, sh, start_h, &oh_lo, &oh_hi);
-    valid_range(ow_n, g->w, sw, start_w, &ow_lo, &ow_hi);
-    oh_lo = min64(max64(oh_lo, oh0), oh1);
-    oh_hi = min64(max64(oh_hi, oh_lo), oh1);
+    const tap_span t = tap_span_of(g, kh, kw, oh0, oh1);
+    const int64_t start_h = t.start_h, start_w = t.start_w, ow_lo = t.ow_lo, ow_hi = t.ow_hi;
     src -= oh0 * ow_n;
-    for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
+    for (int64_t oh = t.oh_lo; oh < t.oh_hi; oh++) {
         float *d = dst + (oh * sh + start_h) * g->w;
         const float *s = src + oh * ow_n;
         if (sw == 1) {

@@ -184,14 +184,14 @@ typedef int32_t i4 __attribute__((vector_size(16)));
 #define VLD(F, p) (*(const F *)(const void *)(p))
 #define VST(F, p) (*(F *)(void *)(p))
 #define SEL(F, I, t, x, y) ((F)(((I)(x) & (t)) | ((I)(y) & ~(t))))
-#define EVENS8 (i8){ 0, 2, 4, 6, 8, 10, 12, 14 }
-#define ODDS8 (i8){ 1, 3, 5, 7, 9, 11, 13, 15 }
-#define LOW8 (i8){ 0, 8, 1, 9, 2, 10, 3, 11 }
-#define HIGH8 (i8){ 4, 12, 5, 13, 6, 14, 7, 15 }
-#define EVENS4 (i4){ 0, 2, 4, 6 }
-#define ODDS4 (i4){ 1, 3, 5, 7 }
-#define LOW4 (i4){ 0, 4, 1, 5 }
-#define HIGH4 (i4){ 2, 6, 3, 7 }
+#define EVENS8 ((i8){ 0, 2, 4, 6, 8, 10, 12, 14 })
+#define ODDS8 ((i8){ 1, 3, 5, 7, 9, 11, 13, 15 })
+#define LOW8 ((i8){ 0, 8, 1, 9, 2, 10, 3, 11 })
+#define HIGH8 ((i8){ 4, 12, 5, 13, 6, 14, 7, 15 })
+#define EVENS4 ((i4){ 0, 2, 4, 6 })
+#define ODDS4 ((i4){ 1, 3, 5, 7 })
+#define LOW4 ((i4){ 0, 4, 1, 5 })
+#define HIGH4 ((i4){ 2, 6, 3, 7 })
 
 /* Max and first-max tap (0..3, row-major) of W windows starting at
  * column 2*ow of rows r0/r1; a NaN is taken, as in argmax_window. */
@@ -217,20 +217,17 @@ static void max2x2_fwd_plane(float *restrict y, const float *restrict x, const c
         float *yr = y + oh * g->ow;
         int64_t ow = 0;
         /* the vector loads read up to 2*ow + 2W floats of a row */
-        for (; ow + 8 <= g->ow && 2 * ow + 16 <= g->w; ow += 8) {
-            f8 m;
-            i8 k;
-            MAX2X2(f8, i8, 8, EVENS8, ODDS8, r0, r1, ow, m, k);
-            (void)k;
-            VST(f8, yr + ow) = m;
+#define FWD_WINDOWS(F, I, W, EV, OD)                                                            \
+        for (; ow + (W) <= g->ow && 2 * ow + 2 * (W) <= g->w; ow += (W)) {                       \
+            F m;                                                                                 \
+            I k;                                                                                 \
+            MAX2X2(F, I, W, EV, OD, r0, r1, ow, m, k);                                           \
+            (void)k;                                                                             \
+            VST(F, yr + ow) = m;                                                                 \
         }
-        for (; ow + 4 <= g->ow && 2 * ow + 8 <= g->w; ow += 4) {
-            f4 m;
-            i4 k;
-            MAX2X2(f4, i4, 4, EVENS4, ODDS4, r0, r1, ow, m, k);
-            (void)k;
-            VST(f4, yr + ow) = m;
-        }
+        FWD_WINDOWS(f8, i8, 8, EVENS8, ODDS8)
+        FWD_WINDOWS(f4, i4, 4, EVENS4, ODDS4)
+#undef FWD_WINDOWS
         for (; ow < g->ow; ow++) {
             window r = { 2 * oh, 2 * oh + 2, 2 * ow, 2 * ow + 2 };
             yr[ow] = x[argmax_window(x, g->w, r)];
@@ -261,22 +258,18 @@ static void max2x2_bwd_plane(float *restrict dx, const float *restrict x, const 
         float *d0 = dx + 2 * oh * w, *d1 = d0 + w;
         const float *gr = dy + oh * g->ow;
         int64_t ow = 0;
-        for (; ow + 8 <= g->ow && 2 * ow + 16 <= w; ow += 8) {
-            f8 m;
-            i8 k;
-            MAX2X2(f8, i8, 8, EVENS8, ODDS8, r0, r1, ow, m, k);
-            f8 v = VLD(f8, gr + ow);
-            if (positive) v = SEL(f8, i8, m > 0, v, (f8){ 0 });
-            SCATTER2X2(f8, i8, LOW8, HIGH8, d0, d1, ow, k, v);
+#define BWD_WINDOWS(F, I, W, EV, OD, LO, HI)                                                    \
+        for (; ow + (W) <= g->ow && 2 * ow + 2 * (W) <= w; ow += (W)) {                          \
+            F m;                                                                                 \
+            I k;                                                                                 \
+            MAX2X2(F, I, W, EV, OD, r0, r1, ow, m, k);                                           \
+            F v = VLD(F, gr + ow);                                                               \
+            if (positive) v = SEL(F, I, m > 0, v, (F){ 0 });                                     \
+            SCATTER2X2(F, I, LO, HI, d0, d1, ow, k, v);                                          \
         }
-        for (; ow + 4 <= g->ow && 2 * ow + 8 <= w; ow += 4) {
-            f4 m;
-            i4 k;
-            MAX2X2(f4, i4, 4, EVENS4, ODDS4, r0, r1, ow, m, k);
-            f4 v = VLD(f4, gr + ow);
-            if (positive) v = SEL(f4, i4, m > 0, v, (f4){ 0 });
-            SCATTER2X2(f4, i4, LOW4, HIGH4, d0, d1, ow, k, v);
-        }
+        BWD_WINDOWS(f8, i8, 8, EVENS8, ODDS8, LOW8, HIGH8)
+        BWD_WINDOWS(f4, i4, 4, EVENS4, ODDS4, LOW4, HIGH4)
+#undef BWD_WINDOWS
         for (; ow < g->ow; ow++) {
             window r = { 2 * oh, 2 * oh + 2, 2 * ow, 2 * ow + 2 };
             const int64_t at = argmax_window(x, w, r);

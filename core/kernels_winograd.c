@@ -408,17 +408,7 @@ static void block_channels_last(float *restrict xt, const float *restrict x, con
         T d_[4][4];                                                                                 \
         for (int r_ = 0; r_ < 4; r_++)                                                             \
             for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = LD(T, (base) + r_ * (rs) + k_ * (cin) + (c)); \
-        for (int k_ = 0; k_ < 4; k_++) {                                                           \
-            T a0 = d_[0][k_] - d_[2][k_], a1 = d_[1][k_] + d_[2][k_];                               \
-            T a2 = d_[2][k_] - d_[1][k_], a3 = d_[1][k_] - d_[3][k_];                               \
-            d_[0][k_] = a0; d_[1][k_] = a1; d_[2][k_] = a2; d_[3][k_] = a3;                         \
-        }                                                                                           \
-        for (int a_ = 0; a_ < 4; a_++) {                                                           \
-            ST(T, (dst) + (a_ * 4 + 0) * (xs) + (c)) = d_[a_][0] - d_[a_][2];                      \
-            ST(T, (dst) + (a_ * 4 + 1) * (xs) + (c)) = d_[a_][1] + d_[a_][2];                      \
-            ST(T, (dst) + (a_ * 4 + 2) * (xs) + (c)) = d_[a_][2] - d_[a_][1];                      \
-            ST(T, (dst) + (a_ * 4 + 3) * (xs) + (c)) = d_[a_][1] - d_[a_][3];                      \
-        }                                                                                           \
+        INPUT_CORE(T, d_, dst, xs, c);                                                              \
     } while (0)
 
 /* Vt[xi][t][c] = (B^T d B)[xi]: the transposed layout, so that the weight
@@ -562,28 +552,30 @@ static float *setup(wino_job *j, const cx_conv_geom *g, wino_dir dir, void *scra
     return base;
 }
 
+/* The forward and the input gradient: the same tiles on different data. */
+static void run_forward_like(wino_job *j, const cx_conv_geom *g, wino_dir dir, const float *w, const float *in,
+                             float *out, void *scratch, size_t scratch_bytes)
+{
+    float *u = setup(j, g, dir, scratch, scratch_bytes);
+    transform_weights(u, w, g->o, g->c, dir == WINO_BWD_INPUT);
+    j->u = u;
+    j->in = in;
+    j->out = out;
+    cx_pool_run_each(wino_each, j);
+}
+
 void cx_wino_fwd(float *y, const float *x, const float *w, const float *bias, bool relu, const cx_conv_geom *g,
                  void *scratch, size_t scratch_bytes)
 {
     wino_job j = { .bias = bias, .relu = relu };
-    float *u = setup(&j, g, WINO_FWD, scratch, scratch_bytes);
-    transform_weights(u, w, g->o, g->c, false);
-    j.u = u;
-    j.in = x;
-    j.out = y;
-    cx_pool_run_each(wino_each, &j);
+    run_forward_like(&j, g, WINO_FWD, w, x, y, scratch, scratch_bytes);
 }
 
 void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const float *posmask, const cx_conv_geom *g,
                        void *scratch, size_t scratch_bytes)
 {
     wino_job j = { .posmask = posmask };
-    float *u = setup(&j, g, WINO_BWD_INPUT, scratch, scratch_bytes);
-    transform_weights(u, w, g->o, g->c, true);
-    j.u = u;
-    j.in = dy;
-    j.out = dx;
-    cx_pool_run_each(wino_each, &j);
+    run_forward_like(&j, g, WINO_BWD_INPUT, w, dy, dx, scratch, scratch_bytes);
 }
 
 void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
