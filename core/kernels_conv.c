@@ -146,13 +146,15 @@ static conv_plan make_plan(const cx_conv_geom *g)
     pl.direct = g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 &&
                 g->pad_h == 0 && g->pad_w == 0 && (pl.p >= CONV_DIRECT_MIN_PIXELS || g->n == 1);
     pl.thin = !pl.direct && pl.kg <= CONV_THIN_K;
-    int64_t per_image = (pl.k + (pl.thin ? 0 : g->o)) * pl.p * (int64_t)sizeof(float);
+    /* Thin convs batch images into chunks; everything else that reaches
+     * the chunk loop (a single image) goes one image at a time. */
+    int64_t per_image = pl.k * pl.p * (int64_t)sizeof(float);
     int64_t chunk = max64(1, (int64_t)CONV_SCRATCH_CAP / per_image);
     chunk = min64(chunk, INT_MAX / pl.p);
     chunk = max64(1, min64(chunk, g->n));
-    /* Equal chunks: a short tail chunk would run a poorly shaped sgemm. */
+    /* Equal chunks: a short tail chunk would run a poorly shaped loop. */
     chunk = ceil_div(g->n, ceil_div(g->n, chunk));
-    pl.chunk = chunk;
+    pl.chunk = pl.thin ? chunk : 1;
     /* Per-image tiles (im2col of one image's rows, then a single-threaded
      * sgemm that writes y in place, one tile per pool thread) keep the
      * column block in cache and need no relayout; they need at least two
@@ -179,14 +181,12 @@ static size_t tiled_scratch_bytes(const cx_conv_geom *g, const conv_plan *pl, ti
     return (size_t)lanes * tile_lane_bytes(g, pl, kind) + SCRATCH_ALIGN;
 }
 
-/* Both buffers of a chunk: the column matrix (K, chunk*P) and the output
- * or gathered dy (O, chunk*P). Every op needs the same pair. */
+/* The column matrix (K, chunk*P) of a chunk. */
 static size_t plan_scratch_bytes(const cx_conv_geom *g, const conv_plan *pl)
 {
+    (void)g;
     if (pl->direct) return 0;
-    int64_t cp = pl->chunk * pl->p;
-    return (round_floats(pl->k * cp) + (pl->thin ? 0 : round_floats(g->o * cp))) * sizeof(float) +
-           SCRATCH_ALIGN;
+    return round_floats(pl->k * pl->chunk * pl->p) * sizeof(float) + SCRATCH_ALIGN;
 }
 
 static float *scratch_col(void *scratch)
@@ -194,11 +194,6 @@ static float *scratch_col(void *scratch)
     uintptr_t p = (uintptr_t)scratch;
     p = (p + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
     return (float *)p;
-}
-
-static float *scratch_out(float *col, const conv_plan *pl)
-{
-    return col + round_floats(pl->k * pl->chunk * pl->p);
 }
 
 size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g)
@@ -342,27 +337,6 @@ static void col2im_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-typedef struct {
-    float *dst;
-    const float *src;
-    int64_t cn, o, p;
-    bool to_nchw;        /* (O, cn*P) -> (cn, O, P), else the reverse */
-} relayout_job;
-
-static void relayout_range(void *ctx, int64_t begin, int64_t end)
-{
-    const relayout_job *j = ctx;
-    const size_t bytes = sizeof(float) * (size_t)j->p;
-    for (int64_t t = begin; t < end; t++) {
-        int64_t n = t / j->o, o = t % j->o;
-        const int64_t nchw = (n * j->o + o) * j->p, wide = o * j->cn * j->p + n * j->p;
-        if (j->to_nchw)
-            memcpy(j->dst + nchw, j->src + wide, bytes);
-        else
-            memcpy(j->dst + wide, j->src + nchw, bytes);
-    }
-}
-
 /* The copies are handed out in blocks from a shared counter rather than
  * split evenly up front: right after an sgemm the BLAS threads keep
  * spinning for a while and share the cores with the pool, so one pool
@@ -410,12 +384,6 @@ static void col2im(float *dx, const float *dcol, const cx_conv_geom *g, const co
 {
     im2col_job j = { .g = g, .pl = pl, .dcol = dcol, .dx = dx, .cn = cn };
     parallel_dyn(cn * g->c, grain_for(pl->k / g->c * pl->p), col2im_range, &j);
-}
-
-static void relayout(float *dst, const float *src, int64_t cn, int64_t o, int64_t p, bool to_nchw)
-{
-    relayout_job j = { .dst = dst, .src = src, .cn = cn, .o = o, .p = p, .to_nchw = to_nchw };
-    parallel_dyn(cn * o, grain_for(p), relayout_range, &j);
 }
 
 /* ---- thin path (few taps per output) ------------------------------------ */
@@ -712,8 +680,7 @@ static void conv_untiled_fwd(float *y, const float *x, const float *w, const flo
         bias_relu_all(y, bias, relu, g);
         return;
     }
-    /* The thin path has no (O, chunk*P) buffer. */
-    float *col = scratch_col(scratch), *out = pl.thin ? NULL : scratch_out(col, &pl);
+    float *col = scratch_col(scratch);
     for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         im2col(col, x + n0 * in_img, g, &pl, cn);
@@ -723,12 +690,10 @@ static void conv_untiled_fwd(float *y, const float *x, const float *w, const flo
             parallel_dyn(cn * g->o, grain_for(pl.kg * pl.p), thin_fwd_range, &j);
             continue;
         }
-        /* A single image's (O, P) result already has the layout of y. */
-        float *dst = cn == 1 ? y + n0 * out_img : out;
+        /* one image: its (O, P) result already has the layout of y */
         for (int64_t gi = 0; gi < groups; gi++)
             sgemm(false, false, pl.og, ld, pl.kg, w + gi * pl.og * pl.kg, pl.kg, col + gi * pl.kg * ld,
-                  ld, 0.0f, dst + gi * pl.og * ld, ld);
-        if (cn > 1) relayout(y + n0 * out_img, out, cn, g->o, pl.p, true);
+                  ld, 0.0f, y + n0 * out_img + gi * pl.og * ld, ld);
     }
     if (!pl.thin) bias_relu_all(y, bias, relu, g);
 }
@@ -798,7 +763,7 @@ static void conv_bwd_input_unmasked(float *dx, const float *dy, const float *w, 
                       pl.p);
         return;
     }
-    float *dcol = scratch_col(scratch), *dyw = pl.thin ? NULL : scratch_out(dcol, &pl);
+    float *dcol = scratch_col(scratch);
     for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         const float *src = dy + n0 * out_img;
@@ -808,10 +773,7 @@ static void conv_bwd_input_unmasked(float *dx, const float *dy, const float *w, 
             col2im(dx + n0 * in_img, dcol, g, &pl, cn);
             continue;
         }
-        if (cn > 1) {
-            relayout(dyw, src, cn, g->o, pl.p, false);
-            src = dyw;
-        }
+        /* one image: dy[n] is the (O, P) matrix itself */
         for (int64_t gi = 0; gi < groups; gi++)
             sgemm(true, false, pl.kg, ld, pl.og, w + gi * pl.og * pl.kg, pl.kg, src + gi * pl.og * ld, ld,
                   0.0f, dcol + gi * pl.kg * ld, ld);
@@ -845,7 +807,7 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
                       x + n * in_img + gi * cg * pl.p, pl.p, n == 0 ? 0.0f : 1.0f, dw + gi * pl.og * cg, cg);
         return;
     }
-    float *col = scratch_col(scratch), *dyw = pl.thin ? NULL : scratch_out(col, &pl);
+    float *col = scratch_col(scratch);
     for (int64_t n0 = 0; n0 < g->n; n0 += pl.chunk) {
         const int64_t cn = min64(pl.chunk, g->n - n0), ld = cn * pl.p;
         im2col(col, x + n0 * in_img, g, &pl, cn);
@@ -856,10 +818,7 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
             parallel_dyn(tasks, grain_for(pl.kg * cn * pl.p * THIN_OB), thin_bwd_weight_range, &j);
             continue;
         }
-        if (cn > 1) {
-            relayout(dyw, src, cn, g->o, pl.p, false);
-            src = dyw;
-        }
+        /* one image: dy[n] is the (O, P) matrix itself */
         for (int64_t gi = 0; gi < groups; gi++)
             sgemm(false, true, pl.og, pl.kg, ld, src + gi * pl.og * ld, ld, col + gi * pl.kg * ld, ld,
                   n0 == 0 ? 0.0f : 1.0f, dw + gi * pl.og * pl.kg, pl.kg);

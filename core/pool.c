@@ -17,6 +17,7 @@ typedef struct {
     int nthreads;                 /* including the caller */
     pthread_t tids[CX_POOL_MAX];
     atomic_uint_fast64_t generation;
+    uint64_t start_generation;    /* generation when the workers were created */
     atomic_int remaining;
     void (*job)(void *ctx, int64_t tid, int64_t nthreads);
     void *job_ctx;
@@ -32,7 +33,11 @@ static pthread_mutex_t g_dispatch = PTHREAD_MUTEX_INITIALIZER;
 static void *worker_main(void *arg)
 {
     int64_t tid = (int64_t)(intptr_t)arg;
-    uint64_t seen = 0;
+    /* The generation keeps counting across restarts of the pool: a worker
+     * that started from 0 would take the last job of an earlier pool (its
+     * context long gone) for a new one. pool_start records the count
+     * before creating the workers, and pthread_create publishes it. */
+    uint64_t seen = g_pool.start_generation;
     t_in_pool_job = 1;
     for (;;) {
         uint64_t gen = 0;
@@ -63,6 +68,7 @@ static void pool_start(void)
     if (n > CX_POOL_MAX) n = CX_POOL_MAX;
     g_pool.nthreads = n;
     g_pool.stop = 0;
+    g_pool.start_generation = atomic_load(&g_pool.generation);
     int started = 1;
     for (int i = 1; i < n; i++) {
         if (pthread_create(&g_pool.tids[i], NULL, worker_main, (void *)(intptr_t)i) != 0) break;

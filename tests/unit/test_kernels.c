@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include <cxla/core.h>
 
 #define REL_TOL 1e-4
 #define GUARD 64
@@ -302,15 +303,68 @@ Test(conv2d, random_shapes)
     }
 }
 
-/* Big enough that the batch is split into several sgemm chunks (and a
- * one-image tail chunk), and the thin path accumulates over chunks. */
-Test(conv2d, multi_chunk, .timeout = 240)
+/* Big enough that each image is split into several blocks of output rows
+ * (Winograd tile rows; im2col row blocks for the 5x5 conv), and that the
+ * thin path accumulates over chunks of images. */
+Test(conv2d, multi_block, .timeout = 240)
 {
     rng_seed(3);
-    const conv_case gemm_chunks = { 5, 32, 96, 96, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1 };
+    const conv_case winograd_blocks = { 5, 32, 96, 96, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1 };
+    const conv_case im2col_blocks = { 3, 32, 40, 40, 16, 5, 5, 1, 1, 2, 2, 1, 1, 1 };
     const conv_case thin_chunks = { 5, 1, 600, 600, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1 };
-    run_conv_case(&gemm_chunks);
+    run_conv_case(&winograd_blocks);
+    run_conv_case(&im2col_blocks);
     run_conv_case(&thin_chunks);
+}
+
+/* The scratch is sized for the thread count at compile time; a kernel run
+ * with more threads later uses only the lanes its scratch holds, and gives
+ * the same bits as with one thread. */
+Test(conv2d, more_threads_than_scratch_lanes)
+{
+    rng_seed(5);
+    const conv_case cases[] = {
+        { 4, 16, 10, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1 },   /* Winograd */
+        { 4, 6, 9, 9, 8, 5, 5, 2, 2, 2, 2, 1, 1, 1 },       /* im2col tiles */
+    };
+    const int saved = cx_get_num_threads();
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        cx_conv_geom g = geom_of(&cases[c]);
+        cr_assert(cx_conv_geom_finish(&g));
+        const size_t xs = (size_t)(g.n * g.c * g.h * g.w), ys = (size_t)(g.n * g.o * g.oh * g.ow);
+        const size_t ws = (size_t)(g.o * g.c * g.kh * g.kw);
+        float *x = random_buf(xs), *w = random_buf(ws), *dy = random_buf(ys);
+        float *out[2][3];
+        for (int run = 0; run < 2; run++) {
+            cx_set_num_threads(1);
+            size_t sb[3] = { cx_conv2d_scratch_bytes(&g), cx_conv2d_bwd_input_scratch_bytes(&g),
+                             cx_conv2d_bwd_weight_scratch_bytes(&g) };
+            cx_set_num_threads(run ? 3 : 1);
+            out[run][0] = guarded(ys);
+            out[run][1] = guarded(xs);
+            out[run][2] = guarded(ws);
+            unsigned char *scratch = scratch_alloc(sb[0]);
+            cx_conv2d_fwd(out[run][0], x, w, NULL, false, &g, scratch, sb[0]);
+            scratch_check_free(scratch, sb[0]);
+            scratch = scratch_alloc(sb[1]);
+            cx_conv2d_bwd_input(out[run][1], dy, w, NULL, &g, scratch, sb[1]);
+            scratch_check_free(scratch, sb[1]);
+            scratch = scratch_alloc(sb[2]);
+            cx_conv2d_bwd_weight(out[run][2], x, dy, &g, scratch, sb[2]);
+            scratch_check_free(scratch, sb[2]);
+        }
+        const size_t n[3] = { ys, xs, ws };
+        for (int k = 0; k < 3; k++) {
+            cr_assert(memcmp(out[0][k], out[1][k], n[k] * sizeof(float)) == 0, "case %zu, kernel %d: 1 vs 3 threads",
+                      c, k);
+            guarded_free(out[0][k]);
+            guarded_free(out[1][k]);
+        }
+        guarded_free(x);
+        guarded_free(w);
+        guarded_free(dy);
+    }
+    cx_set_num_threads(saved);
 }
 
 Test(conv2d, geometry)
