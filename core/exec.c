@@ -546,7 +546,8 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
 /* A conv epilogue that is exactly + bias[channel], optionally followed by
  * relu (what Conv2d and a ReLU record): the conv kernel then applies it
  * while each block of output is still in cache, instead of a second pass. */
-static bool bias_relu_epilogue(const run_ctx *rc, const cx_kernel *k, const float **bias, bool *relu)
+static bool bias_relu_epilogue(const run_ctx *rc, const cx_kernel *k, const cx_conv_geom *g, const float **bias,
+                               bool *relu)
 {
     const cx_program *p = &k->prog;
     if (p->n < 3 || p->n > 4 || p->result != p->n - 1) return false;
@@ -556,12 +557,14 @@ static bool bias_relu_epilogue(const run_ctx *rc, const cx_kernel *k, const floa
     for (int i = 0; i < 3; i++)
         if (in[i].dtype != CX_F32 || (in[i].kind == P_LOAD && in[i].src_dtype != CX_F32)) return false;
     if (p->n == 4 && (in[3].kind != P_RELU || in[3].a != 2)) return false;
-    const int o = (int)k->shape[1];
-    /* iteration (N, O, P) or (N, O, H, W): the output in order, the bias
+    /* iteration (N, O, P) or (N, O, H, W) of this conv's output (not some
+     * other split of the same elements): the output in order, the bias
      * along dim 1 only */
     if (k->ndim < 3 || k->ndim > 4) return false;
+    if (k->shape[0] != g->n || k->shape[1] != g->o || prod(k->shape, 2, k->ndim) != g->oh * g->ow) return false;
     const cx_view *y = &p->views[in[0].view], *b = &p->views[in[1].view];
-    if (in[0].slot != k->out_slot || y->offset != 0 || y->masked || b->offset != 0 || b->masked) return false;
+    if (in[0].slot != k->out_slot || in[1].slot == k->out_slot) return false;
+    if (y->offset != 0 || y->masked || b->offset != 0 || b->masked) return false;
     int64_t stride = 1;
     for (int d = k->ndim - 1; d >= 0; d--) {
         if (k->shape[d] > 1 && y->strides[d] != stride) return false;
@@ -569,7 +572,6 @@ static bool bias_relu_epilogue(const run_ctx *rc, const cx_kernel *k, const floa
         int64_t want = d == 1 ? 1 : 0;
         if (k->shape[d] > 1 && b->strides[d] != want) return false;
     }
-    if (o != k->in[1].shape[0]) return false;
     *bias = rc->slot_ptr[in[1].slot];
     *relu = p->n == 4;
     return true;
@@ -767,7 +769,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
         conv_geom(k, k->in[0].shape, k->in[1].shape, &g);
         const float *bias = NULL;
         bool relu = false;
-        bool folded = k->has_epilogue && bias_relu_epilogue(rc, k, &bias, &relu);
+        bool folded = k->has_epilogue && bias_relu_epilogue(rc, k, &g, &bias, &relu);
         cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], bias, relu, &g, scratch,
                       (size_t)k->scratch_bytes);
         if (folded) return CX_OK;

@@ -268,10 +268,10 @@ static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, 
     const tap_span t = tap_span_of(g, kh, kw, oh0, oh1);
     const int64_t start_h = t.start_h, start_w = t.start_w, oh_lo = t.oh_lo, oh_hi = t.oh_hi;
     const int64_t ow_lo = t.ow_lo, ow_hi = t.ow_hi;
-    dst -= oh0 * ow_n;
-    if (oh_lo > oh0) memset(dst + oh0 * ow_n, 0, sizeof(float) * (size_t)((oh_lo - oh0) * ow_n));
+    /* dst holds rows [oh0, oh1) */
+    if (oh_lo > oh0) memset(dst, 0, sizeof(float) * (size_t)((oh_lo - oh0) * ow_n));
     for (int64_t oh = oh_lo; oh < oh_hi; oh++) {
-        float *d = dst + oh * ow_n;
+        float *d = dst + (oh - oh0) * ow_n;
         const float *s = src + (oh * sh + start_h) * g->w;
         for (int64_t ow = 0; ow < ow_lo; ow++) d[ow] = 0.0f;
         if (sw == 1) {
@@ -281,7 +281,7 @@ static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, 
         }
         for (int64_t ow = ow_hi; ow < ow_n; ow++) d[ow] = 0.0f;
     }
-    if (oh_hi < oh1) memset(dst + oh_hi * ow_n, 0, sizeof(float) * (size_t)((oh1 - oh_hi) * ow_n));
+    if (oh_hi < oh1) memset(dst + (oh_hi - oh0) * ow_n, 0, sizeof(float) * (size_t)((oh1 - oh_hi) * ow_n));
 }
 
 /* The reverse of im2col_segment: adds src (output rows [oh0, oh1) of tap
@@ -292,10 +292,9 @@ static void col2im_segment(float *dst, const float *src, const cx_conv_geom *g, 
     const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
     const tap_span t = tap_span_of(g, kh, kw, oh0, oh1);
     const int64_t start_h = t.start_h, start_w = t.start_w, ow_lo = t.ow_lo, ow_hi = t.ow_hi;
-    src -= oh0 * ow_n;
     for (int64_t oh = t.oh_lo; oh < t.oh_hi; oh++) {
         float *d = dst + (oh * sh + start_h) * g->w;
-        const float *s = src + oh * ow_n;
+        const float *s = src + (oh - oh0) * ow_n;   /* src holds rows [oh0, oh1) */
         if (sw == 1) {
             float *dd = d + (ow_lo + start_w);
             const float *ss = s + ow_lo;
@@ -643,6 +642,7 @@ static void run_tiled(tile_job *j, void *scratch, size_t scratch_bytes)
     j->scratch = (char *)scratch_col(scratch);
     size_t usable = scratch_bytes - (size_t)(j->scratch - (char *)scratch);
     j->lanes = min64(j->g->n, (int64_t)(usable / j->lane_bytes));
+    if (j->lanes < 1) j->lanes = 1;   /* never: the scratch is sized for one lane at least */
     atomic_init(&j->next, 0);
     atomic_init(&j->used, 1);
     cx_pool_run_each(tile_each, j);

@@ -208,9 +208,11 @@ static void transform_input(float *v, float *rows, const float *x, const wino_sh
     const bool in_place = s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h;
     const int64_t copy = min64(s->w, wp - s->pad_w);
     for (int64_t c = 0; c < s->cin; c++) {
-        const float *plane = x + c * s->h * s->w, *blk = plane + r0 * s->w;
+        const float *plane = x + c * s->h * s->w, *blk = rows;
         int64_t rs = s->w;
-        if (!in_place) {
+        if (in_place) {
+            blk = plane + r0 * s->w;
+        } else {
             for (int64_t r = 0; r < nrows; r++) {
                 float *dst = rows + r * wp;
                 if (r0 + r < 0 || r0 + r >= s->h) {
@@ -221,7 +223,6 @@ static void transform_input(float *v, float *rows, const float *x, const wino_sh
                 memcpy(dst + s->pad_w, plane + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
                 memset(dst + s->pad_w + copy, 0, sizeof(float) * (size_t)(wp - s->pad_w - copy));
             }
-            blk = rows;
             rs = wp;
         }
         for (int64_t i = i0; i < i1; i++) {

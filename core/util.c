@@ -213,16 +213,19 @@ void cx_buffer_cache_release(void)
 static size_t buffer_cap(size_t bytes)
 {
     size_t cap = (bytes + 63) & ~(size_t)63;
-    if (cap >= CX_HUGE) cap = (cap + CX_HUGE - 1) & ~(CX_HUGE - 1);
     return cap ? cap : 64;
 }
 
+/* A 2 MiB-aligned start is enough: the kernel backs every whole 2 MiB
+ * stretch with a huge page, and a tail shorter than that with small ones,
+ * so the size is not rounded up. */
 static void *buffer_alloc(size_t cap)
 {
     if (cap < CX_HUGE) return aligned_alloc(64, cap);
-    void *p = aligned_alloc(CX_HUGE, cap);
+    void *p = NULL;
+    if (posix_memalign(&p, CX_HUGE, cap) != 0) return NULL;
 #ifdef MADV_HUGEPAGE
-    if (p) madvise(p, cap, MADV_HUGEPAGE);
+    madvise(p, cap, MADV_HUGEPAGE);
 #endif
     return p;
 }

@@ -750,6 +750,39 @@ Test(compile, threads_setting)
     cx_free(t);
 }
 
+/* A conv epilogue that adds a bias along dim 1 of some other split of the
+ * output's elements (here (N*H, O, W)) is not the conv's own bias: it
+ * must run as written, not be folded into the conv kernel as bias[o]. */
+Test(compile, conv_epilogue_fold_only_its_own_bias)
+{
+    const int64_t N = 2, C = 8, O = 8, H = 5, W = 3;
+    const int64_t xs[4] = { N, C, H, W }, ws[4] = { O, C, 3, 3 }, bs[3] = { 1, O, 1 }, rs[3] = { N * H, O, W };
+    float *x = malloc(sizeof(float) * (size_t)(N * C * H * W)), *w = malloc(sizeof(float) * (size_t)(O * C * 9));
+    float b[8];
+    cr_assert(x && w);
+    for (int64_t i = 0; i < N * C * H * W; i++) x[i] = (float)((i * 37) % 11) - 5;
+    for (int64_t i = 0; i < O * C * 9; i++) w[i] = (float)((i * 13) % 7) - 3;
+    for (int i = 0; i < O; i++) b[i] = 100.0f * (float)(i + 1);
+    cx_tensor *X = cx_persist(cx_from_host(x, xs, 4, CX_F32)), *Wt = cx_persist(cx_from_host(w, ws, 4, CX_F32));
+    cx_tensor *B = cx_persist(cx_from_host(b, bs, 3, CX_F32));
+    cx_step_begin();
+    cx_tensor *y = cx_keep(cx_conv2d(X, Wt, NULL, 1, 1, 1, 1, 1, 1, 1));
+    step_end_ok("conv");
+    float *yh = read_all(y);
+    cx_free(y);
+    cx_step_begin();
+    cx_tensor *z = cx_keep(cx_add(cx_reshape(cx_conv2d(X, Wt, NULL, 1, 1, 1, 1, 1, 1, 1), rs, 3), B));
+    step_end_ok("conv, reshape, + bias");
+    float *zh = read_all(z);
+    for (int64_t e = 0; e < N * O * H * W; e++) {
+        float want = yh[e] + b[(e / W) % O];
+        cr_assert(fabsf(zh[e] - want) <= 1e-4f * (1 + fabsf(want)), "element %lld: got %g, want %g", (long long)e,
+                  (double)zh[e], (double)want);
+    }
+    free(x); free(w); free(yh); free(zh);
+    cx_free(X); cx_free(Wt); cx_free(B); cx_free(z);
+}
+
 /* Algebraic identities fold at record time: x * 1 + 0 is x itself (no
  * node, no kernel), while detach keeps its own gradient-free node. */
 Test(compile, algebraic_identities)
