@@ -884,6 +884,31 @@ static int count_readers(cx_executable *e, int slot, int *only)
     return cnt;
 }
 
+/* An all-reduce or broadcast whose input is an intermediate nothing else
+ * reads (DDP's bucket: a concat of gradients) writes its result over that
+ * input, as MPI_IN_PLACE: the bucket then costs its bytes once, not twice
+ * for the whole time the collective is in flight. */
+static void collectives_in_place(cx_executable *e)
+{
+    for (int k = 0; k < e->nkernels; k++) {
+        cx_kernel *h = &e->kernels[k];
+        if (h->kind != K_COLL || h->nin != 1 || h->scratch_slot >= 0) continue;
+        if (h->attrs[15] != OP_ALL_REDUCE && h->attrs[15] != OP_BROADCAST) continue;
+        const int in = h->in[0].slot, out = h->out_slot;
+        if (in == out || e->slots[in].kind != SLOT_ARENA || e->slots[out].kind != SLOT_ARENA) continue;
+        if (e->slots[in].bytes != e->slots[out].bytes) continue;
+        int only = -1;
+        if (count_readers(e, in, &only) != 1 || only != k) continue;
+        for (int j = 0; j < e->nkernels; j++) {
+            cx_kernel *kn = &e->kernels[j];
+            if (kn->out_slot == out) kn->out_slot = in;
+            for (int i = 0; i < kn->prog.n; i++)
+                if (kn->prog.ins[i].kind == P_LOAD && kn->prog.ins[i].slot == out) kn->prog.ins[i].slot = in;
+            for (int i = 0; i < kn->nin; i++) if (kn->in[i].slot == out) kn->in[i].slot = in;
+        }
+    }
+}
+
 static void fuse_epilogues(cx_executable *e)
 {
     for (int k = 0; k < e->nkernels; k++) {
@@ -986,11 +1011,16 @@ static bool schedule_for_overlap(cx_executable *e)
         }
     for (int t = 0; t < n; t++) {
         int pick = -1;
-        for (int pass = 0; pass < 3 && pick < 0; pass++)
+        /* first a gradient collective; then a concat piece, which copies a
+         * gradient into its bucket and frees it (otherwise every gradient
+         * of a bucket waits until the last one is computed); then work that
+         * waits on no collective; then anything */
+        for (int pass = 0; pass < 4 && pick < 0; pass++)
             for (int k = 0; k < n && pick < 0; k++) {
                 if (done[k] || indeg[k]) continue;
                 if (pass == 0 && !is_grad_collective(&e->kernels[k])) continue;
-                if (pass == 1 && waits[k]) continue;
+                if (pass == 1 && (e->kernels[k].kind != K_CONCAT || waits[k])) continue;
+                if (pass == 2 && waits[k]) continue;
                 pick = k;
             }
         CX_ASSERT(pick >= 0);
@@ -1153,6 +1183,7 @@ static bool try_lower(lctx *c)
         }
     }
     fuse_epilogues(e);
+    collectives_in_place(e);
     if (!schedule_for_overlap(e)) return false;
     prefetch_gathers(e);
     /* collectives: wait just before the first reader of their result */

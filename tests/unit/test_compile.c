@@ -750,6 +750,51 @@ Test(compile, threads_setting)
     cx_free(t);
 }
 
+/* A gradient bucket (DDP): each gradient is copied into the bucket right
+ * after it is computed, and the all-reduce runs in place over the bucket.
+ * The arena then holds the bucket and one gradient, not every gradient
+ * plus the bucket plus a second buffer for the reduced result. */
+Test(compile, gradient_bucket_in_place)
+{
+    rng_seed(206);
+    enum { G = 4 };
+    const int64_t M = 128, K = 64, N = 512, sa[2] = { M, K }, sb[2] = { K, N }, all = -1;
+    cx_tensor *a[G], *b[G];
+    for (int i = 0; i < G; i++) {
+        float *da = rand_f32(M * K, -1, 1), *db = rand_f32(K * N, -1, 1);
+        a[i] = cx_persist(tf32(da, sa, 2));
+        b[i] = cx_persist(tf32(db, sb, 2));
+        free(da);
+        free(db);
+    }
+    cx_step_begin();
+    cx_tensor *flat[G];
+    for (int i = 0; i < G; i++) flat[i] = cx_reshape(cx_matmul(a[i], b[i]), &all, 1);
+    cx_tensor *bucket = cx_concat(flat, G, 0);
+    cx_tensor *red = cx_keep(cx_mul_scalar(cx_all_reduce(bucket, CX_RED_SUM, 0.5, NULL, true), 2.0));
+    step_end_ok("bucket");
+    cx_exec_info info = cx_last_exec_info();
+    const int64_t grad = M * N * 4, bucket_bytes = G * grad;
+    cr_log_info("bucket step: arena %lld bytes, intermediates %lld, bucket %lld", (long long)info.arena_bytes,
+                (long long)info.intermediate_bytes, (long long)bucket_bytes);
+    cr_assert(info.arena_bytes <= bucket_bytes + grad, "arena %lld bytes for a %lld-byte bucket of %lld-byte gradients",
+              (long long)info.arena_bytes, (long long)bucket_bytes, (long long)grad);
+    /* world of one, scale 0.5 then x2: the bucket itself */
+    float *r = read_all(red);
+    for (int i = 0; i < G; i++) {
+        cx_step_begin();
+        cx_tensor *g = cx_keep(cx_matmul(a[i], b[i]));
+        step_end_ok("one gradient");
+        float *gh = read_all(g);
+        for (int64_t q = 0; q < M * N; q++)
+            cr_assert(fabsf(r[i * M * N + q] - gh[q]) <= 1e-5f * (1 + fabsf(gh[q])), "bucket[%d][%lld]", i, (long long)q);
+        free(gh);
+        cx_free(g);
+    }
+    free(r);
+    for (int i = 0; i < G; i++) { cx_free(a[i]); cx_free(b[i]); }
+}
+
 /* A conv epilogue that adds a bias along dim 1 of some other split of the
  * output's elements (here (N*H, O, W)) is not the conv's own bias: it
  * must run as written, not be folded into the conv kernel as bias[o]. */
