@@ -411,6 +411,12 @@ static bool exec_ok(const cx_executable *e)
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
         if (k->kind == K_COLL && (k->attrs[15] < OP_ALL_REDUCE || k->attrs[15] > OP_BROADCAST || k->nin < 1)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
+        if (k->epi > EPI_POSMASK) return false;
+        if (k->epi != EPI_PROG) {
+            if (!k->has_epilogue || k->epi_load < 0 || k->epi_load >= k->prog.n || k->prog.ins[k->epi_load].kind != P_LOAD)
+                return false;
+            if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD : k->kind != K_CONV) return false;
+        }
         if (!prog_ok(e, k, &k->prog)) return false;
     }
     return true;

@@ -543,65 +543,10 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
 }
 
-/* A conv epilogue that is exactly + bias[channel], optionally followed by
- * relu (what Conv2d and a ReLU record): the conv kernel then applies it
- * while each block of output is still in cache, instead of a second pass. */
-static bool bias_relu_epilogue(const run_ctx *rc, const cx_kernel *k, const cx_conv_geom *g, const float **bias,
-                               bool *relu)
+/* The relu-gradient mask a kernel applies itself, or NULL. */
+static const float *epi_mask(const run_ctx *rc, const cx_kernel *k)
 {
-    const cx_program *p = &k->prog;
-    if (p->n < 3 || p->n > 4 || p->result != p->n - 1) return false;
-    const cx_pinstr *in = p->ins;
-    if (in[0].kind != P_LOAD || in[1].kind != P_LOAD || in[2].kind != P_BIN || in[2].op != OP_ADD) return false;
-    if (!((in[2].a == 0 && in[2].b == 1) || (in[2].a == 1 && in[2].b == 0))) return false;
-    for (int i = 0; i < 3; i++)
-        if (in[i].dtype != CX_F32 || (in[i].kind == P_LOAD && in[i].src_dtype != CX_F32)) return false;
-    if (p->n == 4 && (in[3].kind != P_RELU || in[3].a != 2)) return false;
-    /* iteration (N, O, P) or (N, O, H, W) of this conv's output (not some
-     * other split of the same elements): the output in order, the bias
-     * along dim 1 only */
-    if (k->ndim < 3 || k->ndim > 4) return false;
-    if (k->shape[0] != g->n || k->shape[1] != g->o || prod(k->shape, 2, k->ndim) != g->oh * g->ow) return false;
-    const cx_view *y = &p->views[in[0].view], *b = &p->views[in[1].view];
-    if (in[0].slot != k->out_slot || in[1].slot == k->out_slot) return false;
-    if (y->offset != 0 || y->masked || b->offset != 0 || b->masked) return false;
-    int64_t stride = 1;
-    for (int d = k->ndim - 1; d >= 0; d--) {
-        if (k->shape[d] > 1 && y->strides[d] != stride) return false;
-        stride *= k->shape[d];
-        int64_t want = d == 1 ? 1 : 0;
-        if (k->shape[d] > 1 && b->strides[d] != want) return false;
-    }
-    *bias = rc->slot_ptr[in[1].slot];
-    *relu = p->n == 4;
-    return true;
-}
-
-/* An epilogue that is exactly where(m > 0, out, 0) with m an f32 tensor of
- * the output's layout (relu's gradient after the op that produced the
- * gradient, recorded as P_POSMASK): the kernel applies it as it writes. */
-static bool posmask_epilogue(const run_ctx *rc, const cx_kernel *k, const float **mask)
-{
-    const cx_program *p = &k->prog;
-    if (p->n != 3 || p->result != 2) return false;
-    const cx_pinstr *in = p->ins;
-    if (in[2].kind != P_POSMASK || in[2].dtype != CX_F32) return false;
-    const int mi = in[2].a, oi = in[2].b;
-    if (!((mi == 0 && oi == 1) || (mi == 1 && oi == 0))) return false;
-    if (in[0].kind != P_LOAD || in[1].kind != P_LOAD || in[oi].slot != k->out_slot || in[mi].slot == k->out_slot)
-        return false;
-    for (int i = 0; i < 2; i++) {
-        if (in[i].dtype != CX_F32 || in[i].src_dtype != CX_F32) return false;
-        const cx_view *v = &p->views[in[i].view];
-        if (v->offset != 0 || v->masked) return false;
-        int64_t stride = 1;
-        for (int d = k->ndim - 1; d >= 0; d--) {
-            if (k->shape[d] > 1 && v->strides[d] != stride) return false;
-            stride *= k->shape[d];
-        }
-    }
-    *mask = rc->slot_ptr[in[mi].slot];
-    return true;
+    return k->epi == EPI_POSMASK ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL;
 }
 
 static void conv_geom(const cx_kernel *k, const int64_t *xs, const int64_t *ws, cx_conv_geom *g)
@@ -767,22 +712,17 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_CONV: {
         cx_conv_geom g;
         conv_geom(k, k->in[0].shape, k->in[1].shape, &g);
-        const float *bias = NULL;
-        bool relu = false;
-        bool folded = k->has_epilogue && bias_relu_epilogue(rc, k, &g, &bias, &relu);
-        cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], bias, relu, &g, scratch,
+        const bool bias = k->epi == EPI_BIAS || k->epi == EPI_BIAS_RELU;
+        cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot],
+                      bias ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL, k->epi == EPI_BIAS_RELU, &g, scratch,
                       (size_t)k->scratch_bytes);
-        if (folded) return CX_OK;
         break;
     }
     case K_CONV_BI: {
         cx_conv_geom g;
         conv_geom(k, k->attrs + 7, k->in[1].shape, &g);
-        const float *mask = NULL;
-        bool folded = k->has_epilogue && posmask_epilogue(rc, k, &mask);
-        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], mask, &g, scratch,
-                            (size_t)k->scratch_bytes);
-        if (folded) return CX_OK;
+        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], epi_mask(rc, k), &g,
+                            scratch, (size_t)k->scratch_bytes);
         break;
     }
     case K_CONV_BW: {
@@ -802,10 +742,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_MAXPOOL_BWD: {
         cx_pool_geom g;
         pool_geom(k, k->in[0].shape, &g);
-        const float *mask = NULL;
-        bool folded = k->has_epilogue && posmask_epilogue(rc, k, &mask);
-        cx_max_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], mask, &g);
-        if (folded) return CX_OK;
+        cx_max_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], epi_mask(rc, k), &g);
         break;
     }
     case K_AVGPOOL_BWD: {
@@ -838,7 +775,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_COPY: memcpy(out, rc->slot_ptr[k->in[0].slot], (size_t)k->out_numel); break;
     default: CX_ASSERT(!"heavy kernel kind");
     }
-    if (k->has_epilogue) run_epilogue(rc, k);
+    if (k->has_epilogue && k->epi == EPI_PROG) run_epilogue(rc, k);
     return CX_OK;
 }
 

@@ -72,6 +72,15 @@ typedef struct {
     int64_t batch_stride;
 } cx_kin;
 
+/* How a heavy kernel's epilogue runs: the program in place after it, or
+ * folded into the kernel itself (decided once, when lowering). */
+typedef enum {
+    EPI_PROG,         /* run prog over the output */
+    EPI_BIAS,         /* conv: + bias[channel] (read by prog's instruction epi_load) */
+    EPI_BIAS_RELU,    /* conv: + bias[channel], then relu */
+    EPI_POSMASK,      /* conv input gradient, max-pool backward: keep where mask (epi_load) > 0 */
+} cx_epi;
+
 typedef struct {
     cx_kkind kind;
     int out_slot;
@@ -81,6 +90,8 @@ typedef struct {
     int64_t shape[CX_MAX_DIMS];      /* iteration shape (fused/reduce) or output shape */
     cx_program prog;                 /* K_FUSED, K_REDUCE, and epilogues */
     bool has_epilogue;               /* heavy op followed by prog in place */
+    uint8_t epi;                     /* cx_epi: how the epilogue runs */
+    int epi_load;                    /* folded: prog's load of the bias or mask (slot rewrites stay in one place) */
     int red_op;                      /* OP_REDUCE_SUM / OP_REDUCE_MAX / OP_ARGMAX */
     int nkeep;                       /* reduce: leading kept iteration dims */
     int nin;

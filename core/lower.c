@@ -61,6 +61,16 @@ static void contiguous_strides(const int64_t *shape, int nd, int64_t *s)
     for (int i = nd - 1; i >= 0; i--) { s[i] = acc; acc *= shape[i]; }
 }
 
+/* A view that reads its buffer in the iteration's own element order. */
+static bool identity_view(const cx_view *v, const int64_t *shape, int nd)
+{
+    int64_t S[CX_MAX_DIMS];
+    contiguous_strides(shape, nd, S);
+    if (v->offset != 0 || v->masked) return false;
+    for (int d = 0; d < nd; d++) if (shape[d] > 1 && v->strides[d] != S[d]) return false;
+    return true;
+}
+
 static bool is_elementwise(int op)
 {
     cx_op_group g = cx_op_table[op].group;
@@ -909,6 +919,46 @@ static void collectives_in_place(cx_executable *e)
     }
 }
 
+/* Whether an epilogue the heavy kernel h took over (merged: its program
+ * now loads the output from merged->out_slot) is one the kernel applies
+ * itself while the output is in cache:
+ *  - after a conv, out + bias[channel], optionally then relu (Conv2d and
+ *    ReLU), over the conv's own (N, O, OH*OW) element split;
+ *  - after a conv input gradient or max-pool backward, where(m > 0, out, 0)
+ *    with m in the output's layout (relu's gradient, as P_POSMASK).
+ * @return the cx_epi, with the index of the load of the bias or mask in
+ * *load. */
+static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *load)
+{
+    const cx_program *p = &merged->prog;
+    const cx_pinstr *in = p->ins;
+    if (p->n < 3 || p->result != p->n - 1 || in[0].kind != P_LOAD || in[1].kind != P_LOAD) return EPI_PROG;
+    for (int i = 0; i < p->n; i++)
+        if (in[i].dtype != CX_F32 || (in[i].kind == P_LOAD && in[i].src_dtype != CX_F32)) return EPI_PROG;
+    const int o = in[0].slot == merged->out_slot ? 0 : 1, x = 1 - o;
+    if (in[o].slot != merged->out_slot || in[x].slot == merged->out_slot) return EPI_PROG;
+    const cx_view *v = &p->views[in[x].view];
+    const int nd = merged->ndim;
+    const int64_t *shape = merged->shape;
+    if (h->kind == K_CONV && in[2].kind == P_BIN && in[2].op == OP_ADD && in[2].a + in[2].b == 1 &&
+        (p->n == 3 || (in[3].kind == P_RELU && in[3].a == 2))) {
+        if (nd < 3 || nd > 4 || h->ndim != 4 || shape[0] != h->shape[0] || shape[1] != h->shape[1]) return EPI_PROG;
+        int64_t plane = 1;
+        for (int d = 2; d < nd; d++) plane *= shape[d];
+        if (plane != h->shape[2] * h->shape[3] || v->offset != 0 || v->masked) return EPI_PROG;
+        for (int d = 0; d < nd; d++)
+            if (shape[d] > 1 && v->strides[d] != (d == 1 ? 1 : 0)) return EPI_PROG;
+        *load = x;
+        return p->n == 4 ? EPI_BIAS_RELU : EPI_BIAS;
+    }
+    if ((h->kind == K_CONV_BI || h->kind == K_MAXPOOL_BWD) && p->n == 3 && in[2].kind == P_POSMASK &&
+        in[2].a == x && in[2].b == o && identity_view(v, shape, nd)) {
+        *load = x;
+        return EPI_POSMASK;
+    }
+    return EPI_PROG;
+}
+
 static void fuse_epilogues(cx_executable *e)
 {
     for (int k = 0; k < e->nkernels; k++) {
@@ -922,16 +972,11 @@ static void fuse_epilogues(cx_executable *e)
         if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) continue;
         /* every load of the heavy result must be the identity over the same element order */
         bool ok = true;
-        int64_t S[CX_MAX_DIMS];
-        contiguous_strides(f->shape, f->ndim, S);
         for (int i = 0; i < f->prog.n && ok; i++) {
             cx_pinstr *in = &f->prog.ins[i];
             if (in->kind != P_LOAD) continue;
             if (in->slot == f->out_slot) ok = false;
-            if (in->slot != h->out_slot) continue;
-            cx_view *v = &f->prog.views[in->view];
-            if (v->offset != 0 || v->masked) ok = false;
-            for (int d = 0; d < f->ndim && ok; d++) if (f->shape[d] > 1 && v->strides[d] != S[d]) ok = false;
+            if (in->slot == h->out_slot && !identity_view(&f->prog.views[in->view], f->shape, f->ndim)) ok = false;
         }
         if (!ok) continue;
         /* the heavy op moves to the reader's position and writes the reader's
@@ -944,6 +989,7 @@ static void fuse_epilogues(cx_executable *e)
         memcpy(merged.shape, f->shape, sizeof merged.shape);
         for (int i = 0; i < merged.prog.n; i++)
             if (merged.prog.ins[i].kind == P_LOAD && merged.prog.ins[i].slot == h->out_slot) merged.prog.ins[i].slot = f->out_slot;
+        merged.epi = (uint8_t)fold_epilogue(h, &merged, &merged.epi_load);
         e->slots[h->out_slot].last = -1; /* dead: no arena space */
         /* the heavy op's own geometry comes from its inputs and attrs */
         e->kernels[reader] = merged;
@@ -1103,11 +1149,7 @@ static bool alias_safe(cx_executable *e, int out_slot, int in_slot)
             cx_pinstr *in = &kn->prog.ins[i];
             if (in->kind != P_LOAD || in->slot != in_slot) continue;
             reads = true;
-            cx_view *v = &kn->prog.views[in->view];
-            int64_t S[CX_MAX_DIMS];
-            contiguous_strides(kn->shape, kn->ndim, S);
-            if (v->offset || v->masked) identity_only = false;
-            for (int d = 0; d < kn->ndim; d++) if (kn->shape[d] > 1 && v->strides[d] != S[d]) identity_only = false;
+            if (!identity_view(&kn->prog.views[in->view], kn->shape, kn->ndim)) identity_only = false;
         }
         for (int i = 0; i < kn->nin; i++) if (kn->in[i].slot == in_slot) { reads = true; identity_only = false; }
         if (kn->scratch_slot == in_slot) reads = true;
