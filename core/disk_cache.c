@@ -36,7 +36,7 @@
 #include <zstd.h>
 
 #define CXE_MAGIC "CXEXEC01"
-#define CXE_FORMAT 1
+#define CXE_FORMAT 2   /* 2: kernels carry how their epilogue runs (epi) */
 #define CXE_MAX_FILE ((int64_t)1 << 30)
 #define CXE_MAX_COUNT (1 << 24)
 
