@@ -79,6 +79,10 @@ void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
  * against it). */
 void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* The same on the calling thread only: for kernels that already spread
+ * their own tasks over the pool. */
+void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* Batched matmul: for each b in [0, batch): C_b (M, N) = op(A_b) op(B_b),
  * A_b at a + b*stride_a (stride 0 = broadcast), row-major with leading

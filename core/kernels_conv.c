@@ -26,7 +26,6 @@
 #include "pool.h"
 #include <cxla/core.h>
 
-#include <cblas.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -531,13 +530,6 @@ typedef struct {
     atomic_int_fast64_t used;  /* bwd_weight: lanes that took part */
 } tile_job;
 
-/* Single-threaded: the tiles are already spread over the pool. */
-static void blas(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
-                (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
-}
 
 /* col (K, (oh1-oh0)*OW) = the patches of output rows [oh0, oh1) of one
  * image x (C, H, W). */
@@ -559,8 +551,8 @@ static void tile_fwd(const tile_job *j, float *col, int64_t n, int64_t oh0, int6
     im2col_rows(col, j->x + n * g->c * g->h * g->w, g, oh0, oh1);
     float *y = j->out + n * g->o * pl->p + oh0 * g->ow;
     for (int64_t gi = 0; gi < g->groups; gi++)
-        blas(false, false, pl->og, cols, pl->kg, j->w + gi * pl->og * pl->kg, pl->kg, col + gi * pl->kg * cols,
-             cols, 0.0f, y + gi * pl->og * pl->p, pl->p);
+        cx_sgemm_serial(false, false, pl->og, cols, pl->kg, j->w + gi * pl->og * pl->kg, pl->kg,
+                        col + gi * pl->kg * cols, cols, 0.0f, y + gi * pl->og * pl->p, pl->p);
     if (j->bias || j->relu)
         for (int64_t o = 0; o < g->o; o++) bias_relu_row(y + o * pl->p, cols, j->bias, o, j->relu);
 }
@@ -578,8 +570,8 @@ static void tile_bwd_input(const tile_job *j, float *dcol, int64_t n)
         const int64_t oh1 = min64(oh0 + pl->rows, g->oh), cols = (oh1 - oh0) * g->ow;
         const float *dy = j->dy + n * g->o * pl->p + oh0 * g->ow;
         for (int64_t gi = 0; gi < g->groups; gi++)
-            blas(true, false, pl->kg, cols, pl->og, j->w + gi * pl->og * pl->kg, pl->kg, dy + gi * pl->og * pl->p,
-                 pl->p, 0.0f, dcol + gi * pl->kg * cols, cols);
+            cx_sgemm_serial(true, false, pl->kg, cols, pl->og, j->w + gi * pl->og * pl->kg, pl->kg,
+                            dy + gi * pl->og * pl->p, pl->p, 0.0f, dcol + gi * pl->kg * cols, cols);
         for (int64_t k = 0; k < pl->k; k++) {
             int64_t c = k / kk, r = k % kk;
             col2im_segment(dx + c * plane, dcol + k * cols, g, r / g->kw, r % g->kw, oh0, oh1);
@@ -599,8 +591,8 @@ static void tile_bwd_weight(const tile_job *j, float *col, float *part, int64_t 
             im2col_rows(col, j->x + n * g->c * g->h * g->w, g, oh0, oh1);
             const float *dy = j->dy + n * g->o * pl->p + oh0 * g->ow;
             for (int64_t gi = 0; gi < g->groups; gi++)
-                blas(false, true, pl->og, pl->kg, cols, dy + gi * pl->og * pl->p, pl->p, col + gi * pl->kg * cols,
-                     cols, first ? 0.0f : 1.0f, part + gi * pl->og * pl->kg, pl->kg);
+                cx_sgemm_serial(false, true, pl->og, pl->kg, cols, dy + gi * pl->og * pl->p, pl->p,
+                                col + gi * pl->kg * cols, cols, first ? 0.0f : 1.0f, part + gi * pl->og * pl->kg, pl->kg);
             first = false;
         }
 }
@@ -657,11 +649,6 @@ static void run_tiled(tile_job *j, void *scratch, size_t scratch_bytes)
 
 /* ---- forward ------------------------------------------------------------ */
 
-static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    cx_sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
 
 /* The direct, thin and chunked paths. */
 static void conv_untiled_fwd(float *y, const float *x, const float *w, const float *bias, bool relu,
@@ -674,9 +661,9 @@ static void conv_untiled_fwd(float *y, const float *x, const float *w, const flo
         /* x[n] is already the (C, H*W) column matrix. */
         for (int64_t n = 0; n < g->n; n++)
             for (int64_t gi = 0; gi < groups; gi++)
-                sgemm(false, false, pl.og, pl.p, cg, w + gi * pl.og * cg, cg,
-                      x + n * in_img + gi * cg * pl.p, pl.p, 0.0f, y + n * out_img + gi * pl.og * pl.p,
-                      pl.p);
+                cx_sgemm(false, false, pl.og, pl.p, cg, w + gi * pl.og * cg, cg,
+                         x + n * in_img + gi * cg * pl.p, pl.p, 0.0f, y + n * out_img + gi * pl.og * pl.p,
+                         pl.p);
         bias_relu_all(y, bias, relu, g);
         return;
     }
@@ -692,8 +679,8 @@ static void conv_untiled_fwd(float *y, const float *x, const float *w, const flo
         }
         /* one image: its (O, P) result already has the layout of y */
         for (int64_t gi = 0; gi < groups; gi++)
-            sgemm(false, false, pl.og, ld, pl.kg, w + gi * pl.og * pl.kg, pl.kg, col + gi * pl.kg * ld,
-                  ld, 0.0f, y + n0 * out_img + gi * pl.og * ld, ld);
+            cx_sgemm(false, false, pl.og, ld, pl.kg, w + gi * pl.og * pl.kg, pl.kg, col + gi * pl.kg * ld,
+                     ld, 0.0f, y + n0 * out_img + gi * pl.og * ld, ld);
     }
     if (!pl.thin) bias_relu_all(y, bias, relu, g);
 }
@@ -758,9 +745,9 @@ static void conv_bwd_input_unmasked(float *dx, const float *dy, const float *w, 
     if (pl.direct) {
         for (int64_t n = 0; n < g->n; n++)
             for (int64_t gi = 0; gi < groups; gi++)
-                sgemm(true, false, cg, pl.p, pl.og, w + gi * pl.og * cg, cg,
-                      dy + n * out_img + gi * pl.og * pl.p, pl.p, 0.0f, dx + n * in_img + gi * cg * pl.p,
-                      pl.p);
+                cx_sgemm(true, false, cg, pl.p, pl.og, w + gi * pl.og * cg, cg,
+                         dy + n * out_img + gi * pl.og * pl.p, pl.p, 0.0f, dx + n * in_img + gi * cg * pl.p,
+                         pl.p);
         return;
     }
     float *dcol = scratch_col(scratch);
@@ -775,8 +762,8 @@ static void conv_bwd_input_unmasked(float *dx, const float *dy, const float *w, 
         }
         /* one image: dy[n] is the (O, P) matrix itself */
         for (int64_t gi = 0; gi < groups; gi++)
-            sgemm(true, false, pl.kg, ld, pl.og, w + gi * pl.og * pl.kg, pl.kg, src + gi * pl.og * ld, ld,
-                  0.0f, dcol + gi * pl.kg * ld, ld);
+            cx_sgemm(true, false, pl.kg, ld, pl.og, w + gi * pl.og * pl.kg, pl.kg, src + gi * pl.og * ld, ld,
+                     0.0f, dcol + gi * pl.kg * ld, ld);
         col2im(dx + n0 * in_img, dcol, g, &pl, cn);
     }
 }
@@ -803,8 +790,8 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
     if (pl.direct) {
         for (int64_t n = 0; n < g->n; n++)
             for (int64_t gi = 0; gi < groups; gi++)
-                sgemm(false, true, pl.og, cg, pl.p, dy + n * out_img + gi * pl.og * pl.p, pl.p,
-                      x + n * in_img + gi * cg * pl.p, pl.p, n == 0 ? 0.0f : 1.0f, dw + gi * pl.og * cg, cg);
+                cx_sgemm(false, true, pl.og, cg, pl.p, dy + n * out_img + gi * pl.og * pl.p, pl.p,
+                         x + n * in_img + gi * cg * pl.p, pl.p, n == 0 ? 0.0f : 1.0f, dw + gi * pl.og * cg, cg);
         return;
     }
     float *col = scratch_col(scratch);
@@ -820,7 +807,7 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
         }
         /* one image: dy[n] is the (O, P) matrix itself */
         for (int64_t gi = 0; gi < groups; gi++)
-            sgemm(false, true, pl.og, pl.kg, ld, src + gi * pl.og * ld, ld, col + gi * pl.kg * ld, ld,
-                  n0 == 0 ? 0.0f : 1.0f, dw + gi * pl.og * pl.kg, pl.kg);
+            cx_sgemm(false, true, pl.og, pl.kg, ld, src + gi * pl.og * ld, ld, col + gi * pl.kg * ld, ld,
+                     n0 == 0 ? 0.0f : 1.0f, dw + gi * pl.og * pl.kg, pl.kg);
     }
 }

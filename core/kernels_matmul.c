@@ -15,21 +15,24 @@ typedef struct {
     float beta;
 } sgemm_job;
 
+void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
+                (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
 static void sgemm_part(void *p, int64_t lo, int64_t hi)
 {
     const sgemm_job *j = p;
     if (j->split_m) {
         /* rows [lo, hi) of C and of op(A) */
         const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (blasint)(hi - lo),
-                    (blasint)j->n, (blasint)j->k, 1.0f, a, (blasint)j->lda, j->b, (blasint)j->ldb, j->beta,
-                    j->c + lo * j->ldc, (blasint)j->ldc);
+        cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
     } else {
         /* columns [lo, hi) of C and of op(B) */
         const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
-        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, j->tb ? CblasTrans : CblasNoTrans, (blasint)j->m,
-                    (blasint)(hi - lo), (blasint)j->k, 1.0f, j->a, (blasint)j->lda, b, (blasint)j->ldb, j->beta,
-                    j->c + lo, (blasint)j->ldc);
+        cx_sgemm_serial(j->ta, j->tb, j->m, hi - lo, j->k, j->a, j->lda, b, j->ldb, j->beta, j->c + lo, j->ldc);
     }
 }
 

@@ -21,7 +21,6 @@
 #include "kernels.h"
 #include "pool.h"
 
-#include <cblas.h>
 #include <cxla/core.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -471,13 +470,6 @@ typedef struct {
     atomic_int_fast64_t used;
 } wino_job;
 
-/* Single-threaded: the tasks are already spread over the pool. */
-static void blas(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                 float *c, int64_t ldc)
-{
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)lda,
-                b, (blasint)ldb, beta, c, (blasint)ldc);
-}
 
 static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int64_t i1)
 {
@@ -486,8 +478,8 @@ static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int6
     float *v = lane + j->lane.v, *m = lane + j->lane.m;
     transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
     for (int x = 0; x < 16; x++)
-        blas(s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin, v + x * xi_stride(s->cin * tb), tb,
-             0.0f, m + x * xi_stride(s->cout * tb), tb);
+        cx_sgemm_serial(false, false, s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin,
+                        v + x * xi_stride(s->cin * tb), tb, 0.0f, m + x * xi_stride(s->cout * tb), tb);
     const int64_t plane = s->cout * s->oh * s->ow;
     transform_output(j->out + n * plane, m, s, i0, i1, j->bias, j->relu, j->posmask ? j->posmask + n * plane : NULL);
 }
@@ -506,8 +498,9 @@ static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             transform_grad(z, zero, j->dy + n * s->cout * s->oh * s->ow, s, i0, i1);
             for (int x = 0; x < 16; x++)
-                blas(s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb, v + x * xi_stride(tb * s->cin), s->cin,
-                     first ? 0.0f : 1.0f, du + x * xi_stride(s->cout * s->cin), s->cin);
+                cx_sgemm_serial(false, false, s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb,
+                                v + x * xi_stride(tb * s->cin), s->cin, first ? 0.0f : 1.0f,
+                                du + x * xi_stride(s->cout * s->cin), s->cin);
             first = false;
         }
 }
