@@ -698,7 +698,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     const char *base;
-    size_t piece_bytes, total_bytes;
+    size_t total_bytes;
     size_t ready;          /* bytes read so far */
     bool stop;             /* the read failed: give up */
     ckpt_hash h;
@@ -765,7 +765,7 @@ static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int
      * still in cache, on a second thread while the next one is read */
     int64_t piece = hash && nd ? (int64_t)((16u << 20) / es) : (b - a);
     if (piece < 1) piece = 1;
-    piece_hasher ph = { .base = buf, .piece_bytes = (size_t)piece * es, .total_bytes = (size_t)(b - a) * es };
+    piece_hasher ph = { .base = buf, .total_bytes = (size_t)(b - a) * es };
     ckpt_hash_init(&ph.h);
     pthread_t hasher;
     bool threaded = hash && b - a > piece && pthread_mutex_init(&ph.mu, NULL) == 0;

@@ -30,9 +30,9 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* Bound on the scratch of one chunk. On the MNIST shapes, chunks much
- * smaller than this lose more to per-chunk fork/join (pool and BLAS thread
- * wake-ups, one sgemm call each) than they win from cache reuse. */
+/* Bound on the column matrix of one chunk of images (thin path): much
+ * smaller chunks lose more to per-chunk fork/join on the pool than they
+ * win from cache reuse. */
 #define CONV_SCRATCH_CAP ((size_t)32 << 20)
 /* Below this many output pixels per image a 1x1 conv is cheaper through a
  * chunked layout copy than through one tiny sgemm per image. */
@@ -181,9 +181,8 @@ static size_t tiled_scratch_bytes(const cx_conv_geom *g, const conv_plan *pl, ti
 }
 
 /* The column matrix (K, chunk*P) of a chunk. */
-static size_t plan_scratch_bytes(const cx_conv_geom *g, const conv_plan *pl)
+static size_t plan_scratch_bytes(const conv_plan *pl)
 {
-    (void)g;
     if (pl->direct) return 0;
     return round_floats(pl->k * pl->chunk * pl->p) * sizeof(float) + SCRATCH_ALIGN;
 }
@@ -199,21 +198,21 @@ size_t cx_conv2d_scratch_bytes(const cx_conv_geom *g)
 {
     if (cx_wino_applies(g)) return cx_wino_scratch_bytes(g, 0);
     conv_plan pl = make_plan(g);
-    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_FWD) : plan_scratch_bytes(g, &pl);
+    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_FWD) : plan_scratch_bytes(&pl);
 }
 
 size_t cx_conv2d_bwd_input_scratch_bytes(const cx_conv_geom *g)
 {
     if (cx_wino_applies(g)) return cx_wino_scratch_bytes(g, 1);
     conv_plan pl = make_plan(g);
-    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_INPUT) : plan_scratch_bytes(g, &pl);
+    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_INPUT) : plan_scratch_bytes(&pl);
 }
 
 size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g)
 {
     if (cx_wino_applies(g)) return cx_wino_scratch_bytes(g, 2);
     conv_plan pl = make_plan(g);
-    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_WEIGHT) : plan_scratch_bytes(g, &pl);
+    return pl.tiled ? tiled_scratch_bytes(g, &pl, TILE_BWD_WEIGHT) : plan_scratch_bytes(&pl);
 }
 
 /* Output positions [lo, hi) whose input coordinate out*s + start lies in
