@@ -18,7 +18,7 @@ static void *one_start(void *ctx, const cx_comm_op *op)
             for (int64_t i = 0; i < op->count; i++) o[i] = (float)(o[i] * op->scale);
         } else if (op->dtype == CX_BF16) {
             uint16_t *o = op->out;
-            for (int64_t i = 0; i < op->count; i++) o[i] = cx_f32_to_bf16((float)(cx_bf16_to_f32(o[i]) * op->scale));
+            for (int64_t i = 0; i < op->count; i++) o[i] = cx_f32_to_bf16_inline((float)(cx_bf16_to_f32_inline(o[i]) * op->scale));
         }
     }
     return (void *)1;

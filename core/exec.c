@@ -66,7 +66,7 @@ static inline bool view_lanes(const cx_view *v, const int64_t *idx, int nd, int6
     return *jlo < *jhi;
 }
 
-static inline float bf16_round(float x) { return cx_bf16_to_f32(cx_f32_to_bf16(x)); }
+static inline float bf16_round(float x) { return cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(x)); }
 
 static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, const int64_t *idx, int nd, int64_t j0, int len)
 {
@@ -90,7 +90,7 @@ static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, con
         else for (int j = jlo; j < jhi; j++) r->f[j] = p[j * s];
         break;
     }
-    case CX_BF16: { const uint16_t *p = (const uint16_t *)base + a; for (int j = jlo; j < jhi; j++) r->f[j] = cx_bf16_to_f32(p[j * s]); break; }
+    case CX_BF16: { const uint16_t *p = (const uint16_t *)base + a; for (int j = jlo; j < jhi; j++) r->f[j] = cx_bf16_to_f32_inline(p[j * s]); break; }
     case CX_I32: { const int32_t *p = (const int32_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
     case CX_I64: { const int64_t *p = (const int64_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
     default: { const uint8_t *p = (const uint8_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
@@ -290,7 +290,7 @@ static void store_block(void *out, int dt, int64_t off, const reg_t *r, int len)
 {
     switch (dt) {
     case CX_F32: memcpy((float *)out + off, r->f, sizeof(float) * (size_t)len); break;
-    case CX_BF16: { uint16_t *o = (uint16_t *)out + off; for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16(r->f[j]); break; }
+    case CX_BF16: { uint16_t *o = (uint16_t *)out + off; for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16_inline(r->f[j]); break; }
     case CX_I32: { int32_t *o = (int32_t *)out + off; for (int j = 0; j < len; j++) o[j] = (int32_t)r->i[j]; break; }
     case CX_I64: memcpy((int64_t *)out + off, r->i, sizeof(int64_t) * (size_t)len); break;
     default: { uint8_t *o = (uint8_t *)out + off; for (int j = 0; j < len; j++) o[j] = (uint8_t)r->i[j]; break; }
@@ -438,7 +438,7 @@ static void store_scalar(void *out, int dt, int64_t o, double f, int64_t i, bool
 {
     switch (dt) {
     case CX_F32: ((float *)out)[o] = (float)(fc ? f : (double)i); break;
-    case CX_BF16: ((uint16_t *)out)[o] = cx_f32_to_bf16((float)(fc ? f : (double)i)); break;
+    case CX_BF16: ((uint16_t *)out)[o] = cx_f32_to_bf16_inline((float)(fc ? f : (double)i)); break;
     case CX_I32: ((int32_t *)out)[o] = (int32_t)(fc ? (int64_t)f : i); break;
     case CX_I64: ((int64_t *)out)[o] = fc ? (int64_t)f : i; break;
     default: ((uint8_t *)out)[o] = (uint8_t)(fc ? (int64_t)f : i); break;
@@ -569,7 +569,7 @@ static void fill_value(void *out, int dt, int64_t n, double v)
 {
     switch (dt) {
     case CX_F32: { float x = (float)v; float *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
-    case CX_BF16: { uint16_t x = cx_f32_to_bf16((float)v); uint16_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
+    case CX_BF16: { uint16_t x = cx_f32_to_bf16_inline((float)v); uint16_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
     case CX_I32: { int32_t x = (int32_t)v; int32_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
     case CX_I64: { int64_t x = (int64_t)v; int64_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
     default: memset(out, (uint8_t)(dt == CX_BOOL ? v != 0 : (int)v), (size_t)n); break;

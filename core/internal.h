@@ -11,15 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Always-on check for programmer bugs inside the library. */
-#define CX_ASSERT(cond)                                                              \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "cxla: internal assertion failed at %s:%d: %s\n",       \
-                    __FILE__, __LINE__, #cond);                                      \
-            abort();                                                                 \
-        }                                                                            \
-    } while (0)
+#include "cx_assert.h"
 
 /* Allocation that reports failure as CX_ERR_OOM instead of crashing later. */
 void *cx_xmalloc(size_t n);
@@ -234,20 +226,8 @@ int cx_current_step_depth(void);
 
 const cx_comm_backend *cx_comm_get(void);
 
-/* ---- bf16 ------------------------------------------------------------------------ */
-
-static inline float cx_bf16_to_f32(uint16_t h)
-{
-    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
-    return v.f;
-}
-static inline uint16_t cx_f32_to_bf16(float f)
-{
-    union { uint32_t u; float f; } v = { .f = f };
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
-    uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);  /* round to nearest even */
-    return (uint16_t)((v.u + rounding) >> 16);
-}
+/* ---- bf16: util/cx_bf16.h (the public cx_bf16_to_f32 & co. wrap it) ---- */
+#include "cx_bf16.h"
 
 /* ---- a tiny lock for the core's shared lists (uncontended almost always) ---- */
 #include <stdatomic.h>

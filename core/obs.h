@@ -8,6 +8,7 @@
 #define CX_OBS_H
 
 #include "exec.h"
+#include "cx_sbuf.h"
 
 #include <stdatomic.h>
 
@@ -99,13 +100,5 @@ int cx_disk_cache_fuzz(const char *path, int iters, unsigned seed);
 void cx_trace_event(const char *cat, const char *name, double t0, double t1, const char *args);
 /* Kernel kind names for trace events and dumps. */
 const char *cx_kernel_kind_name(int kind);
-
-/* A growable string for reports and dumps (report.c). */
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} cx_sbuf;
-void cx_sb_printf(cx_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -20,34 +20,11 @@
 #include <math.h>
 #include <stdarg.h>
 
-/* ---- a growable string ---------------------------------------------------- */
-
-/* shared with debug.c through obs.h */
-void cx_sb_printf(cx_sbuf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->n;
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? room : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) { b->oom = true; return; }
-        if (b->s && (size_t)k < room) { b->n += (size_t)k; return; }
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) { b->oom = true; return; }
-        b->s = s;
-        b->cap = cap;
-    }
-}
-
 static char *sb_finish(cx_sbuf *b)
 {
-    if (b->oom) { free(b->s); cx_set_error("metrics report: out of memory"); return NULL; }
-    if (!b->s) return strdup("");
-    return b->s;
+    char *s = cx_sb_finish(b);
+    if (!s) cx_set_error("metrics report: out of memory");
+    return s;
 }
 
 /* ---- value formatting ---------------------------------------------------------- */

@@ -446,7 +446,7 @@ static void convert_out(void *out, cx_dtype odt, const void *in, cx_dtype idt, i
         double v;
         switch (idt) {
         case CX_F32: v = ((const float *)in)[i]; break;
-        case CX_BF16: v = cx_bf16_to_f32(((const uint16_t *)in)[i]); break;
+        case CX_BF16: v = cx_bf16_to_f32_inline(((const uint16_t *)in)[i]); break;
         case CX_I32: v = ((const int32_t *)in)[i]; break;
         case CX_I64: v = (double)((const int64_t *)in)[i]; break;
         case CX_U8: v = ((const uint8_t *)in)[i]; break;
@@ -454,7 +454,7 @@ static void convert_out(void *out, cx_dtype odt, const void *in, cx_dtype idt, i
         }
         switch (odt) {
         case CX_F32: ((float *)out)[i] = (float)v; break;
-        case CX_BF16: ((uint16_t *)out)[i] = cx_f32_to_bf16((float)v); break;
+        case CX_BF16: ((uint16_t *)out)[i] = cx_f32_to_bf16_inline((float)v); break;
         case CX_I32: ((int32_t *)out)[i] = (int32_t)v; break;
         case CX_I64: ((int64_t *)out)[i] = (int64_t)v; break;
         case CX_U8: ((uint8_t *)out)[i] = (uint8_t)v; break;

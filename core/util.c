@@ -72,6 +72,19 @@ size_t cx_dtype_size(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT ? g_dty
 const char *cx_dtype_name(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT ? g_dtypes[dt].name : "?"; }
 bool cx_dtype_is_float(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT && g_dtypes[dt].is_float; }
 
+float cx_bf16_to_f32(uint16_t h) { return cx_bf16_to_f32_inline(h); }
+uint16_t cx_f32_to_bf16(float f) { return cx_f32_to_bf16_inline(f); }
+
+void cx_bf16_to_f32_row(float *dst, const uint16_t *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = cx_bf16_to_f32_inline(src[i]);
+}
+
+void cx_f32_to_bf16_row(uint16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = cx_f32_to_bf16_inline(src[i]);
+}
+
 const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim)
 {
     size_t off = 0;

@@ -9,15 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Always-on check for programmer bugs inside nn/optim. */
-#define CX_ASSERT(cond)                                                              \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "cxla: internal assertion failed at %s:%d: %s\n",       \
-                    __FILE__, __LINE__, #cond);                                      \
-            abort();                                                                 \
-        }                                                                            \
-    } while (0)
+#include "cx_assert.h"
 
 #include <cxla/nn.h>
 

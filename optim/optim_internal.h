@@ -3,7 +3,13 @@
 #ifndef CX_OPTIM_INTERNAL_H
 #define CX_OPTIM_INTERNAL_H
 
-#include "../nn/nn_internal.h"
+#include "cx_assert.h"
+
+#include <cxla/core.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cxla/optim.h>
 

@@ -9,6 +9,8 @@
 #include <cxla/cxla.h>
 #include <cxla/parallel.h>
 
+#include "cx_bf16.h"
+
 #include <mpi.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -102,19 +104,12 @@ static MPI_Comm comm_for(const cx_comm_op *op, char *err, size_t errn)
     return c;
 }
 
-static float bf16f(uint16_t h) { union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 }; return v.f; }
-static uint16_t fbf16(float f)
-{
-    union { uint32_t u; float f; } v = { .f = f };
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
 
 static void scale_buffer(void *buf, cx_dtype dt, int64_t n, double s)
 {
     if (s == 1.0) return;
     if (dt == CX_F32) { float *p = buf; float f = (float)s; for (int64_t i = 0; i < n; i++) p[i] *= f; }
-    else if (dt == CX_BF16) { uint16_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = fbf16((float)(bf16f(p[i]) * s)); }
+    else if (dt == CX_BF16) { uint16_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = cx_f32_to_bf16_inline((float)(cx_bf16_to_f32_inline(p[i]) * s)); }
     else if (dt == CX_I32) { int32_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int32_t)(p[i] * s); }
     else if (dt == CX_I64) { int64_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int64_t)((double)p[i] * s); }
 }
@@ -147,7 +142,7 @@ static cx_status run_op(comm_req *q)
             /* MPI has no bf16: reduce in f32 */
             float *f = malloc(sizeof(float) * (size_t)(full ? full : 1));
             if (!f) { snprintf(err, errn, "collective: out of memory"); return CX_ERR_OOM; }
-            for (int64_t i = 0; i < full; i++) f[i] = bf16f(((const uint16_t *)op->in)[i]);
+            for (int64_t i = 0; i < full; i++) f[i] = cx_bf16_to_f32_inline(((const uint16_t *)op->in)[i]);
             q->tmp = f;
             rc = MPI_Allreduce(MPI_IN_PLACE, f, (int)full, MPI_FLOAT, mpi_op(op->red), c);
         } else if (op->kind == CX_COLL_ALL_REDUCE) {
@@ -193,7 +188,7 @@ static void finish_op(comm_req *q)
         int64_t off = op->kind == CX_COLL_REDUCE_SCATTER ? op->count * q->grank : 0;
         if (op->dtype == CX_BF16) {
             const float *f = q->tmp;
-            for (int64_t i = 0; i < op->count; i++) ((uint16_t *)op->out)[i] = fbf16((float)(f[off + i] * scale));
+            for (int64_t i = 0; i < op->count; i++) ((uint16_t *)op->out)[i] = cx_f32_to_bf16_inline((float)(f[off + i] * scale));
         } else {
             if (op->kind == CX_COLL_REDUCE_SCATTER) memcpy(op->out, (char *)q->tmp + es * (size_t)off, es * (size_t)op->count);
             scale_buffer(op->out, op->dtype, op->count, scale);

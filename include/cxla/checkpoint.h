@@ -41,7 +41,7 @@ typedef enum {
 } cx_ckpt_strategy;
 
 /* "none", "ddp", "fsdp-zero2", "fsdp-zero3". */
-const char *cx_ckpt_strategy_name(cx_ckpt_strategy s);
+CX_API const char *cx_ckpt_strategy_name(cx_ckpt_strategy s);
 
 /* What is saved or loaded: a plain module (single, DDP: the wrapped module)
  * or an FSDP wrapper. Build it with one of the helpers below. */
@@ -51,12 +51,12 @@ typedef struct {
     cx_fsdp *fsdp;        /* FSDP_* */
 } cx_ckpt_model;
 
-cx_ckpt_model cx_ckpt_model_single(cx_module *m);
+CX_API cx_ckpt_model cx_ckpt_model_single(cx_module *m);
 /* A replicated module (DDP's cx_ddp_module, or the module of an
  * xm.optimizer_step run). */
-cx_ckpt_model cx_ckpt_model_ddp(cx_module *m);
+CX_API cx_ckpt_model cx_ckpt_model_ddp(cx_module *m);
 /* `zero3`: the wrapper reshards after forward (recorded in the files). */
-cx_ckpt_model cx_ckpt_model_fsdp(cx_fsdp *f, bool zero3);
+CX_API cx_ckpt_model cx_ckpt_model_fsdp(cx_fsdp *f, bool zero3);
 
 /* Training progress stored with the state. The RNG state is not here: a
  * save records cx_get_rng_state() and a load restores it with
@@ -77,7 +77,7 @@ typedef struct {
      * (default true) */
     bool verify;
 } cx_ckpt_opts;
-cx_ckpt_opts cx_ckpt_default_opts(void);
+CX_API cx_ckpt_opts cx_ckpt_default_opts(void);
 
 /* Saves a checkpoint. Collective: every rank calls it with the same prefix.
  * `opt` may be NULL (no optimizer state); `extra` may be NULL (step = the
@@ -86,8 +86,8 @@ cx_ckpt_opts cx_ckpt_default_opts(void);
  * @return CX_OK on every rank once the commit marker is durable, or the
  * same error on every rank (cx_last_error names the file and the cause);
  * then no marker exists for this prefix. */
-cx_status cx_ckpt_save(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, const cx_ckpt_extra *extra);
-cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt,
+CX_API cx_status cx_ckpt_save(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, const cx_ckpt_extra *extra);
+CX_API cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt,
                             const cx_ckpt_extra *extra, cx_ckpt_opts opts);
 
 /* Loads the committed checkpoint `prefix` (any strategy, any world size)
@@ -97,25 +97,25 @@ cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_optimize
  * the model's names and shapes.
  * @return CX_OK, CX_ERR_IO (not committed, missing/corrupt file, checksum),
  * CX_ERR_SHAPE (a key missing or of another shape), CX_ERR_OOM. */
-cx_status cx_ckpt_load(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
-cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra,
+CX_API cx_status cx_ckpt_load(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
+CX_API cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra,
                             cx_ckpt_opts opts);
 
 /* Loads one full (consolidated) file, e.g. consolidate_ckpts' output, into
  * a model of any wrapping; `opt` may be NULL (the file's optimizer state,
  * if any, is then ignored). Per-tensor checksums are verified.
  * Not collective: each rank reads the file itself. */
-cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
+CX_API cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
 
 /* @return true when `prefix` has a commit marker whose files all exist with
  * the listed sizes (checksums are not read). */
-bool cx_ckpt_is_committed(const char *prefix);
+CX_API bool cx_ckpt_is_committed(const char *prefix);
 
 /* Finds the committed checkpoint with the highest step in `dir` (by its
  * marker; files are size-checked). @return CX_OK and the prefix in `out`,
  * CX_ERR_IO when there is none (cx_last_error says so), CX_ERR_ARG when
  * `out` is too small. */
-cx_status cx_ckpt_latest(const char *dir, char *out, size_t cap);
+CX_API cx_status cx_ckpt_latest(const char *dir, char *out, size_t cap);
 
 /* ---- consolidation and resharding (the consolidate_ckpts tool) -------- */
 
@@ -125,24 +125,24 @@ typedef struct {
     int compress_level;       /* output compression, 0 = none */
     int shard_size_multiple;  /* reshard: flat params padded to N * this (1) */
 } cx_ckpt_consolidate_opts;
-cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void);
+CX_API cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void);
 
 /* The files of `prefix` matching `suffix` (NULL: the default pattern), for
  * reporting. @return how many, or -1 (error set). */
-int cx_ckpt_count_files(const char *prefix, const char *suffix);
+CX_API int cx_ckpt_count_files(const char *prefix, const char *suffix);
 
 /* Stitches the committed checkpoint `prefix` into one full file `out_path`
  * (streaming: peak memory is a few MiB of buffers, not the model). Every
  * file is validated first: count, ranks, world sizes, format, metadata,
  * sizes and checksums against the commit marker. On any error no output is
  * left behind. */
-cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts);
+CX_API cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts);
 
 /* Rewrites the committed checkpoint `prefix` as a committed FSDP checkpoint
  * `out_prefix` for `world` ranks (same units; an unsharded source becomes
  * one root unit "flat_param" over all parameters in state-dict order).
  * Streaming, validated, nothing left behind on error. */
-cx_status cx_ckpt_reshard(const char *prefix, const char *out_prefix, int world, cx_ckpt_consolidate_opts opts);
+CX_API cx_status cx_ckpt_reshard(const char *prefix, const char *out_prefix, int world, cx_ckpt_consolidate_opts opts);
 
 #ifdef __cplusplus
 }

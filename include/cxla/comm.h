@@ -54,15 +54,15 @@ typedef struct cx_comm_backend {
 
 /* all_gather whose gradient (a sum reduce-scatter) is multiplied by
  * grad_scale: FSDP's gather, where the gradient is the mean over ranks. */
-cx_tensor *cx_all_gather_grad_scaled(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin,
+CX_API cx_tensor *cx_all_gather_grad_scaled(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin,
                                      double grad_scale);
 
 /* Registers a backend (the struct is copied). NULL restores the world of one. */
-void cx_comm_register(const cx_comm_backend *backend);
+CX_API void cx_comm_register(const cx_comm_backend *backend);
 /* Runs one collective synchronously through the registered backend. */
-cx_status cx_comm_run(const cx_comm_op *op);
-int cx_comm_world_size(void);
-int cx_comm_rank(void);
+CX_API cx_status cx_comm_run(const cx_comm_op *op);
+CX_API int cx_comm_world_size(void);
+CX_API int cx_comm_rank(void);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@
 #ifndef CXLA_CORE_H
 #define CXLA_CORE_H
 
+#include <cxla/export.h>
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -41,209 +43,222 @@ typedef enum {
 
 typedef struct cx_tensor cx_tensor;
 
+/* A tensor with its state-dict name ("fc1.weight"): parameters, buffers,
+ * optimizer state. The name is owned by whoever made the array. */
+typedef struct {
+    const char *name;
+    cx_tensor *tensor;
+} cx_named_tensor;
+
 /* ---- errors --------------------------------------------------------- */
 
 /* @return the last error message of this thread ("" if none). */
-const char *cx_last_error(void);
-void cx_clear_error(void);
+CX_API const char *cx_last_error(void);
+CX_API void cx_clear_error(void);
 /* Sets this thread's last error (for modules and programs built on the
  * core: nn, optim, parallel, user layers). printf-style. */
-void cx_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+CX_API void cx_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A poisoned tensor carrying a one-line message, also set as the last
  * error (for modules built on the core). printf-style. */
-cx_tensor *cx_poisoned(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+CX_API cx_tensor *cx_poisoned(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* @return the message of a poisoned tensor, NULL if t is healthy. */
-const char *cx_tensor_error(const cx_tensor *t);
+CX_API const char *cx_tensor_error(const cx_tensor *t);
 
 /* ---- dtypes --------------------------------------------------------- */
 
-size_t cx_dtype_size(cx_dtype dt);
-const char *cx_dtype_name(cx_dtype dt);
-bool cx_dtype_is_float(cx_dtype dt);
+CX_API size_t cx_dtype_size(cx_dtype dt);
+CX_API const char *cx_dtype_name(cx_dtype dt);
+CX_API bool cx_dtype_is_float(cx_dtype dt);
+/* bfloat16 <-> float32 for host data of CX_BF16 tensors: round to nearest
+ * even, NaN stays a (quiet) NaN. The _row forms convert n values. */
+CX_API float cx_bf16_to_f32(uint16_t h);
+CX_API uint16_t cx_f32_to_bf16(float f);
+CX_API void cx_bf16_to_f32_row(float *dst, const uint16_t *src, int64_t n);
+CX_API void cx_f32_to_bf16_row(uint16_t *dst, const float *src, int64_t n);
 
 /* ---- tensor creation and lifetime ----------------------------------- */
 
 /* Copies `data` (host memory, `dtype`, row-major `shape`) into a new device
  * buffer. Counts TransferToDeviceTime.
  * @return a new tensor, or a poisoned tensor on a bad shape/dtype. */
-cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dtype dtype);
+CX_API cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dtype dtype);
 /* Like cx_from_host, but `fill` writes the values straight into the new
  * device buffer (`bytes` = numel * dtype size): one copy fewer for loaders
  * that read from files. @return the tensor, or a poisoned tensor carrying
  * fill's error (a non-CX_OK return; its message via cx_last_error). */
 typedef cx_status (*cx_fill_fn)(void *ctx, void *dst, size_t bytes);
-cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_fn fill, void *ctx);
+CX_API cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_fn fill, void *ctx);
 /* A constant filled with `value` (part of the graph: changing it recompiles). */
-cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype);
-cx_tensor *cx_zeros(const int64_t *shape, int ndim, cx_dtype dtype);
-cx_tensor *cx_ones(const int64_t *shape, int ndim, cx_dtype dtype);
+CX_API cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype);
+CX_API cx_tensor *cx_zeros(const int64_t *shape, int ndim, cx_dtype dtype);
+CX_API cx_tensor *cx_ones(const int64_t *shape, int ndim, cx_dtype dtype);
 /* A 0-d constant. */
-cx_tensor *cx_scalar(double value, cx_dtype dtype);
+CX_API cx_tensor *cx_scalar(double value, cx_dtype dtype);
 /* A 0-d value passed at run time: changing it never recompiles (learning
  * rates, step counters). */
-cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype);
+CX_API cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype);
 /* A value-less tensor: shape and dtype only. Using it in a computation or
  * reading it is an error naming it (FSDP keeps these in module slots while
  * the values live sharded). Persistent. */
-cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype);
+CX_API cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype);
 /* 0..n-1 along a 1-d tensor. */
-cx_tensor *cx_arange(int64_t n, cx_dtype dtype);
+CX_API cx_tensor *cx_arange(int64_t n, cx_dtype dtype);
 
 /* Releases a handle. NULL is fine. Tensors created inside a step are
  * released by cx_step_end unless kept. */
-void cx_free(cx_tensor *t);
+CX_API void cx_free(cx_tensor *t);
 /* Releases a temporary made while recording: outside a step it is freed at
  * once, inside a step the step releases it (so layer code can drop its
  * intermediates the same way in both). Tensors that require grad are kept.
  * NULL is fine. */
-void cx_drop(cx_tensor *t);
+CX_API void cx_drop(cx_tensor *t);
 /* Makes a step tensor survive the current step (it is materialized at step
  * end if pending) so it can be read after it; it is released at the end of
  * the next step at the same depth (cx_persist holds it longer). @return t. */
-cx_tensor *cx_keep(cx_tensor *t);
+CX_API cx_tensor *cx_keep(cx_tensor *t);
 /* Makes t persistent: never released by a step; only cx_free releases it.
  * @return t. */
-cx_tensor *cx_persist(cx_tensor *t);
+CX_API cx_tensor *cx_persist(cx_tensor *t);
 /* A new handle to the same value (shares the node). */
-cx_tensor *cx_alias(cx_tensor *t);
+CX_API cx_tensor *cx_alias(cx_tensor *t);
 
 /* Updates persistent `dst` in place with `value` (same shape and dtype).
  * At sync the new value is materialized and, where dst's old buffer is
  * otherwise dead, written over it.
  * @return CX_OK, CX_ERR_SHAPE on a shape/dtype mismatch, CX_ERR_STATE if dst
  * is not persistent. */
-cx_status cx_assign(cx_tensor *dst, cx_tensor *value);
+CX_API cx_status cx_assign(cx_tensor *dst, cx_tensor *value);
 
 /* ---- steps and synchronization -------------------------------------- */
 
 /* Starts a step: handles created from now on belong to it. Steps nest. */
-void cx_step_begin(void);
+CX_API void cx_step_begin(void);
 /* Releases the step's handles that were not kept, then syncs.
  * @return the status of the sync. */
-cx_status cx_step_end(void);
+CX_API cx_status cx_step_end(void);
 /* Compiles (or hits the cache) and runs every live tensor with pending IR,
  * materializing each. @return CX_OK, or the first error (poisoned tensor,
  * out of memory, collective failure); poisoned tensors stay poisoned. */
-cx_status cx_sync(void);
+CX_API cx_status cx_sync(void);
 /* Materializes just `n` tensors (runs only what they need). */
-cx_status cx_sync_tensors(cx_tensor **ts, int n);
+CX_API cx_status cx_sync_tensors(cx_tensor **ts, int n);
 
 /* Reads a one-element tensor as double (runs its subgraph if pending and
  * counts a TransferFromDevice). @return NaN on error (see cx_last_error). */
-double cx_item(cx_tensor *t);
+CX_API double cx_item(cx_tensor *t);
 /* Copies the value into `out` converted to `dtype` (numel elements).
  * @return CX_OK or an error. */
-cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype);
+CX_API cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype);
 
 /* ---- introspection -------------------------------------------------- */
 
-int cx_ndim(const cx_tensor *t);
-int64_t cx_dim(const cx_tensor *t, int axis);   /* negative axes count from the end */
-const int64_t *cx_shape(const cx_tensor *t);
-int64_t cx_numel(const cx_tensor *t);
-cx_dtype cx_dtype_of(const cx_tensor *t);
-bool cx_is_pending(const cx_tensor *t);
-bool cx_is_persistent(const cx_tensor *t);
+CX_API int cx_ndim(const cx_tensor *t);
+CX_API int64_t cx_dim(const cx_tensor *t, int axis);   /* negative axes count from the end */
+CX_API const int64_t *cx_shape(const cx_tensor *t);
+CX_API int64_t cx_numel(const cx_tensor *t);
+CX_API cx_dtype cx_dtype_of(const cx_tensor *t);
+CX_API bool cx_is_pending(const cx_tensor *t);
+CX_API bool cx_is_persistent(const cx_tensor *t);
 /* An optional debug name (kept in IR dumps). */
-void cx_set_name(cx_tensor *t, const char *name);
-const char *cx_get_name(const cx_tensor *t);
+CX_API void cx_set_name(cx_tensor *t, const char *name);
+CX_API const char *cx_get_name(const cx_tensor *t);
 
 /* ---- elementwise (numpy broadcasting, type promotion) --------------- */
 
-cx_tensor *cx_neg(cx_tensor *a);
-cx_tensor *cx_exp(cx_tensor *a);
-cx_tensor *cx_log(cx_tensor *a);
-cx_tensor *cx_sqrt(cx_tensor *a);
-cx_tensor *cx_rsqrt(cx_tensor *a);
-cx_tensor *cx_tanh(cx_tensor *a);
-cx_tensor *cx_erf(cx_tensor *a);
-cx_tensor *cx_abs(cx_tensor *a);
-cx_tensor *cx_sign(cx_tensor *a);
-cx_tensor *cx_cast(cx_tensor *a, cx_dtype dtype);
-cx_tensor *cx_add(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_sub(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_mul(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_div(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_maximum(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_minimum(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_pow(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_lt(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_le(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_eq(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_gt(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_ge(cx_tensor *a, cx_tensor *b);
-cx_tensor *cx_where(cx_tensor *cond, cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_neg(cx_tensor *a);
+CX_API cx_tensor *cx_exp(cx_tensor *a);
+CX_API cx_tensor *cx_log(cx_tensor *a);
+CX_API cx_tensor *cx_sqrt(cx_tensor *a);
+CX_API cx_tensor *cx_rsqrt(cx_tensor *a);
+CX_API cx_tensor *cx_tanh(cx_tensor *a);
+CX_API cx_tensor *cx_erf(cx_tensor *a);
+CX_API cx_tensor *cx_abs(cx_tensor *a);
+CX_API cx_tensor *cx_sign(cx_tensor *a);
+CX_API cx_tensor *cx_cast(cx_tensor *a, cx_dtype dtype);
+CX_API cx_tensor *cx_add(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_sub(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_mul(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_div(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_maximum(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_minimum(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_pow(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_lt(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_le(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_eq(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_gt(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_ge(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_where(cx_tensor *cond, cx_tensor *a, cx_tensor *b);
 /* Scalar conveniences (the scalar is a constant of a's dtype). */
-cx_tensor *cx_add_scalar(cx_tensor *a, double s);
-cx_tensor *cx_mul_scalar(cx_tensor *a, double s);
-cx_tensor *cx_pow_scalar(cx_tensor *a, double s);
+CX_API cx_tensor *cx_add_scalar(cx_tensor *a, double s);
+CX_API cx_tensor *cx_mul_scalar(cx_tensor *a, double s);
+CX_API cx_tensor *cx_pow_scalar(cx_tensor *a, double s);
 
 /* ---- reductions ------------------------------------------------------ */
 
 /* axes: list of axes (negative allowed); naxes == 0 reduces all. */
-cx_tensor *cx_sum(cx_tensor *a, const int *axes, int naxes, bool keepdim);
-cx_tensor *cx_max(cx_tensor *a, const int *axes, int naxes, bool keepdim);
-cx_tensor *cx_mean(cx_tensor *a, const int *axes, int naxes, bool keepdim);
+CX_API cx_tensor *cx_sum(cx_tensor *a, const int *axes, int naxes, bool keepdim);
+CX_API cx_tensor *cx_max(cx_tensor *a, const int *axes, int naxes, bool keepdim);
+CX_API cx_tensor *cx_mean(cx_tensor *a, const int *axes, int naxes, bool keepdim);
 /* Population (correction = 0) or sample (correction = 1) variance. */
-cx_tensor *cx_var(cx_tensor *a, const int *axes, int naxes, int correction, bool keepdim);
-cx_tensor *cx_argmax(cx_tensor *a, int axis, bool keepdim);  /* i64 */
-cx_tensor *cx_logsumexp(cx_tensor *a, int axis, bool keepdim);
+CX_API cx_tensor *cx_var(cx_tensor *a, const int *axes, int naxes, int correction, bool keepdim);
+CX_API cx_tensor *cx_argmax(cx_tensor *a, int axis, bool keepdim);  /* i64 */
+CX_API cx_tensor *cx_logsumexp(cx_tensor *a, int axis, bool keepdim);
 
 /* ---- movement (views) ------------------------------------------------ */
 
 /* One entry of `shape` may be -1 (inferred). */
-cx_tensor *cx_reshape(cx_tensor *a, const int64_t *shape, int ndim);
-cx_tensor *cx_permute(cx_tensor *a, const int *perm);
-cx_tensor *cx_transpose(cx_tensor *a, int axis0, int axis1);
-cx_tensor *cx_expand(cx_tensor *a, const int64_t *shape, int ndim);
+CX_API cx_tensor *cx_reshape(cx_tensor *a, const int64_t *shape, int ndim);
+CX_API cx_tensor *cx_permute(cx_tensor *a, const int *perm);
+CX_API cx_tensor *cx_transpose(cx_tensor *a, int axis0, int axis1);
+CX_API cx_tensor *cx_expand(cx_tensor *a, const int64_t *shape, int ndim);
 /* Elements start..end-1 with `step` (> 0) along `axis`; end is clamped. */
-cx_tensor *cx_slice(cx_tensor *a, int axis, int64_t start, int64_t end, int64_t step);
+CX_API cx_tensor *cx_slice(cx_tensor *a, int axis, int64_t start, int64_t end, int64_t step);
 /* Zero (or `value`) padding, lo/hi per dim (ndim entries each, >= 0). */
-cx_tensor *cx_pad(cx_tensor *a, const int64_t *lo, const int64_t *hi, double value);
-cx_tensor *cx_concat(cx_tensor **ts, int n, int axis);
-cx_tensor *cx_flatten(cx_tensor *a, int start_axis, int end_axis);
-cx_tensor *cx_unsqueeze(cx_tensor *a, int axis);
-cx_tensor *cx_squeeze(cx_tensor *a, int axis);
+CX_API cx_tensor *cx_pad(cx_tensor *a, const int64_t *lo, const int64_t *hi, double value);
+CX_API cx_tensor *cx_concat(cx_tensor **ts, int n, int axis);
+CX_API cx_tensor *cx_flatten(cx_tensor *a, int start_axis, int end_axis);
+CX_API cx_tensor *cx_unsqueeze(cx_tensor *a, int axis);
+CX_API cx_tensor *cx_squeeze(cx_tensor *a, int axis);
 
 /* ---- contractions and friends --------------------------------------- */
 
 /* Batched matmul with numpy broadcasting over batch dims; 1-d operands are
  * promoted as in torch.matmul. */
-cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b);
+CX_API cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b);
 /* x (N, C, H, W), w (O, C/groups, KH, KW), bias (O) or NULL. */
-cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias,
+CX_API cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias,
                      int stride_h, int stride_w, int pad_h, int pad_w,
                      int dil_h, int dil_w, int groups);
 /* x (N, C, H, W). */
-cx_tensor *cx_max_pool2d(cx_tensor *x, int kh, int kw, int sh, int sw, int ph, int pw);
+CX_API cx_tensor *cx_max_pool2d(cx_tensor *x, int kh, int kw, int sh, int sw, int ph, int pw);
 /* count_include_pad as PyTorch's default (true). */
-cx_tensor *cx_avg_pool2d(cx_tensor *x, int kh, int kw, int sh, int sw, int ph, int pw);
+CX_API cx_tensor *cx_avg_pool2d(cx_tensor *x, int kh, int kw, int sh, int sw, int ph, int pw);
 /* out[i][j] = src[index[i][j]][j] along `axis` (torch.gather); index i64/i32. */
-cx_tensor *cx_gather(cx_tensor *src, int axis, cx_tensor *index);
+CX_API cx_tensor *cx_gather(cx_tensor *src, int axis, cx_tensor *index);
 /* out = base, then out[index[i][j]][j] += src[i][j] along `axis`. */
-cx_tensor *cx_scatter_add(cx_tensor *base, int axis, cx_tensor *index, cx_tensor *src);
+CX_API cx_tensor *cx_scatter_add(cx_tensor *base, int axis, cx_tensor *index, cx_tensor *src);
 /* Rows of weight (V, D) selected by integer `index` (any shape) -> (..., D). */
-cx_tensor *cx_embedding(cx_tensor *weight, cx_tensor *index);
+CX_API cx_tensor *cx_embedding(cx_tensor *weight, cx_tensor *index);
 /* (..., num_classes) of dtype. */
-cx_tensor *cx_one_hot(cx_tensor *index, int64_t num_classes, cx_dtype dtype);
+CX_API cx_tensor *cx_one_hot(cx_tensor *index, int64_t num_classes, cx_dtype dtype);
 
 /* ---- composites ----------------------------------------------------- */
 
-cx_tensor *cx_relu(cx_tensor *a);
-cx_tensor *cx_sigmoid(cx_tensor *a);
-cx_tensor *cx_silu(cx_tensor *a);
-cx_tensor *cx_gelu(cx_tensor *a, bool tanh_approx);
-cx_tensor *cx_softmax(cx_tensor *a, int axis);
-cx_tensor *cx_log_softmax(cx_tensor *a, int axis);
+CX_API cx_tensor *cx_relu(cx_tensor *a);
+CX_API cx_tensor *cx_sigmoid(cx_tensor *a);
+CX_API cx_tensor *cx_silu(cx_tensor *a);
+CX_API cx_tensor *cx_gelu(cx_tensor *a, bool tanh_approx);
+CX_API cx_tensor *cx_softmax(cx_tensor *a, int axis);
+CX_API cx_tensor *cx_log_softmax(cx_tensor *a, int axis);
 /* Normalizes over the last `nnorm` dims; weight/bias may be NULL. */
-cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *bias, double eps);
+CX_API cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *bias, double eps);
 
 typedef enum { CX_REDUCE_MEAN = 0, CX_REDUCE_SUM, CX_REDUCE_NONE } cx_reduction;
 /* logp (N, C), target (N) integer. ignore_index < 0 and not -100: none. */
-cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int64_t ignore_index);
-cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction red,
+CX_API cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int64_t ignore_index);
+CX_API cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction red,
                             int64_t ignore_index, double label_smoothing);
-cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red);
+CX_API cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red);
 
 /* ---- collectives (IR ops; run by the registered comm backend) ------- */
 
@@ -258,62 +273,62 @@ typedef struct {
 } cx_replica_groups;
 
 /* `pin` makes the collective unique: CSE never merges it with another. */
-cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op op, double scale,
+CX_API cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op op, double scale,
                          const cx_replica_groups *groups, bool pin);
-cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin);
-cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op op, double scale, int axis,
+CX_API cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin);
+CX_API cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op op, double scale, int axis,
                              const cx_replica_groups *groups, bool pin);
-cx_tensor *cx_all_to_all(cx_tensor *a, int split_axis, int concat_axis,
+CX_API cx_tensor *cx_all_to_all(cx_tensor *a, int split_axis, int concat_axis,
                          const cx_replica_groups *groups, bool pin);
-cx_tensor *cx_broadcast(cx_tensor *a, int root, const cx_replica_groups *groups, bool pin);
+CX_API cx_tensor *cx_broadcast(cx_tensor *a, int root, const cx_replica_groups *groups, bool pin);
 
 /* ---- RNG (counter-based: seed and offset are runtime scalars) ------- */
 
-void cx_manual_seed(uint64_t seed);
+CX_API void cx_manual_seed(uint64_t seed);
 typedef struct { uint64_t seed; uint64_t offset; } cx_rng_state;
-cx_rng_state cx_get_rng_state(void);
-void cx_set_rng_state(cx_rng_state s);
-cx_tensor *cx_rand(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype);
-cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype);
+CX_API cx_rng_state cx_get_rng_state(void);
+CX_API void cx_set_rng_state(cx_rng_state s);
+CX_API cx_tensor *cx_rand(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype);
+CX_API cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype);
 /* 1 with probability p (dtype of the result: `dtype`). */
-cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtype dtype);
+CX_API cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtype dtype);
 
 /* ---- autograd -------------------------------------------------------- */
 
 /* Marks a persistent float tensor as a leaf that accumulates gradients.
  * @return t. */
-cx_tensor *cx_requires_grad(cx_tensor *t, bool on);
-bool cx_get_requires_grad(const cx_tensor *t);
+CX_API cx_tensor *cx_requires_grad(cx_tensor *t, bool on);
+CX_API bool cx_get_requires_grad(const cx_tensor *t);
 /* Accumulates d(loss)/d(leaf) into each reachable leaf's grad (a persistent
  * tensor updated with cx_assign). loss must have one element.
  * @return CX_OK, or CX_ERR_ARG/CX_ERR_SHAPE. */
-cx_status cx_backward(cx_tensor *loss);
+CX_API cx_status cx_backward(cx_tensor *loss);
 /* `value` again, as a node where backward stops and accumulates the
  * gradient reaching it into sink's grad (sink: a persistent float tensor of
  * the same shape, e.g. a placeholder). For wrappers that accumulate the
  * gradient of a computed value (FSDP's no_sync). */
-cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink);
+CX_API cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink);
 /* The gradient of t (NULL if none yet). Owned by t. */
-cx_tensor *cx_grad(cx_tensor *t);
+CX_API cx_tensor *cx_grad(cx_tensor *t);
 /* Sets t's grad to none (frees it). */
-void cx_zero_grad(cx_tensor *t);
+CX_API void cx_zero_grad(cx_tensor *t);
 /* Replaces t's grad with `g` (takes a new persistent handle); NULL clears. */
-void cx_set_grad(cx_tensor *t, cx_tensor *g);
+CX_API void cx_set_grad(cx_tensor *t, cx_tensor *g);
 /* A value equal to t that carries no gradient. */
-cx_tensor *cx_detach(cx_tensor *t);
+CX_API cx_tensor *cx_detach(cx_tensor *t);
 /* No-grad regions nest; ops recorded inside carry no gradient. */
-void cx_no_grad_begin(void);
-void cx_no_grad_end(void);
-bool cx_grad_enabled(void);
+CX_API void cx_no_grad_begin(void);
+CX_API void cx_no_grad_end(void);
+CX_API bool cx_grad_enabled(void);
 /* Rematerialization (gradient checkpointing): nodes recorded between begin
  * and end are recomputed in backward from a fresh, unmerged copy. */
-void cx_remat_begin(void);
-void cx_remat_end(void);
+CX_API void cx_remat_begin(void);
+CX_API void cx_remat_end(void);
 
 /* ---- metrics ---------------------------------------------------------- */
 
 /* @return the counter's value (0 if it never counted). */
-int64_t cx_counter_value(const char *name);
+CX_API int64_t cx_counter_value(const char *name);
 typedef struct {
     int64_t total_samples;
     double accumulator;    /* seconds for timers, raw sum otherwise */
@@ -321,10 +336,10 @@ typedef struct {
     double min, max;
 } cx_metric_stats;
 /* @return true and fills `out` if the metric has samples. */
-bool cx_metric_data(const char *name, cx_metric_stats *out);
-void cx_counter_add(const char *name, int64_t delta);
-void cx_metric_add(const char *name, double value);
-void cx_metrics_clear(void);
+CX_API bool cx_metric_data(const char *name, cx_metric_stats *out);
+CX_API void cx_counter_add(const char *name, int64_t delta);
+CX_API void cx_metric_add(const char *name, double value);
+CX_API void cx_metrics_clear(void);
 
 /* Facts about the last executable that ran (debug queries). */
 typedef struct {
@@ -335,23 +350,23 @@ typedef struct {
     int num_inputs, num_outputs, num_aliased;
     uint64_t key_hi, key_lo;
 } cx_exec_info;
-cx_exec_info cx_last_exec_info(void);
+CX_API cx_exec_info cx_last_exec_info(void);
 
 /* Device memory accounting: bytes of live device buffers + arena now, and
  * the peak since the last reset. */
-int64_t cx_memory_in_use(void);
-int64_t cx_memory_peak(void);
-void cx_memory_reset_peak(void);
+CX_API int64_t cx_memory_in_use(void);
+CX_API int64_t cx_memory_peak(void);
+CX_API void cx_memory_reset_peak(void);
 
 /* ---- runtime configuration --------------------------------------------- */
 
 /* Compute threads (CX_NUM_THREADS overrides the default: all cores). The
  * worker pool owns them all: each gemm is split across the pool into
  * single-threaded OpenBLAS calls, so nothing oversubscribes the cores. */
-void cx_set_num_threads(int n);
-int cx_get_num_threads(void);
+CX_API void cx_set_num_threads(int n);
+CX_API int cx_get_num_threads(void);
 /* Drops every cached executable. */
-void cx_cache_clear(void);
+CX_API void cx_cache_clear(void);
 
 #ifdef __cplusplus
 }

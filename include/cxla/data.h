@@ -29,9 +29,9 @@ typedef struct {
  * @return CX_OK and fills `out`; CX_ERR_IO if the file is missing, unreadable,
  * truncated or not an unsigned-byte IDX file (cx_last_error names the path);
  * CX_ERR_OOM. On error `out` is left empty. */
-cx_status cx_idx_read(const char *path, cx_idx_array *out);
+CX_API cx_status cx_idx_read(const char *path, cx_idx_array *out);
 /* Releases the data of `a` (an empty or NULL array is fine). */
-void cx_idx_array_release(cx_idx_array *a);
+CX_API void cx_idx_array_release(cx_idx_array *a);
 
 /* ---- data sets ------------------------------------------------------------ */
 
@@ -49,7 +49,7 @@ typedef struct {
 } cx_mnist_opts;
 
 /* kind Fashion-MNIST, default dir, train split. */
-cx_mnist_opts cx_mnist_default_opts(void);
+CX_API cx_mnist_opts cx_mnist_default_opts(void);
 
 /* Loads images and labels of one split. Files are looked up as
  * <dir>/<split>-images-idx3-ubyte[.gz] and <dir>/<split>-labels-idx1-ubyte[.gz].
@@ -57,7 +57,7 @@ cx_mnist_opts cx_mnist_default_opts(void);
  * path and, for the default Fashion-MNIST dir, the Debian package
  * dataset-fashion-mnist that provides it), corrupt, or when images and labels
  * disagree; CX_ERR_OOM. */
-cx_status cx_mnist_load(cx_mnist_opts opts, cx_dataset **out);
+CX_API cx_status cx_mnist_load(cx_mnist_opts opts, cx_dataset **out);
 
 typedef struct {
     int64_t size;        /* samples */
@@ -67,24 +67,24 @@ typedef struct {
 } cx_fake_data_opts;
 
 /* 60000 samples of 1x28x28, 10 classes, seed 0. */
-cx_fake_data_opts cx_fake_data_default_opts(void);
+CX_API cx_fake_data_opts cx_fake_data_default_opts(void);
 /* Random pixels and labels from a fixed seed, normalized like MNIST.
  * @return CX_OK, CX_ERR_ARG on a non-positive size, CX_ERR_OOM. */
-cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
+CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
 
-void cx_dataset_free(cx_dataset *ds);
-int64_t cx_dataset_size(const cx_dataset *ds);
+CX_API void cx_dataset_free(cx_dataset *ds);
+CX_API int64_t cx_dataset_size(const cx_dataset *ds);
 /* Per-sample image shape (C, H, W). */
-void cx_dataset_image_shape(const cx_dataset *ds, int64_t chw[3]);
-int cx_dataset_num_classes(const cx_dataset *ds);
+CX_API void cx_dataset_image_shape(const cx_dataset *ds, int64_t chw[3]);
+CX_API int cx_dataset_num_classes(const cx_dataset *ds);
 /* Raw pixels of sample i (C*H*W bytes) and its label. */
-const uint8_t *cx_dataset_pixels(const cx_dataset *ds, int64_t i);
-int64_t cx_dataset_label(const cx_dataset *ds, int64_t i);
+CX_API const uint8_t *cx_dataset_pixels(const cx_dataset *ds, int64_t i);
+CX_API int64_t cx_dataset_label(const cx_dataset *ds, int64_t i);
 /* The normalization applied to pixels / 255. */
-void cx_dataset_normalization(const cx_dataset *ds, float *mean, float *std);
+CX_API void cx_dataset_normalization(const cx_dataset *ds, float *mean, float *std);
 /* Writes the normalized images (n, C, H, W) and labels (n) of the samples
  * `idx[0..n)` into `images` and `labels` (either may be NULL). */
-void cx_dataset_gather(const cx_dataset *ds, const int64_t *idx, int64_t n,
+CX_API void cx_dataset_gather(const cx_dataset *ds, const int64_t *idx, int64_t n,
                        float *images, int64_t *labels);
 
 /* ---- sampler ------------------------------------------------------------ */
@@ -103,23 +103,23 @@ typedef struct {
 typedef struct cx_sampler cx_sampler;
 
 /* shuffle on, seed 0, rank 0 of 1, drop_last off. */
-cx_sampler_opts cx_sampler_default_opts(void);
+CX_API cx_sampler_opts cx_sampler_default_opts(void);
 /* @return a sampler over `dataset_size` indices, or NULL with cx_last_error
  * set when the rank is outside [0, world_size) or the size is not positive. */
-cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts opts);
-void cx_sampler_free(cx_sampler *s);
+CX_API cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts opts);
+CX_API void cx_sampler_free(cx_sampler *s);
 /* Starts epoch `epoch` at position 0 (its own permutation). */
-void cx_sampler_set_epoch(cx_sampler *s, int64_t epoch);
-int64_t cx_sampler_epoch(const cx_sampler *s);
+CX_API void cx_sampler_set_epoch(cx_sampler *s, int64_t epoch);
+CX_API int64_t cx_sampler_epoch(const cx_sampler *s);
 /* Indices this rank takes per epoch. */
-int64_t cx_sampler_len(const cx_sampler *s);
+CX_API int64_t cx_sampler_len(const cx_sampler *s);
 /* Indices already taken this epoch: save it in a checkpoint, restore it with
  * cx_sampler_set_position to resume mid-epoch. */
-int64_t cx_sampler_position(const cx_sampler *s);
+CX_API int64_t cx_sampler_position(const cx_sampler *s);
 /* @return CX_OK, CX_ERR_ARG outside [0, cx_sampler_len]. */
-cx_status cx_sampler_set_position(cx_sampler *s, int64_t pos);
+CX_API cx_status cx_sampler_set_position(cx_sampler *s, int64_t pos);
 /* Takes up to `n` next indices into `out`. @return how many (0 at the end). */
-int64_t cx_sampler_take(cx_sampler *s, int64_t *out, int64_t n);
+CX_API int64_t cx_sampler_take(cx_sampler *s, int64_t *out, int64_t n);
 
 /* ---- loader --------------------------------------------------------------- */
 
@@ -134,7 +134,7 @@ typedef struct {
 } cx_loader_opts;
 
 /* batch 64, drop_last off, prefetch 2, mark_step on. */
-cx_loader_opts cx_loader_default_opts(void);
+CX_API cx_loader_opts cx_loader_default_opts(void);
 
 typedef struct cx_loader cx_loader;
 
@@ -151,30 +151,30 @@ typedef struct {
  * batches while the current step runs.
  * @return a loader, or NULL with cx_last_error set (bad batch size, no
  * thread). */
-cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
+CX_API cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
 /* Stops the background thread and frees the batches still held. NULL is fine. */
-void cx_loader_free(cx_loader *l);
+CX_API void cx_loader_free(cx_loader *l);
 /* Batches per epoch. */
-int64_t cx_loader_len(const cx_loader *l);
+CX_API int64_t cx_loader_len(const cx_loader *l);
 /* Starts epoch `epoch` (sampler permutation) at sample position `position`
  * (0, or a checkpoint's cx_loader_position to resume).
  * @return CX_OK or CX_ERR_ARG on a bad position. */
-cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position);
+CX_API cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position);
 /* Samples handed out so far this epoch (prefetched ones excluded). */
-int64_t cx_loader_position(const cx_loader *l);
+CX_API int64_t cx_loader_position(const cx_loader *l);
 /* Hands out the next batch. The previous batch's tensors are released here
  * (after its step ended, when mark_step is on), so a batch is valid until the
  * next call. @return true with `out` filled, false at the end of the epoch or
  * on an error (then cx_last_error is set: check cx_loader_error). */
-bool cx_loader_next(cx_loader *l, cx_batch *out);
+CX_API bool cx_loader_next(cx_loader *l, cx_batch *out);
 /* With mark_step: ends the step begun for the current batch and releases the
  * batch, e.g. when a loop stops before the end of the epoch (prefetched
  * batches stay; the next cx_loader_next continues with them). Harmless when
  * no step is open. @return the status of cx_step_end (CX_OK when none). */
-cx_status cx_loader_end_step(cx_loader *l);
+CX_API cx_status cx_loader_end_step(cx_loader *l);
 /* @return CX_OK, or the error that ended the last epoch early (a failed
  * upload or step). */
-cx_status cx_loader_error(const cx_loader *l);
+CX_API cx_status cx_loader_error(const cx_loader *l);
 
 #ifdef __cplusplus
 }

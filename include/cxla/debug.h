@@ -39,17 +39,17 @@ extern "C" {
  * ("Metric: NAME", TotalSamples, Accumulator, ValueRate, Rate, Percentiles)
  * then every non-zero counter ("Counter: NAME", Value), each sorted by name.
  * @return a malloc'd string (free() it), or NULL when out of memory. */
-char *cx_metrics_report(void);
+CX_API char *cx_metrics_report(void);
 /* The same for a few names; NULL lists mean PyTorch/XLA's defaults
  * (counters CachedCompile, MarkStep; metrics CompileTime, ExecuteTime,
  * TransferToDeviceTime, TransferFromDeviceTime). */
-char *cx_short_metrics_report(const char *const *counter_names, int ncounters,
+CX_API char *cx_short_metrics_report(const char *const *counter_names, int ncounters,
                               const char *const *metric_names, int nmetrics);
 /* Names of the non-zero counters / the metrics with samples, sorted. Fills
  * up to `cap` entries of `names` (may be NULL with cap 0); the strings live
  * as long as the process. @return the total number of names. */
-int cx_counter_names(const char **names, int cap);
-int cx_metric_names(const char **names, int cap);
+CX_API int cx_counter_names(const char **names, int cap);
+CX_API int cx_metric_names(const char **names, int cap);
 /* (cx_metrics_clear() in core.h clears counters, metrics and samples.) */
 
 /* ---- IR dumps --------------------------------------------------------------- */
@@ -58,22 +58,22 @@ int cx_metric_names(const char **names, int cap);
  * one "%i = f32[2,3] op(%a, %b), attrs" line per node, ROOT=k on the
  * outputs) or as a Graphviz digraph. Materialized tensors show as a
  * device_data leaf. @return a malloc'd string, or NULL when out of memory. */
-char *cx_ir_text(cx_tensor *const *ts, int n);
-char *cx_ir_dot(cx_tensor *const *ts, int n);
+CX_API char *cx_ir_text(cx_tensor *const *ts, int n);
+CX_API char *cx_ir_dot(cx_tensor *const *ts, int n);
 
 /* ---- debug configuration ------------------------------------------------------ */
 
 /* Reads the environment variables above again (they are otherwise read
  * once, at the first sync). */
-void cx_debug_reload_env(void);
+CX_API void cx_debug_reload_env(void);
 /* @return PT_XLA_DEBUG_LEVEL as configured (0 = off). */
-int cx_debug_level(void);
+CX_API int cx_debug_level(void);
 
 /* ---- call sites ------------------------------------------------------------------- */
 
-cx_status cx_sync_at(const char *file, int line);
-cx_status cx_step_end_at(const char *file, int line);
-double cx_item_at(cx_tensor *t, const char *file, int line);
+CX_API cx_status cx_sync_at(const char *file, int line);
+CX_API cx_status cx_step_end_at(const char *file, int line);
+CX_API double cx_item_at(cx_tensor *t, const char *file, int line);
 
 #ifndef CX_NO_CALLSITE_MACROS
 #define cx_sync() cx_sync_at(__FILE__, __LINE__)
@@ -89,9 +89,9 @@ typedef void (*cx_step_closure_fn)(void *arg);
  * be read in it without another execution. run_async: run on a background
  * thread instead (still in order among the async closures).
  * @return CX_OK, CX_ERR_ARG (fn NULL) or CX_ERR_OOM. */
-cx_status cx_add_step_closure(cx_step_closure_fn fn, void *arg, bool run_async);
+CX_API cx_status cx_add_step_closure(cx_step_closure_fn fn, void *arg, bool run_async);
 /* Waits until every async closure added so far has run. */
-void cx_wait_step_closures(void);
+CX_API void cx_wait_step_closures(void);
 
 /* ---- profiler ------------------------------------------------------------------------ */
 
@@ -99,13 +99,13 @@ void cx_wait_step_closures(void);
  * events; cx_trace_stop writes them as a Chrome trace-event JSON to
  * DIR/proc_<rank>/trace.json (open it in Perfetto or chrome://tracing).
  * @return CX_OK, CX_ERR_STATE (already tracing / not tracing), CX_ERR_IO. */
-cx_status cx_trace_start(const char *dir);
-cx_status cx_trace_stop(void);
-bool cx_trace_active(void);
+CX_API cx_status cx_trace_start(const char *dir);
+CX_API cx_status cx_trace_stop(void);
+CX_API bool cx_trace_active(void);
 /* A named user region on this thread. push returns whether it was recorded;
  * pop closes the innermost recorded region (no-op when there is none). */
-bool cx_trace_push(const char *name);
-void cx_trace_pop(void);
+CX_API bool cx_trace_push(const char *name);
+CX_API void cx_trace_pop(void);
 
 static inline void cx_trace_scope_end_(bool *recorded)
 {
@@ -126,14 +126,14 @@ static inline void cx_trace_scope_end_(bool *recorded)
  * readonly: look up but never write. Must be called before any
  * computation. @return CX_OK, CX_ERR_STATE (too late, or already
  * initialized with another path), CX_ERR_IO (cannot create the directory). */
-cx_status cx_cache_init(const char *path, bool readonly);
+CX_API cx_status cx_cache_init(const char *path, bool readonly);
 /* @return the cache directory, or NULL when there is none. */
-const char *cx_cache_dir(void);
+CX_API const char *cx_cache_dir(void);
 /* Compile options: a free-form string that is part of every cache key
  * (default: $XLA_FLAGS and $CX_COMPILE_OPTIONS). Changing it never reuses
  * an executable compiled under other options. */
-void cx_set_compile_options(const char *opts);
-const char *cx_get_compile_options(void);
+CX_API void cx_set_compile_options(const char *opts);
+CX_API const char *cx_get_compile_options(void);
 
 #ifdef __cplusplus
 }

@@ -35,33 +35,33 @@ typedef struct {
     int n_auto_wrap_types;
     bool grad_ckpt;                   /* rematerialize each unit's forward in backward */
 } cx_fsdp_opts;
-cx_fsdp_opts cx_fsdp_default_opts(void);
+CX_API cx_fsdp_opts cx_fsdp_default_opts(void);
 
 /* Wraps `m` (borrowed; it must outlive the wrapper). Checks that every rank
  * wraps the same model the same way (a mismatch is an error on every rank,
  * never a hang), takes rank 0's values, and shards them.
  * @return the wrapper, or NULL with cx_last_error set. */
-cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts);
-void cx_fsdp_free(cx_fsdp *f);
-cx_module *cx_fsdp_module(cx_fsdp *f);
+CX_API cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts);
+CX_API void cx_fsdp_free(cx_fsdp *f);
+CX_API cx_module *cx_fsdp_module(cx_fsdp *f);
 
-cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x);
+CX_API cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x);
 /* Backward: gradients are reduce-scattered (mean over ranks) into each
  * shard's grad. Inside no_sync they accumulate unsharded per unit instead
  * (no reduce-scatter; a full-size gradient per unit, as PyTorch's FSDP) and
  * the next backward outside it reduce-scatters them onto its own. */
-cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss);
-void cx_fsdp_no_sync_begin(cx_fsdp *f);
-void cx_fsdp_no_sync_end(cx_fsdp *f);
+CX_API cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss);
+CX_API void cx_fsdp_no_sync_begin(cx_fsdp *f);
+CX_API void cx_fsdp_no_sync_end(cx_fsdp *f);
 
 /* The local flat shards, one per unit, named "<unit path>.flat_param"
  * ("flat_param" for the root). Give these to the optimizer.
  * Release the array with free(). */
-cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n);
+CX_API cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n);
 
 /* Global gradient-norm clipping across shards: local sum of squares, one
  * all-reduce. @return the total norm before clipping (lazy 0-d tensor). */
-cx_tensor *cx_fsdp_clip_grad_norm(cx_fsdp *f, double max_norm);
+CX_API cx_tensor *cx_fsdp_clip_grad_norm(cx_fsdp *f, double max_norm);
 
 /* ---- metadata and state dicts ------------------------------------------------ */
 
@@ -87,7 +87,7 @@ typedef struct {
 } cx_fsdp_unit_info;
 
 /* Per unit, in wrap order. Owned by the wrapper. */
-const cx_fsdp_unit_info *cx_fsdp_shard_metadata(const cx_fsdp *f, int *nunits);
+CX_API const cx_fsdp_unit_info *cx_fsdp_shard_metadata(const cx_fsdp *f, int *nunits);
 
 /* Full state dict gathered to rank 0 one unit at a time (never the whole
  * model on any rank): fn is called on rank 0 for every parameter with its
@@ -95,12 +95,12 @@ const cx_fsdp_unit_info *cx_fsdp_shard_metadata(const cx_fsdp *f, int *nunits);
  * @return CX_OK or the first error (from fn or communication). */
 typedef cx_status (*cx_fsdp_tensor_fn)(void *ctx, const char *name, const int64_t *shape, int ndim,
                                        const float *data);
-cx_status cx_fsdp_full_state_dict(cx_fsdp *f, cx_fsdp_tensor_fn fn, void *ctx);
+CX_API cx_status cx_fsdp_full_state_dict(cx_fsdp *f, cx_fsdp_tensor_fn fn, void *ctx);
 
 /* Loads one full (unsharded) parameter into the local shard (the slice this
  * rank owns; any world size). @return CX_OK, CX_ERR_ARG for an unknown name
  * or a wrong numel. */
-cx_status cx_fsdp_load_full_param(cx_fsdp *f, const char *name, const float *data, int64_t numel);
+CX_API cx_status cx_fsdp_load_full_param(cx_fsdp *f, const char *name, const float *data, int64_t numel);
 
 /* ---- gradient checkpointing ---------------------------------------------------- */
 
@@ -108,7 +108,7 @@ cx_status cx_fsdp_load_full_param(cx_fsdp *f, const char *name, const float *dat
  * backward, so its activations die after their forward use. Under FSDP the
  * unit's gathered parameters are reused, not gathered twice.
  * @return CX_OK or CX_ERR_ARG. */
-cx_status cx_checkpoint_module(cx_module *m);
+CX_API cx_status cx_checkpoint_module(cx_module *m);
 
 #ifdef __cplusplus
 }

@@ -27,43 +27,37 @@ typedef struct {
     void (*free)(void *impl);                              /* may be NULL */
 } cx_module_type;
 
-/* A name and a tensor. `name` is owned by whoever returned the array. */
-typedef struct {
-    const char *name;
-    cx_tensor *tensor;
-} cx_named_tensor;
-
 /* ---- building modules ------------------------------------------------- */
 
 /* A new module of `type` in training mode; takes `impl` (released with
  * type->free when the module is freed, also on failure here).
  * @return the module, or NULL when out of memory (cx_last_error set). */
-cx_module *cx_module_new(const cx_module_type *type, void *impl);
-void *cx_module_impl(const cx_module *m);
-const char *cx_module_type_name(const cx_module *m);
+CX_API cx_module *cx_module_new(const cx_module_type *type, void *impl);
+CX_API void *cx_module_impl(const cx_module *m);
+CX_API const char *cx_module_type_name(const cx_module *m);
 
 /* Registers `t` (made persistent, materialized, marked requires-grad) as
  * parameter `name` (no dots). The module owns it from now on, also on failure.
  * @return the slot for cx_module_param (>= 0), or -1 with cx_last_error set
  * on a duplicate or bad name, a non-float tensor, or out of memory. */
-int cx_module_register_parameter(cx_module *m, const char *name, cx_tensor *t);
+CX_API int cx_module_register_parameter(cx_module *m, const char *name, cx_tensor *t);
 /* As above for a buffer (persistent state without gradient, e.g. running
  * statistics). @return the slot for cx_module_buffer, or -1. */
-int cx_module_register_buffer(cx_module *m, const char *name, cx_tensor *t);
+CX_API int cx_module_register_buffer(cx_module *m, const char *name, cx_tensor *t);
 /* Adds `child` under `name` (no dots); the module owns it from now on, also
  * on failure. @return the child's slot (>= 0), or -1 on a duplicate/bad name
  * or out of memory. */
-int cx_module_add_child(cx_module *m, const char *name, cx_module *child);
+CX_API int cx_module_add_child(cx_module *m, const char *name, cx_module *child);
 
 /* Direct access by slot (for forward functions: no string lookups). */
-cx_tensor *cx_module_param(const cx_module *m, int slot);
-cx_tensor *cx_module_buffer(const cx_module *m, int slot);
-cx_module *cx_module_child(const cx_module *m, int slot);
-int cx_module_num_children(const cx_module *m);
+CX_API cx_tensor *cx_module_param(const cx_module *m, int slot);
+CX_API cx_tensor *cx_module_buffer(const cx_module *m, int slot);
+CX_API cx_module *cx_module_child(const cx_module *m, int slot);
+CX_API int cx_module_num_children(const cx_module *m);
 /* Replaces the tensor in a parameter or buffer slot (the module takes `t`,
  * frees the old one). For wrappers that swap parameters (FSDP views). */
-void cx_module_set_param(cx_module *m, int slot, cx_tensor *t);
-void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t);
+CX_API void cx_module_set_param(cx_module *m, int slot, cx_tensor *t);
+CX_API void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t);
 
 /* Forward hooks, as PyTorch's forward pre/post hooks: `pre` runs before the
  * module's forward, `post` after it (post hooks in reverse order). Used by
@@ -75,120 +69,120 @@ typedef struct {
     void *ctx;
 } cx_module_hooks;
 /* @return the hook's index, or -1 (too many hooks, NULL argument). */
-int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h);
+CX_API int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h);
 /* Removes every hook registered with `ctx`. */
-void cx_module_remove_hooks(cx_module *m, void *ctx);
+CX_API void cx_module_remove_hooks(cx_module *m, void *ctx);
 /* The module's own parameters (not its children's): count, names, slots. */
-int cx_module_num_own_params(const cx_module *m);
-const char *cx_module_param_name(const cx_module *m, int slot);
-int cx_module_param_slot(const cx_module *m, const char *name);
-const char *cx_module_child_name(const cx_module *m, int slot);
+CX_API int cx_module_num_own_params(const cx_module *m);
+CX_API const char *cx_module_param_name(const cx_module *m, int slot);
+CX_API int cx_module_param_slot(const cx_module *m, const char *name);
+CX_API const char *cx_module_child_name(const cx_module *m, int slot);
 
 /* ---- using modules ---------------------------------------------------- */
 
 /* Records the module's forward on x. @return its output (a step tensor when
  * called inside a step), or a poisoned tensor for a NULL module. */
-cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x);
+CX_API cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x);
 /* Training (true) or evaluation mode, for the module and all children. */
-void cx_module_train(cx_module *m, bool on);
-bool cx_module_is_training(const cx_module *m);
+CX_API void cx_module_train(cx_module *m, bool on);
+CX_API bool cx_module_is_training(const cx_module *m);
 /* Frees the module, its parameters, buffers and children. NULL is fine. */
-void cx_module_free(cx_module *m);
+CX_API void cx_module_free(cx_module *m);
 
 /* Parameters of the module and its children in registration order (own
  * parameters first, then each child's), with full names. One allocation:
  * release it with free(). @return the array (n = 0 and a non-NULL array for
  * a module without parameters), NULL when out of memory. */
-cx_named_tensor *cx_module_parameters(const cx_module *m, int *n);
+CX_API cx_named_tensor *cx_module_parameters(const cx_module *m, int *n);
 /* Buffers, likewise. */
-cx_named_tensor *cx_module_buffers(const cx_module *m, int *n);
+CX_API cx_named_tensor *cx_module_buffers(const cx_module *m, int *n);
 /* The state dict, PyTorch's order: per module its parameters then its
  * buffers, then each child's. Release with free(). */
-cx_named_tensor *cx_module_state_dict(const cx_module *m, int *n);
+CX_API cx_named_tensor *cx_module_state_dict(const cx_module *m, int *n);
 /* The parameter or buffer with full name `key` ("fc1.weight"), NULL if none. */
-cx_tensor *cx_module_get(const cx_module *m, const char *key);
+CX_API cx_tensor *cx_module_get(const cx_module *m, const char *key);
 /* The submodule with full name `path` ("layer1.0"), NULL if none. */
-cx_module *cx_module_find(cx_module *m, const char *path);
+CX_API cx_module *cx_module_find(cx_module *m, const char *path);
 /* Total number of parameter elements (sum of numel). */
-int64_t cx_module_num_params(const cx_module *m);
+CX_API int64_t cx_module_num_params(const cx_module *m);
 /* Overwrites the parameter/buffer `key` with host data of its own shape
  * (converted from `dtype`), materializing it at once.
  * @return CX_OK, CX_ERR_ARG for an unknown key, or the sync error. */
-cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dtype dtype);
+CX_API cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dtype dtype);
 
 /* ---- initialization (PyTorch's torch.nn.init, from the seeded RNG) ---- */
 
 /* fan_in of a weight (out, in, ...): in * prod(kernel dims). */
-int64_t cx_init_fan_in(const int64_t *shape, int ndim);
+CX_API int64_t cx_init_fan_in(const int64_t *shape, int ndim);
 /* New persistent tensors (materialized). */
-cx_tensor *cx_init_uniform(const int64_t *shape, int ndim, double lo, double hi);
-cx_tensor *cx_init_normal(const int64_t *shape, int ndim, double mean, double std);
+CX_API cx_tensor *cx_init_uniform(const int64_t *shape, int ndim, double lo, double hi);
+CX_API cx_tensor *cx_init_normal(const int64_t *shape, int ndim, double mean, double std);
 /* kaiming_uniform_(w, a): bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)). */
-cx_tensor *cx_init_kaiming_uniform(const int64_t *shape, int ndim, double a);
+CX_API cx_tensor *cx_init_kaiming_uniform(const int64_t *shape, int ndim, double a);
 
 /* ---- layers ----------------------------------------------------------- */
 
 /* Linear: y = x W^T + b, W (out, in), b (out); x (..., in). */
-cx_module *cx_nn_linear(int64_t in_features, int64_t out_features, bool bias);
+CX_API cx_module *cx_nn_linear(int64_t in_features, int64_t out_features, bool bias);
 
 typedef struct {
     int stride, padding, dilation, groups;
     bool bias;
 } cx_conv2d_opts;
 /* stride 1, padding 0, dilation 1, groups 1, bias on. */
-cx_conv2d_opts cx_conv2d_default_opts(void);
+CX_API cx_conv2d_opts cx_conv2d_default_opts(void);
 /* Conv2d with a square kernel: x (N, in, H, W), W (out, in/groups, k, k). */
-cx_module *cx_nn_conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, cx_conv2d_opts opts);
+CX_API cx_module *cx_nn_conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, cx_conv2d_opts opts);
 
 /* stride 0 means stride = kernel (PyTorch's default). */
-cx_module *cx_nn_max_pool2d(int kernel_size, int stride, int padding);
-cx_module *cx_nn_avg_pool2d(int kernel_size, int stride, int padding);
+CX_API cx_module *cx_nn_max_pool2d(int kernel_size, int stride, int padding);
+CX_API cx_module *cx_nn_avg_pool2d(int kernel_size, int stride, int padding);
 /* Output (N, C, out_h, out_w) with PyTorch's window boundaries. */
-cx_module *cx_nn_adaptive_avg_pool2d(int out_h, int out_w);
+CX_API cx_module *cx_nn_adaptive_avg_pool2d(int out_h, int out_w);
 /* Flattens dims start..end (negative counts from the end); (1, -1) as PyTorch. */
-cx_module *cx_nn_flatten(int start_dim, int end_dim);
+CX_API cx_module *cx_nn_flatten(int start_dim, int end_dim);
 
-cx_module *cx_nn_relu(void);
-cx_module *cx_nn_gelu(bool tanh_approx);
-cx_module *cx_nn_silu(void);
-cx_module *cx_nn_tanh(void);
-cx_module *cx_nn_sigmoid(void);
+CX_API cx_module *cx_nn_relu(void);
+CX_API cx_module *cx_nn_gelu(bool tanh_approx);
+CX_API cx_module *cx_nn_silu(void);
+CX_API cx_module *cx_nn_tanh(void);
+CX_API cx_module *cx_nn_sigmoid(void);
 /* log_softmax / softmax over `dim`. */
-cx_module *cx_nn_log_softmax(int dim);
+CX_API cx_module *cx_nn_log_softmax(int dim);
 /* Zeroes elements with probability p and scales the rest by 1/(1-p) in
  * training mode; identity in evaluation mode. NULL for p outside [0, 1]. */
-cx_module *cx_nn_dropout(double p);
+CX_API cx_module *cx_nn_dropout(double p);
 
 typedef struct {
     double eps, momentum;
     bool affine, track_running_stats;
 } cx_batch_norm_opts;
 /* eps 1e-5, momentum 0.1, affine, tracking running stats. */
-cx_batch_norm_opts cx_batch_norm_default_opts(void);
+CX_API cx_batch_norm_opts cx_batch_norm_default_opts(void);
 /* BatchNorm2d over (N, C, H, W): parameters weight, bias; buffers
  * running_mean, running_var, num_batches_tracked. Training mode normalizes
  * with the batch statistics and updates the running ones (unbiased
  * variance); evaluation mode uses the running ones. */
-cx_module *cx_nn_batch_norm2d(int64_t num_features, cx_batch_norm_opts opts);
+CX_API cx_module *cx_nn_batch_norm2d(int64_t num_features, cx_batch_norm_opts opts);
 
 /* LayerNorm over the last dim of size `dim` (weight 1, bias 0). */
-cx_module *cx_nn_layer_norm(int64_t dim, double eps, bool elementwise_affine);
+CX_API cx_module *cx_nn_layer_norm(int64_t dim, double eps, bool elementwise_affine);
 /* Embedding (num, dim) with N(0, 1) weights; input: integer indices. */
-cx_module *cx_nn_embedding(int64_t num_embeddings, int64_t dim);
+CX_API cx_module *cx_nn_embedding(int64_t num_embeddings, int64_t dim);
 
 /* Sequential: children "0", "1", ... applied in order. Takes the modules
  * (also on failure; NULL entries make the call fail). */
-cx_module *cx_nn_sequential(cx_module **mods, int n);
+CX_API cx_module *cx_nn_sequential(cx_module **mods, int n);
 /* Appends a child to a Sequential. @return its slot or -1. */
-int cx_nn_sequential_append(cx_module *seq, cx_module *child);
+CX_API int cx_nn_sequential_append(cx_module *seq, cx_module *child);
 
 /* Causal multi-head self-attention: qkv Linear(d, 3d), scaled dot product
  * with a causal mask, proj Linear(d, d); x (B, T, d). */
-cx_module *cx_nn_causal_self_attention(int64_t d_model, int n_heads);
+CX_API cx_module *cx_nn_causal_self_attention(int64_t d_model, int n_heads);
 /* Pre-norm Transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)) with
  * mlp = Sequential(Linear(d, 4d), GELU, Linear(4d, d)). Children: ln_1,
  * attn (qkv, proj), ln_2, mlp ("0", "2"). x (B, T, d). */
-cx_module *cx_nn_transformer_block(int64_t d_model, int n_heads);
+CX_API cx_module *cx_nn_transformer_block(int64_t d_model, int n_heads);
 
 #ifdef __cplusplus
 }

@@ -11,7 +11,6 @@
 #define CXLA_OPTIM_H
 
 #include <cxla/core.h>
-#include <cxla/nn.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +23,7 @@ typedef struct {
     bool nesterov;
 } cx_sgd_opts;
 /* lr 0.01, momentum 0, dampening 0, weight_decay 0, nesterov off. */
-cx_sgd_opts cx_sgd_default_opts(void);
+CX_API cx_sgd_opts cx_sgd_default_opts(void);
 
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
@@ -32,42 +31,42 @@ typedef struct {
 } cx_adam_opts;
 /* lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0 (cx_adamw_default_opts:
  * 0.01), amsgrad off. */
-cx_adam_opts cx_adam_default_opts(void);
-cx_adam_opts cx_adamw_default_opts(void);
+CX_API cx_adam_opts cx_adam_default_opts(void);
+CX_API cx_adam_opts cx_adamw_default_opts(void);
 
 /* Optimizers over `n` named parameters (e.g. from cx_module_parameters; the
  * names are copied, the tensors borrowed: they must outlive the optimizer).
  * @return the optimizer, or NULL with cx_last_error set on bad
  * hyper-parameters (negative lr, momentum, ..., nesterov without momentum or
  * with dampening, betas outside [0, 1)) or out of memory. */
-cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts opts);
+CX_API cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts opts);
 /* Adam: L2 weight decay added to the gradient. */
-cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts opts);
+CX_API cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts opts);
 /* AdamW: decoupled weight decay, param *= 1 - lr * weight_decay. */
-cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts opts);
-void cx_optim_free(cx_optimizer *opt);
+CX_API cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts opts);
+CX_API void cx_optim_free(cx_optimizer *opt);
 
 /* Records one update of every parameter that has a gradient (in no-grad
  * mode). Parameters without one are skipped, as in PyTorch.
  * @return CX_OK, or the error of a poisoned gradient/update (CX_ERR_SHAPE). */
-cx_status cx_optim_step(cx_optimizer *opt);
+CX_API cx_status cx_optim_step(cx_optimizer *opt);
 /* Sets every parameter's gradient to none (PyTorch's set_to_none=True). */
-void cx_optim_zero_grad(cx_optimizer *opt);
+CX_API void cx_optim_zero_grad(cx_optimizer *opt);
 
-void cx_optim_set_lr(cx_optimizer *opt, double lr);
-double cx_optim_get_lr(const cx_optimizer *opt);
+CX_API void cx_optim_set_lr(cx_optimizer *opt, double lr);
+CX_API double cx_optim_get_lr(const cx_optimizer *opt);
 /* Steps taken (the host's copy of the "step" state). */
-int64_t cx_optim_step_count(const cx_optimizer *opt);
+CX_API int64_t cx_optim_step_count(const cx_optimizer *opt);
 /* After restoring state from a checkpoint. */
-void cx_optim_set_step_count(cx_optimizer *opt, int64_t steps);
-const char *cx_optim_name(const cx_optimizer *opt);   /* "SGD", "Adam", "AdamW" */
+CX_API void cx_optim_set_step_count(cx_optimizer *opt, int64_t steps);
+CX_API const char *cx_optim_name(const cx_optimizer *opt);   /* "SGD", "Adam", "AdamW" */
 
 /* The state tensors, named "<param>.<state>" ("fc1.weight.exp_avg",
  * "fc1.weight.momentum_buffer", "fc1.weight.step"), in parameter order.
  * One allocation: release with free(). NULL when out of memory. */
-cx_named_tensor *cx_optim_state(const cx_optimizer *opt, int *n);
+CX_API cx_named_tensor *cx_optim_state(const cx_optimizer *opt, int *n);
 /* The parameters it updates (names as given). Release with free(). */
-cx_named_tensor *cx_optim_params(const cx_optimizer *opt, int *n);
+CX_API cx_named_tensor *cx_optim_params(const cx_optimizer *opt, int *n);
 
 /* ---- gradient clipping ----------------------------------------------------- */
 
@@ -77,9 +76,9 @@ cx_named_tensor *cx_optim_params(const cx_optimizer *opt, int *n);
  * back. Tensors without a gradient are skipped.
  * @return the total norm before clipping, a lazy 0-d tensor (owned by the
  * caller/step), or a poisoned tensor on max_norm <= 0. */
-cx_tensor *cx_clip_grad_norm(cx_tensor *const *params, int n, double max_norm);
+CX_API cx_tensor *cx_clip_grad_norm(cx_tensor *const *params, int n, double max_norm);
 /* The same over an optimizer's parameters. */
-cx_tensor *cx_optim_clip_grad_norm(cx_optimizer *opt, double max_norm);
+CX_API cx_tensor *cx_optim_clip_grad_norm(cx_optimizer *opt, double max_norm);
 
 /* ---- learning-rate schedules ------------------------------------------------- */
 
@@ -106,9 +105,9 @@ typedef struct {
 
 /* Constant 0.01, step_size 1, gamma 0.1, total_steps 1, min_lr 0, no warm-up
  * (start factor 1/3 as LinearLR's default). */
-cx_lr_schedule cx_lr_schedule_default_opts(void);
+CX_API cx_lr_schedule cx_lr_schedule_default_opts(void);
 /* The learning rate for step t (0-based). */
-double cx_lr_at(const cx_lr_schedule *s, int64_t t);
+CX_API double cx_lr_at(const cx_lr_schedule *s, int64_t t);
 
 #ifdef __cplusplus
 }

@@ -20,24 +20,24 @@ extern "C" {
  * registers the MPI comm backend; otherwise a world of one. Sets the compute
  * threads to cores / local ranks unless CX_NUM_THREADS says otherwise.
  * @return CX_OK, or CX_ERR_COMM with a message when MPI cannot start. */
-cx_status cx_dist_init(int *argc, char ***argv);
+CX_API cx_status cx_dist_init(int *argc, char ***argv);
 /* Drains pending collectives and finalizes MPI. Safe to call twice. */
-void cx_dist_finalize(void);
-bool cx_dist_is_initialized(void);
+CX_API void cx_dist_finalize(void);
+CX_API bool cx_dist_is_initialized(void);
 
-int cx_world_size(void);
-int cx_global_ordinal(void);
-int cx_local_ordinal(void);
-int cx_local_process_count(void);
-int cx_addressable_device_count(void);  /* devices this process drives: 1 */
-int cx_global_device_count(void);       /* = world size */
+CX_API int cx_world_size(void);
+CX_API int cx_global_ordinal(void);
+CX_API int cx_local_ordinal(void);
+CX_API int cx_local_process_count(void);
+CX_API int cx_addressable_device_count(void);  /* devices this process drives: 1 */
+CX_API int cx_global_device_count(void);       /* = world size */
 /* Rank 0 of the world (local = false) or of this host (local = true). */
-bool cx_is_master_ordinal(bool local);
+CX_API bool cx_is_master_ordinal(bool local);
 
 /* ---- eager host collectives ----------------------------------------------------- */
 
 /* Every rank waits for every other. @return CX_OK or CX_ERR_COMM. */
-cx_status cx_barrier(void);
+CX_API cx_status cx_barrier(void);
 
 /* Exchanges `n` bytes of payload with every rank under `tag` (which must be
  * the same on every rank: a mismatch is an error on every rank, not a hang).
@@ -45,31 +45,31 @@ cx_status cx_barrier(void);
  * the largest size, and sizes[r] (caller-provided, world_size entries, may
  * be NULL) their sizes. Release *out with free().
  * @return CX_OK, CX_ERR_ARG on a tag mismatch, CX_ERR_COMM. */
-cx_status cx_rendezvous(const char *tag, const void *payload, size_t n, void **out, size_t *sizes);
+CX_API cx_status cx_rendezvous(const char *tag, const void *payload, size_t n, void **out, size_t *sizes);
 
 /* reduce(all, world, n, out): all holds world rows of n doubles. */
 typedef void (*cx_mesh_reduce_fn)(const double *all, int world, int n, double *out);
 /* Gathers `n` doubles from every rank and applies `reduce` (the same result
  * on every rank), as xm.mesh_reduce. NULL reduce = mean. */
-cx_status cx_mesh_reduce(const char *tag, const double *data, int n, cx_mesh_reduce_fn reduce, double *out);
+CX_API cx_status cx_mesh_reduce(const char *tag, const double *data, int n, cx_mesh_reduce_fn reduce, double *out);
 
 /* Copies rank 0's parameters and buffers into every rank's module.
  * @return CX_OK, CX_ERR_ARG when the modules differ across ranks, CX_ERR_COMM. */
-cx_status cx_broadcast_master_params(cx_module *m);
+CX_API cx_status cx_broadcast_master_params(cx_module *m);
 
 /* ---- gradient all-reduce --------------------------------------------------------- */
 
 /* xm.optimizer_step: all-reduces (mean) the gradients of the optimizer's
  * parameters in reverse-order buckets, then records the optimizer step.
  * @return the optimizer step's status. */
-cx_status cx_optimizer_step(cx_optimizer *opt);
+CX_API cx_status cx_optimizer_step(cx_optimizer *opt);
 
 /* Records the bucketed all-reduce of the gradients of `params` (reverse
  * order; the first bucket holds up to first_bucket_bytes, the others up to
  * bucket_bytes; each bucket is one pinned all-reduce whose result is
  * multiplied by `scale`). Parameters without a gradient are skipped.
  * @return the number of buckets, or -1 (error set). */
-int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes,
+CX_API int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes,
                            double scale);
 
 /* ---- DistributedDataParallel -------------------------------------------------------- */
@@ -81,27 +81,27 @@ typedef struct {
     int64_t bucket_bytes;         /* 25 MiB */
     bool broadcast_buffers;       /* copy rank 0's buffers before each forward (true) */
 } cx_ddp_opts;
-cx_ddp_opts cx_ddp_default_opts(void);
+CX_API cx_ddp_opts cx_ddp_default_opts(void);
 
 /* Wraps `m` (borrowed; it must outlive the wrapper): checks that every rank
  * has the same parameter names, shapes and order, then broadcasts rank 0's
  * parameters and buffers. @return the wrapper, or NULL with an error naming
  * the first difference (on every rank) or a communication failure. */
-cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts);
-void cx_ddp_free(cx_ddp *d);
-cx_module *cx_ddp_module(cx_ddp *d);
-cx_tensor *cx_ddp_forward(cx_ddp *d, cx_tensor *x);
+CX_API cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts);
+CX_API void cx_ddp_free(cx_ddp *d);
+CX_API cx_module *cx_ddp_module(cx_ddp *d);
+CX_API cx_tensor *cx_ddp_forward(cx_ddp *d, cx_tensor *x);
 /* Backward, then (outside no_sync) the bucketed mean all-reduce of every
  * gradient, each bucket issued as soon as its gradients exist. */
-cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss);
+CX_API cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss);
 /* Gradient accumulation: backward inside no_sync only accumulates locally;
  * the next backward outside it all-reduces the accumulated gradients. */
-void cx_ddp_no_sync_begin(cx_ddp *d);
-void cx_ddp_no_sync_end(cx_ddp *d);
+CX_API void cx_ddp_no_sync_begin(cx_ddp *d);
+CX_API void cx_ddp_no_sync_end(cx_ddp *d);
 /* Buckets of the last synchronized backward (what the policy predicts). */
-int cx_ddp_num_buckets(const cx_ddp *d);
+CX_API int cx_ddp_num_buckets(const cx_ddp *d);
 /* Buckets the policy makes for the current gradients' sizes (reverse order). */
-int cx_ddp_predict_buckets(const cx_ddp *d);
+CX_API int cx_ddp_predict_buckets(const cx_ddp *d);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
  * bucket, reverse registration order, 1/world folded into the result). The
  * executor issues each as soon as its gradients are computed and waits only
  * where the optimizer needs them, so the rest of backward overlaps them. */
-#include "../parallel_internal.h"
+#include "parallel_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * backward gets a fresh, pinned all-gather, so the forward's gathered
  * parameters die right after the unit's forward. ZeRO-2 reuses the forward's
  * gathered parameters in backward. */
-#include "../parallel_internal.h"
+#include "parallel_internal.h"
 #include <cxla/fsdp.h>
 
 #include <stdio.h>

@@ -1,0 +1,42 @@
+#!/bin/sh
+# The layers of docs/architecture.md, checked on the build's own compile
+# commands and on the sources:
+#   - util, core, nn and optim compile without MPI or HDF5 on their include
+#     path; only parallel/ sees MPI and only checkpoint/ sees HDF5;
+#   - no layer but core sees core/'s private headers;
+#   - no source reaches into another folder with a relative include.
+# usage: check_layers.sh SOURCE_DIR BUILD_DIR
+set -eu
+src=$1 build=$2
+db=$build/compile_commands.json
+[ -f "$db" ] || { echo "check_layers: $db is missing (CMAKE_EXPORT_COMPILE_COMMANDS)" >&2; exit 1; }
+
+status=0
+# one line per library object: "<source path> <its -I flags>"
+awk -v src="$src/" '
+    /"command":/ {
+        line = $0; incs = ""; file = ""
+        n = split(line, w, " ")
+        for (i = 1; i <= n; i++) {
+            if (w[i] ~ /^-I/ || w[i] ~ /^-isystem/) incs = incs " " w[i] (w[i] == "-isystem" ? w[i+1] : "")
+            if (w[i] == "-c") file = w[i+1]
+        }
+        gsub(/[",]/, "", file)
+        if (index(file, src) == 1) print substr(file, length(src) + 1), incs
+    }' "$db" > "$build/layers.txt"
+[ -s "$build/layers.txt" ] || { echo "check_layers: no library sources in $db" >&2; exit 1; }
+
+while read -r file incs; do
+    layer=${file%%/*}
+    case $layer in util|core|nn|optim|parallel|checkpoint) ;; *) continue ;; esac
+    case "$incs" in *openmpi*|*mpich*) [ "$layer" = parallel ] || { echo "$file: MPI on the include path of layer $layer"; status=1; } ;; esac
+    case "$incs" in *hdf5*) [ "$layer" = checkpoint ] || { echo "$file: HDF5 on the include path of layer $layer"; status=1; } ;; esac
+    case " $incs " in *"-I$src/core "*) [ "$layer" = core ] || { echo "$file: core/ private headers visible to layer $layer"; status=1; } ;; esac
+done < "$build/layers.txt"
+
+for d in util core nn optim parallel checkpoint launch examples bench tools; do
+    hits=$(grep -rn '#include "\.\./' "$src/$d" --include='*.c' --include='*.h' 2>/dev/null || true)
+    [ -z "$hits" ] || { echo "relative include across folders:"; echo "$hits"; status=1; }
+done
+[ $status -eq 0 ] && echo "check_layers: $(wc -l < "$build/layers.txt") library sources respect their layers"
+exit $status
