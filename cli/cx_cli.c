@@ -1,0 +1,172 @@
+#include "cx_cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Flag names compare with '_' and '-' as the same character. */
+static bool name_eq(const char *a, const char *b, size_t blen)
+{
+    size_t i = 0;
+    for (; i < blen && a[i]; i++) {
+        char x = a[i] == '_' ? '-' : a[i], y = b[i] == '_' ? '-' : b[i];
+        if (x != y) return false;
+    }
+    return i == blen && !a[i];
+}
+
+static void fail(const cli_spec *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(const cli_spec *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", s->prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see %s --help)\n", s->prog);
+    va_end(ap);
+}
+
+static bool has_range(const cli_flag *f) { return f->min != 0 || f->max != 0; }
+
+static bool set_number(const cli_spec *s, const cli_flag *f, const char *v)
+{
+    char *end;
+    errno = 0;
+    bool integer = f->kind != CLI_DOUBLE;
+    double x;
+    if (integer) {
+        long long i = strtoll(v, &end, 10);
+        x = (double)i;
+        if (errno || end == v || *end) { fail(s, "--%s: expected an integer, got '%s'", f->name, v); return false; }
+        if (has_range(f) && (x < f->min || x > f->max)) {
+            fail(s, "--%s: expected an integer in [%.0f, %.0f], got '%s'", f->name, f->min, f->max, v);
+            return false;
+        }
+        if (f->kind == CLI_INT) {
+            if (i < -2147483647LL - 1 || i > 2147483647LL) { fail(s, "--%s: %s is out of range", f->name, v); return false; }
+            *(int *)f->dest = (int)i;
+        } else {
+            *(int64_t *)f->dest = (int64_t)i;
+        }
+        return true;
+    }
+    x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x)) { fail(s, "--%s: expected a number, got '%s'", f->name, v); return false; }
+    if (has_range(f) && (x < f->min || x > f->max)) {
+        fail(s, "--%s: expected a number in [%g, %g], got '%s'", f->name, f->min, f->max, v);
+        return false;
+    }
+    *(double *)f->dest = x;
+    return true;
+}
+
+static bool set_value(const cli_spec *s, const cli_flag *f, const char *v)
+{
+    switch (f->kind) {
+    case CLI_STRING:
+        if (!*v) { fail(s, "--%s needs a non-empty value", f->name); return false; }
+        *(const char **)f->dest = v;
+        return true;
+    case CLI_CHOICE:
+        for (int i = 0; f->choices[i]; i++)
+            if (!strcmp(v, f->choices[i])) { *(const char **)f->dest = f->choices[i]; return true; }
+        fail(s, "--%s: unknown value '%s'", f->name, v);
+        return false;
+    default:
+        return set_number(s, f, v);
+    }
+}
+
+static const cli_flag *find(const cli_spec *s, const char *name, size_t len)
+{
+    for (int i = 0; i < s->nflags; i++)
+        if (name_eq(s->flags[i].name, name, len)) return &s->flags[i];
+    return NULL;
+}
+
+cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positional)
+{
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--")) { i++; break; }
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) { cli_help(s, stdout); return CLI_HELP; }
+        if (strncmp(arg, "--", 2) != 0 || !arg[2]) {
+            if (s->positionals) break;
+            fail(s, "unexpected argument '%s'", arg);
+            return CLI_ERROR;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const cli_flag *f = find(s, name, len);
+        if (!f) { fail(s, "unknown flag --%.*s", (int)len, name); return CLI_ERROR; }
+        if (f->given) *f->given = true;
+        if (f->kind == CLI_BOOL) {
+            if (eq) { fail(s, "--%s takes no value", f->name); return CLI_ERROR; }
+            *(bool *)f->dest = true;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) { fail(s, "--%s needs a value", f->name); return CLI_ERROR; }
+        if (!set_value(s, f, v)) return CLI_ERROR;
+    }
+    if (first_positional) *first_positional = i;
+    return CLI_OK;
+}
+
+static const char *metavar(const cli_flag *f)
+{
+    if (f->metavar) return f->metavar;
+    switch (f->kind) {
+    case CLI_INT: case CLI_I64: return "N";
+    case CLI_DOUBLE: return "X";
+    case CLI_STRING: return "VALUE";
+    default: return "";
+    }
+}
+
+static void print_default(const cli_flag *f, FILE *out)
+{
+    switch (f->kind) {
+    case CLI_BOOL: return;
+    case CLI_INT: fprintf(out, " (default %d)", *(const int *)f->dest); return;
+    case CLI_I64: fprintf(out, " (default %lld)", (long long)*(const int64_t *)f->dest); return;
+    case CLI_DOUBLE: fprintf(out, " (default %g)", *(const double *)f->dest); return;
+    case CLI_STRING: case CLI_CHOICE: {
+        const char *v = *(const char *const *)f->dest;
+        if (v) fprintf(out, " (default %s)", v);
+        return;
+    }
+    }
+}
+
+void cli_help(const cli_spec *s, FILE *out)
+{
+    fprintf(out, "usage: %s %s\n", s->prog, s->args ? s->args : "[flags]");
+    if (s->summary) fprintf(out, "%s\n", s->summary);
+    fprintf(out, "\nflags (--a-b and --a_b are the same flag):\n");
+    for (int i = 0; i < s->nflags; i++) {
+        const cli_flag *f = &s->flags[i];
+        char left[96];
+        if (f->kind == CLI_CHOICE) {
+            int n = snprintf(left, sizeof left, "--%s {", f->name);
+            for (int c = 0; f->choices[c] && n < (int)sizeof left; c++)
+                n += snprintf(left + n, sizeof left - (size_t)n, "%s%s", c ? "," : "", f->choices[c]);
+            if (n < (int)sizeof left) snprintf(left + n, sizeof left - (size_t)n, "}");
+        } else {
+            snprintf(left, sizeof left, "--%s%s%s", f->name, f->kind == CLI_BOOL ? "" : " ", metavar(f));
+        }
+        fprintf(out, "  %-32s ", left);
+        if (strlen(left) > 32) fprintf(out, "\n  %-32s ", "");
+        for (const char *h = f->help ? f->help : ""; *h; h++) {
+            fputc(*h, out);
+            if (*h == '\n') fprintf(out, "  %-32s ", "");
+        }
+        print_default(f, out);
+        fputc('\n', out);
+    }
+    fprintf(out, "  %-32s this text\n", "--help");
+    if (s->epilog) fprintf(out, "\n%s\n", s->epilog);
+}

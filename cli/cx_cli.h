@@ -1,0 +1,60 @@
+/* Command-line flags for the project's programs (train, gpt,
+ * consolidate_ckpts, xla-launch, cxla-bench): one parser, one help format,
+ * one error format. A program lists its flags in a table whose `dest`
+ * pointers hold the defaults; cli_parse overwrites those it is given.
+ *
+ * Spellings: --batch-size and --batch_size are the same flag; a value
+ * follows as --flag=V or --flag V; a bool flag takes no value. */
+#ifndef CX_CLI_H
+#define CX_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    CLI_BOOL,     /* bool *: set to true when given */
+    CLI_INT,      /* int * */
+    CLI_I64,      /* int64_t * */
+    CLI_DOUBLE,   /* double * */
+    CLI_STRING,   /* const char **: points into argv */
+    CLI_CHOICE,   /* const char **: one of `choices` (the table's string) */
+} cli_kind;
+
+typedef struct {
+    const char *name;              /* without the dashes, '-' between words */
+    cli_kind kind;
+    void *dest;
+    const char *metavar;           /* shown in the help ("N", "DIR"); NULL: from the kind */
+    const char *help;              /* one line (more lines: embedded '\n') */
+    double min, max;               /* numeric kinds: accepted range (min == max == 0: any) */
+    const char *const *choices;    /* CLI_CHOICE: NULL-terminated list */
+    bool *given;                   /* optional: set when the flag appears */
+} cli_flag;
+
+typedef struct {
+    const char *prog;              /* name in messages: "train" */
+    const char *args;              /* after the name in the usage line: "[flags]" */
+    const char *summary;           /* printed under the usage line, may be NULL */
+    const char *epilog;            /* printed after the flags (exit codes), may be NULL */
+    const cli_flag *flags;
+    int nflags;
+    /* false: any non-flag argument is an error. true: parsing stops at the
+     * first one (xla-launch PROGRAM ARGS..., cxla-bench SUBCOMMAND). */
+    bool positionals;
+} cli_spec;
+
+typedef enum {
+    CLI_OK = 0,      /* parsed; *first_positional = index of the first non-flag argument, or argc */
+    CLI_HELP,        /* --help / -h: the help went to stdout; the program exits 0 */
+    CLI_ERROR,       /* one line "prog: ... (see prog --help)" went to stderr; the program exits 2 */
+} cli_result;
+
+/* Parses argv[1..argc). "--" ends the flags. @return a cli_result. */
+cli_result cli_parse(const cli_spec *spec, int argc, char **argv, int *first_positional);
+
+/* Prints the usage line, the summary, one line per flag with its default
+ * (the value `dest` holds now), and the epilog. */
+void cli_help(const cli_spec *spec, FILE *f);
+
+#endif

@@ -1,0 +1,24 @@
+#!/bin/sh
+# Library functions stay readable on one screen: none under the layer
+# folders is longer than the limit (lines from its opening to its closing
+# brace; the project's style puts both in column 0). Programs' main() may
+# be longer and are not checked.
+# usage: check_function_length.sh SOURCE_DIR [LIMIT]
+set -eu
+src=$1 limit=${2:-100}
+status=0
+for d in util core nn optim parallel checkpoint; do
+    for f in $(find "$src/$d" -name '*.c' | sort); do
+        awk -v limit="$limit" -v file="${f#$src/}" '
+            /^[A-Za-z_].*\(/ { sig = $0 }
+            /^\{/ { start = NR; name = sig }
+            /^\}/ && start {
+                n = NR - start + 1
+                if (n > limit) { sub(/\(.*/, "", name); printf "%s:%d: %s is %d lines (limit %d)\n", file, start, name, n, limit; bad = 1 }
+                start = 0
+            }
+            END { exit bad }' "$f" || status=1
+    done
+done
+[ $status -eq 0 ] && echo "check_function_length: every library function is at most $limit lines"
+exit $status

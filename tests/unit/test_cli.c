@@ -1,0 +1,121 @@
+/* The programs' flag parser: spellings, values, ranges, errors, help. */
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+
+#include "cx_cli.h"
+
+#include <string.h>
+
+typedef struct {
+    bool verbose;
+    int epochs;
+    int64_t steps;
+    double lr;
+    const char *dir;
+    const char *model;
+    bool lr_given;
+} opts;
+
+static const char *const models[] = { "cnn", "mlp", NULL };
+
+static cli_result parse(opts *o, int argc, char **argv, int *first, bool positionals)
+{
+    const cli_flag flags[] = {
+        { .name = "verbose", .kind = CLI_BOOL, .dest = &o->verbose, .help = "talk more" },
+        { .name = "epochs", .kind = CLI_INT, .dest = &o->epochs, .help = "epochs", .min = 1, .max = 100 },
+        { .name = "steps", .kind = CLI_I64, .dest = &o->steps, .help = "steps" },
+        { .name = "lr", .kind = CLI_DOUBLE, .dest = &o->lr, .help = "learning rate", .max = 10, .given = &o->lr_given },
+        { .name = "ckpt-dir", .kind = CLI_STRING, .dest = &o->dir, .metavar = "DIR", .help = "where" },
+        { .name = "model", .kind = CLI_CHOICE, .dest = &o->model, .help = "model", .choices = models },
+    };
+    cli_spec s = { .prog = "prog", .args = "[flags]", .flags = flags, .nflags = (int)(sizeof flags / sizeof *flags),
+                   .positionals = positionals };
+    return cli_parse(&s, argc, argv, first);
+}
+
+static opts defaults(void) { return (opts){ .epochs = 2, .steps = 5, .lr = 0.1, .model = "cnn" }; }
+
+Test(cli, both_spellings_and_value_forms)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "--ckpt_dir", "/tmp/a", "--epochs=7", "--lr", "0.5", "--verbose", "--steps=-3",
+                     "--model", "mlp" };
+    int first = -1;
+    cr_assert_eq(parse(&o, 10, argv, &first, false), CLI_OK);
+    cr_assert_str_eq(o.dir, "/tmp/a");
+    cr_assert_eq(o.epochs, 7);
+    cr_assert_float_eq(o.lr, 0.5, 1e-12);
+    cr_assert(o.lr_given);
+    cr_assert(o.verbose);
+    cr_assert_eq(o.steps, -3);
+    cr_assert_str_eq(o.model, "mlp");
+    cr_assert_eq(first, 10);
+}
+
+Test(cli, defaults_stay_when_absent)
+{
+    opts o = defaults();
+    char *argv[] = { "prog" };
+    cr_assert_eq(parse(&o, 1, argv, NULL, false), CLI_OK);
+    cr_assert_eq(o.epochs, 2);
+    cr_assert(!o.lr_given);
+    cr_assert_str_eq(o.model, "cnn");
+}
+
+Test(cli, errors_name_the_flag, .init = cr_redirect_stderr)
+{
+    char *bad[][3] = {
+        { "prog", "--nope", NULL },          /* unknown */
+        { "prog", "--epochs", "0" },         /* below range */
+        { "prog", "--epochs", "x" },         /* not a number */
+        { "prog", "--lr", NULL },            /* missing value */
+        { "prog", "--model", "vit" },        /* not a choice */
+        { "prog", "--verbose=1", NULL },     /* a bool takes no value */
+        { "prog", "stray", NULL },           /* positional not allowed */
+        { "prog", "--ckpt-dir=", NULL },     /* empty string */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        opts o = defaults();
+        int argc = bad[i][2] ? 3 : 2;
+        cr_assert_eq(parse(&o, argc, bad[i], NULL, false), CLI_ERROR, "case %zu", i);
+    }
+    fflush(stderr);
+    cr_assert_stderr_eq_str("prog: unknown flag --nope (see prog --help)\n"
+                            "prog: --epochs: expected an integer in [1, 100], got '0' (see prog --help)\n"
+                            "prog: --epochs: expected an integer, got 'x' (see prog --help)\n"
+                            "prog: --lr needs a value (see prog --help)\n"
+                            "prog: --model: unknown value 'vit' (see prog --help)\n"
+                            "prog: --verbose takes no value (see prog --help)\n"
+                            "prog: unexpected argument 'stray' (see prog --help)\n"
+                            "prog: --ckpt-dir needs a non-empty value (see prog --help)\n");
+}
+
+Test(cli, positionals_stop_parsing)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "--epochs", "3", "./a.out", "--epochs", "9" };
+    int first = -1;
+    cr_assert_eq(parse(&o, 6, argv, &first, true), CLI_OK);
+    cr_assert_eq(first, 3);
+    cr_assert_eq(o.epochs, 3);
+    char *argv2[] = { "prog", "--", "--epochs" };
+    cr_assert_eq(parse(&o, 3, argv2, &first, true), CLI_OK);
+    cr_assert_eq(first, 2);
+}
+
+Test(cli, help_lists_flags_with_defaults, .init = cr_redirect_stdout)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "--help" };
+    cr_assert_eq(parse(&o, 2, argv, NULL, false), CLI_HELP);
+    fflush(stdout);
+    char buf[4096] = "";
+    FILE *f = cr_get_redirected_stdout();
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    cr_assert(strstr(buf, "usage: prog [flags]"), "%s", buf);
+    cr_assert(strstr(buf, "--epochs N"), "%s", buf);
+    cr_assert(strstr(buf, "(default 2)"), "%s", buf);
+    cr_assert(strstr(buf, "--model {cnn,mlp}"), "%s", buf);
+    cr_assert(strstr(buf, "--ckpt-dir DIR"), "%s", buf);
+}
