@@ -115,11 +115,15 @@ static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *g
 
 /* ---- IR builders ---------------------------------------------------------------------- */
 
-/* attrs: [0] group id, [1] reduce op, [2] axis / split axis, [3] concat axis / root */
+/* attributes: op_attrs.h, CX_AT_COLL_* */
 static cx_tensor *coll(cx_op op, cx_tensor *a, const int64_t *shape, int64_t gid, int64_t red, int64_t ax0,
                        int64_t ax1, double scale, bool pin)
 {
-    int64_t attrs[4] = { gid, red, ax0, ax1 };
+    int64_t attrs[CX_AT_COLL_COUNT];
+    attrs[CX_AT_COLL_GROUPS] = gid;
+    attrs[CX_AT_COLL_REDUCE] = red;
+    attrs[CX_AT_COLL_AXIS] = ax0;
+    attrs[CX_AT_COLL_AXIS2] = ax1;
     cx_tensor *r;
     if (pin) {
         /* pinned: a unique node CSE can never merge */
@@ -128,12 +132,12 @@ static cx_tensor *coll(cx_op op, cx_tensor *a, const int64_t *shape, int64_t gid
         uint32_t flags = NF_PINNED | ((a->node->flags & NF_REQUIRES_GRAD) && cx_grad_enabled() ? NF_REQUIRES_GRAD : 0);
         cx_node *in = ins[0]->node;
         cx_node_desc d = { .op = op, .dtype = (cx_dtype)a->node->dtype, .ndim = a->node->ndim, .shape = shape,
-                           .ninputs = 1, .inputs = &in, .nattrs = 4, .attrs = attrs, .fval = scale, .flags = flags };
+                           .ninputs = 1, .inputs = &in, .nattrs = CX_AT_COLL_COUNT, .attrs = attrs, .fval = scale, .flags = flags };
         n = cx_node_make(&d);
         if (!n) return cx_poison("%s: out of memory", cx_op_table[op].name);
         r = cx_tensor_wrap(n);
     } else {
-        r = cx_make_op(op, (cx_dtype)a->node->dtype, shape, a->node->ndim, &a, 1, attrs, 4, scale);
+        r = cx_make_op(op, (cx_dtype)a->node->dtype, shape, a->node->ndim, &a, 1, attrs, CX_AT_COLL_COUNT, scale);
     }
     return r;
 }
@@ -230,28 +234,30 @@ cx_tensor *cx_broadcast(cx_tensor *a, int root, const cx_replica_groups *groups,
 cx_tensor *cx_vjp_collective(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
     (void)in; (void)out; (void)i;
-    int64_t gid = n->attrs[0];
+    int64_t gid = CX_ATTR(n, CX_AT_COLL_GROUPS);
+    cx_reduce_op red = (cx_reduce_op)CX_ATTR(n, CX_AT_COLL_REDUCE);
+    int axis = (int)CX_ATTR(n, CX_AT_COLL_AXIS);
     cx_replica_groups rg, *rgp = NULL;
     int ng, gs;
     const int *ranks;
     if (cx_groups_describe(gid, &ng, &gs, &ranks)) { rg = (cx_replica_groups){ ng, gs, ranks }; rgp = &rg; }
     switch ((cx_op)n->op) {
     case OP_ALL_REDUCE:
-        if (n->attrs[1] == CX_RED_MAX || n->attrs[1] == CX_RED_MIN) return NULL;
-        return cx_all_reduce(g, (cx_reduce_op)n->attrs[1], n->fval, rgp, true);
-    case OP_ALL_GATHER: return cx_reduce_scatter(g, CX_RED_SUM, n->fval, (int)n->attrs[2], rgp, true);
+        if (red == CX_RED_MAX || red == CX_RED_MIN) return NULL;
+        return cx_all_reduce(g, red, n->fval, rgp, true);
+    case OP_ALL_GATHER: return cx_reduce_scatter(g, CX_RED_SUM, n->fval, axis, rgp, true);
     case OP_REDUCE_SCATTER: {
-        cx_tensor *a = cx_all_gather(g, (int)n->attrs[2], rgp, true);
-        if (n->attrs[1] == CX_RED_MEAN || n->fval != 1.0) {
+        cx_tensor *a = cx_all_gather(g, axis, rgp, true);
+        if (red == CX_RED_MEAN || n->fval != 1.0) {
             int size = rgp ? gs : cx_comm_world_size();
-            double s = n->fval * (n->attrs[1] == CX_RED_MEAN ? 1.0 / size : 1.0);
+            double s = n->fval * (red == CX_RED_MEAN ? 1.0 / size : 1.0);
             cx_tensor *r = cx_mul_scalar(a, s);
             cx_drop(a);
             return r;
         }
         return a;
     }
-    case OP_ALL_TO_ALL: return cx_all_to_all(g, (int)n->attrs[3], (int)n->attrs[2], rgp, true);
+    case OP_ALL_TO_ALL: return cx_all_to_all(g, (int)CX_ATTR(n, CX_AT_COLL_CONCAT_AXIS), axis, rgp, true);
     default: return NULL;
     }
 }

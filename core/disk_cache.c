@@ -23,6 +23,7 @@
  * cache is read-only). */
 #define _GNU_SOURCE
 #include "obs.h"
+#include "cx_fs.h"
 
 #include <cxla/debug.h>
 
@@ -35,8 +36,11 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "cx_hash.h"
+
 #define CXE_MAGIC "CXEXEC01"
-#define CXE_FORMAT 2   /* 2: kernels carry how their epilogue runs (epi) */
+#define CXE_FORMAT 3   /* 2: kernels carry how their epilogue runs (epi); 3: named attributes
+                        * (nattrs, coll_op), XXH3 checksums */
 #define CXE_MAX_FILE ((int64_t)1 << 30)
 #define CXE_MAX_COUNT (1 << 24)
 
@@ -58,23 +62,15 @@ static char *g_opts;
 static bool g_opts_set;
 static pthread_mutex_t g_dc_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* ---- hashing ------------------------------------------------------------------ */
-
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++) { h ^= s[i]; h *= 0x100000001b3ull; }
-    return h ^ (h >> 31);
-}
-
 /* the in-memory layout of what is written raw: a different compiler or
  * struct change must not reinterpret old bytes */
 static uint32_t layout_fingerprint(void)
 {
     uint64_t v[] = { sizeof(cx_slot), sizeof(cx_kernel), sizeof(cx_pinstr), sizeof(cx_view), sizeof(cx_kin),
                      sizeof(cx_program), CX_MAX_DIMS, CX_BLK, OP_COUNT, K_COPY, P_MASK,
-                     offsetof(cx_kernel, prog), offsetof(cx_kernel, in), offsetof(cx_kernel, wait_at) };
-    return (uint32_t)hash_bytes(0xcbf29ce484222325ull, v, sizeof v);
+                     offsetof(cx_kernel, prog), offsetof(cx_kernel, in), offsetof(cx_kernel, wait_at),
+                     offsetof(cx_kernel, attrs), CX_MAX_ATTRS };
+    return (uint32_t)cx_hash64(v, sizeof v);
 }
 
 /* ---- build identity ---------------------------------------------------------------- */
@@ -102,7 +98,7 @@ static int find_build_id(struct dl_phdr_info *info, size_t size, void *p)
             const char *desc = name + ((nh->n_namesz + 3) & ~3u);
             if (desc + nh->n_descsz > end) break;
             if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(name, "GNU", 4)) {
-                c->id = hash_bytes(0x84222325cbf29ce4ull, desc, nh->n_descsz);
+                c->id = cx_hash64(desc, nh->n_descsz);
                 c->found = true;
                 return 1;
             }
@@ -126,7 +122,7 @@ static uint64_t build_identity(void)
         v[0] = (uint64_t)st.st_size;
         v[1] = (uint64_t)st.st_mtime;
     }
-    return hash_bytes(0x9e3779b97f4a7c15ull, v, sizeof v);
+    return cx_hash64(v, sizeof v);
 }
 
 /* ---- compile options ------------------------------------------------------------------- */
@@ -163,16 +159,11 @@ const char *cx_get_compile_options(void) { return cx_obs_compile_options(); }
 
 static cx_status mkdir_p(const char *path)
 {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) { cx_set_error("cache_init: path too long"); return CX_ERR_IO; }
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) { cx_set_error("cache_init: cannot create %s: %s", buf, strerror(errno)); return CX_ERR_IO; }
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST) { cx_set_error("cache_init: cannot create %s: %s", buf, strerror(errno)); return CX_ERR_IO; }
-    return CX_OK;
+    char failed[256];
+    int err = cx_mkdir_p(path, failed, sizeof failed);
+    if (err == 0) return CX_OK;
+    cx_set_error("cache_init: cannot create %s: %s", failed, strerror(err));
+    return CX_ERR_IO;
 }
 
 cx_status cx_cache_init(const char *path, bool readonly)
@@ -213,9 +204,8 @@ const char *cx_cache_dir(void) { return g_dir; }
 static void entry_path(char *buf, size_t cap, uint64_t hi, uint64_t lo)
 {
     uint64_t v[3] = { hi, lo, g_build_id };
-    uint64_t a = hash_bytes(0xcbf29ce484222325ull, v, sizeof v);
-    uint64_t b = hash_bytes(a ^ 0x5bd1e9955bd1e995ull, v, sizeof v);
-    snprintf(buf, cap, "%s/%016llx%016llx.cxe", g_dir, (unsigned long long)a, (unsigned long long)b);
+    cx_key128 k = cx_hash128(v, sizeof v);
+    snprintf(buf, cap, "%s/%016llx%016llx.cxe", g_dir, (unsigned long long)k.hi, (unsigned long long)k.lo);
 }
 
 /* ---- serialization ------------------------------------------------------------------------------ */
@@ -364,6 +354,23 @@ static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program
     return true;
 }
 
+/* Every attribute the executor reads (CX_ATTR) exists. */
+static bool attrs_ok(const cx_kernel *k)
+{
+    if (k->nattrs < 0 || k->nattrs > CX_MAX_ATTRS) return false;
+    switch (k->kind) {
+    case K_CONV: return k->nattrs >= CX_AT_CONV_COUNT;
+    case K_CONV_BI: case K_CONV_BW: return k->nattrs == CX_AT_CONV_BWD_COUNT;
+    case K_MAXPOOL: case K_AVGPOOL: case K_MAXPOOL_BWD: return k->nattrs >= CX_AT_POOL_COUNT;
+    case K_AVGPOOL_BWD: return k->nattrs == CX_AT_POOL_BWD_COUNT;
+    case K_GATHER: case K_SCATTER_ADD: return k->nattrs >= 1;
+    case K_CONCAT: return k->nattrs >= CX_AT_CONCAT_COUNT;
+    case K_COLL: return k->nattrs >= CX_AT_COLL_COUNT;
+    case K_PAD: return k->nin >= 1 && k->nattrs >= CX_AT_PAD_COUNT(k->in[0].ndim);
+    default: return true;
+    }
+}
+
 static bool exec_ok(const cx_executable *e)
 {
     if (e->n_inputs < 0 || e->n_rts < 0 || e->n_outputs < 0 || e->nslots < 0 || e->nkernels < 0) return false;
@@ -409,7 +416,8 @@ static bool exec_ok(const cx_executable *e)
         }
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
-        if (k->kind == K_COLL && (k->attrs[15] < OP_ALL_REDUCE || k->attrs[15] > OP_BROADCAST || k->nin < 1)) return false;
+        if (k->kind == K_COLL && (k->coll_op < OP_ALL_REDUCE || k->coll_op > OP_BROADCAST || k->nin < 1)) return false;
+        if (!attrs_ok(k)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
         if (k->epi > EPI_POSMASK) return false;
         if (k->epi != EPI_PROG) {
@@ -517,7 +525,7 @@ static cx_executable *load_file(const char *path, uint64_t hi, uint64_t lo, bool
     if (!payload) goto out;
     size_t dn = ZSTD_decompress(payload, (size_t)h.payload_bytes, file + sizeof h, zn);
     if (ZSTD_isError(dn) || dn != h.payload_bytes) goto out;
-    if (hash_bytes(0xcbf29ce484222325ull, payload, dn) != h.checksum) goto out;
+    if (cx_hash64(payload, dn) != h.checksum) goto out;
     e = deserialize(payload, dn);
 out:
     close(fd);
@@ -566,7 +574,7 @@ static void store(const cx_executable *e)
     if (ZSTD_isError(zn)) { free(out); free(w.p); return; }
     cxe_header h = { .format = CXE_FORMAT, .layout = layout_fingerprint(), .key_hi = e->key_hi, .key_lo = e->key_lo,
                      .build_id = g_build_id, .payload_bytes = w.n,
-                     .checksum = hash_bytes(0xcbf29ce484222325ull, w.p, w.n) };
+                     .checksum = cx_hash64(w.p, w.n) };
     memcpy(h.magic, CXE_MAGIC, 8);
     memcpy(out, &h, sizeof h);
     free(w.p);

@@ -549,19 +549,31 @@ static const float *epi_mask(const run_ctx *rc, const cx_kernel *k)
     return k->epi == EPI_POSMASK ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL;
 }
 
-static void conv_geom(const cx_kernel *k, const int64_t *xs, const int64_t *ws, cx_conv_geom *g)
+/* Conv: the input and weight shapes come from the kernel's inputs, except
+ * the one a backward op only has as attributes. */
+void cx_kernel_conv_geom(const cx_kernel *k, cx_conv_geom *g)
 {
+    const int64_t *xs = k->kind == K_CONV_BI ? k->attrs + CX_AT_CONV_SHAPE : k->in[0].shape;
+    const int64_t *ws = k->kind == K_CONV_BW ? k->attrs + CX_AT_CONV_SHAPE : k->in[1].shape;
+    if (k->kind != K_CONV) CX_ASSERT(k->nattrs == CX_AT_CONV_BWD_COUNT);
     *g = (cx_conv_geom){ .n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .o = ws[0], .kh = ws[2], .kw = ws[3],
-                         .stride_h = (int)k->attrs[0], .stride_w = (int)k->attrs[1], .pad_h = (int)k->attrs[2],
-                         .pad_w = (int)k->attrs[3], .dil_h = (int)k->attrs[4], .dil_w = (int)k->attrs[5],
-                         .groups = (int)k->attrs[6] };
+                         .stride_h = (int)CX_ATTR(k, CX_AT_CONV_STRIDE_H), .stride_w = (int)CX_ATTR(k, CX_AT_CONV_STRIDE_W),
+                         .pad_h = (int)CX_ATTR(k, CX_AT_CONV_PAD_H), .pad_w = (int)CX_ATTR(k, CX_AT_CONV_PAD_W),
+                         .dil_h = (int)CX_ATTR(k, CX_AT_CONV_DIL_H), .dil_w = (int)CX_ATTR(k, CX_AT_CONV_DIL_W),
+                         .groups = (int)CX_ATTR(k, CX_AT_CONV_GROUPS) };
     cx_conv_geom_finish(g);
 }
 
-static void pool_geom(const cx_kernel *k, const int64_t *xs, cx_pool_geom *g)
+/* Pool: the input shape is the first input's, or an attribute for the
+ * average pool's gradient (its only input is dy). */
+void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g)
 {
-    *g = (cx_pool_geom){ .n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .kh = (int)k->attrs[0], .kw = (int)k->attrs[1],
-                         .sh = (int)k->attrs[2], .sw = (int)k->attrs[3], .ph = (int)k->attrs[4], .pw = (int)k->attrs[5] };
+    const int64_t *xs = k->kind == K_AVGPOOL_BWD ? k->attrs + CX_AT_POOL_SHAPE : k->in[0].shape;
+    if (k->kind == K_AVGPOOL_BWD) CX_ASSERT(k->nattrs == CX_AT_POOL_BWD_COUNT);
+    *g = (cx_pool_geom){ .n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3],
+                         .kh = (int)CX_ATTR(k, CX_AT_POOL_KH), .kw = (int)CX_ATTR(k, CX_AT_POOL_KW),
+                         .sh = (int)CX_ATTR(k, CX_AT_POOL_SH), .sw = (int)CX_ATTR(k, CX_AT_POOL_SW),
+                         .ph = (int)CX_ATTR(k, CX_AT_POOL_PH), .pw = (int)CX_ATTR(k, CX_AT_POOL_PW) };
     cx_pool_geom_finish(g);
 }
 
@@ -587,10 +599,15 @@ static void run_pad(const run_ctx *rc, const cx_kernel *k)
     int64_t So[CX_MAX_DIMS];
     int64_t acc = 1;
     for (int d = nd - 1; d >= 0; d--) { So[d] = acc; acc *= k->shape[d]; }
+    int64_t lo[CX_MAX_DIMS], step[CX_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = CX_ATTR(k, CX_AT_PAD_LO(nd, d));
+        step[d] = CX_ATTR(k, CX_AT_PAD_INTERIOR(nd, d)) + 1;
+    }
     int64_t idx[CX_MAX_DIMS] = { 0 };
     for (int64_t e = 0; e < x->numel; e++) {
         int64_t off = 0;
-        for (int d = 0; d < nd; d++) off += (k->attrs[d] + idx[d] * (k->attrs[2 * nd + d] + 1)) * So[d];
+        for (int d = 0; d < nd; d++) off += (lo[d] + idx[d] * step[d]) * So[d];
         memcpy(out + off * (int64_t)es, in + e * (int64_t)es, es);
         for (int d = nd - 1; d >= 0; d--) { if (++idx[d] < x->shape[d]) break; idx[d] = 0; }
     }
@@ -599,14 +616,15 @@ static void run_pad(const run_ctx *rc, const cx_kernel *k)
 static void run_concat(const run_ctx *rc, const cx_kernel *k)
 {
     const cx_kin *x = &k->in[0];
-    int ax = (int)k->attrs[0];
+    int ax = (int)CX_ATTR(k, CX_AT_AXIS);
+    int64_t at = CX_ATTR(k, CX_AT_CONCAT_OFFSET);
     size_t es = cx_dtype_size((cx_dtype)k->out_dtype);
     int64_t inner = prod(k->shape, ax + 1, k->ndim), outer = prod(k->shape, 0, ax);
     int64_t piece = x->shape[ax] * inner, row = k->shape[ax] * inner;
     char *out = rc->slot_ptr[k->out_slot];
     const char *in = rc->slot_ptr[x->slot];
     for (int64_t o = 0; o < outer; o++)
-        memcpy(out + ((size_t)(o * row + k->attrs[1] * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
+        memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
 }
 
 /* Collectives over contiguous buffers; non-leading axes go through a
@@ -628,21 +646,22 @@ static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out,
 {
     const cx_comm_backend *be = cx_comm_get();
     const cx_kin *x = &k->in[0];
-    int op = (int)k->attrs[15];
+    int op = k->coll_op;
     int rank = be->rank(be->ctx);
     int gsize = be->world_size(be->ctx);
     const int *group = NULL;
-    if (k->attrs[0] > 0) {
-        group = cx_groups_lookup(k->attrs[0], rank, &gsize);
+    int64_t groups = CX_ATTR(k, CX_AT_COLL_GROUPS);
+    if (groups > 0) {
+        group = cx_groups_lookup(groups, rank, &gsize);
         if (!group) { cx_set_error("%s: this rank (%d) is in no replica group", cx_op_table[op].name, rank); return CX_ERR_COMM; }
     }
     size_t es = cx_dtype_size((cx_dtype)x->dtype);
-    cx_comm_op c = { .dtype = (cx_dtype)x->dtype, .scale = k->fval, .red = (cx_reduce_op)k->attrs[1],
+    cx_comm_op c = { .dtype = (cx_dtype)x->dtype, .scale = k->fval, .red = (cx_reduce_op)CX_ATTR(k, CX_AT_COLL_REDUCE),
                      .group = group, .group_size = group ? gsize : 0 };
     char *in = rc->slot_ptr[x->slot];
     char *out = rc->slot_ptr[k->out_slot];
     char *scratch = k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL;
-    int ax = (int)k->attrs[2];
+    int ax = (int)CX_ATTR(k, CX_AT_COLL_AXIS);
     int64_t outer = prod(x->shape, 0, ax);
     *req_out = NULL;
     switch (op) {
@@ -650,7 +669,7 @@ static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out,
         c.kind = CX_COLL_ALL_REDUCE; c.in = in; c.out = out; c.count = x->numel;
         break;
     case OP_BROADCAST:
-        c.kind = CX_COLL_BROADCAST; c.in = in; c.out = out; c.count = x->numel; c.root = (int)k->attrs[3];
+        c.kind = CX_COLL_BROADCAST; c.in = in; c.out = out; c.count = x->numel; c.root = (int)CX_ATTR(k, CX_AT_COLL_ROOT);
         break;
     case OP_ALL_GATHER:
         c.kind = CX_COLL_ALL_GATHER; c.in = in; c.count = x->numel;
@@ -662,7 +681,7 @@ static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out,
         else { block_permute(scratch, in, outer, gsize, x->numel / outer / gsize, es, true); c.in = scratch; }
         break;
     case OP_ALL_TO_ALL: {
-        int sa = (int)k->attrs[2], ca = (int)k->attrs[3];
+        int sa = ax, ca = (int)CX_ATTR(k, CX_AT_COLL_CONCAT_AXIS);
         /* blocks along the split axis, group-major */
         int64_t so = prod(x->shape, 0, sa), spiece = x->numel / so / gsize;
         block_permute(scratch, in, so, gsize, spiece, es, true);
@@ -711,7 +730,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     case K_MATMUL: run_matmul(rc, k); break;
     case K_CONV: {
         cx_conv_geom g;
-        conv_geom(k, k->in[0].shape, k->in[1].shape, &g);
+        cx_kernel_conv_geom(k, &g);
         const bool bias = k->epi == EPI_BIAS || k->epi == EPI_BIAS_RELU;
         cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot],
                       bias ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL, k->epi == EPI_BIAS_RELU, &g, scratch,
@@ -720,39 +739,39 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     }
     case K_CONV_BI: {
         cx_conv_geom g;
-        conv_geom(k, k->attrs + 7, k->in[1].shape, &g);
+        cx_kernel_conv_geom(k, &g);
         cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], epi_mask(rc, k), &g,
                             scratch, (size_t)k->scratch_bytes);
         break;
     }
     case K_CONV_BW: {
         cx_conv_geom g;
-        conv_geom(k, k->in[0].shape, k->attrs + 7, &g);
+        cx_kernel_conv_geom(k, &g);
         cx_conv2d_bwd_weight(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
                       (size_t)k->scratch_bytes);
         break;
     }
     case K_MAXPOOL: case K_AVGPOOL: {
         cx_pool_geom g;
-        pool_geom(k, k->in[0].shape, &g);
+        cx_kernel_pool_geom(k, &g);
         if (k->kind == K_MAXPOOL) cx_max_pool2d_fwd(out, rc->slot_ptr[k->in[0].slot], &g);
         else cx_avg_pool2d_fwd(out, rc->slot_ptr[k->in[0].slot], &g);
         break;
     }
     case K_MAXPOOL_BWD: {
         cx_pool_geom g;
-        pool_geom(k, k->in[0].shape, &g);
+        cx_kernel_pool_geom(k, &g);
         cx_max_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], epi_mask(rc, k), &g);
         break;
     }
     case K_AVGPOOL_BWD: {
         cx_pool_geom g;
-        pool_geom(k, k->attrs + 6, &g);
+        cx_kernel_pool_geom(k, &g);
         cx_avg_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], &g);
         break;
     }
     case K_GATHER: {
-        int ax = (int)k->attrs[0];
+        int ax = (int)CX_ATTR(k, CX_AT_AXIS);
         const cx_kin *src = &k->in[0], *ix = &k->in[1];
         int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
         int64_t bad = cx_gather_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, src->shape[ax],
@@ -761,7 +780,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
         break;
     }
     case K_SCATTER_ADD: {
-        int ax = (int)k->attrs[0];
+        int ax = (int)CX_ATTR(k, CX_AT_AXIS);
         const cx_kin *base = &k->in[0], *ix = &k->in[1], *src = &k->in[2];
         if (rc->slot_ptr[base->slot] != out) memcpy(out, rc->slot_ptr[base->slot], (size_t)base->numel * sizeof(float));
         int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
@@ -787,7 +806,7 @@ static void trace_kernel(const cx_executable *e, int ki, double t0, double t1)
     if (k->kind == K_COLL) {
         int64_t bytes = k->in[0].numel * (int64_t)cx_dtype_size((cx_dtype)k->in[0].dtype);
         snprintf(args, sizeof args, "\"kernel\": %d, \"bytes\": %lld", ki, (long long)bytes);
-        cx_trace_event("collective", cx_op_table[k->attrs[15]].name, t0, t1, args);
+        cx_trace_event("collective", cx_op_table[k->coll_op].name, t0, t1, args);
     } else {
         snprintf(args, sizeof args, "\"kernel\": %d, \"numel\": %lld%s", ki, (long long)k->out_numel,
                  k->has_epilogue ? ", \"epilogue\": true" : "");

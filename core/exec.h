@@ -93,10 +93,12 @@ typedef struct {
     uint8_t epi;                     /* cx_epi: how the epilogue runs */
     int epi_load;                    /* folded: prog's load of the bias or mask (slot rewrites stay in one place) */
     int red_op;                      /* OP_REDUCE_SUM / OP_REDUCE_MAX / OP_ARGMAX */
+    uint8_t coll_op;                 /* K_COLL: OP_ALL_REDUCE ... OP_BROADCAST */
     int nkeep;                       /* reduce: leading kept iteration dims */
     int nin;
     cx_kin in[4];
-    int64_t attrs[16];
+    int nattrs;
+    int64_t attrs[CX_MAX_ATTRS];     /* the node's (op_attrs.h), read with CX_ATTR */
     double fval;
     int64_t scratch_bytes;
     int scratch_slot;
@@ -120,9 +122,9 @@ typedef struct cx_executable {
     int64_t *out_bytes;
     int *out_alias;     /* input ordinal whose buffer the output takes, or -1 */
     int *out_slot;
-    int nslots;
+    int nslots, slots_cap;
     cx_slot *slots;
-    int nkernels;
+    int nkernels, kernels_cap;
     cx_kernel *kernels;
     int64_t arena_bytes, intermediate_bytes;
     int num_nodes, num_work_kernels, num_aliased;
@@ -154,11 +156,7 @@ typedef struct {
     int *out_alias;          /* input ordinal or -1 */
 } cx_graph;
 
-/* Rewrites where(0 < x, y, 0) into P_RELU / P_POSMASK and drops dead
- * instructions (renumbering registers). */
-void cx_prog_peephole(cx_program *p);
-
-/* Lowers a captured graph. @return the executable or NULL (error set). */
+/* Lowers a captured graph (compile/: the passes). @return the executable or NULL (error set). */
 cx_executable *cx_lower(const cx_graph *g);
 void cx_executable_free(cx_executable *e);
 
@@ -167,6 +165,10 @@ void cx_executable_free(cx_executable *e);
  * (aliased outputs equal their input's pointer). @return CX_OK or an error. */
 cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *rt_f, const int64_t *rt_i,
                      void *const *outputs);
+
+/* The geometry of a conv or pool kernel, from its inputs and attributes. */
+void cx_kernel_conv_geom(const cx_kernel *k, cx_conv_geom *g);
+void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g);
 
 /* Shared arena for intermediates (grows; counted as device memory). */
 void *cx_arena_get(int64_t bytes);

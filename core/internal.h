@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cx_assert.h"
+#include "op_attrs.h"
 
 /* Allocation that reports failure as CX_ERR_OOM instead of crashing later. */
 void *cx_xmalloc(size_t n);
@@ -65,7 +66,6 @@ extern const cx_op_info cx_op_table[OP_COUNT];
 
 /* ---- nodes -------------------------------------------------------------- */
 
-#define CX_MAX_ATTRS 24
 
 enum {
     NF_REQUIRES_GRAD = 1u << 0,   /* some gradient flows through this node */

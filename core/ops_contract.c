@@ -138,11 +138,14 @@ cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias, int stride_h, 
     if (bias && (bias->node->ndim != 1 || bias->node->shape[0] != g.o))
         return cx_poison("conv2d: bias %s must be (%lld,)", cx_shape_str(b0, sizeof b0, bias->node->shape, bias->node->ndim),
                          (long long)g.o);
-    int64_t attrs[7] = { stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups };
+    int64_t attrs[CX_AT_CONV_COUNT] = { [CX_AT_CONV_STRIDE_H] = stride_h, [CX_AT_CONV_STRIDE_W] = stride_w,
+                                        [CX_AT_CONV_PAD_H] = pad_h, [CX_AT_CONV_PAD_W] = pad_w,
+                                        [CX_AT_CONV_DIL_H] = dil_h, [CX_AT_CONV_DIL_W] = dil_w,
+                                        [CX_AT_CONV_GROUPS] = groups };
     int64_t shape[4] = { g.n, g.o, g.oh, g.ow };
     cx_tensor *xf = cx_cast(x, CX_F32), *wf = cx_cast(w, CX_F32);
     cx_tensor *ins[2] = { xf, wf };
-    cx_tensor *y = cx_make_op(OP_CONV2D, CX_F32, shape, 4, ins, 2, attrs, 7, 0);
+    cx_tensor *y = cx_make_op(OP_CONV2D, CX_F32, shape, 4, ins, 2, attrs, CX_AT_CONV_COUNT, 0);
     cx_drop(xf); cx_drop(wf);
     if (bias) {
         int64_t bs[4] = { 1, g.o, 1, 1 };
@@ -159,18 +162,20 @@ cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias, int stride_h, 
 cx_tensor *cx_vjp_conv(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
     (void)out;
-    int64_t attrs[11];
-    memcpy(attrs, n->attrs, 7 * sizeof(int64_t));
+    /* the backward ops also carry the shape they cannot see from their inputs */
+    int64_t attrs[CX_AT_CONV_BWD_COUNT];
+    CX_ASSERT(n->nattrs == CX_AT_CONV_COUNT);
+    memcpy(attrs, n->attrs, CX_AT_CONV_COUNT * sizeof(int64_t));
     if (i == 0) {
         cx_node *x = in[0]->node;
-        memcpy(attrs + 7, x->shape, 4 * sizeof(int64_t));
+        memcpy(attrs + CX_AT_CONV_SHAPE, x->shape, 4 * sizeof(int64_t));
         cx_tensor *ins[2] = { g, in[1] };
-        return cx_make_op(OP_CONV2D_BWD_INPUT, CX_F32, x->shape, 4, ins, 2, attrs, 11, 0);
+        return cx_make_op(OP_CONV2D_BWD_INPUT, CX_F32, x->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
     }
     cx_node *w = in[1]->node;
-    memcpy(attrs + 7, w->shape, 4 * sizeof(int64_t));
+    memcpy(attrs + CX_AT_CONV_SHAPE, w->shape, 4 * sizeof(int64_t));
     cx_tensor *ins[2] = { in[0], g };
-    return cx_make_op(OP_CONV2D_BWD_WEIGHT, CX_F32, w->shape, 4, ins, 2, attrs, 11, 0);
+    return cx_make_op(OP_CONV2D_BWD_WEIGHT, CX_F32, w->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
 }
 
 /* ---- pools ------------------------------------------------------------------------------- */
@@ -188,10 +193,11 @@ static cx_tensor *pool(cx_op op, const char *name, cx_tensor *x, int kh, int kw,
     if (!cx_pool_geom_finish(&g))
         return cx_poison("%s: kernel %dx%d stride %d,%d padding %d,%d does not fit input %s", name, kh, kw, sh, sw, ph, pw,
                          cx_shape_str(b, sizeof b, x->node->shape, 4));
-    int64_t attrs[6] = { kh, kw, sh, sw, ph, pw };
+    int64_t attrs[CX_AT_POOL_COUNT] = { [CX_AT_POOL_KH] = kh, [CX_AT_POOL_KW] = kw, [CX_AT_POOL_SH] = sh,
+                                        [CX_AT_POOL_SW] = sw, [CX_AT_POOL_PH] = ph, [CX_AT_POOL_PW] = pw };
     int64_t shape[4] = { g.n, g.c, g.oh, g.ow };
     cx_tensor *xf = cx_cast(x, CX_F32);
-    cx_tensor *y = cx_make_op(op, CX_F32, shape, 4, &xf, 1, attrs, 6, 0);
+    cx_tensor *y = cx_make_op(op, CX_F32, shape, 4, &xf, 1, attrs, CX_AT_POOL_COUNT, 0);
     cx_drop(xf);
     if (cx_dtype_of(x) != CX_F32) { cx_tensor *c = cx_cast(y, cx_dtype_of(x)); cx_drop(y); y = c; }
     return y;
@@ -213,12 +219,13 @@ cx_tensor *cx_vjp_pool(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tens
     cx_node *x = in[0]->node;
     if (n->op == OP_MAXPOOL) {
         cx_tensor *ins[2] = { in[0], g };
-        return cx_make_op(OP_MAXPOOL_BWD, CX_F32, x->shape, 4, ins, 2, n->attrs, 6, 0);
+        return cx_make_op(OP_MAXPOOL_BWD, CX_F32, x->shape, 4, ins, 2, n->attrs, CX_AT_POOL_COUNT, 0);
     }
-    int64_t attrs[10];
-    memcpy(attrs, n->attrs, 6 * sizeof(int64_t));
-    memcpy(attrs + 6, x->shape, 4 * sizeof(int64_t));
-    return cx_make_op(OP_AVGPOOL_BWD, CX_F32, x->shape, 4, &g, 1, attrs, 10, 0);
+    /* dy is the gradient's only input: the input shape rides along */
+    int64_t attrs[CX_AT_POOL_BWD_COUNT];
+    memcpy(attrs, n->attrs, CX_AT_POOL_COUNT * sizeof(int64_t));
+    memcpy(attrs + CX_AT_POOL_SHAPE, x->shape, 4 * sizeof(int64_t));
+    return cx_make_op(OP_AVGPOOL_BWD, CX_F32, x->shape, 4, &g, 1, attrs, CX_AT_POOL_BWD_COUNT, 0);
 }
 
 /* ---- gather / scatter-add ----------------------------------------------------------------- */
@@ -280,7 +287,7 @@ cx_tensor *cx_scatter_add(cx_tensor *base, int axis, cx_tensor *index, cx_tensor
 cx_tensor *cx_vjp_gather(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
     (void)out;
-    int ax = (int)n->attrs[0];
+    int ax = (int)CX_ATTR(n, CX_AT_AXIS);
     if (n->op == OP_GATHER) {
         if (i != 0) return NULL;
         cx_tensor *z = cx_zeros(in[0]->node->shape, in[0]->node->ndim, CX_F32);

@@ -75,14 +75,14 @@ cx_tensor *cx_permute(cx_tensor *a, const int *perm)
                              cx_shape_str(b, sizeof b, a->node->shape, nd), perm ? perm[i] : 0, i);
         }
         seen[ax] = true;
-        attrs[i] = ax;
+        attrs[CX_AT_PERM(i)] = ax;
         shape[i] = a->node->shape[ax];
         if (ax != i) ident = false;
     }
     if (ident) return cx_alias(a);
     if (a->node->op == OP_PERMUTE && (a->node->flags & NF_REQUIRES_GRAD) == (a->node->inputs[0]->flags & NF_REQUIRES_GRAD)) {
         int composed[CX_MAX_DIMS];
-        for (int i = 0; i < nd; i++) composed[i] = (int)a->node->attrs[attrs[i]];
+        for (int i = 0; i < nd; i++) composed[i] = (int)CX_ATTR(a->node, CX_AT_PERM(attrs[i]));
         cx_tensor *inner = cx_tensor_of(a->node->inputs[0]);
         cx_tensor *r = cx_permute(inner, composed);
         cx_drop(inner);
@@ -158,27 +158,27 @@ cx_tensor *cx_slice(cx_tensor *a, int axis, int64_t start, int64_t end, int64_t 
     memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
     shape[ax] = (end - start + step - 1) / step;
     if (start == 0 && shape[ax] == dim && (step == 1 || dim <= 1)) return cx_alias(a);
-    int64_t attrs[3] = { ax, start, step };
-    return cx_make_op(OP_SLICE, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, 3, 0);
+    int64_t attrs[CX_AT_SLICE_COUNT] = { [CX_AT_SLICE_AXIS] = ax, [CX_AT_SLICE_START] = start, [CX_AT_SLICE_STEP] = step };
+    return cx_make_op(OP_SLICE, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, CX_AT_SLICE_COUNT, 0);
 }
 
 /* Internal pad with interior padding (used by the slice VJP). */
 static cx_tensor *pad_full(cx_tensor *a, const int64_t *lo, const int64_t *hi, const int64_t *interior, double value)
 {
     int nd = a->node->ndim;
-    int64_t shape[CX_MAX_DIMS], attrs[3 * CX_MAX_DIMS];
+    int64_t shape[CX_MAX_DIMS], attrs[CX_AT_PAD_COUNT(CX_MAX_DIMS)];
     bool trivial = true;
     for (int i = 0; i < nd; i++) {
         int64_t in = interior ? interior[i] : 0;
         int64_t s = a->node->shape[i];
         shape[i] = lo[i] + hi[i] + (s > 0 ? s + (s - 1) * in : 0);
-        attrs[i] = lo[i];
-        attrs[nd + i] = hi[i];
-        attrs[2 * nd + i] = in;
+        attrs[CX_AT_PAD_LO(nd, i)] = lo[i];
+        attrs[CX_AT_PAD_HI(nd, i)] = hi[i];
+        attrs[CX_AT_PAD_INTERIOR(nd, i)] = in;
         if (lo[i] || hi[i] || (in && s > 1)) trivial = false;
     }
     if (trivial) return cx_alias(a);
-    return cx_make_op(OP_PAD, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, 3 * nd, value);
+    return cx_make_op(OP_PAD, (cx_dtype)a->node->dtype, shape, nd, &a, 1, attrs, CX_AT_PAD_COUNT(nd), value);
 }
 
 cx_tensor *cx_pad(cx_tensor *a, const int64_t *lo, const int64_t *hi, double value)
@@ -446,8 +446,9 @@ cx_tensor *cx_vjp_movement(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_
         int inv[CX_MAX_DIMS];
         bool swap_last = nd >= 2;
         for (int k = 0; k < nd; k++) {
-            inv[n->attrs[k]] = k;
-            if (n->attrs[k] != (k < nd - 2 ? k : k == nd - 2 ? nd - 1 : nd - 2)) swap_last = false;
+            int64_t src = CX_ATTR(n, CX_AT_PERM(k));
+            inv[src] = k;
+            if (src != (k < nd - 2 ? k : k == nd - 2 ? nd - 1 : nd - 2)) swap_last = false;
         }
         /* The gradient of W in x @ W^T (every Linear) is a matmul seen
          * through this transpose: produce it in W's layout directly
@@ -457,8 +458,8 @@ cx_tensor *cx_vjp_movement(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_
     }
     case OP_EXPAND: return cx_sum_to(g, x->shape, nd);
     case OP_SLICE: {
-        int ax = (int)n->attrs[0];
-        int64_t start = n->attrs[1], step = n->attrs[2];
+        int ax = (int)CX_ATTR(n, CX_AT_SLICE_AXIS);
+        int64_t start = CX_ATTR(n, CX_AT_SLICE_START), step = CX_ATTR(n, CX_AT_SLICE_STEP);
         int64_t lo[CX_MAX_DIMS] = { 0 }, hi[CX_MAX_DIMS] = { 0 }, inner[CX_MAX_DIMS] = { 0 };
         int64_t cnt = n->shape[ax];
         lo[ax] = start;
@@ -470,7 +471,7 @@ cx_tensor *cx_vjp_movement(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_
     case OP_PAD: {
         cx_tensor *cur = cx_alias(g);
         for (int d = 0; d < nd; d++) {
-            int64_t lo = n->attrs[d], in_ = n->attrs[2 * nd + d];
+            int64_t lo = CX_ATTR(n, CX_AT_PAD_LO(nd, d)), in_ = CX_ATTR(n, CX_AT_PAD_INTERIOR(nd, d));
             if (lo == 0 && in_ == 0 && n->shape[d] == x->shape[d]) continue;
             int64_t end = lo + (x->shape[d] > 0 ? (x->shape[d] - 1) * (in_ + 1) + 1 : 0);
             cx_tensor *s = cx_slice(cur, d, lo, end, in_ + 1);
@@ -480,7 +481,7 @@ cx_tensor *cx_vjp_movement(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_
         return cur;
     }
     case OP_CONCAT: {
-        int ax = (int)n->attrs[0];
+        int ax = (int)CX_ATTR(n, CX_AT_AXIS);
         int64_t off = 0;
         for (int k = 0; k < i; k++) off += in[k]->node->shape[ax];
         return cx_slice(g, ax, off, off + in[i]->node->shape[ax], 1);
@@ -501,7 +502,7 @@ cx_tensor *cx_vjp_reduce(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_te
         cx_tensor *mask = cx_eq(in[0], oe);
         cx_tensor *mf = cx_cast(mask, (cx_dtype)x->dtype);
         int axes[CX_MAX_DIMS], na = 0;
-        for (int d = 0; d < x->ndim; d++) if (n->attrs[0] >> d & 1) axes[na++] = d;
+        for (int d = 0; d < x->ndim; d++) if (CX_ATTR(n, CX_AT_REDUCE_MASK) >> d & 1) axes[na++] = d;
         cx_tensor *cnt = cx_sum(mf, axes, na, true);
         cx_tensor *gs = cx_div(g, cnt);
         cx_tensor *ge = cx_expand(gs, x->shape, x->ndim);

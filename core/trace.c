@@ -9,6 +9,7 @@
  * three decimals, so a child's [ts, ts + dur] never leaks out of its parent
  * through rounding. */
 #include "obs.h"
+#include "cx_fs.h"
 
 #include <cxla/debug.h>
 
@@ -100,16 +101,11 @@ void cx_trace_pop(void)
 
 static cx_status mkdir_p(const char *path)
 {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) { cx_set_error("trace: path too long"); return CX_ERR_IO; }
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) { cx_set_error("trace: cannot create %s: %s", buf, strerror(errno)); return CX_ERR_IO; }
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST) { cx_set_error("trace: cannot create %s: %s", buf, strerror(errno)); return CX_ERR_IO; }
-    return CX_OK;
+    char failed[256];
+    int err = cx_mkdir_p(path, failed, sizeof failed);
+    if (err == 0) return CX_OK;
+    cx_set_error("trace_start: cannot create %s: %s", failed, strerror(err));
+    return CX_ERR_IO;
 }
 
 cx_status cx_trace_start(const char *dir)

@@ -378,6 +378,16 @@ Test(grad, movement)
     m = (mv){ .kind = M_CHAIN, .perm = { 1, 2, 0 }, .axis = 1, .start = 0, .end = 4, .step = 2, .lo = { 1, 0, 1 },
               .hi = { 0, 1, 0 }, .value = 0.25 };
     gradcheck("pad(slice(permute))", f_move, &m, in3, 1);
+    /* rank 6: the stepped slice's gradient pads with interior padding on
+     * the last dims, whose attributes sit at indices 16 and 17 */
+    const int64_t s6[] = { 1, 2, 1, 2, 3, 5 };
+    float *x6 = rand_f32(60, -2, 2);
+    gin in6[1] = { G(6, s6, x6) };
+    m = (mv){ .kind = M_SLICE, .axis = 5, .start = 0, .end = 5, .step = 2 };
+    gradcheck("rank-6 slice axis 5 0:5:2", f_move, &m, in6, 1);
+    m = (mv){ .kind = M_SLICE, .axis = 4, .start = 1, .end = 3, .step = 2 };
+    gradcheck("rank-6 slice axis 4 1:3:2", f_move, &m, in6, 1);
+    free(x6);
     free(x);
     free(y);
     free(z);

@@ -1,0 +1,91 @@
+/* Pass 3, epilogues: an elementwise kernel that only post-processes a heavy
+ * kernel's output (bias, activation, relu's gradient mask) runs in place
+ * right after it, while the output is in cache; the output's own arena slot
+ * disappears. Where the kernel can apply the epilogue itself (conv bias and
+ * relu, the relu-gradient mask), it does, and no program runs at all. */
+#include "passes.h"
+
+/* Whether an epilogue the heavy kernel h took over (merged: its program
+ * now loads the output from merged->out_slot) is one the kernel applies
+ * itself while the output is in cache:
+ *  - after a conv, out + bias[channel], optionally then relu (Conv2d and
+ *    ReLU), over the conv's own (N, O, OH*OW) element split;
+ *  - after a conv input gradient or max-pool backward, where(m > 0, out, 0)
+ *    with m in the output's layout (relu's gradient, as P_POSMASK).
+ * @return the cx_epi, with the index of the load of the bias or mask in
+ * *load. */
+static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *load)
+{
+    const cx_program *p = &merged->prog;
+    const cx_pinstr *in = p->ins;
+    if (p->n < 3 || p->result != p->n - 1 || in[0].kind != P_LOAD || in[1].kind != P_LOAD) return EPI_PROG;
+    for (int i = 0; i < p->n; i++)
+        if (in[i].dtype != CX_F32 || (in[i].kind == P_LOAD && in[i].src_dtype != CX_F32)) return EPI_PROG;
+    const int o = in[0].slot == merged->out_slot ? 0 : 1, x = 1 - o;
+    if (in[o].slot != merged->out_slot || in[x].slot == merged->out_slot) return EPI_PROG;
+    const cx_view *v = &p->views[in[x].view];
+    const int nd = merged->ndim;
+    const int64_t *shape = merged->shape;
+    if (h->kind == K_CONV && in[2].kind == P_BIN && in[2].op == OP_ADD && in[2].a + in[2].b == 1 &&
+        (p->n == 3 || (in[3].kind == P_RELU && in[3].a == 2))) {
+        if (nd < 3 || nd > 4 || h->ndim != 4 || shape[0] != h->shape[0] || shape[1] != h->shape[1]) return EPI_PROG;
+        int64_t plane = 1;
+        for (int d = 2; d < nd; d++) plane *= shape[d];
+        if (plane != h->shape[2] * h->shape[3] || v->offset != 0 || v->masked) return EPI_PROG;
+        for (int d = 0; d < nd; d++)
+            if (shape[d] > 1 && v->strides[d] != (d == 1 ? 1 : 0)) return EPI_PROG;
+        *load = x;
+        return p->n == 4 ? EPI_BIAS_RELU : EPI_BIAS;
+    }
+    if ((h->kind == K_CONV_BI || h->kind == K_MAXPOOL_BWD) && p->n == 3 && in[2].kind == P_POSMASK &&
+        in[2].a == x && in[2].b == o && cx_view_is_identity(v, shape, nd)) {
+        *load = x;
+        return EPI_POSMASK;
+    }
+    return EPI_PROG;
+}
+
+/* Whether f can run as h's epilogue: f is the only reader of h's output,
+ * an f32 elementwise kernel over the same elements, reading that output in
+ * its own element order, and not writing over a buffer it also reads. */
+static bool epilogue_fits(const cx_executable *e, int k, const cx_kernel *h, int reader)
+{
+    const cx_kernel *f = &e->kernels[reader];
+    if (reader <= k || f->kind != K_FUSED || f->out_numel != h->out_numel || f->out_dtype != CX_F32) return false;
+    if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
+    for (int i = 0; i < f->prog.n; i++) {
+        const cx_pinstr *in = &f->prog.ins[i];
+        if (in->kind != P_LOAD) continue;
+        if (in->slot == f->out_slot) return false;
+        if (in->slot == h->out_slot && !cx_view_is_identity(&f->prog.views[in->view], f->shape, f->ndim)) return false;
+    }
+    return true;
+}
+
+void cx_pass_fuse_epilogues(cx_executable *e)
+{
+    for (int k = 0; k < e->nkernels; k++) {
+        cx_kernel *h = &e->kernels[k];
+        if (h->kind != K_MATMUL && h->kind != K_CONV && h->kind != K_CONV_BI && h->kind != K_MAXPOOL_BWD) continue;
+        if (e->slots[h->out_slot].kind != SLOT_ARENA) continue;
+        int reader = -1;
+        if (cx_exec_count_readers(e, h->out_slot, &reader) != 1 || !epilogue_fits(e, k, h, reader)) continue;
+        /* the heavy op moves to the reader's position and writes the reader's
+         * output; the program then runs in place over it (the heavy op's own
+         * geometry comes from its inputs and attributes) */
+        cx_kernel *f = &e->kernels[reader];
+        cx_kernel merged = *h;
+        merged.has_epilogue = true;
+        merged.prog = f->prog;
+        merged.out_slot = f->out_slot;
+        merged.ndim = f->ndim;
+        memcpy(merged.shape, f->shape, sizeof merged.shape);
+        cx_prog_rename_loads(&merged.prog, h->out_slot, f->out_slot);
+        merged.epi = (uint8_t)fold_epilogue(h, &merged, &merged.epi_load);
+        e->slots[h->out_slot].last = -1; /* dead: no arena space */
+        e->kernels[reader] = merged;
+        memmove(&e->kernels[k], &e->kernels[k + 1], sizeof *e->kernels * (size_t)(e->nkernels - k - 1));
+        e->nkernels--;
+        k--;
+    }
+}
