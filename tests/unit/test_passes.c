@@ -1,0 +1,323 @@
+/* The compiler's passes one at a time, on hand-built graphs and
+ * executables: which nodes become kernels, what fuses, the order the
+ * collectives are issued in, where they wait, which buffers alias, and the
+ * arena plan. (End-to-end checks through real steps live in test_compile.c.) */
+#include <criterion/criterion.h>
+
+#include "compile/passes.h"
+
+/* ---- hand-built graphs -------------------------------------------------------------- */
+
+typedef struct {
+    cx_graph g;
+    cx_gnode nodes[32];
+    int storage[96];
+    int nstorage;
+    int outs[8], alias[8];
+} gbuild;
+
+static void gb_init(gbuild *b)
+{
+    memset(b, 0, sizeof *b);
+    b->g.nodes = b->nodes;
+    b->g.input_storage = b->storage;
+    b->g.outputs = b->outs;
+    b->g.out_alias = b->alias;
+}
+
+/* A node of f32[shape] with inputs (graph indices); data leaves get input
+ * ordinals in creation order. */
+static int gb_node(gbuild *b, cx_op op, int nd, const int64_t *shape, int nin, const int *ins)
+{
+    int i = b->g.n++;
+    cx_gnode *n = &b->nodes[i];
+    n->op = op;
+    n->dtype = CX_F32;
+    n->ndim = (uint8_t)nd;
+    n->numel = 1;
+    for (int d = 0; d < nd; d++) { n->shape[d] = shape[d]; n->numel *= shape[d]; }
+    n->ninputs = nin;
+    n->inputs = b->storage + b->nstorage;
+    for (int k = 0; k < nin; k++) b->storage[b->nstorage++] = ins[k];
+    n->input_ordinal = op == OP_DATA ? b->g.n_inputs++ : -1;
+    return i;
+}
+
+static void gb_attrs(gbuild *b, int i, int n, const int64_t *attrs)
+{
+    b->nodes[i].nattrs = n;
+    memcpy(b->nodes[i].attrs, attrs, sizeof(int64_t) * (size_t)n);
+}
+
+static void gb_output(gbuild *b, int i, int alias)
+{
+    b->outs[b->g.n_outputs] = i;
+    b->alias[b->g.n_outputs++] = alias;
+}
+
+static void group(const gbuild *b, char *root)
+{
+    cx_uses u;
+    cr_assert(cx_uses_build(&b->g, &u));
+    cr_assert(cx_pass_group(&b->g, &u, NULL, root));
+    cx_uses_free(&b->g, &u);
+}
+
+static const int64_t V8[] = { 8 }, M44[] = { 4, 4 };
+
+Test(passes, group_fuses_chains_into_their_consumer)
+{
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 1, V8, 0, NULL), c = gb_node(&b, OP_DATA, 1, V8, 0, NULL);
+    int add = gb_node(&b, OP_ADD, 1, V8, 2, (int[]){ a, c });
+    int ex = gb_node(&b, OP_EXP, 1, V8, 1, &add);
+    int64_t one[] = { 1 };
+    int sum = gb_node(&b, OP_REDUCE_SUM, 1, one, 1, &ex);
+    gb_attrs(&b, sum, 1, (int64_t[]){ 1 });
+    gb_output(&b, sum, -1);
+    char root[8];
+    group(&b, root);
+    cr_assert(root[a] && root[c], "data leaves are buffers");
+    cr_assert(!root[add] && !root[ex], "an elementwise chain feeding a reduction is its prologue");
+    cr_assert(root[sum]);
+}
+
+Test(passes, group_materializes_a_value_two_kernels_read)
+{
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int ex = gb_node(&b, OP_EXP, 2, M44, 1, &a);
+    int tr = gb_node(&b, OP_PERMUTE, 2, M44, 1, &ex);
+    gb_attrs(&b, tr, 2, (int64_t[]){ 1, 0 });
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ ex, tr });
+    int neg = gb_node(&b, OP_NEG, 2, M44, 1, &mm);
+    gb_output(&b, neg, -1);
+    char root[8];
+    group(&b, root);
+    cr_assert(root[ex], "exp feeds a matmul (a heavy op reads buffers): it must be a kernel");
+    cr_assert(!root[tr], "a view is never a kernel by itself");
+    cr_assert(root[mm] && root[neg], "matmul and outputs are kernels");
+}
+
+Test(passes, lower_counts_kernels_and_fuses_the_matmul_epilogue)
+{
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int bias = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ x, w });
+    int add = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias });
+    int th = gb_node(&b, OP_TANH, 2, M44, 1, &add);
+    gb_output(&b, th, -1);
+    cx_executable *e = cx_lower(&b.g);
+    cr_assert_not_null(e, "%s", cx_last_error());
+    cr_assert_eq(e->nkernels, 1, "matmul + bias + tanh: %d kernels, expected the matmul with its epilogue", e->nkernels);
+    cr_assert_eq(e->kernels[0].kind, K_MATMUL);
+    cr_assert(e->kernels[0].has_epilogue);
+    cr_assert_eq(e->arena_bytes, 0, "the matmul's own output needs no arena slot once fused");
+    cx_executable_free(e);
+}
+
+Test(passes, codegen_retries_with_a_root_where_a_view_is_not_affine)
+{
+    /* reshape (4,4)->(16) of a transposed value is not an affine map of a
+     * contiguous buffer: the transpose must be materialized first */
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int ex = gb_node(&b, OP_EXP, 2, M44, 1, &a);
+    int tr = gb_node(&b, OP_PERMUTE, 2, M44, 1, &ex);
+    gb_attrs(&b, tr, 2, (int64_t[]){ 1, 0 });
+    int64_t s16[] = { 16 };
+    int rs = gb_node(&b, OP_RESHAPE, 1, s16, 1, &tr);
+    int64_t s2[] = { 2 };
+    int sl = gb_node(&b, OP_SLICE, 1, s2, 1, &rs);
+    gb_attrs(&b, sl, 3, (int64_t[]){ 0, 3, 5 });
+    int ng = gb_node(&b, OP_NEG, 1, s2, 1, &sl);
+    gb_output(&b, ng, -1);
+    cx_executable *e = cx_lower(&b.g);
+    cr_assert_not_null(e, "%s", cx_last_error());
+    cr_assert_leq(e->nkernels, 2);
+    cx_executable_free(e);
+}
+
+/* ---- hand-built executables ------------------------------------------------------------ */
+
+static cx_executable *exec_new(int nslots, int64_t bytes)
+{
+    cx_executable *e = calloc(1, sizeof *e);
+    for (int s = 0; s < nslots; s++) cr_assert_geq(cx_exec_add_slot(e, SLOT_ARENA, -1, bytes), 0);
+    return e;
+}
+
+/* An elementwise kernel writing `out` from the slots in `ins` (identity views). */
+static void fused(cx_executable *e, int out, int nin, const int *ins)
+{
+    cx_kernel *k = cx_exec_add_kernel(e);
+    k->kind = K_FUSED;
+    k->out_slot = out;
+    k->out_dtype = CX_F32;
+    k->out_numel = 16;
+    k->ndim = 1;
+    k->shape[0] = 16;
+    k->prog.views = calloc(1, sizeof(cx_view));
+    k->prog.views[0].strides[0] = 1;
+    k->prog.nviews = k->prog.vcap = 1;
+    k->prog.ins = calloc((size_t)nin + 1, sizeof(cx_pinstr));
+    for (int i = 0; i < nin; i++) k->prog.ins[i] = (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = ins[i] };
+    k->prog.n = k->prog.cap = nin;
+    k->prog.result = nin - 1;
+}
+
+static void coll(cx_executable *e, cx_op op, int in, int out)
+{
+    cx_kernel *k = cx_exec_add_kernel(e);
+    k->kind = K_COLL;
+    k->coll_op = (uint8_t)op;
+    k->out_slot = out;
+    k->out_dtype = CX_F32;
+    k->out_numel = 16;
+    k->nin = 1;
+    k->in[0] = (cx_kin){ .slot = in, .dtype = CX_F32, .numel = 16, .ndim = 1, .shape = { 16 } };
+    k->nattrs = CX_AT_COLL_COUNT;
+}
+
+static int position(const cx_executable *e, int out_slot)
+{
+    for (int k = 0; k < e->nkernels; k++) if (e->kernels[k].out_slot == out_slot) return k;
+    return -1;
+}
+
+Test(passes, overlap_issues_each_gradient_all_reduce_as_soon_as_it_exists)
+{
+    /* backward computes g1 (slot 1) then g2 (slot 2); the update reads both
+     * reduced gradients (slots 3, 4) */
+    cx_executable *e = exec_new(6, 64);
+    fused(e, 1, 1, (int[]){ 0 });
+    fused(e, 2, 1, (int[]){ 1 });
+    fused(e, 5, 1, (int[]){ 0 });      /* independent work, e.g. the rest of backward */
+    coll(e, OP_ALL_REDUCE, 1, 3);
+    coll(e, OP_ALL_REDUCE, 2, 4);
+    fused(e, 0, 2, (int[]){ 3, 4 });   /* the update */
+    cr_assert(cx_pass_schedule_overlap(e));
+    int ar1 = position(e, 3), g2 = position(e, 2), indep = position(e, 5), upd = position(e, 0);
+    cr_assert_eq(ar1, 1, "the first all-reduce goes right after its gradient (at %d)", ar1);
+    cr_assert_lt(ar1, g2, "it overlaps the computation of the next gradient");
+    cr_assert_lt(indep, upd, "work that needs no collective runs before work that waits for one");
+    cx_pass_collective_waits(e);
+    cr_assert_eq(e->kernels[ar1].wait_at, upd, "a collective is waited for right before its first reader");
+    cx_executable_free(e);
+}
+
+Test(passes, all_reduce_runs_in_place_over_an_input_only_it_reads)
+{
+    cx_executable *e = exec_new(3, 64);
+    fused(e, 1, 1, (int[]){ 0 });
+    coll(e, OP_ALL_REDUCE, 1, 2);
+    fused(e, 0, 1, (int[]){ 2 });
+    cx_pass_collectives_in_place(e);
+    cr_assert_eq(e->kernels[1].out_slot, 1, "the all-reduce writes over its input");
+    cr_assert_eq(e->kernels[2].prog.ins[0].slot, 1, "its reader follows the renamed slot");
+    cx_executable_free(e);
+    /* a second reader of the input keeps the buffers apart */
+    e = exec_new(4, 64);
+    fused(e, 1, 1, (int[]){ 0 });
+    coll(e, OP_ALL_REDUCE, 1, 2);
+    fused(e, 3, 2, (int[]){ 1, 2 });
+    cx_pass_collectives_in_place(e);
+    cr_assert_eq(e->kernels[1].out_slot, 2);
+    cx_executable_free(e);
+}
+
+Test(passes, memory_plan_reuses_space_of_dead_buffers)
+{
+    /* a chain s0 -> s1 -> s2 -> s3: s0 and s2 never live at once */
+    cx_executable *e = exec_new(4, 1000);
+    e->slots[0].kind = SLOT_INPUT;
+    e->slots[3].kind = SLOT_OUTPUT;
+    fused(e, 1, 1, (int[]){ 0 });
+    fused(e, 2, 1, (int[]){ 1 });
+    fused(e, 3, 1, (int[]){ 2 });
+    cx_pass_liveness(e);
+    cr_assert_eq(e->slots[1].def, 0);
+    cr_assert_eq(e->slots[1].last, 1);
+    cr_assert(cx_pass_plan_memory(e));
+    cr_assert_eq(e->intermediate_bytes, 2000);
+    cr_assert_eq(e->arena_bytes, 2048, "two 1000-byte intermediates alive together, 64-byte aligned (got %lld)",
+                 (long long)e->arena_bytes);
+    cr_assert_neq(e->slots[1].offset, e->slots[2].offset, "overlapping lifetimes never share space");
+    cx_executable_free(e);
+}
+
+Test(passes, async_collectives_keep_their_buffers_until_the_wait)
+{
+    cx_executable *e = exec_new(5, 256);
+    fused(e, 1, 1, (int[]){ 0 });
+    coll(e, OP_ALL_REDUCE, 1, 2);
+    fused(e, 3, 1, (int[]){ 0 });
+    fused(e, 4, 1, (int[]){ 3 });
+    fused(e, 0, 1, (int[]){ 2 });
+    cx_pass_collective_waits(e);
+    cr_assert_eq(e->kernels[1].wait_at, 4);
+    cx_pass_liveness(e);
+    cr_assert_eq(e->slots[1].last, 4, "the all-reduce's input stays alive while it is in flight");
+    cr_assert(cx_pass_plan_memory(e));
+    cr_assert_neq(e->slots[1].offset, e->slots[3].offset);
+    cr_assert_neq(e->slots[1].offset, e->slots[4].offset);
+    cx_executable_free(e);
+}
+
+Test(passes, outputs_alias_their_donor_only_when_every_read_comes_first)
+{
+    /* out (slot 2) replaces input 0 (slot 0): written by kernel 1, and
+     * kernel 2 still reads the old value afterwards */
+    cx_executable *e = exec_new(0, 0);
+    cr_assert_eq(cx_exec_add_slot(e, SLOT_INPUT, 0, 64), 0);
+    cr_assert_eq(cx_exec_add_slot(e, SLOT_ARENA, -1, 64), 1);
+    cr_assert_eq(cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64), 2);
+    cr_assert_eq(cx_exec_add_slot(e, SLOT_OUTPUT, 1, 64), 3);
+    e->n_outputs = 2;
+    e->out_slot = (int[]){ 2, 3 };
+    fused(e, 1, 1, (int[]){ 0 });
+    fused(e, 2, 1, (int[]){ 1 });
+    fused(e, 3, 1, (int[]){ 0 });
+    cr_assert(cx_pass_alias_outputs(e, (int[]){ 0, -1 }));
+    cr_assert_eq(e->num_aliased, 1);
+    cr_assert_eq(e->nkernels, 4, "a copy at the end, since the input is read after the output is written");
+    cr_assert_eq(e->kernels[3].kind, K_COPY);
+    cr_assert_eq(e->kernels[3].out_slot, 2);
+    cr_assert_eq(e->slots[e->kernels[1].out_slot].kind, SLOT_ARENA, "the output is computed into the arena first");
+    e->out_slot = NULL;
+    cx_executable_free(e);
+
+    /* read first, then written: in place, no copy */
+    e = exec_new(0, 0);
+    cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
+    cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64);
+    e->n_outputs = 1;
+    e->out_slot = (int[]){ 2 };
+    fused(e, 1, 1, (int[]){ 0 });
+    fused(e, 2, 2, (int[]){ 0, 1 });
+    cr_assert(cx_pass_alias_outputs(e, (int[]){ 0 }));
+    cr_assert_eq(e->nkernels, 2, "an elementwise writer reading its donor in its own order runs in place");
+    e->out_slot = NULL;
+    cx_executable_free(e);
+}
+
+Test(passes, prefetch_moves_each_gather_one_unit_ahead)
+{
+    /* unit 1: gather (slot 1) then compute; unit 2: gather (slot 3) then compute */
+    cx_executable *e = exec_new(6, 64);
+    coll(e, OP_ALL_GATHER, 0, 1);
+    fused(e, 2, 1, (int[]){ 1 });
+    fused(e, 5, 1, (int[]){ 2 });
+    coll(e, OP_ALL_GATHER, 0, 3);
+    fused(e, 4, 2, (int[]){ 3, 5 });
+    cx_pass_prefetch_gathers(e);
+    cr_assert_eq(position(e, 3), 1, "the second gather is issued where the first one's result is first used");
+    cr_assert_lt(position(e, 1), position(e, 3), "the issue order of the collectives is unchanged");
+    cx_executable_free(e);
+}
