@@ -3,24 +3,14 @@
  * accumulate into each leaf's persistent grad with cx_assign. Forward,
  * backward and the optimizer update therefore land in one graph. */
 #include "internal.h"
+#include "cx_vec.h"
 
-static uint64_t g_remat_region;
-static int g_remat_depth;
-static uint64_t g_remat_counter;
-
-void cx_remat_begin(void)
-{
-    if (g_remat_depth++ == 0) g_remat_region = ++g_remat_counter;
-}
-void cx_remat_end(void) { if (g_remat_depth > 0 && --g_remat_depth == 0) g_remat_region = 0; }
-bool cx_remat_active(void) { return g_remat_depth > 0; }
-uint64_t cx_remat_region(void) { return g_remat_region; }
 
 cx_tensor *cx_requires_grad(cx_tensor *t, bool on)
 {
     if (!t || t->node->op == OP_ERROR) return t;
     if (on && !cx_dtype_is_float((cx_dtype)t->node->dtype)) {
-        cx_set_error("requires_grad: dtype %s cannot require grad", cx_dtype_name((cx_dtype)t->node->dtype));
+        cx_set_last_error("requires_grad: dtype %s cannot require grad", cx_dtype_name((cx_dtype)t->node->dtype));
         return t;
     }
     if (on) {
@@ -38,14 +28,14 @@ cx_tensor *cx_requires_grad(cx_tensor *t, bool on)
 
 cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink)
 {
-    if (!value || !sink) return cx_poison("grad_tap: NULL argument");
+    if (!value || !sink) return cx_poisoned("grad_tap: NULL argument");
     if (value->node->op == OP_ERROR) return cx_tensor_of(value->node);
     cx_node *v = value->node;
     bool same = v->ndim == sink->node->ndim && v->dtype == sink->node->dtype && cx_dtype_is_float((cx_dtype)v->dtype);
     for (int i = 0; same && i < v->ndim; i++) same = v->shape[i] == sink->node->shape[i];
     if (!same) {
         char a[160], b[160];
-        return cx_poison("grad_tap: value %s and sink %s differ (shape or float dtype)",
+        return cx_poisoned("grad_tap: value %s and sink %s differ (shape or float dtype)",
                          cx_shape_str(a, sizeof a, v->shape, v->ndim),
                          cx_shape_str(b, sizeof b, sink->node->shape, sink->node->ndim));
     }
@@ -60,7 +50,7 @@ cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink)
     cx_node *n = cx_node_make(&d);
     cx_drop(one);
     cx_drop(ones);
-    if (!n) return cx_poison("grad_tap: out of memory");
+    if (!n) return cx_poisoned("grad_tap: out of memory");
     n->grad_leaf = cx_grad_enabled() ? sink : NULL;
     return cx_tensor_wrap(n);
 }
@@ -88,7 +78,14 @@ void cx_set_grad(cx_tensor *t, cx_tensor *g)
 /* Backward reads forward values of remat-region nodes through fresh clones
  * (tagged so interning never merges them with the originals), so the
  * forward activations can die after their forward use. */
-typedef struct { cx_node **from, **to; int n, cap; uint64_t tag; } remat_map;
+typedef struct { cx_node *from, *to; } remat_pair;
+typedef struct { remat_pair *v; int n, cap; uint64_t tag; } remat_map;
+
+static cx_node *remat_lookup(const remat_map *m, const cx_node *x)
+{
+    for (int i = 0; i < m->n; i++) if (m->v[i].from == x) return m->v[i].to;
+    return NULL;
+}
 
 static bool cheap_view(const cx_node *x)
 {
@@ -102,11 +99,13 @@ static cx_node *remat_clone(remat_map *m, cx_node *x)
         /* views and casts of a rematerialized value (a transpose of an FSDP
          * parameter view, say) follow it; anything heavier is kept */
         if (!cheap_view(x)) return x;
-        for (int i = 0; i < m->n; i++) if (m->from[i] == x) return m->to[i];
+        cx_node *known = remat_lookup(m, x);
+        if (known) return known;
         cx_node *in = remat_clone(m, x->inputs[0]);
         if (in == x->inputs[0]) return x;
     }
-    for (int i = 0; i < m->n; i++) if (m->from[i] == x) return m->to[i];
+    cx_node *known = remat_lookup(m, x);
+    if (known) return known;
     cx_node *ins_small[8];
     cx_node **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);
     if (!ins) return x;
@@ -115,27 +114,15 @@ static cx_node *remat_clone(remat_map *m, cx_node *x)
                        .ninputs = x->ninputs, .inputs = ins, .nattrs = x->nattrs, .attrs = x->attrs,
                        .fval = x->fval, .flags = x->flags & ~(uint32_t)(NF_INTERNED | NF_REMAT) };
     /* the clone is interned under the backward's tag */
-    uint64_t saved = g_remat_region;
-    int saved_depth = g_remat_depth;
-    g_remat_region = m->tag;
-    g_remat_depth = 1;
+    cx_record_ctx *rec = cx_record(), saved = *rec;
+    rec->remat_region = m->tag;
+    rec->remat_depth = 1;
     cx_node *c = cx_node_make(&d);
-    g_remat_region = saved;
-    g_remat_depth = saved_depth;
+    *rec = saved;
     if (ins != ins_small) free(ins);
     if (!c) return x;
-    if (m->n == m->cap) {
-        int cap = m->cap ? m->cap * 2 : 64;
-        cx_node **f = realloc(m->from, sizeof *f * (size_t)cap), **t;
-        if (!f) { cx_node_unref(c); return x; }
-        m->from = f;
-        t = realloc(m->to, sizeof *t * (size_t)cap);
-        if (!t) { cx_node_unref(c); return x; }
-        m->to = t;
-        m->cap = cap;
-    }
-    m->from[m->n] = x;
-    m->to[m->n++] = c;
+    if (!CX_GROW(m->v, m->cap, m->n + 1)) { cx_node_unref(c); return x; }
+    m->v[m->n++] = (remat_pair){ x, c };
     return c;
 }
 
@@ -156,105 +143,124 @@ static void accumulate_leaf(cx_tensor *leaf, cx_tensor *g)
     cx_drop(gc);
 }
 
-cx_status cx_backward(cx_tensor *loss)
+static cx_status check_loss(const cx_node *root)
 {
-    if (!loss) { cx_set_error("backward: loss is NULL"); return CX_ERR_ARG; }
-    cx_node *root = loss->node;
-    if (root->op == OP_ERROR) { cx_set_error("backward: loss is poisoned: %s", root->err); return CX_ERR_SHAPE; }
+    if (root->op == OP_ERROR) { cx_set_last_error("backward: loss is poisoned: %s", root->err); return CX_ERR_SHAPE; }
     if (root->numel != 1) {
         char b[160];
-        cx_set_error("backward: loss of shape %s is not a scalar", cx_shape_str(b, sizeof b, root->shape, root->ndim));
+        cx_set_last_error("backward: loss of shape %s is not a scalar", cx_shape_str(b, sizeof b, root->shape, root->ndim));
         return CX_ERR_SHAPE;
     }
-    if (!cx_dtype_is_float((cx_dtype)root->dtype)) { cx_set_error("backward: loss dtype %s is not float", cx_dtype_name((cx_dtype)root->dtype)); return CX_ERR_ARG; }
-    if (!(root->flags & NF_REQUIRES_GRAD)) { cx_set_error("backward: loss does not depend on any tensor that requires grad"); return CX_ERR_ARG; }
+    if (!cx_dtype_is_float((cx_dtype)root->dtype)) {
+        cx_set_last_error("backward: loss dtype %s is not float", cx_dtype_name((cx_dtype)root->dtype));
+        return CX_ERR_ARG;
+    }
+    if (!(root->flags & NF_REQUIRES_GRAD)) {
+        cx_set_last_error("backward: loss does not depend on any tensor that requires grad");
+        return CX_ERR_ARG;
+    }
+    return CX_OK;
+}
 
-    /* topological order of the grad-carrying subgraph (iterative DFS) */
-    int cap = 1024, n = 0, sp = 0;
-    cx_node **order = malloc(sizeof *order * (size_t)cap);
-    struct frame { cx_node *x; int next; } *stack = malloc(sizeof *stack * 1024);
-    int scap = 1024;
-    if (!order || !stack) { free(order); free(stack); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
-    int epoch = cx_mark_epoch();
-    int visited = epoch, done = visited + 1;
-    stack[sp++] = (struct frame){ root, 0 };
+/* The grad-carrying subgraph below root in topological order (iterative
+ * DFS); every node in it ends marked `done`. @return false when out of
+ * memory. */
+static bool grad_order(cx_node *root, int visited, int done, cx_node ***order, int *n)
+{
+    struct frame { cx_node *x; int next; } *stack = NULL;
+    int sp = 0, scap = 0, cap = 0;
+    bool ok = CX_GROW(stack, scap, 1);
+    *n = 0;
+    if (ok) stack[sp++] = (struct frame){ root, 0 };
     root->mark = visited;
-    while (sp) {
+    while (sp && ok) {
         struct frame *f = &stack[sp - 1];
         if (f->next < f->x->ninputs) {
             cx_node *c = f->x->inputs[f->next++];
             if (!(c->flags & NF_REQUIRES_GRAD) || c->mark == visited || c->mark == done) continue;
             c->mark = visited;
-            if (sp == scap) {
-                scap *= 2;
-                struct frame *ns = realloc(stack, sizeof *ns * (size_t)scap);
-                if (!ns) { free(order); free(stack); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
-                stack = ns;
-            }
-            stack[sp++] = (struct frame){ c, 0 };
+            if ((ok = CX_GROW(stack, scap, sp + 1))) stack[sp++] = (struct frame){ c, 0 };
         } else {
             f->x->mark = done;
-            if (n == cap) {
-                cap *= 2;
-                cx_node **no = realloc(order, sizeof *no * (size_t)cap);
-                if (!no) { free(order); free(stack); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
-                order = no;
-            }
-            order[n++] = f->x;
+            if ((ok = CX_GROW(*order, cap, *n + 1))) (*order)[(*n)++] = f->x;
             sp--;
         }
     }
     free(stack);
-    for (int i = 0; i < n; i++) { order[i]->index = i; cx_node_ref(order[i]); }
+    return ok;
+}
 
-    cx_tensor **grads = calloc((size_t)n, sizeof *grads);
-    if (!grads) { for (int i = 0; i < n; i++) cx_node_unref(order[i]); free(order); cx_set_error("backward: out of memory"); return CX_ERR_OOM; }
+/* Applies x's VJP rule to its gradient g and adds what flows to each input
+ * into grads[] (by node index). @return CX_OK, or the first bad rule's error. */
+static cx_status propagate(cx_node *x, cx_tensor *g, cx_tensor **grads, remat_map *rm, int done)
+{
+    const cx_op_info *info = &cx_op_table[x->op];
+    if (!info->vjp) return CX_OK;
+    cx_tensor *ins_small[8];
+    cx_tensor **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);
+    if (!ins) { cx_set_last_error("backward: out of memory"); return CX_ERR_OOM; }
+    cx_status st = CX_OK;
+    for (int k = 0; k < x->ninputs; k++) ins[k] = cx_tensor_of(remat_clone(rm, x->inputs[k]));
+    cx_tensor *out = cx_tensor_of(remat_clone(rm, x));
+    for (int k = 0; k < x->ninputs; k++) {
+        cx_node *c = x->inputs[k];
+        if (!(c->flags & NF_REQUIRES_GRAD) || c->mark != done) continue;
+        cx_tensor *gk = info->vjp(x, ins, out, g, k);
+        if (!gk) continue;
+        if (gk->node->op == OP_ERROR) {
+            cx_set_last_error("backward: %s: %s", info->name, gk->node->err);
+            st = CX_ERR_SHAPE;
+            cx_drop(gk);
+            continue;
+        }
+        int j = c->index;
+        if (!grads[j]) { grads[j] = gk; continue; }
+        cx_tensor *sum = cx_add(grads[j], gk);
+        cx_drop(grads[j]);
+        cx_drop(gk);
+        grads[j] = sum;
+    }
+    for (int k = 0; k < x->ninputs; k++) cx_drop(ins[k]);
+    if (ins != ins_small) free(ins);
+    cx_drop(out);
+    return st;
+}
+
+cx_status cx_backward(cx_tensor *loss)
+{
+    if (!loss) { cx_set_last_error("backward: loss is NULL"); return CX_ERR_ARG; }
+    cx_node *root = loss->node;
+    cx_status st = check_loss(root);
+    if (st != CX_OK) return st;
+    int visited = cx_mark_epoch(), done = visited + 1, n = 0;
+    cx_node **order = NULL;
+    cx_tensor **grads = NULL;
+    if (!grad_order(root, visited, done, &order, &n) || !(grads = calloc((size_t)n, sizeof *grads))) {
+        free(order);
+        cx_set_last_error("backward: out of memory");
+        return CX_ERR_OOM;
+    }
+    for (int i = 0; i < n; i++) { order[i]->index = i; cx_node_ref(order[i]); }
     cx_no_grad_begin(); /* the backward graph itself carries no gradient */
     grads[n - 1] = cx_ones(root->shape, root->ndim, (cx_dtype)root->dtype);
-    remat_map rm = { .tag = ~0ull - (uint64_t)epoch };
-    cx_status st = CX_OK;
+    remat_map rm = { .tag = ~0ull - (uint64_t)visited };
     for (int i = n - 1; i >= 0; i--) {
-        cx_node *x = order[i];
         cx_tensor *g = grads[i];
         grads[i] = NULL;
         if (!g) continue;
-        if (x->op == OP_DATA || x->grad_leaf) {
-            /* a leaf, or a gradient tap: the gradient stops here */
-            if (x->grad_leaf) accumulate_leaf(x->grad_leaf, g);
-            cx_drop(g);
-            continue;
+        /* a leaf, or a gradient tap: the gradient stops here */
+        if (order[i]->grad_leaf) accumulate_leaf(order[i]->grad_leaf, g);
+        else if (order[i]->op != OP_DATA) {
+            cx_status s = propagate(order[i], g, grads, &rm, done);
+            if (s != CX_OK && st == CX_OK) st = s;
         }
-        const cx_op_info *info = &cx_op_table[x->op];
-        if (!info->vjp) { cx_drop(g); continue; }
-        cx_tensor *ins_small[8];
-        cx_tensor **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);
-        if (!ins) { st = CX_ERR_OOM; cx_drop(g); break; }
-        for (int k = 0; k < x->ninputs; k++) ins[k] = cx_tensor_of(remat_clone(&rm, x->inputs[k]));
-        cx_tensor *out = cx_tensor_of(remat_clone(&rm, x));
-        for (int k = 0; k < x->ninputs; k++) {
-            cx_node *c = x->inputs[k];
-            if (!(c->flags & NF_REQUIRES_GRAD) || c->mark != done) continue;
-            cx_tensor *gk = info->vjp(x, ins, out, g, k);
-            if (!gk) continue;
-            if (gk->node->op == OP_ERROR) { cx_set_error("backward: %s: %s", info->name, gk->node->err); st = CX_ERR_SHAPE; cx_drop(gk); continue; }
-            int j = c->index;
-            if (!grads[j]) grads[j] = gk;
-            else {
-                cx_tensor *s = cx_add(grads[j], gk);
-                cx_drop(grads[j]);
-                cx_drop(gk);
-                grads[j] = s;
-            }
-        }
-        for (int k = 0; k < x->ninputs; k++) cx_drop(ins[k]);
-        if (ins != ins_small) free(ins);
-        cx_drop(out);
         cx_drop(g);
+        if (st == CX_ERR_OOM) break;
     }
     cx_no_grad_end();
-    for (int i = 0; i < n; i++) { if (grads[i]) cx_drop(grads[i]); }
-    for (int i = 0; i < rm.n; i++) cx_node_unref(rm.to[i]);
-    free(rm.from); free(rm.to);
+    for (int i = 0; i < n; i++) if (grads[i]) cx_drop(grads[i]);
+    for (int i = 0; i < rm.n; i++) cx_node_unref(rm.v[i].to);
+    free(rm.v);
     for (int i = 0; i < n; i++) cx_node_unref(order[i]);
     free(grads);
     free(order);

@@ -74,18 +74,18 @@ static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *g
     int world = cx_comm_world_size();
     if (!rg) { *group_size = world; return 0; }
     if (rg->ngroups <= 0 || rg->group_size <= 0 || !rg->ranks) {
-        cx_set_error("%s: replica groups must have ngroups > 0, group_size > 0 and ranks", op);
+        cx_set_last_error("%s: replica groups must have ngroups > 0, group_size > 0 and ranks", op);
         return -1;
     }
     int total = rg->ngroups * rg->group_size;
     /* every rank exactly once, as XLA requires */
     char *seen = calloc((size_t)(world > total ? world : total), 1);
-    if (!seen) { cx_set_error("%s: out of memory", op); return -1; }
+    if (!seen) { cx_set_last_error("%s: out of memory", op); return -1; }
     for (int i = 0; i < total; i++) {
         int r = rg->ranks[i];
         if (r < 0 || r >= world || seen[r]) {
             free(seen);
-            cx_set_error("%s: replica groups are invalid: rank %d is %s (world size %d)", op, r,
+            cx_set_last_error("%s: replica groups are invalid: rank %d is %s (world size %d)", op, r,
                          (r < 0 || r >= world) ? "out of range" : "listed twice", world);
             return -1;
         }
@@ -93,7 +93,7 @@ static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *g
     }
     free(seen);
     if (total != world) {
-        cx_set_error("%s: replica groups cover %d ranks but the world has %d", op, total, world);
+        cx_set_last_error("%s: replica groups cover %d ranks but the world has %d", op, total, world);
         return -1;
     }
     *group_size = rg->group_size;
@@ -104,10 +104,10 @@ static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *g
             return i + 1;
     }
     group_list *ng = realloc(g_groups, sizeof *ng * (size_t)(g_ngroups + 1));
-    if (!ng) { cx_set_error("%s: out of memory", op); return -1; }
+    if (!ng) { cx_set_last_error("%s: out of memory", op); return -1; }
     g_groups = ng;
     int *ranks = malloc(sizeof(int) * (size_t)total);
-    if (!ranks) { cx_set_error("%s: out of memory", op); return -1; }
+    if (!ranks) { cx_set_last_error("%s: out of memory", op); return -1; }
     memcpy(ranks, rg->ranks, sizeof(int) * (size_t)total);
     g_groups[g_ngroups] = (group_list){ rg->ngroups, rg->group_size, ranks };
     return ++g_ngroups;
@@ -134,7 +134,7 @@ static cx_tensor *coll(cx_op op, cx_tensor *a, const int64_t *shape, int64_t gid
         cx_node_desc d = { .op = op, .dtype = (cx_dtype)a->node->dtype, .ndim = a->node->ndim, .shape = shape,
                            .ninputs = 1, .inputs = &in, .nattrs = CX_AT_COLL_COUNT, .attrs = attrs, .fval = scale, .flags = flags };
         n = cx_node_make(&d);
-        if (!n) return cx_poison("%s: out of memory", cx_op_table[op].name);
+        if (!n) return cx_poisoned("%s: out of memory", cx_op_table[op].name);
         r = cx_tensor_wrap(n);
     } else {
         r = cx_make_op(op, (cx_dtype)a->node->dtype, shape, a->node->ndim, &a, 1, attrs, CX_AT_COLL_COUNT, scale);
@@ -144,7 +144,7 @@ static cx_tensor *coll(cx_op op, cx_tensor *a, const int64_t *shape, int64_t gid
 
 static cx_tensor *check_coll(cx_tensor *a, const char *op)
 {
-    if (!a) return cx_poison("%s: input is NULL", op);
+    if (!a) return cx_poisoned("%s: input is NULL", op);
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     return NULL;
 }
@@ -155,8 +155,8 @@ cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op red, double scale, const cx_
     if (p) return p;
     int gs;
     int64_t gid = groups_intern(groups, "all_reduce", &gs);
-    if (gid < 0) return cx_poison("%s", cx_last_error());
-    if ((unsigned)red > CX_RED_MIN) return cx_poison("all_reduce: unknown reduction %d", (int)red);
+    if (gid < 0) return cx_poisoned("%s", cx_last_error());
+    if ((unsigned)red > CX_RED_MIN) return cx_poisoned("all_reduce: unknown reduction %d", (int)red);
     return coll(OP_ALL_REDUCE, a, a->node->shape, gid, red, 0, 0, scale, pin);
 }
 
@@ -171,9 +171,9 @@ cx_tensor *cx_all_gather_grad_scaled(cx_tensor *a, int axis, const cx_replica_gr
     if (p) return p;
     int gs;
     int64_t gid = groups_intern(groups, "all_gather", &gs);
-    if (gid < 0) return cx_poison("%s", cx_last_error());
+    if (gid < 0) return cx_poisoned("%s", cx_last_error());
     int ax = cx_norm_axis(axis, a->node->ndim);
-    if (ax < 0 || a->node->ndim == 0) return cx_poison("all_gather: axis %d out of range for rank %d", axis, a->node->ndim);
+    if (ax < 0 || a->node->ndim == 0) return cx_poisoned("all_gather: axis %d out of range for rank %d", axis, a->node->ndim);
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof shape);
     shape[ax] *= gs;
@@ -186,14 +186,14 @@ cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op red, double scale, int a
     if (p) return p;
     int gs;
     int64_t gid = groups_intern(groups, "reduce_scatter", &gs);
-    if (gid < 0) return cx_poison("%s", cx_last_error());
+    if (gid < 0) return cx_poisoned("%s", cx_last_error());
     int ax = cx_norm_axis(axis, a->node->ndim);
-    if (ax < 0 || a->node->ndim == 0) return cx_poison("reduce_scatter: axis %d out of range for rank %d", axis, a->node->ndim);
+    if (ax < 0 || a->node->ndim == 0) return cx_poisoned("reduce_scatter: axis %d out of range for rank %d", axis, a->node->ndim);
     if (a->node->shape[ax] % gs)
-        return cx_poison("reduce_scatter: axis %d of size %lld is not divisible by the group size %d", ax,
+        return cx_poisoned("reduce_scatter: axis %d of size %lld is not divisible by the group size %d", ax,
                          (long long)a->node->shape[ax], gs);
     if (red == CX_RED_MAX || red == CX_RED_MIN || (unsigned)red > CX_RED_MIN)
-        return cx_poison("reduce_scatter: only sum and mean reductions are supported");
+        return cx_poisoned("reduce_scatter: only sum and mean reductions are supported");
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof shape);
     shape[ax] /= gs;
@@ -206,12 +206,12 @@ cx_tensor *cx_all_to_all(cx_tensor *a, int split_axis, int concat_axis, const cx
     if (p) return p;
     int gs;
     int64_t gid = groups_intern(groups, "all_to_all", &gs);
-    if (gid < 0) return cx_poison("%s", cx_last_error());
+    if (gid < 0) return cx_poisoned("%s", cx_last_error());
     int nd = a->node->ndim;
     int sa = cx_norm_axis(split_axis, nd), ca = cx_norm_axis(concat_axis, nd);
-    if (sa < 0 || ca < 0 || nd == 0) return cx_poison("all_to_all: axes %d, %d out of range for rank %d", split_axis, concat_axis, nd);
+    if (sa < 0 || ca < 0 || nd == 0) return cx_poisoned("all_to_all: axes %d, %d out of range for rank %d", split_axis, concat_axis, nd);
     if (a->node->shape[sa] % gs)
-        return cx_poison("all_to_all: split axis %d of size %lld is not divisible by the group size %d", sa,
+        return cx_poisoned("all_to_all: split axis %d of size %lld is not divisible by the group size %d", sa,
                          (long long)a->node->shape[sa], gs);
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof shape);
@@ -226,8 +226,8 @@ cx_tensor *cx_broadcast(cx_tensor *a, int root, const cx_replica_groups *groups,
     if (p) return p;
     int gs;
     int64_t gid = groups_intern(groups, "broadcast", &gs);
-    if (gid < 0) return cx_poison("%s", cx_last_error());
-    if (root < 0 || root >= gs) return cx_poison("broadcast: root %d is outside the group of %d", root, gs);
+    if (gid < 0) return cx_poisoned("%s", cx_last_error());
+    if (root < 0 || root >= gs) return cx_poisoned("broadcast: root %d is outside the group of %d", root, gs);
     return coll(OP_BROADCAST, a, a->node->shape, gid, 0, 0, root, 1.0, pin);
 }
 

@@ -31,7 +31,7 @@ void *cx_arena_get(int64_t bytes)
     cx_mem_account(-g_arena_bytes);
     g_arena_bytes = 0;
     g_arena = aligned_alloc(64, (size_t)((bytes + 63) & ~(int64_t)63));
-    if (!g_arena) { cx_set_error("out of memory: arena of %lld bytes", (long long)bytes); return NULL; }
+    if (!g_arena) { cx_set_last_error("out of memory: arena of %lld bytes", (long long)bytes); return NULL; }
     g_arena_bytes = bytes;
     cx_mem_account(bytes);
     return g_arena;
@@ -653,7 +653,7 @@ static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out,
     int64_t groups = CX_ATTR(k, CX_AT_COLL_GROUPS);
     if (groups > 0) {
         group = cx_groups_lookup(groups, rank, &gsize);
-        if (!group) { cx_set_error("%s: this rank (%d) is in no replica group", cx_op_table[op].name, rank); return CX_ERR_COMM; }
+        if (!group) { cx_set_last_error("%s: this rank (%d) is in no replica group", cx_op_table[op].name, rank); return CX_ERR_COMM; }
     }
     size_t es = cx_dtype_size((cx_dtype)x->dtype);
     cx_comm_op c = { .dtype = (cx_dtype)x->dtype, .scale = k->fval, .red = (cx_reduce_op)CX_ATTR(k, CX_AT_COLL_REDUCE),
@@ -701,7 +701,7 @@ static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out,
         return CX_OK;
     }
     default:
-        cx_set_error("collective: unknown op %d", op);
+        cx_set_last_error("collective: unknown op %d", op);
         return CX_ERR_COMM;
     }
     bool permute_after = op == OP_ALL_GATHER && outer != 1;
@@ -776,7 +776,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
         int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
         int64_t bad = cx_gather_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, src->shape[ax],
                                     ix->shape[ax], inner);
-        if (bad) { cx_set_error("gather: %lld indices out of range [0, %lld)", (long long)bad, (long long)src->shape[ax]); return CX_ERR_ARG; }
+        if (bad) { cx_set_last_error("gather: %lld indices out of range [0, %lld)", (long long)bad, (long long)src->shape[ax]); return CX_ERR_ARG; }
         break;
     }
     case K_SCATTER_ADD: {
@@ -786,7 +786,7 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
         int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
         int64_t bad = cx_scatter_add_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, base->shape[ax],
                                          ix->shape[ax], inner);
-        if (bad) { cx_set_error("scatter_add: %lld indices out of range [0, %lld)", (long long)bad, (long long)base->shape[ax]); return CX_ERR_ARG; }
+        if (bad) { cx_set_last_error("scatter_add: %lld indices out of range [0, %lld)", (long long)bad, (long long)base->shape[ax]); return CX_ERR_ARG; }
         break;
     }
     case K_PAD: run_pad(rc, k); break;
@@ -798,6 +798,18 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
     return CX_OK;
 }
 
+static const char *kernel_kind_name(int kind)
+{
+    static const char *const names[] = {
+        [K_FUSED] = "fused", [K_REDUCE] = "reduce", [K_MATMUL] = "matmul", [K_CONV] = "conv2d",
+        [K_CONV_BI] = "conv2d_bwd_input", [K_CONV_BW] = "conv2d_bwd_weight", [K_MAXPOOL] = "max_pool2d",
+        [K_MAXPOOL_BWD] = "max_pool2d_bwd", [K_AVGPOOL] = "avg_pool2d", [K_AVGPOOL_BWD] = "avg_pool2d_bwd",
+        [K_GATHER] = "gather", [K_SCATTER_ADD] = "scatter_add", [K_CONCAT] = "concat", [K_PAD] = "pad",
+        [K_COLL] = "collective", [K_COPY] = "copy",
+    };
+    if (kind < 0 || (size_t)kind >= sizeof names / sizeof *names || !names[kind]) return "kernel";
+    return names[kind];
+}
 /* One profiler event for kernel ki (collectives carry their op and bytes). */
 static void trace_kernel(const cx_executable *e, int ki, double t0, double t1)
 {
@@ -806,11 +818,11 @@ static void trace_kernel(const cx_executable *e, int ki, double t0, double t1)
     if (k->kind == K_COLL) {
         int64_t bytes = k->in[0].numel * (int64_t)cx_dtype_size((cx_dtype)k->in[0].dtype);
         snprintf(args, sizeof args, "\"kernel\": %d, \"bytes\": %lld", ki, (long long)bytes);
-        cx_trace_event("collective", cx_op_table[k->coll_op].name, t0, t1, args);
+        cx_obs_trace("collective", cx_op_table[k->coll_op].name, t0, t1, args);
     } else {
         snprintf(args, sizeof args, "\"kernel\": %d, \"numel\": %lld%s", ki, (long long)k->out_numel,
                  k->has_epilogue ? ", \"epilogue\": true" : "");
-        cx_trace_event("kernel", cx_kernel_kind_name(k->kind), t0, t1, args);
+        cx_obs_trace("kernel", kernel_kind_name(k->kind), t0, t1, args);
     }
 }
 
@@ -820,7 +832,7 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
     void *small[256];
     void **ptr = e->nslots <= 256 ? small : malloc(sizeof(void *) * (size_t)e->nslots);
     void **reqs = calloc((size_t)e->nkernels + 1, sizeof(void *));
-    if (!ptr || !reqs) { if (ptr != small) free(ptr); free(reqs); cx_set_error("execute: out of memory"); return CX_ERR_OOM; }
+    if (!ptr || !reqs) { if (ptr != small) free(ptr); free(reqs); cx_set_last_error("execute: out of memory"); return CX_ERR_OOM; }
     char *arena = NULL;
     if (e->arena_bytes > 0) {
         arena = cx_arena_get(e->arena_bytes);

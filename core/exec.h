@@ -6,7 +6,7 @@
 #define CX_EXEC_H
 
 #include "internal.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #define CX_BLK 256
 

@@ -5,6 +5,7 @@
 
 #include <cxla/core.h>
 #include <cxla/comm.h>
+#include <cxla/metrics.h>
 
 #include <assert.h>
 #include <stdio.h>
@@ -14,10 +15,6 @@
 #include "cx_assert.h"
 #include "op_attrs.h"
 
-/* Allocation that reports failure as CX_ERR_OOM instead of crashing later. */
-void *cx_xmalloc(size_t n);
-void *cx_xcalloc(size_t n, size_t size);
-void *cx_xrealloc(void *p, size_t n);
 
 /* ---- the op set ------------------------------------------------------- */
 
@@ -171,10 +168,8 @@ cx_status cx_mem_check(int64_t request, const char *what);
 cx_tensor *cx_tensor_wrap(cx_node *n);
 /* Wraps with a fresh reference. */
 cx_tensor *cx_tensor_of(cx_node *n);
-/* Poison helper: records the message as the thread's last error and returns
- * an error tensor. printf-style. */
-cx_tensor *cx_poison(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void cx_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Errors: cx_set_last_error and cx_poisoned (core.h) are the only ways to
+ * report one, inside the core as outside. */
 /* Formats a shape as "(2, 3)" into buf. */
 const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 
@@ -211,16 +206,33 @@ uint64_t cx_rng_seed(void);
 /* ---- graph execution (compile.c / exec.c) ------------------------------------ */
 
 /* Materializes the pending values of `ts` in one graph (compile or cache
- * hit, run). Poisoned tensors are skipped and reported.
+ * hit, run); ts NULL: every live tensor. Poisoned tensors are skipped and
+ * reported. cause: who asked, for the debug analysis ("step end",
+ * "loader", "user sync", "value read", "eager"). (sync.c)
  * @return CX_OK or the first error. */
 cx_status cx_materialize(cx_tensor **ts, int n, const char *cause);
+/* Closes the innermost step: its handles are released, kept ones carried
+ * to the next step at the same depth (tensor.c). @return false (error set)
+ * when no step is open. */
+bool cx_step_close(void);
+/* Runs the step closures added during the step that just ended (closures.c). */
+void cx_closures_run(void);
+/* Eager debug mode: computes t's node now and keeps the value on the node
+ * (eager.c). */
+void cx_eager_run(cx_tensor *t);
 
-/* ---- autograd / steps state ----------------------------------------------------- */
+/* ---- what this thread records into (record.c) ------------------------------------ */
 
-bool cx_remat_active(void);
+typedef struct {
+    int step_depth;          /* open steps: new handles belong to the innermost */
+    int no_grad;             /* open no_grad regions */
+    int remat_depth;         /* open remat regions ... */
+    uint64_t remat_region;   /* ... and the tag their nodes carry */
+} cx_record_ctx;
+
+cx_record_ctx *cx_record(void);
+/* The tag of the open rematerialization region, 0 outside one. */
 uint64_t cx_remat_region(void);
-/* Tensors created while a step is open belong to the innermost step. */
-int cx_current_step_depth(void);
 
 /* ---- comm backend (registered by parallel/) --------------------------------------- */
 
@@ -237,6 +249,6 @@ static inline void cx_spin_lock(cx_spinlock *l) { while (atomic_flag_test_and_se
 static inline void cx_spin_unlock(cx_spinlock *l) { atomic_flag_clear_explicit(l, memory_order_release); }
 
 /* ---- timing ------------------------------------------------------------------------ */
-double cx_now(void);
+#include "cx_time.h"
 
 #endif

@@ -124,7 +124,7 @@ cx_node *cx_node_make(const cx_node_desc *d)
     /* leaves are never recomputed; and a data leaf may be made on the
      * loader's thread while the main thread is inside a remat region */
     bool leaf = d->op == OP_DATA || d->op == OP_RTSCALAR || d->op == OP_ERROR;
-    uint64_t remat = !leaf && cx_remat_active() ? cx_remat_region() : 0;
+    uint64_t remat = leaf ? 0 : cx_remat_region();
     bool intern = internable(d);
     uint64_t h = 0;
     if (intern) {

@@ -1,14 +1,16 @@
-/* Observability hooks called from the core's hot paths (graph.c, exec.c,
- * tensor.c, ops_elementwise.c). Every hook sits behind one test of
- * cx_obs_flags, so with no debug variable set and no tracing a sync pays a
- * few predictable branches. Implementations: debug.c (env, analysis, dumps,
- * eager mode, closures), trace.c (profiler), disk_cache.c (persistent
- * cache), report.c (metrics report and file). */
+/* Observability hooks: what the core's hot paths (sync, the executor, host
+ * transfers) tell the observers in core/obs/ (debug analysis, graph dumps,
+ * the profiler, the metrics file, the persistent compile cache).
+ *
+ * The core never calls an observer directly. Each observer registers its
+ * hooks in this table (at load time, or when the user turns it on: the
+ * persistent cache, the profiler), the same pattern as the comm backend, and
+ * sets the flag bits that say a hook wants to hear. With nothing turned on, a
+ * sync pays a few predictable branches on cx_obs_get(). */
 #ifndef CX_OBS_H
 #define CX_OBS_H
 
 #include "exec.h"
-#include "cx_sbuf.h"
 
 #include <stdatomic.h>
 
@@ -23,9 +25,44 @@ enum {
     OBS_CLOSURES = 1 << 7,      /* step closures pending */
 };
 
+/* One executed graph, as the observers see it. source: 0 in-memory cache
+ * hit, 1 compiled, 2 persistent cache hit. */
+typedef struct {
+    const char *cause;
+    uint64_t key_hi, key_lo;
+    cx_node *const *nodes;      /* topological, node->index = position */
+    int n;
+    cx_node *const *outs;
+    int nouts;
+    const cx_executable *e;
+    int source;
+} cx_obs_graph_info;
+
+typedef struct {
+    /* reads the environment once, at the first sync (obs/env.c) */
+    void (*env)(void);
+    /* a graph is about to run: debug analysis (obs/analysis.c) and the
+     * XLA_SAVE_TENSORS_FILE record (obs/dump.c) */
+    void (*analysis)(const cx_obs_graph_info *g);
+    void (*dump)(const cx_obs_graph_info *g);
+    /* a step's graph ran: XLA_METRICS_FILE (obs/report.c), the "too
+     * frequent" warnings (obs/analysis.c) */
+    void (*metrics_file)(void);
+    void (*step_warnings)(void);
+    /* the persistent cache (obs/disk_cache.c): an executable for the key or
+     * NULL; a real compile to store */
+    cx_executable *(*cache_load)(uint64_t key_hi, uint64_t key_lo);
+    void (*compiled)(const cx_executable *e);
+    /* the profiler (obs/trace.c): a complete event [t0, t1] on the calling
+     * thread; args a JSON object body ("\"bytes\": 12") or NULL */
+    void (*trace)(const char *cat, const char *name, double t0, double t1, const char *args);
+} cx_obs_hook_table;
+
+extern cx_obs_hook_table cx_obs_hooks;
 extern _Atomic int cx_obs_flags;
 
 void cx_obs_init(void);
+void cx_obs_set(int bit, bool on);
 
 /* @return the flags, reading the environment on first use. */
 static inline int cx_obs_get(void)
@@ -37,9 +74,14 @@ static inline int cx_obs_get(void)
     }
     return f;
 }
-void cx_obs_set(int bit, bool on);
 
-/* ---- metrics registry snapshot (metrics.c) ---- */
+/* A profiler event, when a trace records. */
+static inline void cx_obs_trace(const char *cat, const char *name, double t0, double t1, const char *args)
+{
+    if ((cx_obs_get() & OBS_TRACE) && cx_obs_hooks.trace) cx_obs_hooks.trace(cat, name, t0, t1, args);
+}
+
+/* ---- metrics registry snapshot (metrics.c), for the report ---- */
 
 #define CX_METRIC_SAMPLES 1024
 typedef struct {
@@ -54,51 +96,7 @@ typedef struct {
 int cx_metrics_snapshot(cx_metric_snap **out);
 void cx_metrics_snapshot_free(cx_metric_snap *s, int n);
 
-/* ---- report.c ---- */
-
-/* Appends "[MetricsData; step=N]" and the report to XLA_METRICS_FILE. */
-void cx_obs_metrics_file_step(const char *path, int64_t step);
-
-/* ---- debug.c ---- */
-
-/* The cause of a cx_step_end called from `ra` ("loader" when the data
- * loader ended the step, else "step end"). */
-const char *cx_obs_step_cause(void *ra);
-/* After a step's sync: step closures, metrics file, frequency warnings. */
-void cx_obs_step_end(cx_status st);
-/* A graph is about to run (after compile or cache hit): debug analysis and
- * the XLA_SAVE_TENSORS_FILE record. source: 0 in-memory cache hit,
- * 1 compiled, 2 persistent cache hit. */
-void cx_obs_graph(const char *cause, uint64_t key_hi, uint64_t key_lo, cx_node *const *nodes, int n,
-                  cx_node *const *outs, int nouts, const cx_executable *e, int source);
-/* Eager debug mode: computes t's node now and keeps the value on the node. */
-void cx_obs_eager_run(cx_tensor *t);
-/* Eager debug mode: a tensor whose node already holds its value becomes a
- * device-data tensor (no execution). */
-void cx_obs_settle(cx_tensor *t);
 /* The call site given by a *_at entry point on this thread (NULL if none). */
 const char *cx_obs_site_file(int *line);
-
-/* ---- disk_cache.c ---- */
-
-/* The compile options string mixed into every key. */
-const char *cx_obs_compile_options(void);
-/* Persistent cache: @return the executable for the key (counts
- * PersistentCacheHit/Miss/DeserializeFailure), or NULL. */
-cx_executable *cx_disk_cache_load(uint64_t key_hi, uint64_t key_lo);
-/* Notes a real compile (cx_cache_init is refused afterwards) and stores it
- * in the persistent cache when one is writable. */
-void cx_obs_compiled(const cx_executable *e);
-/* Tests: feeds mutated payloads of a cache file to the validating loader.
- * @return how many it accepted, -1 if the file is unreadable. */
-int cx_disk_cache_fuzz(const char *path, int iters, unsigned seed);
-
-/* ---- trace.c ---- */
-
-/* A complete event [t0, t1] (cx_now seconds) on the calling thread.
- * args: a JSON object body ("\"bytes\": 12") or NULL. */
-void cx_trace_event(const char *cat, const char *name, double t0, double t1, const char *args);
-/* Kernel kind names for trace events and dumps. */
-const char *cx_kernel_kind_name(int kind);
 
 #endif

@@ -58,7 +58,7 @@ cx_tensor *cx_gelu(cx_tensor *a, bool tanh_approx)
 
 cx_tensor *cx_detach(cx_tensor *t)
 {
-    if (!t) return cx_poison("detach: input is NULL");
+    if (!t) return cx_poisoned("detach: input is NULL");
     if (t->node->op == OP_ERROR || !(t->node->flags & NF_REQUIRES_GRAD)) return cx_alias(t);
     /* its own no-grad node with the same value: x * 1, recorded as is (the
      * identity x * 1 = x is not applied to a value that carries grad) */
@@ -84,8 +84,8 @@ static cx_tensor *stable_shift(cx_tensor *a, int axis)
 
 cx_tensor *cx_softmax(cx_tensor *a, int axis)
 {
-    if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poison("softmax: input is NULL");
-    if (cx_norm_axis(axis, a->node->ndim) < 0) return cx_poison("softmax: axis %d out of range for rank %d", axis, a->node->ndim);
+    if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poisoned("softmax: input is NULL");
+    if (cx_norm_axis(axis, a->node->ndim) < 0) return cx_poisoned("softmax: axis %d out of range for rank %d", axis, a->node->ndim);
     cx_tensor *d = stable_shift(a, axis);
     cx_tensor *e = cx_exp(d);
     cx_tensor *s = cx_sum(e, &axis, 1, true);
@@ -96,8 +96,8 @@ cx_tensor *cx_softmax(cx_tensor *a, int axis)
 
 cx_tensor *cx_log_softmax(cx_tensor *a, int axis)
 {
-    if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poison("log_softmax: input is NULL");
-    if (cx_norm_axis(axis, a->node->ndim) < 0) return cx_poison("log_softmax: axis %d out of range for rank %d", axis, a->node->ndim);
+    if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poisoned("log_softmax: input is NULL");
+    if (cx_norm_axis(axis, a->node->ndim) < 0) return cx_poisoned("log_softmax: axis %d out of range for rank %d", axis, a->node->ndim);
     cx_tensor *d = stable_shift(a, axis);
     cx_tensor *e = cx_exp(d);
     cx_tensor *s = cx_sum(e, &axis, 1, true);
@@ -109,16 +109,16 @@ cx_tensor *cx_log_softmax(cx_tensor *a, int axis)
 
 cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *bias, double eps)
 {
-    if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poison("layer_norm: input is NULL");
+    if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poisoned("layer_norm: input is NULL");
     int nd = a->node->ndim;
-    if (nnorm <= 0 || nnorm > nd) return cx_poison("layer_norm: cannot normalize the last %d dims of rank %d", nnorm, nd);
+    if (nnorm <= 0 || nnorm > nd) return cx_poisoned("layer_norm: cannot normalize the last %d dims of rank %d", nnorm, nd);
     char b0[160], b1[160];
     for (int k = 0; k < 2; k++) {
         cx_tensor *p = k ? bias : weight;
         if (!p) continue;
         bool ok = p->node->ndim == nnorm;
         for (int i = 0; ok && i < nnorm; i++) ok = p->node->shape[i] == a->node->shape[nd - nnorm + i];
-        if (!ok) return cx_poison("layer_norm: %s %s does not match the normalized shape of %s", k ? "bias" : "weight",
+        if (!ok) return cx_poisoned("layer_norm: %s %s does not match the normalized shape of %s", k ? "bias" : "weight",
                                   cx_shape_str(b0, sizeof b0, p->node->shape, p->node->ndim),
                                   cx_shape_str(b1, sizeof b1, a->node->shape, nd));
     }
@@ -172,13 +172,13 @@ static cx_tensor *reduce_loss(cx_tensor *terms, cx_tensor *mask, cx_reduction re
 
 static cx_tensor *check_loss_args(const char *op, cx_tensor *x, cx_tensor *target)
 {
-    if (!x || !target) return cx_poison("%s: input is NULL", op);
+    if (!x || !target) return cx_poisoned("%s: input is NULL", op);
     if (x->node->op == OP_ERROR) return cx_tensor_of(x->node);
     if (target->node->op == OP_ERROR) return cx_tensor_of(target->node);
     char b0[160], b1[160];
     if (x->node->ndim != 2 || target->node->ndim != 1 || target->node->shape[0] != x->node->shape[0] ||
         cx_dtype_is_float(cx_dtype_of(target)))
-        return cx_poison("%s: input %s must be (N, C) and target %s integer (N,)", op,
+        return cx_poisoned("%s: input %s must be (N, C) and target %s integer (N,)", op,
                          cx_shape_str(b0, sizeof b0, x->node->shape, x->node->ndim),
                          cx_shape_str(b1, sizeof b1, target->node->shape, target->node->ndim));
     return NULL;
@@ -201,7 +201,7 @@ cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction r
     cx_tensor *err = check_loss_args("cross_entropy", logits, target);
     if (err) return err;
     if (label_smoothing < 0 || label_smoothing > 1)
-        return cx_poison("cross_entropy: label_smoothing %g is outside [0, 1]", label_smoothing);
+        return cx_poisoned("cross_entropy: label_smoothing %g is outside [0, 1]", label_smoothing);
     cx_tensor *lsm = cx_log_softmax(logits, 1);
     cx_tensor *mask;
     cx_tensor *terms = nll_terms(lsm, target, ignore_index, &mask);
@@ -225,14 +225,14 @@ cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction r
 
 cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red)
 {
-    if (!a || !b) return cx_poison("mse_loss: input is NULL");
+    if (!a || !b) return cx_poisoned("mse_loss: input is NULL");
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     if (b->node->op == OP_ERROR) return cx_tensor_of(b->node);
     bool same = a->node->ndim == b->node->ndim;
     for (int i = 0; same && i < a->node->ndim; i++) same = a->node->shape[i] == b->node->shape[i];
     if (!same) {
         char b0[160], b1[160];
-        return cx_poison("mse_loss: input %s and target %s differ in shape",
+        return cx_poisoned("mse_loss: input %s and target %s differ in shape",
                          cx_shape_str(b0, sizeof b0, a->node->shape, a->node->ndim),
                          cx_shape_str(b1, sizeof b1, b->node->shape, b->node->ndim));
     }

@@ -2,11 +2,11 @@
  * with their VJPs. Only f32 runs through the dense kernels; bf16 operands
  * are computed in f32 and cast back. */
 #include "internal.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 static cx_tensor *check_in(cx_tensor *a, const char *op)
 {
-    if (!a) return cx_poison("%s: input is NULL", op);
+    if (!a) return cx_poisoned("%s: input is NULL", op);
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     return NULL;
 }
@@ -15,7 +15,7 @@ static bool float_operands(cx_tensor **ts, int n, const char *op, cx_tensor **er
 {
     for (int i = 0; i < n; i++)
         if (ts[i] && !cx_dtype_is_float(cx_dtype_of(ts[i]))) {
-            *err = cx_poison("%s: operand %d has dtype %s; a float dtype is required", op, i,
+            *err = cx_poisoned("%s: operand %d has dtype %s; a float dtype is required", op, i,
                              cx_dtype_name(cx_dtype_of(ts[i])));
             return false;
         }
@@ -44,7 +44,7 @@ cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
     if (!float_operands(ts, 2, "matmul", &err)) return err;
     int na = a->node->ndim, nb = b->node->ndim;
     char b0[160], b1[160];
-    if (na == 0 || nb == 0) return cx_poison("matmul: operands must have rank >= 1, got %s and %s",
+    if (na == 0 || nb == 0) return cx_poisoned("matmul: operands must have rank >= 1, got %s and %s",
                                              cx_shape_str(b0, sizeof b0, a->node->shape, na),
                                              cx_shape_str(b1, sizeof b1, b->node->shape, nb));
     cx_tensor *A = na == 1 ? cx_unsqueeze(a, 0) : cx_alias(a);
@@ -53,7 +53,7 @@ cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
     int64_t K = A->node->shape[ra - 1], M = A->node->shape[ra - 2], N = B->node->shape[rb - 1];
     if (B->node->shape[rb - 2] != K) {
         cx_drop(A); cx_drop(B);
-        return cx_poison("matmul: inner dimensions differ: %s @ %s",
+        return cx_poisoned("matmul: inner dimensions differ: %s @ %s",
                          cx_shape_str(b0, sizeof b0, a->node->shape, na), cx_shape_str(b1, sizeof b1, b->node->shape, nb));
     }
     int nbatch = (ra > rb ? ra : rb) - 2;
@@ -63,7 +63,7 @@ cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
         int64_t da = ia >= 0 ? A->node->shape[ia] : 1, db = ib >= 0 ? B->node->shape[ib] : 1;
         if (da != db && da != 1 && db != 1) {
             cx_drop(A); cx_drop(B);
-            return cx_poison("matmul: batch dimensions of %s and %s cannot broadcast",
+            return cx_poisoned("matmul: batch dimensions of %s and %s cannot broadcast",
                              cx_shape_str(b0, sizeof b0, a->node->shape, na), cx_shape_str(b1, sizeof b1, b->node->shape, nb));
         }
         batch[i] = da == 1 ? db : da;
@@ -124,7 +124,7 @@ cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias, int stride_h, 
     if (!float_operands(ts, 3, "conv2d", &err)) return err;
     char b0[160], b1[160];
     if (x->node->ndim != 4 || w->node->ndim != 4)
-        return cx_poison("conv2d: input %s must be (N, C, H, W) and weight %s (O, C/groups, KH, KW)",
+        return cx_poisoned("conv2d: input %s must be (N, C, H, W) and weight %s (O, C/groups, KH, KW)",
                          cx_shape_str(b0, sizeof b0, x->node->shape, x->node->ndim),
                          cx_shape_str(b1, sizeof b1, w->node->shape, w->node->ndim));
     cx_conv_geom g = { .n = x->node->shape[0], .c = x->node->shape[1], .h = x->node->shape[2], .w = x->node->shape[3],
@@ -132,11 +132,11 @@ cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias, int stride_h, 
                        .stride_h = stride_h, .stride_w = stride_w, .pad_h = pad_h, .pad_w = pad_w,
                        .dil_h = dil_h, .dil_w = dil_w, .groups = groups };
     if (groups <= 0 || g.c % groups || g.o % groups || w->node->shape[1] * groups != g.c || !cx_conv_geom_finish(&g))
-        return cx_poison("conv2d: input %s and weight %s do not fit (stride %d,%d padding %d,%d dilation %d,%d groups %d)",
+        return cx_poisoned("conv2d: input %s and weight %s do not fit (stride %d,%d padding %d,%d dilation %d,%d groups %d)",
                          cx_shape_str(b0, sizeof b0, x->node->shape, 4), cx_shape_str(b1, sizeof b1, w->node->shape, 4),
                          stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups);
     if (bias && (bias->node->ndim != 1 || bias->node->shape[0] != g.o))
-        return cx_poison("conv2d: bias %s must be (%lld,)", cx_shape_str(b0, sizeof b0, bias->node->shape, bias->node->ndim),
+        return cx_poisoned("conv2d: bias %s must be (%lld,)", cx_shape_str(b0, sizeof b0, bias->node->shape, bias->node->ndim),
                          (long long)g.o);
     int64_t attrs[CX_AT_CONV_COUNT] = { [CX_AT_CONV_STRIDE_H] = stride_h, [CX_AT_CONV_STRIDE_W] = stride_w,
                                         [CX_AT_CONV_PAD_H] = pad_h, [CX_AT_CONV_PAD_W] = pad_w,
@@ -187,11 +187,11 @@ static cx_tensor *pool(cx_op op, const char *name, cx_tensor *x, int kh, int kw,
     cx_tensor *ts[1] = { x }, *err;
     if (!float_operands(ts, 1, name, &err)) return err;
     char b[160];
-    if (x->node->ndim != 4) return cx_poison("%s: input %s must be (N, C, H, W)", name, cx_shape_str(b, sizeof b, x->node->shape, x->node->ndim));
+    if (x->node->ndim != 4) return cx_poisoned("%s: input %s must be (N, C, H, W)", name, cx_shape_str(b, sizeof b, x->node->shape, x->node->ndim));
     cx_pool_geom g = { .n = x->node->shape[0], .c = x->node->shape[1], .h = x->node->shape[2], .w = x->node->shape[3],
                        .kh = kh, .kw = kw, .sh = sh, .sw = sw, .ph = ph, .pw = pw };
     if (!cx_pool_geom_finish(&g))
-        return cx_poison("%s: kernel %dx%d stride %d,%d padding %d,%d does not fit input %s", name, kh, kw, sh, sw, ph, pw,
+        return cx_poisoned("%s: kernel %dx%d stride %d,%d padding %d,%d does not fit input %s", name, kh, kw, sh, sw, ph, pw,
                          cx_shape_str(b, sizeof b, x->node->shape, 4));
     int64_t attrs[CX_AT_POOL_COUNT] = { [CX_AT_POOL_KH] = kh, [CX_AT_POOL_KW] = kw, [CX_AT_POOL_SH] = sh,
                                         [CX_AT_POOL_SW] = sw, [CX_AT_POOL_PH] = ph, [CX_AT_POOL_PW] = pw };
@@ -241,12 +241,12 @@ cx_tensor *cx_gather(cx_tensor *src, int axis, cx_tensor *index)
     int nd = src->node->ndim;
     int ax = cx_norm_axis(axis, nd);
     if (ax < 0 || nd == 0 || index->node->ndim != nd || !index_dtype(index))
-        return cx_poison("gather: index %s %s does not fit source %s on axis %d",
+        return cx_poisoned("gather: index %s %s does not fit source %s on axis %d",
                          cx_shape_str(b0, sizeof b0, index->node->shape, index->node->ndim), cx_dtype_name(cx_dtype_of(index)),
                          cx_shape_str(b1, sizeof b1, src->node->shape, nd), axis);
     for (int d = 0; d < nd; d++)
         if (d != ax && index->node->shape[d] != src->node->shape[d])
-            return cx_poison("gather: index %s and source %s differ outside axis %d",
+            return cx_poisoned("gather: index %s and source %s differ outside axis %d",
                              cx_shape_str(b0, sizeof b0, index->node->shape, nd), cx_shape_str(b1, sizeof b1, src->node->shape, nd), ax);
     cx_tensor *sf = cx_cast(src, CX_F32), *ix = cx_cast(index, CX_I64);
     cx_tensor *ins[2] = { sf, ix };
@@ -271,7 +271,7 @@ cx_tensor *cx_scatter_add(cx_tensor *base, int axis, cx_tensor *index, cx_tensor
         if (index->node->shape[d] != src->node->shape[d]) ok = false;
         if (d != ax && index->node->shape[d] != base->node->shape[d]) ok = false;
     }
-    if (!ok) return cx_poison("scatter_add: base %s, index %s and source %s do not fit on axis %d",
+    if (!ok) return cx_poisoned("scatter_add: base %s, index %s and source %s do not fit on axis %d",
                               cx_shape_str(b0, sizeof b0, base->node->shape, nd),
                               cx_shape_str(b1, sizeof b1, index->node->shape, index->node->ndim),
                               cx_shape_str(b2, sizeof b2, src->node->shape, src->node->ndim), axis);
@@ -307,8 +307,8 @@ cx_tensor *cx_embedding(cx_tensor *weight, cx_tensor *index)
     if (!p) p = check_in(index, "embedding");
     if (p) return p;
     char b[160];
-    if (weight->node->ndim != 2) return cx_poison("embedding: weight %s must be (V, D)", cx_shape_str(b, sizeof b, weight->node->shape, weight->node->ndim));
-    if (!index_dtype(index)) return cx_poison("embedding: index dtype %s is not an integer", cx_dtype_name(cx_dtype_of(index)));
+    if (weight->node->ndim != 2) return cx_poisoned("embedding: weight %s must be (V, D)", cx_shape_str(b, sizeof b, weight->node->shape, weight->node->ndim));
+    if (!index_dtype(index)) return cx_poisoned("embedding: index dtype %s is not an integer", cx_dtype_name(cx_dtype_of(index)));
     int64_t n = index->node->numel, D = weight->node->shape[1];
     int64_t s2[2] = { n, 1 }, se[2] = { n, D };
     cx_tensor *flat = cx_reshape(index, s2, 2);
@@ -316,7 +316,7 @@ cx_tensor *cx_embedding(cx_tensor *weight, cx_tensor *index)
     cx_tensor *rows = cx_gather(weight, 0, ex);
     int64_t shape[CX_MAX_DIMS];
     int nd = index->node->ndim;
-    if (nd + 1 > CX_MAX_DIMS) { cx_drop(flat); cx_drop(ex); cx_drop(rows); return cx_poison("embedding: index rank too large"); }
+    if (nd + 1 > CX_MAX_DIMS) { cx_drop(flat); cx_drop(ex); cx_drop(rows); return cx_poisoned("embedding: index rank too large"); }
     memcpy(shape, index->node->shape, sizeof(int64_t) * (size_t)nd);
     shape[nd] = D;
     cx_tensor *r = cx_reshape(rows, shape, nd + 1);
@@ -328,8 +328,8 @@ cx_tensor *cx_one_hot(cx_tensor *index, int64_t num_classes, cx_dtype dtype)
 {
     cx_tensor *p = check_in(index, "one_hot");
     if (p) return p;
-    if (!index_dtype(index)) return cx_poison("one_hot: index dtype %s is not an integer", cx_dtype_name(cx_dtype_of(index)));
-    if (num_classes <= 0) return cx_poison("one_hot: num_classes %lld must be positive", (long long)num_classes);
+    if (!index_dtype(index)) return cx_poisoned("one_hot: index dtype %s is not an integer", cx_dtype_name(cx_dtype_of(index)));
+    if (num_classes <= 0) return cx_poisoned("one_hot: num_classes %lld must be positive", (long long)num_classes);
     cx_tensor *u = cx_unsqueeze(index, -1);
     cx_tensor *ar = cx_arange(num_classes, CX_I64);
     cx_tensor *eq = cx_eq(u, ar);

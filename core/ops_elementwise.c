@@ -4,12 +4,6 @@
 
 #include <math.h>
 
-static _Thread_local int t_no_grad;
-
-void cx_no_grad_begin(void) { t_no_grad++; }
-void cx_no_grad_end(void) { if (t_no_grad > 0) t_no_grad--; }
-bool cx_grad_enabled(void) { return t_no_grad == 0; }
-
 cx_dtype cx_promote(cx_dtype a, cx_dtype b)
 {
     if (a == b) return a;
@@ -32,12 +26,12 @@ cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
 {
     cx_node *nodes_small[8];
     cx_node **nodes = nin <= 8 ? nodes_small : malloc((size_t)nin * sizeof *nodes);
-    if (!nodes) return cx_poison("%s: out of memory", cx_op_table[op].name);
+    if (!nodes) return cx_poisoned("%s: out of memory", cx_op_table[op].name);
     uint32_t flags = 0;
     for (int i = 0; i < nin; i++) {
         if (!ins[i]) {
             if (nodes != nodes_small) free(nodes);
-            return cx_poison("%s: input %d is NULL", cx_op_table[op].name, i);
+            return cx_poisoned("%s: input %d is NULL", cx_op_table[op].name, i);
         }
         if (ins[i]->node->op == OP_ERROR) {
             if (nodes != nodes_small) free(nodes);
@@ -46,15 +40,15 @@ cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
         nodes[i] = ins[i]->node;
         if (nodes[i]->flags & NF_REQUIRES_GRAD) flags |= NF_REQUIRES_GRAD;
     }
-    if (t_no_grad) flags = 0;
+    if (cx_record()->no_grad) flags = 0;
     cx_node_desc d = { .op = op, .dtype = dt, .ndim = ndim, .shape = shape, .ninputs = nin,
                        .inputs = nodes, .nattrs = nattrs, .attrs = attrs, .fval = fval, .flags = flags };
     cx_node *n = cx_node_make(&d);
     if (nodes != nodes_small) free(nodes);
-    if (!n) return cx_poison("%s: out of memory", cx_op_table[op].name);
+    if (!n) return cx_poisoned("%s: out of memory", cx_op_table[op].name);
     cx_tensor *t = cx_tensor_wrap(n);
     /* XLA_USE_EAGER_DEBUG_MODE (debug.c): run the op now; one branch otherwise */
-    if (t && (cx_obs_get() & OBS_EAGER)) cx_obs_eager_run(t);
+    if (t && (cx_obs_get() & OBS_EAGER)) cx_eager_run(t);
     return t;
 }
 
@@ -75,7 +69,7 @@ static bool broadcast_shapes(const cx_node *a, const cx_node *b, int64_t *out, i
 
 cx_tensor *cx_expand_to(cx_tensor *a, const int64_t *shape, int ndim)
 {
-    if (!a) return cx_poison("expand: NULL input");
+    if (!a) return cx_poisoned("expand: NULL input");
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     return cx_expand(a, shape, ndim);
 }
@@ -88,7 +82,7 @@ cx_tensor *cx_scalar_like(cx_tensor *a, double v)
 static cx_tensor *poisoned_input(cx_tensor *const *ts, int n, const char *op)
 {
     for (int i = 0; i < n; i++) {
-        if (!ts[i]) return cx_poison("%s: input %d is NULL", op, i);
+        if (!ts[i]) return cx_poisoned("%s: input %d is NULL", op, i);
         if (ts[i]->node->op == OP_ERROR) return cx_tensor_of(ts[i]->node);
     }
     return NULL;
@@ -106,7 +100,7 @@ static bool prepare_operands(const char *op, cx_tensor *const *ins, int n, cx_dt
         memcpy(tmp.shape, shape, sizeof(int64_t) * (size_t)*nd);
         if (!broadcast_shapes(&tmp, ins[i]->node, shape, nd)) {
             char b0[160], b1[160];
-            *err = cx_poison("%s: shapes %s and %s cannot broadcast", op,
+            *err = cx_poisoned("%s: shapes %s and %s cannot broadcast", op,
                              cx_shape_str(b0, sizeof b0, ins[0]->node->shape, ins[0]->node->ndim),
                              cx_shape_str(b1, sizeof b1, ins[i]->node->shape, ins[i]->node->ndim));
             return false;
@@ -152,7 +146,7 @@ cx_tensor *cx_cast(cx_tensor *a, cx_dtype dtype)
 {
     cx_tensor *p = poisoned_input(&a, 1, "cast");
     if (p) return p;
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("cast: unknown dtype %d", (int)dtype);
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("cast: unknown dtype %d", (int)dtype);
     if (a->node->dtype == dtype) return cx_alias(a);
     int64_t attr = dtype;
     return cx_make_op(OP_CAST, dtype, a->node->shape, a->node->ndim, &a, 1, &attr, 1, 0);
@@ -232,7 +226,7 @@ cx_tensor *cx_where(cx_tensor *cond, cx_tensor *a, cx_tensor *b)
         if (!broadcast_shapes(&tmpn, c->node, s2, &nd2)) {
             char b0[160], b1[160];
             cx_drop(ops[1]); cx_drop(ops[2]); cx_drop(c);
-            return cx_poison("where: condition %s cannot broadcast with %s",
+            return cx_poisoned("where: condition %s cannot broadcast with %s",
                              cx_shape_str(b0, sizeof b0, cond->node->shape, cond->node->ndim),
                              cx_shape_str(b1, sizeof b1, shape, nd));
         }

@@ -6,7 +6,7 @@
 
 static cx_tensor *check_in(cx_tensor *a, const char *op)
 {
-    if (!a) return cx_poison("%s: input is NULL", op);
+    if (!a) return cx_poisoned("%s: input is NULL", op);
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     return NULL;
 }
@@ -23,30 +23,30 @@ cx_tensor *cx_reshape(cx_tensor *a, const int64_t *shape_in, int ndim)
     cx_tensor *p = check_in(a, "reshape");
     if (p) return p;
     char b0[160], b1[160];
-    if (ndim < 0 || ndim > CX_MAX_DIMS) return cx_poison("reshape: rank %d is outside 0..%d", ndim, CX_MAX_DIMS);
+    if (ndim < 0 || ndim > CX_MAX_DIMS) return cx_poisoned("reshape: rank %d is outside 0..%d", ndim, CX_MAX_DIMS);
     int64_t shape[CX_MAX_DIMS];
     int infer = -1;
     int64_t known = 1;
     for (int i = 0; i < ndim; i++) {
         shape[i] = shape_in[i];
         if (shape[i] == -1) {
-            if (infer >= 0) return cx_poison("reshape: more than one -1 in %s", cx_shape_str(b0, sizeof b0, shape_in, ndim));
+            if (infer >= 0) return cx_poisoned("reshape: more than one -1 in %s", cx_shape_str(b0, sizeof b0, shape_in, ndim));
             infer = i;
         } else if (shape[i] < 0) {
-            return cx_poison("reshape: negative dimension in %s", cx_shape_str(b0, sizeof b0, shape_in, ndim));
+            return cx_poisoned("reshape: negative dimension in %s", cx_shape_str(b0, sizeof b0, shape_in, ndim));
         } else {
             known *= shape[i];
         }
     }
     if (infer >= 0) {
         if (known == 0 || a->node->numel % known)
-            return cx_poison("reshape: cannot infer -1 in %s for %lld elements of %s",
+            return cx_poisoned("reshape: cannot infer -1 in %s for %lld elements of %s",
                              cx_shape_str(b0, sizeof b0, shape_in, ndim), (long long)a->node->numel,
                              cx_shape_str(b1, sizeof b1, a->node->shape, a->node->ndim));
         shape[infer] = a->node->numel / known;
     }
     if (cx_shape_numel(shape, ndim) != a->node->numel)
-        return cx_poison("reshape: cannot reshape %s (%lld elements) to %s",
+        return cx_poisoned("reshape: cannot reshape %s (%lld elements) to %s",
                          cx_shape_str(b0, sizeof b0, a->node->shape, a->node->ndim), (long long)a->node->numel,
                          cx_shape_str(b1, sizeof b1, shape, ndim));
     if (same_shape(shape, ndim, a->node->shape, a->node->ndim)) return cx_alias(a);
@@ -71,7 +71,7 @@ cx_tensor *cx_permute(cx_tensor *a, const int *perm)
         int ax = perm ? cx_norm_axis(perm[i], nd) : -1;
         if (ax < 0 || seen[ax]) {
             char b[160];
-            return cx_poison("permute: invalid permutation for shape %s (axis %d at position %d)",
+            return cx_poisoned("permute: invalid permutation for shape %s (axis %d at position %d)",
                              cx_shape_str(b, sizeof b, a->node->shape, nd), perm ? perm[i] : 0, i);
         }
         seen[ax] = true;
@@ -97,7 +97,7 @@ cx_tensor *cx_transpose(cx_tensor *a, int axis0, int axis1)
     if (p) return p;
     int nd = a->node->ndim;
     int x = cx_norm_axis(axis0, nd), y = cx_norm_axis(axis1, nd);
-    if (x < 0 || y < 0 || nd == 0) return cx_poison("transpose: axes %d, %d out of range for rank %d", axis0, axis1, nd);
+    if (x < 0 || y < 0 || nd == 0) return cx_poisoned("transpose: axes %d, %d out of range for rank %d", axis0, axis1, nd);
     int perm[CX_MAX_DIMS];
     for (int i = 0; i < nd; i++) perm[i] = i;
     perm[x] = y;
@@ -112,7 +112,7 @@ cx_tensor *cx_expand(cx_tensor *a, const int64_t *shape, int ndim)
     char b0[160], b1[160];
     int nd = a->node->ndim;
     if (ndim < nd || ndim > CX_MAX_DIMS)
-        return cx_poison("expand: cannot expand %s to %s", cx_shape_str(b0, sizeof b0, a->node->shape, nd),
+        return cx_poisoned("expand: cannot expand %s to %s", cx_shape_str(b0, sizeof b0, a->node->shape, nd),
                          cx_shape_str(b1, sizeof b1, shape, ndim));
     int64_t full[CX_MAX_DIMS];
     for (int i = 0; i < ndim; i++) {
@@ -120,7 +120,7 @@ cx_tensor *cx_expand(cx_tensor *a, const int64_t *shape, int ndim)
         int64_t s = j >= 0 ? a->node->shape[j] : 1;
         int64_t want = shape[i] == -1 ? s : shape[i];
         if (s != want && s != 1)
-            return cx_poison("expand: cannot expand %s to %s", cx_shape_str(b0, sizeof b0, a->node->shape, nd),
+            return cx_poisoned("expand: cannot expand %s to %s", cx_shape_str(b0, sizeof b0, a->node->shape, nd),
                              cx_shape_str(b1, sizeof b1, shape, ndim));
         full[i] = want;
     }
@@ -146,13 +146,13 @@ cx_tensor *cx_slice(cx_tensor *a, int axis, int64_t start, int64_t end, int64_t 
     int nd = a->node->ndim;
     int ax = cx_norm_axis(axis, nd);
     char b[160];
-    if (ax < 0 || nd == 0) return cx_poison("slice: axis %d out of range for shape %s", axis, cx_shape_str(b, sizeof b, a->node->shape, nd));
+    if (ax < 0 || nd == 0) return cx_poisoned("slice: axis %d out of range for shape %s", axis, cx_shape_str(b, sizeof b, a->node->shape, nd));
     int64_t dim = a->node->shape[ax];
     if (start < 0) start += dim;
     if (end < 0) end += dim;
     if (end > dim) end = dim;
     if (step <= 0 || start < 0 || start > dim || end < start)
-        return cx_poison("slice: range [%lld:%lld:%lld] is invalid for axis %d of shape %s", (long long)start,
+        return cx_poisoned("slice: range [%lld:%lld:%lld] is invalid for axis %d of shape %s", (long long)start,
                          (long long)end, (long long)step, axis, cx_shape_str(b, sizeof b, a->node->shape, nd));
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
@@ -187,13 +187,13 @@ cx_tensor *cx_pad(cx_tensor *a, const int64_t *lo, const int64_t *hi, double val
     if (p) return p;
     int nd = a->node->ndim;
     for (int i = 0; i < nd; i++)
-        if (!lo || !hi || lo[i] < 0 || hi[i] < 0) return cx_poison("pad: padding of axis %d must be >= 0", i);
+        if (!lo || !hi || lo[i] < 0 || hi[i] < 0) return cx_poisoned("pad: padding of axis %d must be >= 0", i);
     return pad_full(a, lo, hi, NULL, value);
 }
 
 cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
 {
-    if (n <= 0 || !ts) return cx_poison("concat: no inputs");
+    if (n <= 0 || !ts) return cx_poisoned("concat: no inputs");
     for (int i = 0; i < n; i++) {
         cx_tensor *p = check_in(ts[i], "concat");
         if (p) return p;
@@ -201,7 +201,7 @@ cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
     int nd = ts[0]->node->ndim;
     int ax = cx_norm_axis(axis, nd);
     char b0[160], b1[160];
-    if (ax < 0 || nd == 0) return cx_poison("concat: axis %d out of range for rank %d", axis, nd);
+    if (ax < 0 || nd == 0) return cx_poisoned("concat: axis %d out of range for rank %d", axis, nd);
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, ts[0]->node->shape, sizeof(int64_t) * (size_t)nd);
     cx_dtype dt = (cx_dtype)ts[0]->node->dtype;
@@ -209,7 +209,7 @@ cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
         cx_node *x = ts[i]->node;
         bool ok = x->ndim == nd;
         for (int d = 0; ok && d < nd; d++) if (d != ax && x->shape[d] != shape[d]) ok = false;
-        if (!ok) return cx_poison("concat: shapes %s and %s differ outside axis %d",
+        if (!ok) return cx_poisoned("concat: shapes %s and %s differ outside axis %d",
                                   cx_shape_str(b0, sizeof b0, ts[0]->node->shape, nd),
                                   cx_shape_str(b1, sizeof b1, x->shape, x->ndim), ax);
         shape[ax] += x->shape[ax];
@@ -217,7 +217,7 @@ cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
     }
     if (n == 1) return cx_alias(ts[0]);
     cx_tensor **cast = malloc((size_t)n * sizeof *cast);
-    if (!cast) return cx_poison("concat: out of memory");
+    if (!cast) return cx_poisoned("concat: out of memory");
     for (int i = 0; i < n; i++) cast[i] = cx_cast(ts[i], dt);
     int64_t attr = ax;
     cx_tensor *r = cx_make_op(OP_CONCAT, dt, shape, nd, cast, n, &attr, 1, 0);
@@ -233,7 +233,7 @@ cx_tensor *cx_flatten(cx_tensor *a, int start_axis, int end_axis)
     int nd = a->node->ndim;
     if (nd == 0) { int64_t one = 1; return cx_reshape(a, &one, 1); }
     int s = cx_norm_axis(start_axis, nd), e = cx_norm_axis(end_axis, nd);
-    if (s < 0 || e < 0 || s > e) return cx_poison("flatten: axes %d..%d invalid for rank %d", start_axis, end_axis, nd);
+    if (s < 0 || e < 0 || s > e) return cx_poisoned("flatten: axes %d..%d invalid for rank %d", start_axis, end_axis, nd);
     int64_t shape[CX_MAX_DIMS];
     int k = 0;
     for (int i = 0; i < s; i++) shape[k++] = a->node->shape[i];
@@ -250,7 +250,7 @@ cx_tensor *cx_unsqueeze(cx_tensor *a, int axis)
     if (p) return p;
     int nd = a->node->ndim;
     if (axis < 0) axis += nd + 1;
-    if (axis < 0 || axis > nd || nd >= CX_MAX_DIMS) return cx_poison("unsqueeze: axis out of range for rank %d", nd);
+    if (axis < 0 || axis > nd || nd >= CX_MAX_DIMS) return cx_poisoned("unsqueeze: axis out of range for rank %d", nd);
     int64_t shape[CX_MAX_DIMS];
     for (int i = 0, k = 0; i <= nd; i++) shape[i] = i == axis ? 1 : a->node->shape[k++];
     return cx_reshape(a, shape, nd + 1);
@@ -262,7 +262,7 @@ cx_tensor *cx_squeeze(cx_tensor *a, int axis)
     if (p) return p;
     int nd = a->node->ndim;
     int ax = cx_norm_axis(axis, nd);
-    if (ax < 0 || nd == 0) return cx_poison("squeeze: axis %d out of range for rank %d", axis, nd);
+    if (ax < 0 || nd == 0) return cx_poisoned("squeeze: axis %d out of range for rank %d", axis, nd);
     if (a->node->shape[ax] != 1) return cx_alias(a);
     int64_t shape[CX_MAX_DIMS];
     for (int i = 0, k = 0; i < nd; i++) if (i != ax) shape[k++] = a->node->shape[i];
@@ -280,11 +280,11 @@ static bool axes_mask(cx_tensor *a, const int *axes, int naxes, const char *op, 
         int ax = cx_norm_axis(axes[i], nd);
         if (ax < 0 || nd == 0) {
             char b[160];
-            *err = cx_poison("%s: axis %d out of range for shape %s", op, axes[i], cx_shape_str(b, sizeof b, a->node->shape, nd));
+            *err = cx_poisoned("%s: axis %d out of range for shape %s", op, axes[i], cx_shape_str(b, sizeof b, a->node->shape, nd));
             return false;
         }
         if (*mask >> ax & 1) {
-            *err = cx_poison("%s: axis %d is repeated", op, axes[i]);
+            *err = cx_poisoned("%s: axis %d is repeated", op, axes[i]);
             return false;
         }
         *mask |= 1ull << ax;
@@ -326,7 +326,7 @@ static cx_tensor *reduce(cx_op op, cx_tensor *a, const int *axes, int naxes, boo
     if (op == OP_REDUCE_MAX) {
         for (int i = 0; i < a->node->ndim; i++)
             if ((mask >> i & 1) && a->node->shape[i] == 0)
-                return cx_poison("max: reducing an empty axis %d has no identity", i);
+                return cx_poisoned("max: reducing an empty axis %d has no identity", i);
     }
     cx_tensor *src = a;
     if (dt != a->node->dtype) src = cx_cast(a, dt);
@@ -380,8 +380,8 @@ cx_tensor *cx_argmax(cx_tensor *a, int axis, bool keepdim)
     if (p) return p;
     int nd = a->node->ndim;
     int ax = cx_norm_axis(axis, nd);
-    if (ax < 0 || nd == 0) return cx_poison("argmax: axis %d out of range for rank %d", axis, nd);
-    if (a->node->shape[ax] == 0) return cx_poison("argmax: axis %d is empty", ax);
+    if (ax < 0 || nd == 0) return cx_poisoned("argmax: axis %d out of range for rank %d", axis, nd);
+    if (a->node->shape[ax] == 0) return cx_poisoned("argmax: axis %d is empty", ax);
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
     shape[ax] = 1;
@@ -396,7 +396,7 @@ cx_tensor *cx_logsumexp(cx_tensor *a, int axis, bool keepdim)
     if (p) return p;
     if (cx_norm_axis(axis, a->node->ndim) < 0 || a->node->ndim == 0) {
         char b[160];
-        return cx_poison("logsumexp: axis %d out of range for shape %s", axis,
+        return cx_poisoned("logsumexp: axis %d out of range for shape %s", axis,
                          cx_shape_str(b, sizeof b, a->node->shape, a->node->ndim));
     }
     cx_tensor *m = cx_max(a, &axis, 1, true);

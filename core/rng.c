@@ -63,8 +63,8 @@ float cx_rng_normal01(uint64_t seed, uint64_t ctr)
 
 static cx_tensor *rng_leaf(int kind, const int64_t *shape, int ndim, const char *op)
 {
-    if (ndim < 0 || ndim > CX_MAX_DIMS || (ndim && !shape)) return cx_poison("%s: bad rank %d", op, ndim);
-    for (int i = 0; i < ndim; i++) if (shape[i] < 0) return cx_poison("%s: negative dimension", op);
+    if (ndim < 0 || ndim > CX_MAX_DIMS || (ndim && !shape)) return cx_poisoned("%s: bad rank %d", op, ndim);
+    for (int i = 0; i < ndim; i++) if (shape[i] < 0) return cx_poisoned("%s: negative dimension", op);
     int64_t n = cx_shape_numel(shape, ndim);
     uint64_t off = cx_rng_reserve((uint64_t)n);
     cx_tensor *seed = cx_runtime_scalar(0, CX_I64), *offset = cx_runtime_scalar(0, CX_I64);
@@ -102,7 +102,7 @@ cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_
 
 cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtype dtype)
 {
-    if (!(p >= 0 && p <= 1)) return cx_poison("bernoulli: probability %g is outside [0, 1]", p);
+    if (!(p >= 0 && p <= 1)) return cx_poisoned("bernoulli: probability %g is outside [0, 1]", p);
     cx_tensor *u = rng_leaf(0, shape, ndim, "bernoulli");
     cx_tensor *pt = cx_scalar(p, CX_F32);
     cx_tensor *m = cx_lt(u, pt);

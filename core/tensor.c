@@ -27,13 +27,10 @@ typedef struct {
     cx_tensor **items;
     int n, cap;
 } tensor_list;
-static _Thread_local int t_step_depth;
 static _Thread_local tensor_list t_steps[CX_MAX_STEP_DEPTH + 1];
 /* handles kept at the end of a step live until the end of the next step at
  * the same depth, so a training loop that keeps its loss does not leak */
 static _Thread_local tensor_list t_carry[CX_MAX_STEP_DEPTH + 1];
-
-int cx_current_step_depth(void) { return t_step_depth; }
 
 static bool list_push(tensor_list *l, cx_tensor *t)
 {
@@ -87,13 +84,14 @@ cx_tensor *cx_tensor_wrap(cx_node *n)
     cx_spin_unlock(&g_live_mu);
     if (t) memset(t, 0, sizeof *t);
     else t = calloc(1, sizeof *t);
-    if (!t) { cx_node_unref(n); cx_set_error("out of memory: tensor handle"); return NULL; }
+    if (!t) { cx_node_unref(n); cx_set_last_error("out of memory: tensor handle"); return NULL; }
     t->node = n;
     n->hrefs++;
     t->id = cx_next_id();
-    t->step_depth = t_step_depth;
+    int depth = cx_record()->step_depth;
+    t->step_depth = depth;
     t->step_slot = -1;
-    if (t_step_depth > 0 && !list_push(&t_steps[t_step_depth], t)) t->step_depth = 0;
+    if (depth > 0 && !list_push(&t_steps[depth], t)) t->step_depth = 0;
     if (t->step_depth == 0) t->flags |= TF_PERSISTENT;
     live_link(t);
     return t;
@@ -105,17 +103,6 @@ cx_tensor *cx_tensor_of(cx_node *n)
     return cx_tensor_wrap(n);
 }
 
-cx_tensor *cx_poison(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cx_set_error("%s", msg);
-    return cx_tensor_wrap(cx_node_error(msg));
-}
-
 cx_tensor *cx_poisoned(const char *fmt, ...)
 {
     char msg[1024];
@@ -123,7 +110,8 @@ cx_tensor *cx_poisoned(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return cx_poison("%s", msg);
+    cx_set_last_error("%s", msg);
+    return cx_tensor_wrap(cx_node_error(msg));
 }
 
 static void release_handle(cx_tensor *t)
@@ -191,29 +179,31 @@ cx_tensor *cx_alias(cx_tensor *t)
 
 void cx_step_begin(void)
 {
-    if (t_step_depth >= CX_MAX_STEP_DEPTH) {
-        cx_set_error("cx_step_begin: steps nested deeper than %d", CX_MAX_STEP_DEPTH);
+    cx_record_ctx *rec = cx_record();
+    if (rec->step_depth >= CX_MAX_STEP_DEPTH) {
+        cx_set_last_error("cx_step_begin: steps nested deeper than %d", CX_MAX_STEP_DEPTH);
         return;
     }
-    t_step_depth++;
+    int d = ++rec->step_depth;
     /* last step's kept handles now belong to this step */
-    tensor_list *c = &t_carry[t_step_depth];
+    tensor_list *c = &t_carry[d];
     for (int i = 0; i < c->n; i++) {
         cx_tensor *t = c->items[i];
         if (!t) continue;
         t->flags &= ~(uint32_t)TF_KEPT;
-        if (!list_push(&t_steps[t_step_depth], t)) { t->step_depth = 0; t->flags |= TF_PERSISTENT; }
+        if (!list_push(&t_steps[d], t)) { t->step_depth = 0; t->flags |= TF_PERSISTENT; }
     }
     c->n = 0;
 }
 
-cx_status cx_step_end(void)
+bool cx_step_close(void)
 {
-    if (t_step_depth == 0) {
-        cx_set_error("cx_step_end: no step is open");
-        return CX_ERR_STATE;
+    cx_record_ctx *rec = cx_record();
+    if (rec->step_depth == 0) {
+        cx_set_last_error("cx_step_end: no step is open");
+        return false;
     }
-    int d = t_step_depth;
+    int d = rec->step_depth;
     tensor_list *l = &t_steps[d];
     tensor_list *c = &t_carry[d];
     for (int i = 0; i < l->n; i++) {
@@ -226,34 +216,22 @@ cx_status cx_step_end(void)
         }
     }
     l->n = 0;
-    t_step_depth--;
-    /* observability (obs.h): the loader's step ends are told apart by their
-     * caller, which costs a dladdr, so only when someone will read the cause */
-    int obs = cx_obs_get();
-    const char *cause = (obs & (OBS_DEBUG | OBS_DUMP | OBS_TRACE)) ? cx_obs_step_cause(__builtin_return_address(0)) : "step end";
-    cx_status st = cx_materialize(NULL, 0, cause);
-    cx_counter_add("MarkStep", 1);
-    /* step closures, XLA_METRICS_FILE, debug warnings: after the step's graph ran */
-    if (cx_obs_get() & (OBS_CLOSURES | OBS_METRICS_FILE | OBS_DEBUG)) cx_obs_step_end(st);
-    return st;
+    rec->step_depth--;
+    return true;
 }
-
-cx_status cx_sync(void) { return cx_materialize(NULL, 0, "user sync"); }
-
-cx_status cx_sync_tensors(cx_tensor **ts, int n) { return cx_materialize(ts, n, "user sync"); }
 
 /* ---- creation ------------------------------------------------------------ */
 
 static bool check_shape(const char *op, const int64_t *shape, int ndim)
 {
     if (ndim < 0 || ndim > CX_MAX_DIMS || (ndim > 0 && !shape)) {
-        cx_set_error("%s: rank %d is outside 0..%d", op, ndim, CX_MAX_DIMS);
+        cx_set_last_error("%s: rank %d is outside 0..%d", op, ndim, CX_MAX_DIMS);
         return false;
     }
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0) {
             char b[160];
-            cx_set_error("%s: negative dimension in shape %s", op, cx_shape_str(b, sizeof b, shape, ndim));
+            cx_set_last_error("%s: negative dimension in shape %s", op, cx_shape_str(b, sizeof b, shape, ndim));
             return false;
         }
     return true;
@@ -261,45 +239,45 @@ static bool check_shape(const char *op, const int64_t *shape, int ndim)
 
 cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dtype dtype)
 {
-    if (!check_shape("from_host", shape, ndim)) return cx_poison("%s", cx_last_error());
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("from_host: unknown dtype %d", (int)dtype);
+    if (!check_shape("from_host", shape, ndim)) return cx_poisoned("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("from_host: unknown dtype %d", (int)dtype);
     double t0 = cx_now();
     int64_t numel = cx_shape_numel(shape, ndim);
     size_t bytes = (size_t)numel * cx_dtype_size(dtype);
-    if (bytes && !data) return cx_poison("from_host: data is NULL for %lld elements", (long long)numel);
+    if (bytes && !data) return cx_poisoned("from_host: data is NULL for %lld elements", (long long)numel);
     cx_buffer *b = cx_buffer_new(bytes);
-    if (!b) return cx_poison("from_host: %s", cx_last_error());
+    if (!b) return cx_poisoned("from_host: %s", cx_last_error());
     if (bytes) memcpy(b->data, data, bytes);
     cx_node *n = cx_node_data(b, dtype, shape, ndim);
-    if (!n) { cx_buffer_unref(b); return cx_poison("from_host: out of memory"); }
+    if (!n) { cx_buffer_unref(b); return cx_poisoned("from_host: out of memory"); }
     double t1 = cx_now();
     cx_metric_add("TransferToDeviceTime", t1 - t0);
     cx_counter_add("CreateDataHandles", 1);
-    if (cx_obs_get() & OBS_TRACE) {   /* profiler (trace.c) */
+    if (cx_obs_get() & OBS_TRACE) {
         char args[48];
         snprintf(args, sizeof args, "\"bytes\": %zu", bytes);
-        cx_trace_event("transfer", "TransferToDevice", t0, t1, args);
+        cx_obs_trace("transfer", "TransferToDevice", t0, t1, args);
     }
     return cx_tensor_wrap(n);
 }
 
 cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_fn fill, void *ctx)
 {
-    if (!check_shape("from_fill", shape, ndim)) return cx_poison("%s", cx_last_error());
-    if ((unsigned)dtype >= CX_DTYPE_COUNT || !fill) return cx_poison("from_fill: bad dtype or NULL fill");
+    if (!check_shape("from_fill", shape, ndim)) return cx_poisoned("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT || !fill) return cx_poisoned("from_fill: bad dtype or NULL fill");
     double t0 = cx_now();
     size_t bytes = (size_t)cx_shape_numel(shape, ndim) * cx_dtype_size(dtype);
     cx_buffer *b = cx_buffer_new(bytes);
-    if (!b) return cx_poison("from_fill: %s", cx_last_error());
+    if (!b) return cx_poisoned("from_fill: %s", cx_last_error());
     cx_status st = fill(ctx, b->data, bytes);
     if (st != CX_OK) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", cx_last_error());
         cx_buffer_unref(b);
-        return cx_poison("%s", msg);
+        return cx_poisoned("%s", msg);
     }
     cx_node *n = cx_node_data(b, dtype, shape, ndim);
-    if (!n) { cx_buffer_unref(b); return cx_poison("from_fill: out of memory"); }
+    if (!n) { cx_buffer_unref(b); return cx_poisoned("from_fill: out of memory"); }
     cx_metric_add("TransferToDeviceTime", cx_now() - t0);
     cx_counter_add("CreateDataHandles", 1);
     return cx_tensor_wrap(n);
@@ -307,8 +285,8 @@ cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_
 
 cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype)
 {
-    if (!check_shape("full", shape, ndim)) return cx_poison("%s", cx_last_error());
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("full: unknown dtype %d", (int)dtype);
+    if (!check_shape("full", shape, ndim)) return cx_poisoned("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("full: unknown dtype %d", (int)dtype);
     /* a 0-d constant expanded: the constant is one node whatever the shape */
     cx_node_desc d = { .op = OP_CONST, .dtype = dtype, .ndim = 0, .fval = value };
     cx_tensor *c = cx_tensor_wrap(cx_node_make(&d));
@@ -324,10 +302,10 @@ cx_tensor *cx_scalar(double value, cx_dtype dtype) { return cx_full(NULL, 0, val
 
 cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
 {
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("runtime_scalar: unknown dtype %d", (int)dtype);
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("runtime_scalar: unknown dtype %d", (int)dtype);
     cx_node_desc d = { .op = OP_RTSCALAR, .dtype = dtype, .ndim = 0 };
     cx_node *n = cx_node_make(&d);
-    if (!n) return cx_poison("runtime_scalar: out of memory");
+    if (!n) return cx_poisoned("runtime_scalar: out of memory");
     n->rt_f = value;
     n->rt_i = (int64_t)value;
     return cx_tensor_wrap(n);
@@ -335,17 +313,17 @@ cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
 
 cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype)
 {
-    if (!check_shape("placeholder", shape, ndim)) return cx_poison("%s", cx_last_error());
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poison("placeholder: unknown dtype %d", (int)dtype);
+    if (!check_shape("placeholder", shape, ndim)) return cx_poisoned("%s", cx_last_error());
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("placeholder: unknown dtype %d", (int)dtype);
     cx_node *n = cx_node_data(NULL, dtype, shape, ndim);
-    if (!n) return cx_poison("placeholder: out of memory");
+    if (!n) return cx_poisoned("placeholder: out of memory");
     cx_tensor *t = cx_tensor_wrap(n);
     return cx_persist(t);
 }
 
 cx_tensor *cx_arange(int64_t n, cx_dtype dtype)
 {
-    if (n < 0) return cx_poison("arange: negative length %lld", (long long)n);
+    if (n < 0) return cx_poisoned("arange: negative length %lld", (long long)n);
     cx_node_desc d = { .op = OP_IOTA, .dtype = dtype, .ndim = 1, .shape = &n };
     return cx_tensor_wrap(cx_node_make(&d));
 }
@@ -386,13 +364,13 @@ const char *cx_get_name(const cx_tensor *t) { return t ? t->name : NULL; }
 
 cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
 {
-    if (!dst || !value) { cx_set_error("assign: NULL tensor"); return CX_ERR_ARG; }
+    if (!dst || !value) { cx_set_last_error("assign: NULL tensor"); return CX_ERR_ARG; }
     if (dst->step_depth != 0) {
-        cx_set_error("assign: destination is not persistent (create it outside a step or cx_persist it)");
+        cx_set_last_error("assign: destination is not persistent (create it outside a step or cx_persist it)");
         return CX_ERR_STATE;
     }
     if (value->node->op == OP_ERROR) {
-        cx_set_error("assign: value is poisoned: %s", value->node->err);
+        cx_set_last_error("assign: value is poisoned: %s", value->node->err);
         return CX_ERR_SHAPE;
     }
     cx_node *d = dst->node, *v = value->node;
@@ -401,7 +379,7 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
         for (int i = 0; same && i < d->ndim; i++) same = d->shape[i] == v->shape[i];
         if (!same) {
             char a[160], b[160];
-            cx_set_error("assign: value %s %s does not match destination %s %s",
+            cx_set_last_error("assign: value %s %s does not match destination %s %s",
                          cx_shape_str(a, sizeof a, v->shape, v->ndim), cx_dtype_name((cx_dtype)v->dtype),
                          cx_shape_str(b, sizeof b, d->shape, d->ndim), cx_dtype_name((cx_dtype)d->dtype));
             return CX_ERR_SHAPE;
@@ -417,7 +395,7 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
             /* a gradient leaf needs its own node over the shared buffer */
             cx_buffer_ref(v->buf);
             cx_node *own = cx_node_data(v->buf, (cx_dtype)v->dtype, v->shape, v->ndim);
-            if (!own) { cx_buffer_unref(v->buf); cx_set_error("assign: out of memory"); return CX_ERR_OOM; }
+            if (!own) { cx_buffer_unref(v->buf); cx_set_last_error("assign: out of memory"); return CX_ERR_OOM; }
             own->flags |= NF_REQUIRES_GRAD;
             own->grad_leaf = dst;
             cx_set_node(dst, own);
@@ -435,76 +413,4 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
     cx_set_node(dst, v);
     dst->flags |= TF_ASSIGNED;
     return CX_OK;
-}
-
-/* ---- reading ------------------------------------------------------------------ */
-
-static void convert_out(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n)
-{
-    if (odt == idt) { memcpy(out, in, (size_t)n * cx_dtype_size(idt)); return; }
-    for (int64_t i = 0; i < n; i++) {
-        double v;
-        switch (idt) {
-        case CX_F32: v = ((const float *)in)[i]; break;
-        case CX_BF16: v = cx_bf16_to_f32_inline(((const uint16_t *)in)[i]); break;
-        case CX_I32: v = ((const int32_t *)in)[i]; break;
-        case CX_I64: v = (double)((const int64_t *)in)[i]; break;
-        case CX_U8: v = ((const uint8_t *)in)[i]; break;
-        default: v = ((const uint8_t *)in)[i] != 0; break;
-        }
-        switch (odt) {
-        case CX_F32: ((float *)out)[i] = (float)v; break;
-        case CX_BF16: ((uint16_t *)out)[i] = cx_f32_to_bf16_inline((float)v); break;
-        case CX_I32: ((int32_t *)out)[i] = (int32_t)v; break;
-        case CX_I64: ((int64_t *)out)[i] = (int64_t)v; break;
-        case CX_U8: ((uint8_t *)out)[i] = (uint8_t)v; break;
-        default: ((uint8_t *)out)[i] = v != 0; break;
-        }
-    }
-}
-
-cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype)
-{
-    if (!t || (!out && t->node->numel)) { cx_set_error("to_host: NULL argument"); return CX_ERR_ARG; }
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) { cx_set_error("to_host: unknown dtype %d", (int)dtype); return CX_ERR_ARG; }
-    if (t->node->op == OP_ERROR) { cx_set_error("%s", t->node->err); return CX_ERR_SHAPE; }
-    if (t->node->op != OP_DATA) {
-        cx_status st = cx_materialize(&t, 1, "value read");
-        if (st != CX_OK) return st;
-    }
-    if (!t->node->buf) {
-        char b[160];
-        cx_set_error("to_host: tensor%s%s of shape %s is a value-less placeholder", t->name ? " " : "", t->name ? t->name : "",
-                     cx_shape_str(b, sizeof b, t->node->shape, t->node->ndim));
-        return CX_ERR_STATE;
-    }
-    double t0 = cx_now();
-    convert_out(out, dtype, t->node->buf->data, (cx_dtype)t->node->dtype, t->node->numel);
-    double t1 = cx_now();
-    cx_metric_add("TransferFromDeviceTime", t1 - t0);
-    if (cx_obs_get() & OBS_TRACE) {   /* profiler (trace.c) */
-        char args[48];
-        snprintf(args, sizeof args, "\"bytes\": %zu", t->node->buf->bytes);
-        cx_trace_event("transfer", "TransferFromDevice", t0, t1, args);
-    }
-    return CX_OK;
-}
-
-double cx_item(cx_tensor *t)
-{
-    if (!t) { cx_set_error("item: NULL tensor"); return NAN; }
-    if (t->node->op != OP_ERROR && t->node->numel != 1) {
-        char b[160];
-        cx_set_error("item: tensor of shape %s has %lld elements, not 1",
-                     cx_shape_str(b, sizeof b, t->node->shape, t->node->ndim), (long long)t->node->numel);
-        return NAN;
-    }
-    if (cx_dtype_is_float((cx_dtype)t->node->dtype) || t->node->op == OP_ERROR) {
-        float f;
-        if (cx_to_host(t, &f, CX_F32) != CX_OK) return NAN;
-        return f;
-    }
-    int64_t i;
-    if (cx_to_host(t, &i, CX_I64) != CX_OK) return NAN;
-    return (double)i;
 }

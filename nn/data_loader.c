@@ -228,7 +228,7 @@ cx_status cx_loader_end_step(cx_loader *l)
     cx_status st = CX_OK;
     if (l->step_open) {
         l->step_open = false;
-        st = cx_step_end();
+        st = cx_step_end_cause(CX_CAUSE_LOADER);
         if (st != CX_OK && l->error == CX_OK) l->error = st;
     }
     release_current(l);

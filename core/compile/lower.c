@@ -67,9 +67,9 @@ static bool schedule_and_plan(cx_executable *e, const int *out_alias)
     if (!cx_pass_schedule_overlap(e)) return false;
     cx_pass_prefetch_gathers(e);
     cx_pass_collective_waits(e);
-    if (!cx_pass_alias_outputs(e, out_alias)) { cx_set_error("compile: out of memory"); return false; }
+    if (!cx_pass_alias_outputs(e, out_alias)) { cx_set_last_error("compile: out of memory"); return false; }
     cx_pass_liveness(e);
-    if (!cx_pass_plan_memory(e)) { cx_set_error("compile: out of memory"); return false; }
+    if (!cx_pass_plan_memory(e)) { cx_set_last_error("compile: out of memory"); return false; }
     return true;
 }
 
@@ -102,7 +102,7 @@ static cx_status group_and_generate(const cx_graph *g, cx_executable *e)
     char *force_root = calloc((size_t)g->n + 1, 1), *root = calloc((size_t)g->n + 1, 1);
     if (!force_root || !root || !cx_uses_build(g, &u)) {
         free(force_root); free(root);
-        cx_set_error("compile: out of memory");
+        cx_set_last_error("compile: out of memory");
         return CX_ERR_OOM;
     }
     cx_status st = CX_OK;
@@ -110,11 +110,11 @@ static cx_status group_and_generate(const cx_graph *g, cx_executable *e)
         free_kernels(e);
         bool oom = !cx_pass_group(g, &u, force_root, root);
         int fail = oom ? -1 : cx_pass_codegen(g, root, e, &oom);
-        if (oom) { st = CX_ERR_OOM; cx_set_error("compile: out of memory"); break; }
+        if (oom) { st = CX_ERR_OOM; cx_set_last_error("compile: out of memory"); break; }
         if (fail < 0) break;
         if (force_root[fail] || attempt > g->n) {
             st = CX_ERR_STATE;
-            cx_set_error("compile: cannot lower %s (node %d)", cx_op_table[g->nodes[fail].op].name, fail);
+            cx_set_last_error("compile: cannot lower %s (node %d)", cx_op_table[g->nodes[fail].op].name, fail);
             break;
         }
         force_root[fail] = 1;
@@ -128,7 +128,7 @@ static cx_status group_and_generate(const cx_graph *g, cx_executable *e)
 cx_executable *cx_lower(const cx_graph *g)
 {
     cx_executable *e = new_executable(g);
-    if (!e) { cx_set_error("compile: out of memory"); return NULL; }
+    if (!e) { cx_set_last_error("compile: out of memory"); return NULL; }
     if (group_and_generate(g, e) != CX_OK || !schedule_and_plan(e, g->out_alias)) {
         cx_executable_free(e);
         return NULL;

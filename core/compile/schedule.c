@@ -94,7 +94,7 @@ bool cx_pass_schedule_overlap(cx_executable *e)
     cx_kernel *order = malloc(sizeof *order * (size_t)n);
     if (!done || !order || !depgraph_build(e, &d)) {
         free(done); free(order);
-        cx_set_error("compile: out of memory");
+        cx_set_last_error("compile: out of memory");
         return false;
     }
     for (int t = 0; t < n; t++) {

@@ -136,12 +136,31 @@ CX_API void cx_step_begin(void);
 /* Releases the step's handles that were not kept, then syncs.
  * @return the status of the sync. */
 CX_API cx_status cx_step_end(void);
+/* Who ends a step, as the debug analysis (PT_XLA_DEBUG_LEVEL) and the graph
+ * dumps name it: PyTorch/XLA tells the user's mark_step from the one its
+ * parallel loader issues. */
+typedef enum { CX_CAUSE_USER = 0, CX_CAUSE_LOADER } cx_step_cause;
+/* cx_step_end on behalf of `cause` (the data loader ends its steps with
+ * CX_CAUSE_LOADER). Same returns as cx_step_end. */
+CX_API cx_status cx_step_end_cause(cx_step_cause cause);
 /* Compiles (or hits the cache) and runs every live tensor with pending IR,
  * materializing each. @return CX_OK, or the first error (poisoned tensor,
  * out of memory, collective failure); poisoned tensors stay poisoned. */
 CX_API cx_status cx_sync(void);
 /* Materializes just `n` tensors (runs only what they need). */
 CX_API cx_status cx_sync_tensors(cx_tensor **ts, int n);
+
+/* ---- step closures (xm.add_step_closure) ---------------------------- */
+
+typedef void (*cx_step_closure_fn)(void *arg);
+/* Runs fn(arg) after the current step's graph has run and materialized (at
+ * the next cx_step_end), in the order added; tensors kept for the step can
+ * be read in it without another execution. run_async: run on a background
+ * thread instead (still in order among the async closures).
+ * @return CX_OK, CX_ERR_ARG (fn NULL) or CX_ERR_OOM. */
+CX_API cx_status cx_add_step_closure(cx_step_closure_fn fn, void *arg, bool run_async);
+/* Waits until every async closure added so far has run. */
+CX_API void cx_wait_step_closures(void);
 
 /* Reads a one-element tensor as double (runs its subgraph if pending and
  * counts a TransferFromDevice). @return NaN on error (see cx_last_error). */
@@ -325,21 +344,6 @@ CX_API bool cx_grad_enabled(void);
 CX_API void cx_remat_begin(void);
 CX_API void cx_remat_end(void);
 
-/* ---- metrics ---------------------------------------------------------- */
-
-/* @return the counter's value (0 if it never counted). */
-CX_API int64_t cx_counter_value(const char *name);
-typedef struct {
-    int64_t total_samples;
-    double accumulator;    /* seconds for timers, raw sum otherwise */
-    double last;
-    double min, max;
-} cx_metric_stats;
-/* @return true and fills `out` if the metric has samples. */
-CX_API bool cx_metric_data(const char *name, cx_metric_stats *out);
-CX_API void cx_counter_add(const char *name, int64_t delta);
-CX_API void cx_metric_add(const char *name, double value);
-CX_API void cx_metrics_clear(void);
 
 /* Facts about the last executable that ran (debug queries). */
 typedef struct {
@@ -365,8 +369,6 @@ CX_API void cx_memory_reset_peak(void);
  * single-threaded OpenBLAS calls, so nothing oversubscribes the cores. */
 CX_API void cx_set_num_threads(int n);
 CX_API int cx_get_num_threads(void);
-/* Drops every cached executable. */
-CX_API void cx_cache_clear(void);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,10 @@
 #include <cxla/data.h>
 #include <cxla/parallel.h>
 #include <cxla/checkpoint.h>
+#include <cxla/metrics.h>
 #include <cxla/debug.h>
+#include <cxla/profiler.h>
+#include <cxla/cache.h>
 #include <cxla/fsdp.h>
 
 #endif

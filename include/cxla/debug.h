@@ -1,5 +1,6 @@
-/* cxla observability and debugging: the metrics report, IR dumps, the debug
- * analysis, step closures, the profiler and the persistent compile cache.
+/* cxla debugging: IR dumps, the debug analysis, and the call-site entry
+ * points. Metrics are in metrics.h, the profiler in profiler.h, the
+ * persistent compile cache in cache.h.
  *
  * Environment variables (read at the first sync, or by cx_debug_reload_env):
  *   XLA_METRICS_FILE=PATH|STDOUT|STDERR  append "[MetricsData; step=N]" and
@@ -33,25 +34,6 @@
 extern "C" {
 #endif
 
-/* ---- metrics report ------------------------------------------------------ */
-
-/* The full report in PyTorch/XLA's format: every metric with samples
- * ("Metric: NAME", TotalSamples, Accumulator, ValueRate, Rate, Percentiles)
- * then every non-zero counter ("Counter: NAME", Value), each sorted by name.
- * @return a malloc'd string (free() it), or NULL when out of memory. */
-CX_API char *cx_metrics_report(void);
-/* The same for a few names; NULL lists mean PyTorch/XLA's defaults
- * (counters CachedCompile, MarkStep; metrics CompileTime, ExecuteTime,
- * TransferToDeviceTime, TransferFromDeviceTime). */
-CX_API char *cx_short_metrics_report(const char *const *counter_names, int ncounters,
-                              const char *const *metric_names, int nmetrics);
-/* Names of the non-zero counters / the metrics with samples, sorted. Fills
- * up to `cap` entries of `names` (may be NULL with cap 0); the strings live
- * as long as the process. @return the total number of names. */
-CX_API int cx_counter_names(const char **names, int cap);
-CX_API int cx_metric_names(const char **names, int cap);
-/* (cx_metrics_clear() in core.h clears counters, metrics and samples.) */
-
 /* ---- IR dumps --------------------------------------------------------------- */
 
 /* The pending graph of `n` tensors (nothing runs), as text ("IR { ... }",
@@ -80,60 +62,6 @@ CX_API double cx_item_at(cx_tensor *t, const char *file, int line);
 #define cx_step_end() cx_step_end_at(__FILE__, __LINE__)
 #define cx_item(t) cx_item_at((t), __FILE__, __LINE__)
 #endif
-
-/* ---- step closures ----------------------------------------------------------------- */
-
-typedef void (*cx_step_closure_fn)(void *arg);
-/* Runs fn(arg) after the current step's graph has run and materialized (at
- * the next cx_step_end), in the order added; tensors kept for the step can
- * be read in it without another execution. run_async: run on a background
- * thread instead (still in order among the async closures).
- * @return CX_OK, CX_ERR_ARG (fn NULL) or CX_ERR_OOM. */
-CX_API cx_status cx_add_step_closure(cx_step_closure_fn fn, void *arg, bool run_async);
-/* Waits until every async closure added so far has run. */
-CX_API void cx_wait_step_closures(void);
-
-/* ---- profiler ------------------------------------------------------------------------ */
-
-/* Starts recording compile, execute, kernel, transfer, collective and user
- * events; cx_trace_stop writes them as a Chrome trace-event JSON to
- * DIR/proc_<rank>/trace.json (open it in Perfetto or chrome://tracing).
- * @return CX_OK, CX_ERR_STATE (already tracing / not tracing), CX_ERR_IO. */
-CX_API cx_status cx_trace_start(const char *dir);
-CX_API cx_status cx_trace_stop(void);
-CX_API bool cx_trace_active(void);
-/* A named user region on this thread. push returns whether it was recorded;
- * pop closes the innermost recorded region (no-op when there is none). */
-CX_API bool cx_trace_push(const char *name);
-CX_API void cx_trace_pop(void);
-
-static inline void cx_trace_scope_end_(bool *recorded)
-{
-    if (*recorded) cx_trace_pop();
-}
-#define CX_TRACE_CAT2_(a, b) a##b
-#define CX_TRACE_CAT_(a, b) CX_TRACE_CAT2_(a, b)
-/* A region that lasts until the end of the enclosing block:
- *     { CX_TRACE("forward"); ... }                                         */
-#define CX_TRACE(name)                                                                  \
-    __attribute__((cleanup(cx_trace_scope_end_), unused)) bool CX_TRACE_CAT_(cx_trace_scope_, \
-                                                                             __LINE__) = cx_trace_push(name)
-
-/* ---- persistent compile cache --------------------------------------------------------- */
-
-/* Keeps compiled executables in `path` (created if missing), one
- * zstd-compressed file per graph key, shared safely by several processes.
- * readonly: look up but never write. Must be called before any
- * computation. @return CX_OK, CX_ERR_STATE (too late, or already
- * initialized with another path), CX_ERR_IO (cannot create the directory). */
-CX_API cx_status cx_cache_init(const char *path, bool readonly);
-/* @return the cache directory, or NULL when there is none. */
-CX_API const char *cx_cache_dir(void);
-/* Compile options: a free-form string that is part of every cache key
- * (default: $XLA_FLAGS and $CX_COMPILE_OPTIONS). Changing it never reuses
- * an executable compiled under other options. */
-CX_API void cx_set_compile_options(const char *opts);
-CX_API const char *cx_get_compile_options(void);
 
 #ifdef __cplusplus
 }

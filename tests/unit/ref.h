@@ -8,6 +8,8 @@
 
 #include <criterion/criterion.h>
 #include <cxla/core.h>
+#include <cxla/cache.h>
+#include <cxla/metrics.h>
 
 #include <math.h>
 #include <stdarg.h>

@@ -42,7 +42,7 @@ size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
 void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                    size_t scratch_bytes);
 
-/* Winograd F(2x2, 3x3) (kernels_winograd.c), which the three conv2d
+/* Winograd F(2x2, 3x3) (winograd.c), which the three conv2d
  * functions above use by themselves where it applies: 3x3, stride 1,
  * dilation 1, one group, pad <= 2, at least 8 channels each way and two
  * images. dir: 0 forward, 1 input gradient, 2 weight gradient. */

@@ -10,8 +10,9 @@
  * through rounding. */
 #include "obs.h"
 #include "cx_fs.h"
+#include "cx_vec.h"
 
-#include <cxla/debug.h>
+#include <cxla/cxla.h>
 
 #include <errno.h>
 #include <math.h>
@@ -31,7 +32,7 @@ typedef struct {
 
 static pthread_mutex_t g_tr_mu = PTHREAD_MUTEX_INITIALIZER;
 static trace_ev *g_ev;
-static size_t g_nev, g_capev;
+static int g_nev, g_capev;
 static bool g_dropped_oom;
 static double g_base;
 static char *g_dir;
@@ -58,13 +59,7 @@ static void add_event(const char *cat, const char *name, double t0, double t1, c
         if (t_tid == 0) t_tid = g_next_tid++;
         tid = t_tid;
     }
-    if (g_nev == g_capev) {
-        size_t cap = g_capev ? g_capev * 2 : 4096;
-        trace_ev *v = realloc(g_ev, cap * sizeof *v);
-        if (!v) { g_dropped_oom = true; pthread_mutex_unlock(&g_tr_mu); return; }
-        g_ev = v;
-        g_capev = cap;
-    }
+    if (!CX_GROW(g_ev, g_capev, g_nev + 1)) { g_dropped_oom = true; pthread_mutex_unlock(&g_tr_mu); return; }
     trace_ev *e = &g_ev[g_nev++];
     snprintf(e->name, sizeof e->name, "%s", name);
     e->cat = cat;
@@ -76,10 +71,12 @@ static void add_event(const char *cat, const char *name, double t0, double t1, c
     pthread_mutex_unlock(&g_tr_mu);
 }
 
-void cx_trace_event(const char *cat, const char *name, double t0, double t1, const char *args)
+static void trace_event(const char *cat, const char *name, double t0, double t1, const char *args)
 {
     add_event(cat, name, t0, t1, args, strcmp(cat, "collective") ? 0 : TID_COLLECTIVES);
 }
+
+__attribute__((constructor)) static void register_trace(void) { cx_obs_hooks.trace = trace_event; }
 
 bool cx_trace_push(const char *name)
 {
@@ -104,24 +101,24 @@ static cx_status mkdir_p(const char *path)
     char failed[256];
     int err = cx_mkdir_p(path, failed, sizeof failed);
     if (err == 0) return CX_OK;
-    cx_set_error("trace_start: cannot create %s: %s", failed, strerror(err));
+    cx_set_last_error("trace_start: cannot create %s: %s", failed, strerror(err));
     return CX_ERR_IO;
 }
 
 cx_status cx_trace_start(const char *dir)
 {
-    if (!dir || !*dir) { cx_set_error("trace_start: no directory"); return CX_ERR_ARG; }
+    if (!dir || !*dir) { cx_set_last_error("trace_start: no directory"); return CX_ERR_ARG; }
     cx_obs_get();
     pthread_mutex_lock(&g_tr_mu);
     bool on = atomic_load(&cx_obs_flags) & OBS_TRACE;
     pthread_mutex_unlock(&g_tr_mu);
-    if (on) { cx_set_error("trace_start: a trace is already recording (to %s)", g_dir); return CX_ERR_STATE; }
+    if (on) { cx_set_last_error("trace_start: a trace is already recording (to %s)", g_dir); return CX_ERR_STATE; }
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/proc_%d", dir, cx_comm_rank());
     cx_status st = mkdir_p(sub);
     if (st != CX_OK) return st;
     char *d = strdup(sub);
-    if (!d) { cx_set_error("trace_start: out of memory"); return CX_ERR_OOM; }
+    if (!d) { cx_set_last_error("trace_start: out of memory"); return CX_ERR_OOM; }
     pthread_mutex_lock(&g_tr_mu);
     free(g_dir);
     g_dir = d;
@@ -160,11 +157,11 @@ cx_status cx_trace_stop(void)
     pthread_mutex_lock(&g_tr_mu);
     if (!(atomic_load(&cx_obs_flags) & OBS_TRACE)) {
         pthread_mutex_unlock(&g_tr_mu);
-        cx_set_error("trace_stop: no trace is recording");
+        cx_set_last_error("trace_stop: no trace is recording");
         return CX_ERR_STATE;
     }
     cx_obs_set(OBS_TRACE, false);
-    qsort(g_ev, g_nev, sizeof *g_ev, cmp_ev);
+    qsort(g_ev, (size_t)g_nev, sizeof *g_ev, cmp_ev);
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/trace.json", g_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
@@ -172,7 +169,7 @@ cx_status cx_trace_stop(void)
     FILE *f = fopen(tmp, "w");
     cx_status st = CX_OK;
     if (!f) {
-        cx_set_error("trace_stop: cannot write %s: %s", tmp, strerror(errno));
+        cx_set_last_error("trace_stop: cannot write %s: %s", tmp, strerror(errno));
         st = CX_ERR_IO;
     } else {
         fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"library\": \"cxla %s\", \"rank\": %d%s},\n"
@@ -181,7 +178,7 @@ cx_status cx_trace_stop(void)
                 rank, rank);
         fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"collectives\"}}",
                 rank, TID_COLLECTIVES);
-        for (size_t i = 0; i < g_nev; i++) {
+        for (int i = 0; i < g_nev; i++) {
             const trace_ev *e = &g_ev[i];
             fprintf(f, ",\n{\"name\": ");
             json_str(f, e->name);
@@ -194,7 +191,7 @@ cx_status cx_trace_stop(void)
         }
         fprintf(f, "\n]}\n");
         if (fclose(f) != 0 || rename(tmp, path) != 0) {
-            cx_set_error("trace_stop: cannot write %s: %s", path, strerror(errno));
+            cx_set_last_error("trace_stop: cannot write %s: %s", path, strerror(errno));
             unlink(tmp);
             st = CX_ERR_IO;
         }
@@ -202,17 +199,4 @@ cx_status cx_trace_stop(void)
     g_nev = 0;
     pthread_mutex_unlock(&g_tr_mu);
     return st;
-}
-
-const char *cx_kernel_kind_name(int kind)
-{
-    static const char *const names[] = {
-        [K_FUSED] = "fused", [K_REDUCE] = "reduce", [K_MATMUL] = "matmul", [K_CONV] = "conv2d",
-        [K_CONV_BI] = "conv2d_bwd_input", [K_CONV_BW] = "conv2d_bwd_weight", [K_MAXPOOL] = "max_pool2d",
-        [K_MAXPOOL_BWD] = "max_pool2d_bwd", [K_AVGPOOL] = "avg_pool2d", [K_AVGPOOL_BWD] = "avg_pool2d_bwd",
-        [K_GATHER] = "gather", [K_SCATTER_ADD] = "scatter_add", [K_CONCAT] = "concat", [K_PAD] = "pad",
-        [K_COLL] = "collective", [K_COPY] = "copy",
-    };
-    if (kind < 0 || (size_t)kind >= sizeof names / sizeof *names || !names[kind]) return "kernel";
-    return names[kind];
 }

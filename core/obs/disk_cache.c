@@ -22,10 +22,10 @@
  * PersistentCacheDeserializeFailure, and the file is removed (unless the
  * cache is read-only). */
 #define _GNU_SOURCE
-#include "obs.h"
+#include "obs/obs_internal.h"
 #include "cx_fs.h"
 
-#include <cxla/debug.h>
+#include <cxla/cxla.h>
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -58,8 +58,6 @@ static char *g_dir;
 static bool g_readonly;
 static bool g_compiled_any;
 static uint64_t g_build_id;
-static char *g_opts;
-static bool g_opts_set;
 static pthread_mutex_t g_dc_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* the in-memory layout of what is written raw: a different compiler or
@@ -125,36 +123,6 @@ static uint64_t build_identity(void)
     return cx_hash64(v, sizeof v);
 }
 
-/* ---- compile options ------------------------------------------------------------------- */
-
-const char *cx_obs_compile_options(void)
-{
-    if (!g_opts_set) {
-        pthread_mutex_lock(&g_dc_mu);
-        if (!g_opts_set) {
-            const char *a = getenv("XLA_FLAGS"), *b = getenv("CX_COMPILE_OPTIONS");
-            char buf[4096];
-            snprintf(buf, sizeof buf, "%s%s%s%s", a && *a ? "XLA_FLAGS=" : "", a && *a ? a : "",
-                     b && *b ? ";CX_COMPILE_OPTIONS=" : "", b && *b ? b : "");
-            g_opts = strdup(buf);
-            g_opts_set = true;
-        }
-        pthread_mutex_unlock(&g_dc_mu);
-    }
-    return g_opts ? g_opts : "";
-}
-
-void cx_set_compile_options(const char *opts)
-{
-    pthread_mutex_lock(&g_dc_mu);
-    free(g_opts);
-    g_opts = strdup(opts ? opts : "");
-    g_opts_set = true;
-    pthread_mutex_unlock(&g_dc_mu);
-}
-
-const char *cx_get_compile_options(void) { return cx_obs_compile_options(); }
-
 /* ---- init ------------------------------------------------------------------------------------- */
 
 static cx_status mkdir_p(const char *path)
@@ -162,19 +130,19 @@ static cx_status mkdir_p(const char *path)
     char failed[256];
     int err = cx_mkdir_p(path, failed, sizeof failed);
     if (err == 0) return CX_OK;
-    cx_set_error("cache_init: cannot create %s: %s", failed, strerror(err));
+    cx_set_last_error("cache_init: cannot create %s: %s", failed, strerror(err));
     return CX_ERR_IO;
 }
 
 cx_status cx_cache_init(const char *path, bool readonly)
 {
-    if (!path || !*path) { cx_set_error("cache_init: no path"); return CX_ERR_ARG; }
+    if (!path || !*path) { cx_set_last_error("cache_init: no path"); return CX_ERR_ARG; }
     cx_obs_get();
     pthread_mutex_lock(&g_dc_mu);
     cx_status st = CX_OK;
     if (g_dir) {
         if (strcmp(g_dir, path) != 0 || g_readonly != readonly) {
-            cx_set_error("cache_init: the persistent cache is already initialized at %s", g_dir);
+            cx_set_last_error("cache_init: the persistent cache is already initialized at %s", g_dir);
             st = CX_ERR_STATE;
         }
         pthread_mutex_unlock(&g_dc_mu);
@@ -182,13 +150,13 @@ cx_status cx_cache_init(const char *path, bool readonly)
     }
     if (g_compiled_any) {
         pthread_mutex_unlock(&g_dc_mu);
-        cx_set_error("cache_init: must be called before any computation (a graph was already compiled)");
+        cx_set_last_error("cache_init: must be called before any computation (a graph was already compiled)");
         return CX_ERR_STATE;
     }
     if (!readonly) st = mkdir_p(path);
     if (st == CX_OK) {
         g_dir = strdup(path);
-        if (!g_dir) { cx_set_error("cache_init: out of memory"); st = CX_ERR_OOM; }
+        if (!g_dir) { cx_set_last_error("cache_init: out of memory"); st = CX_ERR_OOM; }
     }
     if (st == CX_OK) {
         g_readonly = readonly;
@@ -534,7 +502,7 @@ out:
     return e;
 }
 
-cx_executable *cx_disk_cache_load(uint64_t hi, uint64_t lo)
+static cx_executable *cache_load(uint64_t hi, uint64_t lo)
 {
     if (!g_dir) return NULL;
     double t0 = cx_now();
@@ -604,10 +572,16 @@ static void store(const cx_executable *e)
     free(out);
 }
 
-void cx_obs_compiled(const cx_executable *e)
+static void cache_compiled(const cx_executable *e)
 {
     g_compiled_any = true;
     if (g_dir && !g_readonly) store(e);
+}
+
+__attribute__((constructor)) static void register_disk_cache(void)
+{
+    cx_obs_hooks.cache_load = cache_load;
+    cx_obs_hooks.compiled = cache_compiled;
 }
 
 /* ---- robustness check (tests) ----------------------------------------------------------------------- */

@@ -13,9 +13,9 @@
  * Metrics whose name ends in "Time" are seconds and print as d/h/m/s/ms/us;
  * names containing "Bytes" print as B/KB/MB/...; others as plain numbers.
  * Percentiles and rates come from the last CX_METRIC_SAMPLES samples. */
-#include "obs.h"
+#include "obs/obs_internal.h"
 
-#include <cxla/debug.h>
+#include <cxla/cxla.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -23,7 +23,7 @@
 static char *sb_finish(cx_sbuf *b)
 {
     char *s = cx_sb_finish(b);
-    if (!s) cx_set_error("metrics report: out of memory");
+    if (!s) cx_set_last_error("metrics report: out of memory");
     return s;
 }
 
@@ -133,7 +133,7 @@ static char *report(bool all, const char *const *counters, int nc, const char *c
 {
     cx_metric_snap *s;
     int n = cx_metrics_snapshot(&s);
-    if (n < 0) { cx_set_error("metrics report: out of memory"); return NULL; }
+    if (n < 0) { cx_set_last_error("metrics report: out of memory"); return NULL; }
     qsort(s, (size_t)n, sizeof *s, cmp_snap);
     cx_sbuf b = { 0 };
     for (int i = 0; i < n; i++)
@@ -180,8 +180,12 @@ int cx_metric_names(const char **out, int cap) { return names(false, out, cap); 
 
 /* ---- XLA_METRICS_FILE ------------------------------------------------------------- */
 
-void cx_obs_metrics_file_step(const char *path, int64_t step)
+/* XLA_METRICS_FILE: "[MetricsData; step=N]" and the report after every step. */
+static void metrics_file_step(void)
 {
+    static int64_t step;
+    const char *path = cx_obs_cfg.metrics_path;
+    step++;
     char *r = cx_metrics_report();
     if (!r) return;
     FILE *f = NULL;
@@ -190,9 +194,7 @@ void cx_obs_metrics_file_step(const char *path, int64_t step)
     else if (!strcmp(path, "STDERR")) f = stderr;
     else {
         char full[4096];
-        /* ranks must not interleave their reports in one file */
-        if (cx_comm_world_size() > 1) snprintf(full, sizeof full, "%s.%d", path, cx_comm_rank());
-        else snprintf(full, sizeof full, "%s", path);
+        cx_obs_rank_path(full, sizeof full, path);
         f = fopen(full, "a");
         close_it = true;
     }
@@ -202,3 +204,5 @@ void cx_obs_metrics_file_step(const char *path, int64_t step)
     }
     free(r);
 }
+
+__attribute__((constructor)) static void register_metrics_file(void) { cx_obs_hooks.metrics_file = metrics_file_step; }

@@ -1,107 +1,13 @@
-/* Errors, allocation, dtypes, timing, memory accounting. */
+/* Device memory: buffers (reference counted; large ones cached when freed
+ * and backed by huge pages), and the accounting behind cx_memory_in_use,
+ * cx_memory_peak and CX_MEMORY_LIMIT. */
 #include "internal.h"
 
 #include <errno.h>
 #include <strings.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <pthread.h>
 #include <sys/mman.h>
-
-static _Thread_local char t_last_error[1024];
-
-const char *cx_last_error(void) { return t_last_error; }
-void cx_clear_error(void) { t_last_error[0] = 0; }
-
-void cx_set_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t_last_error, sizeof t_last_error, fmt, ap);
-    va_end(ap);
-}
-
-void cx_set_last_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t_last_error, sizeof t_last_error, fmt, ap);
-    va_end(ap);
-}
-
-void *cx_xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) cx_set_error("out of memory: malloc of %zu bytes failed", n);
-    return p;
-}
-
-void *cx_xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) cx_set_error("out of memory: calloc of %zu x %zu bytes failed", n, size);
-    return p;
-}
-
-void *cx_xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q) cx_set_error("out of memory: realloc to %zu bytes failed", n);
-    return q;
-}
-
-double cx_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static const struct { const char *name; size_t size; bool is_float; } g_dtypes[CX_DTYPE_COUNT] = {
-    [CX_F32] = { "f32", 4, true },
-    [CX_BF16] = { "bf16", 2, true },
-    [CX_I32] = { "i32", 4, false },
-    [CX_I64] = { "i64", 8, false },
-    [CX_U8] = { "u8", 1, false },
-    [CX_BOOL] = { "bool", 1, false },
-};
-
-size_t cx_dtype_size(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT ? g_dtypes[dt].size : 0; }
-const char *cx_dtype_name(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT ? g_dtypes[dt].name : "?"; }
-bool cx_dtype_is_float(cx_dtype dt) { return (unsigned)dt < CX_DTYPE_COUNT && g_dtypes[dt].is_float; }
-
-float cx_bf16_to_f32(uint16_t h) { return cx_bf16_to_f32_inline(h); }
-uint16_t cx_f32_to_bf16(float f) { return cx_f32_to_bf16_inline(f); }
-
-void cx_bf16_to_f32_row(float *dst, const uint16_t *src, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) dst[i] = cx_bf16_to_f32_inline(src[i]);
-}
-
-void cx_f32_to_bf16_row(uint16_t *dst, const float *src, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) dst[i] = cx_f32_to_bf16_inline(src[i]);
-}
-
-const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim)
-{
-    size_t off = 0;
-    off += (size_t)snprintf(buf + off, cap - off, "(");
-    for (int i = 0; i < ndim && off < cap; i++)
-        off += (size_t)snprintf(buf + off, cap - off, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (ndim == 1 && off < cap) off += (size_t)snprintf(buf + off, cap - off, ",");
-    if (off < cap) snprintf(buf + off, cap - off, ")");
-    return buf;
-}
-
-int64_t cx_shape_numel(const int64_t *shape, int ndim)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    return n;
-}
 
 /* ---- memory accounting ---------------------------------------------------- */
 
@@ -144,7 +50,7 @@ cx_status cx_mem_check(int64_t request, const char *what)
 {
     int64_t lim = mem_limit();
     if (lim > 0 && atomic_load(&g_mem_in_use) + request > lim) {
-        cx_set_error("out of memory: %s needs %lld bytes with %lld in use, over the limit of %lld bytes (CX_MEMORY_LIMIT)",
+        cx_set_last_error("out of memory: %s needs %lld bytes with %lld in use, over the limit of %lld bytes (CX_MEMORY_LIMIT)",
                      what, (long long)request, (long long)atomic_load(&g_mem_in_use), (long long)lim);
         return CX_ERR_OOM;
     }
@@ -246,8 +152,8 @@ static void *buffer_alloc(size_t cap)
 cx_buffer *cx_buffer_new(size_t bytes)
 {
     if (cx_mem_check((int64_t)bytes, "a device buffer") != CX_OK) return NULL;
-    cx_buffer *b = cx_xmalloc(sizeof *b);
-    if (!b) return NULL;
+    cx_buffer *b = malloc(sizeof *b);
+    if (!b) { cx_set_last_error("out of memory: a buffer header"); return NULL; }
     /* 64-byte alignment keeps vector loads and OpenBLAS happy */
     size_t cap = buffer_cap(bytes);
     b->data = cache_take(cap);
@@ -258,7 +164,7 @@ cx_buffer *cx_buffer_new(size_t bytes)
         b->data = buffer_alloc(cap);
     }
     if (!b->data) {
-        cx_set_error("out of memory: device buffer of %zu bytes", bytes);
+        cx_set_last_error("out of memory: device buffer of %zu bytes", bytes);
         free(b);
         return NULL;
     }

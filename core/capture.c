@@ -1,0 +1,200 @@
+/* Capture: the pending graph of a sync's outputs, its structural key, and
+ * the cx_graph the compiler takes. */
+#include "capture.h"
+#include "cx_vec.h"
+
+#include <cxla/cache.h>
+
+#include <pthread.h>
+
+#ifndef CX_COMPILE_FLAGS
+#define CX_COMPILE_FLAGS "default"
+#endif
+
+bool cx_capture_graph(cx_capture *cp, cx_node *const *outs, int nouts, int visited, int done)
+{
+    struct frame { cx_node *x; int next; } *stack = NULL;
+    int sp = 0, scap = 0;
+    bool ok = true;
+    for (int o = 0; o < nouts && ok; o++) {
+        cx_node *r = outs[o];
+        if (r->mark == done) continue;
+        if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
+        stack[sp++] = (struct frame){ r, 0 };
+        r->mark = visited;
+        while (sp && ok) {
+            struct frame *f = &stack[sp - 1];
+            /* a node holding its value (eager debug mode) is a leaf */
+            if (f->next < f->x->ninputs && !f->x->buf) {
+                cx_node *c = f->x->inputs[f->next++];
+                if (c->mark == visited || c->mark == done) continue;
+                c->mark = visited;
+                if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
+                stack[sp++] = (struct frame){ c, 0 };
+                continue;
+            }
+            cx_node *x = f->x;
+            sp--;
+            x->mark = done;
+            if (!(ok = CX_GROW(cp->nodes, cp->cap, cp->n + 1))) break;
+            x->index = cp->n;
+            cp->nodes[cp->n++] = x;
+            if (x->buf) {   /* OP_DATA, or a value computed by eager debug mode */
+                if (!(ok = CX_GROW(cp->inputs, cp->in_cap, cp->n_inputs + 1))) break;
+                cp->inputs[cp->n_inputs++] = x;
+            } else if (x->op == OP_RTSCALAR) {
+                if (!(ok = CX_GROW(cp->rts, cp->rt_cap, cp->n_rts + 1))) break;
+                cp->rts[cp->n_rts++] = x;
+            }
+        }
+    }
+    free(stack);
+    return ok;
+}
+
+int cx_capture_add_input(cx_capture *cp, cx_node *x)
+{
+    if (!CX_GROW(cp->inputs, cp->in_cap, cp->n_inputs + 1)) return -1;
+    cp->inputs[cp->n_inputs] = x;
+    return cp->n_inputs++;
+}
+
+int cx_capture_input_ordinal(const cx_capture *cp, const cx_node *x)
+{
+    for (int i = 0; i < cp->n_inputs; i++) if (cp->inputs[i] == x) return i;
+    return -1;
+}
+
+/* ---- the key ---------------------------------------------------------------------------- */
+
+static bool put(cx_capture *cp, uint64_t w)
+{
+    if (!CX_GROW(cp->words, cp->wcap, cp->nwords + 1)) return false;
+    cp->words[cp->nwords++] = w;
+    return true;
+}
+
+static uint64_t str_word(const char *s) { return cx_hash64(s, strlen(s)); }
+
+/* Every field of a node that changes what the graph computes. A node that
+ * already holds its value (eager debug mode) is keyed as the data leaf it
+ * becomes. */
+static bool put_node(cx_capture *cp, const cx_node *x)
+{
+    bool value = x->buf && x->op != OP_DATA;
+    int op = value ? OP_DATA : x->op, nattrs = value ? 0 : x->nattrs, nin = value ? 0 : x->ninputs;
+    bool ok = put(cp, (uint64_t)op << 48 | (uint64_t)x->dtype << 40 | (uint64_t)x->ndim << 32 | (uint64_t)nattrs);
+    ok = ok && put(cp, (uint64_t)nin);
+    for (int d = 0; ok && d < x->ndim; d++) ok = put(cp, (uint64_t)x->shape[d]);
+    if (value) return ok;
+    for (int a = 0; ok && a < nattrs; a++) ok = put(cp, (uint64_t)x->attrs[a]);
+    uint64_t fb;
+    memcpy(&fb, &x->fval, sizeof fb);
+    ok = ok && put(cp, fb);
+    for (int k = 0; ok && k < nin; k++) ok = put(cp, (uint64_t)x->inputs[k]->index);
+    return ok;
+}
+
+bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, int done, cx_key128 *key)
+{
+    cp->nwords = 0;
+    bool ok = put(cp, str_word(CX_VERSION_STRING)) && put(cp, str_word(CX_COMPILE_FLAGS)) &&
+              put(cp, str_word(cx_compile_options())) &&
+              put(cp, (uint64_t)cx_get_num_threads());   /* conv scratch has one tile buffer per thread */
+    for (int i = 0; ok && i < cp->n; i++) ok = put_node(cp, cp->nodes[i]);
+    ok = ok && put(cp, (uint64_t)cp->n_inputs);
+    for (int i = 0; ok && i < cp->n_inputs; i++)
+        if (cp->inputs[i]->mark != done) ok = put(cp, 0xd0d0ull) && put(cp, (uint64_t)cp->inputs[i]->numel);
+    for (int o = 0; ok && o < nouts; o++) ok = put(cp, (uint64_t)outs[o]->index) && put(cp, (uint64_t)(int64_t)out_alias[o]);
+    if (ok) *key = cx_hash128(cp->words, sizeof *cp->words * (size_t)cp->nwords);
+    return ok;
+}
+
+/* ---- the compiler's graph ------------------------------------------------------------------ */
+
+static void graph_node(const cx_node *x, cx_gnode *gn, int *storage, int *in_ord, int *rt_ord)
+{
+    gn->dtype = x->dtype;
+    gn->ndim = x->ndim;
+    memcpy(gn->shape, x->shape, sizeof gn->shape);
+    gn->numel = x->numel;
+    gn->inputs = storage;
+    if (x->buf && x->op != OP_DATA) {   /* eager value: a data leaf */
+        gn->op = OP_DATA;
+        gn->input_ordinal = (*in_ord)++;
+        return;
+    }
+    gn->op = x->op;
+    gn->ninputs = x->ninputs;
+    for (int k = 0; k < x->ninputs; k++) gn->inputs[k] = x->inputs[k]->index;
+    gn->nattrs = x->nattrs;
+    memcpy(gn->attrs, x->attrs, sizeof gn->attrs);
+    gn->fval = x->fval;
+    gn->input_ordinal = x->op == OP_DATA ? (*in_ord)++ : x->op == OP_RTSCALAR ? (*rt_ord)++ : -1;
+}
+
+bool cx_capture_to_graph(const cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, cx_graph *g)
+{
+    memset(g, 0, sizeof *g);
+    g->n = cp->n;
+    g->nodes = calloc((size_t)cp->n + 1, sizeof *g->nodes);
+    int total_inputs = 0;
+    for (int i = 0; i < cp->n; i++) total_inputs += cp->nodes[i]->ninputs;
+    g->input_storage = malloc(sizeof(int) * (size_t)(total_inputs + 1));
+    g->outputs = malloc(sizeof(int) * (size_t)(nouts + 1));
+    g->out_alias = malloc(sizeof(int) * (size_t)(nouts + 1));
+    if (!g->nodes || !g->input_storage || !g->outputs || !g->out_alias) return false;
+    int pos = 0, in_ord = 0, rt_ord = 0;
+    for (int i = 0; i < cp->n; i++) {
+        graph_node(cp->nodes[i], &g->nodes[i], g->input_storage + pos, &in_ord, &rt_ord);
+        pos += g->nodes[i].ninputs;
+    }
+    g->n_inputs = cp->n_inputs;
+    g->n_rts = cp->n_rts;
+    g->n_outputs = nouts;
+    for (int o = 0; o < nouts; o++) { g->outputs[o] = outs[o]->index; g->out_alias[o] = out_alias[o]; }
+    return true;
+}
+
+void cx_graph_release(cx_graph *g)
+{
+    free(g->nodes);
+    free(g->input_storage);
+    free(g->outputs);
+    free(g->out_alias);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- compile options ------------------------------------------------------------------------ */
+
+static char *g_opts;
+static bool g_opts_set;
+static pthread_mutex_t g_opts_mu = PTHREAD_MUTEX_INITIALIZER;
+
+const char *cx_compile_options(void)
+{
+    if (!g_opts_set) {
+        pthread_mutex_lock(&g_opts_mu);
+        if (!g_opts_set) {
+            const char *a = getenv("XLA_FLAGS"), *b = getenv("CX_COMPILE_OPTIONS");
+            char buf[4096];
+            snprintf(buf, sizeof buf, "%s%s%s%s", a && *a ? "XLA_FLAGS=" : "", a && *a ? a : "",
+                     b && *b ? ";CX_COMPILE_OPTIONS=" : "", b && *b ? b : "");
+            g_opts = strdup(buf);
+            g_opts_set = true;
+        }
+        pthread_mutex_unlock(&g_opts_mu);
+    }
+    return g_opts ? g_opts : "";
+}
+
+void cx_set_compile_options(const char *opts)
+{
+    pthread_mutex_lock(&g_opts_mu);
+    free(g_opts);
+    g_opts = strdup(opts ? opts : "");
+    g_opts_set = true;
+    pthread_mutex_unlock(&g_opts_mu);
+}
+
+const char *cx_get_compile_options(void) { return cx_compile_options(); }

@@ -1,0 +1,207 @@
+/* PT_XLA_DEBUG_LEVEL's compilation and execution analysis (why a graph was
+ * compiled or executed, and the C frames that caused it), the "too
+ * frequent" warnings after each step, and the call-site entry points
+ * (cx_sync_at & co.) that name the user's line. */
+#define _GNU_SOURCE   /* dladdr */
+#define CX_NO_CALLSITE_MACROS
+#include "obs/obs_internal.h"
+
+#include <cxla/cxla.h>
+
+#include <dlfcn.h>
+#include <execinfo.h>
+
+static _Thread_local const char *t_site_file;
+static _Thread_local int t_site_line;
+
+cx_status cx_sync_at(const char *file, int line)
+{
+    t_site_file = file;
+    t_site_line = line;
+    cx_status st = cx_sync();
+    t_site_file = NULL;
+    return st;
+}
+
+cx_status cx_step_end_at(const char *file, int line)
+{
+    t_site_file = file;
+    t_site_line = line;
+    cx_status st = cx_step_end();
+    t_site_file = NULL;
+    return st;
+}
+
+double cx_item_at(cx_tensor *t, const char *file, int line)
+{
+    t_site_file = file;
+    t_site_line = line;
+    double v = cx_item(t);
+    t_site_file = NULL;
+    return v;
+}
+
+static const char *cause_text(const char *cause)
+{
+    if (!strcmp(cause, "user sync")) return "user called cx_sync / cx_sync_tensors (mark_step)";
+    if (!strcmp(cause, "step end")) return "cx_step_end (mark_step) at the end of a step";
+    if (!strcmp(cause, "loader")) return "mark_step in parallel loader at step end";
+    if (!strcmp(cause, "value read"))
+        return "user code trying to access a tensor value (cx_item / cx_to_host) before the step ended; "
+               "read it after cx_step_end, or cx_keep it";
+    if (!strcmp(cause, "eager")) return "eager debug mode runs every op (XLA_USE_EAGER_DEBUG_MODE)";
+    return "";
+}
+
+static int local_rank(void)
+{
+    const char *v = getenv("LOCAL_RANK");
+    if (!v) v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    return v ? atoi(v) : cx_comm_rank();
+}
+
+/* @return the stream for analysis output, or NULL when this rank is quiet */
+static FILE *dbg_open(bool *close_it)
+{
+    *close_it = false;
+    if (!cx_obs_cfg.all_ranks && local_rank() != 0) return NULL;
+    if (!cx_obs_cfg.debug_file) return stderr;
+    char path[4096];
+    /* like the other per-rank files: ranks asked to print must not interleave */
+    cx_obs_rank_path(path, sizeof path, cx_obs_cfg.debug_file);
+    FILE *f = fopen(path, "a");
+    *close_it = f != NULL;
+    return f ? f : stderr;
+}
+
+static void dbg_close(FILE *f, bool close_it)
+{
+    if (close_it) fclose(f); else fflush(f);
+}
+
+static void print_frames(FILE *f, const char *prefix, const char *api)
+{
+    if (t_site_file) fprintf(f, "%s   %s (%s:%d)\n", prefix, api, t_site_file, t_site_line);
+    void *pcs[32];
+    int n = backtrace(pcs, 32);
+    /* skip this file's and the sync machinery's frames: from the frame
+     * after cx_materialize on, the stack is the caller's */
+    int start = 0;
+    for (int i = 0; i < n; i++) {
+        Dl_info di;
+        if (dladdr(pcs[i], &di) && di.dli_sname && !strcmp(di.dli_sname, "cx_materialize")) { start = i + 1; break; }
+    }
+    int shown = 0;
+    for (int i = start; i < n && shown < 8; i++) {
+        Dl_info di;
+        if (!dladdr(pcs[i], &di)) { fprintf(f, "%s   %p\n", prefix, pcs[i]); shown++; continue; }
+        const char *mod = di.dli_fname ? strrchr(di.dli_fname, '/') : NULL;
+        mod = mod ? mod + 1 : di.dli_fname ? di.dli_fname : "?";
+        /* a return address points after the call; -1 lands in the call */
+        uintptr_t off = (uintptr_t)pcs[i] - 1 - (uintptr_t)di.dli_fbase;
+        if (di.dli_sname && !strcmp(di.dli_sname, "__libc_start_call_main")) break;
+        if (di.dli_sname)
+            fprintf(f, "%s   %s+0x%lx (%s+0x%lx)\n", prefix, di.dli_sname,
+                    (unsigned long)((uintptr_t)pcs[i] - (uintptr_t)di.dli_saddr), mod, (unsigned long)off);
+        else
+            fprintf(f, "%s   ?? (%s+0x%lx)\n", prefix, mod, (unsigned long)off);
+        shown++;
+    }
+}
+
+static const char *api_of(const char *cause)
+{
+    if (!strcmp(cause, "user sync")) return "cx_sync";
+    if (!strcmp(cause, "value read")) return "cx_item";
+    return "cx_step_end";
+}
+
+static void analysis(FILE *f, const char *who, const char *cause, uint64_t hi, uint64_t lo, const cx_executable *e,
+                     int source)
+{
+    char p[64];
+    snprintf(p, sizeof p, "%s Analysis:", who);
+    static const char *bar = "================================================================================";
+    fprintf(f, "%s %s\n%s %s Cause\n", p, bar, p, who);
+    fprintf(f, "%s   %s: %s\n", p, cause, cause_text(cause));
+    if (source == 2) fprintf(f, "%s   (loaded from the persistent compile cache, not compiled)\n", p);
+    fprintf(f, "%s Graph Info:\n%s   Graph Hash: %016llx%016llx\n", p, p, (unsigned long long)hi, (unsigned long long)lo);
+    fprintf(f, "%s   Number of Graph Inputs: %d\n%s   Number of Graph Outputs: %d\n", p, e->n_inputs, p, e->n_outputs);
+    fprintf(f, "%s C Frames Triggered Execution:\n", p);
+    print_frames(f, p, api_of(cause));
+    fprintf(f, "%s --------------------------------------------------------------------------------\n", p);
+    fprintf(f, "%s %s\n\n", p, bar);
+}
+
+static void post_compile(FILE *f, const cx_executable *e)
+{
+    int64_t in_bytes = 0, out_bytes = 0, alias_bytes = 0, prog = (int64_t)sizeof *e;
+    for (int s = 0; s < e->nslots; s++) if (e->slots[s].kind == SLOT_INPUT) in_bytes += e->slots[s].bytes;
+    for (int o = 0; o < e->n_outputs; o++) {
+        out_bytes += e->out_bytes[o];
+        if (e->out_alias[o] >= 0) alias_bytes += e->out_bytes[o];
+    }
+    for (int k = 0; k < e->nkernels; k++)
+        prog += (int64_t)sizeof(cx_kernel) + e->kernels[k].prog.n * (int64_t)sizeof(cx_pinstr) +
+                e->kernels[k].prog.nviews * (int64_t)sizeof(cx_view);
+    const char *p = "Post Compilation Analysis:";
+    const double gb = 1024.0 * 1024.0 * 1024.0;
+    fprintf(f, "%s ================================================================================\n", p);
+    fprintf(f, "%s Graph input size: %f GB\n", p, (double)in_bytes / gb);
+    fprintf(f, "%s Graph output size: %f GB\n", p, (double)out_bytes / gb);
+    fprintf(f, "%s Aliased Input size: %f GB\n", p, (double)alias_bytes / gb);
+    fprintf(f, "%s Intermediate tensor size: %f GB\n", p, (double)e->intermediate_bytes / gb);
+    fprintf(f, "%s Compiled program size: %f GB\n", p, (double)prog / gb);
+    fprintf(f, "%s Kernels: %d, arena %lld bytes\n", p, e->num_work_kernels, (long long)e->arena_bytes);
+    fprintf(f, "%s --------------------------------------------------------------------------------\n", p);
+    fprintf(f, "%s ================================================================================\n\n", p);
+}
+
+static void analyze_graph(const cx_obs_graph_info *g)
+{
+    bool close_it;
+    FILE *f = dbg_open(&close_it);
+    if (!f) return;
+    if (g->source != 0) {
+        analysis(f, "Compilation", g->cause, g->key_hi, g->key_lo, g->e, g->source);
+        post_compile(f, g->e);
+    }
+    if (cx_obs_cfg.debug_level >= 2) analysis(f, "Execution", g->cause, g->key_hi, g->key_lo, g->e, g->source);
+    dbg_close(f, close_it);
+}
+
+static int64_t g_compiles_at_warmup = -1;
+
+/* PyTorch/XLA's auto-metrics analysis, after each step: after a warm-up,
+ * more than one compile every other step means the graph keeps changing;
+ * more than one device->host read every other step means values are read
+ * every step. The counts printed are totals, as PyTorch/XLA's. */
+static void step_warnings(void)
+{
+    int64_t steps = cx_counter_value("MarkStep");
+    cx_metric_stats ms;
+    int64_t compiles = cx_metric_data("CompileTime", &ms) ? ms.total_samples : 0;
+    int64_t reads = cx_metric_data("TransferFromDeviceTime", &ms) ? ms.total_samples : 0;
+    bool close_it;
+    FILE *f = NULL;
+    /* compiles during the warm-up (parameter init, the first step's
+     * graphs) do not count: only those after the 10th step */
+    if (steps <= 10 || g_compiles_at_warmup < 0) g_compiles_at_warmup = compiles;
+    bool warn_compile = steps > 10 && (compiles - g_compiles_at_warmup) * 2 > steps - 10;
+    bool warn_read = steps > 0 && reads * 2 > steps;
+    if ((warn_compile || warn_read) && (f = dbg_open(&close_it)) != NULL) {
+        if (warn_compile)
+            fprintf(f, "pt-xla-profiler: CompileTime too frequent: %lld counts during %lld steps\n", (long long)compiles,
+                    (long long)steps);
+        if (warn_read)
+            fprintf(f, "pt-xla-profiler: TransferFromDeviceTime too frequent: %lld counts during %lld steps\n",
+                    (long long)reads, (long long)steps);
+        dbg_close(f, close_it);
+    }
+}
+
+__attribute__((constructor)) static void register_analysis(void)
+{
+    cx_obs_hooks.analysis = analyze_graph;
+    cx_obs_hooks.step_warnings = step_warnings;
+}

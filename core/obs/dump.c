@@ -1,0 +1,193 @@
+/* The IR as text or Graphviz: cx_ir_text / cx_ir_dot for pending tensors,
+ * and the XLA_SAVE_TENSORS_FILE record of every executed graph. */
+#include "obs/obs_internal.h"
+#include "cx_vec.h"
+
+#include <cxla/cxla.h>
+
+static bool is_leaf_value(const cx_node *x) { return x->op == OP_DATA || x->buf != NULL; }
+
+static void type_str(cx_sbuf *b, const cx_node *x)
+{
+    cx_sb_printf(b, "%s[", cx_dtype_name((cx_dtype)x->dtype));
+    for (int d = 0; d < x->ndim; d++) cx_sb_printf(b, "%s%lld", d ? "," : "", (long long)x->shape[d]);
+    cx_sb_printf(b, "]");
+}
+
+static void attrs_str(cx_sbuf *b, const cx_node *x)
+{
+    if (x->op == OP_CONST) cx_sb_printf(b, ", value=%.9g", x->fval);
+    else if (x->op == OP_RTSCALAR) cx_sb_printf(b, ", runtime_value=%.9g", x->rt_f);
+    else if (x->fval != 0 && !is_leaf_value(x)) cx_sb_printf(b, ", fval=%.9g", x->fval);
+    if (x->nattrs > 0 && !is_leaf_value(x)) {
+        cx_sb_printf(b, ", attrs=[");
+        for (int a = 0; a < x->nattrs; a++) cx_sb_printf(b, "%s%lld", a ? "," : "", (long long)x->attrs[a]);
+        cx_sb_printf(b, "]");
+    }
+    if (x->flags & NF_PINNED) cx_sb_printf(b, ", pinned");
+}
+
+static const char *op_name(const cx_node *x)
+{
+    return is_leaf_value(x) ? "device_data" : cx_op_table[x->op].name;
+}
+
+/* nodes: topological, each node's ->index is its position; roots: outputs */
+void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
+                        cx_tensor *const *named)
+{
+    cx_sb_printf(b, "IR {\n");
+    for (int i = 0; i < n; i++) {
+        const cx_node *x = nodes[i];
+        cx_sb_printf(b, "  %%%d = ", i);
+        type_str(b, x);
+        cx_sb_printf(b, " %s(", op_name(x));
+        if (!is_leaf_value(x))
+            for (int k = 0; k < x->ninputs; k++) cx_sb_printf(b, "%s%%%d", k ? ", " : "", x->inputs[k]->index);
+        cx_sb_printf(b, ")");
+        attrs_str(b, x);
+        bool first = true;
+        for (int r = 0; r < nroots; r++)
+            if (roots[r] == x) {
+                cx_sb_printf(b, first ? ", ROOT=%d" : ",%d", r);
+                if (named && named[r] && named[r]->name) cx_sb_printf(b, " (%s)", named[r]->name);
+                first = false;
+            }
+        cx_sb_printf(b, "\n");
+    }
+    cx_sb_printf(b, "}\n");
+}
+
+static void dot_escape(cx_sbuf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') cx_sb_printf(b, "\\%c", *s);
+        else if ((unsigned char)*s >= 32) cx_sb_printf(b, "%c", *s);
+    }
+}
+
+static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int n, cx_node *const *roots, int nroots)
+{
+    cx_sb_printf(b, "digraph G {\n  label=\"");
+    dot_escape(b, title);
+    cx_sb_printf(b, "\";\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
+    for (int i = 0; i < n; i++) {
+        const cx_node *x = nodes[i];
+        cx_sb_printf(b, "  n%d [label=\"%%%d %s\\n", i, i, op_name(x));
+        type_str(b, x);
+        for (int r = 0; r < nroots; r++) if (roots[r] == x) cx_sb_printf(b, "\\nROOT=%d", r);
+        cx_sb_printf(b, "\"");
+        if (is_leaf_value(x)) cx_sb_printf(b, ", style=filled, fillcolor=\"#dde8ff\"");
+        else if (cx_op_table[x->op].group == G_COLLECTIVE) cx_sb_printf(b, ", style=filled, fillcolor=\"#ffe0c0\"");
+        cx_sb_printf(b, "];\n");
+    }
+    for (int i = 0; i < n; i++) {
+        const cx_node *x = nodes[i];
+        if (is_leaf_value(x)) continue;
+        for (int k = 0; k < x->ninputs; k++) cx_sb_printf(b, "  n%d -> n%d [label=\"%d\"];\n", x->inputs[k]->index, i, k);
+    }
+    cx_sb_printf(b, "}\n");
+}
+
+/* Post-order walk of pending tensors (what a sync would capture): the
+ * nodes in topological order, each ->index its position. @return false
+ * when out of memory. */
+static bool walk_pending(cx_tensor *const *ts, int nts, cx_node **roots, cx_node ***order, int *n)
+{
+    struct frame { cx_node *x; int next; } *stack = NULL;
+    int sp = 0, scap = 0, cap = 0;
+    int visited = cx_mark_epoch(), done = cx_mark_epoch();
+    bool ok = true;
+    *n = 0;
+    for (int r = 0; r < nts && ok; r++) {
+        if (!ts[r]) continue;
+        cx_node *root = ts[r]->node;
+        roots[r] = root;
+        if (root->mark == visited || root->mark == done) continue;
+        root->mark = visited;
+        if (!(ok = CX_GROW(stack, scap, 1))) break;
+        sp = 0;
+        stack[sp++] = (struct frame){ root, 0 };
+        while (sp && ok) {
+            struct frame *f = &stack[sp - 1];
+            if (!is_leaf_value(f->x) && f->next < f->x->ninputs) {
+                cx_node *c = f->x->inputs[f->next++];
+                if (c->mark == visited || c->mark == done) continue;
+                c->mark = visited;
+                if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
+                stack[sp++] = (struct frame){ c, 0 };
+                continue;
+            }
+            cx_node *x = f->x;
+            sp--;
+            x->mark = done;
+            if (!(ok = CX_GROW(*order, cap, *n + 1))) break;
+            x->index = *n;
+            (*order)[(*n)++] = x;
+        }
+    }
+    free(stack);
+    return ok;
+}
+
+static char *ir_string(cx_tensor *const *ts, int nts, bool dot)
+{
+    if (nts < 0 || (nts > 0 && !ts)) { cx_set_last_error("ir dump: bad tensor list"); return NULL; }
+    cx_node **roots = calloc((size_t)nts + 1, sizeof *roots);
+    cx_node **order = NULL;
+    int n = 0;
+    cx_sbuf b = { 0 };
+    bool ok = roots && walk_pending(ts, nts, roots, &order, &n);
+    if (ok) {
+        if (dot) format_dot(&b, "pending tensors", order, n, roots, nts);
+        else cx_obs_format_text(&b, order, n, roots, nts, ts);
+    }
+    free(order);
+    free(roots);
+    char *s = cx_sb_finish(&b);
+    if (!ok) { free(s); s = NULL; }
+    if (!s) cx_set_last_error("ir dump: out of memory");
+    return s;
+}
+
+char *cx_ir_text(cx_tensor *const *ts, int n) { return ir_string(ts, n, false); }
+char *cx_ir_dot(cx_tensor *const *ts, int n) { return ir_string(ts, n, true); }
+
+static int64_t g_graph_seq;
+
+/* One XLA_SAVE_TENSORS_FILE record per executed graph. */
+static void dump_graph(const cx_obs_graph_info *gi)
+{
+    const char *cause = gi->cause;
+    uint64_t hi = gi->key_hi, lo = gi->key_lo;
+    int source = gi->source;
+    g_graph_seq++;
+    cx_sbuf b = { 0 };
+    char title[160];
+    snprintf(title, sizeof title, "graph %lld: hash %016llx%016llx, cause %s", (long long)g_graph_seq,
+             (unsigned long long)hi, (unsigned long long)lo, cause);
+    if (cx_obs_cfg.dump_dot) {
+        cx_sb_printf(&b, "// [cx_graph %lld] Graph Hash: %016llx%016llx; cause: %s; %s\n", (long long)g_graph_seq,
+                  (unsigned long long)hi, (unsigned long long)lo, cause,
+                  source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
+        format_dot(&b, title, gi->nodes, gi->n, gi->outs, gi->nouts);
+    } else {
+        cx_sb_printf(&b, "[cx_graph %lld]\nCause: %s\nGraph Hash: %016llx%016llx\nCompile: %s\n", (long long)g_graph_seq,
+                  cause, (unsigned long long)hi, (unsigned long long)lo,
+                  source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
+        cx_sb_printf(&b, "## BEGIN_GRAPH\n");
+        cx_obs_format_text(&b, gi->nodes, gi->n, gi->outs, gi->nouts, NULL);
+        cx_sb_printf(&b, "## END_GRAPH\n\n");
+    }
+    if (b.oom) { free(b.s); return; }
+    char path[4096];
+    cx_obs_rank_path(path, sizeof path, cx_obs_cfg.dump_path);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fputs(b.s, f);
+        fclose(f);
+    }
+    free(b.s);
+}
+
+__attribute__((constructor)) static void register_dump(void) { cx_obs_hooks.dump = dump_graph; }

@@ -1,0 +1,41 @@
+/* cxla profiler (torch_xla.debug.profiler): compile, execute, kernel,
+ * transfer, collective and user events as a Chrome trace per rank. */
+#ifndef CXLA_PROFILER_H
+#define CXLA_PROFILER_H
+
+#include <cxla/core.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- profiler ------------------------------------------------------------------------ */
+
+/* Starts recording compile, execute, kernel, transfer, collective and user
+ * events; cx_trace_stop writes them as a Chrome trace-event JSON to
+ * DIR/proc_<rank>/trace.json (open it in Perfetto or chrome://tracing).
+ * @return CX_OK, CX_ERR_STATE (already tracing / not tracing), CX_ERR_IO. */
+CX_API cx_status cx_trace_start(const char *dir);
+CX_API cx_status cx_trace_stop(void);
+CX_API bool cx_trace_active(void);
+/* A named user region on this thread. push returns whether it was recorded;
+ * pop closes the innermost recorded region (no-op when there is none). */
+CX_API bool cx_trace_push(const char *name);
+CX_API void cx_trace_pop(void);
+
+static inline void cx_trace_scope_end_(bool *recorded)
+{
+    if (*recorded) cx_trace_pop();
+}
+#define CX_TRACE_CAT2_(a, b) a##b
+#define CX_TRACE_CAT_(a, b) CX_TRACE_CAT2_(a, b)
+/* A region that lasts until the end of the enclosing block:
+ *     { CX_TRACE("forward"); ... }                                         */
+#define CX_TRACE(name)                                                                  \
+    __attribute__((cleanup(cx_trace_scope_end_), unused)) bool CX_TRACE_CAT_(cx_trace_scope_, \
+                                                                             __LINE__) = cx_trace_push(name)
+
+#ifdef __cplusplus
+}
+#endif
+#endif
