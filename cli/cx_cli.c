@@ -29,6 +29,15 @@ void cli_error(const cli_spec *s, const char *fmt, ...)
 
 static bool has_range(const cli_flag *f) { return f->min != 0 || f->max != 0; }
 static bool in_range(const cli_flag *f, double x) { return !has_range(f) || (x >= f->min && x <= f->max); }
+/* Integers compare as integers: as doubles, 2^62 + 1 would pass a bound of 2^62. */
+static bool int_in_range(const cli_flag *f, long long i)
+{
+    if (!has_range(f)) return true;
+    if (f->min >= 0x1p63 || f->max < -0x1p63) return false;
+    if (f->min > -0x1p63 && i < (long long)ceil(f->min)) return false;
+    if (f->max < 0x1p63 && i > (long long)floor(f->max)) return false;
+    return true;
+}
 
 /* "expected an integer in [1, 100], got '0'"; with no upper bound "expected a number >= 0". */
 static void range_error(const cli_spec *s, const cli_flag *f, const char *v)
@@ -47,13 +56,10 @@ static bool set_number(const cli_spec *s, const cli_flag *f, const char *v)
 {
     char *end;
     errno = 0;
-    bool integer = f->kind != CLI_DOUBLE;
-    double x;
-    if (integer) {
+    if (f->kind != CLI_DOUBLE) {
         long long i = strtoll(v, &end, 10);
-        x = (double)i;
         if (errno || end == v || *end) { cli_error(s, "--%s: expected an integer, got '%s'", f->name, v); return false; }
-        if (!in_range(f, x)) { range_error(s, f, v); return false; }
+        if (!int_in_range(f, i)) { range_error(s, f, v); return false; }
         if (f->kind == CLI_INT) {
             if (i < -2147483647LL - 1 || i > 2147483647LL) { cli_error(s, "--%s: %s is out of range", f->name, v); return false; }
             *(int *)f->dest = (int)i;
@@ -62,7 +68,7 @@ static bool set_number(const cli_spec *s, const cli_flag *f, const char *v)
         }
         return true;
     }
-    x = strtod(v, &end);
+    double x = strtod(v, &end);
     if (errno || end == v || *end || !isfinite(x)) { cli_error(s, "--%s: expected a number, got '%s'", f->name, v); return false; }
     if (!in_range(f, x)) { range_error(s, f, v); return false; }
     *(double *)f->dest = x;
@@ -151,12 +157,12 @@ static void print_default(const cli_flag *f, FILE *out)
     case CLI_STRINGS: fprintf(out, " (repeatable)"); return;
     case CLI_INT: {
         int v = *(const int *)f->dest;
-        if (in_range(f, v)) fprintf(out, " (default %d)", v);
+        if (int_in_range(f, v)) fprintf(out, " (default %d)", v);
         return;
     }
     case CLI_I64: {
         int64_t v = *(const int64_t *)f->dest;
-        if (in_range(f, (double)v)) fprintf(out, " (default %lld)", (long long)v);
+        if (int_in_range(f, (long long)v)) fprintf(out, " (default %lld)", (long long)v);
         return;
     }
     case CLI_DOUBLE: {
@@ -188,8 +194,9 @@ void cli_help(const cli_spec *s, FILE *out)
         } else {
             snprintf(left, sizeof left, "--%s%s%s", f->name, f->kind == CLI_BOOL ? "" : " ", metavar(f));
         }
-        fprintf(out, "  %-32s ", left);
-        if (strlen(left) > 32) fprintf(out, "\n  %-32s ", "");
+        /* a long left column gets a line of its own */
+        if (strlen(left) > 32) fprintf(out, "  %s\n  %-32s ", left, "");
+        else fprintf(out, "  %-32s ", left);
         for (const char *h = f->help ? f->help : ""; *h; h++) {
             fputc(*h, out);
             if (*h == '\n') fprintf(out, "  %-32s ", "");

@@ -18,6 +18,7 @@ typedef struct {
     bool lr_given;
     double decay;
     int nproc;          /* 0: not given (outside its range) */
+    int64_t seed;
     cli_strings tags;
 } opts;
 
@@ -34,6 +35,7 @@ static cli_result parse(opts *o, int argc, char **argv, int *first, bool positio
         { .name = "model", .kind = CLI_CHOICE, .dest = &o->model, .help = "model", .choices = models },
         { .name = "decay", .kind = CLI_DOUBLE, .dest = &o->decay, .help = "decay", .max = INFINITY },
         { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .help = "ranks", .min = 1, .max = 64 },
+        { .name = "seed", .kind = CLI_I64, .dest = &o->seed, .help = "seed", .min = 0, .max = 0x1p62 },
         { .name = "tag", .kind = CLI_STRINGS, .dest = &o->tags, .metavar = "T", .help = "a tag" },
     };
     cli_spec s = { .prog = "prog", .args = "[flags]", .flags = flags, .nflags = (int)(sizeof flags / sizeof *flags),
@@ -58,6 +60,9 @@ Test(cli, both_spellings_and_value_forms)
     cr_assert_eq(o.steps, -3);
     cr_assert_str_eq(o.model, "mlp");
     cr_assert_eq(first, 10);
+    char *edge[] = { "prog", "--seed", "4611686018427387904" };
+    cr_assert_eq(parse(&o, 3, edge, NULL, false), CLI_OK);
+    cr_assert_eq(o.seed, INT64_C(1) << 62);
 }
 
 Test(cli, defaults_stay_when_absent)
@@ -84,6 +89,7 @@ Test(cli, errors_name_the_flag, .init = cr_redirect_stderr)
         { "prog", "--decay", "-1" },         /* below an open-ended range */
         { "prog", "-np", "4" },              /* a single dash is no spelling of a flag */
         { "prog", "--tag", "" },             /* empty list entry */
+        { "prog", "--seed=4611686018427387905", NULL },   /* 2^62 + 1: compared as an integer */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         opts o = defaults();
@@ -105,6 +111,8 @@ Test(cli, errors_name_the_flag, .init = cr_redirect_stderr)
                             "prog: --decay: expected a number >= 0, got '-1' (see prog --help)\n"
                             "prog: unknown flag -np (see prog --help)\n"
                             "prog: --tag needs a non-empty value (see prog --help)\n"
+                            "prog: --seed: expected an integer in [0, 4611686018427387904], got '4611686018427387905' "
+                            "(see prog --help)\n"
                             "prog: --a needs --b (1) (see prog --help)\n");
 }
 
