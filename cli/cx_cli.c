@@ -17,8 +17,7 @@ static bool name_eq(const char *a, const char *b, size_t blen)
     return i == blen && !a[i];
 }
 
-static void fail(const cli_spec *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail(const cli_spec *s, const char *fmt, ...)
+void cli_error(const cli_spec *s, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -29,35 +28,49 @@ static void fail(const cli_spec *s, const char *fmt, ...)
 }
 
 static bool has_range(const cli_flag *f) { return f->min != 0 || f->max != 0; }
+static bool in_range(const cli_flag *f, double x) { return !has_range(f) || (x >= f->min && x <= f->max); }
+/* Integers compare as integers: as doubles, 2^62 + 1 would pass a bound of 2^62. */
+static bool int_in_range(const cli_flag *f, long long i)
+{
+    if (!has_range(f)) return true;
+    if (f->min >= 0x1p63 || f->max < -0x1p63) return false;
+    if (f->min > -0x1p63 && i < (long long)ceil(f->min)) return false;
+    if (f->max < 0x1p63 && i > (long long)floor(f->max)) return false;
+    return true;
+}
+
+/* "expected an integer in [1, 100], got '0'"; with no upper bound "expected a number >= 0". */
+static void range_error(const cli_spec *s, const cli_flag *f, const char *v)
+{
+    bool integer = f->kind != CLI_DOUBLE;
+    const char *what = integer ? "an integer" : "a number";
+    if (isinf(f->max))
+        cli_error(s, integer ? "--%s: expected %s >= %.0f, got '%s'" : "--%s: expected %s >= %g, got '%s'", f->name,
+                  what, f->min, v);
+    else
+        cli_error(s, integer ? "--%s: expected %s in [%.0f, %.0f], got '%s'" : "--%s: expected %s in [%g, %g], got '%s'",
+                  f->name, what, f->min, f->max, v);
+}
 
 static bool set_number(const cli_spec *s, const cli_flag *f, const char *v)
 {
     char *end;
     errno = 0;
-    bool integer = f->kind != CLI_DOUBLE;
-    double x;
-    if (integer) {
+    if (f->kind != CLI_DOUBLE) {
         long long i = strtoll(v, &end, 10);
-        x = (double)i;
-        if (errno || end == v || *end) { fail(s, "--%s: expected an integer, got '%s'", f->name, v); return false; }
-        if (has_range(f) && (x < f->min || x > f->max)) {
-            fail(s, "--%s: expected an integer in [%.0f, %.0f], got '%s'", f->name, f->min, f->max, v);
-            return false;
-        }
+        if (errno || end == v || *end) { cli_error(s, "--%s: expected an integer, got '%s'", f->name, v); return false; }
+        if (!int_in_range(f, i)) { range_error(s, f, v); return false; }
         if (f->kind == CLI_INT) {
-            if (i < -2147483647LL - 1 || i > 2147483647LL) { fail(s, "--%s: %s is out of range", f->name, v); return false; }
+            if (i < -2147483647LL - 1 || i > 2147483647LL) { cli_error(s, "--%s: %s is out of range", f->name, v); return false; }
             *(int *)f->dest = (int)i;
         } else {
             *(int64_t *)f->dest = (int64_t)i;
         }
         return true;
     }
-    x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x)) { fail(s, "--%s: expected a number, got '%s'", f->name, v); return false; }
-    if (has_range(f) && (x < f->min || x > f->max)) {
-        fail(s, "--%s: expected a number in [%g, %g], got '%s'", f->name, f->min, f->max, v);
-        return false;
-    }
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x)) { cli_error(s, "--%s: expected a number, got '%s'", f->name, v); return false; }
+    if (!in_range(f, x)) { range_error(s, f, v); return false; }
     *(double *)f->dest = x;
     return true;
 }
@@ -66,14 +79,23 @@ static bool set_value(const cli_spec *s, const cli_flag *f, const char *v)
 {
     switch (f->kind) {
     case CLI_STRING:
-        if (!*v) { fail(s, "--%s needs a non-empty value", f->name); return false; }
+        if (!*v) { cli_error(s, "--%s needs a non-empty value", f->name); return false; }
         *(const char **)f->dest = v;
         return true;
     case CLI_CHOICE:
         for (int i = 0; f->choices[i]; i++)
             if (!strcmp(v, f->choices[i])) { *(const char **)f->dest = f->choices[i]; return true; }
-        fail(s, "--%s: unknown value '%s'", f->name, v);
+        cli_error(s, "--%s: unknown value '%s'", f->name, v);
         return false;
+    case CLI_STRINGS: {
+        if (!*v) { cli_error(s, "--%s needs a non-empty value", f->name); return false; }
+        cli_strings *l = f->dest;
+        const char **grown = realloc(l->v, sizeof *grown * ((size_t)l->n + 1));
+        if (!grown) { cli_error(s, "--%s: out of memory", f->name); return false; }
+        l->v = grown;
+        l->v[l->n++] = v;
+        return true;
+    }
     default:
         return set_number(s, f, v);
     }
@@ -93,23 +115,24 @@ cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positi
         const char *arg = argv[i];
         if (!strcmp(arg, "--")) { i++; break; }
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) { cli_help(s, stdout); return CLI_HELP; }
-        if (strncmp(arg, "--", 2) != 0 || !arg[2]) {
+        if (arg[0] != '-' || !arg[1]) {
             if (s->positionals) break;
-            fail(s, "unexpected argument '%s'", arg);
+            cli_error(s, "unexpected argument '%s'", arg);
             return CLI_ERROR;
         }
-        const char *name = arg + 2, *eq = strchr(name, '=');
-        size_t len = eq ? (size_t)(eq - name) : strlen(name);
-        const cli_flag *f = find(s, name, len);
-        if (!f) { fail(s, "unknown flag --%.*s", (int)len, name); return CLI_ERROR; }
+        const char *eq = strchr(arg, '=');
+        int len = eq ? (int)(eq - arg) : (int)strlen(arg);
+        /* a single dash (-np, -n) is not a spelling of any flag */
+        const cli_flag *f = arg[1] == '-' ? find(s, arg + 2, (size_t)len - 2) : NULL;
+        if (!f) { cli_error(s, "unknown flag %.*s", len, arg); return CLI_ERROR; }
         if (f->given) *f->given = true;
         if (f->kind == CLI_BOOL) {
-            if (eq) { fail(s, "--%s takes no value", f->name); return CLI_ERROR; }
+            if (eq) { cli_error(s, "--%s takes no value", f->name); return CLI_ERROR; }
             *(bool *)f->dest = true;
             continue;
         }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!v) { fail(s, "--%s needs a value", f->name); return CLI_ERROR; }
+        if (!v) { cli_error(s, "--%s needs a value", f->name); return CLI_ERROR; }
         if (!set_value(s, f, v)) return CLI_ERROR;
     }
     if (first_positional) *first_positional = i;
@@ -122,7 +145,7 @@ static const char *metavar(const cli_flag *f)
     switch (f->kind) {
     case CLI_INT: case CLI_I64: return "N";
     case CLI_DOUBLE: return "X";
-    case CLI_STRING: return "VALUE";
+    case CLI_STRING: case CLI_STRINGS: return "VALUE";
     default: return "";
     }
 }
@@ -131,9 +154,22 @@ static void print_default(const cli_flag *f, FILE *out)
 {
     switch (f->kind) {
     case CLI_BOOL: return;
-    case CLI_INT: fprintf(out, " (default %d)", *(const int *)f->dest); return;
-    case CLI_I64: fprintf(out, " (default %lld)", (long long)*(const int64_t *)f->dest); return;
-    case CLI_DOUBLE: fprintf(out, " (default %g)", *(const double *)f->dest); return;
+    case CLI_STRINGS: fprintf(out, " (repeatable)"); return;
+    case CLI_INT: {
+        int v = *(const int *)f->dest;
+        if (int_in_range(f, v)) fprintf(out, " (default %d)", v);
+        return;
+    }
+    case CLI_I64: {
+        int64_t v = *(const int64_t *)f->dest;
+        if (int_in_range(f, (long long)v)) fprintf(out, " (default %lld)", (long long)v);
+        return;
+    }
+    case CLI_DOUBLE: {
+        double v = *(const double *)f->dest;
+        if (in_range(f, v)) fprintf(out, " (default %g)", v);
+        return;
+    }
     case CLI_STRING: case CLI_CHOICE: {
         const char *v = *(const char *const *)f->dest;
         if (v) fprintf(out, " (default %s)", v);
@@ -158,8 +194,9 @@ void cli_help(const cli_spec *s, FILE *out)
         } else {
             snprintf(left, sizeof left, "--%s%s%s", f->name, f->kind == CLI_BOOL ? "" : " ", metavar(f));
         }
-        fprintf(out, "  %-32s ", left);
-        if (strlen(left) > 32) fprintf(out, "\n  %-32s ", "");
+        /* a long left column gets a line of its own */
+        if (strlen(left) > 32) fprintf(out, "  %s\n  %-32s ", left, "");
+        else fprintf(out, "  %-32s ", left);
         for (const char *h = f->help ? f->help : ""; *h; h++) {
             fputc(*h, out);
             if (*h == '\n') fprintf(out, "  %-32s ", "");

@@ -4,7 +4,9 @@
  * pointers hold the defaults; cli_parse overwrites those it is given.
  *
  * Spellings: --batch-size and --batch_size are the same flag; a value
- * follows as --flag=V or --flag V; a bool flag takes no value. */
+ * follows as --flag=V or --flag V; a bool flag takes no value. Any other
+ * argument starting with '-' is taken for a (mistyped) flag, not a
+ * positional: "-np 4" is an error, "--" lets a positional start with '-'. */
 #ifndef CX_CLI_H
 #define CX_CLI_H
 
@@ -19,7 +21,14 @@ typedef enum {
     CLI_DOUBLE,   /* double * */
     CLI_STRING,   /* const char **: points into argv */
     CLI_CHOICE,   /* const char **: one of `choices` (the table's string) */
+    CLI_STRINGS,  /* cli_strings *: repeatable, each value appended; free(.v) after use */
 } cli_kind;
+
+/* The values of a CLI_STRINGS flag in the order given (pointers into argv). */
+typedef struct {
+    const char **v;
+    int n;
+} cli_strings;
 
 typedef struct {
     const char *name;              /* without the dashes, '-' between words */
@@ -27,7 +36,9 @@ typedef struct {
     void *dest;
     const char *metavar;           /* shown in the help ("N", "DIR"); NULL: from the kind */
     const char *help;              /* one line (more lines: embedded '\n') */
-    double min, max;               /* numeric kinds: accepted range (min == max == 0: any) */
+    double min, max;               /* numeric kinds: accepted range (min == max == 0: any; max
+                                    * INFINITY: no upper bound). The help shows a default only
+                                    * inside it, so an out-of-range default means "not given". */
     const char *const *choices;    /* CLI_CHOICE: NULL-terminated list */
     bool *given;                   /* optional: set when the flag appears */
 } cli_flag;
@@ -52,6 +63,11 @@ typedef enum {
 
 /* Parses argv[1..argc). "--" ends the flags. @return a cli_result. */
 cli_result cli_parse(const cli_spec *spec, int argc, char **argv, int *first_positional);
+
+/* One line "prog: <message> (see prog --help)" on stderr, for the checks a
+ * program makes after cli_parse (a required flag, two that exclude each
+ * other); the program then exits 2 as for a parse error. */
+void cli_error(const cli_spec *spec, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prints the usage line, the summary, one line per flag with its default
  * (the value `dest` holds now), and the epilog. */

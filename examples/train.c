@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cx_cli.h"
 #include "models.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21 };
@@ -28,183 +29,100 @@ typedef struct {
     const char *data;         /* fashion-mnist, mnist, fake */
     const char *data_dir;     /* NULL: the data set's default */
     int epochs;
-    long steps;               /* per epoch; 0: the whole epoch */
-    long batch_size;
+    int64_t steps;            /* per epoch; 0: the whole epoch */
+    int64_t batch_size;
     double lr, momentum, weight_decay;
     const char *optimizer;    /* sgd, adam, adamw */
-    long seed;
-    long log_every;
+    int64_t seed;
+    int64_t log_every;
     int threads;              /* 0: the library's default */
     double target_accuracy;   /* percent; 0: no target */
-    long width;
+    int64_t width;
     int depth;
     const char *parallel;     /* none, ddp, xm, fsdp */
     int zero;                 /* fsdp: 2 or 3 */
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
-    long auto_wrap_min_params;
+    int64_t auto_wrap_min_params;   /* 0: not given */
     bool grad_ckpt;
     const char *ckpt_dir;     /* NULL: no checkpoints */
-    long ckpt_every;          /* steps between saves; 0: only at the end */
+    int64_t ckpt_every;       /* steps between saves; 0: only at the end */
     const char *resume;       /* NULL, "auto" or a checkpoint prefix */
     bool metrics;             /* print the metrics report at the end */
     const char *trace_dir;    /* profiler output, NULL: off */
     const char *cache_dir;    /* persistent compile cache, NULL: off */
 } config;
 
-static config default_config(void)
+static const char *const k_models[] = { "cnn", "lenet", "mlp", NULL };
+static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", NULL };
+static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
+static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", NULL };
+
+/* The defaults, then the flags given. The table is also the --help text.
+ * @return a cli_result (help printed, or one error line printed). */
+static cli_result parse_flags(config *c, int argc, char **argv)
 {
-    return (config){
-        .model = "cnn", .data = "fashion-mnist", .data_dir = NULL, .epochs = 1, .steps = 0,
-        .batch_size = 64, .lr = 0.01, .momentum = 0.5, .weight_decay = 0.0, .optimizer = "sgd",
-        .seed = 1, .log_every = 100, .threads = 0, .target_accuracy = 0.0, .width = 128, .depth = 2, .parallel = "none",
-        .zero = 3, .nested = false, .auto_wrap_min_params = 0, .grad_ckpt = false,
+    *c = (config){
+        .model = "cnn", .data = "fashion-mnist", .epochs = 1, .batch_size = 64, .lr = 0.01, .momentum = 0.5,
+        .optimizer = "sgd", .seed = 1, .log_every = 100, .width = 128, .depth = 2, .parallel = "none", .zero = 3,
     };
-}
-
-static void usage(FILE *f)
-{
-    config d = default_config();
-    fprintf(f,
-            "usage: train [flags]\n"
-            "  --model {cnn,lenet,mlp}           model (default %s)\n"
-            "  --data {fashion-mnist,mnist,fake} data set (default %s)\n"
-            "  --data-dir DIR                    IDX files (default %s for fashion-mnist,\n"
-            "                                    %s for mnist)\n"
-            "  --epochs N                        epochs (default %d)\n"
-            "  --steps N                         steps per epoch, 0 = all (default %ld)\n"
-            "  --batch-size N                    batch size (default %ld)\n"
-            "  --lr X                            learning rate (default %g)\n"
-            "  --momentum X                      SGD momentum (default %g)\n"
-            "  --optimizer {sgd,adam,adamw}      optimizer (default %s)\n"
-            "  --weight-decay X                  weight decay (default %g)\n"
-            "  --seed N                          RNG seed for init and shuffling (default %ld)\n"
-            "  --log-every N                     log the loss every N steps (default %ld)\n"
-            "  --threads N                       compute threads, 0 = all cores (default %d)\n"
-            "  --target-accuracy PCT             exit 21 if the final test accuracy is below (default %g = off)\n"
-            "  --width N                         mlp hidden width (default %ld)\n"
-            "  --depth N                         mlp hidden layers (default %d)\n"
-            "  --parallel {none,ddp,xm,fsdp}     data parallelism over the ranks of xla-launch:\n"
-            "                                    ddp = DistributedDataParallel, xm = xm.optimizer_step,\n"
-            "                                    fsdp = fully sharded (default %s)\n"
-            "  --zero {2,3}                      fsdp: ZeRO stage, 3 reshards after forward (default %d)\n"
-            "  --nested                          fsdp: every Linear / Conv2d is its own unit\n"
-            "  --auto-wrap-min-params N          fsdp: submodules with >= N parameters are units\n"
-            "  --grad-ckpt                       rematerialize each unit's forward in backward\n"
-            "  --metrics                         print the metrics report at the end (rank 0)\n"
-            "  --trace DIR                       write a profiler trace to DIR/proc_<rank>/trace.json\n"
-            "  --cache-dir DIR                   persistent compile cache (shared by the ranks)\n"
-            "  --ckpt-dir DIR                    save checkpoints DIR/ckpt-step-<N> (HDF5, committed)\n"
-            "  --ckpt-every N                    save every N steps (default 0 = only at the end)\n"
-            "  --resume {auto,PREFIX}            resume from the latest committed checkpoint in\n"
-            "                                    --ckpt-dir (auto; none = fresh start) or from PREFIX\n"
-            "  --help                            this text\n"
-            "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
-            "            21 below --target-accuracy\n",
-            d.model, d.data, CX_FASHION_MNIST_DIR, CX_MNIST_DIR, d.epochs, d.steps, d.batch_size, d.lr,
-            d.momentum, d.optimizer, d.weight_decay, d.seed, d.log_every, d.threads, d.target_accuracy, d.width,
-            d.depth, d.parallel, d.zero);
-}
-
-/* One-line error and exit 2, for every flag problem. */
-static void bad_flag(const char *fmt, const char *a, const char *b)
-{
-    fprintf(stderr, "train: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, " (see train --help)\n");
-    exit(EXIT_USAGE);
-}
-
-static long parse_long(const char *flag, const char *v, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        char range[64];
-        snprintf(range, sizeof range, "an integer in [%ld, %ld]", lo, hi);
-        fprintf(stderr, "train: %s: expected %s, got '%s' (see train --help)\n", flag, range, v);
-        exit(EXIT_USAGE);
-    }
-    return x;
-}
-
-static double parse_double(const char *flag, const char *v, double lo)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x) || x < lo) {
-        fprintf(stderr, "train: %s: expected a number >= %g, got '%s' (see train --help)\n", flag, lo, v);
-        exit(EXIT_USAGE);
-    }
-    return x;
-}
-
-static const char *parse_choice(const char *flag, const char *v, const char *const *choices)
-{
-    for (int i = 0; choices[i]; i++)
-        if (!strcmp(v, choices[i])) return choices[i];
-    bad_flag("%s: unknown value '%s'", flag, v);
-    return NULL;
-}
-
-static config parse_args(int argc, char **argv)
-{
-    static const char *const models[] = { "cnn", "lenet", "mlp", NULL };
-    static const char *const datas[] = { "fashion-mnist", "mnist", "fake", NULL };
-    static const char *const optims[] = { "sgd", "adam", "adamw", NULL };
-    static const char *const parallels[] = { "none", "ddp", "xm", "fsdp", NULL };
-    config c = default_config();
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strncmp(arg, "--", 2) != 0) bad_flag("unexpected argument '%s'%s", arg, "");
-        /* switches without a value */
-        if (!strcmp(arg, "--nested")) { c.nested = true; continue; }
-        if (!strcmp(arg, "--grad-ckpt")) { c.grad_ckpt = true; continue; }
-        if (!strcmp(arg, "--metrics")) { c.metrics = true; continue; }
-        /* --flag=value or --flag value */
-        char name[64];
-        const char *eq = strchr(arg, '=');
-        const char *v;
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (len >= sizeof name) bad_flag("unknown flag '%s'%s", arg, "");
-        memcpy(name, arg, len);
-        name[len] = '\0';
-        if (eq) v = eq + 1;
-        else if (i + 1 < argc) v = argv[++i];
-        else { bad_flag("%s needs a value%s", name, ""); v = NULL; }
-
-        if (!strcmp(name, "--model")) c.model = parse_choice(name, v, models);
-        else if (!strcmp(name, "--data")) c.data = parse_choice(name, v, datas);
-        else if (!strcmp(name, "--data-dir")) c.data_dir = v;
-        else if (!strcmp(name, "--epochs")) c.epochs = (int)parse_long(name, v, 1, 1000000);
-        else if (!strcmp(name, "--steps")) c.steps = parse_long(name, v, 0, 1L << 40);
-        else if (!strcmp(name, "--batch-size")) c.batch_size = parse_long(name, v, 1, 1L << 20);
-        else if (!strcmp(name, "--lr")) c.lr = parse_double(name, v, 0.0);
-        else if (!strcmp(name, "--momentum")) c.momentum = parse_double(name, v, 0.0);
-        else if (!strcmp(name, "--optimizer")) c.optimizer = parse_choice(name, v, optims);
-        else if (!strcmp(name, "--weight-decay")) c.weight_decay = parse_double(name, v, 0.0);
-        else if (!strcmp(name, "--seed")) c.seed = parse_long(name, v, 0, 1L << 62);
-        else if (!strcmp(name, "--log-every")) c.log_every = parse_long(name, v, 1, 1L << 40);
-        else if (!strcmp(name, "--threads")) c.threads = (int)parse_long(name, v, 0, 4096);
-        else if (!strcmp(name, "--target-accuracy")) c.target_accuracy = parse_double(name, v, 0.0);
-        else if (!strcmp(name, "--width")) c.width = parse_long(name, v, 1, 1L << 20);
-        else if (!strcmp(name, "--depth")) c.depth = (int)parse_long(name, v, 0, 1000);
-        else if (!strcmp(name, "--parallel")) c.parallel = parse_choice(name, v, parallels);
-        else if (!strcmp(name, "--ckpt-dir")) c.ckpt_dir = v;
-        else if (!strcmp(name, "--ckpt-every")) c.ckpt_every = parse_long(name, v, 0, 1L << 40);
-        else if (!strcmp(name, "--resume")) c.resume = v;
-        else if (!strcmp(name, "--zero")) c.zero = (int)parse_long(name, v, 2, 3);
-        else if (!strcmp(name, "--auto-wrap-min-params")) c.auto_wrap_min_params = parse_long(name, v, 1, 1L << 40);
-        else if (!strcmp(name, "--trace")) c.trace_dir = v;
-        else if (!strcmp(name, "--cache-dir")) c.cache_dir = v;
-        else bad_flag("unknown flag '%s'%s", name, "");
-    }
-    return c;
+    const cli_flag flags[] = {
+        { .name = "model", .kind = CLI_CHOICE, .dest = &c->model, .choices = k_models, .help = "model" },
+        { .name = "data", .kind = CLI_CHOICE, .dest = &c->data, .choices = k_datas, .help = "data set" },
+        { .name = "data-dir", .kind = CLI_STRING, .dest = &c->data_dir, .metavar = "DIR",
+          .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist)" },
+        { .name = "epochs", .kind = CLI_INT, .dest = &c->epochs, .min = 1, .max = 1000000, .help = "epochs" },
+        { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 0, .max = 0x1p40, .help = "steps per epoch, 0 = all" },
+        { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "batch size" },
+        { .name = "lr", .kind = CLI_DOUBLE, .dest = &c->lr, .min = 0, .max = INFINITY, .help = "learning rate" },
+        { .name = "momentum", .kind = CLI_DOUBLE, .dest = &c->momentum, .min = 0, .max = INFINITY,
+          .help = "SGD momentum" },
+        { .name = "optimizer", .kind = CLI_CHOICE, .dest = &c->optimizer, .choices = k_optims, .help = "optimizer" },
+        { .name = "weight-decay", .kind = CLI_DOUBLE, .dest = &c->weight_decay, .min = 0, .max = INFINITY,
+          .help = "weight decay" },
+        { .name = "seed", .kind = CLI_I64, .dest = &c->seed, .min = 0, .max = 0x1p62,
+          .help = "RNG seed for init and shuffling" },
+        { .name = "log-every", .kind = CLI_I64, .dest = &c->log_every, .min = 1, .max = 0x1p40,
+          .help = "log the loss every N steps" },
+        { .name = "threads", .kind = CLI_INT, .dest = &c->threads, .min = 0, .max = 4096,
+          .help = "compute threads, 0 = all cores" },
+        { .name = "target-accuracy", .kind = CLI_DOUBLE, .dest = &c->target_accuracy, .metavar = "PCT", .min = 0,
+          .max = INFINITY, .help = "exit 21 if the final test accuracy is below, 0 = off" },
+        { .name = "width", .kind = CLI_I64, .dest = &c->width, .min = 1, .max = 0x1p20, .help = "mlp hidden width" },
+        { .name = "depth", .kind = CLI_INT, .dest = &c->depth, .min = 0, .max = 1000, .help = "mlp hidden layers" },
+        { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
+          .help = "data parallelism over the ranks of xla-launch:\n"
+                  "ddp = DistributedDataParallel, xm = xm.optimizer_step,\nfsdp = fully sharded" },
+        { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
+          .help = "fsdp: ZeRO stage, 3 reshards after forward" },
+        { .name = "nested", .kind = CLI_BOOL, .dest = &c->nested, .help = "fsdp: every Linear / Conv2d is its own unit" },
+        { .name = "auto-wrap-min-params", .kind = CLI_I64, .dest = &c->auto_wrap_min_params, .min = 1, .max = 0x1p40,
+          .help = "fsdp: submodules with >= N parameters are units" },
+        { .name = "grad-ckpt", .kind = CLI_BOOL, .dest = &c->grad_ckpt,
+          .help = "rematerialize each unit's forward in backward" },
+        { .name = "metrics", .kind = CLI_BOOL, .dest = &c->metrics,
+          .help = "print the metrics report at the end (rank 0)" },
+        { .name = "trace", .kind = CLI_STRING, .dest = &c->trace_dir, .metavar = "DIR",
+          .help = "write a profiler trace to DIR/proc_<rank>/trace.json" },
+        { .name = "cache-dir", .kind = CLI_STRING, .dest = &c->cache_dir, .metavar = "DIR",
+          .help = "persistent compile cache (shared by the ranks)" },
+        { .name = "ckpt-dir", .kind = CLI_STRING, .dest = &c->ckpt_dir, .metavar = "DIR",
+          .help = "save checkpoints DIR/ckpt-step-<N> (HDF5, committed)" },
+        { .name = "ckpt-every", .kind = CLI_I64, .dest = &c->ckpt_every, .min = 0, .max = 0x1p40,
+          .help = "save every N steps, 0 = only at the end" },
+        { .name = "resume", .kind = CLI_STRING, .dest = &c->resume, .metavar = "{auto,PREFIX}",
+          .help = "resume from the latest committed checkpoint in\n"
+                  "--ckpt-dir (auto; none = fresh start) or from PREFIX" },
+    };
+    const cli_spec spec = {
+        .prog = "train",
+        .summary = "The reference cxla trainer (MNIST / Fashion-MNIST classifiers); run it through\n"
+                   "xla-launch for several ranks.",
+        .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
+                  "            21 below --target-accuracy",
+        .flags = flags,
+        .nflags = (int)(sizeof flags / sizeof *flags),
+    };
+    return cli_parse(&spec, argc, argv, NULL);
 }
 
 /* ---- data ------------------------------------------------------------------- */
@@ -534,7 +452,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "train: cannot start the distributed runtime: %s\n", cx_last_error());
         return EXIT_RUNTIME;
     }
-    config c = parse_args(argc, argv);
+    config c;
+    cli_result parsed = parse_flags(&c, argc, argv);
+    if (parsed != CLI_OK) {
+        cx_dist_finalize();
+        return parsed == CLI_HELP ? 0 : EXIT_USAGE;
+    }
     int rank = cx_global_ordinal(), world = cx_world_size();
     if (c.threads > 0) cx_set_num_threads(c.threads);
     cx_manual_seed((uint64_t)c.seed);

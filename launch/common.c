@@ -50,6 +50,15 @@ _Noreturn void xl_die(const char *fmt, ...)
     exit(2);
 }
 
+void *xl_realloc_array(void *p, size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size) xl_die("out of memory");
+    size_t bytes = n * size;
+    void *q = realloc(p, bytes > 0 ? bytes : 1);   /* realloc(p, 0) may free p and return NULL */
+    if (!q) xl_die("out of memory");
+    return q;
+}
+
 double xl_now(void)
 {
     struct timespec ts;

@@ -72,6 +72,10 @@ void xl_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* xl_err, then exit(2): a usage or setup error. */
 _Noreturn void xl_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* realloc to n elements of `size` bytes, or xl_die("out of memory"): never returns
+ * NULL, so `p = xl_realloc_array(p, ...)` cannot lose p to a failed realloc. */
+void *xl_realloc_array(void *p, size_t n, size_t size);
+
 double xl_now(void);
 /* Write everything, retrying on EINTR and short writes; false on error. */
 bool xl_write_all(int fd, const void *buf, size_t len);

@@ -122,7 +122,8 @@ ranks2)
     ;;
 ranks4)
     # more ranks than cores: oversubscribed, one thread each at least
-    run --nproc 4 --master-addr 10.1.2.3 --master-port 23456 "$PROBE" env "$TAG"
+    # (torchrun's '_' spellings are the same flags)
+    run --nproc 4 --master_addr=10.1.2.3 --master_port 23456 "$PROBE" env "$TAG"
     expect_rc 0
     check_env 4 10.1.2.3 23456
     ;;
@@ -242,7 +243,11 @@ usage_errors)
     grep -q "^xla-launch: mpirun '/nonexistent/mpirun2' not found" "$WORK/err" || fail "--mpirun not honoured"
     run --bogus 1 "$PROBE" env "$TAG"
     expect_rc 2
-    expect_line "$WORK/err" "xla-launch: unknown option '--bogus' (see --help)"
+    expect_line "$WORK/err" "xla-launch: unknown flag --bogus (see xla-launch --help)"
+    # mpirun's spelling is a mistake, not a program named "-np"
+    run -np 2 "$PROBE" env "$TAG"
+    expect_rc 2
+    expect_line "$WORK/err" "xla-launch: unknown flag -np (see xla-launch --help)"
     run --nproc zero "$PROBE" env "$TAG"
     expect_rc 2
     [ "$(wc -l <"$WORK/err")" -eq 1 ] || fail "bad --nproc: not one line"
@@ -279,7 +284,8 @@ restart)
     expect_no_survivors
     ;;
 hostfile)
-    printf '# test nodes\nlocalhost slots=2\n' >"$WORK/hosts"
+    # a comment longer than any line buffer is still one comment, not a host
+    printf '# test nodes %s\n  localhost   slots=2\n' "$(printf 'x%.0s' $(seq 3000))" >"$WORK/hosts"
     run --hostfile "$WORK/hosts" --nnodes 1 "$PROBE" env "$TAG"
     expect_rc 0
     check_env 2 localhost 29500

@@ -215,7 +215,8 @@ Test(ckpt, reshard_and_consolidate_round_trip)
     snprintf(args, sizeof args, "--ckpt-prefix %s --reshard 2 --out-prefix %s --with-optimizer", q, r);
     cr_assert_eq(run_tool(args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "found 4 checkpoint files in"), "%s", out);
-    snprintf(args, sizeof args, "--ckpt-prefix %s --with-optimizer", r);
+    /* spelled as PyTorch/XLA's consolidate_sharded_ckpts command (its docs' --ckpt_prefix / --ckpt_suffix) */
+    snprintf(args, sizeof args, "--ckpt_prefix %s --ckpt_suffix '_rank-*-of-*.h5' --with_optimizer", r);
     cr_assert_eq(run_tool(args, out, sizeof out), 0, "%s", out);
     snprintf(full, sizeof full, "%s_consolidated.h5", r);
     cr_assert(strstr(out, "found 2 checkpoint files in"), "%s", out);
@@ -260,6 +261,40 @@ Test(ckpt, reshard_and_consolidate_round_trip)
     cx_module_free(a);
     cx_module_free(b);
     cx_module_free(c);
+}
+
+/* One line for each flag mistake (exit 2); PyTorch's ".pth" suffix finds no
+ * file, and the message names the files cxla wrote instead (exit 1). */
+Test(ckpt, tool_flag_errors_are_one_line)
+{
+    cx_module *a = make_model(1);
+    char p[512], args[2048];
+    static char out[1 << 14];
+    snprintf(p, sizeof p, "%s/final_ckpt", g_dir);
+    cr_assert_eq(cx_ckpt_save(p, cx_ckpt_model_single(a), NULL, NULL), CX_OK, "%s", cx_last_error());
+    cx_module_free(a);
+    const struct {
+        const char *args;
+        const char *line;
+    } cases[] = {
+        { "", "consolidate_ckpts: --ckpt-prefix is required (see consolidate_ckpts --help)\n" },
+        { "--ckpt_prefix", "consolidate_ckpts: --ckpt-prefix needs a value (see consolidate_ckpts --help)\n" },
+        { "--ckpt-prefix x --reshard 2", "consolidate_ckpts: --reshard needs --out-prefix (see consolidate_ckpts --help)\n" },
+        { "--ckpt-prefix x --out_prefix y", "consolidate_ckpts: --out-prefix needs --reshard (see consolidate_ckpts --help)\n" },
+        { "--ckpt-prefix x --compress=23",
+          "consolidate_ckpts: --compress: expected an integer in [0, 22], got '23' (see consolidate_ckpts --help)\n" },
+        { "--ckpt-prefix x --bogus", "consolidate_ckpts: unknown flag --bogus (see consolidate_ckpts --help)\n" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_expect_eq(run_tool(cases[i].args, out, sizeof out), 2, "%s: %s", cases[i].args, out);
+        cr_expect_str_eq(out, cases[i].line);
+    }
+    snprintf(args, sizeof args, "--ckpt_prefix %s --ckpt_suffix '_rank-*-of-*.pth'", p);
+    cr_expect_eq(run_tool(args, out, sizeof out), 1, "%s", out);
+    char want[2048];
+    snprintf(want, sizeof want, "consolidate_ckpts: no checkpoint files match %s_rank-*-of-*.pth, but 1 match "
+             "%s_rank-*-of-*.h5, the names cxla writes (drop --ckpt-suffix)\n", p, p);
+    cr_expect_str_eq(out, want);
 }
 
 Test(ckpt, wrong_shape_is_refused_and_model_untouched)

@@ -4,6 +4,8 @@
 
 #include "cx_cli.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -14,6 +16,10 @@ typedef struct {
     const char *dir;
     const char *model;
     bool lr_given;
+    double decay;
+    int nproc;          /* 0: not given (outside its range) */
+    int64_t seed;
+    cli_strings tags;
 } opts;
 
 static const char *const models[] = { "cnn", "mlp", NULL };
@@ -27,6 +33,10 @@ static cli_result parse(opts *o, int argc, char **argv, int *first, bool positio
         { .name = "lr", .kind = CLI_DOUBLE, .dest = &o->lr, .help = "learning rate", .max = 10, .given = &o->lr_given },
         { .name = "ckpt-dir", .kind = CLI_STRING, .dest = &o->dir, .metavar = "DIR", .help = "where" },
         { .name = "model", .kind = CLI_CHOICE, .dest = &o->model, .help = "model", .choices = models },
+        { .name = "decay", .kind = CLI_DOUBLE, .dest = &o->decay, .help = "decay", .max = INFINITY },
+        { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .help = "ranks", .min = 1, .max = 64 },
+        { .name = "seed", .kind = CLI_I64, .dest = &o->seed, .help = "seed", .min = 0, .max = 0x1p62 },
+        { .name = "tag", .kind = CLI_STRINGS, .dest = &o->tags, .metavar = "T", .help = "a tag" },
     };
     cli_spec s = { .prog = "prog", .args = "[flags]", .flags = flags, .nflags = (int)(sizeof flags / sizeof *flags),
                    .positionals = positionals };
@@ -50,6 +60,9 @@ Test(cli, both_spellings_and_value_forms)
     cr_assert_eq(o.steps, -3);
     cr_assert_str_eq(o.model, "mlp");
     cr_assert_eq(first, 10);
+    char *edge[] = { "prog", "--seed", "4611686018427387904" };
+    cr_assert_eq(parse(&o, 3, edge, NULL, false), CLI_OK);
+    cr_assert_eq(o.seed, INT64_C(1) << 62);
 }
 
 Test(cli, defaults_stay_when_absent)
@@ -73,12 +86,19 @@ Test(cli, errors_name_the_flag, .init = cr_redirect_stderr)
         { "prog", "--verbose=1", NULL },     /* a bool takes no value */
         { "prog", "stray", NULL },           /* positional not allowed */
         { "prog", "--ckpt-dir=", NULL },     /* empty string */
+        { "prog", "--decay", "-1" },         /* below an open-ended range */
+        { "prog", "-np", "4" },              /* a single dash is no spelling of a flag */
+        { "prog", "--tag", "" },             /* empty list entry */
+        { "prog", "--seed=4611686018427387905", NULL },   /* 2^62 + 1: compared as an integer */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         opts o = defaults();
         int argc = bad[i][2] ? 3 : 2;
         cr_assert_eq(parse(&o, argc, bad[i], NULL, false), CLI_ERROR, "case %zu", i);
+        free(o.tags.v);
     }
+    cli_spec s = { .prog = "prog" };
+    cli_error(&s, "--a needs --b (%d)", 1);
     fflush(stderr);
     cr_assert_stderr_eq_str("prog: unknown flag --nope (see prog --help)\n"
                             "prog: --epochs: expected an integer in [1, 100], got '0' (see prog --help)\n"
@@ -87,7 +107,13 @@ Test(cli, errors_name_the_flag, .init = cr_redirect_stderr)
                             "prog: --model: unknown value 'vit' (see prog --help)\n"
                             "prog: --verbose takes no value (see prog --help)\n"
                             "prog: unexpected argument 'stray' (see prog --help)\n"
-                            "prog: --ckpt-dir needs a non-empty value (see prog --help)\n");
+                            "prog: --ckpt-dir needs a non-empty value (see prog --help)\n"
+                            "prog: --decay: expected a number >= 0, got '-1' (see prog --help)\n"
+                            "prog: unknown flag -np (see prog --help)\n"
+                            "prog: --tag needs a non-empty value (see prog --help)\n"
+                            "prog: --seed: expected an integer in [0, 4611686018427387904], got '4611686018427387905' "
+                            "(see prog --help)\n"
+                            "prog: --a needs --b (1) (see prog --help)\n");
 }
 
 Test(cli, positionals_stop_parsing)
@@ -101,6 +127,31 @@ Test(cli, positionals_stop_parsing)
     char *argv2[] = { "prog", "--", "--epochs" };
     cr_assert_eq(parse(&o, 3, argv2, &first, true), CLI_OK);
     cr_assert_eq(first, 2);
+    char *argv3[] = { "prog", "-", "x" };   /* "-" (stdin) is a positional */
+    cr_assert_eq(parse(&o, 3, argv3, &first, true), CLI_OK);
+    cr_assert_eq(first, 1);
+}
+
+Test(cli, positionals_do_not_swallow_a_mistyped_flag, .init = cr_redirect_stderr)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "-n", "2", "./a.out" };
+    cr_assert_eq(parse(&o, 4, argv, NULL, true), CLI_ERROR);
+    fflush(stderr);
+    cr_assert_stderr_eq_str("prog: unknown flag -n (see prog --help)\n");
+}
+
+Test(cli, repeated_list_flag_appends_in_order)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "--tag", "a", "--epochs", "3", "--tag=-b", "--tag", "c=d" };
+    cr_assert_eq(parse(&o, 8, argv, NULL, false), CLI_OK);
+    cr_assert_eq(o.tags.n, 3);
+    cr_assert_str_eq(o.tags.v[0], "a");
+    cr_assert_str_eq(o.tags.v[1], "-b");
+    cr_assert_str_eq(o.tags.v[2], "c=d");
+    cr_assert_eq(o.epochs, 3);
+    free(o.tags.v);
 }
 
 Test(cli, help_lists_flags_with_defaults, .init = cr_redirect_stdout)
@@ -118,4 +169,10 @@ Test(cli, help_lists_flags_with_defaults, .init = cr_redirect_stdout)
     cr_assert(strstr(buf, "(default 2)"), "%s", buf);
     cr_assert(strstr(buf, "--model {cnn,mlp}"), "%s", buf);
     cr_assert(strstr(buf, "--ckpt-dir DIR"), "%s", buf);
+    cr_assert(strstr(buf, "--tag T"), "%s", buf);
+    cr_assert(strstr(buf, "(repeatable)"), "%s", buf);
+    /* nproc's 0 lies outside [1, 64]: it means "not given", not a default to show */
+    const char *np = strstr(buf, "--nproc N");
+    cr_assert(np, "%s", buf);
+    cr_assert(!strncmp(strchr(np, '\n') - 5, "ranks", 5), "%s", buf);
 }

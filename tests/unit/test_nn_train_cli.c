@@ -59,13 +59,18 @@ static void expect_usage_error(const char *args, const char *needle)
 
 Test(train_cli, bad_flags_exit_2_with_one_line, .init = find_train)
 {
-    expect_usage_error("--bogus 1", "unknown flag '--bogus'");
+    expect_usage_error("--bogus 1", "unknown flag --bogus");
     expect_usage_error("--lr abc", "--lr: expected a number");
+    expect_usage_error("--lr -1", "--lr: expected a number >= 0, got '-1'");
     expect_usage_error("--epochs 0", "--epochs: expected an integer");
     expect_usage_error("--batch-size 12x", "--batch-size");
     expect_usage_error("--model resnet", "--model: unknown value 'resnet'");
     expect_usage_error("--optimizer", "--optimizer needs a value");
     expect_usage_error("stray", "unexpected argument 'stray'");
+    expect_usage_error("-np 2", "unknown flag -np");
+    /* the '_' spelling is the same flag, and its errors name it as the help does */
+    expect_usage_error("--batch_size=0", "--batch-size: expected an integer in [1, 1048576], got '0'");
+    expect_usage_error("--zero 4", "--zero: expected an integer in [2, 3]");
 }
 
 Test(train_cli, missing_data_names_path_and_package, .init = find_train)
@@ -79,7 +84,7 @@ Test(train_cli, missing_data_names_path_and_package, .init = find_train)
 
 Test(train_cli, fake_run_logs_and_misses_target, .init = find_train, .timeout = 240)
 {
-    int rc = run("--model mlp --width 32 --depth 1 --data fake --steps 5 --log-every 2 --batch-size 32 "
+    int rc = run("--model mlp --width 32 --depth 1 --data fake --steps 5 --log_every=2 --batch_size 32 "
                  "--target-accuracy 90",
                  g_out, sizeof g_out);
     cr_expect_eq(rc, 21, "exit %d: %s", rc, g_out);

@@ -1,0 +1,94 @@
+/* The launcher's parts (launch.h is what it shares with the per-rank wrapper):
+ *   options.c    the command line, and the program, mpirun and log directory it names
+ *   hostfile.c   the hosts of an Open MPI hostfile
+ *   sockets.c    where the wrappers connect to report
+ *   output.c     the ranks' lines on our stdout/stderr with "[rank R] ", and their logs
+ *   job.c        one run of the job under mpirun, supervised, and its restarts
+ *   xla-launch.c main: the mpirun command line from all of the above */
+#ifndef XLA_LAUNCHER_H
+#define XLA_LAUNCHER_H
+
+#include "cx_cli.h"
+#include "launch.h"
+
+/* A rank number from this on is not a rank of any job: garbage on the wire. */
+#define XL_MAX_RANKS (1 << 22)
+
+/* ---- options.c ---- */
+
+struct options {
+    int nproc;          /* 0: default */
+    const char *hostfile;
+    int nnodes;         /* 0: not given */
+    int node_rank;
+    const char *master_addr;
+    int master_port;    /* 0: not given */
+    const char *log_dir;
+    int max_restarts;
+    const char *mpirun;
+    bool verbose;
+    cli_strings mpirun_args;
+    char **prog;        /* PROGRAM [ARGS...] */
+    int nprog;
+};
+
+/* Flags up to PROGRAM. --help: the help on stdout, exit 0; a mistake: one line, exit 2. */
+void xl_parse_options(int argc, char **argv, struct options *o);
+void xl_options_free(struct options *o);
+/* Full path of the mpirun to run (--mpirun, $XLA_LAUNCH_MPIRUN, else the one found at
+ * build time); exits 2 naming it when it is not there. */
+char *xl_find_mpirun(const struct options *o);
+/* Exits 2 unless `prog` is an executable file, found as execvp would. */
+void xl_check_program(const char *prog);
+/* mkdir -p of --log-dir; exits 2 naming it when that fails. */
+void xl_make_log_dir(const char *dir);
+
+/* ---- hostfile.c ---- */
+
+/* Distinct hosts named in an Open MPI hostfile ("host [slots=N] ..." lines, '#'
+ * comments); *first gets the first one (to free). Exits 2 on an unreadable or empty file. */
+int xl_read_hostfile(const char *path, char **first);
+
+/* ---- sockets.c ---- */
+
+/* Listening Unix socket for the wrappers on this node; its name ("@..." abstract) into
+ * `name`. */
+int xl_listen_unix(char *name, size_t cap);
+/* Listening TCP socket for wrappers on other nodes; "PORT:ADDR,ADDR,..." into `env`. */
+int xl_listen_tcp(char *env, size_t cap);
+
+/* ---- output.c ---- */
+
+struct xl_output {
+    const char *log_dir;   /* NULL: no logs */
+    int attempt;           /* 0: logs start empty; later attempts append */
+    int *log_fds;          /* per rank: -1 not open yet, -2 could not be opened */
+    int n;
+};
+
+void xl_output_init(struct xl_output *out, const char *log_dir, int attempt);
+/* Creates the rank's log now, so that even a rank that prints nothing has one. */
+void xl_output_open_log(struct xl_output *out, int rank);
+/* One line of a rank's output (without its '\n'): to our stdout (stream 1) or stderr
+ * with the "[rank R] " prefix, in one write, and to the rank's log. */
+void xl_output_line(struct xl_output *out, int rank, int stream, const char *line, size_t len);
+void xl_output_close(struct xl_output *out);
+
+/* ---- job.c ---- */
+
+/* What stays the same from one attempt to the next. */
+struct launch {
+    const struct options *o;
+    int sigfd;            /* from xl_job_signals_init */
+    int unix_fd, tcp_fd;  /* listening sockets for the wrappers (tcp_fd -1: none) */
+    char **mpirun_argv;
+};
+
+/* Routes the signals the launcher handles (SIGINT, SIGTERM, SIGHUP, SIGCHLD) to a
+ * self-pipe; returns its read end. Before the first child is started. */
+int xl_job_signals_init(void);
+/* Runs the job, and again after each failure while --max-restarts allows.
+ * @return the launcher's exit status (0, 1, or 128+S when interrupted by S). */
+int xl_run_attempts(const struct launch *l);
+
+#endif
