@@ -1,5 +1,6 @@
-/* Shared by nn/ and optim/ sources: small helpers on top of the public core
- * API (errors go through cx_set_last_error / cx_poisoned). Not installed. */
+/* Shared by nn/ sources only (optim/ has its own): the headers every layer
+ * file uses and the one helper more than one file needs. Errors go through
+ * cx_set_last_error / cx_poisoned. Not installed. */
 #ifndef CX_NN_INTERNAL_H
 #define CX_NN_INTERNAL_H
 
@@ -13,9 +14,10 @@
 
 #include <cxla/nn.h>
 
-/* Materializes freshly created persistent tensors (parameters, buffers,
- * optimizer state) so that every step sees them as device-data inputs.
+/* Makes a freshly created tensor (a parameter, buffer or init result)
+ * persistent and materializes it, so that every step sees it as a
+ * device-data input rather than the ops that made it.
  * @return CX_OK or the sync error. */
-cx_status cx_nn_materialize(cx_tensor **ts, int n);
+cx_status cx_nn_persist(cx_tensor *t);
 
 #endif
