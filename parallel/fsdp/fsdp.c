@@ -12,6 +12,9 @@
 #include "parallel_internal.h"
 #include <cxla/fsdp.h>
 
+#include "cx_sbuf.h"
+#include "cx_vec.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +30,7 @@ typedef struct unit {
     cx_module *m;
     char *path;
     char *flat_name;
-    int nparams;
+    int nparams, cap_refs, cap_info;
     param_ref *refs;
     cx_fsdp_param_info *info;
     cx_tensor *shard;         /* persistent, requires grad: what the optimizer sees */
@@ -113,13 +116,7 @@ static char *join_path(const char *a, const char *b)
 
 static unit *add_unit(cx_fsdp *f, cx_module *m, const char *path)
 {
-    if (f->nunits == f->cap) {
-        int cap = f->cap ? f->cap * 2 : 8;
-        unit *nu = realloc(f->units, sizeof *nu * (size_t)cap);
-        if (!nu) return NULL;
-        f->units = nu;
-        f->cap = cap;
-    }
+    if (!CX_GROW(f->units, f->cap, f->nunits + 1)) return NULL;
     unit *u = &f->units[f->nunits++];
     memset(u, 0, sizeof *u);
     u->f = f;
@@ -159,12 +156,8 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
 {
     if (!top && is_unit_module(f, m)) return true;
     for (int s = 0; s < cx_module_num_own_params(m); s++) {
-        param_ref *nr = realloc(u->refs, sizeof *nr * (size_t)(u->nparams + 1));
-        if (!nr) return false;
-        u->refs = nr;
-        cx_fsdp_param_info *ni = realloc(u->info, sizeof *ni * (size_t)(u->nparams + 1));
-        if (!ni) return false;
-        u->info = ni;
+        if (!CX_GROW(u->refs, u->cap_refs, u->nparams + 1) || !CX_GROW(u->info, u->cap_info, u->nparams + 1))
+            return false;
         cx_tensor *t = cx_module_param(m, s);
         cx_fsdp_param_info *pi = &u->info[u->nparams];
         memset(pi, 0, sizeof *pi);
@@ -190,28 +183,13 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
 
 static char *wrap_signature(const cx_fsdp *f)
 {
-    size_t cap = 256, len = 0;
-    char *s = malloc(cap);
-    if (!s) return NULL;
-    s[0] = 0;
+    cx_sbuf b = { 0 };
     for (int i = 0; i < f->nunits; i++) {
         const unit *u = &f->units[i];
-        for (int k = -1; k < u->nparams; k++) {
-            char item[400];
-            if (k < 0) snprintf(item, sizeof item, "unit '%s' (zero%d);", u->path, f->o.reshard_after_forward ? 3 : 2);
-            else snprintf(item, sizeof item, "%s:%lld;", u->info[k].name, (long long)u->info[k].numel);
-            size_t n = strlen(item);
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                char *ns = realloc(s, cap);
-                if (!ns) { free(s); return NULL; }
-                s = ns;
-            }
-            memcpy(s + len, item, n + 1);
-            len += n;
-        }
+        cx_sb_printf(&b, "unit '%s' (zero%d);", u->path, f->o.reshard_after_forward ? 3 : 2);
+        for (int k = 0; k < u->nparams; k++) cx_sb_printf(&b, "%s:%lld;", u->info[k].name, (long long)u->info[k].numel);
     }
-    return s;
+    return cx_sb_finish(&b);
 }
 
 static cx_status check_same_wrapping(const cx_fsdp *f)
@@ -288,6 +266,22 @@ static cx_status shard_unit(cx_fsdp *f, unit *u)
     return CX_OK;
 }
 
+/* Everything a unit holds; its module keeps whatever is in its slots. */
+static void unit_release(unit *u)
+{
+    cx_module_remove_hooks(u->m, u);
+    for (int k = 0; k < u->nparams; k++) {
+        cx_free(u->refs[k].placeholder);
+        free((char *)u->info[k].name);
+    }
+    cx_free(u->shard);
+    cx_free(u->acc);
+    free(u->refs);
+    free(u->info);
+    free(u->path);
+    free(u->flat_name);
+}
+
 cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
 {
     if (!m) { cx_set_last_error("fsdp_wrap: module is NULL"); return NULL; }
@@ -313,14 +307,10 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
     /* units that own no parameters (all nested) are dropped */
     int k = 0;
     for (int i = 0; i < f->nunits; i++) {
-        if (f->units[i].nparams > 0) { f->units[k++] = f->units[i]; continue; }
-        free(f->units[i].path);
-        free(f->units[i].flat_name);
-        free(f->units[i].refs);
-        free(f->units[i].info);
+        if (f->units[i].nparams > 0) f->units[k++] = f->units[i];
+        else unit_release(&f->units[i]);
     }
     f->nunits = k;
-    for (int i = 0; i < f->nunits; i++) f->units[i].f = f;
     if (check_same_wrapping(f) != CX_OK || cx_broadcast_master_params(m) != CX_OK) { cx_fsdp_free(f); return NULL; }
     for (int i = 0; i < f->nunits; i++)
         if (shard_unit(f, &f->units[i]) != CX_OK) { cx_fsdp_free(f); return NULL; }
@@ -337,20 +327,7 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
 void cx_fsdp_free(cx_fsdp *f)
 {
     if (!f) return;
-    for (int i = 0; i < f->nunits; i++) {
-        unit *u = &f->units[i];
-        cx_module_remove_hooks(u->m, u);
-        for (int k = 0; k < u->nparams; k++) {
-            cx_free(u->refs[k].placeholder);
-            free((char *)u->info[k].name);
-        }
-        cx_free(u->shard);
-        cx_free(u->acc);
-        free(u->refs);
-        free(u->info);
-        free(u->path);
-        free(u->flat_name);
-    }
+    for (int i = 0; i < f->nunits; i++) unit_release(&f->units[i]);
     free(f->units);
     free(f->meta);
     free(f);
