@@ -393,6 +393,49 @@ int64_t cx_module_num_params(const cx_module *m)
     return walk(m, WANT_PARAMS, numel_visit, &total) ? total : -1;
 }
 
+/* ---- structural signature -------------------------------------------------- */
+
+static void signature_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
+{
+    (void)plen;
+    cx_sbuf *b = ctx;
+    cx_sb_printf(b, "%s%s%s:%s:(", param ? "" : "buffer ", prefix, e->name, cx_dtype_name(cx_dtype_of(e->t)));
+    for (int d = 0; d < cx_ndim(e->t); d++) cx_sb_printf(b, d ? ", %lld" : "%lld", (long long)cx_dim(e->t, d));
+    cx_sb_append(b, ");", 2);
+}
+
+char *cx_module_signature(const cx_module *m)
+{
+    if (!m) { cx_set_last_error("cx_module_signature: module is NULL"); return NULL; }
+    cx_sbuf b = { 0 };
+    bool ok = walk(m, WANT_PARAMS | WANT_BUFFERS, signature_visit, &b);
+    char *text = cx_sb_finish(&b);
+    if (ok && text) return text;
+    free(text);
+    cx_set_last_error("cx_module_signature of %s: out of memory", cx_module_type_name(m));
+    return NULL;
+}
+
+static cx_module_sig_entry sig_entry(const char *at)
+{
+    return (cx_module_sig_entry){ at, (int)strcspn(at, ";") };
+}
+
+bool cx_module_signature_diff(const char *a, const char *b, cx_module_sig_entry *ea, cx_module_sig_entry *eb)
+{
+    if (!a) a = "";
+    if (!b) b = "";
+    size_t i = 0;
+    while (a[i] && a[i] == b[i]) i++;
+    if (a[i] == b[i]) return false;
+    /* the texts agree up to i, so the entry holding i starts at the same
+     * offset in both */
+    while (i > 0 && a[i - 1] != ';') i--;
+    if (ea) *ea = sig_entry(a + i);
+    if (eb) *eb = sig_entry(b + i);
+    return true;
+}
+
 cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dtype dtype)
 {
     cx_tensor *t = cx_module_get(m, key);

@@ -181,46 +181,39 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
 
 /* ---- wrap ------------------------------------------------------------------------------- */
 
-static char *wrap_signature(const cx_fsdp *f)
+/* The flat parameter is padded to a multiple of world * this. */
+static int64_t shard_multiple(const cx_fsdp *f)
+{
+    return f->o.shard_size_multiple > 0 ? f->o.shard_size_multiple : 1;
+}
+
+/* What every rank must wrap alike beyond the model itself: the units (their
+ * parameters follow from the model and the unit paths) and what sizes the
+ * collectives; appended to the module signature, in its "entry;" form. */
+static char *wrap_entries(const cx_fsdp *f)
 {
     cx_sbuf b = { 0 };
-    for (int i = 0; i < f->nunits; i++) {
-        const unit *u = &f->units[i];
-        cx_sb_printf(&b, "unit '%s' (zero%d);", u->path, f->o.reshard_after_forward ? 3 : 2);
-        for (int k = 0; k < u->nparams; k++) cx_sb_printf(&b, "%s:%lld;", u->info[k].name, (long long)u->info[k].numel);
-    }
+    for (int i = 0; i < f->nunits; i++)
+        cx_sb_printf(&b, "fsdp unit %s: zero%d, shard multiple %lld;", f->units[i].path[0] ? f->units[i].path : "(root)",
+                     f->o.reshard_after_forward ? 3 : 2, (long long)shard_multiple(f));
     return cx_sb_finish(&b);
 }
 
-static cx_status check_same_wrapping(const cx_fsdp *f)
+/* One rendezvous on the model and its wrapping, then rank 0's values. */
+static cx_status take_master_model(cx_fsdp *f)
 {
-    char *sig = wrap_signature(f);
-    if (!sig) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
-    int world = cx_world_size();
-    size_t *sizes = calloc((size_t)world, sizeof *sizes);
-    void *all = NULL;
-    cx_status st = sizes ? cx_rendezvous("fsdp_wrap", sig, strlen(sig) + 1, &all, sizes) : CX_ERR_OOM;
-    if (st == CX_OK) {
-        size_t maxn = 0;
-        for (int r = 0; r < world; r++) if (sizes[r] > maxn) maxn = sizes[r];
-        for (int r = 1; r < world; r++)
-            if (strcmp((const char *)all, (const char *)all + (size_t)r * maxn)) {
-                cx_set_last_error("fsdp_wrap: rank %d wraps the model differently from rank 0 (units or parameters differ)", r);
-                st = CX_ERR_ARG;
-                break;
-            }
-    }
-    free(all);
-    free(sizes);
-    free(sig);
-    return st;
+    char *extra = wrap_entries(f);
+    if (!extra) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    cx_status st = cx_agree_on_module(f->root, extra, "fsdp_wrap");
+    free(extra);
+    return st == CX_OK ? cx_take_master_state(f->root, "fsdp_wrap") : st;
 }
 
 static cx_status shard_unit(cx_fsdp *f, unit *u)
 {
     int64_t total = 0;
     for (int i = 0; i < u->nparams; i++) { u->info[i].offset = total; total += u->info[i].numel; }
-    int64_t mult = (int64_t)f->world * (f->o.shard_size_multiple > 0 ? f->o.shard_size_multiple : 1);
+    int64_t mult = (int64_t)f->world * shard_multiple(f);
     int64_t padded = (total + mult - 1) / mult * mult;
     if (padded == 0) padded = mult;
     int64_t shard = padded / f->world;
@@ -311,7 +304,7 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
         else unit_release(&f->units[i]);
     }
     f->nunits = k;
-    if (check_same_wrapping(f) != CX_OK || cx_broadcast_master_params(m) != CX_OK) { cx_fsdp_free(f); return NULL; }
+    if (take_master_model(f) != CX_OK) { cx_fsdp_free(f); return NULL; }
     for (int i = 0; i < f->nunits; i++)
         if (shard_unit(f, &f->units[i]) != CX_OK) { cx_fsdp_free(f); return NULL; }
     f->meta = calloc((size_t)f->nunits + 1, sizeof *f->meta);
