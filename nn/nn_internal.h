@@ -14,10 +14,23 @@
 
 #include <cxla/nn.h>
 
+#include <stdint.h>
+
 /* Makes a freshly created tensor (a parameter, buffer or init result)
  * persistent and materializes it, so that every step sees it as a
  * device-data input rather than the ops that made it.
  * @return CX_OK or the sync error. */
 cx_status cx_nn_persist(cx_tensor *t);
+
+/* SplitMix64: the host-side generator of the data files (fake data sets,
+ * the sampler's shuffle), seeded by the caller, so that every rank derives
+ * the same sequence from the same seed. Advances *s. */
+static inline uint64_t cx_splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 
 #endif
