@@ -15,7 +15,9 @@ struct cx_dataset {
     float lut[256];      /* normalized value of each pixel byte */
 };
 
-static cx_dataset *dataset_alloc(int64_t n, int c, int h, int w, int classes, float mean, float std)
+/* A data set's shape and normalization; the caller gives it its pixel and
+ * label buffers. */
+static cx_dataset *dataset_new(int64_t n, int c, int h, int w, int classes, float mean, float std)
 {
     cx_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) return NULL;
@@ -24,9 +26,6 @@ static cx_dataset *dataset_alloc(int64_t n, int c, int h, int w, int classes, fl
     ds->mean = mean; ds->std = std;
     /* Same float32 arithmetic as ToTensor + Normalize: p / 255, then (x - mean) / std. */
     for (int p = 0; p < 256; p++) ds->lut[p] = ((float)p / 255.0f - mean) / std;
-    ds->pixels = malloc((size_t)n * (size_t)c * (size_t)h * (size_t)w);
-    ds->labels = malloc((size_t)n);
-    if (!ds->pixels || !ds->labels) { cx_dataset_free(ds); return NULL; }
     return ds;
 }
 
@@ -102,7 +101,8 @@ cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
         }
     }
     bool fashion = o.kind == CX_DATASET_FASHION_MNIST;
-    cx_dataset *ds = calloc(1, sizeof *ds);
+    cx_dataset *ds = dataset_new(img.dims[0], 1, (int)img.dims[1], (int)img.dims[2], 10, fashion ? 0.2860f : 0.1307f,
+                                 fashion ? 0.3530f : 0.3081f);
     if (!ds) {
         cx_idx_array_release(&img);
         cx_idx_array_release(&lab);
@@ -110,12 +110,6 @@ cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
         return CX_ERR_OOM;
     }
     /* Take the IDX buffers over instead of copying 47 MB. */
-    ds->n = img.dims[0];
-    ds->c = 1; ds->h = (int)img.dims[1]; ds->w = (int)img.dims[2];
-    ds->num_classes = 10;
-    ds->mean = fashion ? 0.2860f : 0.1307f;
-    ds->std = fashion ? 0.3530f : 0.3081f;
-    for (int p = 0; p < 256; p++) ds->lut[p] = ((float)p / 255.0f - ds->mean) / ds->std;
     ds->pixels = img.data;
     ds->labels = lab.data;
     *out = ds;
@@ -128,14 +122,6 @@ cx_fake_data_opts cx_fake_data_default_opts(void)
                                 .num_classes = 10, .seed = 0 };
 }
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 cx_status cx_fake_data(cx_fake_data_opts o, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
@@ -146,14 +132,22 @@ cx_status cx_fake_data(cx_fake_data_opts o, cx_dataset **out)
                      (long long)o.size, o.channels, o.height, o.width, o.num_classes);
         return CX_ERR_ARG;
     }
-    cx_dataset *ds = dataset_alloc(o.size, o.channels, o.height, o.width, o.num_classes, 0.1307f, 0.3081f);
-    if (!ds) { cx_set_last_error("cx_fake_data: out of memory for %lld samples", (long long)o.size); return CX_ERR_OOM; }
-    uint64_t s = o.seed;
     size_t per = (size_t)o.channels * (size_t)o.height * (size_t)o.width;
+    cx_dataset *ds = dataset_new(o.size, o.channels, o.height, o.width, o.num_classes, 0.1307f, 0.3081f);
+    if (ds) {
+        ds->pixels = malloc((size_t)o.size * per);
+        ds->labels = malloc((size_t)o.size);
+    }
+    if (!ds || !ds->pixels || !ds->labels) {
+        cx_dataset_free(ds);
+        cx_set_last_error("cx_fake_data: out of memory for %lld samples", (long long)o.size);
+        return CX_ERR_OOM;
+    }
+    uint64_t s = o.seed;
     for (int64_t i = 0; i < o.size; i++) {
-        ds->labels[i] = (uint8_t)(splitmix64(&s) % (uint64_t)o.num_classes);
+        ds->labels[i] = (uint8_t)(cx_splitmix64(&s) % (uint64_t)o.num_classes);
         uint8_t *px = ds->pixels + (size_t)i * per;
-        for (size_t j = 0; j < per; j++) px[j] = (uint8_t)(splitmix64(&s) >> 56);
+        for (size_t j = 0; j < per; j++) px[j] = (uint8_t)(cx_splitmix64(&s) >> 56);
     }
     *out = ds;
     return CX_OK;

@@ -18,19 +18,11 @@ cx_sampler_opts cx_sampler_default_opts(void)
     return (cx_sampler_opts){ .shuffle = true, .seed = 0, .rank = 0, .world_size = 1, .drop_last = false };
 }
 
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [0, bound) without modulo bias (Lemire's method). */
 static uint64_t below(uint64_t *s, uint64_t bound)
 {
     for (;;) {
-        uint64_t x = mix64(s);
+        uint64_t x = cx_splitmix64(s);
         __uint128_t m = (__uint128_t)x * bound;
         uint64_t lo = (uint64_t)m;
         if (lo >= bound || lo >= (-bound) % bound) return (uint64_t)(m >> 64);

@@ -11,13 +11,11 @@ int64_t cx_init_fan_in(const int64_t *shape, int ndim)
     return f;
 }
 
-/* Makes a fresh init tensor persistent and materialized, so every step sees
- * a device-data input rather than an RNG node. */
+/* Persistent and materialized, so every step sees a device-data input
+ * rather than an RNG node. */
 static cx_tensor *finish(cx_tensor *t)
 {
-    if (!t) return NULL;
-    cx_persist(t);
-    cx_nn_materialize(&t, 1);
+    if (t) cx_nn_persist(t);
     return t;
 }
 

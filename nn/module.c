@@ -1,6 +1,9 @@
 /* Modules: named parameters, buffers and children; state-dict names. */
 #include "nn_internal.h"
 
+#include "cx_sbuf.h"
+#include "cx_vec.h"
+
 typedef struct {
     char *name;
     cx_tensor *t;
@@ -25,25 +28,10 @@ struct cx_module {
     int nhooks;
 };
 
-cx_status cx_nn_materialize(cx_tensor **ts, int n)
+cx_status cx_nn_persist(cx_tensor *t)
 {
-    cx_tensor *pending[64];
-    int np = 0;
-    cx_status st = CX_OK;
-    for (int i = 0; i < n; i++) {
-        if (!ts[i] || !cx_is_pending(ts[i])) continue;
-        pending[np++] = ts[i];
-        if (np == 64 || i == n - 1) {
-            cx_status s = cx_sync_tensors(pending, np);
-            if (s != CX_OK && st == CX_OK) st = s;
-            np = 0;
-        }
-    }
-    if (np > 0) {
-        cx_status s = cx_sync_tensors(pending, np);
-        if (s != CX_OK && st == CX_OK) st = s;
-    }
-    return st;
+    cx_persist(t);
+    return cx_is_pending(t) ? cx_sync_tensors(&t, 1) : CX_OK;
 }
 
 cx_module *cx_module_new(const cx_module_type *type, void *impl)
@@ -77,18 +65,6 @@ static bool name_taken(const cx_module *m, const char *name)
     return false;
 }
 
-/* Grows an array of `size`-byte items to hold n + 1. */
-static bool grow(void **arr, int *cap, int n, size_t size)
-{
-    if (n < *cap) return true;
-    int nc = *cap ? *cap * 2 : 4;
-    void *p = realloc(*arr, (size_t)nc * size);
-    if (!p) return false;
-    *arr = p;
-    *cap = nc;
-    return true;
-}
-
 static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor *t, bool param)
 {
     const char *err = NULL;
@@ -106,14 +82,13 @@ static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor
     int *n = param ? &m->nparams : &m->nbuffers;
     int *cap = param ? &m->cap_params : &m->cap_buffers;
     char *copy = strdup(name);
-    if (!copy || !grow((void **)arr, cap, *n, sizeof(entry))) {
+    if (!copy || !CX_GROW(*arr, *cap, *n + 1)) {
         free(copy);
         cx_free(t);
         cx_set_last_error("%s '%s' of %s: out of memory", what, name, cx_module_type_name(m));
         return -1;
     }
-    cx_persist(t);
-    cx_status st = cx_nn_materialize(&t, 1);
+    cx_status st = cx_nn_persist(t);
     if (st != CX_OK) {
         free(copy);
         cx_free(t);
@@ -146,7 +121,7 @@ int cx_module_add_child(cx_module *m, const char *name, cx_module *c)
         return -1;
     }
     char *copy = strdup(name);
-    if (!copy || !grow((void **)&m->children, &m->cap_children, m->nchildren, sizeof(child))) {
+    if (!copy || !CX_GROW(m->children, m->cap_children, m->nchildren + 1)) {
         free(copy);
         cx_module_free(c);
         cx_set_last_error("child '%s' of %s: out of memory", name, cx_module_type_name(m));
@@ -273,33 +248,38 @@ void cx_module_free(cx_module *m)
 
 enum { WANT_PARAMS = 1, WANT_BUFFERS = 2 };
 
-/* Visits entries in state-dict order; `visit` gets the prefix (with a
- * trailing dot, or "") and the entry. */
-typedef void (*visit_fn)(void *ctx, const char *prefix, size_t plen, const entry *e);
+/* Visits entries in state-dict order; `visit` gets the full-name prefix of
+ * the entry's module ("" or "a.b.", NUL-terminated at plen), the entry, and
+ * whether it is a parameter. */
+typedef void (*visit_fn)(void *ctx, const char *prefix, size_t plen, const entry *e, bool param);
 
-static bool walk(const cx_module *m, int want, char **prefix, size_t *pcap, size_t plen,
-                 visit_fn visit, void *ctx)
+static bool walk_from(const cx_module *m, int want, cx_sbuf *prefix, visit_fn visit, void *ctx)
 {
+    size_t plen = prefix->n;
     if (want & WANT_PARAMS)
-        for (int i = 0; i < m->nparams; i++) visit(ctx, *prefix, plen, &m->params[i]);
+        for (int i = 0; i < m->nparams; i++) visit(ctx, prefix->s, plen, &m->params[i], true);
     if (want & WANT_BUFFERS)
-        for (int i = 0; i < m->nbuffers; i++) visit(ctx, *prefix, plen, &m->buffers[i]);
+        for (int i = 0; i < m->nbuffers; i++) visit(ctx, prefix->s, plen, &m->buffers[i], false);
     for (int i = 0; i < m->nchildren; i++) {
-        size_t cl = strlen(m->children[i].name);
-        if (plen + cl + 2 > *pcap) {
-            size_t nc = (plen + cl + 2) * 2;
-            char *p = realloc(*prefix, nc);
-            if (!p) return false;
-            *prefix = p;
-            *pcap = nc;
-        }
-        memcpy(*prefix + plen, m->children[i].name, cl);
-        (*prefix)[plen + cl] = '.';
-        (*prefix)[plen + cl + 1] = '\0';
-        if (!walk(m->children[i].m, want, prefix, pcap, plen + cl + 1, visit, ctx)) return false;
-        (*prefix)[plen] = '\0';
+        cx_sb_printf(prefix, "%s.", m->children[i].name);
+        if (prefix->oom) return false;
+        bool ok = walk_from(m->children[i].m, want, prefix, visit, ctx);
+        /* back to this module's prefix for the next child */
+        prefix->n = plen;
+        prefix->s[plen] = '\0';
+        if (!ok) return false;
     }
     return true;
+}
+
+/* @return false when out of memory (the prefix could not grow). */
+static bool walk(const cx_module *m, int want, visit_fn visit, void *ctx)
+{
+    cx_sbuf prefix = { 0 };
+    cx_sb_append(&prefix, "", 0);   /* the root's prefix: "", never a NULL string */
+    bool ok = !prefix.oom && walk_from(m, want, &prefix, visit, ctx);
+    free(cx_sb_finish(&prefix));
+    return ok;
 }
 
 typedef struct {
@@ -309,16 +289,17 @@ typedef struct {
     char *names;
 } collect_ctx;
 
-static void count_visit(void *ctx, const char *prefix, size_t plen, const entry *e)
+static void count_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
 {
-    (void)prefix;
+    (void)prefix; (void)param;
     collect_ctx *c = ctx;
     c->n++;
     c->chars += plen + strlen(e->name) + 1;
 }
 
-static void fill_visit(void *ctx, const char *prefix, size_t plen, const entry *e)
+static void fill_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
 {
+    (void)param;
     collect_ctx *c = ctx;
     size_t nl = strlen(e->name);
     memcpy(c->names, prefix, plen);
@@ -330,22 +311,17 @@ static void fill_visit(void *ctx, const char *prefix, size_t plen, const entry *
 static cx_named_tensor *collect(const cx_module *m, int want, int *n, const char *what)
 {
     *n = 0;
-    size_t pcap = 64;
-    char *prefix = calloc(1, pcap);
     collect_ctx c = { 0 };
-    if (!prefix || !walk(m, want, &prefix, &pcap, 0, count_visit, &c)) goto oom;
+    if (!walk(m, want, count_visit, &c)) goto oom;
     /* One block: the array, then the names it points into. */
     size_t head = (size_t)(c.n ? c.n : 1) * sizeof(cx_named_tensor);
     char *block = malloc(head + c.chars + 1);
     if (!block) goto oom;
     collect_ctx f = { .out = (cx_named_tensor *)block, .names = block + head };
-    prefix[0] = '\0';
-    if (!walk(m, want, &prefix, &pcap, 0, fill_visit, &f)) { free(block); goto oom; }
-    free(prefix);
+    if (!walk(m, want, fill_visit, &f)) { free(block); goto oom; }
     *n = f.n;
     return f.out;
 oom:
-    free(prefix);
     cx_set_last_error("%s of %s: out of memory", what, cx_module_type_name(m));
     return NULL;
 }
@@ -404,9 +380,9 @@ cx_tensor *cx_module_get(const cx_module *m, const char *key)
     return NULL;
 }
 
-static void numel_visit(void *ctx, const char *prefix, size_t plen, const entry *e)
+static void numel_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
 {
-    (void)prefix; (void)plen;
+    (void)prefix; (void)plen; (void)param;
     *(int64_t *)ctx += cx_numel(e->t);
 }
 
@@ -414,12 +390,50 @@ int64_t cx_module_num_params(const cx_module *m)
 {
     if (!m) return 0;
     int64_t total = 0;
-    size_t pcap = 64;
-    char *prefix = calloc(1, pcap);
-    if (!prefix) return -1;
-    bool ok = walk(m, WANT_PARAMS, &prefix, &pcap, 0, numel_visit, &total);
-    free(prefix);
-    return ok ? total : -1;
+    return walk(m, WANT_PARAMS, numel_visit, &total) ? total : -1;
+}
+
+/* ---- structural signature -------------------------------------------------- */
+
+static void signature_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
+{
+    (void)plen;
+    cx_sbuf *b = ctx;
+    cx_sb_printf(b, "%s%s%s:%s:(", param ? "" : "buffer ", prefix, e->name, cx_dtype_name(cx_dtype_of(e->t)));
+    for (int d = 0; d < cx_ndim(e->t); d++) cx_sb_printf(b, d ? ", %lld" : "%lld", (long long)cx_dim(e->t, d));
+    cx_sb_append(b, ");", 2);
+}
+
+char *cx_module_signature(const cx_module *m)
+{
+    if (!m) { cx_set_last_error("cx_module_signature: module is NULL"); return NULL; }
+    cx_sbuf b = { 0 };
+    bool ok = walk(m, WANT_PARAMS | WANT_BUFFERS, signature_visit, &b);
+    char *text = cx_sb_finish(&b);
+    if (ok && text) return text;
+    free(text);
+    cx_set_last_error("cx_module_signature of %s: out of memory", cx_module_type_name(m));
+    return NULL;
+}
+
+static cx_module_sig_entry sig_entry(const char *at)
+{
+    return (cx_module_sig_entry){ at, (int)strcspn(at, ";") };
+}
+
+bool cx_module_signature_diff(const char *a, const char *b, cx_module_sig_entry *ea, cx_module_sig_entry *eb)
+{
+    if (!a) a = "";
+    if (!b) b = "";
+    size_t i = 0;
+    while (a[i] && a[i] == b[i]) i++;
+    if (a[i] == b[i]) return false;
+    /* the texts agree up to i, so the entry holding i starts at the same
+     * offset in both */
+    while (i > 0 && a[i - 1] != ';') i--;
+    if (ea) *ea = sig_entry(a + i);
+    if (eb) *eb = sig_entry(b + i);
+    return true;
 }
 
 cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dtype dtype)

@@ -1,5 +1,6 @@
-/* Shared by nn/ and optim/ sources: small helpers on top of the public core
- * API (errors go through cx_set_last_error / cx_poisoned). Not installed. */
+/* Shared by nn/ sources only (optim/ has its own): the headers every layer
+ * file uses and the one helper more than one file needs. Errors go through
+ * cx_set_last_error / cx_poisoned. Not installed. */
 #ifndef CX_NN_INTERNAL_H
 #define CX_NN_INTERNAL_H
 
@@ -13,9 +14,23 @@
 
 #include <cxla/nn.h>
 
-/* Materializes freshly created persistent tensors (parameters, buffers,
- * optimizer state) so that every step sees them as device-data inputs.
+#include <stdint.h>
+
+/* Makes a freshly created tensor (a parameter, buffer or init result)
+ * persistent and materializes it, so that every step sees it as a
+ * device-data input rather than the ops that made it.
  * @return CX_OK or the sync error. */
-cx_status cx_nn_materialize(cx_tensor **ts, int n);
+cx_status cx_nn_persist(cx_tensor *t);
+
+/* SplitMix64: the host-side generator of the data files (fake data sets,
+ * the sampler's shuffle), seeded by the caller, so that every rank derives
+ * the same sequence from the same seed. Advances *s. */
+static inline uint64_t cx_splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 
 #endif

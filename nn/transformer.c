@@ -66,13 +66,17 @@ static cx_tensor *attention_forward(cx_module *m, cx_tensor *x)
 
 static const cx_module_type attention_type = { "CausalSelfAttention", attention_forward, free };
 
+/* Both constructors split d_model evenly over the heads. */
+static bool heads_fit(const char *what, int64_t d, int heads)
+{
+    if (d > 0 && heads > 0 && d % heads == 0) return true;
+    cx_set_last_error("%s: d_model %lld is not a positive multiple of %d heads", what, (long long)d, heads);
+    return false;
+}
+
 cx_module *cx_nn_causal_self_attention(int64_t d, int heads)
 {
-    if (d <= 0 || heads <= 0 || d % heads) {
-        cx_set_last_error("cx_nn_causal_self_attention: d_model %lld is not a positive multiple of %d heads",
-                     (long long)d, heads);
-        return NULL;
-    }
+    if (!heads_fit("cx_nn_causal_self_attention", d, heads)) return NULL;
     attention *a = malloc(sizeof *a);
     if (!a) { cx_set_last_error("cx_nn_causal_self_attention: out of memory"); return NULL; }
     *a = (attention){ d, heads, -1, -1 };
@@ -112,11 +116,7 @@ static const cx_module_type block_type = { "TransformerBlock", block_forward, fr
 
 cx_module *cx_nn_transformer_block(int64_t d, int heads)
 {
-    if (d <= 0 || heads <= 0 || d % heads) {
-        cx_set_last_error("cx_nn_transformer_block: d_model %lld is not a positive multiple of %d heads",
-                     (long long)d, heads);
-        return NULL;
-    }
+    if (!heads_fit("cx_nn_transformer_block", d, heads)) return NULL;
     block *b = malloc(sizeof *b);
     if (!b) { cx_set_last_error("cx_nn_transformer_block: out of memory"); return NULL; }
     *b = (block){ -1, -1, -1, -1 };

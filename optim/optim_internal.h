@@ -1,5 +1,7 @@
-/* Shared by the optimizers: the common optimizer object and a scope that
- * releases temporaries recorded outside a step. Not installed. */
+/* Shared by optim/ sources only (the optimizers and clipping; the schedules
+ * need only the public header): the common optimizer object, a scope that
+ * releases temporaries recorded outside a step, and the checked assign.
+ * Not installed. */
 #ifndef CX_OPTIM_INTERNAL_H
 #define CX_OPTIM_INTERNAL_H
 

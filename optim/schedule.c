@@ -1,5 +1,5 @@
 /* Learning-rate schedules: pure functions of the step. */
-#include "optim_internal.h"
+#include <cxla/optim.h>
 
 #include <math.h>
 

@@ -3,6 +3,9 @@
  * xm.optimizer_step and DDP. */
 #include "parallel_internal.h"
 
+#include "cx_hash.h"
+#include "cx_sbuf.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +34,6 @@ cx_status cx_barrier(void)
 
 /* ---- rendezvous ------------------------------------------------------------------- */
 
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001b3ull; }
-    return h;
-}
-
 typedef struct {
     const char *tag;
     const void *payload;
@@ -51,7 +47,7 @@ static cx_status do_rendezvous(void *p)
     rdv_args *a = p;
     MPI_Comm w = cx_dist_world_comm();
     int world = cx_world_size();
-    uint64_t mine[2] = { fnv1a(a->tag), (uint64_t)a->n };
+    uint64_t mine[2] = { cx_hash64(a->tag, strlen(a->tag)), (uint64_t)a->n };
     uint64_t *all = malloc(sizeof(uint64_t) * 2 * (size_t)world);
     if (!all) { cx_set_last_error("rendezvous: out of memory"); return CX_ERR_OOM; }
     cx_status st = mpi_err(MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, w), "rendezvous");
@@ -118,78 +114,57 @@ cx_status cx_mesh_reduce(const char *tag, const double *data, int n, cx_mesh_red
 
 /* ---- module agreement and broadcast -------------------------------------------------- */
 
-static void append(char **buf, size_t *len, size_t *cap, const char *s)
+/* Every rank's signature against rank 0's; a difference is reported with
+ * the same message on every rank, since every rank sees every signature.
+ * `all` holds world texts `stride` bytes apart. */
+static cx_status compare_signatures(const char *what, const char *all, const size_t *sizes, size_t stride, int world)
 {
-    size_t n = strlen(s);
-    if (*len + n + 1 > *cap) {
-        size_t c = (*cap ? *cap * 2 : 1024);
-        while (c < *len + n + 1) c *= 2;
-        char *b = realloc(*buf, c);
-        if (!b) return;
-        *buf = b;
-        *cap = c;
+    enum { NAMED = 8 };   /* ranks listed before "and N more" */
+    char list[NAMED * 14 + 32] = "";
+    size_t len = 0;
+    int first = -1, ndiff = 0;
+    for (int r = 1; r < world; r++) {
+        if (sizes[r] == sizes[0] && !memcmp(all, all + (size_t)r * stride, sizes[0])) continue;
+        if (first < 0) first = r;
+        if (++ndiff <= NAMED) len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", ndiff > 1 ? ", " : "", r);
     }
-    memcpy(*buf + *len, s, n + 1);
-    *len += n;
+    if (first < 0) return CX_OK;
+    if (ndiff > NAMED) snprintf(list + len, sizeof list - len, " and %d more", ndiff - NAMED);
+    cx_module_sig_entry e0, er;
+    cx_module_signature_diff(all, all + (size_t)first * stride, &e0, &er);
+    cx_set_last_error("%s: rank%s %s set%s up the model differently from rank 0: rank 0 has '%.*s', rank %d has '%.*s'",
+                      what, ndiff > 1 ? "s" : "", list, ndiff > 1 ? "" : "s", e0.len, e0.len ? e0.text : "(nothing)",
+                      first, er.len, er.len ? er.text : "(nothing)");
+    return CX_ERR_ARG;
 }
 
-char *cx_module_signature(const cx_module *m)
+cx_status cx_agree_on_module(const cx_module *m, const char *extra, const char *what)
 {
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    append(&buf, &len, &cap, "");
-    for (int pass = 0; pass < 2; pass++) {
-        int n = 0;
-        cx_named_tensor *ts = pass ? cx_module_buffers(m, &n) : cx_module_parameters(m, &n);
-        for (int i = 0; ts && i < n; i++) {
-            char item[512];
-            int off = snprintf(item, sizeof item, "%s%s:%s:(", pass ? "buffer " : "", ts[i].name,
-                               cx_dtype_name(cx_dtype_of(ts[i].tensor)));
-            for (int d = 0; d < cx_ndim(ts[i].tensor) && off < (int)sizeof item; d++)
-                off += snprintf(item + off, sizeof item - (size_t)off, d ? ", %lld" : "%lld", (long long)cx_dim(ts[i].tensor, d));
-            if (off < (int)sizeof item) snprintf(item + off, sizeof item - (size_t)off, ");");
-            append(&buf, &len, &cap, item);
-        }
-        free(ts);
-    }
-    return buf;
-}
-
-cx_status cx_check_same_module(const cx_module *m, const char *what)
-{
-    char *sig = cx_module_signature(m);
-    if (!sig) { cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
-    void *all = NULL;
-    size_t *sizes = calloc((size_t)cx_world_size(), sizeof *sizes);
-    if (!sizes) { free(sig); cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
-    cx_status st = cx_rendezvous(what, sig, strlen(sig) + 1, &all, sizes);
-    if (st != CX_OK) { free(sig); free(sizes); return st; }
     int world = cx_world_size();
-    size_t maxn = 0;
-    for (int r = 0; r < world; r++) if (sizes[r] > maxn) maxn = sizes[r];
-    const char *root = all;
-    for (int r = 1; r < world && st == CX_OK; r++) {
-        const char *other = (const char *)all + (size_t)r * maxn;
-        if (!strcmp(root, other)) continue;
-        /* name the first entry that differs, identically on every rank */
-        const char *a = root, *b = other;
-        while (*a && *a == *b) { a++; b++; }
-        const char *sa = a, *sb = b;
-        while (sa > root && sa[-1] != ';') sa--;
-        while (sb > other && sb[-1] != ';') sb--;
-        const char *ea = strchr(sa, ';'), *eb = strchr(sb, ';');
-        int la = ea ? (int)(ea - sa) : (int)strlen(sa), lb = eb ? (int)(eb - sb) : (int)strlen(sb);
-        cx_set_last_error("%s: rank %d's model differs from rank 0's: rank 0 has '%.*s', rank %d has '%.*s'", what, r,
-                          la, la ? sa : "(nothing)", r, lb, lb ? sb : "(nothing)");
-        st = CX_ERR_ARG;
+    if (world == 1) return CX_OK;
+    char *sig = cx_module_signature(m);
+    if (sig && extra) {
+        cx_sbuf text = { 0 };
+        cx_sb_printf(&text, "%s%s", sig, extra);
+        free(sig);
+        sig = cx_sb_finish(&text);
+    }
+    size_t *sizes = calloc((size_t)world, sizeof *sizes);
+    if (!sig || !sizes) { free(sig); free(sizes); cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
+    void *all = NULL;
+    cx_status st = cx_rendezvous(what, sig, strlen(sig) + 1, &all, sizes);
+    free(sig);
+    if (st == CX_OK) {
+        size_t stride = 0;
+        for (int r = 0; r < world; r++) if (sizes[r] > stride) stride = sizes[r];
+        st = compare_signatures(what, all, sizes, stride, world);
     }
     free(all);
     free(sizes);
-    free(sig);
     return st;
 }
 
-static cx_status broadcast_tensors(cx_named_tensor *ts, int n)
+cx_status cx_record_master_values(const cx_named_tensor *ts, int n)
 {
     if (cx_world_size() == 1) return CX_OK;
     for (int i = 0; i < n; i++) {
@@ -198,21 +173,26 @@ static cx_status broadcast_tensors(cx_named_tensor *ts, int n)
         cx_free(b);
         if (st != CX_OK) return st;
     }
-    return cx_sync();
+    return CX_OK;
+}
+
+cx_status cx_take_master_state(cx_module *m, const char *what)
+{
+    if (cx_world_size() == 1) return CX_OK;
+    int n = 0;
+    cx_named_tensor *sd = cx_module_state_dict(m, &n);
+    if (!sd) { cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
+    cx_status st = cx_record_master_values(sd, n);
+    if (st == CX_OK) st = cx_sync();
+    free(sd);
+    return st;
 }
 
 cx_status cx_broadcast_master_params(cx_module *m)
 {
-    cx_status st = cx_check_same_module(m, "broadcast_master_params");
-    if (st != CX_OK) return st;
-    int np = 0, nb = 0;
-    cx_named_tensor *p = cx_module_parameters(m, &np), *b = cx_module_buffers(m, &nb);
-    if (!p || !b) { free(p); free(b); cx_set_last_error("broadcast_master_params: out of memory"); return CX_ERR_OOM; }
-    st = broadcast_tensors(p, np);
-    if (st == CX_OK) st = broadcast_tensors(b, nb);
-    free(p);
-    free(b);
-    return st;
+    if (!m) { cx_set_last_error("broadcast_master_params: module is NULL"); return CX_ERR_ARG; }
+    cx_status st = cx_agree_on_module(m, NULL, "broadcast_master_params");
+    return st == CX_OK ? cx_take_master_state(m, "broadcast_master_params") : st;
 }
 
 /* ---- bucketed gradient all-reduce --------------------------------------------------------- */

@@ -21,10 +21,20 @@ bool cx_dist_uses_mpi(void);
 int cx_bucket_next(cx_tensor *const *ts, int *i, int bucket, int64_t first_bucket_bytes, int64_t bucket_bytes,
                    int *members);
 
-/* "name:dtype:shape;" for every parameter then buffer of m; malloc'd. */
-char *cx_module_signature(const cx_module *m);
-/* Checks that every rank's module has rank 0's signature.
- * @return CX_OK, CX_ERR_ARG naming the first difference (on every rank), CX_ERR_COMM. */
-cx_status cx_check_same_module(const cx_module *m, const char *what);
+/* The wrap-time check of DDP, FSDP and broadcast_master_params, in one
+ * rendezvous under tag `what`: every rank's cx_module_signature of m,
+ * followed by the wrapper's own `extra` entries in the same "entry;" form
+ * (may be NULL), must equal rank 0's. Nothing to check in a world of one.
+ * @return CX_OK; CX_ERR_ARG with one message, the same on every rank,
+ * naming the ranks that differ and the first entry where the first of them
+ * does; CX_ERR_OOM; CX_ERR_COMM. */
+cx_status cx_agree_on_module(const cx_module *m, const char *extra, const char *what);
+/* Records rank 0's value into each tensor of ts (broadcast, then assign);
+ * the caller runs them all in one cx_sync. Nothing in a world of one.
+ * @return CX_OK or the first error recording them. */
+cx_status cx_record_master_values(const cx_named_tensor *ts, int n);
+/* Rank 0's parameters and buffers of m into every rank's, in one
+ * execution, after cx_agree_on_module. @return CX_OK or the error. */
+cx_status cx_take_master_state(cx_module *m, const char *what);
 
 #endif

@@ -105,6 +105,30 @@ CX_API cx_tensor *cx_module_get(const cx_module *m, const char *key);
 CX_API cx_module *cx_module_find(cx_module *m, const char *path);
 /* Total number of parameter elements (sum of numel). */
 CX_API int64_t cx_module_num_params(const cx_module *m);
+/* The structural signature of `m`: one entry per parameter and buffer in
+ * state-dict order, "name:dtype:(d0, d1, ...);" for a parameter and
+ * "buffer name:dtype:(...);" for a buffer ("0.weight:f32:(16, 8);").
+ * Values play no part: two modules have equal signatures exactly when they
+ * have the same names, kinds, dtypes and shapes in the same order. DDP and
+ * FSDP exchange it to check that every rank holds the same model.
+ * @return the text (release with free(); "" for a module without
+ * parameters or buffers), or NULL with cx_last_error set for a NULL module
+ * or out of memory. */
+CX_API char *cx_module_signature(const cx_module *m);
+
+/* One entry of a signature, without its ';' (len 0 past the last entry). */
+typedef struct {
+    const char *text;
+    int len;
+} cx_module_sig_entry;
+
+/* Compares two signatures (also ones a wrapper extended with entries of its
+ * own in the same "entry;" form). NULL reads as "".
+ * @return false when they are equal; true when they differ, with *ea and
+ * *eb (either may be NULL) set to the entry of each that holds the first
+ * difference. */
+CX_API bool cx_module_signature_diff(const char *a, const char *b, cx_module_sig_entry *ea, cx_module_sig_entry *eb);
+
 /* Overwrites the parameter/buffer `key` with host data of its own shape
  * (converted from `dtype`), materializing it at once.
  * @return CX_OK, CX_ERR_ARG for an unknown key, or the sync error. */

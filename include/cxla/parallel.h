@@ -53,8 +53,9 @@ typedef void (*cx_mesh_reduce_fn)(const double *all, int world, int n, double *o
  * on every rank), as xm.mesh_reduce. NULL reduce = mean. */
 CX_API cx_status cx_mesh_reduce(const char *tag, const double *data, int n, cx_mesh_reduce_fn reduce, double *out);
 
-/* Copies rank 0's parameters and buffers into every rank's module.
- * @return CX_OK, CX_ERR_ARG when the modules differ across ranks, CX_ERR_COMM. */
+/* Copies rank 0's parameters and buffers into every rank's module, after
+ * the same check as cx_ddp_wrap. @return CX_OK, CX_ERR_ARG when the modules
+ * differ across ranks (or m is NULL), CX_ERR_COMM. */
 CX_API cx_status cx_broadcast_master_params(cx_module *m);
 
 /* ---- gradient all-reduce --------------------------------------------------------- */
@@ -83,10 +84,12 @@ typedef struct {
 } cx_ddp_opts;
 CX_API cx_ddp_opts cx_ddp_default_opts(void);
 
-/* Wraps `m` (borrowed; it must outlive the wrapper): checks that every rank
- * has the same parameter names, shapes and order, then broadcasts rank 0's
- * parameters and buffers. @return the wrapper, or NULL with an error naming
- * the first difference (on every rank) or a communication failure. */
+/* Wraps `m` (borrowed; it must outlive the wrapper): checks in one
+ * rendezvous that every rank has the same cx_module_signature (parameter and
+ * buffer names, dtypes, shapes and order), then broadcasts rank 0's
+ * parameters and buffers. @return the wrapper, or NULL with an error, the
+ * same on every rank, naming the ranks that differ and the first difference,
+ * or a communication failure. */
 CX_API cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts);
 CX_API void cx_ddp_free(cx_ddp *d);
 CX_API cx_module *cx_ddp_module(cx_ddp *d);

@@ -12,9 +12,11 @@ struct cx_ddp {
     cx_module *m;
     cx_ddp_opts o;
     cx_named_tensor *params;
+    cx_tensor **ptensors;     /* params' tensors, as the bucket policy takes them */
     int nparams;
     cx_named_tensor *buffers;
     int nbuffers;
+    int *bucket_idx;          /* scratch for cx_bucket_next, nparams + 1 */
     int no_sync;
     int last_buckets;
 };
@@ -22,6 +24,17 @@ struct cx_ddp {
 cx_ddp_opts cx_ddp_default_opts(void)
 {
     return (cx_ddp_opts){ .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true };
+}
+
+/* Every rank must hold the same model before anything is exchanged; then
+ * rank 0's parameters and buffers, in one execution. */
+static cx_status take_master_model(cx_ddp *d)
+{
+    cx_status st = cx_agree_on_module(d->m, NULL, "ddp_wrap");
+    if (st != CX_OK || cx_world_size() == 1) return st;
+    st = cx_record_master_values(d->params, d->nparams);
+    if (st == CX_OK) st = cx_record_master_values(d->buffers, d->nbuffers);
+    return st == CX_OK ? cx_sync() : st;
 }
 
 cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts)
@@ -38,12 +51,17 @@ cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts)
     d->o = opts;
     d->params = cx_module_parameters(m, &d->nparams);
     d->buffers = cx_module_buffers(m, &d->nbuffers);
-    if (!d->params || !d->buffers) { cx_ddp_free(d); cx_set_last_error("ddp_wrap: out of memory"); return NULL; }
-    /* every rank must hold the same model before anything is exchanged */
-    if (cx_check_same_module(m, "ddp_wrap") != CX_OK || cx_broadcast_master_params(m) != CX_OK) {
+    if (d->params) {
+        d->ptensors = malloc(sizeof *d->ptensors * (size_t)(d->nparams + 1));
+        d->bucket_idx = malloc(sizeof *d->bucket_idx * (size_t)(d->nparams + 1));
+    }
+    if (!d->params || !d->buffers || !d->ptensors || !d->bucket_idx) {
         cx_ddp_free(d);
+        cx_set_last_error("ddp_wrap: out of memory");
         return NULL;
     }
+    for (int i = 0; i < d->nparams; i++) d->ptensors[i] = d->params[i].tensor;
+    if (take_master_model(d) != CX_OK) { cx_ddp_free(d); return NULL; }
     return d;
 }
 
@@ -51,6 +69,8 @@ void cx_ddp_free(cx_ddp *d)
 {
     if (!d) return;
     free(d->params);
+    free(d->ptensors);
+    free(d->bucket_idx);
     free(d->buffers);
     free(d);
 }
@@ -60,14 +80,10 @@ cx_module *cx_ddp_module(cx_ddp *d) { return d ? d->m : NULL; }
 cx_tensor *cx_ddp_forward(cx_ddp *d, cx_tensor *x)
 {
     if (!d) return cx_module_forward(NULL, x);
-    if (d->o.broadcast_buffers && cx_world_size() > 1 && cx_module_is_training(d->m)) {
-        /* torch DDP's buffer sync: rank 0's running stats before each forward */
-        for (int i = 0; i < d->nbuffers; i++) {
-            cx_tensor *b = cx_broadcast(d->buffers[i].tensor, 0, NULL, true);
-            cx_assign(d->buffers[i].tensor, b);
-            cx_free(b);
-        }
-    }
+    /* torch DDP's buffer sync: rank 0's running stats before each forward */
+    if (d->o.broadcast_buffers && cx_module_is_training(d->m) &&
+        cx_record_master_values(d->buffers, d->nbuffers) != CX_OK)
+        return cx_poisoned("ddp_forward: broadcasting rank 0's buffers: %s", cx_last_error());
     return cx_module_forward(d->m, x);
 }
 
@@ -76,11 +92,8 @@ cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss)
     if (!d) { cx_set_last_error("ddp_backward: wrapper is NULL"); return CX_ERR_ARG; }
     cx_status st = cx_backward(loss);
     if (st != CX_OK || d->no_sync) return st;
-    cx_tensor **ts = malloc(sizeof *ts * (size_t)(d->nparams + 1));
-    if (!ts) { cx_set_last_error("ddp_backward: out of memory"); return CX_ERR_OOM; }
-    for (int i = 0; i < d->nparams; i++) ts[i] = d->params[i].tensor;
-    int b = cx_allreduce_gradients(ts, d->nparams, d->o.first_bucket_bytes, d->o.bucket_bytes, 1.0 / cx_world_size());
-    free(ts);
+    int b = cx_allreduce_gradients(d->ptensors, d->nparams, d->o.first_bucket_bytes, d->o.bucket_bytes,
+                                   1.0 / cx_world_size());
     if (b < 0) return CX_ERR_COMM;
     d->last_buckets = b;
     return CX_OK;
@@ -93,15 +106,9 @@ int cx_ddp_num_buckets(const cx_ddp *d) { return d ? d->last_buckets : 0; }
 int cx_ddp_predict_buckets(const cx_ddp *d)
 {
     if (!d) return 0;
-    cx_tensor **ts = malloc(sizeof *ts * (size_t)(d->nparams + 1));
-    int *idx = malloc(sizeof *idx * (size_t)(d->nparams + 1));
+    /* the same policy over the parameters (a gradient has its parameter's size) */
     int buckets = 0, i = d->nparams - 1;
-    if (ts && idx) {
-        /* the same policy over the parameters (a gradient has its parameter's size) */
-        for (int j = 0; j < d->nparams; j++) ts[j] = d->params[j].tensor;
-        while (cx_bucket_next(ts, &i, buckets, d->o.first_bucket_bytes, d->o.bucket_bytes, idx) > 0) buckets++;
-    }
-    free(ts);
-    free(idx);
+    while (cx_bucket_next(d->ptensors, &i, buckets, d->o.first_bucket_bytes, d->o.bucket_bytes, d->bucket_idx) > 0)
+        buckets++;
     return buckets;
 }

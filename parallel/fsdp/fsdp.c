@@ -12,6 +12,9 @@
 #include "parallel_internal.h"
 #include <cxla/fsdp.h>
 
+#include "cx_sbuf.h"
+#include "cx_vec.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +30,7 @@ typedef struct unit {
     cx_module *m;
     char *path;
     char *flat_name;
-    int nparams;
+    int nparams, cap_refs, cap_info;
     param_ref *refs;
     cx_fsdp_param_info *info;
     cx_tensor *shard;         /* persistent, requires grad: what the optimizer sees */
@@ -113,13 +116,7 @@ static char *join_path(const char *a, const char *b)
 
 static unit *add_unit(cx_fsdp *f, cx_module *m, const char *path)
 {
-    if (f->nunits == f->cap) {
-        int cap = f->cap ? f->cap * 2 : 8;
-        unit *nu = realloc(f->units, sizeof *nu * (size_t)cap);
-        if (!nu) return NULL;
-        f->units = nu;
-        f->cap = cap;
-    }
+    if (!CX_GROW(f->units, f->cap, f->nunits + 1)) return NULL;
     unit *u = &f->units[f->nunits++];
     memset(u, 0, sizeof *u);
     u->f = f;
@@ -159,12 +156,8 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
 {
     if (!top && is_unit_module(f, m)) return true;
     for (int s = 0; s < cx_module_num_own_params(m); s++) {
-        param_ref *nr = realloc(u->refs, sizeof *nr * (size_t)(u->nparams + 1));
-        if (!nr) return false;
-        u->refs = nr;
-        cx_fsdp_param_info *ni = realloc(u->info, sizeof *ni * (size_t)(u->nparams + 1));
-        if (!ni) return false;
-        u->info = ni;
+        if (!CX_GROW(u->refs, u->cap_refs, u->nparams + 1) || !CX_GROW(u->info, u->cap_info, u->nparams + 1))
+            return false;
         cx_tensor *t = cx_module_param(m, s);
         cx_fsdp_param_info *pi = &u->info[u->nparams];
         memset(pi, 0, sizeof *pi);
@@ -188,61 +181,39 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
 
 /* ---- wrap ------------------------------------------------------------------------------- */
 
-static char *wrap_signature(const cx_fsdp *f)
+/* The flat parameter is padded to a multiple of world * this. */
+static int64_t shard_multiple(const cx_fsdp *f)
 {
-    size_t cap = 256, len = 0;
-    char *s = malloc(cap);
-    if (!s) return NULL;
-    s[0] = 0;
-    for (int i = 0; i < f->nunits; i++) {
-        const unit *u = &f->units[i];
-        for (int k = -1; k < u->nparams; k++) {
-            char item[400];
-            if (k < 0) snprintf(item, sizeof item, "unit '%s' (zero%d);", u->path, f->o.reshard_after_forward ? 3 : 2);
-            else snprintf(item, sizeof item, "%s:%lld;", u->info[k].name, (long long)u->info[k].numel);
-            size_t n = strlen(item);
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                char *ns = realloc(s, cap);
-                if (!ns) { free(s); return NULL; }
-                s = ns;
-            }
-            memcpy(s + len, item, n + 1);
-            len += n;
-        }
-    }
-    return s;
+    return f->o.shard_size_multiple > 0 ? f->o.shard_size_multiple : 1;
 }
 
-static cx_status check_same_wrapping(const cx_fsdp *f)
+/* What every rank must wrap alike beyond the model itself: the units (their
+ * parameters follow from the model and the unit paths) and what sizes the
+ * collectives; appended to the module signature, in its "entry;" form. */
+static char *wrap_entries(const cx_fsdp *f)
 {
-    char *sig = wrap_signature(f);
-    if (!sig) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
-    int world = cx_world_size();
-    size_t *sizes = calloc((size_t)world, sizeof *sizes);
-    void *all = NULL;
-    cx_status st = sizes ? cx_rendezvous("fsdp_wrap", sig, strlen(sig) + 1, &all, sizes) : CX_ERR_OOM;
-    if (st == CX_OK) {
-        size_t maxn = 0;
-        for (int r = 0; r < world; r++) if (sizes[r] > maxn) maxn = sizes[r];
-        for (int r = 1; r < world; r++)
-            if (strcmp((const char *)all, (const char *)all + (size_t)r * maxn)) {
-                cx_set_last_error("fsdp_wrap: rank %d wraps the model differently from rank 0 (units or parameters differ)", r);
-                st = CX_ERR_ARG;
-                break;
-            }
-    }
-    free(all);
-    free(sizes);
-    free(sig);
-    return st;
+    cx_sbuf b = { 0 };
+    for (int i = 0; i < f->nunits; i++)
+        cx_sb_printf(&b, "fsdp unit %s: zero%d, shard multiple %lld;", f->units[i].path[0] ? f->units[i].path : "(root)",
+                     f->o.reshard_after_forward ? 3 : 2, (long long)shard_multiple(f));
+    return cx_sb_finish(&b);
+}
+
+/* One rendezvous on the model and its wrapping, then rank 0's values. */
+static cx_status take_master_model(cx_fsdp *f)
+{
+    char *extra = wrap_entries(f);
+    if (!extra) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    cx_status st = cx_agree_on_module(f->root, extra, "fsdp_wrap");
+    free(extra);
+    return st == CX_OK ? cx_take_master_state(f->root, "fsdp_wrap") : st;
 }
 
 static cx_status shard_unit(cx_fsdp *f, unit *u)
 {
     int64_t total = 0;
     for (int i = 0; i < u->nparams; i++) { u->info[i].offset = total; total += u->info[i].numel; }
-    int64_t mult = (int64_t)f->world * (f->o.shard_size_multiple > 0 ? f->o.shard_size_multiple : 1);
+    int64_t mult = (int64_t)f->world * shard_multiple(f);
     int64_t padded = (total + mult - 1) / mult * mult;
     if (padded == 0) padded = mult;
     int64_t shard = padded / f->world;
@@ -288,6 +259,22 @@ static cx_status shard_unit(cx_fsdp *f, unit *u)
     return CX_OK;
 }
 
+/* Everything a unit holds; its module keeps whatever is in its slots. */
+static void unit_release(unit *u)
+{
+    cx_module_remove_hooks(u->m, u);
+    for (int k = 0; k < u->nparams; k++) {
+        cx_free(u->refs[k].placeholder);
+        free((char *)u->info[k].name);
+    }
+    cx_free(u->shard);
+    cx_free(u->acc);
+    free(u->refs);
+    free(u->info);
+    free(u->path);
+    free(u->flat_name);
+}
+
 cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
 {
     if (!m) { cx_set_last_error("fsdp_wrap: module is NULL"); return NULL; }
@@ -313,15 +300,11 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
     /* units that own no parameters (all nested) are dropped */
     int k = 0;
     for (int i = 0; i < f->nunits; i++) {
-        if (f->units[i].nparams > 0) { f->units[k++] = f->units[i]; continue; }
-        free(f->units[i].path);
-        free(f->units[i].flat_name);
-        free(f->units[i].refs);
-        free(f->units[i].info);
+        if (f->units[i].nparams > 0) f->units[k++] = f->units[i];
+        else unit_release(&f->units[i]);
     }
     f->nunits = k;
-    for (int i = 0; i < f->nunits; i++) f->units[i].f = f;
-    if (check_same_wrapping(f) != CX_OK || cx_broadcast_master_params(m) != CX_OK) { cx_fsdp_free(f); return NULL; }
+    if (take_master_model(f) != CX_OK) { cx_fsdp_free(f); return NULL; }
     for (int i = 0; i < f->nunits; i++)
         if (shard_unit(f, &f->units[i]) != CX_OK) { cx_fsdp_free(f); return NULL; }
     f->meta = calloc((size_t)f->nunits + 1, sizeof *f->meta);
@@ -337,20 +320,7 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
 void cx_fsdp_free(cx_fsdp *f)
 {
     if (!f) return;
-    for (int i = 0; i < f->nunits; i++) {
-        unit *u = &f->units[i];
-        cx_module_remove_hooks(u->m, u);
-        for (int k = 0; k < u->nparams; k++) {
-            cx_free(u->refs[k].placeholder);
-            free((char *)u->info[k].name);
-        }
-        cx_free(u->shard);
-        cx_free(u->acc);
-        free(u->refs);
-        free(u->info);
-        free(u->path);
-        free(u->flat_name);
-    }
+    for (int i = 0; i < f->nunits; i++) unit_release(&f->units[i]);
     free(f->units);
     free(f->meta);
     free(f);

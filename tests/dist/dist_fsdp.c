@@ -335,6 +335,13 @@ int main(int argc, char **argv)
     cx_fsdp *bad = cx_fsdp_wrap(mm, opts_for(3, rank == 1, 0));
     CHECK(bad == NULL && strstr(cx_last_error(), "differently"), "mismatched wrapping: %s", bad ? "accepted" : cx_last_error());
     cx_fsdp_free(bad);
+    /* so is a padding multiple that would size the collectives differently */
+    cx_fsdp_opts so = opts_for(3, 0, 0);
+    so.shard_size_multiple = rank == 1 ? 2 : 1;
+    bad = cx_fsdp_wrap(mm, so);
+    CHECK(bad == NULL && strstr(cx_last_error(), "shard multiple"), "mismatched shard_size_multiple: %s",
+          bad ? "accepted" : cx_last_error());
+    cx_fsdp_free(bad);
     cx_module_free(mm);
     return dist_finish("dist_fsdp");
 }

@@ -61,6 +61,48 @@ Test(nn_module, transformer_block_names)
     cx_module_free(b);
 }
 
+static bool entry_is(cx_module_sig_entry e, const char *want)
+{
+    return e.len == (int)strlen(want) && !strncmp(e.text, want, (size_t)e.len);
+}
+
+Test(nn_module, signature_lists_structure_in_state_dict_order)
+{
+    cx_module *mods[2] = { cx_nn_linear(3, 2, true), cx_nn_batch_norm2d(2, cx_batch_norm_default_opts()) };
+    cx_module *seq = cx_nn_sequential(mods, 2);
+    cr_assert(seq, "%s", cx_last_error());
+    char *sig = cx_module_signature(seq);
+    cr_assert(sig, "%s", cx_last_error());
+    cr_expect_str_eq(sig, "0.weight:f32:(2, 3);0.bias:f32:(2);1.weight:f32:(2);1.bias:f32:(2);"
+                          "buffer 1.running_mean:f32:(2);buffer 1.running_var:f32:(2);"
+                          "buffer 1.num_batches_tracked:i64:();");
+    /* values play no part */
+    float w[6] = { 1, 2, 3, 4, 5, 6 };
+    cr_assert_eq(cx_module_load(seq, "0.weight", w, CX_F32), CX_OK);
+    char *again = cx_module_signature(seq);
+    cr_expect_str_eq(again, sig);
+    cx_module_sig_entry ea, eb;
+    cr_expect(!cx_module_signature_diff(sig, again, &ea, &eb));
+    free(again);
+    cx_module *other = cx_nn_linear(3, 4, true);
+    char *osig = cx_module_signature(other);
+    cr_assert(osig);
+    /* the differing entry, whole, from both texts */
+    cr_assert(cx_module_signature_diff(sig, osig, &ea, &eb));
+    cr_expect(entry_is(ea, "0.weight:f32:(2, 3)"), "%.*s", ea.len, ea.text);
+    cr_expect(entry_is(eb, "weight:f32:(4, 3)"), "%.*s", eb.len, eb.text);
+    /* one text ending first: an empty entry on that side */
+    cr_assert(cx_module_signature_diff("a:f32:(1);", "a:f32:(1);b:f32:(2);", &ea, &eb));
+    cr_expect_eq(ea.len, 0);
+    cr_expect(entry_is(eb, "b:f32:(2)"), "%.*s", eb.len, eb.text);
+    cr_expect(!cx_module_signature_diff(NULL, "", NULL, NULL));
+    cr_expect_null(cx_module_signature(NULL));
+    free(osig);
+    free(sig);
+    cx_module_free(other);
+    cx_module_free(seq);
+}
+
 Test(nn_module, train_eval_propagates)
 {
     cx_module *mods[2] = { cx_nn_dropout(0.5), cx_nn_linear(2, 2, true) };
