@@ -118,3 +118,13 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
     default: return 2;
     }
 }
+
+bool bench_in_launched_rank(void)
+{
+    /* mpirun's (Open MPI, PMIx, Hydra) and xla-launch's own, which it
+     * exports to every rank */
+    static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "XLA_LAUNCH_RESTART_COUNT" };
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i])) return true;
+    return false;
+}

@@ -71,6 +71,9 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
  * of `cxla-bench SUB --help` and of `cxla-bench --help` alike. */
 const char *bench_summary(const char *sub);
 
+/* True inside a rank started by mpirun or xla-launch. */
+bool bench_in_launched_rank(void);
+
 /* ---- shared pieces of work -------------------------------------------------------- */
 
 struct cx_module;

@@ -262,6 +262,15 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
     if (argc > 1 && !strcmp(argv[1], "--worker")) return ddp_worker(argc, argv);
     int rc = bench_parse("ddp", argc, argv, NULL, 0, &cfg);
     if (rc >= 0) return rc;
+    /* mpirun refuses to be started from inside one of its own ranks */
+    if (bench_in_launched_rank()) {
+        /* one line for the job, not one per rank */
+        const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
+        if (!rank || !strcmp(rank, "0"))
+            fprintf(stderr, "cxla-bench ddp: this subcommand starts its own ranks (it runs xla-launch itself); "
+                            "run it directly, not under xla-launch or mpirun\n");
+        return 2;
+    }
     ddp_launch_ctx l;
     char launcher[PATH_MAX], self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
