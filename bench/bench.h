@@ -1,25 +1,111 @@
-/* Shared helpers for cxla-bench subcommands. */
+/* Shared machinery of the cxla-bench subcommands.
+ *
+ * Every figure compares a measured side with a reference measured in the
+ * same run. A run is `rounds` rounds; in each round every side is timed for
+ * at least `min_time` seconds (its unit of work repeated as needed), the
+ * sides in forward order on even rounds and in reverse order on odd ones,
+ * so that drift (thermal, a neighbour's load, the disk) hits both alike.
+ * A figure's JSON line carries the medians over rounds of the value and the
+ * reference, the median of the per-round ratios, and their min and max. */
 #ifndef CX_BENCH_H
 #define CX_BENCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "cx_cli.h"
+
+#define BENCH_MAX_ROUNDS 100
+
+typedef struct {
+    int rounds;
+    double min_time;   /* seconds per side per round; 0: one unit */
+    /* Multi-rank sides must repeat their unit the same number of times on
+     * every rank: given this rank's "enough", returns the decision all ranks
+     * follow. NULL: single process. */
+    bool (*agree)(bool enough);
+} bench_cfg;
+
+/* One side of a comparison. */
+typedef struct {
+    /* One unit of work; returns the seconds to count (the timed part, so
+     * untimed set-up such as dropping the page cache stays out), or a
+     * negative number after printing why it failed. */
+    double (*unit)(void *ctx);
+    /* Instead of `unit`, for a side that times itself over a whole round
+     * (ddp: one multi-rank launch per round): returns seconds per unit. */
+    double (*whole_round)(void *ctx, const bench_cfg *cfg);
+    void *ctx;
+} bench_side;
+
+/* Per-round value and reference of one figure. */
+typedef struct {
+    int n;
+    double value[BENCH_MAX_ROUNDS], ref[BENCH_MAX_ROUNDS];
+} bench_series;
 
 double bench_now(void);
 /* Median of n doubles (sorts in place). */
 double bench_median(double *v, int n);
-/* Prints {"bench": NAME, "value": X, "unit": U, "ref": R, "ratio": X/R}. */
-void bench_emit(const char *name, double value, const char *unit, double ref);
+
+/* Repeats `unit` until the seconds it reports add up to at least
+ * cfg->min_time; returns seconds per unit, negative if a unit failed. */
+double bench_repeat(const bench_cfg *cfg, double (*unit)(void *), void *ctx);
+/* Round `round` of n sides (alternating order); sec[i] = seconds per unit
+ * of sides[i]. false if a side failed (it said why). */
+bool bench_round(const bench_cfg *cfg, int round, const bench_side *sides, int n, double *sec);
+
+void bench_add(bench_series *s, double value, double ref);
+/* Prints {"bench", "value", "unit", "ref", "ratio", "rounds", "ratio_min",
+ * "ratio_max"}: value and ref are medians over rounds, ratio the median of
+ * the per-round value/ref. A number that is not finite prints as null. */
+void bench_emit(const char *name, const char *unit, const bench_series *s);
+
+/* Writes the --rounds and --min-time flags (pointing into *cfg) to out[0..1]; returns 2. */
+int bench_common_flags(bench_cfg *cfg, cli_flag *out);
+/* Parses a subcommand's flags: --rounds and --min-time (defaults: the
+ * global flags' values, already in *cfg) and the subcommand's own `extra`.
+ * @return -1 to go on, else the exit code (0 after --help, 2 on an error). */
+int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg);
+/* What a subcommand compares and how it is run (main.c's table): the help
+ * of `cxla-bench SUB --help` and of `cxla-bench --help` alike. */
+const char *bench_summary(const char *sub);
+
+/* True inside a rank started by mpirun or xla-launch. */
+bool bench_in_launched_rank(void);
+
+/* ---- shared pieces of work -------------------------------------------------------- */
 
 struct cx_module;
 /* The seed's MNIST cnn, as trained by `train --model cnn`. */
 struct cx_module *bench_cnn(void);
 
-int bench_core(int argc, char **argv);
-int bench_ckpt(int argc, char **argv);
-int bench_train(int argc, char **argv);
-int bench_comm(int argc, char **argv);
-int bench_ddp(int argc, char **argv);
-int bench_fsdp(int argc, char **argv);
-int bench_cache(int argc, char **argv);
+/* Training steps (forward, backward, SGD with momentum: one graph per step)
+ * on MNIST-shaped synthetic batches; the model may be wrapped in DDP. */
+typedef struct bench_trainer bench_trainer;
+/* Takes the model; runs the warm-up steps (the first compiles). NULL after
+ * printing why. */
+bench_trainer *bench_trainer_new(struct cx_module *m, int64_t batch, bool ddp);
+/* bench_side unit: one step. */
+double bench_trainer_step(void *trainer);
+void bench_trainer_free(bench_trainer *t);
+
+/* cblas_sgemm at n x n x n with as many OpenBLAS threads as cxla uses. */
+typedef struct bench_sgemm bench_sgemm;
+bench_sgemm *bench_sgemm_new(int n);
+/* bench_side unit: one sgemm. */
+double bench_sgemm_run(void *sgemm);
+double bench_sgemm_flop(const bench_sgemm *g);
+void bench_sgemm_free(bench_sgemm *g);
+
+/* ---- subcommands ----------------------------------------------------------------- */
+
+int bench_core(int argc, char **argv, bench_cfg cfg);
+int bench_ckpt(int argc, char **argv, bench_cfg cfg);
+int bench_train(int argc, char **argv, bench_cfg cfg);
+int bench_comm(int argc, char **argv, bench_cfg cfg);
+int bench_ddp(int argc, char **argv, bench_cfg cfg);
+int bench_fsdp(int argc, char **argv, bench_cfg cfg);
+int bench_cache(int argc, char **argv, bench_cfg cfg);
 
 #endif

@@ -1,15 +1,14 @@
 /* cxla-bench cache: what the persistent compile cache saves at start-up.
  *
- * Each sample is a fresh process (this binary, re-executed as
- * `cxla-bench cache --child DIR`) that builds a deep MLP with Adam and runs
- * one training step; the figure is the wall time from spawning it to its
- * first step being done. Cold: an empty cache directory (every graph is
- * compiled and stored). Warm: the directory a cold run filled (every graph
- * is loaded). Reported: warm_start_s with the cold start as ref (target
- * ratio <= 0.5 for a step graph whose compile takes >= 100 ms), and the
- * total load time with the total compile time as ref.
- *
- *   cxla-bench cache [--depth N] [--width N] [--reps N] */
+ * Each unit is a fresh process (this binary, re-executed as
+ * `cxla-bench cache --child DIR DEPTH WIDTH`) that builds a deep MLP with
+ * Adam and runs one training step; it counts the wall time from spawning it
+ * to its first step being done. Cold: an empty cache directory (every graph
+ * is compiled and stored). Warm: a directory a cold run filled before the
+ * rounds (every graph is loaded). Reported: warm_start_s with the cold start
+ * as ref (target ratio <= 0.5 for a step graph whose compile takes >= 100
+ * ms), and the warm runs' load time with the cold runs' compile time as ref
+ * (means over each round's units). */
 #include "bench.h"
 
 #include <cxla/cxla.h>
@@ -31,7 +30,7 @@ typedef struct {
 static int child_main(const char *dir, int depth, int width)
 {
     if (cx_cache_init(dir, false) != CX_OK) {
-        fprintf(stderr, "cache bench: %s\n", cx_last_error());
+        fprintf(stderr, "cxla-bench cache: %s\n", cx_last_error());
         return 1;
     }
     cx_manual_seed(1);
@@ -50,7 +49,7 @@ static int child_main(const char *dir, int depth, int width)
     cx_named_tensor *ps = m ? cx_module_parameters(m, &np) : NULL;
     cx_optimizer *opt = ps ? cx_optim_adam(ps, np, cx_adam_default_opts()) : NULL;
     free(ps);
-    if (!opt) { fprintf(stderr, "cache bench: %s\n", cx_last_error()); return 1; }
+    if (!opt) { fprintf(stderr, "cxla-bench cache: %s\n", cx_last_error()); return 1; }
     float x[16 * 32];
     int64_t t[16];
     for (int i = 0; i < 16 * 32; i++) x[i] = (float)((i * 13) % 17) / 17.0f;
@@ -60,7 +59,7 @@ static int child_main(const char *dir, int depth, int width)
     cx_tensor *ts = cx_from_host(t, (int64_t[]){ 16 }, 1, CX_I64);
     cx_tensor *loss = cx_cross_entropy(cx_module_forward(m, xs), ts, CX_REDUCE_MEAN, -100, 0.0);
     if (cx_backward(loss) != CX_OK || cx_optim_step(opt) != CX_OK || cx_step_end() != CX_OK) {
-        fprintf(stderr, "cache bench: %s\n", cx_last_error());
+        fprintf(stderr, "cxla-bench cache: %s\n", cx_last_error());
         return 1;
     }
     cx_metric_stats cs = { 0 }, ls = { 0 };
@@ -112,46 +111,80 @@ static void rm_rf(const char *dir)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cache bench: cannot remove %s\n", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cxla-bench cache: cannot remove %s\n", dir);
 }
 
-int bench_cache(int argc, char **argv)
+typedef struct {
+    const char *self, *dir;
+    int depth, width;
+    bool cold;                  /* empty the directory before each unit */
+    long long expect_hits;      /* warm: graphs the filling run compiled */
+    double compile_s, load_s;   /* sums over this round's units */
+    long n;
+} cache_side;
+
+static double cache_unit(void *p)
 {
-    if (argc >= 5 && !strcmp(argv[1], "--child")) return child_main(argv[2], atoi(argv[3]), atoi(argv[4]));
-    int depth = 160, width = 64, reps = 3;   /* depth 160: the step graph compiles in ~0.2 s */
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--depth")) depth = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--width")) width = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-        else { fprintf(stderr, "usage: cxla-bench cache [--depth N] [--width N] [--reps N]\n"); return 2; }
+    cache_side *s = p;
+    if (s->cold) rm_rf(s->dir);
+    sample x;
+    if (!spawn(s->self, s->dir, s->depth, s->width, &x)) {
+        fprintf(stderr, "cxla-bench cache: a %s child run failed\n", s->cold ? "cold" : "warm");
+        return -1;
     }
-    if (depth < 1 || width < 1 || reps < 1 || reps > 50) { fprintf(stderr, "cache bench: bad arguments\n"); return 2; }
+    if (!s->cold && (x.uncached != 0 || x.hits != s->expect_hits))
+        fprintf(stderr, "cxla-bench cache: warm run compiled %lld graphs (%lld hits of %lld)\n", x.uncached, x.hits,
+                s->expect_hits);
+    s->compile_s += x.compile_s;
+    s->load_s += x.load_s;
+    s->n++;
+    return x.start_s;
+}
+
+int bench_cache(int argc, char **argv, bench_cfg cfg)
+{
+    /* internal: the child of a unit */
+    if (argc == 5 && !strcmp(argv[1], "--child")) return child_main(argv[2], atoi(argv[3]), atoi(argv[4]));
+    int depth = 160, width = 64;   /* depth 160: the step graph compiles in ~0.2 s */
+    const cli_flag extra[] = {
+        { .name = "depth", .kind = CLI_INT, .dest = &depth, .help = "hidden layers of the mlp", .min = 1, .max = 100000 },
+        { .name = "width", .kind = CLI_INT, .dest = &width, .help = "their width", .min = 1, .max = 1 << 20 },
+    };
+    int rc = bench_parse("cache", argc, argv, extra, 2, &cfg);
+    if (rc >= 0) return rc;
     char self[4096];
     ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (k <= 0) { fprintf(stderr, "cache bench: cannot find this binary\n"); return 1; }
+    if (k <= 0) { fprintf(stderr, "cxla-bench cache: cannot find this binary (/proc/self/exe)\n"); return 1; }
     self[k] = '\0';
-    char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/cxla_bench_cache_%d", (int)getpid());
-    double cold[50], warm[50], comp[50], load[50], step_comp = 0;
-    for (int r = 0; r < reps; r++) {
-        sample c, w;
-        rm_rf(dir);
-        if (!spawn(self, dir, depth, width, &c) || !spawn(self, dir, depth, width, &w)) {
-            fprintf(stderr, "cache bench: a child run failed\n");
-            rm_rf(dir);
-            return 1;
-        }
-        if (w.uncached != 0 || w.hits != c.uncached)
-            fprintf(stderr, "cache bench: warm run compiled %lld graphs (%lld hits of %lld)\n", w.uncached, w.hits, c.uncached);
-        cold[r] = c.start_s;
-        warm[r] = w.start_s;
-        comp[r] = c.compile_s;
-        load[r] = w.load_s;
-        step_comp = c.step_compile_s;
+    char cold_dir[256], warm_dir[256];
+    snprintf(cold_dir, sizeof cold_dir, "/tmp/cxla_bench_cache_%d_cold", (int)getpid());
+    snprintf(warm_dir, sizeof warm_dir, "/tmp/cxla_bench_cache_%d_warm", (int)getpid());
+    cache_side warm = { self, warm_dir, depth, width, false, 0, 0, 0, 0 };
+    cache_side cold = { self, cold_dir, depth, width, true, 0, 0, 0, 0 };
+    rm_rf(warm_dir);
+    sample fill;
+    rc = 1;
+    if (!spawn(self, warm_dir, depth, width, &fill)) {
+        fprintf(stderr, "cxla-bench cache: the run filling %s failed\n", warm_dir);
+        goto out;
     }
-    rm_rf(dir);
-    fprintf(stderr, "cache bench: depth %d width %d; step graph compile %.3f s\n", depth, width, step_comp);
-    bench_emit("cache_warm_start_s", bench_median(warm, reps), "s", bench_median(cold, reps));
-    bench_emit("cache_load_vs_compile_s", bench_median(load, reps), "s", bench_median(comp, reps));
-    return 0;
+    warm.expect_hits = fill.uncached;
+    fprintf(stderr, "cxla-bench cache: depth %d width %d; step graph compile %.3f s\n", depth, width, fill.step_compile_s);
+    bench_side sides[2] = { { .unit = cache_unit, .ctx = &warm }, { .unit = cache_unit, .ctx = &cold } };
+    bench_series start = { 0 }, load = { 0 };
+    for (int r = 0; r < cfg.rounds; r++) {
+        warm.compile_s = warm.load_s = cold.compile_s = cold.load_s = 0;
+        warm.n = cold.n = 0;
+        double sec[2];
+        if (!bench_round(&cfg, r, sides, 2, sec)) goto out;
+        bench_add(&start, sec[0], sec[1]);
+        bench_add(&load, warm.load_s / (double)warm.n, cold.compile_s / (double)cold.n);
+    }
+    bench_emit("cache_warm_start_s", "s", &start);
+    bench_emit("cache_load_vs_compile_s", "s", &load);
+    rc = 0;
+out:
+    rm_rf(warm_dir);
+    rm_rf(cold_dir);
+    return rc;
 }

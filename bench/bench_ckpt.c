@@ -1,10 +1,12 @@
 /* cxla-bench ckpt: checkpoint save/load bandwidth against raw sequential
- * write/read of the same disk in the same run, and consolidate_ckpts' peak
- * memory against the largest tensor. Files go to $CX_BENCH_DIR (or /tmp);
- * reads are cold: pages are dropped (fsync + POSIX_FADV_DONTNEED) first. */
+ * write/read of the same disk in the same rounds, and consolidate_ckpts'
+ * peak memory against the largest tensor. Files go to $CX_BENCH_DIR (or
+ * /tmp); reads are cold: pages are dropped (fsync + POSIX_FADV_DONTNEED)
+ * before each, outside the timed part. */
 #include "bench.h"
 
 #include <cxla/cxla.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 #define NT 5                      /* tensors of 2^25 floats: 640 MiB */
 #define TN ((int64_t)1 << 25)
+#define CHUNK ((size_t)64 << 20)
 
 static void drop_cache(const char *path)
 {
@@ -25,27 +28,70 @@ static void drop_cache(const char *path)
     close(fd);
 }
 
-/* Raw sequential write (with fsync) and cold read of `bytes`: GB/s. */
-static void raw_bandwidth(const char *path, size_t bytes, double *w, double *r)
+typedef struct {
+    const char *raw;      /* the raw file */
+    const char *prefix;   /* the checkpoint */
+    const char *h5;       /* its one file */
+    cx_module *m;
+    char *buf;            /* CHUNK bytes for the raw sides */
+    size_t bytes;
+} ckpt_ctx;
+
+static double io_fail(const char *what, const char *path)
 {
-    size_t chunk = 64 << 20;
-    char *buf = malloc(chunk);
-    memset(buf, 7, chunk);
+    fprintf(stderr, "cxla-bench ckpt: %s %s: %s\n", what, path, strerror(errno));
+    return -1;
+}
+
+/* sequential write of the model's size, with fsync, as a save does */
+static double raw_write_unit(void *p)
+{
+    ckpt_ctx *c = p;
     double t0 = bench_now();
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    for (size_t done = 0; done < bytes; done += chunk)
-        if (write(fd, buf, chunk) < 0) break;
-    fsync(fd);
+    int fd = open(c->raw, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return io_fail("cannot create", c->raw);
+    for (size_t done = 0; done < c->bytes; done += CHUNK)
+        if (write(fd, c->buf, CHUNK) != (ssize_t)CHUNK) { close(fd); return io_fail("cannot write", c->raw); }
+    if (fsync(fd) != 0) { close(fd); return io_fail("cannot fsync", c->raw); }
     close(fd);
-    *w = (double)bytes / (bench_now() - t0) / 1e9;
-    drop_cache(path);
-    t0 = bench_now();
-    fd = open(path, O_RDONLY);
-    while (read(fd, buf, chunk) > 0) {}
+    return bench_now() - t0;
+}
+
+static double raw_read_unit(void *p)
+{
+    ckpt_ctx *c = p;
+    drop_cache(c->raw);
+    double t0 = bench_now();
+    int fd = open(c->raw, O_RDONLY);
+    if (fd < 0) return io_fail("cannot open", c->raw);
+    ssize_t k;
+    while ((k = read(fd, c->buf, CHUNK)) > 0) {}
     close(fd);
-    *r = (double)bytes / (bench_now() - t0) / 1e9;
-    unlink(path);
-    free(buf);
+    if (k < 0) return io_fail("cannot read", c->raw);
+    return bench_now() - t0;
+}
+
+static double save_unit(void *p)
+{
+    ckpt_ctx *c = p;
+    double t0 = bench_now();
+    if (cx_ckpt_save(c->prefix, cx_ckpt_model_single(c->m), NULL, NULL) != CX_OK) {
+        fprintf(stderr, "cxla-bench ckpt: save: %s\n", cx_last_error());
+        return -1;
+    }
+    return bench_now() - t0;
+}
+
+static double load_unit(void *p)
+{
+    ckpt_ctx *c = p;
+    drop_cache(c->h5);
+    double t0 = bench_now();
+    if (cx_ckpt_load(c->prefix, cx_ckpt_model_single(c->m), NULL, NULL) != CX_OK) {
+        fprintf(stderr, "cxla-bench ckpt: load: %s\n", cx_last_error());
+        return -1;
+    }
+    return bench_now() - t0;
 }
 
 static cx_module *big_model(void)
@@ -55,79 +101,82 @@ static cx_module *big_model(void)
     return cx_nn_sequential(m, NT);
 }
 
-int bench_ckpt(int argc, char **argv)
+/* Peak RSS (KiB) of a forked child that consolidates `sharded` into `out`,
+ * or, with out NULL, does nothing (the baseline a child starts from). */
+static long child_peak_kb(const char *sharded, const char *out)
 {
-    (void)argc;
-    (void)argv;
+    if (out) unlink(out);
+    pid_t pid = fork();
+    if (pid == 0) _exit(out ? cx_ckpt_consolidate(sharded, out, cx_ckpt_consolidate_default_opts()) != CX_OK : 0);
+    int st;
+    struct rusage ru;
+    if (pid < 0 || wait4(pid, &st, 0, &ru) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+        fprintf(stderr, "cxla-bench ckpt: consolidation of %s failed\n", sharded);
+        return -1;
+    }
+    return ru.ru_maxrss;
+}
+
+int bench_ckpt(int argc, char **argv, bench_cfg cfg)
+{
+    int rc = bench_parse("ckpt", argc, argv, NULL, 0, &cfg);
+    if (rc >= 0) return rc;
     const char *dir = getenv("CX_BENCH_DIR") ? getenv("CX_BENCH_DIR") : "/tmp";
-    char prefix[512], path[600], raw[600], sharded[600];
+    char prefix[512], h5[600], raw[600], sharded[600], out[700];
     snprintf(prefix, sizeof prefix, "%s/cx_bench_ckpt_%d", dir, (int)getpid());
     snprintf(sharded, sizeof sharded, "%s_sh4", prefix);
     snprintf(raw, sizeof raw, "%s.raw", prefix);
-    snprintf(path, sizeof path, "%s_rank-0-of-1.h5", prefix);
+    snprintf(h5, sizeof h5, "%s_rank-0-of-1.h5", prefix);
+    snprintf(out, sizeof out, "%s_consolidated.h5", sharded);
     cx_manual_seed(1);
-    cx_module *m = big_model();
-    size_t bytes = (size_t)NT * TN * 4;
-
-    /* this disk's speed swings between runs: raw, save and load alternate
-     * over 3 rounds and each figure is a median */
-    enum { ROUNDS = 3 };
-    double rws[ROUNDS], rrs[ROUNDS], saves[ROUNDS], loads[ROUNDS];
-    for (int round = 0; round < ROUNDS; round++) {
-        raw_bandwidth(raw, bytes, &rws[round], &rrs[round]);
-        double t0 = bench_now();
-        if (cx_ckpt_save(prefix, cx_ckpt_model_single(m), NULL, NULL) != CX_OK) {
-            fprintf(stderr, "bench ckpt: %s\n", cx_last_error());
-            return 1;
-        }
-        saves[round] = (double)bytes / (bench_now() - t0) / 1e9;
-        drop_cache(path);
-        t0 = bench_now();
-        if (cx_ckpt_load(prefix, cx_ckpt_model_single(m), NULL, NULL) != CX_OK) {
-            fprintf(stderr, "bench ckpt: %s\n", cx_last_error());
-            return 1;
-        }
-        loads[round] = (double)bytes / (bench_now() - t0) / 1e9;
+    ckpt_ctx c = { raw, prefix, h5, big_model(), malloc(CHUNK), (size_t)NT * TN * 4 };
+    rc = 1;
+    if (!c.m || !c.buf) {
+        fprintf(stderr, "cxla-bench ckpt: cannot build the %zu MiB model\n", c.bytes >> 20);
+        goto out;
     }
-    double rw = bench_median(rws, ROUNDS), rr = bench_median(rrs, ROUNDS);
-    double save = bench_median(saves, ROUNDS), load = bench_median(loads, ROUNDS);
-    fprintf(stderr, "ckpt: %.0f MiB model, raw write %.2f GB/s, raw read %.2f GB/s (medians of %d)\n",
-            (double)bytes / (1 << 20), rw, rr, ROUNDS);
-    bench_emit("ckpt_save_gbps", save, "GB/s", rw);
-    bench_emit("ckpt_load_gbps", load, "GB/s", rr);
+    memset(c.buf, 7, CHUNK);
 
-    /* 4-way sharded, then consolidated in a child whose peak RSS we read;
-     * the model is freed first so the child does not inherit it */
-    cx_ckpt_consolidate_opts co = cx_ckpt_consolidate_default_opts();
-    if (cx_ckpt_reshard(prefix, sharded, 4, co) != CX_OK) {
-        fprintf(stderr, "bench ckpt: %s\n", cx_last_error());
-        return 1;
+    /* sides: raw write, save, raw read, load; in odd rounds load runs first
+     * and the raw read before the raw write, so both files exist up front */
+    if (raw_write_unit(&c) < 0 || save_unit(&c) < 0) goto out;
+    bench_side sides[4] = { { .unit = raw_write_unit, .ctx = &c }, { .unit = save_unit, .ctx = &c },
+                            { .unit = raw_read_unit, .ctx = &c }, { .unit = load_unit, .ctx = &c } };
+    bench_series save = { 0 }, load = { 0 };
+    double b = (double)c.bytes;
+    for (int r = 0; r < cfg.rounds; r++) {
+        double sec[4];
+        if (!bench_round(&cfg, r, sides, 4, sec)) goto out;
+        bench_add(&save, b / sec[1] / 1e9, b / sec[0] / 1e9);
+        bench_add(&load, b / sec[3] / 1e9, b / sec[2] / 1e9);
     }
-    cx_module_free(m);
-    long base_kb = 0, peak_kb = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            char out[700];
-            snprintf(out, sizeof out, "%s_consolidated.h5", sharded);
-            int rc = pass ? cx_ckpt_consolidate(sharded, out, co) != CX_OK : 0;
-            _exit(rc);
-        }
-        int st;
-        struct rusage ru;
-        wait4(pid, &st, 0, &ru);
-        if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-            fprintf(stderr, "bench ckpt: consolidation failed\n");
-            return 1;
-        }
-        if (pass) peak_kb = ru.ru_maxrss;
-        else base_kb = ru.ru_maxrss;
-    }
-    fprintf(stderr, "ckpt: consolidate child peak RSS %ld KiB, idle child %ld KiB\n", peak_kb, base_kb);
-    bench_emit("ckpt_consolidate_peak_bytes", (double)(peak_kb - base_kb) * 1024, "bytes", (double)TN * 4);
+    fprintf(stderr, "ckpt: %.0f MiB model\n", b / (1 << 20));
+    bench_emit("ckpt_save_gbps", "GB/s", &save);
+    bench_emit("ckpt_load_gbps", "GB/s", &load);
 
+    /* 4-way sharded, then consolidated in a child whose peak RSS we read,
+     * once per round (a memory figure: nothing to repeat for min-time); the
+     * model is freed first so the child does not inherit it */
+    if (cx_ckpt_reshard(prefix, sharded, 4, cx_ckpt_consolidate_default_opts()) != CX_OK) {
+        fprintf(stderr, "cxla-bench ckpt: reshard: %s\n", cx_last_error());
+        goto out;
+    }
+    cx_module_free(c.m);
+    c.m = NULL;
+    bench_series cons = { 0 };
+    for (int r = 0; r < cfg.rounds; r++) {
+        long base_kb = child_peak_kb(sharded, NULL), peak_kb = child_peak_kb(sharded, out);
+        if (base_kb < 0 || peak_kb < 0) goto out;
+        bench_add(&cons, (double)(peak_kb - base_kb) * 1024, (double)TN * 4);
+    }
+    bench_emit("ckpt_consolidate_peak_bytes", "bytes", &cons);
+    rc = 0;
+out:
+    cx_module_free(c.m);
+    free(c.buf);
+    unlink(raw);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "rm -f %s_* %s.commit %s.commit", prefix, prefix, sharded);
-    if (system(cmd) != 0) fprintf(stderr, "bench ckpt: cleanup failed\n");
-    return 0;
+    snprintf(cmd, sizeof cmd, "rm -f '%s'_* '%s'.commit '%s'.commit", prefix, prefix, sharded);
+    if (system(cmd) != 0) fprintf(stderr, "cxla-bench ckpt: cannot remove %s_*\n", prefix);
+    return rc;
 }

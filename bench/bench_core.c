@@ -10,7 +10,55 @@ extern void openblas_set_num_threads(int);
 #include <stdlib.h>
 #include <string.h>
 
-#define REPS 9
+/* ---- cblas_sgemm, also the train bench's rate ------------------------------------ */
+
+struct bench_sgemm {
+    int n;
+    float *a, *b, *c;
+};
+
+bench_sgemm *bench_sgemm_new(int n)
+{
+    bench_sgemm *g = calloc(1, sizeof *g);
+    size_t nn = (size_t)n * (size_t)n;
+    if (g) {
+        g->n = n;
+        g->a = malloc(sizeof(float) * nn);
+        g->b = malloc(sizeof(float) * nn);
+        g->c = malloc(sizeof(float) * nn);
+    }
+    if (!g || !g->a || !g->b || !g->c) {
+        fprintf(stderr, "cxla-bench: out of memory for a %d^2 sgemm\n", n);
+        bench_sgemm_free(g);
+        return NULL;
+    }
+    for (size_t i = 0; i < nn; i++) { g->a[i] = (float)(i % 13) * 0.1f; g->b[i] = (float)(i % 7) * 0.1f; g->c[i] = 0; }
+    return g;
+}
+
+double bench_sgemm_run(void *p)
+{
+    bench_sgemm *g = p;
+    int n = g->n;
+    openblas_set_num_threads(cx_get_num_threads());
+    double t0 = bench_now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, g->a, n, g->b, n, 0.0f, g->c, n);
+    double dt = bench_now() - t0;
+    /* cxla's workers each call OpenBLAS single-threaded */
+    openblas_set_num_threads(1);
+    return dt;
+}
+
+double bench_sgemm_flop(const bench_sgemm *g) { return 2.0 * g->n * (double)g->n * g->n; }
+
+void bench_sgemm_free(bench_sgemm *g)
+{
+    if (!g) return;
+    free(g->a); free(g->b); free(g->c);
+    free(g);
+}
+
+/* ---- sides ----------------------------------------------------------------------- */
 
 static cx_tensor *filled(int64_t n, float v0)
 {
@@ -22,105 +70,158 @@ static cx_tensor *filled(int64_t n, float v0)
     return t;
 }
 
+static double fail(const char *what)
+{
+    fprintf(stderr, "cxla-bench core: %s: %s\n", what, cx_last_error());
+    return -1;
+}
+
+typedef struct { cx_tensor *a, *b, *c; } fused_ctx;
+
+static double fused_unit(void *p)
+{
+    fused_ctx *f = p;
+    double t0 = bench_now();
+    cx_tensor *y = cx_relu(cx_add(cx_mul(f->a, f->b), f->c));
+    cx_status st = cx_sync_tensors(&y, 1);
+    double dt = bench_now() - t0;
+    cx_free(y);
+    return st == CX_OK ? dt : fail("relu(a*b+c)");
+}
+
+typedef struct { char *src, *dst; size_t bytes; } copy_ctx;
+
+static double copy_unit(void *p)
+{
+    copy_ctx *c = p;
+    double t0 = bench_now();
+    memcpy(c->dst, c->src, c->bytes);
+    return bench_now() - t0;
+}
+
+typedef struct { cx_tensor *a, *b; } matmul_ctx;
+
+static double matmul_unit(void *p)
+{
+    matmul_ctx *m = p;
+    double t0 = bench_now();
+    cx_tensor *c = cx_matmul(m->a, m->b);
+    cx_status st = cx_sync_tensors(&c, 1);
+    double dt = bench_now() - t0;
+    cx_free(c);
+    return st == CX_OK ? dt : fail("matmul");
+}
+
+/* a 100-node step on a 4-element tensor: trace, key, lookup, and a tiny run */
+static double cache_hit_unit(void *p)
+{
+    cx_tensor *x = p;
+    double t0 = bench_now();
+    cx_step_begin();
+    cx_tensor *v = x;
+    for (int i = 0; i < 50; i++) v = cx_add(cx_mul_scalar(v, 1.0001), x);
+    cx_tensor *s = cx_keep(cx_sum(v, NULL, 0, false));
+    cx_status st = cx_step_end();
+    double dt = bench_now() - t0;
+    cx_free(s);
+    return st == CX_OK ? dt : fail("cache-hit step");
+}
+
+/* ---- figures --------------------------------------------------------------------- */
+
 /* relu(a*b+c) over 64 MiB per operand: 3 reads + 1 write, against memcpy
  * (1 read + 1 write) of the same size. */
-static void fused_elementwise(void)
+static int fused_elementwise(const bench_cfg *cfg)
 {
     const int64_t n = (64ll << 20) / 4;
-    cx_tensor *a = filled(n, 1), *b = filled(n, 2), *c = filled(n, -1);
-    double t[REPS];
-    for (int r = 0; r < REPS + 1; r++) {
-        double t0 = bench_now();
-        cx_tensor *y = cx_relu(cx_add(cx_mul(a, b), c));
-        cx_sync_tensors(&y, 1);
-        double dt = bench_now() - t0;
-        if (r) t[r - 1] = dt; /* the first run compiles */
-        cx_free(y);
+    const double bytes = (double)n * 4;
+    fused_ctx f = { filled(n, 1), filled(n, 2), filled(n, -1) };
+    copy_ctx c = { malloc((size_t)bytes), malloc((size_t)bytes), (size_t)bytes };
+    int rc = 1;
+    if (!f.a || !f.b || !f.c || !c.src || !c.dst) {
+        fprintf(stderr, "cxla-bench core: out of memory for the 64 MiB operands\n");
+        goto out;
     }
-    double gbps = 4.0 * (double)n * 4 / bench_median(t, REPS) / 1e9;
-    char *src = malloc((size_t)n * 4), *dst = malloc((size_t)n * 4);
-    memset(src, 1, (size_t)n * 4);
-    memset(dst, 0, (size_t)n * 4);
-    double m[REPS];
-    for (int r = 0; r < REPS; r++) {
-        double t0 = bench_now();
-        memcpy(dst, src, (size_t)n * 4);
-        m[r] = bench_now() - t0;
-    }
-    double ref = 2.0 * (double)n * 4 / bench_median(m, REPS) / 1e9;
-    free(src);
-    free(dst);
+    /* both buffers written before the rounds, so that no memcpy pays the
+     * first touch of its pages (a zero fill may be turned into calloc,
+     * which leaves them untouched) */
+    memset(c.src, 1, c.bytes);
+    memset(c.dst, 2, c.bytes);
+    copy_unit(&c);
+    if (fused_unit(&f) < 0) goto out;   /* the first run compiles */
     cx_exec_info info = cx_last_exec_info();
     fprintf(stderr, "fused_elementwise: %d kernel(s)\n", info.num_kernels);
-    bench_emit("fused_elementwise_gbps", gbps, "GB/s", ref);
-    cx_free(a); cx_free(b); cx_free(c);
+    bench_side sides[2] = { { .unit = fused_unit, .ctx = &f }, { .unit = copy_unit, .ctx = &c } };
+    bench_series fig = { 0 };
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[2];
+        if (!bench_round(cfg, r, sides, 2, sec)) goto out;
+        bench_add(&fig, 4 * bytes / sec[0] / 1e9, 2 * bytes / sec[1] / 1e9);
+    }
+    bench_emit("fused_elementwise_gbps", "GB/s", &fig);
+    rc = 0;
+out:
+    free(c.src); free(c.dst);
+    cx_free(f.a); cx_free(f.b); cx_free(f.c);
+    return rc;
 }
 
-static void matmul(void)
+static int matmul(const bench_cfg *cfg)
 {
-    const int64_t n = 2048;
+    const int n = 2048;
+    bench_sgemm *g = bench_sgemm_new(n);
+    if (!g) return 1;
     int64_t s[2] = { n, n };
-    float *ha = malloc(sizeof(float) * (size_t)(n * n)), *hb = malloc(sizeof(float) * (size_t)(n * n)),
-          *hc = malloc(sizeof(float) * (size_t)(n * n));
-    for (int64_t i = 0; i < n * n; i++) { ha[i] = (float)(i % 13) * 0.1f; hb[i] = (float)(i % 7) * 0.1f; }
-    cx_tensor *a = cx_from_host(ha, s, 2, CX_F32), *b = cx_from_host(hb, s, 2, CX_F32);
-    double flop = 2.0 * (double)n * n * n;
-    double t[REPS], r[REPS];
-    for (int k = 0; k < REPS + 1; k++) {
-        double t0 = bench_now();
-        cx_tensor *c = cx_matmul(a, b);
-        cx_sync_tensors(&c, 1);
-        double dt = bench_now() - t0;
-        if (k) t[k - 1] = dt;
-        cx_free(c);
+    matmul_ctx m = { cx_from_host(g->a, s, 2, CX_F32), cx_from_host(g->b, s, 2, CX_F32) };
+    int rc = 1;
+    if (!m.a || !m.b) { fail("2048^2 operands"); goto out; }
+    /* the first matmul compiles; the first sgemm sizes OpenBLAS' buffers */
+    if (matmul_unit(&m) < 0) goto out;
+    bench_sgemm_run(g);
+    bench_side sides[2] = { { .unit = matmul_unit, .ctx = &m }, { .unit = bench_sgemm_run, .ctx = g } };
+    bench_series fig = { 0 };
+    double flop = bench_sgemm_flop(g);
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[2];
+        if (!bench_round(cfg, r, sides, 2, sec)) goto out;
+        bench_add(&fig, flop / sec[0] / 1e9, flop / sec[1] / 1e9);
     }
-    openblas_set_num_threads(cx_get_num_threads());
-    for (int k = 0; k < REPS + 1; k++) {
-        double t0 = bench_now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, hc, (int)n);
-        double dt = bench_now() - t0;
-        if (k) r[k - 1] = dt;
-    }
-    openblas_set_num_threads(1);
-    bench_emit("matmul_gflops", flop / bench_median(t, REPS) / 1e9, "GFLOP/s", flop / bench_median(r, REPS) / 1e9);
-    free(ha); free(hb); free(hc);
-    cx_free(a); cx_free(b);
+    bench_emit("matmul_gflops", "GFLOP/s", &fig);
+    rc = 0;
+out:
+    cx_free(m.a); cx_free(m.b);
+    bench_sgemm_free(g);
+    return rc;
 }
 
-/* A 100-node step on tiny tensors: what a cache hit costs (trace, key,
- * lookup, plus a one-element run). */
-static void cache_hit(void)
+/* Against a fixed 50 us target: one side, timed in rounds all the same. */
+static int cache_hit(const bench_cfg *cfg)
 {
-    int64_t one = 4;
+    int64_t four = 4;
     float h[4] = { 0.5f, 0.25f, 0.125f, 1.0f };
-    cx_tensor *x = cx_from_host(h, &one, 1, CX_F32);
-    double t[101];
-    int reps = 101;
-    for (int r = 0; r < reps + 1; r++) {
-        double t0 = bench_now();
-        cx_step_begin();
-        cx_tensor *v = x;
-        for (int i = 0; i < 50; i++) {
-            cx_tensor *m = cx_mul_scalar(v, 1.0001);
-            v = cx_add(m, x);
-        }
-        cx_tensor *s = cx_keep(cx_sum(v, NULL, 0, false));
-        cx_step_end();
-        double dt = bench_now() - t0;
-        cx_free(s);
-        if (r) t[r - 1] = dt;
-    }
+    cx_tensor *x = cx_from_host(h, &four, 1, CX_F32);
+    int rc = 1;
+    if (!x || cache_hit_unit(x) < 0) goto out;   /* the first step compiles */
     cx_exec_info info = cx_last_exec_info();
     fprintf(stderr, "cache_hit: %d IR nodes per step\n", info.num_nodes);
-    bench_emit("cache_hit_overhead_us", bench_median(t, reps) * 1e6, "us", 50);
+    bench_side side = { .unit = cache_hit_unit, .ctx = x };
+    bench_series fig = { 0 };
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec;
+        if (!bench_round(cfg, r, &side, 1, &sec)) goto out;
+        bench_add(&fig, sec * 1e6, 50);
+    }
+    bench_emit("cache_hit_overhead_us", "us", &fig);
+    rc = 0;
+out:
     cx_free(x);
+    return rc;
 }
 
-int bench_core(int argc, char **argv)
+int bench_core(int argc, char **argv, bench_cfg cfg)
 {
-    (void)argc; (void)argv;
-    fused_elementwise();
-    matmul();
-    cache_hit();
+    int rc = bench_parse("core", argc, argv, NULL, 0, &cfg);
+    if (rc >= 0) return rc;
+    if (fused_elementwise(&cfg) || matmul(&cfg) || cache_hit(&cfg)) return 1;
     return 0;
 }

@@ -2,7 +2,8 @@
  *
  *   xla-launch --nproc N cxla-bench comm   all-reduce bus bandwidth vs raw MPI_Allreduce
  *   cxla-bench ddp                         DDP on 2 ranks x 1 thread vs 1 rank x 2 threads
- *                                          (runs the reference here, then itself under xla-launch)
+ *                                          (runs the reference here, and each round one
+ *                                          `xla-launch --nproc 2 cxla-bench ddp --worker`)
  *   xla-launch --nproc 4 cxla-bench fsdp   peak bytes and step time of ZeRO-2/3 vs DDP
  */
 #include "bench.h"
@@ -16,108 +17,197 @@
 #include <string.h>
 #include <unistd.h>
 
-static int dist_start(int *argc, char ***argv)
+static void from_rank0(const double *all, int world, int n, double *out)
 {
-    if (cx_dist_init(argc, argv) != CX_OK) {
-        fprintf(stderr, "cxla-bench: %s\n", cx_last_error());
-        return -1;
-    }
-    return 0;
+    (void)world;
+    for (int i = 0; i < n; i++) out[i] = all[i];
 }
 
-static void emit0(const char *name, double v, const char *unit, double ref)
+/* bench_cfg.agree: every rank repeats a unit as often as rank 0 does */
+static bool agree_rank0(bool enough)
 {
-    if (cx_global_ordinal() == 0) bench_emit(name, v, unit, ref);
+    double mine = enough, all0 = 0;
+    if (cx_mesh_reduce("cxla-bench-agree", &mine, 1, from_rank0, &all0) != CX_OK) {
+        fprintf(stderr, "cxla-bench: agreeing on the repetitions: %s\n", cx_last_error());
+        exit(1);
+    }
+    return all0 != 0;
+}
+
+static void max_reduce(const double *all, int world, int n, double *out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = all[i];
+        for (int r = 1; r < world; r++)
+            if (all[r * n + i] > out[i]) out[i] = all[r * n + i];
+    }
+}
+
+/* MPI up, and at least 2 ranks: @return -1 to go on, else the exit code */
+static int dist_start(const char *sub, int *argc, char ***argv, bench_cfg *cfg)
+{
+    if (cx_dist_init(argc, argv) != CX_OK) {
+        fprintf(stderr, "cxla-bench %s: %s\n", sub, cx_last_error());
+        return 1;
+    }
+    if (cx_world_size() < 2) {
+        fprintf(stderr, "cxla-bench %s: run it under xla-launch --nproc N (N >= 2); it measures across ranks\n", sub);
+        cx_dist_finalize();
+        return 2;
+    }
+    cfg->agree = agree_rank0;
+    return -1;
+}
+
+static void emit0(const char *name, const char *unit, const bench_series *s)
+{
+    if (cx_global_ordinal() == 0) bench_emit(name, unit, s);
 }
 
 /* ---- comm ------------------------------------------------------------------------ */
 
-int bench_comm(int argc, char **argv)
+typedef struct {
+    cx_tensor *x;
+    float *h, *o;
+    int64_t n;
+} comm_ctx;
+
+static double lib_allreduce_unit(void *p)
 {
-    if (dist_start(&argc, &argv)) return 1;
+    comm_ctx *c = p;
+    cx_barrier();
+    double t0 = bench_now();
+    cx_tensor *y = cx_all_reduce(c->x, CX_RED_SUM, 1.0, NULL, false);
+    cx_status st = cx_sync_tensors(&y, 1);
+    double dt = bench_now() - t0;
+    cx_free(y);
+    if (st != CX_OK) {
+        fprintf(stderr, "cxla-bench comm: all-reduce: %s\n", cx_last_error());
+        return -1;
+    }
+    return dt;
+}
+
+static double mpi_allreduce_unit(void *p)
+{
+    comm_ctx *c = p;
+    cx_barrier();
+    double t0 = bench_now();
+    int rc = MPI_Allreduce(c->h, c->o, (int)c->n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    double dt = bench_now() - t0;
+    if (rc != MPI_SUCCESS) {
+        fprintf(stderr, "cxla-bench comm: MPI_Allreduce failed (%d)\n", rc);
+        return -1;
+    }
+    return dt;
+}
+
+int bench_comm(int argc, char **argv, bench_cfg cfg)
+{
+    int rc = bench_parse("comm", argc, argv, NULL, 0, &cfg);
+    if (rc >= 0) return rc;
+    if ((rc = dist_start("comm", &argc, &argv, &cfg)) >= 0) return rc;
+    /* the reference calls MPI here while the library's progress thread
+     * may be in MPI too */
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE) {
+        fprintf(stderr, "cxla-bench comm: this MPI does not provide MPI_THREAD_MULTIPLE, which the MPI_Allreduce reference needs\n");
+        cx_dist_finalize();
+        return 1;
+    }
     int world = cx_world_size();
-    if (world < 2 && cx_global_ordinal() == 0) fprintf(stderr, "cxla-bench comm: run it under xla-launch --nproc N (N >= 2)\n");
     const int mib[3] = { 1, 16, 64 };
-    for (int s = 0; s < 3; s++) {
-        int64_t n = (int64_t)mib[s] << 18; /* floats */
-        float *h = malloc(sizeof(float) * (size_t)n), *o = malloc(sizeof(float) * (size_t)n);
-        for (int64_t i = 0; i < n; i++) h[i] = (float)(i % 17);
-        cx_tensor *x = cx_from_host(h, &n, 1, CX_F32);
-        int reps = mib[s] >= 64 ? 9 : 31;
-        double t[32], r[32];
-        /* library and raw alternate, so neither gains from running second */
-        for (int k = 0; k < reps + 1; k++) {
-            cx_barrier();
-            double t0 = bench_now();
-            cx_tensor *y = cx_all_reduce(x, CX_RED_SUM, 1.0, NULL, false);
-            cx_sync_tensors(&y, 1);
-            double dt = bench_now() - t0;
-            cx_free(y);
-            if (k) t[k - 1] = dt;
-            cx_barrier();
-            t0 = bench_now();
-            MPI_Allreduce(h, o, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            dt = bench_now() - t0;
-            if (k) r[k - 1] = dt;
+    rc = 0;
+    for (int s = 0; s < 3 && !rc; s++) {
+        comm_ctx c = { .n = (int64_t)mib[s] << 18 }; /* floats */
+        c.h = malloc(sizeof(float) * (size_t)c.n);
+        c.o = malloc(sizeof(float) * (size_t)c.n);
+        if (!c.h || !c.o) {
+            fprintf(stderr, "cxla-bench comm: out of memory for %d MiB\n", mib[s]);
+            free(c.h); free(c.o);
+            return 1;
         }
+        for (int64_t i = 0; i < c.n; i++) c.h[i] = (float)(i % 17);
+        c.x = cx_from_host(c.h, &c.n, 1, CX_F32);
         /* bus bandwidth, as nccl-tests defines it */
-        double bytes = 4.0 * (double)n * 2.0 * (world - 1) / (world > 1 ? world : 1);
+        double bytes = 4.0 * (double)c.n * 2.0 * (world - 1) / world;
+        bench_side sides[2] = { { .unit = lib_allreduce_unit, .ctx = &c }, { .unit = mpi_allreduce_unit, .ctx = &c } };
+        bench_series fig = { 0 };
+        rc = 1;
+        /* the first of each compiles or sets up its buffers */
+        if (c.x && lib_allreduce_unit(&c) >= 0 && mpi_allreduce_unit(&c) >= 0) {
+            rc = 0;
+            for (int r = 0; r < cfg.rounds && !rc; r++) {
+                double sec[2];
+                if (!bench_round(&cfg, r, sides, 2, sec)) rc = 1;
+                else bench_add(&fig, bytes / sec[0] / 1e9, bytes / sec[1] / 1e9);
+            }
+        }
         char name[64];
         snprintf(name, sizeof name, "allreduce_busbw_gbps_%dMiB", mib[s]);
-        emit0(name, bytes / bench_median(t, reps) / 1e9, "GB/s", bytes / bench_median(r, reps) / 1e9);
-        cx_free(x);
-        free(h);
-        free(o);
+        if (!rc) emit0(name, "GB/s", &fig);
+        cx_free(c.x);
+        free(c.h);
+        free(c.o);
     }
     cx_dist_finalize();
-    return 0;
+    return rc;
 }
 
 /* ---- ddp -------------------------------------------------------------------------- */
 
+#define DDP_RANKS 2
+#define DDP_BATCH 64   /* per rank, and the reference's */
 
-/* images/s of this rank and the per-step all-reduce wait / total (ms) */
-static double ddp_run(int64_t batch, int steps, bool ddp, double *wait_ms, double *comm_ms)
+typedef struct {
+    bench_trainer *t;
+    long steps;
+    double wait_s, comm_s;   /* all-reduce time the steps waited for, and in all */
+} ddp_worker_ctx;
+
+/* One DDP step; the collective metrics are read around the step alone, so
+ * the agreement between steps does not count in them. */
+static double ddp_worker_unit(void *p)
 {
-    cx_manual_seed(1);
-    cx_module *m = bench_cnn();
-    cx_ddp *d = ddp ? cx_ddp_wrap(m, cx_ddp_default_opts()) : NULL;
-    int n = 0;
-    cx_named_tensor *ps = cx_module_parameters(m, &n);
-    cx_sgd_opts so = cx_sgd_default_opts();
-    so.momentum = 0.5;
-    cx_optimizer *opt = cx_optim_sgd(ps, n, so);
-    float *hx = malloc(sizeof(float) * (size_t)(batch * 784));
-    int64_t *hy = malloc(sizeof(int64_t) * (size_t)batch);
-    for (int64_t i = 0; i < batch * 784; i++) hx[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    for (int64_t i = 0; i < batch; i++) hy[i] = i % 10;
-    int64_t sx[4] = { batch, 1, 28, 28 };
-    double *t = malloc(sizeof(double) * (size_t)steps);
+    ddp_worker_ctx *w = p;
     cx_metric_stats w0 = { 0 }, c0 = { 0 }, w1 = { 0 }, c1 = { 0 };
-    for (int s = 0; s < steps + 3; s++) {
-        if (s == 3) { cx_metric_data("CollectiveWaitTime", &w0); cx_metric_data("CollectiveTime", &c0); }
-        double t0 = bench_now();
-        cx_step_begin();
-        cx_optim_zero_grad(opt);
-        cx_tensor *x = cx_from_host(hx, sx, 4, CX_F32), *y = cx_from_host(hy, &batch, 1, CX_I64);
-        cx_tensor *out = d ? cx_ddp_forward(d, x) : cx_module_forward(m, x);
-        cx_tensor *loss = cx_nll_loss(out, y, CX_REDUCE_MEAN, -100);
-        if (d) cx_ddp_backward(d, loss);
-        else cx_backward(loss);
-        cx_optim_step(opt);
-        cx_step_end();
-        if (s >= 3) t[s - 3] = bench_now() - t0;
-    }
+    cx_metric_data("CollectiveWaitTime", &w0);
+    cx_metric_data("CollectiveTime", &c0);
+    double dt = bench_trainer_step(w->t);
     cx_metric_data("CollectiveWaitTime", &w1);
     cx_metric_data("CollectiveTime", &c1);
-    if (wait_ms) *wait_ms = (w1.accumulator - w0.accumulator) * 1e3 / steps;
-    if (comm_ms) *comm_ms = (c1.accumulator - c0.accumulator) * 1e3 / steps;
-    double ips = (double)batch / bench_median(t, steps);
-    free(t); free(hx); free(hy); free(ps);
-    cx_optim_free(opt);
-    cx_ddp_free(d);
-    cx_module_free(m);
-    return ips;
+    w->wait_s += w1.accumulator - w0.accumulator;
+    w->comm_s += c1.accumulator - c0.accumulator;
+    w->steps++;
+    return dt;
+}
+
+/* One rank of a round's launch: DDP steps for at least min_time; rank 0
+ * prints "DDP <images/s of all ranks> <wait ms/step> <all-reduce ms/step>". */
+static int ddp_worker(int argc, char **argv)
+{
+    char *end = NULL;
+    double min_time = argc == 3 ? strtod(argv[2], &end) : -1;
+    if (!end || *end || min_time < 0) {
+        fprintf(stderr, "cxla-bench ddp: --worker is internal (cxla-bench ddp --worker MIN_TIME)\n");
+        return 2;
+    }
+    bench_cfg cfg = { .rounds = 1, .min_time = min_time };
+    int rc = dist_start("ddp --worker", &argc, &argv, &cfg);
+    if (rc >= 0) return rc;
+    cx_manual_seed(1);
+    ddp_worker_ctx w = { bench_trainer_new(bench_cnn(), DDP_BATCH, true), 0, 0, 0 };
+    double sec = w.t ? bench_repeat(&cfg, ddp_worker_unit, &w) : -1;
+    if (sec < 0) return 1;
+    double ips = (double)DDP_BATCH / sec, total = 0;
+    cx_mesh_reduce("ddp-ips", &ips, 1, NULL, &total);
+    total *= cx_world_size();
+    if (cx_global_ordinal() == 0)
+        printf("DDP %.6f %.6f %.6f\n", total, w.wait_s * 1e3 / (double)w.steps, w.comm_s * 1e3 / (double)w.steps);
+    bench_trainer_free(w.t);
+    cx_dist_finalize();
+    return 0;
 }
 
 static bool find_launcher(char *out, size_t n)
@@ -135,45 +225,81 @@ static bool find_launcher(char *out, size_t n)
     return false;
 }
 
-int bench_ddp(int argc, char **argv)
+typedef struct {
+    char cmd[3 * PATH_MAX];
+    double ips, wait_ms, comm_ms;   /* of the last launch */
+} ddp_launch_ctx;
+
+/* bench_side.whole_round: one launch of DDP_RANKS ranks that time their
+ * steps for at least min_time; the launch's start-up is not timed. */
+static double ddp_launch_round(void *p, const bench_cfg *cfg)
 {
-    bool worker = argc > 1 && !strcmp(argv[1], "--worker");
-    if (worker) {
-        if (dist_start(&argc, &argv)) return 1;
-        double wait_ms = 0, comm_ms = 0;
-        double ips = ddp_run(64, 10, true, &wait_ms, &comm_ms);
-        double total = 0;
-        cx_mesh_reduce("ddp-ips", &ips, 1, NULL, &total);
-        total *= cx_world_size();
-        if (cx_global_ordinal() == 0) printf("DDP %.3f %.3f %.3f\n", total, wait_ms, comm_ms);
-        cx_dist_finalize();
-        return 0;
+    ddp_launch_ctx *l = p;
+    char cmd[sizeof l->cmd + 64];
+    snprintf(cmd, sizeof cmd, "%s %.9g 2>&1", l->cmd, cfg->min_time);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        fprintf(stderr, "cxla-bench ddp: cannot run %s\n", l->cmd);
+        return -1;
     }
-    /* reference: one rank, two threads */
-    cx_set_num_threads(2);
-    double ref = ddp_run(64, 10, false, NULL, NULL);
-    char launcher[PATH_MAX], self[PATH_MAX], cmd[3 * PATH_MAX];
+    char line[512];
+    bool got = false;
+    while (fgets(line, sizeof line, f)) {
+        char *s = strstr(line, "DDP ");
+        if (s && sscanf(s, "DDP %lf %lf %lf", &l->ips, &l->wait_ms, &l->comm_ms) == 3) got = true;
+        else fputs(line, stderr);
+    }
+    int rc = pclose(f);
+    if (!got || rc != 0 || !(l->ips > 0)) {
+        fprintf(stderr, "cxla-bench ddp: the %d-rank run failed\n", DDP_RANKS);
+        return -1;
+    }
+    return (double)DDP_BATCH * DDP_RANKS / l->ips;
+}
+
+int bench_ddp(int argc, char **argv, bench_cfg cfg)
+{
+    if (argc > 1 && !strcmp(argv[1], "--worker")) return ddp_worker(argc, argv);
+    int rc = bench_parse("ddp", argc, argv, NULL, 0, &cfg);
+    if (rc >= 0) return rc;
+    /* mpirun refuses to be started from inside one of its own ranks */
+    if (bench_in_launched_rank()) {
+        /* one line for the job, not one per rank */
+        const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
+        if (!rank || !strcmp(rank, "0"))
+            fprintf(stderr, "cxla-bench ddp: this subcommand starts its own ranks (it runs xla-launch itself); "
+                            "run it directly, not under xla-launch or mpirun\n");
+        return 2;
+    }
+    ddp_launch_ctx l;
+    char launcher[PATH_MAX], self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0 || !find_launcher(launcher, sizeof launcher)) {
         fprintf(stderr, "cxla-bench ddp: cannot find xla-launch next to this program\n");
         return 1;
     }
     self[len] = 0;
-    snprintf(cmd, sizeof cmd, "CX_NUM_THREADS=1 '%s' --nproc 2 '%s' ddp --worker 2>&1", launcher, self);
-    FILE *p = popen(cmd, "r");
-    if (!p) { fprintf(stderr, "cxla-bench ddp: cannot run %s\n", launcher); return 1; }
-    char line[512];
-    double ips = 0, wait_ms = 0, comm_ms = 0;
-    bool got = false;
-    while (fgets(line, sizeof line, p)) {
-        char *s = strstr(line, "DDP ");
-        if (s && sscanf(s, "DDP %lf %lf %lf", &ips, &wait_ms, &comm_ms) == 3) got = true;
-        else fputs(line, stderr);
+    snprintf(l.cmd, sizeof l.cmd, "CX_NUM_THREADS=1 '%s' --nproc %d '%s' ddp --worker", launcher, DDP_RANKS, self);
+    /* reference: one rank, two threads, in this process */
+    cx_set_num_threads(2);
+    cx_manual_seed(1);
+    bench_trainer *ref = bench_trainer_new(bench_cnn(), DDP_BATCH, false);
+    if (!ref) return 1;
+    bench_side sides[2] = { { .whole_round = ddp_launch_round, .ctx = &l }, { .unit = bench_trainer_step, .ctx = ref } };
+    bench_series ips = { 0 }, exposed = { 0 };
+    rc = 0;
+    for (int r = 0; r < cfg.rounds && !rc; r++) {
+        double sec[2];
+        if (!bench_round(&cfg, r, sides, 2, sec)) rc = 1;
+        else {
+            bench_add(&ips, l.ips, (double)DDP_BATCH / sec[1]);
+            bench_add(&exposed, l.wait_ms, l.comm_ms);
+        }
     }
-    int rc = pclose(p);
-    if (!got || rc != 0) { fprintf(stderr, "cxla-bench ddp: the 2-rank run failed\n"); return 1; }
-    bench_emit("ddp_images_per_s", ips, "images/s", ref);
-    bench_emit("ddp_exposed_comm_ms", wait_ms, "ms/step", comm_ms);
+    bench_trainer_free(ref);
+    if (rc) return rc;
+    bench_emit("ddp_images_per_s", "images/s", &ips);
+    bench_emit("ddp_exposed_comm_ms", "ms/step", &exposed);
     return 0;
 }
 
@@ -190,88 +316,150 @@ static cx_module *big_mlp(int width, int depth)
     return cx_nn_sequential(l, k);
 }
 
-/* peak bytes per rank over training steps, and the median step time */
-static void fsdp_run(int mode, int width, int depth, int64_t *peak, double *step_s)
+#define FSDP_DEPTH 8
+#define FSDP_BATCH 8
+
+typedef struct {
+    int mode;   /* 0: DDP, 2: ZeRO-2, 3: ZeRO-3 */
+    cx_module *m;
+    cx_ddp *d;
+    cx_fsdp *f;
+    cx_optimizer *opt;
+    float hx[FSDP_BATCH * 784];
+    int64_t hy[FSDP_BATCH];
+} fsdp_runner;
+
+static const char *mode_name(int mode) { return mode == 0 ? "ddp" : mode == 2 ? "zero2" : "zero3"; }
+
+static void fsdp_free(fsdp_runner *r)
 {
-    /* mode 0: DDP, 2: ZeRO-2, 3: ZeRO-3 */
+    if (!r) return;
+    cx_optim_free(r->opt);
+    cx_ddp_free(r->d);
+    cx_fsdp_free(r->f);
+    cx_module_free(r->m);
+    free(r);
+}
+
+static fsdp_runner *fsdp_new(int mode, int width)
+{
+    fsdp_runner *r = calloc(1, sizeof *r);
+    if (!r) { fprintf(stderr, "cxla-bench fsdp: out of memory\n"); return NULL; }
+    r->mode = mode;
     cx_manual_seed(1);
-    cx_module *m = big_mlp(width, depth);
-    cx_ddp *d = NULL;
-    cx_fsdp *f = NULL;
+    r->m = big_mlp(width, FSDP_DEPTH);
     int n = 0;
-    cx_named_tensor *ps;
-    if (mode == 0) {
-        d = cx_ddp_wrap(m, cx_ddp_default_opts());
-        ps = cx_module_parameters(m, &n);
-    } else {
+    cx_named_tensor *ps = NULL;
+    if (r->m && mode == 0) {
+        if ((r->d = cx_ddp_wrap(r->m, cx_ddp_default_opts()))) ps = cx_module_parameters(r->m, &n);
+    } else if (r->m) {
         cx_fsdp_opts o = cx_fsdp_default_opts();
         static const char *const types[1] = { "Linear" };
         o.reshard_after_forward = mode == 3;
         o.auto_wrap_types = types;
         o.n_auto_wrap_types = 1;
-        f = cx_fsdp_wrap(m, o);
-        ps = cx_fsdp_parameters(f, &n);
+        if ((r->f = cx_fsdp_wrap(r->m, o))) ps = cx_fsdp_parameters(r->f, &n);
     }
-    if ((mode == 0 && !d) || (mode && !f)) { fprintf(stderr, "cxla-bench fsdp: %s\n", cx_last_error()); exit(1); }
-    cx_adam_opts ao = cx_adamw_default_opts();
-    cx_optimizer *opt = cx_optim_adamw(ps, n, ao);
-    const int64_t batch = 8;
-    float *hx = malloc(sizeof(float) * (size_t)(batch * 784));
-    int64_t *hy = malloc(sizeof(int64_t) * (size_t)batch);
-    for (int64_t i = 0; i < batch * 784; i++) hx[i] = (float)(i % 100) / 100.0f;
-    for (int64_t i = 0; i < batch; i++) hy[i] = i % 10;
-    int64_t sx[2] = { batch, 784 };
-    double t[4];
-    cx_memory_reset_peak();
-    for (int s = 0; s < 5; s++) {
-        cx_barrier();
-        double t0 = bench_now();
-        cx_step_begin();
-        cx_optim_zero_grad(opt);
-        cx_tensor *x = cx_from_host(hx, sx, 2, CX_F32), *y = cx_from_host(hy, &batch, 1, CX_I64);
-        cx_tensor *out = cx_module_forward(m, x);
-        cx_tensor *loss = cx_cross_entropy(out, y, CX_REDUCE_MEAN, -100, 0.0);
-        if (d) cx_ddp_backward(d, loss);
-        else cx_backward(loss);
-        cx_optim_step(opt);
-        if (cx_step_end() != CX_OK) { fprintf(stderr, "cxla-bench fsdp: %s\n", cx_last_error()); exit(1); }
-        cx_barrier();
-        if (s >= 1) t[s - 1] = bench_now() - t0;
+    if (ps) r->opt = cx_optim_adamw(ps, n, cx_adamw_default_opts());
+    free(ps);
+    if (!r->opt) {
+        fprintf(stderr, "cxla-bench fsdp: %s set-up: %s\n", mode_name(mode), cx_last_error());
+        fsdp_free(r);
+        return NULL;
     }
-    *peak = cx_memory_peak();
-    *step_s = bench_median(t, 4);
-    free(hx); free(hy); free(ps);
-    cx_optim_free(opt);
-    cx_ddp_free(d);
-    cx_fsdp_free(f);
-    cx_module_free(m);
-    cx_cache_clear();
+    for (int64_t i = 0; i < FSDP_BATCH * 784; i++) r->hx[i] = (float)(i % 100) / 100.0f;
+    for (int64_t i = 0; i < FSDP_BATCH; i++) r->hy[i] = i % 10;
+    return r;
 }
 
-int bench_fsdp(int argc, char **argv)
+/* one step, between barriers so that every rank times the same thing */
+static double fsdp_step(void *p)
 {
-    if (dist_start(&argc, &argv)) return 1;
-    int width = 4096, depth = 8;
-    if (argc > 2 && !strcmp(argv[1], "--width")) width = atoi(argv[2]);
-    int64_t pk[4] = { 0 };
-    double st[4] = { 0 };
-    /* ZeRO-3, ZeRO-2, then DDP: the intermediate arena only grows, so each
-     * run's peak includes no larger arena from an earlier run */
-    const int order[3] = { 3, 2, 0 };
-    for (int oi = 0; oi < 3; oi++) {
-        int mode = order[oi];
-        fsdp_run(mode, width, depth, &pk[mode], &st[mode]);
-        /* the worst rank's peak */
-        double v = (double)pk[mode], mx = 0;
-        cx_mesh_reduce("fsdp-peak", &v, 1, NULL, &mx);
-        if (cx_global_ordinal() == 0)
-            fprintf(stderr, "%s: peak %.1f MB/rank (mean), step %.3f s\n", mode == 0 ? "ddp" : mode == 2 ? "zero2" : "zero3",
-                    mx / 1e6, st[mode]);
-        pk[mode] = (int64_t)mx;
+    fsdp_runner *r = p;
+    int64_t sx[2] = { FSDP_BATCH, 784 }, batch = FSDP_BATCH;
+    cx_barrier();
+    double t0 = bench_now();
+    cx_step_begin();
+    cx_optim_zero_grad(r->opt);
+    cx_tensor *x = cx_from_host(r->hx, sx, 2, CX_F32), *y = cx_from_host(r->hy, &batch, 1, CX_I64);
+    cx_tensor *loss = cx_cross_entropy(cx_module_forward(r->m, x), y, CX_REDUCE_MEAN, -100, 0.0);
+    if (r->d) cx_ddp_backward(r->d, loss);
+    else cx_backward(loss);
+    cx_optim_step(r->opt);
+    cx_status st = cx_step_end();
+    cx_barrier();
+    double dt = bench_now() - t0;
+    if (st != CX_OK) {
+        fprintf(stderr, "cxla-bench fsdp: %s step: %s\n", mode_name(r->mode), cx_last_error());
+        return -1;
     }
-    emit0("zero3_peak_bytes_per_rank", (double)pk[3], "bytes", (double)pk[0]);
-    emit0("zero2_peak_bytes_per_rank", (double)pk[2], "bytes", (double)pk[0]);
-    emit0("zero3_step_s", st[3], "s", st[0]);
+    return dt;
+}
+
+/* The worst rank's peak bytes over the first steps (the optimizer state
+ * appears in the first, the graphs settle by the third), with the model
+ * freed afterwards. */
+#define PEAK_STEPS 3
+static bool fsdp_peak(int mode, int width, double *peak)
+{
+    fsdp_runner *r = fsdp_new(mode, width);
+    if (!r) return false;
+    cx_memory_reset_peak();
+    for (int s = 0; s < PEAK_STEPS; s++)
+        if (fsdp_step(r) < 0) { fsdp_free(r); return false; }
+    double mine = (double)cx_memory_peak();
+    fsdp_free(r);
+    cx_cache_clear();
+    if (cx_mesh_reduce("cxla-bench-fsdp-peak", &mine, 1, max_reduce, peak) != CX_OK) {
+        fprintf(stderr, "cxla-bench fsdp: %s\n", cx_last_error());
+        return false;
+    }
+    if (cx_global_ordinal() == 0) fprintf(stderr, "%s: peak %.1f MB on the worst rank\n", mode_name(mode), *peak / 1e6);
+    return true;
+}
+
+int bench_fsdp(int argc, char **argv, bench_cfg cfg)
+{
+    int width = 4096;
+    const cli_flag extra[] = {
+        { .name = "width", .kind = CLI_INT, .dest = &width, .help = "hidden width of the 8-layer mlp (4096: 120M parameters)",
+          .min = 16, .max = 1 << 16 },
+    };
+    int rc = bench_parse("fsdp", argc, argv, extra, 1, &cfg);
+    if (rc >= 0) return rc;
+    if ((rc = dist_start("fsdp", &argc, &argv, &cfg)) >= 0) return rc;
+
+    /* Peaks: ZeRO-3, ZeRO-2, then DDP, once. The intermediate arena only
+     * grows, so a run after a larger one would count that one's arena: the
+     * order is fixed and the figure has one round. */
+    double pk[4] = { 0 };
+    const int order[3] = { 3, 2, 0 };
+    for (int i = 0; i < 3; i++)
+        if (!fsdp_peak(order[i], width, &pk[order[i]])) return 1;
+    bench_series z3 = { 0 }, z2 = { 0 };
+    bench_add(&z3, pk[3], pk[0]);
+    bench_add(&z2, pk[2], pk[0]);
+    emit0("zero3_peak_bytes_per_rank", "bytes", &z3);
+    emit0("zero2_peak_bytes_per_rank", "bytes", &z2);
+
+    /* Step time: ZeRO-3 and DDP side by side in rounds; both stay built so
+     * that no round pays a model's set-up or compile. */
+    fsdp_runner *z = fsdp_new(3, width), *d = z ? fsdp_new(0, width) : NULL;
+    rc = 1;
+    /* warm-up: the first steps compile */
+    if (!d || fsdp_step(z) < 0 || fsdp_step(z) < 0 || fsdp_step(d) < 0 || fsdp_step(d) < 0) goto out;
+    bench_side sides[2] = { { .unit = fsdp_step, .ctx = z }, { .unit = fsdp_step, .ctx = d } };
+    bench_series st = { 0 };
+    for (int r = 0; r < cfg.rounds; r++) {
+        double sec[2];
+        if (!bench_round(&cfg, r, sides, 2, sec)) goto out;
+        bench_add(&st, sec[0], sec[1]);
+    }
+    emit0("zero3_step_s", "s", &st);
+    rc = 0;
+out:
+    fsdp_free(z);
+    fsdp_free(d);
     cx_dist_finalize();
-    return 0;
+    return rc;
 }

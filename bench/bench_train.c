@@ -1,35 +1,111 @@
 /* cxla-bench train: images/s of whole training steps (forward, backward,
- * SGD update: one graph per step) against the GEMM-bound limit measured in
- * the same run: model FLOPs per image / cblas_sgemm GFLOP/s at 2048^2. */
+ * SGD update: one graph per step) against the GEMM-bound limit: model FLOPs
+ * per image over the cblas_sgemm rate at 2048^2, measured in every round
+ * alongside the steps, so the limit drifts with the machine as they do. */
 #include "bench.h"
 
 #include <cxla/cxla.h>
-#include <cblas.h>
 
-/* the reference is OpenBLAS with all the threads cxla uses */
-extern void openblas_set_num_threads(int);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* sgemm rate at 2048^2 with the current thread count */
-static double sgemm_gflops(void)
+/* ---- the trainer (also the ddp bench's) ----------------------------------------- */
+
+/* Distinct batches cycled through, so that hundreds of timed steps do not
+ * drive a model that has memorized one batch into tiny (denormal) values. */
+#define N_BATCHES 8
+#define WARMUP_STEPS 3   /* the first steps compile (the momentum buffers appear in step 1) */
+
+struct bench_trainer {
+    cx_module *m;
+    cx_ddp *d;
+    cx_optimizer *opt;
+    float *hx;
+    int64_t *hy;
+    int64_t batch;
+    int next;
+};
+
+bench_trainer *bench_trainer_new(cx_module *m, int64_t batch, bool ddp)
 {
-    const int n = 2048;
-    float *a = malloc(sizeof(float) * (size_t)n * n), *b = malloc(sizeof(float) * (size_t)n * n),
-          *c = malloc(sizeof(float) * (size_t)n * n);
-    for (int64_t i = 0; i < (int64_t)n * n; i++) { a[i] = (float)(i % 7) * 0.1f; b[i] = (float)(i % 5) * 0.1f; }
-    double t[5];
-    openblas_set_num_threads(cx_get_num_threads());
-    for (int r = 0; r < 6; r++) {
-        double t0 = bench_now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        if (r) t[r - 1] = bench_now() - t0;
+    bench_trainer *t = calloc(1, sizeof *t);
+    if (!t || !m) {
+        fprintf(stderr, "cxla-bench: cannot build the model: %s\n", m ? "out of memory" : cx_last_error());
+        free(t);
+        cx_module_free(m);
+        return NULL;
     }
-    openblas_set_num_threads(1);
-    free(a); free(b); free(c);
-    return 2.0 * n * n * (double)n / bench_median(t, 5) / 1e9;
+    t->m = m;
+    t->batch = batch;
+    if (ddp && !(t->d = cx_ddp_wrap(m, cx_ddp_default_opts()))) {
+        fprintf(stderr, "cxla-bench: DDP wrap: %s\n", cx_last_error());
+        bench_trainer_free(t);
+        return NULL;
+    }
+    int n = 0;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    cx_sgd_opts so = cx_sgd_default_opts();
+    so.lr = 0.01;
+    so.momentum = 0.5;
+    t->opt = ps ? cx_optim_sgd(ps, n, so) : NULL;
+    free(ps);
+    size_t nx = (size_t)(N_BATCHES * batch * 784), ny = (size_t)(N_BATCHES * batch);
+    t->hx = malloc(sizeof(float) * nx);
+    t->hy = malloc(sizeof(int64_t) * ny);
+    if (!t->opt || !t->hx || !t->hy) {
+        fprintf(stderr, "cxla-bench: trainer set-up: %s\n", t->opt ? "out of memory" : cx_last_error());
+        bench_trainer_free(t);
+        return NULL;
+    }
+    for (size_t i = 0; i < nx; i++) t->hx[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (size_t i = 0; i < ny; i++) t->hy[i] = (int64_t)((i * 40503u) % 10);
+    for (int s = 0; s < WARMUP_STEPS; s++)
+        if (bench_trainer_step(t) < 0) {
+            bench_trainer_free(t);
+            return NULL;
+        }
+    return t;
 }
+
+double bench_trainer_step(void *p)
+{
+    bench_trainer *t = p;
+    int64_t sx[4] = { t->batch, 1, 28, 28 };
+    const float *hx = t->hx + (size_t)(t->next * t->batch * 784);
+    const int64_t *hy = t->hy + (size_t)(t->next * t->batch);
+    t->next = (t->next + 1) % N_BATCHES;
+    double t0 = bench_now();
+    cx_step_begin();
+    cx_optim_zero_grad(t->opt);
+    cx_tensor *x = cx_from_host(hx, sx, 4, CX_F32), *y = cx_from_host(hy, &t->batch, 1, CX_I64);
+    cx_tensor *out = t->d ? cx_ddp_forward(t->d, x) : cx_module_forward(t->m, x);
+    cx_tensor *loss = cx_nll_loss(out, y, CX_REDUCE_MEAN, -100);
+    if (t->d) cx_ddp_backward(t->d, loss);
+    else cx_backward(loss);
+    cx_optim_step(t->opt);
+    /* an error anywhere in the step surfaces here */
+    cx_status st = cx_step_end();
+    double dt = bench_now() - t0;
+    if (st != CX_OK) {
+        fprintf(stderr, "cxla-bench: training step: %s\n", cx_last_error());
+        return -1;
+    }
+    return dt;
+}
+
+void bench_trainer_free(bench_trainer *t)
+{
+    if (!t) return;
+    cx_optim_free(t->opt);
+    cx_ddp_free(t->d);
+    cx_module_free(t->m);
+    free(t->hx);
+    free(t->hy);
+    free(t);
+}
+
+/* ---- models ------------------------------------------------------------------------ */
 
 /* The seed's MNIST cnn (shared with the ddp bench). */
 cx_module *bench_cnn(void)
@@ -56,57 +132,52 @@ static double cnn_flops(void)
 }
 static double mlp_flops(void) { return 6.0 * (784.0 * 4096 + 2.0 * 4096 * 4096 + 4096.0 * 10); }
 
-/* images/s over `steps` timed steps after warm-up (median step time) */
-double bench_train_images_per_s(cx_module *m, int64_t batch, int steps)
-{
-    int n = 0;
-    cx_named_tensor *ps = cx_module_parameters(m, &n);
-    cx_sgd_opts so = cx_sgd_default_opts();
-    so.lr = 0.01;
-    so.momentum = 0.5;
-    cx_optimizer *opt = cx_optim_sgd(ps, n, so);
-    float *hx = malloc(sizeof(float) * (size_t)(batch * 784));
-    int64_t *hy = malloc(sizeof(int64_t) * (size_t)batch);
-    for (int64_t i = 0; i < batch * 784; i++) hx[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    for (int64_t i = 0; i < batch; i++) hy[i] = i % 10;
-    int64_t sx[4] = { batch, 1, 28, 28 };
-    double *t = malloc(sizeof(double) * (size_t)steps);
-    for (int s = 0; s < steps + 3; s++) {
-        double t0 = bench_now();
-        cx_step_begin();
-        cx_optim_zero_grad(opt);
-        cx_tensor *x = cx_from_host(hx, sx, 4, CX_F32), *y = cx_from_host(hy, &batch, 1, CX_I64);
-        cx_tensor *loss = cx_nll_loss(cx_module_forward(m, x), y, CX_REDUCE_MEAN, -100);
-        cx_backward(loss);
-        cx_optim_step(opt);
-        if (cx_step_end() != CX_OK) { fprintf(stderr, "bench train: %s\n", cx_last_error()); break; }
-        if (s >= 3) t[s - 3] = bench_now() - t0;
-    }
-    double ips = (double)batch / bench_median(t, steps);
-    free(t); free(hx); free(hy); free(ps);
-    cx_optim_free(opt);
-    return ips;
-}
+/* ---- the subcommand ------------------------------------------------------------------ */
 
-int bench_train(int argc, char **argv)
+#define N_CASES 3
+
+int bench_train(int argc, char **argv, bench_cfg cfg)
 {
-    (void)argc; (void)argv;
+    int rc = bench_parse("train", argc, argv, NULL, 0, &cfg);
+    if (rc >= 0) return rc;
+    const struct { const char *name; int64_t batch; double flops; cx_module *(*make)(void); } cases[N_CASES] = {
+        { "cnn_b64", 64, cnn_flops(), bench_cnn },
+        { "cnn_b256", 256, cnn_flops(), bench_cnn },
+        { "mlp4096_b256", 256, mlp_flops(), mlp },
+    };
     for (int threads = 1; threads <= 2; threads++) {
         cx_set_num_threads(threads);
-        double g = sgemm_gflops();
-        char name[64];
-        struct { const char *name; int64_t batch; double flops; int steps; cx_module *(*make)(void); } cases[3] = {
-            { "cnn_b64", 64, cnn_flops(), 15, bench_cnn }, { "cnn_b256", 256, cnn_flops(), 7, bench_cnn },
-            { "mlp4096_b256", 256, mlp_flops(), 5, mlp },
-        };
-        for (int i = 0; i < 3; i++) {
+        /* side 0: the sgemm rate; sides 1..N_CASES: the models */
+        bench_side sides[1 + N_CASES] = { { 0 } };
+        bench_trainer *tr[N_CASES] = { 0 };
+        bench_sgemm *g = bench_sgemm_new(2048);
+        rc = 1;
+        if (!g) goto out;
+        bench_sgemm_run(g);   /* sizes OpenBLAS' buffers */
+        sides[0] = (bench_side){ .unit = bench_sgemm_run, .ctx = g };
+        for (int i = 0; i < N_CASES; i++) {
             cx_manual_seed(1);
-            cx_module *m = cases[i].make();
-            double ips = bench_train_images_per_s(m, cases[i].batch, cases[i].steps);
-            snprintf(name, sizeof name, "train_%s_t%d_images_per_s", cases[i].name, threads);
-            bench_emit(name, ips, "images/s", g * 1e9 / cases[i].flops);
-            cx_module_free(m);
+            if (!(tr[i] = bench_trainer_new(cases[i].make(), cases[i].batch, false))) goto out;
+            sides[1 + i] = (bench_side){ .unit = bench_trainer_step, .ctx = tr[i] };
         }
+        bench_series fig[N_CASES] = { { 0 } };
+        for (int r = 0; r < cfg.rounds; r++) {
+            double sec[1 + N_CASES];
+            if (!bench_round(&cfg, r, sides, 1 + N_CASES, sec)) goto out;
+            double flop_per_s = bench_sgemm_flop(g) / sec[0];
+            for (int i = 0; i < N_CASES; i++)
+                bench_add(&fig[i], (double)cases[i].batch / sec[1 + i], flop_per_s / cases[i].flops);
+        }
+        for (int i = 0; i < N_CASES; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "train_%s_t%d_images_per_s", cases[i].name, threads);
+            bench_emit(name, "images/s", &fig[i]);
+        }
+        rc = 0;
+    out:
+        for (int i = 0; i < N_CASES; i++) bench_trainer_free(tr[i]);
+        bench_sgemm_free(g);
+        if (rc) return rc;
     }
     return 0;
 }
