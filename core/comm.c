@@ -1,6 +1,7 @@
 /* Collectives: IR builders, the replica-group table, and the backend
  * registry (world of one unless parallel/ registers MPI). */
 #include "internal.h"
+#include "cx_vec.h"
 
 /* ---- world of one ----------------------------------------------------------- */
 
@@ -46,7 +47,7 @@ cx_status cx_comm_run(const cx_comm_op *op)
 /* Group lists are interned so a node carries a small id; id 0 = all ranks. */
 typedef struct { int ngroups, group_size; int *ranks; } group_list;
 static group_list *g_groups;
-static int g_ngroups;
+static int g_ngroups, g_groups_cap;
 
 const int *cx_groups_lookup(int64_t id, int rank, int *size)
 {
@@ -103,9 +104,7 @@ static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *g
             !memcmp(g->ranks, rg->ranks, sizeof(int) * (size_t)total))
             return i + 1;
     }
-    group_list *ng = realloc(g_groups, sizeof *ng * (size_t)(g_ngroups + 1));
-    if (!ng) { cx_set_last_error("%s: out of memory", op); return -1; }
-    g_groups = ng;
+    if (!CX_GROW(g_groups, g_groups_cap, g_ngroups + 1)) { cx_set_last_error("%s: out of memory", op); return -1; }
     int *ranks = malloc(sizeof(int) * (size_t)total);
     if (!ranks) { cx_set_last_error("%s: out of memory", op); return -1; }
     memcpy(ranks, rg->ranks, sizeof(int) * (size_t)total);

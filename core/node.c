@@ -1,6 +1,7 @@
 /* IR nodes: creation, interning (the same op on the same inputs is the same
  * node, which is CSE at record time), and reference counting. */
 #include "internal.h"
+#include "cx_hash.h"
 
 #include <stdarg.h>
 
@@ -50,26 +51,20 @@ static void node_free(cx_node *n)
 static cx_node **g_tab;
 static size_t g_tab_cap, g_tab_count;
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdull;
-}
-
 static uint64_t desc_hash(const cx_node_desc *d, uint64_t remat)
 {
-    uint64_t h = mix(0x1234567ull, (uint64_t)d->op);
-    h = mix(h, (uint64_t)d->dtype);
-    h = mix(h, (uint64_t)d->ndim);
-    for (int i = 0; i < d->ndim; i++) h = mix(h, (uint64_t)d->shape[i]);
-    for (int i = 0; i < d->nattrs; i++) h = mix(h, (uint64_t)d->attrs[i]);
-    uint64_t fb;
-    memcpy(&fb, &d->fval, sizeof fb);
-    h = mix(h, fb);
-    h = mix(h, (uint64_t)(d->flags & (NF_REQUIRES_GRAD)));
-    h = mix(h, remat);
-    for (int i = 0; i < d->ninputs; i++) h = mix(h, (uint64_t)(uintptr_t)d->inputs[i]);
-    return h;
+    uint64_t w[6 + CX_MAX_DIMS + CX_MAX_ATTRS];
+    int n = 0;
+    w[n++] = (uint64_t)d->op << 32 | (uint64_t)d->dtype << 24 | (uint64_t)d->ndim << 16 | (uint64_t)d->nattrs;
+    for (int i = 0; i < d->ndim; i++) w[n++] = (uint64_t)d->shape[i];
+    for (int i = 0; i < d->nattrs; i++) w[n++] = (uint64_t)d->attrs[i];
+    memcpy(&w[n++], &d->fval, sizeof d->fval);
+    w[n++] = (uint64_t)(d->flags & NF_REQUIRES_GRAD);
+    w[n++] = remat;
+    w[n++] = (uint64_t)d->ninputs;
+    uint64_t h = cx_hash64(w, sizeof *w * (size_t)n);
+    /* inputs are interned nodes: their addresses are their identity */
+    return d->ninputs ? cx_hash64_more(d->inputs, sizeof *d->inputs * (size_t)d->ninputs, h) : h;
 }
 
 static bool node_matches(const cx_node *n, const cx_node_desc *d, uint64_t remat)

@@ -1,5 +1,6 @@
 /* Tensor handles, the live list, steps, host transfers and cx_assign. */
 #include "internal.h"
+#include "cx_vec.h"
 #include "obs.h"
 
 #include <math.h>
@@ -34,13 +35,7 @@ static _Thread_local tensor_list t_carry[CX_MAX_STEP_DEPTH + 1];
 
 static bool list_push(tensor_list *l, cx_tensor *t)
 {
-    if (l->n == l->cap) {
-        int cap = l->cap ? l->cap * 2 : 256;
-        cx_tensor **items = realloc(l->items, (size_t)cap * sizeof *items);
-        if (!items) return false;
-        l->items = items;
-        l->cap = cap;
-    }
+    if (!CX_GROW(l->items, l->cap, l->n + 1)) return false;
     t->step_slot = l->n;
     l->items[l->n++] = t;
     return true;

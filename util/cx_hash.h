@@ -10,6 +10,11 @@
 typedef struct { uint64_t hi, lo; } cx_key128;
 
 static inline uint64_t cx_hash64(const void *data, size_t n) { return XXH3_64bits(data, n); }
+/* Chained: hashes more data after a previous hash (its value as the seed). */
+static inline uint64_t cx_hash64_more(const void *data, size_t n, uint64_t prev)
+{
+    return XXH3_64bits_withSeed(data, n, prev);
+}
 
 static inline cx_key128 cx_hash128(const void *data, size_t n)
 {

@@ -178,25 +178,12 @@ static void entry_path(char *buf, size_t cap, uint64_t hi, uint64_t lo)
 
 /* ---- serialization ------------------------------------------------------------------------------ */
 
-typedef struct {
-    unsigned char *p;
-    size_t n, cap;
-    bool oom;
-} wbuf;
+/* the serialized executable: raw bytes in a growable buffer */
+typedef cx_sbuf wbuf;
 
 static void w_put(wbuf *w, const void *src, size_t n)
 {
-    if (w->oom || n == 0) return;
-    if (w->n + n > w->cap) {
-        size_t cap = w->cap ? w->cap : 65536;
-        while (cap < w->n + n) cap *= 2;
-        unsigned char *p = realloc(w->p, cap);
-        if (!p) { w->oom = true; return; }
-        w->p = p;
-        w->cap = cap;
-    }
-    memcpy(w->p + w->n, src, n);
-    w->n += n;
+    if (n) cx_sb_append(w, src, n);
 }
 
 static void w_i64(wbuf *w, int64_t v) { w_put(w, &v, sizeof v); }
@@ -529,23 +516,23 @@ static void store(const cx_executable *e)
 {
     wbuf w = { 0 };
     serialize(&w, e);
-    if (w.oom) { free(w.p); return; }
+    if (w.oom) { free(w.s); return; }
     size_t bound = ZSTD_compressBound(w.n);
     unsigned char *out = malloc(sizeof(cxe_header) + bound);
     ZSTD_CCtx *cc = ZSTD_createCCtx();
-    if (!out || !cc) { free(out); free(w.p); ZSTD_freeCCtx(cc); return; }
+    if (!out || !cc) { free(out); free(w.s); ZSTD_freeCCtx(cc); return; }
     ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, 3);
     ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 1);
     ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 1);
-    size_t zn = ZSTD_compress2(cc, out + sizeof(cxe_header), bound, w.p, w.n);
+    size_t zn = ZSTD_compress2(cc, out + sizeof(cxe_header), bound, w.s, w.n);
     ZSTD_freeCCtx(cc);
-    if (ZSTD_isError(zn)) { free(out); free(w.p); return; }
+    if (ZSTD_isError(zn)) { free(out); free(w.s); return; }
     cxe_header h = { .format = CXE_FORMAT, .layout = layout_fingerprint(), .key_hi = e->key_hi, .key_lo = e->key_lo,
                      .build_id = g_build_id, .payload_bytes = w.n,
-                     .checksum = cx_hash64(w.p, w.n) };
+                     .checksum = cx_hash64(w.s, w.n) };
     memcpy(h.magic, CXE_MAGIC, 8);
     memcpy(out, &h, sizeof h);
-    free(w.p);
+    free(w.s);
 
     char path[4200], tmp[4400];
     entry_path(path, sizeof path, e->key_hi, e->key_lo);
