@@ -162,37 +162,39 @@ static cx_status check_loss(const cx_node *root)
     return CX_OK;
 }
 
-/* The grad-carrying subgraph below root in topological order (iterative
- * DFS); every node in it ends marked `done`. @return false when out of
- * memory. */
-static bool grad_order(cx_node *root, int visited, int done, cx_node ***order, int *n)
+/* the grad-carrying subgraph: inputs that carry a gradient */
+static bool grad_follow(const cx_node *x, const cx_node *input)
 {
-    struct frame { cx_node *x; int next; } *stack = NULL;
-    int sp = 0, scap = 0, cap = 0;
-    bool ok = CX_GROW(stack, scap, 1);
-    *n = 0;
-    if (ok) stack[sp++] = (struct frame){ root, 0 };
-    root->mark = visited;
-    while (sp && ok) {
-        struct frame *f = &stack[sp - 1];
-        if (f->next < f->x->ninputs) {
-            cx_node *c = f->x->inputs[f->next++];
-            if (!(c->flags & NF_REQUIRES_GRAD) || c->mark == visited || c->mark == done) continue;
-            c->mark = visited;
-            if ((ok = CX_GROW(stack, scap, sp + 1))) stack[sp++] = (struct frame){ c, 0 };
-        } else {
-            f->x->mark = done;
-            if ((ok = CX_GROW(*order, cap, *n + 1))) (*order)[(*n)++] = f->x;
-            sp--;
-        }
-    }
-    free(stack);
-    return ok;
+    (void)x;
+    return (input->flags & NF_REQUIRES_GRAD) != 0;
+}
+
+typedef struct { cx_node **order; int n, cap; } node_list;
+
+static bool grad_visit(void *ctx, cx_node *x)
+{
+    node_list *l = ctx;
+    if (!CX_GROW(l->order, l->cap, l->n + 1)) return false;
+    l->order[l->n++] = x;
+    return true;
+}
+
+typedef struct {
+    cx_node **order;          /* the grad-carrying subgraph, topological */
+    int n;
+    cx_tensor **grads;        /* gradient per node of order (node->index) */
+    remat_map rm;
+} backward_walk;
+
+static bool in_walk(const backward_walk *w, const cx_node *c)
+{
+    return c->index >= 0 && c->index < w->n && w->order[c->index] == c;
 }
 
 /* Applies x's VJP rule to its gradient g and adds what flows to each input
- * into grads[] (by node index). @return CX_OK, or the first bad rule's error. */
-static cx_status propagate(cx_node *x, cx_tensor *g, cx_tensor **grads, remat_map *rm, int done)
+ * of the subgraph into its gradient. @return CX_OK, or the first bad
+ * rule's error. */
+static cx_status propagate(backward_walk *w, cx_node *x, cx_tensor *g)
 {
     const cx_op_info *info = &cx_op_table[x->op];
     if (!info->vjp) return CX_OK;
@@ -200,11 +202,11 @@ static cx_status propagate(cx_node *x, cx_tensor *g, cx_tensor **grads, remat_ma
     cx_tensor **ins = x->ninputs <= 8 ? ins_small : malloc(sizeof *ins * (size_t)x->ninputs);
     if (!ins) { cx_set_last_error("backward: out of memory"); return CX_ERR_OOM; }
     cx_status st = CX_OK;
-    for (int k = 0; k < x->ninputs; k++) ins[k] = cx_tensor_of(remat_clone(rm, x->inputs[k]));
-    cx_tensor *out = cx_tensor_of(remat_clone(rm, x));
+    for (int k = 0; k < x->ninputs; k++) ins[k] = cx_tensor_of(remat_clone(&w->rm, x->inputs[k]));
+    cx_tensor *out = cx_tensor_of(remat_clone(&w->rm, x));
     for (int k = 0; k < x->ninputs; k++) {
         cx_node *c = x->inputs[k];
-        if (!(c->flags & NF_REQUIRES_GRAD) || c->mark != done) continue;
+        if (!(c->flags & NF_REQUIRES_GRAD) || !in_walk(w, c)) continue;
         cx_tensor *gk = info->vjp(x, ins, out, g, k);
         if (!gk) continue;
         if (gk->node->op == OP_ERROR) {
@@ -213,12 +215,12 @@ static cx_status propagate(cx_node *x, cx_tensor *g, cx_tensor **grads, remat_ma
             cx_drop(gk);
             continue;
         }
-        int j = c->index;
-        if (!grads[j]) { grads[j] = gk; continue; }
-        cx_tensor *sum = cx_add(grads[j], gk);
-        cx_drop(grads[j]);
+        cx_tensor **gj = &w->grads[c->index];
+        if (!*gj) { *gj = gk; continue; }
+        cx_tensor *sum = cx_add(*gj, gk);
+        cx_drop(*gj);
         cx_drop(gk);
-        grads[j] = sum;
+        *gj = sum;
     }
     for (int k = 0; k < x->ninputs; k++) cx_drop(ins[k]);
     if (ins != ins_small) free(ins);
@@ -232,37 +234,39 @@ cx_status cx_backward(cx_tensor *loss)
     cx_node *root = loss->node;
     cx_status st = check_loss(root);
     if (st != CX_OK) return st;
-    int visited = cx_mark_epoch(), done = visited + 1, n = 0;
-    cx_node **order = NULL;
-    cx_tensor **grads = NULL;
-    if (!grad_order(root, visited, done, &order, &n) || !(grads = calloc((size_t)n, sizeof *grads))) {
-        free(order);
+    node_list l = { 0 };
+    backward_walk w = { 0 };
+    if (!cx_node_postorder(&root, 1, grad_follow, grad_visit, &l) || !(w.grads = calloc((size_t)l.n, sizeof *w.grads))) {
+        free(l.order);
         cx_set_last_error("backward: out of memory");
         return CX_ERR_OOM;
     }
-    for (int i = 0; i < n; i++) { order[i]->index = i; cx_node_ref(order[i]); }
+    w.order = l.order;
+    w.n = l.n;
+    /* clones of this backward never intern with another region's */
+    w.rm.tag = ~0ull - (uint64_t)cx_mark_epoch();
+    for (int i = 0; i < w.n; i++) { w.order[i]->index = i; cx_node_ref(w.order[i]); }
     cx_no_grad_begin(); /* the backward graph itself carries no gradient */
-    grads[n - 1] = cx_ones(root->shape, root->ndim, (cx_dtype)root->dtype);
-    remat_map rm = { .tag = ~0ull - (uint64_t)visited };
-    for (int i = n - 1; i >= 0; i--) {
-        cx_tensor *g = grads[i];
-        grads[i] = NULL;
+    w.grads[w.n - 1] = cx_ones(root->shape, root->ndim, (cx_dtype)root->dtype);
+    for (int i = w.n - 1; i >= 0 && st != CX_ERR_OOM; i--) {
+        cx_node *x = w.order[i];
+        cx_tensor *g = w.grads[i];
+        w.grads[i] = NULL;
         if (!g) continue;
         /* a leaf, or a gradient tap: the gradient stops here */
-        if (order[i]->grad_leaf) accumulate_leaf(order[i]->grad_leaf, g);
-        else if (order[i]->op != OP_DATA) {
-            cx_status s = propagate(order[i], g, grads, &rm, done);
+        if (x->grad_leaf) accumulate_leaf(x->grad_leaf, g);
+        else if (x->op != OP_DATA) {
+            cx_status s = propagate(&w, x, g);
             if (s != CX_OK && st == CX_OK) st = s;
         }
         cx_drop(g);
-        if (st == CX_ERR_OOM) break;
     }
     cx_no_grad_end();
-    for (int i = 0; i < n; i++) if (grads[i]) cx_drop(grads[i]);
-    for (int i = 0; i < rm.n; i++) cx_node_unref(rm.v[i].to);
-    free(rm.v);
-    for (int i = 0; i < n; i++) cx_node_unref(order[i]);
-    free(grads);
-    free(order);
+    for (int i = 0; i < w.n; i++) if (w.grads[i]) cx_drop(w.grads[i]);
+    for (int i = 0; i < w.rm.n; i++) cx_node_unref(w.rm.v[i].to);
+    free(w.rm.v);
+    for (int i = 0; i < w.n; i++) cx_node_unref(w.order[i]);
+    free(w.grads);
+    free(w.order);
     return st;
 }

@@ -11,44 +11,34 @@
 #define CX_COMPILE_FLAGS "default"
 #endif
 
-bool cx_capture_graph(cx_capture *cp, cx_node *const *outs, int nouts, int visited, int done)
+/* a node holding its value (eager debug mode) is a leaf */
+static bool capture_follow(const cx_node *x, const cx_node *input)
 {
-    struct frame { cx_node *x; int next; } *stack = NULL;
-    int sp = 0, scap = 0;
-    bool ok = true;
-    for (int o = 0; o < nouts && ok; o++) {
-        cx_node *r = outs[o];
-        if (r->mark == done) continue;
-        if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
-        stack[sp++] = (struct frame){ r, 0 };
-        r->mark = visited;
-        while (sp && ok) {
-            struct frame *f = &stack[sp - 1];
-            /* a node holding its value (eager debug mode) is a leaf */
-            if (f->next < f->x->ninputs && !f->x->buf) {
-                cx_node *c = f->x->inputs[f->next++];
-                if (c->mark == visited || c->mark == done) continue;
-                c->mark = visited;
-                if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
-                stack[sp++] = (struct frame){ c, 0 };
-                continue;
-            }
-            cx_node *x = f->x;
-            sp--;
-            x->mark = done;
-            if (!(ok = CX_GROW(cp->nodes, cp->cap, cp->n + 1))) break;
-            x->index = cp->n;
-            cp->nodes[cp->n++] = x;
-            if (x->buf) {   /* OP_DATA, or a value computed by eager debug mode */
-                if (!(ok = CX_GROW(cp->inputs, cp->in_cap, cp->n_inputs + 1))) break;
-                cp->inputs[cp->n_inputs++] = x;
-            } else if (x->op == OP_RTSCALAR) {
-                if (!(ok = CX_GROW(cp->rts, cp->rt_cap, cp->n_rts + 1))) break;
-                cp->rts[cp->n_rts++] = x;
-            }
-        }
+    (void)input;
+    return !x->buf;
+}
+
+static bool capture_visit(void *ctx, cx_node *x)
+{
+    cx_capture *cp = ctx;
+    if (!CX_GROW(cp->nodes, cp->cap, cp->n + 1)) return false;
+    x->index = cp->n;
+    cp->nodes[cp->n++] = x;
+    if (x->buf) {   /* OP_DATA, or a value computed by eager debug mode */
+        if (!CX_GROW(cp->inputs, cp->in_cap, cp->n_inputs + 1)) return false;
+        cp->inputs[cp->n_inputs++] = x;
+    } else if (x->op == OP_RTSCALAR) {
+        if (!CX_GROW(cp->rts, cp->rt_cap, cp->n_rts + 1)) return false;
+        cp->rts[cp->n_rts++] = x;
     }
-    free(stack);
+    return true;
+}
+
+bool cx_capture_graph(cx_capture *cp, cx_node *const *outs, int nouts)
+{
+    cp->n = cp->n_inputs = cp->n_rts = 0;
+    bool ok = cx_node_postorder(outs, nouts, capture_follow, capture_visit, cp);
+    cp->n_graph_inputs = cp->n_inputs;
     return ok;
 }
 
@@ -95,7 +85,7 @@ static bool put_node(cx_capture *cp, const cx_node *x)
     return ok;
 }
 
-bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, int done, cx_key128 *key)
+bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, cx_key128 *key)
 {
     cp->nwords = 0;
     bool ok = put(cp, str_word(CX_VERSION_STRING)) && put(cp, str_word(CX_COMPILE_FLAGS)) &&
@@ -103,8 +93,8 @@ bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *
               put(cp, (uint64_t)cx_get_num_threads());   /* conv scratch has one tile buffer per thread */
     for (int i = 0; ok && i < cp->n; i++) ok = put_node(cp, cp->nodes[i]);
     ok = ok && put(cp, (uint64_t)cp->n_inputs);
-    for (int i = 0; ok && i < cp->n_inputs; i++)
-        if (cp->inputs[i]->mark != done) ok = put(cp, 0xd0d0ull) && put(cp, (uint64_t)cp->inputs[i]->numel);
+    for (int i = cp->n_graph_inputs; ok && i < cp->n_inputs; i++)   /* donors outside the graph */
+        ok = put(cp, 0xd0d0ull) && put(cp, (uint64_t)cp->inputs[i]->numel);
     for (int o = 0; ok && o < nouts; o++) ok = put(cp, (uint64_t)outs[o]->index) && put(cp, (uint64_t)(int64_t)out_alias[o]);
     if (ok) *key = cx_hash128(cp->words, sizeof *cp->words * (size_t)cp->nwords);
     return ok;

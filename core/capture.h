@@ -10,18 +10,18 @@
 typedef struct {
     cx_node **nodes;         /* post-order: inputs before their users */
     int n, cap;
-    cx_node **inputs;        /* data leaves, canonical order */
+    cx_node **inputs;        /* data leaves, canonical order, then donors outside the graph */
     int n_inputs, in_cap;
+    int n_graph_inputs;
     cx_node **rts;           /* runtime scalars */
     int n_rts, rt_cap;
     uint64_t *words;         /* the key's material */
     int nwords, wcap;
 } cx_capture;
 
-/* Post-order DFS from each output; data leaves get ordinals in visit order.
- * Marks: visited while on the stack, done after. @return false when out of
- * memory. */
-bool cx_capture_graph(cx_capture *cp, cx_node *const *outs, int nouts, int visited, int done);
+/* The graph below the outputs, inputs before their users; data leaves get
+ * ordinals in visit order. @return false when out of memory. */
+bool cx_capture_graph(cx_capture *cp, cx_node *const *outs, int nouts);
 /* Appends a donor buffer that is not part of the graph as one more input.
  * @return its ordinal, -1 when out of memory. */
 int cx_capture_add_input(cx_capture *cp, cx_node *x);
@@ -31,9 +31,8 @@ int cx_capture_input_ordinal(const cx_capture *cp, const cx_node *x);
 /* The 128-bit structural key of a captured graph: ops, attributes, shapes,
  * dtypes, the parameter sequence, the aliasing plan, the library version,
  * compile flags and options, and the thread count. Buffer contents never
- * enter it. done: the capture's "done" mark (inputs without it are donors
- * appended outside the graph). @return false when out of memory. */
-bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, int done, cx_key128 *key);
+ * enter it. @return false when out of memory. */
+bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, cx_key128 *key);
 
 /* The compiler's view of the capture. @return false when out of memory;
  * release with cx_graph_release either way. */

@@ -155,6 +155,13 @@ int64_t cx_shape_numel(const int64_t *shape, int ndim);
 uint64_t cx_next_id(void);
 /* Two fresh values for node->mark in a graph walk (visited, done). */
 int cx_mark_epoch(void);
+/* Post-order walk from roots (inputs before their users, each node once):
+ * follow(x, input) says whether the walk goes from x into that input; visit
+ * is called as each node finishes. Uses node marks (a fresh epoch); NULL
+ * roots are skipped. @return false when out of memory or a visit returned
+ * false. */
+bool cx_node_postorder(cx_node *const *roots, int nroots, bool (*follow)(const cx_node *x, const cx_node *input),
+                       bool (*visit)(void *ctx, cx_node *x), void *ctx);
 
 cx_buffer *cx_buffer_new(size_t bytes);
 void cx_buffer_ref(cx_buffer *b);

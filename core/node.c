@@ -2,6 +2,7 @@
  * node, which is CSE at record time), and reference counting. */
 #include "internal.h"
 #include "cx_hash.h"
+#include "cx_vec.h"
 
 #include <stdarg.h>
 
@@ -207,4 +208,37 @@ cx_node *cx_node_error(const char *msg)
     cx_node *n = cx_node_make(&d);
     if (n) n->err = strdup(msg);
     return n;
+}
+
+bool cx_node_postorder(cx_node *const *roots, int nroots, bool (*follow)(const cx_node *x, const cx_node *input),
+                       bool (*visit)(void *ctx, cx_node *x), void *ctx)
+{
+    struct frame { cx_node *x; int next; } *stack = NULL;
+    int sp = 0, scap = 0;
+    int visited = cx_mark_epoch(), done = visited + 1;
+    bool ok = true;
+    for (int r = 0; r < nroots && ok; r++) {
+        cx_node *root = roots[r];
+        if (!root || root->mark == visited || root->mark == done) continue;
+        if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
+        root->mark = visited;
+        stack[sp++] = (struct frame){ root, 0 };
+        while (sp && ok) {
+            struct frame *f = &stack[sp - 1];
+            if (f->next < f->x->ninputs) {
+                cx_node *c = f->x->inputs[f->next++];
+                if (c->mark == visited || c->mark == done || !follow(f->x, c)) continue;
+                if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
+                c->mark = visited;
+                stack[sp++] = (struct frame){ c, 0 };
+                continue;
+            }
+            cx_node *x = f->x;
+            sp--;
+            x->mark = done;
+            ok = visit(ctx, x);
+        }
+    }
+    free(stack);
+    return ok;
 }

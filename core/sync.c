@@ -23,7 +23,6 @@ typedef struct {
     int *tens_out;                 /* tensor -> output */
     int *out_alias;                /* output -> input ordinal whose buffer it takes, or -1 */
     cx_capture *cp;
-    int done_mark;
     cx_key128 key;
     cx_executable *e;
     int source;                    /* 0 in-memory hit, 1 compiled, 2 persistent cache */
@@ -247,12 +246,9 @@ static void record_info(const cx_executable *e)
 /* Phases 3-8 for outputs already picked. */
 static cx_status run_graph(sync_job *j)
 {
-    int epoch = cx_mark_epoch();
     cx_capture *cp = j->cp = &t_cap;
-    cp->n = cp->n_inputs = cp->n_rts = 0;
-    j->done_mark = epoch + 1;
-    if (!cx_capture_graph(cp, j->outs, j->nouts, epoch, epoch + 1) || !plan_aliases(j) ||
-        !cx_capture_key(cp, j->outs, j->nouts, j->out_alias, j->done_mark, &j->key)) {
+    if (!cx_capture_graph(cp, j->outs, j->nouts) || !plan_aliases(j) ||
+        !cx_capture_key(cp, j->outs, j->nouts, j->out_alias, &j->key)) {
         cx_set_last_error("sync: out of memory");
         return CX_ERR_OOM;
     }

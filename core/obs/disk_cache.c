@@ -23,7 +23,6 @@
  * cache is read-only). */
 #define _GNU_SOURCE
 #include "obs/obs_internal.h"
-#include "cx_fs.h"
 
 #include <cxla/cxla.h>
 
@@ -125,14 +124,6 @@ static uint64_t build_identity(void)
 
 /* ---- init ------------------------------------------------------------------------------------- */
 
-static cx_status mkdir_p(const char *path)
-{
-    char failed[256];
-    int err = cx_mkdir_p(path, failed, sizeof failed);
-    if (err == 0) return CX_OK;
-    cx_set_last_error("cache_init: cannot create %s: %s", failed, strerror(err));
-    return CX_ERR_IO;
-}
 
 cx_status cx_cache_init(const char *path, bool readonly)
 {
@@ -153,7 +144,7 @@ cx_status cx_cache_init(const char *path, bool readonly)
         cx_set_last_error("cache_init: must be called before any computation (a graph was already compiled)");
         return CX_ERR_STATE;
     }
-    if (!readonly) st = mkdir_p(path);
+    if (!readonly) st = cx_obs_mkdir("cache_init", path);
     if (st == CX_OK) {
         g_dir = strdup(path);
         if (!g_dir) { cx_set_last_error("cache_init: out of memory"); st = CX_ERR_OOM; }

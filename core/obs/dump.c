@@ -89,60 +89,37 @@ static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int
     cx_sb_printf(b, "}\n");
 }
 
-/* Post-order walk of pending tensors (what a sync would capture): the
- * nodes in topological order, each ->index its position. @return false
- * when out of memory. */
-static bool walk_pending(cx_tensor *const *ts, int nts, cx_node **roots, cx_node ***order, int *n)
+/* what a sync would capture: a node holding its value is a leaf */
+static bool dump_follow(const cx_node *x, const cx_node *input)
 {
-    struct frame { cx_node *x; int next; } *stack = NULL;
-    int sp = 0, scap = 0, cap = 0;
-    int visited = cx_mark_epoch(), done = cx_mark_epoch();
-    bool ok = true;
-    *n = 0;
-    for (int r = 0; r < nts && ok; r++) {
-        if (!ts[r]) continue;
-        cx_node *root = ts[r]->node;
-        roots[r] = root;
-        if (root->mark == visited || root->mark == done) continue;
-        root->mark = visited;
-        if (!(ok = CX_GROW(stack, scap, 1))) break;
-        sp = 0;
-        stack[sp++] = (struct frame){ root, 0 };
-        while (sp && ok) {
-            struct frame *f = &stack[sp - 1];
-            if (!is_leaf_value(f->x) && f->next < f->x->ninputs) {
-                cx_node *c = f->x->inputs[f->next++];
-                if (c->mark == visited || c->mark == done) continue;
-                c->mark = visited;
-                if (!(ok = CX_GROW(stack, scap, sp + 1))) break;
-                stack[sp++] = (struct frame){ c, 0 };
-                continue;
-            }
-            cx_node *x = f->x;
-            sp--;
-            x->mark = done;
-            if (!(ok = CX_GROW(*order, cap, *n + 1))) break;
-            x->index = *n;
-            (*order)[(*n)++] = x;
-        }
-    }
-    free(stack);
-    return ok;
+    (void)input;
+    return !is_leaf_value(x);
+}
+
+typedef struct { cx_node **order; int n, cap; } node_list;
+
+static bool dump_visit(void *ctx, cx_node *x)
+{
+    node_list *l = ctx;
+    if (!CX_GROW(l->order, l->cap, l->n + 1)) return false;
+    x->index = l->n;
+    l->order[l->n++] = x;
+    return true;
 }
 
 static char *ir_string(cx_tensor *const *ts, int nts, bool dot)
 {
     if (nts < 0 || (nts > 0 && !ts)) { cx_set_last_error("ir dump: bad tensor list"); return NULL; }
     cx_node **roots = calloc((size_t)nts + 1, sizeof *roots);
-    cx_node **order = NULL;
-    int n = 0;
+    for (int r = 0; roots && r < nts; r++) roots[r] = ts[r] ? ts[r]->node : NULL;
+    node_list l = { 0 };
     cx_sbuf b = { 0 };
-    bool ok = roots && walk_pending(ts, nts, roots, &order, &n);
+    bool ok = roots && cx_node_postorder(roots, nts, dump_follow, dump_visit, &l);
     if (ok) {
-        if (dot) format_dot(&b, "pending tensors", order, n, roots, nts);
-        else cx_obs_format_text(&b, order, n, roots, nts, ts);
+        if (dot) format_dot(&b, "pending tensors", l.order, l.n, roots, nts);
+        else cx_obs_format_text(&b, l.order, l.n, roots, nts, ts);
     }
-    free(order);
+    free(l.order);
     free(roots);
     char *s = cx_sb_finish(&b);
     if (!ok) { free(s); s = NULL; }

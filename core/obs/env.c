@@ -2,6 +2,7 @@
  * XLA_METRICS_FILE, XLA_USE_EAGER_DEBUG_MODE, CX_CACHE_DIR), read at the
  * first sync through the registry's env hook. */
 #include "obs/obs_internal.h"
+#include "cx_fs.h"
 
 #include <cxla/cxla.h>
 
@@ -79,4 +80,13 @@ void cx_obs_rank_path(char *buf, size_t cap, const char *path)
 {
     if (cx_comm_world_size() > 1) snprintf(buf, cap, "%s.%d", path, cx_comm_rank());
     else snprintf(buf, cap, "%s", path);
+}
+
+cx_status cx_obs_mkdir(const char *who, const char *path)
+{
+    char failed[256];
+    int err = cx_mkdir_p(path, failed, sizeof failed);
+    if (err == 0) return CX_OK;
+    cx_set_last_error("%s: cannot create %s: %s", who, failed, strerror(err));
+    return CX_ERR_IO;
 }

@@ -22,6 +22,10 @@ extern cx_obs_config cx_obs_cfg;
  * the same setting never interleave in one file. */
 void cx_obs_rank_path(char *buf, size_t cap, const char *path);
 
+/* mkdir -p, with a one-line error "WHO: cannot create DIR: reason".
+ * @return CX_OK or CX_ERR_IO. */
+cx_status cx_obs_mkdir(const char *who, const char *path);
+
 /* IR text and Graphviz formats (dump.c), shared with the analysis. */
 void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
                         cx_tensor *const *named);

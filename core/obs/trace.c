@@ -8,8 +8,7 @@
  * integer nanoseconds from the trace start, printed as microseconds with
  * three decimals, so a child's [ts, ts + dur] never leaks out of its parent
  * through rounding. */
-#include "obs.h"
-#include "cx_fs.h"
+#include "obs/obs_internal.h"
 #include "cx_vec.h"
 
 #include <cxla/cxla.h>
@@ -96,14 +95,6 @@ void cx_trace_pop(void)
     add_event("user", r->name, r->t0, cx_now(), NULL, 0);
 }
 
-static cx_status mkdir_p(const char *path)
-{
-    char failed[256];
-    int err = cx_mkdir_p(path, failed, sizeof failed);
-    if (err == 0) return CX_OK;
-    cx_set_last_error("trace_start: cannot create %s: %s", failed, strerror(err));
-    return CX_ERR_IO;
-}
 
 cx_status cx_trace_start(const char *dir)
 {
@@ -115,7 +106,7 @@ cx_status cx_trace_start(const char *dir)
     if (on) { cx_set_last_error("trace_start: a trace is already recording (to %s)", g_dir); return CX_ERR_STATE; }
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/proc_%d", dir, cx_comm_rank());
-    cx_status st = mkdir_p(sub);
+    cx_status st = cx_obs_mkdir("trace_start", sub);
     if (st != CX_OK) return st;
     char *d = strdup(sub);
     if (!d) { cx_set_last_error("trace_start: out of memory"); return CX_ERR_OOM; }
