@@ -84,12 +84,20 @@ static void print_frames(FILE *f, const char *prefix, const char *api)
     if (t_site_file) fprintf(f, "%s   %s (%s:%d)\n", prefix, api, t_site_file, t_site_line);
     void *pcs[32];
     int n = backtrace(pcs, 32);
-    /* skip this file's and the sync machinery's frames: from the frame
-     * after cx_materialize on, the stack is the caller's */
+    /* skip the frames above the library (backtrace's own) and the library's
+     * hidden internals: the caller's stack starts at the first frame outside
+     * the library or at a public function (only those have a dynamic
+     * symbol name) */
+    Dl_info self;
+    bool known = dladdr((void *)print_frames, &self) != 0;
     int start = 0;
-    for (int i = 0; i < n; i++) {
+    bool entered = false;
+    for (int i = 0; i < n && known; i++) {
         Dl_info di;
-        if (dladdr(pcs[i], &di) && di.dli_sname && !strcmp(di.dli_sname, "cx_materialize")) { start = i + 1; break; }
+        bool ours = dladdr(pcs[i], &di) && di.dli_fbase == self.dli_fbase;
+        entered = entered || ours;
+        if (!entered || (ours && !di.dli_sname)) start = i + 1;
+        else break;
     }
     int shown = 0;
     for (int i = start; i < n && shown < 8; i++) {
