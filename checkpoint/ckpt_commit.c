@@ -47,7 +47,7 @@ cx_status ckpt_publish(const char *tmp, const char *final, uint64_t *hash, int64
 {
     uint64_t h;
     int64_t sz;
-    cx_status st = ckpt_hash_file(tmp, true, &h, &sz);
+    cx_status st = ckpt_hash_file(tmp, CX_CKPT_FORMAT_VERSION, true, &h, &sz);
     if (st == CX_OK && rename(tmp, final) != 0) {
         cx_set_last_error("%s: cannot rename into place: %s", final, strerror(errno));
         st = CX_ERR_IO;

@@ -63,7 +63,7 @@ typedef struct {
     const int64_t *shape;
     int ndim;
     const char *name;
-    ckpt_hash h;
+    ckpt_hasher h;
 } out_dataset;
 
 static cx_status out_begin(writer *w, out_dataset *o, hid_t parent, const char *name, cx_dtype dt,
@@ -75,8 +75,9 @@ static cx_status out_begin(writer *w, out_dataset *o, hid_t parent, const char *
         cx_set_last_error("%s: cannot create %s: %s", w->path, name, ckpt_h5_msg());
         return CX_ERR_IO;
     }
-    ckpt_hash_init(&o->h);
-    return CX_OK;
+    if (ckpt_hasher_begin(&o->h, CX_CKPT_FORMAT_VERSION) == 0) return CX_OK;
+    H5Dclose(o->d);
+    return CX_ERR_OOM;
 }
 
 /* Elements [a, b) of entry e (NULL: zeros) become elements [at, at + b - a)
@@ -88,7 +89,7 @@ static cx_status out_piece(writer *w, out_dataset *o, const ckpt_entry *e, int64
     if (e) st = ckpt_src_read(w->s, e, a, b, w->buf);
     else memset(w->buf, 0, bytes);
     if (st != CX_OK) return st;
-    ckpt_hash_update(&o->h, w->buf, bytes);
+    ckpt_hasher_update(&o->h, w->buf, bytes);
     if (ckpt_dataset_write_range(o->d, o->dt, o->shape, o->ndim, at, at + (b - a), w->buf) < 0) {
         cx_set_last_error("%s: cannot write %s: %s", w->path, o->name, ckpt_h5_msg());
         return CX_ERR_IO;
@@ -99,9 +100,11 @@ static cx_status out_piece(writer *w, out_dataset *o, const ckpt_entry *e, int64
 /* Closes the output, with its attributes when it was written whole (st). */
 static cx_status out_end(writer *w, out_dataset *o, const char *kind, cx_status st)
 {
-    if (st == CX_OK && ckpt_dataset_attrs(o->d, o->dt, kind, ckpt_hash_final(&o->h)) < 0) {
+    if (st == CX_OK && ckpt_dataset_attrs(o->d, o->dt, kind, ckpt_hasher_end(&o->h)) < 0) {
         cx_set_last_error("%s: cannot write attributes of %s: %s", w->path, o->name, ckpt_h5_msg());
         st = CX_ERR_IO;
+    } else if (st != CX_OK) {
+        ckpt_hasher_drop(&o->h);
     }
     H5Dclose(o->d);
     return st;

@@ -306,7 +306,7 @@ int ckpt_dataset_attrs(hid_t d, cx_dtype dt, const char *kind, uint64_t hash)
 {
     if (ckpt_attr_write_str(d, "dtype", cx_dtype_name(dt)) < 0) return -1;
     if (kind && ckpt_attr_write_str(d, "kind", kind) < 0) return -1;
-    return ckpt_attr_write_u64(d, "cxh64", hash);
+    return ckpt_attr_write_u64(d, ckpt_hash_attr(CX_CKPT_FORMAT_VERSION), hash);
 }
 
 int ckpt_dataset_write_all(hid_t d, cx_dtype dt, const void *buf, int64_t numel)

@@ -8,26 +8,52 @@
 #include <hdf5.h>
 #include <stdio.h>
 
+#include "cx_hash.h"
+
 #define CKPT_FORMAT_NAME "cxla-checkpoint"
 #define CKPT_MARKER_MAGIC "cxla-checkpoint-commit"
+/* The oldest format version still read (CX_CKPT_FORMAT_VERSION is the one
+ * written): version 1 differs only in its checksums (cxh64). */
+#define CKPT_OLDEST_VERSION 1
 /* Elements moved per read/write when streaming: bounds the tool's buffers. */
 #define CKPT_STREAM_ELEMS ((int64_t)4 << 20)
 
-/* ---- checksum: a 64-bit, 4-lane multiply-rotate hash (ckpt_hash.c) ---------- */
+/* ---- checksums (ckpt_hash.c) --------------------------------------------------
+ * XXH3-64 since format version 2. Version-1 files carry cxh64, a 4-lane
+ * multiply-rotate hash kept only to read them (ckpt_hash_v1.c). */
 
 typedef struct {
     uint64_t v[4];
     uint64_t total;
     unsigned char buf[32];
     size_t nbuf;
-} ckpt_hash;
+} ckpt_cxh64_v1;
 
-void ckpt_hash_init(ckpt_hash *h);
-void ckpt_hash_update(ckpt_hash *h, const void *data, size_t n);
-uint64_t ckpt_hash_final(const ckpt_hash *h);
+void ckpt_cxh64_v1_init(ckpt_cxh64_v1 *h);
+void ckpt_cxh64_v1_update(ckpt_cxh64_v1 *h, const void *data, size_t n);
+uint64_t ckpt_cxh64_v1_final(const ckpt_cxh64_v1 *h);
+
+/* The checksum of one format version, over data fed in pieces. */
+typedef struct {
+    int version;
+    cx_hash64_stream xxh3;   /* version >= 2 */
+    ckpt_cxh64_v1 v1;        /* version 1 */
+} ckpt_hasher;
+
+/* @return 0, or -1 when out of memory (error set). */
+int ckpt_hasher_begin(ckpt_hasher *h, int version);
+void ckpt_hasher_update(ckpt_hasher *h, const void *data, size_t n);
+/* The checksum; releases the hasher. */
+uint64_t ckpt_hasher_end(ckpt_hasher *h);
+/* Releases a hasher whose checksum is not wanted. */
+void ckpt_hasher_drop(ckpt_hasher *h);
+/* The checksum this library writes, of a whole buffer. */
 uint64_t ckpt_hash_bytes(const void *data, size_t n);
-/* Hashes a whole file (optionally fsyncing it first). */
-cx_status ckpt_hash_file(const char *path, bool fsync_first, uint64_t *hash, int64_t *size);
+/* The checksum attribute of a tensor dataset in files of `version`. */
+const char *ckpt_hash_attr(int version);
+/* Hashes a whole file with the checksum of `version` (optionally fsyncing
+ * it first). */
+cx_status ckpt_hash_file(const char *path, int version, bool fsync_first, uint64_t *hash, int64_t *size);
 
 /* ---- HDF5 (ckpt_h5.c, ckpt_zstd.c) ---------------------------------------------- */
 
@@ -86,13 +112,13 @@ typedef struct {
     int64_t resharded_from_world_size;      /* 0: not resharded */
 } ckpt_root;
 
-/* Creates `path` holding the root attributes of `r` (stamped with the
+/* Creates `path` holding the root attributes of `r` (stamped with this
  * format and library version, sampler_epoch = epoch and the compression of
  * `level`) and an empty /model group. @return CX_OK with *fid and *model
  * open, or an error naming the file (nothing left open). */
 cx_status ckpt_file_begin(const char *path, const ckpt_root *r, int level, hid_t *fid, hid_t *model);
 /* Reads and checks the root attributes of an open file: the format magic,
- * this version, world size and rank. */
+ * a readable version, world size and rank. */
 cx_status ckpt_root_read(hid_t fid, const char *path, ckpt_root *r);
 
 /* ---- names (ckpt_names.c) --------------------------------------------------------- */
@@ -146,8 +172,8 @@ cx_status ckpt_uncommit(const char *prefix);
 /* Removes the files of `prefix` that a checkpoint of `nfiles` files does
  * not have (left by an earlier save with another world size). */
 void ckpt_remove_stale(const char *prefix, int nfiles);
-/* Makes the closed file `tmp` durable under its final name: fsync, hash,
- * rename, fsync of the directory. Removes tmp
+/* Makes the closed file `tmp` durable under its final name: fsync, hash
+ * (this version's checksum), rename, fsync of the directory. Removes tmp
  * on failure. hash and size may be NULL. */
 cx_status ckpt_publish(const char *tmp, const char *final, uint64_t *hash, int64_t *size);
 /* Writes the marker listing the `world` files of `prefix`, with each
@@ -245,6 +271,7 @@ typedef struct {
     int nfiles;
     ckpt_file *files;      /* by rank */
     int world;
+    int version;           /* format version of the marker and every file */
     ckpt_root root;        /* rank 0's; strategy and step checked equal on every file */
     bool sharded;
     int nunits;
@@ -282,7 +309,8 @@ hid_t ckpt_dataset_create(hid_t parent, const char *name, cx_dtype dt, const int
 int ckpt_dataset_write_all(hid_t d, cx_dtype dt, const void *buf, int64_t numel);
 int ckpt_dataset_write_range(hid_t d, cx_dtype dt, const int64_t *shape, int ndim, int64_t a, int64_t b,
                              const void *buf);
-/* The attributes of a tensor dataset: dtype, kind and checksum ("cxh64"). */
+/* The attributes of a tensor dataset: dtype, kind and the checksum of this
+ * format version. */
 int ckpt_dataset_attrs(hid_t d, cx_dtype dt, const char *kind, uint64_t hash);
 
 #endif

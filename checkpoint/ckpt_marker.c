@@ -97,7 +97,8 @@ cx_status ckpt_marker_read(const char *prefix, ckpt_marker *m)
         else bad = true;
     }
     fclose(f);
-    if (bad || !ended || m->version != CX_CKPT_FORMAT_VERSION || m->nfiles != nfiles || m->world < 1) {
+    bool known = m->version >= CKPT_OLDEST_VERSION && m->version <= CX_CKPT_FORMAT_VERSION;
+    if (bad || !ended || !known || m->nfiles != nfiles || m->world < 1) {
         cx_set_last_error("checkpoint %s: commit marker %s is malformed or of an unsupported version", prefix, path);
         ckpt_marker_release(m);
         return CX_ERR_IO;

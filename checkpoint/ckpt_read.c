@@ -1,6 +1,6 @@
 /* Reading tensors of an open checkpoint: any element range of an entry,
- * taken from whichever rank files hold it, with checksums checked on the
- * way. */
+ * taken from whichever rank files hold it, with the checksums of the
+ * file's format version checked on the way. */
 #include "ckpt_internal.h"
 
 #include <pthread.h>
@@ -27,7 +27,7 @@ cx_status ckpt_src_verify(ckpt_src *s, int r)
     }
     uint64_t h;
     int64_t size;
-    cx_status st = ckpt_hash_file(f->path, false, &h, &size);
+    cx_status st = ckpt_hash_file(f->path, s->version, false, &h, &size);
     if (st != CX_OK) return st;
     if (h != f->marker_hash || size != f->size) {
         cx_set_last_error("%s: checksum mismatch with the commit marker (the file is corrupt)", f->path);
@@ -60,7 +60,7 @@ typedef struct {
     size_t total_bytes;
     size_t ready;          /* bytes read so far */
     bool stop;             /* the read failed: give up */
-    ckpt_hash h;
+    ckpt_hasher h;
     bool threaded;
     pthread_t thread;
 } piece_hasher;
@@ -76,7 +76,7 @@ static void *hash_pieces(void *arg)
         bool stop = ph->stop;
         pthread_mutex_unlock(&ph->mu);
         if (stop) break;
-        ckpt_hash_update(&ph->h, ph->base + done, ready - done);
+        ckpt_hasher_update(&ph->h, ph->base + done, ready - done);
         done = ready;
     }
     return NULL;
@@ -91,30 +91,32 @@ static void hasher_publish(piece_hasher *ph, size_t ready, bool stop)
     pthread_mutex_unlock(&ph->mu);
 }
 
-static void hasher_start(piece_hasher *ph, const void *base, size_t total, bool threaded)
+/* @return 0, or -1 when out of memory (error set). */
+static int hasher_start(piece_hasher *ph, int version, const void *base, size_t total, bool threaded)
 {
     memset(ph, 0, sizeof *ph);
     ph->base = base;
     ph->total_bytes = total;
-    ckpt_hash_init(&ph->h);
-    if (!threaded || pthread_mutex_init(&ph->mu, NULL) != 0) return;
+    if (ckpt_hasher_begin(&ph->h, version) < 0) return -1;
+    if (!threaded || pthread_mutex_init(&ph->mu, NULL) != 0) return 0;
     if (pthread_cond_init(&ph->cv, NULL) != 0) {
         pthread_mutex_destroy(&ph->mu);
-        return;
+        return 0;
     }
     if (pthread_create(&ph->thread, NULL, hash_pieces, ph) != 0) {
         pthread_cond_destroy(&ph->cv);
         pthread_mutex_destroy(&ph->mu);
-        return;
+        return 0;
     }
     ph->threaded = true;
+    return 0;
 }
 
 /* The piece [done, ready) of the buffer has been read. */
 static void hasher_piece(piece_hasher *ph, size_t done, size_t ready)
 {
     if (ph->threaded) hasher_publish(ph, ready, false);
-    else ckpt_hash_update(&ph->h, ph->base + done, ready - done);
+    else ckpt_hasher_update(&ph->h, ph->base + done, ready - done);
 }
 
 /* @return the checksum when the read succeeded (ok), else 0. */
@@ -126,7 +128,9 @@ static uint64_t hasher_finish(piece_hasher *ph, bool ok)
         pthread_cond_destroy(&ph->cv);
         pthread_mutex_destroy(&ph->mu);
     }
-    return ok ? ckpt_hash_final(&ph->h) : 0;
+    if (ok) return ckpt_hasher_end(&ph->h);
+    ckpt_hasher_drop(&ph->h);
+    return 0;
 }
 
 /* An open dataset of file f. */
@@ -166,12 +170,12 @@ static cx_status read_pieces(const dataset *x, int64_t a, int64_t b, void *buf, 
 /* Reads a whole dataset and checks it against `want`. With a checksum to
  * check, the read goes in pieces: each is hashed while it is still in
  * cache, on a second thread while the next one is read. */
-static cx_status read_checked(const dataset *x, int64_t numel, void *buf, uint64_t want)
+static cx_status read_checked(const dataset *x, int64_t numel, void *buf, int version, uint64_t want)
 {
     int64_t piece = x->nd ? (int64_t)((16u << 20) / cx_dtype_size(x->dt)) : numel;
     if (piece < 1) piece = 1;
     piece_hasher ph;
-    hasher_start(&ph, buf, (size_t)numel * cx_dtype_size(x->dt), numel > piece);
+    if (hasher_start(&ph, version, buf, (size_t)numel * cx_dtype_size(x->dt), numel > piece) < 0) return CX_ERR_OOM;
     cx_status st = read_pieces(x, 0, numel, buf, piece, &ph);
     uint64_t got = hasher_finish(&ph, st == CX_OK);
     if (st == CX_OK && got != want) {
@@ -206,8 +210,8 @@ static cx_status read_range(ckpt_src *s, int r, const char *h5, cx_dtype dt, int
     uint64_t want = 0;
     bool whole = check_hash && a == 0 && b == numel;
     if (b <= a) st = CX_OK;
-    else if (whole && ckpt_attr_read_u64(x.d, "cxh64", &want) == 0)
-        st = read_checked(&x, numel, buf, want);
+    else if (whole && ckpt_attr_read_u64(x.d, ckpt_hash_attr(s->version), &want) == 0)
+        st = read_checked(&x, numel, buf, s->version, want);
     else st = read_pieces(&x, a, b, buf, b - a, NULL);
     H5Dclose(x.d);
     return st;

@@ -106,9 +106,9 @@ cx_status ckpt_root_read(hid_t fid, const char *path, ckpt_root *r)
     }
     /* the version first: a file of another version may lack what this one requires */
     if (ckpt_attr_read_i64(fid, "format_version", &r->format_version) < 0 ||
-        r->format_version != CX_CKPT_FORMAT_VERSION) {
-        cx_set_last_error("%s: unsupported checkpoint format version %lld (this library reads %d)", path,
-                          (long long)r->format_version, CX_CKPT_FORMAT_VERSION);
+        r->format_version < CKPT_OLDEST_VERSION || r->format_version > CX_CKPT_FORMAT_VERSION) {
+        cx_set_last_error("%s: unsupported checkpoint format version %lld (this library reads %d to %d)", path,
+                          (long long)r->format_version, CKPT_OLDEST_VERSION, CX_CKPT_FORMAT_VERSION);
         return CX_ERR_IO;
     }
     for (int i = 0; i < NATTRS; i++) {

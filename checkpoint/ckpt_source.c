@@ -106,6 +106,7 @@ static cx_status match_marker(ckpt_src *s, const char *prefix)
     ckpt_marker m;
     cx_status st = ckpt_marker_read(prefix, &m);
     if (st != CX_OK) return st;
+    s->version = m.version;
     for (int i = 0; i < s->nfiles && st == CX_OK; i++) st = match_file(&s->files[i], &m, prefix);
     for (int k = 0; k < m.nfiles && st == CX_OK && m.nfiles != s->nfiles; k++) {
         int i = 0;
@@ -120,8 +121,8 @@ static cx_status match_marker(ckpt_src *s, const char *prefix)
     return st;
 }
 
-/* Opens every file and reads its root attributes: one world size, and the
- * rank its name says (name_prefix:
+/* Opens every file and reads its root attributes: one world size, one
+ * format version (the marker's), and the rank its name says (name_prefix:
  * the checkpoint's prefix, NULL for a single file). */
 static cx_status open_files(ckpt_src *s, const char *name_prefix)
 {
@@ -135,6 +136,10 @@ static cx_status open_files(ckpt_src *s, const char *name_prefix)
         if (w != w0)
             return bad(CX_ERR_IO, "checkpoint %s: mixed world sizes: %s says world size %lld, %s says %lld", s->prefix,
                        ckpt_base_name(s->files[0].path), (long long)w0, ckpt_base_name(f->path), (long long)w);
+        if (!name_prefix) s->version = (int)f->root.format_version;
+        if (f->root.format_version != s->version)
+            return bad(CX_ERR_IO, "%s: format version %lld, but its commit marker is of version %d", f->path,
+                       (long long)f->root.format_version, s->version);
         f->rank = (int)r;
         int fr = -1, fw = -1;
         if (name_prefix &&
