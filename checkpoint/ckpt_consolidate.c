@@ -4,16 +4,10 @@
  * validate every input file first, and leave nothing behind on failure. */
 #include "ckpt_internal.h"
 
-#include <errno.h>
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-hid_t ckpt_file_create(const char *path);
-int ckpt_write_root_attrs(hid_t f, const char *strategy, int world, int rank, int train_world, int64_t step,
-                          int64_t epoch, int64_t pos, uint64_t rng_seed, uint64_t rng_offset, const char *optimizer,
-                          int64_t opt_steps, int level);
 
 cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void)
 {
@@ -28,12 +22,7 @@ int cx_ckpt_count_files(const char *prefix, const char *suffix)
         return -1;
     }
     char pattern[8300];
-    size_t o = 0;
-    for (const char *p = prefix; *p && o + 2 < 8000; p++) {
-        if (strchr("*?[]\\", *p)) pattern[o++] = '\\';
-        pattern[o++] = *p;
-    }
-    snprintf(pattern + o, sizeof pattern - o, "%s", suffix ? suffix : CX_CKPT_DEFAULT_SUFFIX);
+    ckpt_glob_pattern(pattern, sizeof pattern, prefix, suffix);
     glob_t gl;
     int rc = glob(pattern, 0, NULL, &gl);
     int n = rc == 0 ? (int)gl.gl_pathc : 0;
@@ -41,82 +30,117 @@ int cx_ckpt_count_files(const char *prefix, const char *suffix)
     return n;
 }
 
-/* A streaming buffer sized for the largest entry, capped. */
+/* An output file being written from a source, through one streaming
+ * buffer sized for the largest entry, capped. */
 typedef struct {
+    ckpt_src *s;
     void *buf;
-    int64_t elems;    /* capacity in elements of 8 bytes */
-} stream_buf;
+    int64_t elems;      /* capacity in elements of 8 bytes */
+    int level;
+    const char *path;
+} writer;
 
-static cx_status stream_alloc(stream_buf *b, const ckpt_src *s)
+static cx_status writer_init(writer *w, ckpt_src *s, int level)
 {
     int64_t largest = 1;
     for (int i = 0; i < s->nentries; i++)
         if (s->entries[i].numel > largest) largest = s->entries[i].numel;
-    b->elems = largest < CKPT_STREAM_ELEMS ? largest : CKPT_STREAM_ELEMS;
-    b->buf = malloc((size_t)b->elems * 8);
-    if (!b->buf) {
+    *w = (writer){ .s = s, .level = level };
+    w->elems = largest < CKPT_STREAM_ELEMS ? largest : CKPT_STREAM_ELEMS;
+    w->buf = malloc((size_t)w->elems * 8);
+    if (!w->buf) {
         cx_set_last_error("checkpoint %s: out of memory for a %lld-element stream buffer", s->prefix,
-                          (long long)b->elems);
+                          (long long)w->elems);
         return CX_ERR_OOM;
     }
     return CX_OK;
 }
 
-/* Copies entry e into a new dataset of its full shape. */
-static cx_status copy_entry(ckpt_src *s, const ckpt_entry *e, hid_t parent, const char *name, const char *kind,
-                            int level, stream_buf *b, const char *out)
+/* A dataset being streamed out, hashed as it is written. */
+typedef struct {
+    hid_t d;
+    cx_dtype dt;
+    const int64_t *shape;
+    int ndim;
+    const char *name;
+    ckpt_hasher h;
+} out_dataset;
+
+static cx_status out_begin(writer *w, out_dataset *o, hid_t parent, const char *name, cx_dtype dt,
+                           const int64_t *shape, int ndim)
 {
-    hid_t d = ckpt_dataset_create(parent, name, e->dtype, e->shape, e->ndim, level);
-    if (d < 0) {
-        cx_set_last_error("%s: cannot create %s: %s", out, name, ckpt_h5_msg());
+    *o = (out_dataset){ .dt = dt, .shape = shape, .ndim = ndim, .name = name };
+    o->d = ckpt_dataset_create(parent, name, dt, shape, ndim, w->level);
+    if (o->d < 0) {
+        cx_set_last_error("%s: cannot create %s: %s", w->path, name, ckpt_h5_msg());
         return CX_ERR_IO;
     }
-    ckpt_hash h;
-    ckpt_hash_init(&h);
-    size_t es = cx_dtype_size(e->dtype);
+    if (ckpt_hasher_begin(&o->h, CX_CKPT_FORMAT_VERSION) == 0) return CX_OK;
+    H5Dclose(o->d);
+    return CX_ERR_OOM;
+}
+
+/* Elements [a, b) of entry e (NULL: zeros) become elements [at, at + b - a)
+ * of the output. */
+static cx_status out_piece(writer *w, out_dataset *o, const ckpt_entry *e, int64_t a, int64_t b, int64_t at)
+{
+    size_t bytes = (size_t)(b - a) * cx_dtype_size(o->dt);
     cx_status st = CX_OK;
-    for (int64_t a = 0; a < e->numel && st == CX_OK; a += b->elems) {
-        int64_t z = a + b->elems < e->numel ? a + b->elems : e->numel;
-        st = ckpt_src_read(s, e, a, z, b->buf);
-        if (st != CX_OK) break;
-        ckpt_hash_update(&h, b->buf, (size_t)(z - a) * es);
-        if (ckpt_dataset_write_range(d, e->dtype, e->shape, e->ndim, a, z, b->buf) < 0) {
-            cx_set_last_error("%s: cannot write %s: %s", out, name, ckpt_h5_msg());
-            st = CX_ERR_IO;
-        }
+    if (e) st = ckpt_src_read(w->s, e, a, b, w->buf);
+    else memset(w->buf, 0, bytes);
+    if (st != CX_OK) return st;
+    ckpt_hasher_update(&o->h, w->buf, bytes);
+    if (ckpt_dataset_write_range(o->d, o->dt, o->shape, o->ndim, at, at + (b - a), w->buf) < 0) {
+        cx_set_last_error("%s: cannot write %s: %s", w->path, o->name, ckpt_h5_msg());
+        return CX_ERR_IO;
     }
-    if (st == CX_OK && ckpt_dataset_attrs(d, e->dtype, kind, ckpt_hash_final(&h)) < 0) {
-        cx_set_last_error("%s: cannot write attributes of %s: %s", out, name, ckpt_h5_msg());
+    return CX_OK;
+}
+
+/* Closes the output, with its attributes when it was written whole (st). */
+static cx_status out_end(writer *w, out_dataset *o, const char *kind, cx_status st)
+{
+    if (st == CX_OK && ckpt_dataset_attrs(o->d, o->dt, kind, ckpt_hasher_end(&o->h)) < 0) {
+        cx_set_last_error("%s: cannot write attributes of %s: %s", w->path, o->name, ckpt_h5_msg());
         st = CX_ERR_IO;
+    } else if (st != CX_OK) {
+        ckpt_hasher_drop(&o->h);
     }
-    H5Dclose(d);
+    H5Dclose(o->d);
     return st;
 }
 
-static hid_t group_at(hid_t parent, const char *name)
+/* Copies entry e into a new dataset of its full shape. */
+static cx_status copy_entry(writer *w, const ckpt_entry *e, hid_t parent, const char *name, const char *kind)
 {
-    if (H5Lexists(parent, name, H5P_DEFAULT) > 0) return H5Gopen2(parent, name, H5P_DEFAULT);
-    return ckpt_group_create(parent, name);
+    out_dataset o;
+    cx_status st = out_begin(w, &o, parent, name, e->dtype, e->shape, e->ndim);
+    if (st != CX_OK) return st;
+    for (int64_t a = 0; a < e->numel && st == CX_OK; a += w->elems)
+        st = out_piece(w, &o, e, a, a + w->elems < e->numel ? a + w->elems : e->numel, a);
+    return out_end(w, &o, kind, st);
 }
 
-/* fsync + rename + fsync dir; removes tmp on failure. */
-static cx_status publish(const char *tmp, const char *final, uint64_t *hash, int64_t *size)
+static cx_status write_optimizer_copy(writer *w, hid_t fid)
 {
-    uint64_t h;
-    int64_t sz;
-    cx_status st = ckpt_hash_file(tmp, true, &h, &sz);
-    if (st == CX_OK && rename(tmp, final) != 0) {
-        cx_set_last_error("%s: cannot rename into place: %s", final, strerror(errno));
-        st = CX_ERR_IO;
+    hid_t og = ckpt_group_at(fid, "optimizer", w->path, "/optimizer");
+    if (og < 0) return CX_ERR_IO;
+    cx_status st = CX_OK;
+    for (int i = 0; i < w->s->nentries && st == CX_OK; i++) {
+        const ckpt_entry *e = &w->s->entries[i];
+        if (!e->state) continue;
+        char what[1200];
+        snprintf(what, sizeof what, "/optimizer/%s", e->key);
+        hid_t g = ckpt_group_at(og, e->key, w->path, what);
+        if (g < 0) {
+            st = CX_ERR_IO;
+            break;
+        }
+        st = copy_entry(w, e, g, e->state, "state");
+        H5Gclose(g);
     }
-    if (st != CX_OK) {
-        unlink(tmp);
-        return st;
-    }
-    ckpt_fsync_dir(final);
-    if (hash) *hash = h;
-    if (size) *size = sz;
-    return CX_OK;
+    H5Gclose(og);
+    return st;
 }
 
 cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts)
@@ -125,72 +149,40 @@ cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_
         cx_set_last_error("cx_ckpt_consolidate: NULL prefix or output path");
         return CX_ERR_ARG;
     }
-    if (opts.compress_level < 0 || opts.compress_level > 22) {
-        cx_set_last_error("cx_ckpt_consolidate: compression level %d outside 0..22", opts.compress_level);
-        return CX_ERR_ARG;
-    }
-    ckpt_src s;
-    cx_status st = ckpt_src_open(&s, prefix, opts.suffix, NULL, true, 0);
+    cx_status st = ckpt_zstd_check_level("cx_ckpt_consolidate", opts.compress_level);
     if (st != CX_OK) return st;
-    stream_buf b = { 0 };
-    if ((st = stream_alloc(&b, &s)) != CX_OK) {
-        ckpt_src_close(&s);
-        return st;
-    }
+    ckpt_src s;
+    st = ckpt_src_open(&s, prefix, opts.suffix, NULL, true, 0);
+    if (st != CX_OK) return st;
+    writer w;
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out_path, (long)getpid());
-    hid_t fid = ckpt_file_create(tmp);
-    if (fid < 0) {
-        cx_set_last_error("%s: cannot create: %s", tmp, ckpt_h5_msg());
-        st = CX_ERR_IO;
-        goto out;
-    }
-    /* the sampler position counts this rank's samples: one rank holds them all now */
-    if (ckpt_write_root_attrs(fid, s.strategy, 1, 0, s.world, s.step, s.epoch, s.sampler_position * s.world, s.rng_seed,
-                              s.rng_offset, s.optimizer, s.optimizer_steps, opts.compress_level) < 0 ||
-        ckpt_attr_write_i64(fid, "consolidated_from_world_size", s.world) < 0) {
-        cx_set_last_error("%s: cannot write attributes: %s", tmp, ckpt_h5_msg());
-        st = CX_ERR_IO;
-    }
-    hid_t mg = st == CX_OK ? ckpt_group_create(fid, "model") : -1;
-    if (st == CX_OK && mg < 0) {
-        cx_set_last_error("%s: cannot create /model: %s", tmp, ckpt_h5_msg());
-        st = CX_ERR_IO;
+    /* the sampler position counts each rank's samples: one rank holds them all now */
+    ckpt_root root = s.root;
+    root.world_size = 1;
+    root.rank = 0;
+    root.train_world_size = s.world;
+    root.sampler_position = s.root.sampler_position * s.world;
+    root.consolidated_from_world_size = s.world;
+    root.resharded_from_world_size = 0;
+    hid_t fid = -1, mg = -1;
+    if ((st = writer_init(&w, &s, opts.compress_level)) == CX_OK) {
+        w.path = tmp;
+        st = ckpt_file_begin(tmp, &root, opts.compress_level, &fid, &mg);
     }
     for (int i = 0; i < s.nentries && st == CX_OK; i++) {
         const ckpt_entry *e = &s.entries[i];
-        if (e->state) continue;
-        st = copy_entry(&s, e, mg, e->key, e->is_param ? "param" : "buffer", opts.compress_level, &b, tmp);
+        if (!e->state) st = copy_entry(&w, e, mg, e->key, e->is_param ? "param" : "buffer");
     }
     if (mg >= 0) H5Gclose(mg);
-    if (st == CX_OK && opts.with_optimizer) {
-        hid_t og = ckpt_group_create(fid, "optimizer");
-        if (og < 0) {
-            cx_set_last_error("%s: cannot create /optimizer: %s", tmp, ckpt_h5_msg());
-            st = CX_ERR_IO;
-        }
-        for (int i = 0; i < s.nentries && st == CX_OK; i++) {
-            const ckpt_entry *e = &s.entries[i];
-            if (!e->state) continue;
-            hid_t g = group_at(og, e->key);
-            if (g < 0) {
-                cx_set_last_error("%s: cannot create /optimizer/%s: %s", tmp, e->key, ckpt_h5_msg());
-                st = CX_ERR_IO;
-                break;
-            }
-            st = copy_entry(&s, e, g, e->state, "state", opts.compress_level, &b, tmp);
-            H5Gclose(g);
-        }
-        if (og >= 0) H5Gclose(og);
-    }
+    if (st == CX_OK && opts.with_optimizer) st = write_optimizer_copy(&w, fid);
     if (fid >= 0 && H5Fclose(fid) < 0 && st == CX_OK) {
         cx_set_last_error("%s: cannot close: %s", tmp, ckpt_h5_msg());
         st = CX_ERR_IO;
     }
-    if (st == CX_OK) st = publish(tmp, out_path, NULL, NULL);
+    if (st == CX_OK) st = ckpt_publish(tmp, out_path, NULL, NULL);
     else unlink(tmp);
-out:
-    free(b.buf);
+    free(w.buf);
     ckpt_src_close(&s);
     return st;
 }
@@ -200,56 +192,37 @@ out:
 /* Writes one flat shard dataset (the layout of `u`, rank u->rank): the
  * pieces of each parameter's full tensor `state` (NULL: the parameter)
  * that fall in the shard, zeros elsewhere (padding). */
-static cx_status write_flat(ckpt_src *s, const ckpt_unit *u, const char *state, hid_t parent, const char *name,
-                            int level, stream_buf *b, const char *out)
+static cx_status write_flat(writer *w, const ckpt_unit *u, const char *state, hid_t parent, const char *name)
 {
     int64_t shape[1] = { u->shard_numel };
-    hid_t d = ckpt_dataset_create(parent, name, CX_F32, shape, 1, level);
-    if (d < 0) {
-        cx_set_last_error("%s: cannot create %s: %s", out, name, ckpt_h5_msg());
-        return CX_ERR_IO;
-    }
-    ckpt_hash h;
-    ckpt_hash_init(&h);
-    cx_status st = CX_OK;
+    out_dataset o;
+    cx_status st = out_begin(w, &o, parent, name, CX_F32, shape, 1);
+    if (st != CX_OK) return st;
     int64_t s0 = u->shard_offset, s1 = u->shard_offset + u->shard_numel;
-    float *buf = b->buf;
-    int64_t cap = b->elems * 2;   /* the buffer holds 8-byte elements */
+    int64_t cap = w->elems * 2;   /* the buffer holds 8-byte elements */
     int p = 0;
     for (int64_t pos = s0; pos < s1 && st == CX_OK;) {
         while (p < u->nparams && u->params[p].offset + u->params[p].numel <= pos) p++;
-        int64_t end;
-        const ckpt_entry *e = NULL;
-        if (p < u->nparams && u->params[p].offset <= pos) {
-            end = u->params[p].offset + u->params[p].numel;
-            e = ckpt_src_find(s, u->params[p].name, state);
-            if (!e) {
-                cx_set_last_error("checkpoint %s has no %s%s%s", s->prefix, u->params[p].name, state ? "." : "",
-                                  state ? state : "");
-                st = CX_ERR_SHAPE;
-                break;
-            }
-        } else {
-            end = p < u->nparams ? u->params[p].offset : s1;   /* a gap or the padding */
-        }
+        bool inside = p < u->nparams && u->params[p].offset <= pos;
+        int64_t end = inside ? u->params[p].offset + u->params[p].numel : p < u->nparams ? u->params[p].offset : s1;
         if (end > s1) end = s1;
         if (end > pos + cap) end = pos + cap;
-        if (e) st = ckpt_src_read(s, e, pos - u->params[p].offset, end - u->params[p].offset, buf);
-        else memset(buf, 0, sizeof(float) * (size_t)(end - pos));
-        if (st != CX_OK) break;
-        ckpt_hash_update(&h, buf, sizeof(float) * (size_t)(end - pos));
-        if (ckpt_dataset_write_range(d, CX_F32, shape, 1, pos - s0, end - s0, buf) < 0) {
-            cx_set_last_error("%s: cannot write %s: %s", out, name, ckpt_h5_msg());
-            st = CX_ERR_IO;
+        if (!inside) {   /* a gap or the padding */
+            st = out_piece(w, &o, NULL, 0, end - pos, pos - s0);
+        } else {
+            const ckpt_entry *e = ckpt_src_find(w->s, u->params[p].name, state);
+            if (e) {
+                st = out_piece(w, &o, e, pos - u->params[p].offset, end - u->params[p].offset, pos - s0);
+            } else {
+                char what[1200];
+                ckpt_label(what, sizeof what, u->params[p].name, state);
+                cx_set_last_error("checkpoint %s has no %s", w->s->prefix, what);
+                st = CX_ERR_SHAPE;
+            }
         }
         pos = end;
     }
-    if (st == CX_OK && ckpt_dataset_attrs(d, CX_F32, state ? "state" : "flat_param", ckpt_hash_final(&h)) < 0) {
-        cx_set_last_error("%s: cannot write attributes of %s: %s", out, name, ckpt_h5_msg());
-        st = CX_ERR_IO;
-    }
-    H5Dclose(d);
-    return st;
+    return out_end(w, &o, state ? "state" : "flat_param", st);
 }
 
 /* The units of an unsharded source: one root unit over its parameters. */
@@ -294,67 +267,88 @@ static cx_status root_unit(ckpt_src *s, ckpt_unit **out, int *n)
     return CX_OK;
 }
 
-static cx_status write_reshard_file(ckpt_src *s, const ckpt_unit *u, int nu, int rank, int world, const char *tmp,
-                                    cx_ckpt_consolidate_opts opts, stream_buf *b)
+/* Each unit's optimizer states, as flat shards (0-d ones copied): a unit's
+ * states are those of its first parameter. */
+static cx_status write_unit_states(writer *w, hid_t fid, const ckpt_unit *u, int nu)
 {
-    hid_t fid = ckpt_file_create(tmp);
-    if (fid < 0) {
-        cx_set_last_error("%s: cannot create: %s", tmp, ckpt_h5_msg());
-        return CX_ERR_IO;
-    }
+    hid_t og = ckpt_group_at(fid, "optimizer", w->path, "/optimizer");
+    if (og < 0) return CX_ERR_IO;
     cx_status st = CX_OK;
-    const char *strategy = s->sharded ? s->strategy : "fsdp-zero3";
+    for (int i = 0; i < nu && st == CX_OK; i++) {
+        if (u[i].nparams == 0) continue;
+        char what[1200];
+        snprintf(what, sizeof what, "/optimizer/%s", u[i].flat_name);
+        hid_t g = ckpt_group_at(og, u[i].flat_name, w->path, what);
+        if (g < 0) {
+            st = CX_ERR_IO;
+            break;
+        }
+        for (int k = 0; k < w->s->nentries && st == CX_OK; k++) {
+            const ckpt_entry *e = &w->s->entries[k];
+            if (!e->state || strcmp(e->key, u[i].params[0].name)) continue;
+            if (e->ndim == 0) st = copy_entry(w, e, g, e->state, "state");
+            else st = write_flat(w, &u[i], e->state, g, e->state);
+        }
+        H5Gclose(g);
+    }
+    H5Gclose(og);
+    return st;
+}
+
+static cx_status write_reshard_file(writer *w, const ckpt_unit *u, int nu, int rank, int world, bool with_optimizer)
+{
+    ckpt_src *s = w->s;
+    ckpt_root root = s->root;
+    if (!s->sharded) ckpt_strlcpy(root.strategy, sizeof root.strategy, "fsdp-zero3");
+    root.world_size = world;
+    root.rank = rank;
+    root.train_world_size = world;
     /* the sampler position counts each rank's samples: rescale it to the new
      * world (the global position is what a resumed run must continue from) */
-    int64_t position = s->sampler_position * s->world / world;
-    if (ckpt_write_root_attrs(fid, strategy, world, rank, world, s->step, s->epoch, position, s->rng_seed,
-                              s->rng_offset, s->optimizer, s->optimizer_steps, opts.compress_level) < 0 ||
-        ckpt_attr_write_i64(fid, "resharded_from_world_size", s->world) < 0) {
-        cx_set_last_error("%s: cannot write attributes: %s", tmp, ckpt_h5_msg());
-        st = CX_ERR_IO;
-    }
-    hid_t mg = st == CX_OK ? ckpt_group_create(fid, "model") : -1;
-    if (st == CX_OK && mg < 0) {
-        cx_set_last_error("%s: cannot create /model: %s", tmp, ckpt_h5_msg());
-        st = CX_ERR_IO;
-    }
-    for (int i = 0; i < nu && st == CX_OK; i++) st = write_flat(s, &u[i], NULL, mg, u[i].flat_name, opts.compress_level, b, tmp);
+    root.sampler_position = s->root.sampler_position * s->world / world;
+    root.consolidated_from_world_size = 0;
+    root.resharded_from_world_size = s->world;
+    hid_t fid, mg;
+    cx_status st = ckpt_file_begin(w->path, &root, w->level, &fid, &mg);
+    if (st != CX_OK) return st;
+    for (int i = 0; i < nu && st == CX_OK; i++) st = write_flat(w, &u[i], NULL, mg, u[i].flat_name);
     for (int i = 0; i < s->nentries && st == CX_OK; i++) {
         const ckpt_entry *e = &s->entries[i];
-        if (!e->state && !e->is_param) st = copy_entry(s, e, mg, e->key, "buffer", opts.compress_level, b, tmp);
+        if (!e->state && !e->is_param) st = copy_entry(w, e, mg, e->key, "buffer");
     }
-    if (mg >= 0) H5Gclose(mg);
+    H5Gclose(mg);
     bool any_state = false;
     for (int i = 0; i < s->nentries && !any_state; i++) any_state = s->entries[i].state != NULL;
-    if (st == CX_OK && opts.with_optimizer && any_state) {
-        hid_t og = ckpt_group_create(fid, "optimizer");
-        if (og < 0) {
-            cx_set_last_error("%s: cannot create /optimizer: %s", tmp, ckpt_h5_msg());
-            st = CX_ERR_IO;
-        }
-        for (int i = 0; i < nu && st == CX_OK; i++) {
-            if (u[i].nparams == 0) continue;
-            hid_t g = ckpt_group_create(og, u[i].flat_name);
-            if (g < 0) {
-                cx_set_last_error("%s: cannot create /optimizer/%s: %s", tmp, u[i].flat_name, ckpt_h5_msg());
-                st = CX_ERR_IO;
-                break;
-            }
-            /* the unit's states are those of its first parameter */
-            for (int k = 0; k < s->nentries && st == CX_OK; k++) {
-                const ckpt_entry *e = &s->entries[k];
-                if (!e->state || strcmp(e->key, u[i].params[0].name)) continue;
-                if (e->ndim == 0) st = copy_entry(s, e, g, e->state, "state", opts.compress_level, b, tmp);
-                else st = write_flat(s, &u[i], e->state, g, e->state, opts.compress_level, b, tmp);
-            }
-            H5Gclose(g);
-        }
-        if (og >= 0) H5Gclose(og);
-    }
+    if (st == CX_OK && with_optimizer && any_state) st = write_unit_states(w, fid, u, nu);
     if (st == CX_OK) st = ckpt_units_write(fid, u, nu);
     if (H5Fclose(fid) < 0 && st == CX_OK) {
-        cx_set_last_error("%s: cannot close: %s", tmp, ckpt_h5_msg());
+        cx_set_last_error("%s: cannot close: %s", w->path, ckpt_h5_msg());
         st = CX_ERR_IO;
+    }
+    return st;
+}
+
+/* Writes and publishes the file of each rank of the new world (sizes and
+ * hashes per rank), removing all of them if any fails. */
+static cx_status write_reshard_files(writer *w, const ckpt_unit *src_units, int nu, const char *out_prefix,
+                                     int world, cx_ckpt_consolidate_opts opts, int64_t *sizes, uint64_t *hashes)
+{
+    cx_status st = CX_OK;
+    char final[4300], tmp[4400];
+    for (int r = 0; r < world && st == CX_OK; r++) {
+        ckpt_unit *u = NULL;
+        ckpt_file_name(final, sizeof final, out_prefix, r, world);
+        snprintf(tmp, sizeof tmp, "%s.tmp-%ld", final, (long)getpid());
+        w->path = tmp;
+        st = ckpt_units_relayout(src_units, nu, world, r, opts.shard_size_multiple, &u);
+        if (st == CX_OK) st = write_reshard_file(w, u, nu, r, world, opts.with_optimizer);
+        ckpt_units_free(u, nu);
+        if (st == CX_OK) st = ckpt_publish(tmp, final, &hashes[r], &sizes[r]);
+        else unlink(tmp);
+    }
+    for (int r = 0; r < world && st != CX_OK; r++) {   /* no partial output */
+        ckpt_file_name(final, sizeof final, out_prefix, r, world);
+        unlink(final);
     }
     return st;
 }
@@ -369,76 +363,36 @@ cx_status cx_ckpt_reshard(const char *prefix, const char *out_prefix, int world,
         cx_set_last_error("cx_ckpt_reshard: the output prefix must differ from the input prefix %s", prefix);
         return CX_ERR_ARG;
     }
-    ckpt_src s;
-    cx_status st = ckpt_src_open(&s, prefix, opts.suffix, NULL, true, 0);
+    cx_status st = ckpt_zstd_check_level("cx_ckpt_reshard", opts.compress_level);
     if (st != CX_OK) return st;
-    ckpt_unit *src_units = NULL;
-    int nu = 0;
-    stream_buf b = { 0 };
-    char (*tmps)[4400] = calloc((size_t)world, sizeof *tmps);
-    char marker[4200];
-    ckpt_marker m = { .version = CX_CKPT_FORMAT_VERSION, .world = world, .step = s.step, .nfiles = world };
-    m.files = calloc((size_t)world, sizeof *m.files);
-    if (!tmps || !m.files) {
+    ckpt_src s;
+    st = ckpt_src_open(&s, prefix, opts.suffix, NULL, true, 0);
+    if (st != CX_OK) return st;
+    ckpt_unit *units = s.units;
+    int nu = s.nunits;
+    int64_t *sizes = calloc((size_t)world, sizeof *sizes);
+    uint64_t *hashes = calloc((size_t)world, sizeof *hashes);
+    writer w = { 0 };
+    if (!sizes || !hashes) {
         cx_set_last_error("cx_ckpt_reshard: out of memory");
         st = CX_ERR_OOM;
-        goto out;
     }
-    if (s.sharded) src_units = s.units;
-    else if ((st = root_unit(&s, &src_units, &nu)) != CX_OK) goto out;
-    if (s.sharded) nu = s.nunits;
-    if ((st = stream_alloc(&b, &s)) != CX_OK) goto out;
-    snprintf(m.strategy, sizeof m.strategy, "%s", s.sharded ? s.strategy : "fsdp-zero3");
+    if (st == CX_OK && !s.sharded) st = root_unit(&s, &units, &nu);
+    if (st == CX_OK) st = writer_init(&w, &s, opts.compress_level);
     /* the output is uncommitted until its marker is written */
-    ckpt_marker_name(marker, sizeof marker, out_prefix);
-    if (unlink(marker) != 0 && errno != ENOENT) {
-        cx_set_last_error("%s: cannot remove the old commit marker: %s", marker, strerror(errno));
-        st = CX_ERR_IO;
-        goto out;
-    }
-    for (int r = 0; r < world && st == CX_OK; r++) {
-        ckpt_unit *u = NULL;
-        char final[4300];
-        ckpt_file_name(final, sizeof final, out_prefix, r, world);
-        snprintf(tmps[r], sizeof tmps[r], "%s.tmp-%ld", final, (long)getpid());
-        st = ckpt_units_relayout(src_units, nu, world, r, opts.shard_size_multiple, &u);
-        if (st == CX_OK) st = write_reshard_file(&s, u, nu, r, world, tmps[r], opts, &b);
-        ckpt_units_free(u, nu);
-        if (st == CX_OK) st = ckpt_hash_file(tmps[r], true, &m.files[r].hash, &m.files[r].size);
-        const char *bn = strrchr(final, '/');
-        ckpt_strlcpy(m.files[r].name, sizeof m.files[r].name, bn ? bn + 1 : final);
-    }
-    for (int r = 0; r < world && st == CX_OK; r++) {
-        char final[4300];
-        ckpt_file_name(final, sizeof final, out_prefix, r, world);
-        if (rename(tmps[r], final) != 0) {
-            cx_set_last_error("%s: cannot rename into place: %s", final, strerror(errno));
-            st = CX_ERR_IO;
+    if (st == CX_OK) st = ckpt_uncommit(out_prefix);
+    if (st == CX_OK) st = write_reshard_files(&w, units, nu, out_prefix, world, opts, sizes, hashes);
+    const char *strategy = s.sharded ? s.root.strategy : "fsdp-zero3";
+    if (st == CX_OK && (st = ckpt_commit(out_prefix, world, strategy, s.root.step, sizes, hashes)) != CX_OK)
+        for (int r = 0; r < world; r++) {
+            char final[4300];
+            ckpt_file_name(final, sizeof final, out_prefix, r, world);
+            unlink(final);
         }
-        if (st != CX_OK) /* undo the renamed ones: no partial output */
-            for (int k = 0; k < r; k++) {
-                ckpt_file_name(final, sizeof final, out_prefix, k, world);
-                unlink(final);
-            }
-    }
-    if (st == CX_OK) {
-        ckpt_fsync_dir(marker);
-        st = ckpt_marker_write(out_prefix, &m);
-        if (st != CX_OK)
-            for (int k = 0; k < world; k++) {
-                char final[4300];
-                ckpt_file_name(final, sizeof final, out_prefix, k, world);
-                unlink(final);
-            }
-    }
-out:
-    if (st != CX_OK && tmps)
-        for (int r = 0; r < world; r++)
-            if (tmps[r][0]) unlink(tmps[r]);
-    if (!s.sharded) ckpt_units_free(src_units, nu);
-    free(tmps);
-    free(m.files);
-    free(b.buf);
+    if (!s.sharded && units) ckpt_units_free(units, nu);
+    free(sizes);
+    free(hashes);
+    free(w.buf);
     ckpt_src_close(&s);
     return st;
 }

@@ -8,29 +8,54 @@
 #include <hdf5.h>
 #include <stdio.h>
 
+#include "cx_hash.h"
+
 #define CKPT_FORMAT_NAME "cxla-checkpoint"
 #define CKPT_MARKER_MAGIC "cxla-checkpoint-commit"
+/* The oldest format version still read (CX_CKPT_FORMAT_VERSION is the one
+ * written): version 1 differs only in its checksums (cxh64). */
+#define CKPT_OLDEST_VERSION 1
 /* Elements moved per read/write when streaming: bounds the tool's buffers. */
 #define CKPT_STREAM_ELEMS ((int64_t)4 << 20)
 
-/* ---- checksum: a 64-bit, 4-lane multiply-rotate hash (fast enough to run
- * at memory speed, so verifying a file costs about one page-cache read) -- */
+/* ---- checksums (ckpt_hash.c) --------------------------------------------------
+ * XXH3-64 since format version 2. Version-1 files carry cxh64, a 4-lane
+ * multiply-rotate hash kept only to read them (ckpt_hash_v1.c). */
 
 typedef struct {
     uint64_t v[4];
     uint64_t total;
     unsigned char buf[32];
     size_t nbuf;
-} ckpt_hash;
+} ckpt_cxh64_v1;
 
-void ckpt_hash_init(ckpt_hash *h);
-void ckpt_hash_update(ckpt_hash *h, const void *data, size_t n);
-uint64_t ckpt_hash_final(const ckpt_hash *h);
+void ckpt_cxh64_v1_init(ckpt_cxh64_v1 *h);
+void ckpt_cxh64_v1_update(ckpt_cxh64_v1 *h, const void *data, size_t n);
+uint64_t ckpt_cxh64_v1_final(const ckpt_cxh64_v1 *h);
+
+/* The checksum of one format version, over data fed in pieces. */
+typedef struct {
+    int version;
+    cx_hash64_stream xxh3;   /* version >= 2 */
+    ckpt_cxh64_v1 v1;        /* version 1 */
+} ckpt_hasher;
+
+/* @return 0, or -1 when out of memory (error set). */
+int ckpt_hasher_begin(ckpt_hasher *h, int version);
+void ckpt_hasher_update(ckpt_hasher *h, const void *data, size_t n);
+/* The checksum; releases the hasher. */
+uint64_t ckpt_hasher_end(ckpt_hasher *h);
+/* Releases a hasher whose checksum is not wanted. */
+void ckpt_hasher_drop(ckpt_hasher *h);
+/* The checksum this library writes, of a whole buffer. */
 uint64_t ckpt_hash_bytes(const void *data, size_t n);
-/* Hashes a whole file (optionally fsyncing it first). */
-cx_status ckpt_hash_file(const char *path, bool fsync_first, uint64_t *hash, int64_t *size);
+/* The checksum attribute of a tensor dataset in files of `version`. */
+const char *ckpt_hash_attr(int version);
+/* Hashes a whole file with the checksum of `version` (optionally fsyncing
+ * it first). */
+cx_status ckpt_hash_file(const char *path, int version, bool fsync_first, uint64_t *hash, int64_t *size);
 
-/* ---- HDF5 --------------------------------------------------------------- */
+/* ---- HDF5 (ckpt_h5.c, ckpt_zstd.c) ---------------------------------------------- */
 
 /* Turns off HDF5's automatic error printing (errors become one-line
  * messages) and registers the zstd filter. Idempotent. @return 0 or -1. */
@@ -38,6 +63,9 @@ int ckpt_h5_init(void);
 /* The most specific message on HDF5's error stack ("" if none). */
 const char *ckpt_h5_msg(void);
 int ckpt_zstd_register(void);
+/* A compression level of the options: 0 (none) or a zstd level 1..22.
+ * @return CX_OK, or CX_ERR_ARG naming `who`. */
+cx_status ckpt_zstd_check_level(const char *who, int level);
 
 hid_t ckpt_h5_type(cx_dtype dt);          /* file/memory type (native LE) */
 int ckpt_attr_write_str(hid_t obj, const char *name, const char *v);
@@ -49,11 +77,130 @@ int ckpt_attr_read_i64(hid_t obj, const char *name, int64_t *v);
 int ckpt_attr_read_u64(hid_t obj, const char *name, uint64_t *v);
 /* A group that tracks creation order, so iteration is the save order. */
 hid_t ckpt_group_create(hid_t parent, const char *name);
+/* parent/name, created (as above) unless it exists. On failure the error
+ * names `file` and the group (`what`). @return the group or -1. */
+hid_t ckpt_group_at(hid_t parent, const char *name, const char *file, const char *what);
+/* The link names of a group, in creation order (name order for files
+ * written without it). */
+typedef struct {
+    char **names;
+    int n, cap;
+} ckpt_name_list;
+/* Lists parent/path (absent: an empty list). @return 0, or -1 (HDF5 error
+ * or out of memory). */
+int ckpt_list_group(hid_t parent, const char *path, ckpt_name_list *l);
+void ckpt_name_list_free(ckpt_name_list *l);
 /* Selects the row-major element range [a, b) of a dataspace with `dims`
  * as a union of boxes. @return 0 or -1. */
 int ckpt_select_range(hid_t space, const hsize_t *dims, int ndim, int64_t a, int64_t b);
+/* File creation with creation-order tracking and the 1.8 object format. */
+hid_t ckpt_file_create(const char *path);
 
-/* ---- shard metadata (an owned copy of cx_fsdp_unit_info) ------------------ */
+/* ---- the root attributes of a file (ckpt_root.c) ------------------------------------ */
+
+typedef struct {
+    int64_t format_version;
+    char library_version[32];
+    char strategy[32];
+    int64_t world_size, rank, train_world_size;
+    int64_t step, epoch, sampler_epoch, sampler_position;
+    uint64_t rng_seed, rng_offset;
+    char optimizer[32];
+    int64_t optimizer_steps;
+    char compression[32];
+    int64_t consolidated_from_world_size;   /* 0: not consolidated */
+    int64_t resharded_from_world_size;      /* 0: not resharded */
+} ckpt_root;
+
+/* Creates `path` holding the root attributes of `r` (stamped with this
+ * format and library version, sampler_epoch = epoch and the compression of
+ * `level`) and an empty /model group. @return CX_OK with *fid and *model
+ * open, or an error naming the file (nothing left open). */
+cx_status ckpt_file_begin(const char *path, const ckpt_root *r, int level, hid_t *fid, hid_t *model);
+/* Reads and checks the root attributes of an open file: the format magic,
+ * a readable version, world size and rank. */
+cx_status ckpt_root_read(hid_t fid, const char *path, ckpt_root *r);
+
+/* ---- names (ckpt_names.c) --------------------------------------------------------- */
+
+/* <prefix>_rank-<r>-of-<w>.h5 */
+void ckpt_file_name(char *out, size_t cap, const char *prefix, int r, int w);
+void ckpt_marker_name(char *out, size_t cap, const char *prefix);
+/* The glob pattern of a prefix's files: the prefix (metacharacters
+ * escaped) then `suffix` (NULL: CX_CKPT_DEFAULT_SUFFIX). */
+void ckpt_glob_pattern(char *out, size_t cap, const char *prefix, const char *suffix);
+/* Directory of a path ("." if none), and its last component. */
+void ckpt_dir_of(const char *path, char *out, size_t cap);
+const char *ckpt_base_name(const char *path);
+/* Copies src into dst (cap bytes), truncating. */
+void ckpt_strlcpy(char *dst, size_t cap, const char *src);
+/* Splits "fc1.weight.exp_avg" at the last dot. @return 0 or -1. */
+int ckpt_split_state(const char *full, char *param, size_t cap, const char **state);
+/* "key" or "key.state", for messages. */
+void ckpt_label(char *out, size_t cap, const char *key, const char *state);
+
+/* ---- the commit marker (ckpt_marker.c) ---------------------------------------------- */
+
+typedef struct {
+    char name[512];    /* base name */
+    int64_t size;
+    uint64_t hash;
+} ckpt_marker_file;
+
+typedef struct {
+    int version;
+    int world;
+    char strategy[32];
+    int64_t step;
+    int nfiles;
+    ckpt_marker_file *files;
+} ckpt_marker;
+
+/* Writes <prefix>.commit atomically (temp, fsync, rename, fsync dir). */
+cx_status ckpt_marker_write(const char *prefix, const ckpt_marker *m);
+/* @return CX_OK, CX_ERR_IO when missing or malformed. */
+cx_status ckpt_marker_read(const char *prefix, ckpt_marker *m);
+void ckpt_marker_release(ckpt_marker *m);
+/* fsync of a path's directory (makes renames in it durable). */
+int ckpt_fsync_dir(const char *path);
+
+/* ---- the commit protocol (ckpt_commit.c) -------------------------------------------- */
+
+/* Removes <prefix>.commit, if any: the checkpoint is uncommitted from here
+ * on, before any of its files is replaced. */
+cx_status ckpt_uncommit(const char *prefix);
+/* Removes the files of `prefix` that a checkpoint of `nfiles` files does
+ * not have (left by an earlier save with another world size). */
+void ckpt_remove_stale(const char *prefix, int nfiles);
+/* Makes the closed file `tmp` durable under its final name: fsync, hash
+ * (this version's checksum), rename, fsync of the directory. Removes tmp
+ * on failure. hash and size may be NULL. */
+cx_status ckpt_publish(const char *tmp, const char *final, uint64_t *hash, int64_t *size);
+/* Writes the marker listing the `world` files of `prefix`, with each
+ * rank's file size and checksum. */
+cx_status ckpt_commit(const char *prefix, int world, const char *strategy, int64_t step, const int64_t *sizes,
+                      const uint64_t *hashes);
+
+/* What each rank tells the others when a collective save or load ends. */
+typedef struct {
+    int32_t status;
+    int32_t rank;
+    int64_t size;
+    uint64_t hash;
+    char msg[480];
+} ckpt_report;
+
+/* Every rank learns every rank's outcome: a failure anywhere is returned
+ * everywhere with the failing rank's message. With all_out (and success)
+ * the reports of all ranks (the caller frees them). */
+cx_status ckpt_agree(const char *tag, cx_status mine, ckpt_report *rep, ckpt_report **all_out);
+
+/* Called at named points of a save ("file-written", "renamed", "before-marker",
+ * "committed"), so tests can crash a save there. NULL in normal runs. */
+extern void (*ckpt_test_hook)(const char *phase);
+void ckpt_hook(const char *phase);
+
+/* ---- shard metadata (an owned copy of cx_fsdp_unit_info; ckpt_meta.c) ----------- */
 
 typedef struct {
     char *name;
@@ -78,7 +225,7 @@ cx_status ckpt_units_read(hid_t file, const char *path, ckpt_unit **out, int *n)
 /* Units of `world` ranks (rank `rank`) over the same parameters. */
 cx_status ckpt_units_relayout(const ckpt_unit *src, int n, int world, int rank, int multiple, ckpt_unit **out);
 
-/* ---- what a save or load works on ------------------------------------------ */
+/* ---- what a save or load works on (ckpt_view.c) -------------------------------------- */
 
 typedef struct {
     cx_ckpt_strategy strategy;
@@ -91,46 +238,14 @@ typedef struct {
 
 cx_status ckpt_view_of(cx_ckpt_model m, ckpt_view *v);
 void ckpt_view_release(ckpt_view *v);
-cx_status ckpt_save_view(const char *prefix, const ckpt_view *v, cx_optimizer *opt, const cx_ckpt_extra *extra,
-                         cx_ckpt_opts opts);
-cx_status ckpt_load_view(const char *prefix, const char *single_file, const ckpt_view *v, cx_optimizer *opt,
-                         cx_ckpt_extra *extra, cx_ckpt_opts opts);
 
-/* ---- file names and the commit marker ---------------------------------------- */
-
-/* <prefix>_rank-<r>-of-<w>.h5 */
-void ckpt_file_name(char *out, size_t cap, const char *prefix, int r, int w);
-void ckpt_marker_name(char *out, size_t cap, const char *prefix);
-
-typedef struct {
-    char name[512];    /* base name */
-    int64_t size;
-    uint64_t hash;
-} ckpt_marker_file;
-
-typedef struct {
-    int version;
-    int world;
-    char strategy[32];
-    int64_t step;
-    int nfiles;
-    ckpt_marker_file *files;
-} ckpt_marker;
-
-/* Writes <prefix>.commit atomically (temp, fsync, rename, fsync dir). */
-cx_status ckpt_marker_write(const char *prefix, const ckpt_marker *m);
-/* @return CX_OK, CX_ERR_IO when missing or malformed. */
-cx_status ckpt_marker_read(const char *prefix, ckpt_marker *m);
-void ckpt_marker_release(ckpt_marker *m);
-/* Directory of a path ("." if none) and fsync of it (renames durable). */
-void ckpt_dir_of(const char *path, char *out, size_t cap);
-int ckpt_fsync_dir(const char *path);
-
-/* ---- reading: any committed checkpoint as full tensors ------------------------ */
+/* ---- reading: any committed checkpoint as full tensors (ckpt_source.c,
+ * ckpt_entries.c, ckpt_read.c) ------------------------------------------------------- */
 
 typedef struct {
     char *path;
     hid_t fid;
+    ckpt_root root;        /* what the file says about itself */
     int rank;
     int64_t size;
     bool verified;
@@ -156,17 +271,15 @@ typedef struct {
     int nfiles;
     ckpt_file *files;      /* by rank */
     int world;
-    char strategy[32];
-    char optimizer[32];
-    int64_t step, epoch, sampler_position, optimizer_steps;
-    uint64_t rng_seed, rng_offset;
+    int version;           /* format version of the marker and every file */
+    ckpt_root root;        /* rank 0's; strategy and step checked equal on every file */
     bool sharded;
     int nunits;
     ckpt_unit *units;      /* rank 0's copy, checked equal on every file */
-    int nentries;
+    int nentries, entries_cap;
     ckpt_entry *entries;   /* model then optimizer */
     int home;              /* file used for replicated data */
-    bool per_dataset;      /* check each whole-dataset read against its cxh64 */
+    bool per_dataset;      /* check each whole-dataset read against its own checksum */
 } ckpt_src;
 
 /* Opens and validates the committed checkpoint `prefix` (files matching
@@ -175,30 +288,29 @@ typedef struct {
 cx_status ckpt_src_open(ckpt_src *s, const char *prefix, const char *suffix, const char *single_file,
                         bool verify_all, int home_rank);
 void ckpt_src_close(ckpt_src *s);
+/* Lists the tensors of the home file as entries (ckpt_entries.c). */
+cx_status ckpt_src_list(ckpt_src *s);
+void ckpt_entry_free(ckpt_entry *e);
 /* Checks file r against the marker's checksum (once). */
 cx_status ckpt_src_verify(ckpt_src *s, int r);
 const ckpt_entry *ckpt_src_find(const ckpt_src *s, const char *key, const char *state);
 /* Reads the row-major elements [a, b) of an entry (its dtype) into buf. */
 cx_status ckpt_src_read(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, void *buf);
 
-/* ---- writing ---------------------------------------------------------------- */
+/* ---- tensor datasets (ckpt_h5.c) ------------------------------------------------------ */
 
+/* Shape of a dataset. @return 0 or -1. */
+int ckpt_dataset_shape(hid_t d, int *ndim, int64_t *shape, int64_t *numel);
+/* The cxla dtype of a dataset: its "dtype" attribute, else (a file written
+ * by another tool) its stored type. @return 0, or -1 when neither is one. */
+int ckpt_dataset_dtype(hid_t d, cx_dtype *dt);
 /* Creates a dataset (chunked + zstd when level > 0). @return id or -1. */
 hid_t ckpt_dataset_create(hid_t parent, const char *name, cx_dtype dt, const int64_t *shape, int ndim, int level);
-/* Writes the whole dataset from buf and sets its "cxh64" attribute. */
 int ckpt_dataset_write_all(hid_t d, cx_dtype dt, const void *buf, int64_t numel);
 int ckpt_dataset_write_range(hid_t d, cx_dtype dt, const int64_t *shape, int ndim, int64_t a, int64_t b,
                              const void *buf);
+/* The attributes of a tensor dataset: dtype, kind and the checksum of this
+ * format version. */
 int ckpt_dataset_attrs(hid_t d, cx_dtype dt, const char *kind, uint64_t hash);
-/* Copies src into dst (cap bytes), truncating. */
-void ckpt_strlcpy(char *dst, size_t cap, const char *src);
-/* Splits "fc1.weight.exp_avg" at the last dot. @return 0 or -1. */
-int ckpt_split_state(const char *full, char *param, size_t cap, const char **state);
-
-/* ---- test hooks ---------------------------------------------------------------- */
-
-/* Called at named points of a save ("file-written", "renamed", "before-marker",
- * "committed"), so tests can crash a save there. NULL in normal runs. */
-extern void (*ckpt_test_hook)(const char *phase);
 
 #endif

@@ -27,7 +27,8 @@
 extern "C" {
 #endif
 
-#define CX_CKPT_FORMAT_VERSION 1
+/* The format version written; older ones still load (docs/checkpoint-format.md). */
+#define CX_CKPT_FORMAT_VERSION 2
 /* The default file-name pattern of the ranks' files after the prefix. */
 #define CX_CKPT_DEFAULT_SUFFIX "_rank-*-of-*.h5"
 /* The registered HDF5 filter id of zstd. */

@@ -98,7 +98,7 @@ static void recommit(const char *name, int r)
     snprintf(prefix, sizeof prefix, "%s/%s", g_dir, name);
     cr_assert_eq(ckpt_marker_read(prefix, &m), CX_OK);
     snprintf(path, sizeof path, "%s/%s", g_dir, m.files[r].name);
-    cr_assert_eq(ckpt_hash_file(path, false, &m.files[r].hash, &m.files[r].size), CX_OK);
+    cr_assert_eq(ckpt_hash_file(path, m.version, false, &m.files[r].hash, &m.files[r].size), CX_OK);
     cr_assert_eq(ckpt_marker_write(prefix, &m), CX_OK);
     ckpt_marker_release(&m);
 }
@@ -145,7 +145,7 @@ Test(ckpt_faults, wrong_version)
     char prefix[512];
     snprintf(prefix, sizeof prefix, "%s/v", g_dir);
     cr_assert_eq(ckpt_marker_read(prefix, &m), CX_OK);
-    cr_assert_eq(ckpt_hash_file(path, false, &m.files[0].hash, &m.files[0].size), CX_OK);
+    cr_assert_eq(ckpt_hash_file(path, m.version, false, &m.files[0].hash, &m.files[0].size), CX_OK);
     cr_assert_eq(ckpt_marker_write(prefix, &m), CX_OK);
     ckpt_marker_release(&m);
     expect_refused("v", "unsupported checkpoint format version 7");
@@ -177,7 +177,7 @@ Test(ckpt_faults, mixed_world_sizes)
     cr_assert_eq(ckpt_marker_read(prefix, &m), CX_OK);
     snprintf(m.files[1].name, sizeof m.files[1].name, "w_rank-1-of-4.h5");
     snprintf(path, sizeof path, "%s/w_rank-1-of-4.h5", g_dir);
-    cr_assert_eq(ckpt_hash_file(path, false, &m.files[1].hash, &m.files[1].size), CX_OK);
+    cr_assert_eq(ckpt_hash_file(path, m.version, false, &m.files[1].hash, &m.files[1].size), CX_OK);
     cr_assert_eq(ckpt_marker_write(prefix, &m), CX_OK);
     ckpt_marker_release(&m);
     expect_refused("w", "mixed world sizes");
@@ -202,7 +202,7 @@ Test(ckpt_faults, wrong_shape)
     char prefix[512];
     snprintf(prefix, sizeof prefix, "%s/s", g_dir);
     cr_assert_eq(ckpt_marker_read(prefix, &m), CX_OK);
-    cr_assert_eq(ckpt_hash_file(path, false, &m.files[1].hash, &m.files[1].size), CX_OK);
+    cr_assert_eq(ckpt_hash_file(path, m.version, false, &m.files[1].hash, &m.files[1].size), CX_OK);
     cr_assert_eq(ckpt_marker_write(prefix, &m), CX_OK);
     ckpt_marker_release(&m);
     expect_refused("s", "wrong shape");
@@ -223,6 +223,27 @@ Test(ckpt_faults, flipped_byte)
     fputc(c ^ 0x10, f);
     fclose(f);
     expect_refused("c", "checksum");
+}
+
+Test(ckpt_faults, marker_checksum_is_xxh3_of_the_file)
+{
+    make_sharded("x");
+    ckpt_marker m;
+    char prefix[512], path[1200];
+    snprintf(prefix, sizeof prefix, "%s/x", g_dir);
+    cr_assert_eq(ckpt_marker_read(prefix, &m), CX_OK);
+    cr_assert_eq(m.version, CX_CKPT_FORMAT_VERSION);
+    for (int r = 0; r < m.nfiles; r++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, m.files[r].name);
+        FILE *f = fopen(path, "rb");
+        cr_assert(f);
+        char *buf = malloc((size_t)m.files[r].size);
+        cr_assert(buf && fread(buf, 1, (size_t)m.files[r].size, f) == (size_t)m.files[r].size);
+        fclose(f);
+        cr_assert_eq(m.files[r].hash, cx_hash64(buf, (size_t)m.files[r].size), "%s", m.files[r].name);
+        free(buf);
+    }
+    ckpt_marker_release(&m);
 }
 
 /* ---- SIGKILL during saves ------------------------------------------------------- */
@@ -279,5 +300,162 @@ Test(ckpt_faults, sigkill_while_saving_keeps_previous)
             }
         }
     }
+    cx_module_free(m);
+}
+
+/* ---- files of format version 1 (cxh64 checksums) ------------------------------------ */
+
+/* data/v1 holds a committed single-file checkpoint (Adam state, step 5,
+ * epoch 2, position 24, RNG {42, 1000}) and its 2-rank reshard, written by
+ * the library of commit 72647d1 with data/v1/make_v1.c: every tensor holds
+ * v1_value(its name, i). */
+static float v1_value(const char *name, int64_t i)
+{
+    int t = 0;
+    for (const char *s = name; *s; s++) t += (unsigned char)*s;
+    return (float)(t % 61 + i) / 8.0f;
+}
+
+static cx_module *v1_model(void)
+{
+    cx_manual_seed(11);
+    cx_module *m[3] = { cx_nn_linear(4, 3, true), cx_nn_batch_norm2d(3, cx_batch_norm_default_opts()),
+                        cx_nn_linear(3, 2, true) };
+    return cx_nn_sequential(m, 3);
+}
+
+static cx_optimizer *v1_adam(cx_module *m)
+{
+    int n;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    cx_optimizer *o = cx_optim_adam(ps, n, cx_adam_default_opts());
+    free(ps);
+    return o;
+}
+
+/* Each tensor of the model (opt: of the optimizer state), but those whose
+ * name ends in `skip`, holds v1_value. */
+static void assert_v1_values(cx_module *m, cx_optimizer *opt, const char *skip)
+{
+    int n = 0;
+    cx_named_tensor *ts = opt ? cx_optim_state(opt, &n) : cx_module_state_dict(m, &n);
+    cr_assert(ts && n > 0);
+    for (int k = 0; k < n; k++) {
+        size_t len = strlen(ts[k].name);
+        if (skip && len >= strlen(skip) && !strcmp(ts[k].name + len - strlen(skip), skip)) continue;
+        int64_t numel = cx_numel(ts[k].tensor);
+        cx_dtype dt = cx_dtype_of(ts[k].tensor);
+        void *raw = malloc(8 * (size_t)numel + 8);
+        cr_assert(raw);
+        cr_assert_eq(cx_to_host(ts[k].tensor, raw, dt), CX_OK);
+        for (int64_t i = 0; i < numel; i++) {
+            /* integers (a batch-norm counter) hold 8 * v1_value */
+            double got = dt == CX_I64 ? (double)((int64_t *)raw)[i] / 8.0 : ((float *)raw)[i];
+            cr_assert_eq(got, v1_value(ts[k].name, i), "%s[%lld] = %g", ts[k].name, (long long)i, got);
+        }
+        free(raw);
+    }
+    free(ts);
+}
+
+static void copy_v1(const char *name)
+{
+    cr_assert_eq(sh("cp " CX_CKPT_FIXTURES "/v1/%s[._]* %s/", name, g_dir), 0);
+}
+
+/* Flips one byte of dataset h5's raw data in a file. */
+static void flip_data_byte(const char *path, const char *h5)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    hid_t d = H5Dopen2(f, h5, H5P_DEFAULT);
+    cr_assert(d >= 0);
+    haddr_t at = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+    cr_assert(at != HADDR_UNDEF);
+    FILE *fp = fopen(path, "r+b");
+    cr_assert(fp);
+    fseek(fp, (long)at + 1, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, (long)at + 1, SEEK_SET);
+    fputc(c ^ 0x01, fp);
+    fclose(fp);
+}
+
+Test(ckpt_faults, version1_checkpoint_loads)
+{
+    copy_v1("v1_single");
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s/v1_single", g_dir);
+    cx_module *m = v1_model();
+    cx_optimizer *o = v1_adam(m);
+    cx_ckpt_extra ex = { 0, 0, 0 };
+    /* unsharded into unsharded: each tensor checked against its cxh64 */
+    cr_assert_eq(cx_ckpt_load(prefix, cx_ckpt_model_single(m), o, &ex), CX_OK, "%s", cx_last_error());
+    cr_assert(ex.step == 5 && ex.epoch == 2 && ex.sampler_position == 24);
+    cr_assert_eq(cx_optim_step_count(o), 5);
+    cx_rng_state rng = cx_get_rng_state();
+    cr_assert(rng.seed == 42 && rng.offset == 1000);
+    assert_v1_values(m, NULL, NULL);
+    assert_v1_values(m, o, NULL);
+    cx_optim_free(o);
+    cx_module_free(m);
+}
+
+Test(ckpt_faults, version1_sharded_checkpoint_loads_and_consolidates)
+{
+    copy_v1("v1_sharded");
+    char prefix[512], out[512];
+    snprintf(prefix, sizeof prefix, "%s/v1_sharded", g_dir);
+    snprintf(out, sizeof out, "%s/out.h5", g_dir);
+    /* stitched from two files, each checked against the marker's cxh64 */
+    cx_module *m = v1_model();
+    cx_optimizer *o = v1_adam(m);
+    cr_assert_eq(cx_ckpt_load(prefix, cx_ckpt_model_single(m), o, NULL), CX_OK, "%s", cx_last_error());
+    assert_v1_values(m, NULL, NULL);
+    /* a flat unit keeps one 0-d step: its first parameter's */
+    assert_v1_values(m, o, ".step");
+    cx_optim_free(o);
+    cx_module_free(m);
+
+    /* consolidated into a file of the current version */
+    cr_assert_eq(consolidate("v1_sharded"), 0, "%s", g_out);
+    hid_t f = H5Fopen(out, H5F_ACC_RDONLY, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    int64_t version = 0;
+    cr_assert_eq(ckpt_attr_read_i64(f, "format_version", &version), 0);
+    cr_assert_eq(version, CX_CKPT_FORMAT_VERSION);
+    /* its per-tensor checksum is XXH3-64 of the raw data */
+    float w[12];
+    uint64_t stored = 0;
+    hid_t d = H5Dopen2(f, "/model/0.weight", H5P_DEFAULT);
+    cr_assert(d >= 0 && H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, w) >= 0);
+    cr_assert_eq(ckpt_attr_read_u64(d, "xxh3_64", &stored), 0);
+    cr_assert_eq(stored, cx_hash64(w, sizeof w));
+    cr_assert(H5Aexists(d, "cxh64") == 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    m = v1_model();
+    cr_assert_eq(cx_ckpt_load_full(out, cx_ckpt_model_single(m), NULL, NULL), CX_OK, "%s", cx_last_error());
+    assert_v1_values(m, NULL, NULL);
+    cx_module_free(m);
+}
+
+Test(ckpt_faults, version1_checksums_are_checked)
+{
+    char path[512], prefix[512];
+    copy_v1("v1_sharded");
+    snprintf(path, sizeof path, "%s/v1_sharded_rank-0-of-2.h5", g_dir);
+    flip_data_byte(path, "/model/flat_param");
+    expect_refused("v1_sharded", "checksum mismatch with the commit marker");
+
+    copy_v1("v1_single");
+    snprintf(path, sizeof path, "%s/v1_single_rank-0-of-1.h5", g_dir);
+    snprintf(prefix, sizeof prefix, "%s/v1_single", g_dir);
+    flip_data_byte(path, "/model/0.weight");
+    cx_module *m = v1_model();
+    cr_assert_eq(cx_ckpt_load(prefix, cx_ckpt_model_single(m), NULL, NULL), CX_ERR_IO);
+    cr_assert(strstr(cx_last_error(), "/model/0.weight: checksum mismatch"), "%s", cx_last_error());
     cx_module_free(m);
 }
