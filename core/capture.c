@@ -5,6 +5,7 @@
 
 #include <cxla/cache.h>
 
+#include <limits.h>
 #include <pthread.h>
 
 #ifndef CX_COMPILE_FLAGS
@@ -57,47 +58,52 @@ int cx_capture_input_ordinal(const cx_capture *cp, const cx_node *x)
 
 /* ---- the key ---------------------------------------------------------------------------- */
 
-static bool put(cx_capture *cp, uint64_t w)
-{
-    if (!CX_GROW(cp->words, cp->wcap, cp->nwords + 1)) return false;
-    cp->words[cp->nwords++] = w;
-    return true;
-}
-
 static uint64_t str_word(const char *s) { return cx_hash64(s, strlen(s)); }
 
-/* Every field of a node that changes what the graph computes. A node that
- * already holds its value (eager debug mode) is keyed as the data leaf it
- * becomes. */
-static bool put_node(cx_capture *cp, const cx_node *x)
+/* Every field of a node that changes what the graph computes, written at w;
+ * a node that already holds its value (eager debug mode) is keyed as the
+ * data leaf it becomes. @return the words written (at most node_words). */
+static int node_words(const cx_node *x) { return 3 + x->ndim + x->nattrs + x->ninputs; }
+
+static int put_node(uint64_t *w, const cx_node *x)
 {
     bool value = x->buf && x->op != OP_DATA;
-    int op = value ? OP_DATA : x->op, nattrs = value ? 0 : x->nattrs, nin = value ? 0 : x->ninputs;
-    bool ok = put(cp, (uint64_t)op << 48 | (uint64_t)x->dtype << 40 | (uint64_t)x->ndim << 32 | (uint64_t)nattrs);
-    ok = ok && put(cp, (uint64_t)nin);
-    for (int d = 0; ok && d < x->ndim; d++) ok = put(cp, (uint64_t)x->shape[d]);
-    if (value) return ok;
-    for (int a = 0; ok && a < nattrs; a++) ok = put(cp, (uint64_t)x->attrs[a]);
-    uint64_t fb;
-    memcpy(&fb, &x->fval, sizeof fb);
-    ok = ok && put(cp, fb);
-    for (int k = 0; ok && k < nin; k++) ok = put(cp, (uint64_t)x->inputs[k]->index);
-    return ok;
+    int op = value ? OP_DATA : x->op, nattrs = value ? 0 : x->nattrs, nin = value ? 0 : x->ninputs, n = 0;
+    w[n++] = (uint64_t)op << 48 | (uint64_t)x->dtype << 40 | (uint64_t)x->ndim << 32 | (uint64_t)nattrs;
+    w[n++] = (uint64_t)nin;
+    for (int d = 0; d < x->ndim; d++) w[n++] = (uint64_t)x->shape[d];
+    if (value) return n;
+    for (int a = 0; a < nattrs; a++) w[n++] = (uint64_t)x->attrs[a];
+    memcpy(&w[n++], &x->fval, sizeof x->fval);
+    for (int k = 0; k < nin; k++) w[n++] = (uint64_t)x->inputs[k]->index;
+    return n;
 }
 
 bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, cx_key128 *key)
 {
-    cp->nwords = 0;
-    bool ok = put(cp, str_word(CX_VERSION_STRING)) && put(cp, str_word(CX_COMPILE_FLAGS)) &&
-              put(cp, str_word(cx_compile_options())) &&
-              put(cp, (uint64_t)cx_get_num_threads());   /* conv scratch has one tile buffer per thread */
-    for (int i = 0; ok && i < cp->n; i++) ok = put_node(cp, cp->nodes[i]);
-    ok = ok && put(cp, (uint64_t)cp->n_inputs);
-    for (int i = cp->n_graph_inputs; ok && i < cp->n_inputs; i++)   /* donors outside the graph */
-        ok = put(cp, 0xd0d0ull) && put(cp, (uint64_t)cp->inputs[i]->numel);
-    for (int o = 0; ok && o < nouts; o++) ok = put(cp, (uint64_t)outs[o]->index) && put(cp, (uint64_t)(int64_t)out_alias[o]);
-    if (ok) *key = cx_hash128(cp->words, sizeof *cp->words * (size_t)cp->nwords);
-    return ok;
+    /* one reservation for the whole key, then plain stores */
+    int64_t need = 5 + 2 * (int64_t)(cp->n_inputs - cp->n_graph_inputs) + 2 * (int64_t)nouts;
+    for (int i = 0; i < cp->n; i++) need += node_words(cp->nodes[i]);
+    if (need > INT32_MAX || !CX_GROW(cp->words, cp->wcap, (int)need)) return false;
+    uint64_t *w = cp->words;
+    int n = 0;
+    w[n++] = str_word(CX_VERSION_STRING);
+    w[n++] = str_word(CX_COMPILE_FLAGS);
+    w[n++] = str_word(cx_compile_options());
+    w[n++] = (uint64_t)cx_get_num_threads();   /* conv scratch has one tile buffer per thread */
+    for (int i = 0; i < cp->n; i++) n += put_node(w + n, cp->nodes[i]);
+    w[n++] = (uint64_t)cp->n_inputs;
+    for (int i = cp->n_graph_inputs; i < cp->n_inputs; i++) {   /* donors outside the graph */
+        w[n++] = 0xd0d0ull;
+        w[n++] = (uint64_t)cp->inputs[i]->numel;
+    }
+    for (int o = 0; o < nouts; o++) {
+        w[n++] = (uint64_t)outs[o]->index;
+        w[n++] = (uint64_t)(int64_t)out_alias[o];
+    }
+    CX_ASSERT(n <= need);
+    *key = cx_hash128(w, sizeof *w * (size_t)n);
+    return true;
 }
 
 /* ---- the compiler's graph ------------------------------------------------------------------ */

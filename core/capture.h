@@ -16,7 +16,7 @@ typedef struct {
     cx_node **rts;           /* runtime scalars */
     int n_rts, rt_cap;
     uint64_t *words;         /* the key's material */
-    int nwords, wcap;
+    int wcap;
 } cx_capture;
 
 /* The graph below the outputs, inputs before their users; data leaves get

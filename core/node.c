@@ -54,7 +54,8 @@ static size_t g_tab_cap, g_tab_count;
 
 static uint64_t desc_hash(const cx_node_desc *d, uint64_t remat)
 {
-    uint64_t w[6 + CX_MAX_DIMS + CX_MAX_ATTRS];
+    enum { SMALL_INPUTS = 8 };
+    uint64_t w[6 + CX_MAX_DIMS + CX_MAX_ATTRS + SMALL_INPUTS];
     int n = 0;
     w[n++] = (uint64_t)d->op << 32 | (uint64_t)d->dtype << 24 | (uint64_t)d->ndim << 16 | (uint64_t)d->nattrs;
     for (int i = 0; i < d->ndim; i++) w[n++] = (uint64_t)d->shape[i];
@@ -63,9 +64,12 @@ static uint64_t desc_hash(const cx_node_desc *d, uint64_t remat)
     w[n++] = (uint64_t)(d->flags & NF_REQUIRES_GRAD);
     w[n++] = remat;
     w[n++] = (uint64_t)d->ninputs;
+    /* inputs are interned nodes: their addresses are their identity; most
+     * ops have a few, hashed in the same call */
+    bool small = d->ninputs <= SMALL_INPUTS;
+    for (int i = 0; small && i < d->ninputs; i++) w[n++] = (uint64_t)(uintptr_t)d->inputs[i];
     uint64_t h = cx_hash64(w, sizeof *w * (size_t)n);
-    /* inputs are interned nodes: their addresses are their identity */
-    return d->ninputs ? cx_hash64_more(d->inputs, sizeof *d->inputs * (size_t)d->ninputs, h) : h;
+    return small ? h : cx_hash64_more(d->inputs, sizeof *d->inputs * (size_t)d->ninputs, h);
 }
 
 static bool node_matches(const cx_node *n, const cx_node_desc *d, uint64_t remat)
