@@ -160,10 +160,15 @@ int bench_comm(int argc, char **argv, bench_cfg cfg)
 #define DDP_RANKS 2
 #define DDP_BATCH 64   /* per rank, and the reference's */
 
+/* Per-step all-reduce times: their medians, not their means, since a step
+ * now and then waits far longer (the two ranks share two cores with their
+ * progress threads), and one such step would move a mean by half. */
+#define DDP_MAX_STEPS 4096
+
 typedef struct {
     bench_trainer *t;
-    long steps;
-    double wait_s, comm_s;   /* all-reduce time the steps waited for, and in all */
+    int steps;
+    double wait_ms[DDP_MAX_STEPS], comm_ms[DDP_MAX_STEPS];   /* waited for, and in all */
 } ddp_worker_ctx;
 
 /* One DDP step; the collective metrics are read around the step alone, so
@@ -177,9 +182,11 @@ static double ddp_worker_unit(void *p)
     double dt = bench_trainer_step(w->t);
     cx_metric_data("CollectiveWaitTime", &w1);
     cx_metric_data("CollectiveTime", &c1);
-    w->wait_s += w1.accumulator - w0.accumulator;
-    w->comm_s += c1.accumulator - c0.accumulator;
-    w->steps++;
+    if (w->steps < DDP_MAX_STEPS) {
+        w->wait_ms[w->steps] = (w1.accumulator - w0.accumulator) * 1e3;
+        w->comm_ms[w->steps] = (c1.accumulator - c0.accumulator) * 1e3;
+        w->steps++;
+    }
     return dt;
 }
 
@@ -197,15 +204,18 @@ static int ddp_worker(int argc, char **argv)
     int rc = dist_start("ddp --worker", &argc, &argv, &cfg);
     if (rc >= 0) return rc;
     cx_manual_seed(1);
-    ddp_worker_ctx w = { bench_trainer_new(bench_cnn(), DDP_BATCH, true), 0, 0, 0 };
-    double sec = w.t ? bench_repeat(&cfg, ddp_worker_unit, &w) : -1;
-    if (sec < 0) return 1;
+    ddp_worker_ctx *w = calloc(1, sizeof *w);
+    if (!w) { fprintf(stderr, "cxla-bench ddp: out of memory\n"); return 1; }
+    w->t = bench_trainer_new(bench_cnn(), DDP_BATCH, true);
+    double sec = w->t ? bench_repeat(&cfg, ddp_worker_unit, w) : -1;
+    if (sec < 0 || w->steps == 0) { free(w); return 1; }
     double ips = (double)DDP_BATCH / sec, total = 0;
     cx_mesh_reduce("ddp-ips", &ips, 1, NULL, &total);
     total *= cx_world_size();
     if (cx_global_ordinal() == 0)
-        printf("DDP %.6f %.6f %.6f\n", total, w.wait_s * 1e3 / (double)w.steps, w.comm_s * 1e3 / (double)w.steps);
-    bench_trainer_free(w.t);
+        printf("DDP %.6f %.6f %.6f\n", total, bench_median(w->wait_ms, w->steps), bench_median(w->comm_ms, w->steps));
+    bench_trainer_free(w->t);
+    free(w);
     cx_dist_finalize();
     return 0;
 }

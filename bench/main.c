@@ -38,7 +38,7 @@ static const subcommand g_subcommands[] = {
     { "ddp", bench_ddp,
       "Run directly, not under xla-launch: it starts its own 2 ranks (one xla-launch per round).\n"
       "ddp_images_per_s: cnn batch 64 per rank on 2 ranks x 1 thread vs 1 rank x 2 threads\n"
-      "ddp_exposed_comm_ms: all-reduce time per step the step waits for vs all-reduce time per step" },
+      "ddp_exposed_comm_ms: all-reduce time a step waits for vs its all-reduce time (medians over steps)" },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
