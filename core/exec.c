@@ -577,6 +577,45 @@ void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g)
     cx_pool_geom_finish(g);
 }
 
+/* Attention: q (N, T, H, D), k and v (N, S, H, D) as strided views; the
+ * backward's forward output and its gradient are strided like q. */
+void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g)
+{
+    const cx_kin *q = &k->in[0], *kk = &k->in[1];
+    *g = (cx_attn_geom){ .n = q->shape[0], .t = q->shape[1], .h = q->shape[2], .d = q->shape[3], .s = kk->shape[1],
+                         .causal = CX_ATTR(k, CX_AT_ATTN_CAUSAL) != 0, .scale = (float)k->fval };
+    int64_t *st[5] = { g->q_strides, g->k_strides, g->v_strides, g->o_strides, g->do_strides };
+    for (int i = 0; i < k->nin && i < 5; i++)
+        for (int d = 0; d < 3; d++) st[i][d] = k->in[i].view.strides[d];
+}
+
+static const float *kin_data(const run_ctx *rc, const cx_kin *x)
+{
+    return (const float *)rc->slot_ptr[x->slot] + x->view.offset;
+}
+
+static void run_attention(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    cx_attn_geom g;
+    cx_kernel_attn_geom(k, &g);
+    const float *q = kin_data(rc, &k->in[0]), *kk = kin_data(rc, &k->in[1]), *v = kin_data(rc, &k->in[2]);
+    if (k->kind == K_ATTENTION)
+        cx_attention_fwd(out, q, kk, v, &g, scratch, (size_t)k->scratch_bytes);
+    else
+        cx_attention_bwd(out, q, kk, v, kin_data(rc, &k->in[3]), kin_data(rc, &k->in[4]), &g, scratch,
+                         (size_t)k->scratch_bytes);
+}
+
+static void run_layer_norm(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    const cx_kin *x = &k->in[0];
+    int64_t c = x->shape[x->ndim - 1], rows = c ? x->numel / c : 0;
+    /* inputs: x, w, then b (forward) or dy (backward) */
+    const float *xp = rc->slot_ptr[x->slot], *w = rc->slot_ptr[k->in[1].slot], *third = rc->slot_ptr[k->in[2].slot];
+    if (k->kind == K_LAYER_NORM) cx_layer_norm_fwd(out, xp, w, third, rows, c, (float)k->fval);
+    else cx_layer_norm_bwd(out, xp, w, third, rows, c, (float)k->fval, scratch, (size_t)k->scratch_bytes);
+}
+
 static void fill_value(void *out, int dt, int64_t n, double v)
 {
     switch (dt) {
@@ -790,6 +829,8 @@ static cx_status run_heavy(const run_ctx *rc, const cx_kernel *k)
         break;
     }
     case K_PAD: run_pad(rc, k); break;
+    case K_ATTENTION: case K_ATTENTION_BWD: run_attention(rc, k, out, scratch); break;
+    case K_LAYER_NORM: case K_LAYER_NORM_BWD: run_layer_norm(rc, k, out, scratch); break;
     case K_CONCAT: run_concat(rc, k); break;
     case K_COPY: memcpy(out, rc->slot_ptr[k->in[0].slot], (size_t)k->out_numel); break;
     default: CX_ASSERT(!"heavy kernel kind");
@@ -805,7 +846,8 @@ static const char *kernel_kind_name(int kind)
         [K_CONV_BI] = "conv2d_bwd_input", [K_CONV_BW] = "conv2d_bwd_weight", [K_MAXPOOL] = "max_pool2d",
         [K_MAXPOOL_BWD] = "max_pool2d_bwd", [K_AVGPOOL] = "avg_pool2d", [K_AVGPOOL_BWD] = "avg_pool2d_bwd",
         [K_GATHER] = "gather", [K_SCATTER_ADD] = "scatter_add", [K_CONCAT] = "concat", [K_PAD] = "pad",
-        [K_COLL] = "collective", [K_COPY] = "copy",
+        [K_COLL] = "collective", [K_ATTENTION] = "attention", [K_ATTENTION_BWD] = "attention_bwd",
+        [K_LAYER_NORM] = "layer_norm", [K_LAYER_NORM_BWD] = "layer_norm_bwd", [K_COPY] = "copy",
     };
     if (kind < 0 || (size_t)kind >= sizeof names / sizeof *names || !names[kind]) return "kernel";
     return names[kind];

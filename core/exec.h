@@ -56,8 +56,11 @@ typedef struct {
 
 typedef enum {
     K_FUSED, K_REDUCE, K_MATMUL, K_CONV, K_CONV_BI, K_CONV_BW, K_MAXPOOL, K_MAXPOOL_BWD,
-    K_AVGPOOL, K_AVGPOOL_BWD, K_GATHER, K_SCATTER_ADD, K_CONCAT, K_PAD, K_COLL, K_COPY,
+    K_AVGPOOL, K_AVGPOOL_BWD, K_GATHER, K_SCATTER_ADD, K_CONCAT, K_PAD, K_COLL,
+    K_ATTENTION, K_ATTENTION_BWD, K_LAYER_NORM, K_LAYER_NORM_BWD, K_COPY,
 } cx_kkind;
+
+#define CX_MAX_KERNEL_INPUTS 5   /* attention's backward: q, k, v, out, dout */
 
 typedef struct {
     int slot;
@@ -96,7 +99,7 @@ typedef struct {
     uint8_t coll_op;                 /* K_COLL: OP_ALL_REDUCE ... OP_BROADCAST */
     int nkeep;                       /* reduce: leading kept iteration dims */
     int nin;
-    cx_kin in[4];
+    cx_kin in[CX_MAX_KERNEL_INPUTS];
     int nattrs;
     int64_t attrs[CX_MAX_ATTRS];     /* the node's (op_attrs.h), read with CX_ATTR */
     double fval;
@@ -166,9 +169,11 @@ void cx_executable_free(cx_executable *e);
 cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *rt_f, const int64_t *rt_i,
                      void *const *outputs);
 
-/* The geometry of a conv or pool kernel, from its inputs and attributes. */
+/* The geometry of a conv, pool or attention kernel, from its inputs and
+ * attributes. */
 void cx_kernel_conv_geom(const cx_kernel *k, cx_conv_geom *g);
 void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g);
+void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g);
 
 /* Shared arena for intermediates (grows; counted as device memory). */
 void *cx_arena_get(int64_t bytes);

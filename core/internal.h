@@ -32,6 +32,8 @@ typedef enum {
     /* contraction and friends */
     OP_MATMUL, OP_CONV2D, OP_CONV2D_BWD_INPUT, OP_CONV2D_BWD_WEIGHT,
     OP_MAXPOOL, OP_MAXPOOL_BWD, OP_AVGPOOL, OP_AVGPOOL_BWD, OP_GATHER, OP_SCATTER_ADD,
+    /* fused: one kernel each, where the composite would write and re-read */
+    OP_ATTENTION, OP_ATTENTION_BWD, OP_LAYER_NORM, OP_LAYER_NORM_BWD,
     /* collectives */
     OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_BROADCAST,
     /* a poisoned value (bad arguments somewhere upstream) */
@@ -197,6 +199,9 @@ cx_tensor *cx_matmul_transposed(cx_node *mm);
 /* Sums `g` down to `shape` (the reverse of broadcasting). */
 cx_tensor *cx_sum_to(cx_tensor *g, const int64_t *shape, int ndim);
 cx_tensor *cx_scalar_like(cx_tensor *a, double v);
+/* Layer norm over the last dim with weight and bias, all f32, as one kernel
+ * (ops_fused.c; cx_layer_norm picks it). */
+cx_tensor *cx_layer_norm_fused(cx_tensor *x, cx_tensor *w, cx_tensor *b, double eps);
 cx_dtype cx_promote(cx_dtype a, cx_dtype b);
 int cx_norm_axis(int axis, int ndim);
 

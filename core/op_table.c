@@ -11,6 +11,8 @@ cx_tensor *cx_vjp_matmul(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *
 cx_tensor *cx_vjp_conv(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *, int);
 cx_tensor *cx_vjp_pool(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *, int);
 cx_tensor *cx_vjp_gather(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *, int);
+cx_tensor *cx_vjp_attention(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *, int);
+cx_tensor *cx_vjp_layer_norm(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *, int);
 cx_tensor *cx_vjp_collective(cx_node *, cx_tensor *const *, cx_tensor *, cx_tensor *, int);
 
 const cx_op_info cx_op_table[OP_COUNT] = {
@@ -59,6 +61,10 @@ const cx_op_info cx_op_table[OP_COUNT] = {
     [OP_AVGPOOL_BWD] = { "avg_pool2d_bwd", 1, G_CONTRACT, NULL },
     [OP_GATHER] = { "gather", 2, G_CONTRACT, cx_vjp_gather },
     [OP_SCATTER_ADD] = { "scatter_add", 3, G_CONTRACT, cx_vjp_gather },
+    [OP_ATTENTION] = { "attention", 3, G_CONTRACT, cx_vjp_attention },
+    [OP_ATTENTION_BWD] = { "attention_bwd", 5, G_CONTRACT, NULL },
+    [OP_LAYER_NORM] = { "layer_norm", 3, G_CONTRACT, cx_vjp_layer_norm },
+    [OP_LAYER_NORM_BWD] = { "layer_norm_bwd", 3, G_CONTRACT, NULL },
     [OP_ALL_REDUCE] = { "all_reduce", 1, G_COLLECTIVE, cx_vjp_collective },
     [OP_ALL_GATHER] = { "all_gather", 1, G_COLLECTIVE, cx_vjp_collective },
     [OP_REDUCE_SCATTER] = { "reduce_scatter", 1, G_COLLECTIVE, cx_vjp_collective },
@@ -67,4 +73,4 @@ const cx_op_info cx_op_table[OP_COUNT] = {
     [OP_ERROR] = { "error", 0, G_ERROR, NULL },
 };
 
-_Static_assert(OP_COUNT == 51, "update cx_op_table (and the executor) when adding an op");
+_Static_assert(OP_COUNT == 55, "update cx_op_table (and the executor) when adding an op");

@@ -122,6 +122,10 @@ cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *
                                   cx_shape_str(b0, sizeof b0, p->node->shape, p->node->ndim),
                                   cx_shape_str(b1, sizeof b1, a->node->shape, nd));
     }
+    /* the common case, one kernel each way */
+    if (nnorm == 1 && weight && bias && cx_dtype_of(a) == CX_F32 && cx_dtype_of(weight) == CX_F32 &&
+        cx_dtype_of(bias) == CX_F32)
+        return cx_layer_norm_fused(a, weight, bias, eps);
     int axes[CX_MAX_DIMS];
     for (int i = 0; i < nnorm; i++) axes[i] = nd - nnorm + i;
     cx_tensor *m = cx_mean(a, axes, nnorm, true);

@@ -81,10 +81,29 @@ static bool matmul_layout(const cx_gnode *xn, const cx_view *v, cx_kin *out)
     return true;
 }
 
+typedef enum {
+    LAYOUT_CONTIGUOUS,   /* the input's own row-major layout */
+    LAYOUT_MATMUL,       /* also transposed or batch-broadcast rows */
+    LAYOUT_STRIDED,      /* any affine view whose last dim is contiguous (attention) */
+} layout;
+
+/* Any unmasked view with non-negative strides whose innermost dim is
+ * contiguous: each row is one run of memory. */
+static bool strided_layout(const cx_gnode *xn, const cx_view *v, cx_kin *out)
+{
+    int nd = xn->ndim;
+    if (nd < 1 || v->masked || v->offset < 0) return false;
+    if (xn->shape[nd - 1] > 1 && v->strides[nd - 1] != 1) return false;
+    for (int d = 0; d < nd; d++) if (v->strides[d] < 0) return false;
+    out->view = *v;
+    out->view.strides[nd - 1] = 1;
+    out->offset = v->offset;
+    return true;
+}
+
 /* Resolves a heavy op's input to a buffer slot with a view over the input's
- * own shape. With `matmul`, transposed and batch-broadcast layouts pass;
- * otherwise only a contiguous layout does. */
-static bool resolve_input(const cgctx *c, int x, bool matmul, cx_kin *out)
+ * own shape, in the layouts the kernel accepts. */
+static bool resolve_input(const cgctx *c, int x, layout lay, cx_kin *out)
 {
     const cx_gnode *xn = &c->g->nodes[x];
     memset(out, 0, sizeof *out);
@@ -104,7 +123,8 @@ static bool resolve_input(const cgctx *c, int x, bool matmul, cx_kin *out)
         memcpy(out->view.strides, S, sizeof S);
         return true;
     }
-    return matmul && matmul_layout(xn, &v, out);
+    if (lay == LAYOUT_STRIDED) return strided_layout(xn, &v, out);
+    return lay == LAYOUT_MATMUL && matmul_layout(xn, &v, out);
 }
 
 static cx_kkind heavy_kind(int op)
@@ -121,6 +141,10 @@ static cx_kkind heavy_kind(int op)
     case OP_GATHER: return K_GATHER;
     case OP_SCATTER_ADD: return K_SCATTER_ADD;
     case OP_PAD: return K_PAD;
+    case OP_ATTENTION: return K_ATTENTION;
+    case OP_ATTENTION_BWD: return K_ATTENTION_BWD;
+    case OP_LAYER_NORM: return K_LAYER_NORM;
+    case OP_LAYER_NORM_BWD: return K_LAYER_NORM_BWD;
     case OP_CONCAT: return K_CONCAT;
     default: return K_COLL;
     }
@@ -136,6 +160,16 @@ static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel 
         return (int64_t)(k->kind == K_CONV ? cx_conv2d_scratch_bytes(&g)
                          : k->kind == K_CONV_BI ? cx_conv2d_bwd_input_scratch_bytes(&g)
                          : cx_conv2d_bwd_weight_scratch_bytes(&g));
+    }
+    if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_BWD) {
+        cx_attn_geom g;
+        cx_kernel_attn_geom(k, &g);
+        return (int64_t)(k->kind == K_ATTENTION ? cx_attention_scratch_bytes(&g) : cx_attention_bwd_scratch_bytes(&g));
+    }
+    if (k->kind == K_LAYER_NORM_BWD) {
+        const cx_kin *x = &k->in[0];
+        int64_t cols = x->shape[x->ndim - 1];
+        return (int64_t)cx_layer_norm_bwd_scratch_bytes(cols ? x->numel / cols : 0, cols);
     }
     if (k->kind != K_COLL) return 0;
     const cx_gnode *x = &c->g->nodes[n->inputs[0]];
@@ -179,7 +213,7 @@ static bool lower_concat(cgctx *c, int i)
         k->attrs[CX_AT_AXIS] = ax;
         k->attrs[CX_AT_CONCAT_OFFSET] = off;
         k->nin = 1;
-        if (!resolve_input(c, n->inputs[j], false, &k->in[0])) { c->fail_node = n->inputs[j]; return false; }
+        if (!resolve_input(c, n->inputs[j], LAYOUT_CONTIGUOUS, &k->in[0])) { c->fail_node = n->inputs[j]; return false; }
         off += c->g->nodes[n->inputs[j]].shape[ax];
     }
     return true;
@@ -189,14 +223,16 @@ static bool lower_heavy(cgctx *c, int i)
 {
     const cx_gnode *n = &c->g->nodes[i];
     if (n->op == OP_CONCAT) return lower_concat(c, i);
-    if (n->ninputs > 4) { c->fail_node = i; return false; }
+    if (n->ninputs > CX_MAX_KERNEL_INPUTS) { c->fail_node = i; return false; }
     cx_kernel *k = root_kernel(c, i, heavy_kind(n->op));
     if (!k) return false;
     int kidx = c->e->nkernels - 1;
     if (k->kind == K_COLL) k->coll_op = (uint8_t)n->op;
     k->nin = n->ninputs;
+    layout lay = n->op == OP_MATMUL ? LAYOUT_MATMUL
+                 : n->op == OP_ATTENTION || n->op == OP_ATTENTION_BWD ? LAYOUT_STRIDED : LAYOUT_CONTIGUOUS;
     for (int j = 0; j < n->ninputs; j++)
-        if (!resolve_input(c, n->inputs[j], n->op == OP_MATMUL, &k->in[j])) { c->fail_node = n->inputs[j]; return false; }
+        if (!resolve_input(c, n->inputs[j], lay, &k->in[j])) { c->fail_node = n->inputs[j]; return false; }
     int64_t scratch = heavy_scratch(c, n, k);
     if (scratch <= 0) return true;
     int s = cx_exec_add_slot(c->e, SLOT_ARENA, -1, scratch);

@@ -73,6 +73,39 @@ void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const float *
 void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
 void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
 
+/* Scaled dot-product attention over heads: q (N, T, H, D), k and v
+ * (N, S, H, D), each a strided view whose head dim is contiguous (element
+ * strides of its N, T|S and H dims below), so q, k and v can be column
+ * blocks of one projection's output. Scores are scale * q k^T per head;
+ * causal: query row i sees keys j <= i + S - T (a row that sees none gives
+ * 0). */
+typedef struct {
+    int64_t n, t, s, h, d;
+    int64_t q_strides[3], k_strides[3], v_strides[3], o_strides[3], do_strides[3];
+    bool causal;
+    float scale;
+} cx_attn_geom;
+
+size_t cx_attention_scratch_bytes(const cx_attn_geom *g);
+/* out (N, T, H, D) contiguous. */
+void cx_attention_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
+                      void *scratch, size_t scratch_bytes);
+size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g);
+/* dqkv: dq (N, T, H, D), then dk and dv (N, S, H, D), contiguous, from the
+ * forward's output o and its gradient dout (strided like q). Overwrites. */
+void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o, const float *dout,
+                      const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+
+/* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
+ * eps) * w + b (w, b (c) or NULL: 1 and 0). */
+void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps);
+/* Scratch for the backward: the per-lane partial sums of dw and db. */
+size_t cx_layer_norm_bwd_scratch_bytes(int64_t rows, int64_t c);
+/* dxwb: dx (rows, c), then dw (c) and db (c), from x, w (or NULL) and dy.
+ * dw and db sum over rows in a fixed order (deterministic). Overwrites. */
+void cx_layer_norm_bwd(float *dxwb, const float *x, const float *w, const float *dy, int64_t rows, int64_t c,
+                       float eps, void *scratch, size_t scratch_bytes);
+
 /* C (m, n) = op(A) op(B) + beta C, row-major with leading dims, split
  * across the worker pool (each part a single-threaded OpenBLAS call: the
  * pool owns every compute thread, so OpenBLAS's own threads never spin

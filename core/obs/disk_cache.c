@@ -300,6 +300,21 @@ static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program
     return true;
 }
 
+/* A heavy kernel's input view (strides over the input's own shape, from an
+ * offset) stays inside its buffer. */
+static bool view_fits(const cx_kin *x, int64_t slot_bytes)
+{
+    if (x->view.offset < 0) return false;
+    int64_t last = x->view.offset;
+    for (int d = 0; d < x->ndim; d++) {
+        if (x->shape[d] <= 0) return true;   /* no element is read */
+        if (x->view.strides[d] < 0 || x->view.strides[d] > INT64_MAX / x->shape[d]) return false;
+        last += (x->shape[d] - 1) * x->view.strides[d];
+        if (last < 0) return false;
+    }
+    return x->numel == 0 || fits(last + 1, x->dtype, slot_bytes);
+}
+
 /* Every attribute the executor reads (CX_ATTR) exists. */
 static bool attrs_ok(const cx_kernel *k)
 {
@@ -313,6 +328,9 @@ static bool attrs_ok(const cx_kernel *k)
     case K_CONCAT: return k->nattrs >= CX_AT_CONCAT_COUNT;
     case K_COLL: return k->nattrs >= CX_AT_COLL_COUNT;
     case K_PAD: return k->nin >= 1 && k->nattrs >= CX_AT_PAD_COUNT(k->in[0].ndim);
+    case K_ATTENTION: return k->nin == 3 && k->nattrs >= CX_AT_ATTN_COUNT && k->in[0].ndim == 4 && k->in[1].ndim == 4;
+    case K_ATTENTION_BWD: return k->nin == 5 && k->nattrs >= CX_AT_ATTN_COUNT && k->in[0].ndim == 4 && k->in[1].ndim == 4;
+    case K_LAYER_NORM: case K_LAYER_NORM_BWD: return k->nin == 3 && k->in[0].ndim >= 1;
     default: return true;
     }
 }
@@ -342,7 +360,7 @@ static bool exec_ok(const cx_executable *e)
         const cx_kernel *k = &e->kernels[ki];
         if ((int)k->kind < 0 || k->kind > K_COPY) return false;
         if (k->out_slot < 0 || k->out_slot >= e->nslots || !dtype_ok(k->out_dtype) || k->out_numel < 0) return false;
-        if (k->ndim < 0 || k->ndim > CX_MAX_DIMS || k->nin < 0 || k->nin > 4) return false;
+        if (k->ndim < 0 || k->ndim > CX_MAX_DIMS || k->nin < 0 || k->nin > CX_MAX_KERNEL_INPUTS) return false;
         if (k->scratch_slot < -1 || k->scratch_slot >= e->nslots || k->wait_at < -1 || k->wait_at > e->nkernels) return false;
         if (k->scratch_bytes < 0) return false;
         int64_t iter = 1;
@@ -359,6 +377,7 @@ static bool exec_ok(const cx_executable *e)
             const cx_kin *x = &k->in[i];
             if (x->slot < 0 || x->slot >= e->nslots || !dtype_ok(x->dtype) || x->ndim < 0 || x->ndim > CX_MAX_DIMS) return false;
             if (!fits(x->numel, x->dtype, e->slots[x->slot].bytes)) return false;
+            if (!view_fits(x, e->slots[x->slot].bytes)) return false;
         }
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
@@ -388,7 +407,7 @@ static bool bool_ok(const bool *b)
 static bool kernel_bools_ok(const cx_kernel *k)
 {
     if (!bool_ok(&k->has_epilogue)) return false;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < CX_MAX_KERNEL_INPUTS; i++)
         if (!bool_ok(&k->in[i].trans) || !bool_ok(&k->in[i].view.masked)) return false;
     for (int v = 0; v < k->prog.nviews; v++)
         if (!bool_ok(&k->prog.views[v].masked)) return false;

@@ -271,6 +271,14 @@ CX_API cx_tensor *cx_softmax(cx_tensor *a, int axis);
 CX_API cx_tensor *cx_log_softmax(cx_tensor *a, int axis);
 /* Normalizes over the last `nnorm` dims; weight/bias may be NULL. */
 CX_API cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *bias, double eps);
+/* Attention as torch.nn.functional.scaled_dot_product_attention: q (B, H, T,
+ * D), k and v (B, H, S, D), all f32; softmax(scale * q k^T) v per head,
+ * with is_causal query i seeing keys j <= i + S - T. scale <= 0: 1/sqrt(D).
+ * One fused kernel (online softmax over key tiles): the (T, S) scores are
+ * never written. A query that sees no key gives 0. @return (B, H, T, D), or
+ * a poisoned tensor on bad shapes or dtypes. */
+CX_API cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal,
+                                                  double scale);
 
 typedef enum { CX_REDUCE_MEAN = 0, CX_REDUCE_SUM, CX_REDUCE_NONE } cx_reduction;
 /* logp (N, C), target (N) integer. ignore_index < 0 and not -100: none. */

@@ -1151,3 +1151,48 @@ Test(grad, larger_conv_and_matmul)
         free(b);
     }
 }
+
+/* ======================================================================
+ * fused attention and layer norm (their own kernels)
+ * ====================================================================== */
+
+typedef struct { bool causal; double scale; } attn_case;
+
+static cx_tensor *f_attention(cx_tensor *const *in, const void *ctx)
+{
+    const attn_case *a = ctx;
+    return cx_scaled_dot_product_attention(in[0], in[1], in[2], a->causal, a->scale);
+}
+
+Test(grad, attention_fused)
+{
+    rng_seed(211);
+    /* (B, H, T, D); the second case has fewer queries than keys */
+    const int64_t sq[] = { 2, 2, 5, 4 }, sk[] = { 2, 2, 5, 4 }, sq2[] = { 1, 3, 3, 4 }, sk2[] = { 1, 3, 6, 4 };
+    float *q = rand_f32(80, -1.5, 1.5), *k = rand_f32(80, -1.5, 1.5), *v = rand_f32(80, -1.5, 1.5);
+    gin in[3] = { G(4, sq, q), G(4, sk, k), G(4, sk, v) };
+    attn_case c = { true, 0 };
+    gradcheck("attention causal", f_attention, &c, in, 3);
+    c = (attn_case){ false, 0.7 };
+    gradcheck("attention full, scale 0.7", f_attention, &c, in, 3);
+    gin in2[3] = { G(4, sq2, q), G(4, sk2, k), G(4, sk2, v) };
+    c = (attn_case){ true, 0 };
+    gradcheck("attention causal, 3 queries over 6 keys", f_attention, &c, in2, 3);
+    free(q); free(k); free(v);
+}
+
+static cx_tensor *f_layer_norm_last(cx_tensor *const *in, const void *ctx)
+{
+    (void)ctx;
+    return cx_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+}
+
+Test(grad, layer_norm_fused)
+{
+    rng_seed(223);
+    const int64_t sx[] = { 3, 4, 6 }, sc[] = { 6 };
+    float *x = rand_f32(72, -2, 2), *w = rand_f32(6, 0.5, 1.5), *b = rand_f32(6, -1, 1);
+    gin in[3] = { G(3, sx, x), G(1, sc, w), G(1, sc, b) };
+    gradcheck("layer_norm over the last dim", f_layer_norm_last, NULL, in, 3);
+    free(x); free(w); free(b);
+}

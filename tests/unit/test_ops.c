@@ -2149,3 +2149,163 @@ Test(ops, integer_ops)
     free(bb);
     END();
 }
+
+/* ---- fused attention and layer norm against plain references ---------------------- */
+
+/* softmax(scale q k^T) v per (b, h) in double; causal as the kernel's. */
+static void ref_attention(double *out, const float *q, const float *k, const float *v, int64_t B, int64_t H,
+                          int64_t T, int64_t S, int64_t D, bool causal, double scale)
+{
+    double *p = malloc(sizeof(double) * (size_t)S);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const float *qi = q + ((b * H + h) * T + i) * D;
+                int64_t vis = causal ? i + 1 + (S - T) : S;
+                if (vis > S) vis = S;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < vis; j++) {
+                    const float *kj = k + ((b * H + h) * S + j) * D;
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++) s += (double)qi[e] * kj[e];
+                    p[j] = s * scale;
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int64_t j = 0; j < vis; j++) { p[j] = exp(p[j] - mx); sum += p[j]; }
+                double *o = out + ((b * H + h) * T + i) * D;
+                for (int64_t e = 0; e < D; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < vis; j++) acc += p[j] * v[((b * H + h) * S + j) * D + e];
+                    o[e] = vis > 0 ? acc / sum : 0;
+                }
+            }
+    free(p);
+}
+
+static void attention_case(int64_t B, int64_t H, int64_t T, int64_t S, int64_t D, bool causal)
+{
+    int64_t sq[4] = { B, H, T, D }, sk[4] = { B, H, S, D };
+    float *q = rand_f32(B * H * T * D, -1, 1), *k = rand_f32(B * H * S * D, -1, 1), *v = rand_f32(B * H * S * D, -1, 1);
+    double *ref = malloc(sizeof(double) * (size_t)(B * H * T * D));
+    double scale = 1.0 / sqrt((double)D);
+    ref_attention(ref, q, k, v, B, H, T, S, D, causal, scale);
+    cx_step_begin();
+    cx_tensor *qt = cx_from_host(q, sq, 4, CX_F32), *kt = cx_from_host(k, sk, 4, CX_F32), *vt = cx_from_host(v, sk, 4, CX_F32);
+    cx_tensor *o = cx_keep(cx_scaled_dot_product_attention(qt, kt, vt, causal, 0));
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    char what[96];
+    snprintf(what, sizeof what, "attention B%lld H%lld T%lld S%lld D%lld %s", (long long)B, (long long)H, (long long)T,
+             (long long)S, (long long)D, causal ? "causal" : "full");
+    expect_tensor(what, o, sq, 4, ref, 2e-5);
+    free(q); free(k); free(v); free(ref);
+}
+
+Test(ops, attention_fused_matches_the_plain_definition)
+{
+    rng_seed(701);
+    attention_case(2, 3, 130, 130, 16, true);    /* three query and key tiles, ragged last */
+    attention_case(1, 2, 70, 150, 8, false);     /* fewer queries than keys */
+    attention_case(1, 1, 3, 7, 4, true);         /* causal with S > T: bottom-right aligned */
+    attention_case(2, 1, 64, 64, 64, true);      /* exactly one tile */
+}
+
+Test(ops, attention_fused_equals_the_composite_path)
+{
+    /* the plain path (matmul, mask, softmax, matmul) is the reference the
+     * fused kernel replaces */
+    rng_seed(703);
+    const int64_t B = 2, H = 2, T = 67, D = 8, s4[4] = { B, H, T, D };
+    float *q = rand_f32(B * H * T * D, -1, 1), *k = rand_f32(B * H * T * D, -1, 1), *v = rand_f32(B * H * T * D, -1, 1);
+    cx_step_begin();
+    cx_tensor *qt = cx_from_host(q, s4, 4, CX_F32), *kt = cx_from_host(k, s4, 4, CX_F32), *vt = cx_from_host(v, s4, 4, CX_F32);
+    cx_tensor *fused = cx_keep(cx_scaled_dot_product_attention(qt, kt, vt, true, 0));
+    cx_tensor *scores = cx_mul_scalar(cx_matmul(qt, cx_transpose(kt, 2, 3)), 1.0 / sqrt((double)D));
+    int64_t col[2] = { T, 1 }, row[2] = { 1, T };
+    cx_tensor *ar = cx_arange(T, CX_I64);
+    cx_tensor *allowed = cx_le(cx_reshape(ar, row, 2), cx_reshape(ar, col, 2));
+    cx_tensor *att = cx_softmax(cx_where(allowed, scores, cx_full(NULL, 0, -1e30, CX_F32)), -1);
+    cx_tensor *plain = cx_keep(cx_matmul(att, vt));
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    float *a = fetch_f32("fused", fused), *b = fetch_f32("plain", plain);
+    double *bd = malloc(sizeof(double) * (size_t)(B * H * T * D));
+    for (int64_t i = 0; i < B * H * T * D; i++) bd[i] = b[i];
+    check_close_d("fused vs composite attention", a, bd, B * H * T * D, 2e-5);
+    free(q); free(k); free(v); free(a); free(b); free(bd);
+}
+
+Test(ops, attention_never_writes_the_score_matrix)
+{
+    /* forward and backward of T = 512: the (B, H, T, T) scores would be
+     * 4 MiB; no intermediate of the step may be that large */
+    rng_seed(709);
+    const int64_t B = 1, H = 4, T = 512, D = 16, s4[4] = { B, H, T, D };
+    float *x = rand_f32(B * H * T * D, -1, 1);
+    cx_tensor *p[3];
+    for (int i = 0; i < 3; i++) p[i] = cx_requires_grad(cx_persist(cx_from_host(x, s4, 4, CX_F32)), true);
+    cx_step_begin();
+    cx_tensor *o = cx_scaled_dot_product_attention(p[0], p[1], p[2], true, 0);
+    cr_assert_eq(cx_backward(cx_sum(o, NULL, 0, false)), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    cx_exec_info info = cx_last_exec_info();
+    int64_t scores = B * H * T * T * (int64_t)sizeof(float);
+    cr_assert_lt(info.arena_bytes, scores, "the step's arena holds %lld bytes: the %lld-byte scores were written",
+                 (long long)info.arena_bytes, (long long)scores);
+    for (int i = 0; i < 3; i++) cx_free(p[i]);
+    free(x);
+}
+
+Test(ops, layer_norm_fused_matches_the_definition)
+{
+    rng_seed(719);
+    const int64_t R = 37, C = 96, sx[2] = { R, C }, sc[1] = { C };
+    float *x = rand_f32(R * C, -3, 3), *w = rand_f32(C, 0.5, 1.5), *b = rand_f32(C, -1, 1);
+    double *ref = malloc(sizeof(double) * (size_t)(R * C));
+    for (int64_t r = 0; r < R; r++) {
+        double m = 0, v = 0;
+        for (int64_t c = 0; c < C; c++) m += x[r * C + c];
+        m /= C;
+        for (int64_t c = 0; c < C; c++) v += (x[r * C + c] - m) * (x[r * C + c] - m);
+        v /= C;
+        for (int64_t c = 0; c < C; c++) ref[r * C + c] = (x[r * C + c] - m) / sqrt(v + 1e-5) * w[c] + b[c];
+    }
+    cx_step_begin();
+    cx_tensor *y = cx_keep(cx_layer_norm(cx_from_host(x, sx, 2, CX_F32), 1, cx_from_host(w, sc, 1, CX_F32),
+                                         cx_from_host(b, sc, 1, CX_F32), 1e-5));
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_last_exec_info().num_kernels, 1, "layer norm ran as %d kernels", cx_last_exec_info().num_kernels);
+    expect_tensor("layer_norm", y, sx, 2, ref, 1e-5);
+    free(x); free(w); free(b); free(ref);
+}
+
+/* The embedding gradient (a scatter-add of rows into repeated indices) has
+ * the same bits whatever the thread count and from run to run. */
+static float *embedding_grad(int threads, const float *w0, const int64_t *idx, int64_t V, int64_t Dm, int64_t N)
+{
+    cx_set_num_threads(threads);
+    int64_t sw[2] = { V, Dm }, si[1] = { N };
+    cx_tensor *w = cx_requires_grad(cx_persist(cx_from_host(w0, sw, 2, CX_F32)), true);
+    cx_step_begin();
+    cx_tensor *e = cx_embedding(w, cx_from_host(idx, si, 1, CX_I64));
+    cx_tensor *loss = cx_sum(cx_mul(e, cx_tanh(e)), NULL, 0, false);
+    cr_assert_eq(cx_backward(loss), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    float *g = fetch_f32("embedding grad", cx_grad(w));
+    cx_free(w);
+    return g;
+}
+
+Test(ops, embedding_backward_is_deterministic)
+{
+    rng_seed(727);
+    const int64_t V = 17, Dm = 300, N = 4096;
+    float *w0 = rand_f32(V * Dm, -1, 1);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)N);
+    for (int64_t i = 0; i < N; i++) idx[i] = (int64_t)(rng_u64() % (uint64_t)V);
+    int saved = cx_get_num_threads();
+    float *a = embedding_grad(1, w0, idx, V, Dm, N), *b = embedding_grad(2, w0, idx, V, Dm, N),
+          *c = embedding_grad(2, w0, idx, V, Dm, N);
+    cx_set_num_threads(saved);
+    cr_assert(memcmp(a, b, sizeof(float) * (size_t)(V * Dm)) == 0, "1 and 2 threads differ");
+    cr_assert(memcmp(b, c, sizeof(float) * (size_t)(V * Dm)) == 0, "two runs differ");
+    free(a); free(b); free(c); free(w0); free(idx);
+}
