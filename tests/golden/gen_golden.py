@@ -294,6 +294,70 @@ sched_case("sched_warmup_cosine", lambda o: S.SequentialLR(
     o, [S.LinearLR(o, start_factor=0.25, total_iters=4), S.CosineAnnealingLR(o, T_max=8, eta_min=0.0)],
     milestones=[4]))
 
+# ---- a tiny GPT (nanoGPT with bias, dropout 0, lm_head tied to wte) ----
+# loss and every gradient, then the parameters after two AdamW steps on the
+# same batch (the gpt recipe's betas and eps; weight decay on 2-D only)
+
+GPT_L, GPT_H, GPT_C, GPT_T, GPT_V, GPT_B = 2, 2, 32, 16, 256, 2
+
+
+def gpt_params():
+    shapes = [("transformer.wte.weight", (GPT_V, GPT_C)), ("transformer.wpe.weight", (GPT_T, GPT_C))]
+    for i in range(GPT_L):
+        h = "transformer.h.%d." % i
+        shapes += [(h + "ln_1.weight", (GPT_C,)), (h + "ln_1.bias", (GPT_C,)),
+                   (h + "attn.c_attn.weight", (3 * GPT_C, GPT_C)), (h + "attn.c_attn.bias", (3 * GPT_C,)),
+                   (h + "attn.c_proj.weight", (GPT_C, GPT_C)), (h + "attn.c_proj.bias", (GPT_C,)),
+                   (h + "ln_2.weight", (GPT_C,)), (h + "ln_2.bias", (GPT_C,)),
+                   (h + "mlp.c_fc.weight", (4 * GPT_C, GPT_C)), (h + "mlp.c_fc.bias", (4 * GPT_C,)),
+                   (h + "mlp.c_proj.weight", (GPT_C, 4 * GPT_C)), (h + "mlp.c_proj.bias", (GPT_C,))]
+    shapes += [("transformer.ln_f.weight", (GPT_C,)), ("transformer.ln_f.bias", (GPT_C,))]
+    return shapes
+
+
+def gpt_forward(p, idx, tgt):
+    B, T = idx.shape
+    x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][:T]
+    hd = GPT_C // GPT_H
+    for i in range(GPT_L):
+        h = "transformer.h.%d." % i
+        a = F.layer_norm(x, (GPT_C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
+        q, k, v = linear(a, p[h + "attn.c_attn.weight"], p[h + "attn.c_attn.bias"]).split(GPT_C, dim=2)
+        q, k, v = (t.reshape(B, T, GPT_H, hd).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+        att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+        y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, GPT_C)
+        x = x + linear(y, p[h + "attn.c_proj.weight"], p[h + "attn.c_proj.bias"])
+        m = F.layer_norm(x, (GPT_C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
+        m = F.gelu(linear(m, p[h + "mlp.c_fc.weight"], p[h + "mlp.c_fc.bias"]))
+        x = x + linear(m, p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
+    x = F.layer_norm(x, (GPT_C,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], 1e-5)
+    logits = x @ p["transformer.wte.weight"].T
+    return logits, F.cross_entropy(logits.reshape(-1, GPT_V), tgt.reshape(-1))
+
+
+GPT_SHAPES = gpt_params()
+gp = {name: gen_param("gpt", name, shape).requires_grad_(True) for name, shape in GPT_SHAPES}
+g_idx = torch.tensor(ints(GPT_B * GPT_T, "gpt/idx", GPT_V)).reshape(GPT_B, GPT_T)
+g_tgt = torch.tensor(ints(GPT_B * GPT_T, "gpt/targets", GPT_V)).reshape(GPT_B, GPT_T)
+g_logits, g_loss = gpt_forward(gp, g_idx, g_tgt)
+g_loss.backward()
+emit("gpt/loss", g_loss)
+emit("gpt/logits", g_logits)
+for name, _ in GPT_SHAPES:
+    emit("gpt/grad/" + name, gp[name].grad)
+g_opt = torch.optim.AdamW([{"params": [gp[n] for n, s in GPT_SHAPES if len(s) >= 2], "weight_decay": 0.1},
+                           {"params": [gp[n] for n, s in GPT_SHAPES if len(s) < 2], "weight_decay": 0.0}],
+                          lr=1e-3, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+g_opt.step()
+g_opt.zero_grad(set_to_none=True)
+_, g_loss2 = gpt_forward(gp, g_idx, g_tgt)
+g_loss2.backward()
+g_opt.step()
+emit("gpt/loss2", g_loss2)
+for name, _ in GPT_SHAPES:
+    emit("gpt/step2/" + name, gp[name])
+
 # ---- write the header ----
 
 w = sys.stdout.write
