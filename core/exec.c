@@ -5,6 +5,7 @@
 #include "exec.h"
 #include "obs.h"
 #include "pool.h"
+#include "kernels/vmath.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -101,12 +102,12 @@ static void un_float(int op, float *o, const float *a, int len)
 {
     switch (op) {
     case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
-    case OP_EXP: for (int j = 0; j < len; j++) o[j] = expf(a[j]); break;
+    case OP_EXP: for (int j = 0; j < len; j++) o[j] = cx_vexpf(a[j]); break;
     case OP_LOG: for (int j = 0; j < len; j++) o[j] = logf(a[j]); break;
     case OP_SQRT: for (int j = 0; j < len; j++) o[j] = sqrtf(a[j]); break;
     case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = 1.0f / sqrtf(a[j]); break;
     case OP_TANH: for (int j = 0; j < len; j++) o[j] = tanhf(a[j]); break;
-    case OP_ERF: for (int j = 0; j < len; j++) o[j] = erff(a[j]); break;
+    case OP_ERF: for (int j = 0; j < len; j++) o[j] = cx_verff(a[j]); break;
     case OP_ABS: for (int j = 0; j < len; j++) o[j] = fabsf(a[j]); break;
     case OP_SIGN: for (int j = 0; j < len; j++) o[j] = (float)((a[j] > 0) - (a[j] < 0)); break;
     default: CX_ASSERT(!"unary op");

@@ -9,6 +9,7 @@
  * element and the result does not depend on the thread count. */
 #include "kernels.h"
 #include "pool.h"
+#include "vmath.h"
 #include <cxla/core.h>
 
 #include <math.h>
@@ -20,28 +21,6 @@ enum { BQ = 64, BK = 64, ALIGN_FLOATS = 16 };
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
-
-/* exp for x <= 0 (scores minus their row max): Cephes' polynomial after
- * range reduction, within 2 ulp of expf, in a form the compiler
- * vectorizes (expf itself stays a scalar call without -ffast-math). */
-static inline float exp_nonpos(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    /* round to nearest by the 1.5 * 2^23 trick: a plain add the compiler
-     * vectorizes, where roundf stays a call */
-    const float shifter = 12582912.0f;
-    float n = (x * 1.44269504088896341f + shifter) - shifter;
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { uint32_t u; float f; } e = { .u = (uint32_t)((int32_t)n + 127) << 23 };
-    return p * e.f;
-}
 
 /* Keys query row i (of t) may see: [0, visible). Causal: the last query
  * row sees every key (bottom-right alignment, as PyTorch's is_causal for
@@ -107,8 +86,8 @@ static void fwd_key_tile(const cx_attn_geom *g, const fwd_lane *L, int64_t q0, i
         if (lim <= 0) { memset(s, 0, sizeof *s * (size_t)cols); continue; }
         float mx = L->m[i];
         for (int64_t j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
-        float alpha = exp_nonpos(L->m[i] - mx), sum = 0.0f;
-        for (int64_t j = 0; j < lim; j++) { s[j] = exp_nonpos(s[j] - mx); sum += s[j]; }
+        float alpha = cx_vexpf(L->m[i] - mx), sum = 0.0f;
+        for (int64_t j = 0; j < lim; j++) { s[j] = cx_vexpf(s[j] - mx); sum += s[j]; }
         for (int64_t j = lim; j < cols; j++) s[j] = 0.0f;
         L->l[i] = L->l[i] * alpha + sum;
         L->m[i] = mx;
@@ -248,8 +227,8 @@ static void row_lse(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, int64_
             if (lim <= 0) continue;
             float mx = m[i], sum = 0.0f;
             for (int64_t jj = 0; jj < lim; jj++) mx = s[jj] > mx ? s[jj] : mx;
-            for (int64_t jj = 0; jj < lim; jj++) sum += exp_nonpos(s[jj] - mx);
-            l[i] = l[i] * exp_nonpos(m[i] - mx) + sum;
+            for (int64_t jj = 0; jj < lim; jj++) sum += cx_vexpf(s[jj] - mx);
+            l[i] = l[i] * cx_vexpf(m[i] - mx) + sum;
             m[i] = mx;
         }
     }
@@ -266,7 +245,7 @@ static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, i
         float *s = L->p + i * BK;
         int64_t lim = min64(cols, visible_keys(g, q0 + i) - k0);
         if (lim < 0) lim = 0;
-        for (int64_t jj = 0; jj < lim; jj++) s[jj] = exp_nonpos(s[jj] - L->lse[i]);
+        for (int64_t jj = 0; jj < lim; jj++) s[jj] = cx_vexpf(s[jj] - L->lse[i]);
         for (int64_t jj = lim; jj < cols; jj++) s[jj] = 0.0f;
     }
     cx_sgemm_serial(true, false, cols, d, rows, L->p, BK, L->dout, d, 1.0f, L->dv + k0 * d, d);

@@ -835,3 +835,50 @@ Test(gather, reports_every_bad_index)
     const float want[6] = { 0, 40, 0, 0, 0, 20 };
     for (int i = 0; i < 6; i++) cr_assert_eq(acc[i], want[i]);
 }
+
+/* ---- the vectorizable exp and erf (kernels/vmath.h) ------------------------------------ */
+
+#include "kernels/vmath.h"
+
+static double ulp_err(float got, double ref)
+{
+    if (ref == 0) return got == 0 ? 0 : INFINITY;
+    double ulp = ldexp(1.0, ilogb((float)ref) - 23);
+    return fabs((double)got - ref) / ulp;
+}
+
+Test(kernels, vexpf_is_within_2_ulp)
+{
+    double worst = 0, at = 0;
+    for (double x = -87.3; x <= 88.7; x += 0.0137) {
+        double e = ulp_err(cx_vexpf((float)x), exp((double)(float)x));
+        if (e > worst) { worst = e; at = x; }
+    }
+    cr_assert_leq(worst, 2.0, "exp: %.2f ulp at x = %g", worst, at);
+    cr_assert_eq(cx_vexpf(0.0f), 1.0f);
+    cr_assert(isinf(cx_vexpf(89.0f)) && cx_vexpf(89.0f) > 0);
+    cr_assert(isinf(cx_vexpf(INFINITY)));
+    cr_assert_eq(cx_vexpf(-INFINITY), 0.0f);
+    cr_assert_eq(cx_vexpf(-104.0f), 0.0f);
+    cr_assert(isnan(cx_vexpf(NAN)));
+}
+
+Test(kernels, verff_is_within_6_ulp)
+{
+    double worst = 0, at = 0;
+    for (double x = -6; x <= 6; x += 0.00071) {
+        float xf = (float)x;
+        double r = erf((double)xf);
+        double e = fabs(r) < 1e-30 ? fabs(cx_verff(xf)) : ulp_err(cx_verff(xf), r);
+        if (e > worst) { worst = e; at = x; }
+    }
+    cr_assert_leq(worst, 6.0, "erf: %.2f ulp at x = %g", worst, at);
+    for (double x = 1e-30; x < 0.5; x *= 1.7) {
+        double e = ulp_err(cx_verff((float)x), erf((double)(float)x));
+        cr_assert_leq(e, 2.0, "erf: %.2f ulp at small x = %g", e, x);
+    }
+    cr_assert_eq(cx_verff(0.0f), 0.0f);
+    cr_assert_eq(cx_verff(INFINITY), 1.0f);
+    cr_assert_eq(cx_verff(-INFINITY), -1.0f);
+    cr_assert(isnan(cx_verff(NAN)));
+}
