@@ -69,7 +69,7 @@ static inline bool view_lanes(const cx_view *v, const int64_t *idx, int nd, int6
 
 static inline float bf16_round(float x) { return cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(x)); }
 
-static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, const int64_t *idx, int nd, int64_t j0, int len)
+CX_HOT static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, const int64_t *idx, int nd, int64_t j0, int len)
 {
     int jlo, jhi;
     bool any = view_lanes(v, idx, nd, j0, len, &jlo, &jhi);
@@ -98,7 +98,7 @@ static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, con
     }
 }
 
-static void un_float(int op, float *o, const float *a, int len)
+CX_HOT static void un_float(int op, float *o, const float *a, int len)
 {
     switch (op) {
     case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
@@ -114,7 +114,7 @@ static void un_float(int op, float *o, const float *a, int len)
     }
 }
 
-static void un_int(int op, int64_t *o, const int64_t *a, int len)
+CX_HOT static void un_int(int op, int64_t *o, const int64_t *a, int len)
 {
     switch (op) {
     case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
@@ -124,7 +124,7 @@ static void un_int(int op, int64_t *o, const int64_t *a, int len)
     }
 }
 
-static void bin_float(int op, float *o, const float *a, const float *b, int len)
+CX_HOT static void bin_float(int op, float *o, const float *a, const float *b, int len)
 {
     switch (op) {
     case OP_ADD: for (int j = 0; j < len; j++) o[j] = a[j] + b[j]; break;
@@ -138,7 +138,7 @@ static void bin_float(int op, float *o, const float *a, const float *b, int len)
     }
 }
 
-static void bin_int(int op, int64_t *o, const int64_t *a, const int64_t *b, int len)
+CX_HOT static void bin_int(int op, int64_t *o, const int64_t *a, const int64_t *b, int len)
 {
     switch (op) {
     case OP_ADD: for (int j = 0; j < len; j++) o[j] = a[j] + b[j]; break;
@@ -150,7 +150,7 @@ static void bin_int(int op, int64_t *o, const int64_t *a, const int64_t *b, int 
     }
 }
 
-static void cmp_block(int op, int64_t *o, const reg_t *a, const reg_t *b, bool fc, int len)
+CX_HOT static void cmp_block(int op, int64_t *o, const reg_t *a, const reg_t *b, bool fc, int len)
 {
     if (fc) {
         switch (op) {
@@ -177,7 +177,7 @@ static inline int64_t wrap_int(int64_t v, int dt)
     }
 }
 
-static void cast_block(reg_t *o, int to, const reg_t *a, int from, int len)
+CX_HOT static void cast_block(reg_t *o, int to, const reg_t *a, int from, int len)
 {
     bool ff = is_float_class(from), tf = is_float_class(to);
     if (ff && tf) {
@@ -201,7 +201,7 @@ static void cast_block(reg_t *o, int to, const reg_t *a, int from, int len)
 
 /* Evaluates a program for lanes [j0, j0+len) of the row at outer index idx.
  * @return the result register. */
-static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, const int64_t *idx, int nd, int64_t j0, int len)
+CX_HOT static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, const int64_t *idx, int nd, int64_t j0, int len)
 {
     for (int n = 0; n < p->n; n++) {
         const cx_pinstr *in = &p->ins[n];
@@ -287,7 +287,7 @@ static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, co
     return &regs[p->result];
 }
 
-static void store_block(void *out, int dt, int64_t off, const reg_t *r, int len)
+CX_HOT static void store_block(void *out, int dt, int64_t off, const reg_t *r, int len)
 {
     switch (dt) {
     case CX_F32: memcpy((float *)out + off, r->f, sizeof(float) * (size_t)len); break;
@@ -328,7 +328,7 @@ static void unravel_outer(const int64_t *shape, int nd, int64_t row, int64_t *id
     }
 }
 
-static void fused_range(void *p, int64_t b, int64_t e)
+CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
 {
     fused_job *j = p;
     const cx_kernel *k = j->k;
@@ -372,7 +372,7 @@ typedef struct {
 
 /* Sum of a block in double: eight partial sums combined in a fixed order
  * (deterministic, and vectorizable, unlike one running sum). */
-static double sum_block(const float *f, int len)
+CX_HOT static double sum_block(const float *f, int len)
 {
     double acc[8] = { 0 };
     int q = 0;
@@ -382,7 +382,7 @@ static double sum_block(const float *f, int len)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
+CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
                        int64_t *acc_i, int64_t *best_idx, bool *first)
 {
     const cx_kernel *k = j->k;
@@ -446,7 +446,7 @@ static void store_scalar(void *out, int dt, int64_t o, double f, int64_t i, bool
     }
 }
 
-static void reduce_range(void *p, int64_t b, int64_t e)
+CX_HOT static void reduce_range(void *p, int64_t b, int64_t e)
 {
     reduce_job *j = p;
     const cx_kernel *k = j->k;
@@ -468,7 +468,7 @@ static void reduce_range(void *p, int64_t b, int64_t e)
 #define CX_RED_CHUNKS 64
 typedef struct { reduce_job *j; double f[CX_RED_CHUNKS]; int64_t i[CX_RED_CHUNKS]; bool any[CX_RED_CHUNKS]; } split_job;
 
-static void reduce_split_range(void *p, int64_t b, int64_t e)
+CX_HOT static void reduce_split_range(void *p, int64_t b, int64_t e)
 {
     split_job *s = p;
     reg_t *regs = thread_regs(s->j->k->prog.n);

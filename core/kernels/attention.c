@@ -38,7 +38,7 @@ static const float *row_of(const float *base, const int64_t *st, int64_t n, int6
 }
 
 /* rows of a (rows, d) head slice into a contiguous block, times `mul` */
-static void gather_rows(float *dst, const float *base, const int64_t *st, int64_t n, int64_t r0, int64_t rows,
+CX_HOT static void gather_rows(float *dst, const float *base, const int64_t *st, int64_t n, int64_t r0, int64_t rows,
                         int64_t h, int64_t d, float mul)
 {
     for (int64_t r = 0; r < rows; r++) {
@@ -76,7 +76,7 @@ static fwd_lane fwd_lane_at(const cx_attn_geom *g, float *base)
 
 /* One key tile [k0, k0 + cols) for a query tile at q0: scores, the online
  * softmax update of m, l and the output rows, then O += P V. */
-static void fwd_key_tile(const cx_attn_geom *g, const fwd_lane *L, int64_t q0, int64_t rows, int64_t k0, int64_t cols)
+CX_HOT static void fwd_key_tile(const cx_attn_geom *g, const fwd_lane *L, int64_t q0, int64_t rows, int64_t k0, int64_t cols)
 {
     const int64_t d = g->d;
     cx_sgemm_serial(false, true, rows, cols, d, L->q, d, L->k + k0 * d, d, 0.0f, L->p, BK);
@@ -97,7 +97,7 @@ static void fwd_key_tile(const cx_attn_geom *g, const fwd_lane *L, int64_t q0, i
     cx_sgemm_serial(false, false, rows, d, cols, L->p, BK, L->v + k0 * d, d, 1.0f, L->o, d);
 }
 
-static void fwd_head(const cx_attn_geom *g, const fwd_lane *L, float *out, const float *q, const float *k,
+CX_HOT static void fwd_head(const cx_attn_geom *g, const fwd_lane *L, float *out, const float *q, const float *k,
                      const float *v, int64_t n, int64_t h)
 {
     const int64_t d = g->d;
@@ -214,7 +214,7 @@ static bwd_lane bwd_lane_at(const cx_attn_geom *g, float *base)
 
 /* The log-sum-exp of each query row's visible scores (the forward's
  * softmax denominator), recomputed tile by tile. */
-static void row_lse(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, int64_t rows, int64_t kend)
+CX_HOT static void row_lse(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, int64_t rows, int64_t kend)
 {
     float m[BQ], l[BQ];
     for (int64_t i = 0; i < rows; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
@@ -237,7 +237,7 @@ static void row_lse(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, int64_
 
 /* One key tile of a query tile: P from the log-sum-exp, then
  * dV += P^T dO, dP = dO V^T, dS = P (dP - delta), dQ += dS K, dK += dS^T Q. */
-static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, int64_t rows, int64_t k0, int64_t cols)
+CX_HOT static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, int64_t rows, int64_t k0, int64_t cols)
 {
     const int64_t d = g->d;
     cx_sgemm_serial(false, true, rows, cols, d, L->q, d, L->k + k0 * d, d, 0.0f, L->p, BK);
@@ -260,7 +260,7 @@ static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_t q0, i
 }
 
 /* The packed gradient: dq (n, t, h, d), then dk and dv (n, s, h, d). */
-static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h)
+CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h)
 {
     const cx_attn_geom *g = j->g;
     const int64_t d = g->d;

@@ -90,7 +90,7 @@ typedef struct {
     int64_t o, p;
 } bias_relu_job;
 
-static void bias_relu_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void bias_relu_range(void *ctx, int64_t begin, int64_t end)
 {
     const bias_relu_job *j = ctx;
     for (int64_t t = begin; t < end; t++) bias_relu_row(j->y + t * j->p, j->p, j->bias, t % j->o, j->relu);
@@ -305,7 +305,7 @@ static void col2im_segment(float *dst, const float *src, const cx_conv_geom *g, 
 
 /* One task = one (k, image) row segment of P floats, so the rows of a
  * chunk are written front to back without sharing cache lines much. */
-static void im2col_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void im2col_range(void *ctx, int64_t begin, int64_t end)
 {
     const im2col_job *j = ctx;
     const cx_conv_geom *g = j->g;
@@ -320,7 +320,7 @@ static void im2col_range(void *ctx, int64_t begin, int64_t end)
 
 /* One task = one (image, channel) plane of dx, so every dx element is
  * summed by one thread in a fixed order (deterministic, no atomics). */
-static void col2im_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void col2im_range(void *ctx, int64_t begin, int64_t end)
 {
     const im2col_job *j = ctx;
     const cx_conv_geom *g = j->g;
@@ -436,7 +436,7 @@ typedef struct {
 
 /* y[n, o, :] = sum_k w[o, k] * col[g*kg + k, n*P : n*P + P]; one task per
  * (image, output channel) row. */
-static void thin_fwd_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void thin_fwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const thin_job *j = ctx;
     const int64_t o_n = j->g->o, p = j->pl->p, kg = j->pl->kg, ld = j->cn * p;
@@ -449,7 +449,7 @@ static void thin_fwd_range(void *ctx, int64_t begin, int64_t end)
 
 /* dcol[row, n*P : n*P + P] = sum_{o in group} w[o, k] * dy[n, o, :], with
  * row = g*kg + k; one task per (image, row). */
-static void thin_bwd_input_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void thin_bwd_input_range(void *ctx, int64_t begin, int64_t end)
 {
     const thin_job *j = ctx;
     const int64_t k_n = j->pl->k, p = j->pl->p, kg = j->pl->kg, og = j->pl->og, ld = j->cn * p;
@@ -469,7 +469,7 @@ static void thin_bwd_input_range(void *ctx, int64_t begin, int64_t end)
  * block is loaded once for all of them (the column matrix is re-read per
  * task, from L2 at best). Vector lane sums keep the reduction order fixed
  * (deterministic whatever the thread count). */
-static void thin_bwd_weight_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void thin_bwd_weight_range(void *ctx, int64_t begin, int64_t end)
 {
     const thin_job *j = ctx;
     const int64_t p = j->pl->p, kg = j->pl->kg, og = j->pl->og, ld = j->cn * p, pv = p / 8 * 8;
@@ -707,7 +707,7 @@ typedef struct {
     const float *mask;
 } posmask_job;
 
-static void posmask_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void posmask_range(void *ctx, int64_t begin, int64_t end)
 {
     const posmask_job *j = ctx;
     for (int64_t i = begin; i < end; i++) j->dx[i] = j->mask[i] > 0 ? j->dx[i] : 0.0f;

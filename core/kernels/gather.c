@@ -22,7 +22,7 @@ typedef struct {
 } gather_job;
 
 /* One task = one (o, i) row of `inner` elements. */
-static void gather_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void gather_range(void *ctx, int64_t begin, int64_t end)
 {
     gather_job *j = ctx;
     int64_t bad = 0;
@@ -59,7 +59,7 @@ int64_t cx_gather_f32(float *out, const float *src, const int64_t *index,
 /* One task = one (o, column block): it walks i in increasing order for its
  * columns only, so every out element receives its additions from a single
  * thread in index order, whatever the thread count (deterministic). */
-static void scatter_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void scatter_range(void *ctx, int64_t begin, int64_t end)
 {
     gather_job *j = ctx;
     int64_t bad = 0;

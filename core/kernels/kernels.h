@@ -11,6 +11,17 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* CX_HOT marks the element loops: each is compiled for x86-64-v4 (AVX-512),
+ * x86-64-v3 (AVX2, FMA) and the x86-64 baseline, and the loader picks the
+ * variant the CPU runs (an ifunc), so one build runs at full speed on every
+ * node of a cluster. OpenBLAS dispatches its own kernels the same way. A
+ * -DCX_NATIVE=ON build targets the build machine alone instead. */
+#if defined(CX_NATIVE_BUILD) || !defined(__x86_64__) || !defined(__GNUC__)
+#define CX_HOT
+#else
+#define CX_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+
 typedef struct {
     int64_t n, c, h, w;        /* input  (N, C, H, W) */
     int64_t o, kh, kw;         /* weight (O, C/groups, KH, KW) */

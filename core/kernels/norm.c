@@ -29,7 +29,7 @@ static void row_stats(const float *x, int64_t c, float eps, float *mean, float *
     *rstd = 1.0f / sqrtf(v / (float)c + eps);
 }
 
-static void fwd_rows(void *p, int64_t r0, int64_t r1)
+CX_HOT static void fwd_rows(void *p, int64_t r0, int64_t r1)
 {
     const norm_job *j = p;
     for (int64_t r = r0; r < r1; r++) {
@@ -55,7 +55,7 @@ size_t cx_layer_norm_bwd_scratch_bytes(int64_t rows, int64_t c)
 }
 
 /* One block of rows: dx, and its partial dw and db. */
-static void bwd_block(const norm_job *j, int64_t blk)
+CX_HOT static void bwd_block(const norm_job *j, int64_t blk)
 {
     const int64_t c = j->c, r1 = (blk + 1) * ROW_BLOCK < j->rows ? (blk + 1) * ROW_BLOCK : j->rows;
     float *dw = j->part + blk * 2 * c, *db = dw + c;

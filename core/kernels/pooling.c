@@ -142,7 +142,7 @@ static inline void max_interior(const cx_pool_geom *g, const float *plane, int64
 }
 
 /* val/arg for output row oh, columns [c0, c1) (c1 - c0 <= POOL_BLOCK). */
-static void max_block(const cx_pool_geom *g, const float *plane, int64_t oh, int64_t c0, int64_t c1,
+CX_HOT static void max_block(const cx_pool_geom *g, const float *plane, int64_t oh, int64_t c0, int64_t c1,
                       int64_t in_lo, int64_t in_hi, float *val, int64_t *arg)
 {
     int64_t a = c0 > in_lo ? c0 : in_lo, b = c1 < in_hi ? c1 : in_hi;
@@ -282,7 +282,7 @@ static void max2x2_bwd_plane(float *restrict dx, const float *restrict x, const 
     if (2 * g->oh < g->h) memset(dx + 2 * g->oh * w, 0, sizeof(float) * (size_t)((g->h - 2 * g->oh) * w));
 }
 
-static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pool_job *j = ctx;
     const cx_pool_geom *g = j->g;
@@ -309,7 +309,7 @@ static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
 
 /* Gradients are added in output order (oh, ow), as the reference does;
  * overlapping windows therefore sum in a fixed order. */
-static void max_bwd_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void max_bwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pool_job *j = ctx;
     const cx_pool_geom *g = j->g;
@@ -366,7 +366,7 @@ static float avg_window(const cx_pool_geom *g, const float *plane, int64_t oh, i
     return s * inv;
 }
 
-static void avg_fwd_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void avg_fwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pool_job *j = ctx;
     const cx_pool_geom *g = j->g;
@@ -394,7 +394,7 @@ static void avg_fwd_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-static void avg_bwd_range(void *ctx, int64_t begin, int64_t end)
+CX_HOT static void avg_bwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pool_job *j = ctx;
     const cx_pool_geom *g = j->g;

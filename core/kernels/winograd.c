@@ -119,7 +119,7 @@ size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir)
 /* U[xi][o][c] = (G g G^T)[xi] for the 3x3 kernel g of (o, c); for the
  * input gradient the kernel is w[o][c] rotated by 180 degrees and stored
  * at (c, o). */
-static void transform_weights(float *u, const float *w, int64_t o_n, int64_t c_n, bool flip)
+CX_HOT static void transform_weights(float *u, const float *w, int64_t o_n, int64_t c_n, bool flip)
 {
     const int64_t plane = xi_stride(o_n * c_n);
     for (int64_t o = 0; o < o_n; o++)
@@ -200,7 +200,7 @@ typedef int32_t i4v __attribute__((vector_size(16)));
  * reads input rows 2i - pad .. 2i - pad + 3 and columns 2j - pad ..; the
  * block's rows are read in place when no padding is involved, else from
  * a zero-padded copy in `rows` ((2 (i1 - i0) + 2) x (2 tw + 2) floats). */
-static void transform_input(float *v, float *rows, const float *x, const wino_shape *s, int64_t i0, int64_t i1)
+CX_HOT static void transform_input(float *v, float *rows, const float *x, const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw, wp = 2 * tw + 2;
     const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
@@ -300,7 +300,7 @@ static inline float epilogue1(float v, float b, bool relu, const float *pm, int6
 
 /* y[o][2i + a][2j + b] = (A^T M A)[a][b] (+ bias[o], relu, posmask) for
  * the block's tiles, clipped to the output plane. */
-static void transform_output(float *y, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
+CX_HOT static void transform_output(float *y, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
                              const float *bias, bool relu, const float *posmask)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
@@ -354,7 +354,7 @@ static void transform_output(float *y, const float *m, const wino_shape *s, int6
 /* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow) in
  * tile rows [i0, i1); outputs past the plane count as 0 (`zero` holds ow
  * zeros for a missing second row). */
-static void transform_grad(float *z, const float *zero, const float *dy, const wino_shape *s, int64_t i0, int64_t i1)
+CX_HOT static void transform_grad(float *z, const float *zero, const float *dy, const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
     for (int64_t o = 0; o < s->cout; o++) {
@@ -414,7 +414,7 @@ static void block_channels_last(float *restrict xt, const float *restrict x, con
 /* Vt[xi][t][c] = (B^T d B)[xi]: the transposed layout, so that the weight
  * gradient's products are plain (O, T) @ (T, C) ones (a transposed
  * operand costs OpenBLAS twice the time at these sizes). */
-static void transform_input_cl(float *vt, const float *xt, const wino_shape *s, int64_t i0, int64_t i1)
+CX_HOT static void transform_input_cl(float *vt, const float *xt, const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t tw = s->tw, cin = s->cin, wp = 2 * tw + 2, tb = (i1 - i0) * tw, xs = xi_stride(tb * cin);
     const int64_t rs = wp * cin;
