@@ -60,6 +60,8 @@ int cx_capture_input_ordinal(const cx_capture *cp, const cx_node *x)
 
 static uint64_t str_word(const char *s) { return cx_hash64(s, strlen(s)); }
 
+enum { KEY_THREADS_WORD = 3 };
+
 /* Every field of a node that changes what the graph computes, written at w;
  * a node that already holds its value (eager debug mode) is keyed as the
  * data leaf it becomes. @return the words written (at most node_words). */
@@ -90,6 +92,7 @@ bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *
     w[n++] = str_word(CX_VERSION_STRING);
     w[n++] = str_word(CX_COMPILE_FLAGS);
     w[n++] = str_word(cx_compile_options());
+    CX_ASSERT(n == KEY_THREADS_WORD);
     w[n++] = (uint64_t)cx_get_num_threads();   /* conv scratch has one tile buffer per thread */
     for (int i = 0; i < cp->n; i++) n += put_node(w + n, cp->nodes[i]);
     w[n++] = (uint64_t)cp->n_inputs;
@@ -102,8 +105,18 @@ bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *
         w[n++] = (uint64_t)(int64_t)out_alias[o];
     }
     CX_ASSERT(n <= need);
+    cp->nwords = n;
     *key = cx_hash128(w, sizeof *w * (size_t)n);
     return true;
+}
+
+cx_key128 cx_capture_shared_key(cx_capture *cp)
+{
+    uint64_t threads = cp->words[KEY_THREADS_WORD];
+    cp->words[KEY_THREADS_WORD] = 0;
+    cx_key128 k = cx_hash128(cp->words, sizeof *cp->words * (size_t)cp->nwords);
+    cp->words[KEY_THREADS_WORD] = threads;
+    return k;
 }
 
 /* ---- the compiler's graph ------------------------------------------------------------------ */

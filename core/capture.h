@@ -16,7 +16,7 @@ typedef struct {
     cx_node **rts;           /* runtime scalars */
     int n_rts, rt_cap;
     uint64_t *words;         /* the key's material */
-    int wcap;
+    int nwords, wcap;
 } cx_capture;
 
 /* The graph below the outputs, inputs before their users; data leaves get
@@ -33,6 +33,10 @@ int cx_capture_input_ordinal(const cx_capture *cp, const cx_node *x);
  * compile flags and options, and the thread count. Buffer contents never
  * enter it. @return false when out of memory. */
 bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *out_alias, cx_key128 *key);
+
+/* The key of the last cx_capture_key without the thread count (the only
+ * word that may differ between ranks running the same graph). */
+cx_key128 cx_capture_shared_key(cx_capture *cp);
 
 /* The compiler's view of the capture. @return false when out of memory;
  * release with cx_graph_release either way. */

@@ -680,8 +680,6 @@ static void block_permute(char *dst, const char *src, int64_t outer, int64_t g, 
         }
 }
 
-extern const int *cx_groups_lookup(int64_t id, int rank, int *size);
-
 static cx_status run_coll(const run_ctx *rc, const cx_kernel *k, void **req_out, bool now)
 {
     const cx_comm_backend *be = cx_comm_get();
@@ -892,7 +890,12 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
      * a collective's event spans its start to the end of its wait */
     double *coll_t0 = (cx_obs_get() & OBS_TRACE) ? calloc((size_t)e->nkernels + 1, sizeof(double)) : NULL;
     int outstanding = 0;   /* collectives started and not yet waited for */
+    bool checked = false;  /* the desync check runs before the first collective */
     for (int ki = 0; ki < e->nkernels && st == CX_OK; ki++) {
+        if (!checked && e->kernels[ki].kind == K_COLL) {
+            checked = true;
+            if ((st = cx_desync_check_graph(e)) != CX_OK) break;
+        }
         /* wait for collectives whose result this kernel needs */
         for (int j = 0; outstanding && j < ki; j++)
             if (reqs[j] && e->kernels[j].wait_at <= ki) {

@@ -120,6 +120,9 @@ typedef struct {
 
 typedef struct cx_executable {
     uint64_t key_hi, key_lo;
+    /* the key without this process's thread count: the same on every rank
+     * running the same graph (desync.c compares it) */
+    uint64_t shared_hi, shared_lo;
     int n_inputs, n_rts, n_outputs;
     uint8_t *out_dtypes;
     int64_t *out_bytes;
@@ -174,6 +177,12 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
 void cx_kernel_conv_geom(const cx_kernel *k, cx_conv_geom *g);
 void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g);
 void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g);
+
+/* Desync detection (desync.c): before a graph's first collective, every
+ * rank compares what it is about to run with every other rank. @return
+ * CX_OK, or CX_ERR_COMM with a message naming the ranks that differ and
+ * what each would run (on every rank alike). */
+cx_status cx_desync_check_graph(const cx_executable *e);
 
 /* Shared arena for intermediates (grows; counted as device memory). */
 void *cx_arena_get(int64_t bytes);

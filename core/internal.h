@@ -240,6 +240,8 @@ typedef struct {
     int no_grad;             /* open no_grad regions */
     int remat_depth;         /* open remat regions ... */
     uint64_t remat_region;   /* ... and the tag their nodes carry */
+    const char *site_file;   /* the user's line that syncs (cx_sync_at & co.), or NULL */
+    int site_line;
 } cx_record_ctx;
 
 cx_record_ctx *cx_record(void);
@@ -249,6 +251,11 @@ uint64_t cx_remat_region(void);
 /* ---- comm backend (registered by parallel/) --------------------------------------- */
 
 const cx_comm_backend *cx_comm_get(void);
+/* The replica group `rank` is in, for interned group id `id` (0: all
+ * ranks): its ranks in order (*size of them), or NULL. */
+const int *cx_groups_lookup(int64_t id, int rank, int *size);
+/* The whole group list of `id`. @return 0 when id is 0 or unknown. */
+int cx_groups_describe(int64_t id, int *ngroups, int *group_size, const int **ranks);
 
 /* ---- bf16: util/cx_bf16.h (the public cx_bf16_to_f32 & co. wrap it) ---- */
 #include "cx_bf16.h"

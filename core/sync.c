@@ -130,6 +130,9 @@ static cx_status compile_graph(sync_job *j)
     if (!j->e) return CX_ERR_STATE;
     j->e->key_hi = j->key.hi;
     j->e->key_lo = j->key.lo;
+    cx_key128 shared = cx_capture_shared_key(j->cp);
+    j->e->shared_hi = shared.hi;
+    j->e->shared_lo = shared.lo;
     cx_exec_cache_insert(j->e);
     cx_counter_add("UncachedCompile", 1);
     double t1 = cx_now();

@@ -11,33 +11,31 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 
-static _Thread_local const char *t_site_file;
-static _Thread_local int t_site_line;
 
 cx_status cx_sync_at(const char *file, int line)
 {
-    t_site_file = file;
-    t_site_line = line;
+    cx_record()->site_file = file;
+    cx_record()->site_line = line;
     cx_status st = cx_sync();
-    t_site_file = NULL;
+    cx_record()->site_file = NULL;
     return st;
 }
 
 cx_status cx_step_end_at(const char *file, int line)
 {
-    t_site_file = file;
-    t_site_line = line;
+    cx_record()->site_file = file;
+    cx_record()->site_line = line;
     cx_status st = cx_step_end();
-    t_site_file = NULL;
+    cx_record()->site_file = NULL;
     return st;
 }
 
 double cx_item_at(cx_tensor *t, const char *file, int line)
 {
-    t_site_file = file;
-    t_site_line = line;
+    cx_record()->site_file = file;
+    cx_record()->site_line = line;
     double v = cx_item(t);
-    t_site_file = NULL;
+    cx_record()->site_file = NULL;
     return v;
 }
 
@@ -81,7 +79,8 @@ static void dbg_close(FILE *f, bool close_it)
 
 static void print_frames(FILE *f, const char *prefix, const char *api)
 {
-    if (t_site_file) fprintf(f, "%s   %s (%s:%d)\n", prefix, api, t_site_file, t_site_line);
+    const cx_record_ctx *rec = cx_record();
+    if (rec->site_file) fprintf(f, "%s   %s (%s:%d)\n", prefix, api, rec->site_file, rec->site_line);
     void *pcs[32];
     int n = backtrace(pcs, 32);
     /* skip the frames above the library (backtrace's own) and the library's

@@ -38,8 +38,8 @@
 #include "cx_hash.h"
 
 #define CXE_MAGIC "CXEXEC01"
-#define CXE_FORMAT 3   /* 2: kernels carry how their epilogue runs (epi); 3: named attributes
-                        * (nattrs, coll_op), XXH3 checksums */
+#define CXE_FORMAT 4   /* 2: kernels carry how their epilogue runs (epi); 3: named attributes
+                        * (nattrs, coll_op), XXH3 checksums; 4: the shared key */
 #define CXE_MAX_FILE ((int64_t)1 << 30)
 #define CXE_MAX_COUNT (1 << 24)
 
@@ -182,7 +182,8 @@ static void w_i64(wbuf *w, int64_t v) { w_put(w, &v, sizeof v); }
 static void serialize(wbuf *w, const cx_executable *e)
 {
     int64_t hdr[] = { e->n_inputs, e->n_rts, e->n_outputs, e->nslots, e->nkernels, e->num_nodes, e->num_work_kernels,
-                      e->num_aliased, e->arena_bytes, e->intermediate_bytes };
+                      e->num_aliased, e->arena_bytes, e->intermediate_bytes, (int64_t)e->shared_hi,
+                      (int64_t)e->shared_lo };
     for (size_t i = 0; i < sizeof hdr / sizeof *hdr; i++) w_i64(w, hdr[i]);
     w_put(w, e->out_dtypes, (size_t)e->n_outputs);
     w_put(w, e->out_bytes, sizeof(int64_t) * (size_t)e->n_outputs);
@@ -419,13 +420,14 @@ static cx_executable *deserialize(const unsigned char *p, size_t n)
     rbuf r = { p, n, 0, false };
     cx_executable *e = calloc(1, sizeof *e);
     if (!e) return NULL;
-    int64_t h[10] = { 0 };
+    int64_t h[12] = { 0 };
     r_get(&r, h, sizeof h);
     for (int i = 0; i < 8 && !r.bad; i++) if (h[i] < 0 || h[i] > CXE_MAX_COUNT) r.bad = true;
     if (!r.bad) {
         e->n_inputs = (int)h[0]; e->n_rts = (int)h[1]; e->n_outputs = (int)h[2]; e->nslots = (int)h[3];
         e->num_nodes = (int)h[5]; e->num_work_kernels = (int)h[6]; e->num_aliased = (int)h[7];
         e->arena_bytes = h[8]; e->intermediate_bytes = h[9];
+        e->shared_hi = (uint64_t)h[10]; e->shared_lo = (uint64_t)h[11];
         e->out_dtypes = r_array(&r, h[2], 1);
         e->out_bytes = r_array(&r, h[2], sizeof(int64_t));
         e->out_alias = r_array(&r, h[2], sizeof(int));

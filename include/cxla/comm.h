@@ -62,6 +62,19 @@ CX_API void cx_comm_register(const cx_comm_backend *backend);
 /* Runs one collective synchronously through the registered backend. */
 CX_API cx_status cx_comm_run(const cx_comm_op *op);
 CX_API int cx_comm_world_size(void);
+
+/* Desync detection for a collective outside a graph (a barrier, a
+ * rendezvous, a mesh reduction): every rank calls it with a description of
+ * what it is about to run ("barrier 'save'") before running it; graphs do
+ * the same before their first collective by themselves. The ranks compare
+ * the descriptions' fingerprints and their collective sequence numbers in
+ * one small all-gather. Off with CX_DESYNC_CHECK=0.
+ * @return CX_OK, or CX_ERR_COMM on every rank with one message naming the
+ * ranks that differ and what each was about to run. */
+CX_API cx_status cx_comm_check(const char *what);
+/* Collectives this process has passed through the check (the sequence
+ * number in desync messages). */
+CX_API int64_t cx_comm_sequence(void);
 CX_API int cx_comm_rank(void);
 
 #ifdef __cplusplus
