@@ -1,32 +1,8 @@
-/* Modules: named parameters, buffers and children; state-dict names. */
-#include "nn_internal.h"
+/* Modules: named parameters, buffers and children, ties, forward with
+ * hooks. Full names, lists and signatures are in module_walk.c. */
+#include "module_internal.h"
 
-#include "cx_sbuf.h"
 #include "cx_vec.h"
-
-typedef struct {
-    char *name;
-    cx_tensor *t;
-} entry;
-
-typedef struct {
-    char *name;
-    cx_module *m;
-} child;
-
-struct cx_module {
-    const cx_module_type *type;
-    void *impl;
-    bool training;
-    entry *params;
-    int nparams, cap_params;
-    entry *buffers;
-    int nbuffers, cap_buffers;
-    child *children;
-    int nchildren, cap_children;
-    cx_module_hooks hooks[CX_MODULE_MAX_HOOKS];
-    int nhooks;
-};
 
 cx_status cx_nn_persist(cx_tensor *t)
 {
@@ -36,7 +12,7 @@ cx_status cx_nn_persist(cx_tensor *t)
 
 cx_module *cx_module_new(const cx_module_type *type, void *impl)
 {
-    CX_ASSERT(type && type->forward);
+    CX_ASSERT(type && (type->forward || type->forward_many));
     cx_module *m = calloc(1, sizeof *m);
     if (!m) {
         if (type->free) type->free(impl);
@@ -65,6 +41,16 @@ static bool name_taken(const cx_module *m, const char *name)
     return false;
 }
 
+/* Drops one slot's reference; the last one frees the tensor (and, for a
+ * parameter, its gradient). */
+static void cell_release(cx_param_cell *c, bool param)
+{
+    if (!c || --c->refs > 0) return;
+    if (param) cx_zero_grad(c->t);
+    cx_free(c->t);
+    free(c);
+}
+
 static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor *t, bool param)
 {
     const char *err = NULL;
@@ -78,12 +64,14 @@ static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor
         cx_free(t);
         return -1;
     }
-    entry **arr = param ? &m->params : &m->buffers;
+    cx_mod_entry **arr = param ? &m->params : &m->buffers;
     int *n = param ? &m->nparams : &m->nbuffers;
     int *cap = param ? &m->cap_params : &m->cap_buffers;
     char *copy = strdup(name);
-    if (!copy || !CX_GROW(*arr, *cap, *n + 1)) {
+    cx_param_cell *c = malloc(sizeof *c);
+    if (!copy || !c || !CX_GROW(*arr, *cap, *n + 1)) {
         free(copy);
+        free(c);
         cx_free(t);
         cx_set_last_error("%s '%s' of %s: out of memory", what, name, cx_module_type_name(m));
         return -1;
@@ -91,11 +79,13 @@ static int add_entry(cx_module *m, const char *what, const char *name, cx_tensor
     cx_status st = cx_nn_persist(t);
     if (st != CX_OK) {
         free(copy);
+        free(c);
         cx_free(t);
         return -1;
     }
     if (param) cx_requires_grad(t, true);
-    (*arr)[*n] = (entry){ copy, t };
+    *c = (cx_param_cell){ t, 1 };
+    (*arr)[*n] = (cx_mod_entry){ copy, c };
     return (*n)++;
 }
 
@@ -128,20 +118,20 @@ int cx_module_add_child(cx_module *m, const char *name, cx_module *c)
         return -1;
     }
     c->training = m->training;
-    m->children[m->nchildren] = (child){ copy, c };
+    m->children[m->nchildren] = (cx_mod_child){ copy, c };
     return m->nchildren++;
 }
 
 cx_tensor *cx_module_param(const cx_module *m, int slot)
 {
     CX_ASSERT(slot >= 0 && slot < m->nparams);
-    return m->params[slot].t;
+    return m->params[slot].c->t;
 }
 
 cx_tensor *cx_module_buffer(const cx_module *m, int slot)
 {
     CX_ASSERT(slot >= 0 && slot < m->nbuffers);
-    return m->buffers[slot].t;
+    return m->buffers[slot].c->t;
 }
 
 cx_module *cx_module_child(const cx_module *m, int slot)
@@ -152,29 +142,193 @@ cx_module *cx_module_child(const cx_module *m, int slot)
 
 int cx_module_num_children(const cx_module *m) { return m->nchildren; }
 
+/* Through the cell: every slot a tied parameter has sees the new tensor. */
+static void cell_set(cx_param_cell *c, cx_tensor *t)
+{
+    if (c->t != t) cx_free(c->t);
+    c->t = t;
+}
+
 void cx_module_set_param(cx_module *m, int slot, cx_tensor *t)
 {
     CX_ASSERT(slot >= 0 && slot < m->nparams && t);
-    if (m->params[slot].t != t) cx_free(m->params[slot].t);
-    m->params[slot].t = t;
+    cell_set(m->params[slot].c, t);
 }
 
 void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t)
 {
     CX_ASSERT(slot >= 0 && slot < m->nbuffers && t);
-    if (m->buffers[slot].t != t) cx_free(m->buffers[slot].t);
-    m->buffers[slot].t = t;
+    cell_set(m->buffers[slot].c, t);
+}
+
+/* ---- ties -------------------------------------------------------------------- */
+
+cx_module *cx_module_find(cx_module *m, const char *path)
+{
+    while (m && path && *path) {
+        const char *dot = strchr(path, '.');
+        size_t len = dot ? (size_t)(dot - path) : strlen(path);
+        cx_module *next = NULL;
+        for (int i = 0; i < m->nchildren; i++) {
+            if (strlen(m->children[i].name) == len && !strncmp(m->children[i].name, path, len)) {
+                next = m->children[i].m;
+                break;
+            }
+        }
+        m = next;
+        path = dot ? dot + 1 : path + len;
+    }
+    return m;
+}
+
+cx_module *cx_mod_owner(const cx_module *m, const char *key, const char **leaf)
+{
+    if (!m || !key) return NULL;
+    const char *dot = strrchr(key, '.');
+    *leaf = dot ? dot + 1 : key;
+    if (!dot) return (cx_module *)m;
+    char path[512];
+    size_t len = (size_t)(dot - key);
+    if (len >= sizeof path) return NULL;
+    memcpy(path, key, len);
+    path[len] = '\0';
+    return cx_module_find((cx_module *)m, path);
+}
+
+cx_mod_entry *cx_mod_lookup(const cx_module *m, const char *key, bool *param)
+{
+    const char *leaf;
+    cx_module *owner = cx_mod_owner(m, key, &leaf);
+    if (!owner) return NULL;
+    for (int i = 0; i < owner->nparams; i++)
+        if (!strcmp(owner->params[i].name, leaf)) { *param = true; return &owner->params[i]; }
+    for (int i = 0; i < owner->nbuffers; i++)
+        if (!strcmp(owner->buffers[i].name, leaf)) { *param = false; return &owner->buffers[i]; }
+    return NULL;
+}
+
+static bool same_layout(const cx_tensor *a, const cx_tensor *b)
+{
+    return cx_dtype_of(a) == cx_dtype_of(b) && cx_ndim(a) == cx_ndim(b) &&
+           !memcmp(cx_shape(a), cx_shape(b), sizeof(int64_t) * (size_t)cx_ndim(a));
+}
+
+/* "f32 (3, 4)", for messages. */
+static const char *layout_str(const cx_tensor *t, char *out, size_t cap)
+{
+    size_t o = (size_t)snprintf(out, cap, "%s (", cx_dtype_name(cx_dtype_of(t)));
+    for (int d = 0; d < cx_ndim(t) && o < cap; d++)
+        o += (size_t)snprintf(out + o, cap - o, d ? ", %lld" : "%lld", (long long)cx_dim(t, d));
+    if (o < cap) snprintf(out + o, cap - o, ")");
+    return out;
+}
+
+/* Points `dst` (a new or existing parameter slot of `owner`) at `c`. */
+static cx_status tie_slot(cx_module *owner, const char *leaf, cx_param_cell *c, const char *key, const char *src)
+{
+    for (int i = 0; i < owner->nparams; i++) {
+        cx_mod_entry *e = &owner->params[i];
+        if (strcmp(e->name, leaf)) continue;
+        if (e->c == c) return CX_OK;
+        if (!same_layout(e->c->t, c->t)) {
+            char a[160], b[160];
+            cx_set_last_error("cx_module_tie: %s is %s, %s is %s", key, layout_str(e->c->t, a, sizeof a), src,
+                              layout_str(c->t, b, sizeof b));
+            return CX_ERR_SHAPE;
+        }
+        c->refs++;
+        cell_release(e->c, true);
+        e->c = c;
+        return CX_OK;
+    }
+    if (name_taken(owner, leaf) || !valid_name(leaf)) {
+        cx_set_last_error("cx_module_tie: %s names a buffer, a child or nothing valid in %s", key,
+                          cx_module_type_name(owner));
+        return CX_ERR_ARG;
+    }
+    char *copy = strdup(leaf);
+    if (!copy || !CX_GROW(owner->params, owner->cap_params, owner->nparams + 1)) {
+        free(copy);
+        cx_set_last_error("cx_module_tie: out of memory tying %s", key);
+        return CX_ERR_OOM;
+    }
+    c->refs++;
+    owner->params[owner->nparams++] = (cx_mod_entry){ copy, c };
+    return CX_OK;
+}
+
+cx_status cx_module_tie(cx_module *m, const char *key, const char *source_key)
+{
+    if (!m || !key || !source_key) {
+        cx_set_last_error("cx_module_tie: NULL argument");
+        return CX_ERR_ARG;
+    }
+    bool param = false;
+    cx_mod_entry *src = cx_mod_lookup(m, source_key, &param);
+    if (!src || !param) {
+        cx_set_last_error("cx_module_tie: %s has no parameter %s to tie %s to", cx_module_type_name(m), source_key,
+                          key);
+        return CX_ERR_ARG;
+    }
+    const char *leaf;
+    cx_module *owner = cx_mod_owner(m, key, &leaf);
+    if (!owner) {
+        cx_set_last_error("cx_module_tie: %s has no module to hold %s", cx_module_type_name(m), key);
+        return CX_ERR_ARG;
+    }
+    /* the cell, not the entry: growing the owner's slots may move entries */
+    return tie_slot(owner, leaf, src->c, key, source_key);
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
+/* Pre hooks in registration order, the forward, post hooks in reverse (they
+ * nest), for one input and output or many. */
+static int run_forward(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out)
+{
+    for (int i = 0; i < m->nhooks; i++) if (m->hooks[i].pre) m->hooks[i].pre(m, m->hooks[i].ctx);
+    int k;
+    /* `forward` is the one-in/one-out path whenever the type has it */
+    if (m->type->forward && (!m->type->forward_many || (n_in == 1 && max_out == 1))) {
+        out[0] = m->type->forward(m, in[0]);
+        k = 1;
+    } else {
+        k = m->type->forward_many(m, in, n_in, out, max_out);
+        /* writing past max_out is a bug of the module type, not the caller */
+        CX_ASSERT(k <= max_out);
+    }
+    for (int i = m->nhooks - 1; i >= 0; i--) if (m->hooks[i].post) m->hooks[i].post(m, m->hooks[i].ctx);
+    return k;
 }
 
 cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x)
 {
     if (!m) return cx_poisoned("cx_module_forward: module is NULL");
-    /* pre hooks in registration order, post hooks in reverse: they nest */
-    for (int i = 0; i < m->nhooks; i++) if (m->hooks[i].pre) m->hooks[i].pre(m, m->hooks[i].ctx);
-    cx_tensor *y = m->type->forward(m, x);
-    for (int i = m->nhooks - 1; i >= 0; i--) if (m->hooks[i].post) m->hooks[i].post(m, m->hooks[i].ctx);
-    return y;
+    cx_tensor *y = NULL;
+    int k = run_forward(m, &x, 1, &y, 1);
+    if (k == 1) return y;
+    if (k == 0) return cx_poisoned("cx_module_forward: %s produced no output for one input", m->type->name);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", cx_last_error());
+    return cx_poisoned("cx_module_forward: %s", msg);
 }
+
+int cx_module_forward_many(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out)
+{
+    const char *err = NULL;
+    if (!m) err = "module is NULL";
+    else if (n_in < 0 || max_out < 0 || (n_in > 0 && !in) || (max_out > 0 && !out)) err = "bad input or output list";
+    else if (!m->type->forward_many && (n_in != 1 || max_out < 1)) err = "takes one input and gives one output";
+    if (err) {
+        cx_set_last_error("cx_module_forward_many: %s: %s (%d inputs, room for %d outputs)", cx_module_type_name(m),
+                          err, n_in, max_out);
+        return -1;
+    }
+    for (int i = 0; i < max_out; i++) out[i] = NULL;
+    return run_forward(m, in, n_in, out, max_out);
+}
+
+/* ---- hooks, names, modes, lifetime ------------------------------------------------ */
 
 int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h)
 {
@@ -229,12 +383,11 @@ void cx_module_free(cx_module *m)
         free(m->children[i].name);
     }
     for (int i = 0; i < m->nparams; i++) {
-        cx_zero_grad(m->params[i].t);
-        cx_free(m->params[i].t);
+        cell_release(m->params[i].c, true);
         free(m->params[i].name);
     }
     for (int i = 0; i < m->nbuffers; i++) {
-        cx_free(m->buffers[i].t);
+        cell_release(m->buffers[i].c, false);
         free(m->buffers[i].name);
     }
     if (m->type->free) m->type->free(m->impl);
@@ -242,198 +395,6 @@ void cx_module_free(cx_module *m)
     free(m->params);
     free(m->buffers);
     free(m);
-}
-
-/* ---- walking the tree ------------------------------------------------------ */
-
-enum { WANT_PARAMS = 1, WANT_BUFFERS = 2 };
-
-/* Visits entries in state-dict order; `visit` gets the full-name prefix of
- * the entry's module ("" or "a.b.", NUL-terminated at plen), the entry, and
- * whether it is a parameter. */
-typedef void (*visit_fn)(void *ctx, const char *prefix, size_t plen, const entry *e, bool param);
-
-static bool walk_from(const cx_module *m, int want, cx_sbuf *prefix, visit_fn visit, void *ctx)
-{
-    size_t plen = prefix->n;
-    if (want & WANT_PARAMS)
-        for (int i = 0; i < m->nparams; i++) visit(ctx, prefix->s, plen, &m->params[i], true);
-    if (want & WANT_BUFFERS)
-        for (int i = 0; i < m->nbuffers; i++) visit(ctx, prefix->s, plen, &m->buffers[i], false);
-    for (int i = 0; i < m->nchildren; i++) {
-        cx_sb_printf(prefix, "%s.", m->children[i].name);
-        if (prefix->oom) return false;
-        bool ok = walk_from(m->children[i].m, want, prefix, visit, ctx);
-        /* back to this module's prefix for the next child */
-        prefix->n = plen;
-        prefix->s[plen] = '\0';
-        if (!ok) return false;
-    }
-    return true;
-}
-
-/* @return false when out of memory (the prefix could not grow). */
-static bool walk(const cx_module *m, int want, visit_fn visit, void *ctx)
-{
-    cx_sbuf prefix = { 0 };
-    cx_sb_append(&prefix, "", 0);   /* the root's prefix: "", never a NULL string */
-    bool ok = !prefix.oom && walk_from(m, want, &prefix, visit, ctx);
-    free(cx_sb_finish(&prefix));
-    return ok;
-}
-
-typedef struct {
-    int n;
-    size_t chars;
-    cx_named_tensor *out;
-    char *names;
-} collect_ctx;
-
-static void count_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
-{
-    (void)prefix; (void)param;
-    collect_ctx *c = ctx;
-    c->n++;
-    c->chars += plen + strlen(e->name) + 1;
-}
-
-static void fill_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
-{
-    (void)param;
-    collect_ctx *c = ctx;
-    size_t nl = strlen(e->name);
-    memcpy(c->names, prefix, plen);
-    memcpy(c->names + plen, e->name, nl + 1);
-    c->out[c->n++] = (cx_named_tensor){ c->names, e->t };
-    c->names += plen + nl + 1;
-}
-
-static cx_named_tensor *collect(const cx_module *m, int want, int *n, const char *what)
-{
-    *n = 0;
-    collect_ctx c = { 0 };
-    if (!walk(m, want, count_visit, &c)) goto oom;
-    /* One block: the array, then the names it points into. */
-    size_t head = (size_t)(c.n ? c.n : 1) * sizeof(cx_named_tensor);
-    char *block = malloc(head + c.chars + 1);
-    if (!block) goto oom;
-    collect_ctx f = { .out = (cx_named_tensor *)block, .names = block + head };
-    if (!walk(m, want, fill_visit, &f)) { free(block); goto oom; }
-    *n = f.n;
-    return f.out;
-oom:
-    cx_set_last_error("%s of %s: out of memory", what, cx_module_type_name(m));
-    return NULL;
-}
-
-cx_named_tensor *cx_module_parameters(const cx_module *m, int *n)
-{
-    return collect(m, WANT_PARAMS, n, "cx_module_parameters");
-}
-
-cx_named_tensor *cx_module_buffers(const cx_module *m, int *n)
-{
-    return collect(m, WANT_BUFFERS, n, "cx_module_buffers");
-}
-
-cx_named_tensor *cx_module_state_dict(const cx_module *m, int *n)
-{
-    return collect(m, WANT_PARAMS | WANT_BUFFERS, n, "cx_module_state_dict");
-}
-
-cx_module *cx_module_find(cx_module *m, const char *path)
-{
-    while (m && path && *path) {
-        const char *dot = strchr(path, '.');
-        size_t len = dot ? (size_t)(dot - path) : strlen(path);
-        cx_module *next = NULL;
-        for (int i = 0; i < m->nchildren; i++) {
-            if (strlen(m->children[i].name) == len && !strncmp(m->children[i].name, path, len)) {
-                next = m->children[i].m;
-                break;
-            }
-        }
-        m = next;
-        path = dot ? dot + 1 : path + len;
-    }
-    return m;
-}
-
-cx_tensor *cx_module_get(const cx_module *m, const char *key)
-{
-    if (!m || !key) return NULL;
-    const char *dot = strrchr(key, '.');
-    const cx_module *owner = m;
-    const char *leaf = key;
-    if (dot) {
-        char path[512];
-        size_t len = (size_t)(dot - key);
-        if (len >= sizeof path) return NULL;
-        memcpy(path, key, len);
-        path[len] = '\0';
-        owner = cx_module_find((cx_module *)m, path);
-        leaf = dot + 1;
-    }
-    if (!owner) return NULL;
-    for (int i = 0; i < owner->nparams; i++) if (!strcmp(owner->params[i].name, leaf)) return owner->params[i].t;
-    for (int i = 0; i < owner->nbuffers; i++) if (!strcmp(owner->buffers[i].name, leaf)) return owner->buffers[i].t;
-    return NULL;
-}
-
-static void numel_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
-{
-    (void)prefix; (void)plen; (void)param;
-    *(int64_t *)ctx += cx_numel(e->t);
-}
-
-int64_t cx_module_num_params(const cx_module *m)
-{
-    if (!m) return 0;
-    int64_t total = 0;
-    return walk(m, WANT_PARAMS, numel_visit, &total) ? total : -1;
-}
-
-/* ---- structural signature -------------------------------------------------- */
-
-static void signature_visit(void *ctx, const char *prefix, size_t plen, const entry *e, bool param)
-{
-    (void)plen;
-    cx_sbuf *b = ctx;
-    cx_sb_printf(b, "%s%s%s:%s:(", param ? "" : "buffer ", prefix, e->name, cx_dtype_name(cx_dtype_of(e->t)));
-    for (int d = 0; d < cx_ndim(e->t); d++) cx_sb_printf(b, d ? ", %lld" : "%lld", (long long)cx_dim(e->t, d));
-    cx_sb_append(b, ");", 2);
-}
-
-char *cx_module_signature(const cx_module *m)
-{
-    if (!m) { cx_set_last_error("cx_module_signature: module is NULL"); return NULL; }
-    cx_sbuf b = { 0 };
-    bool ok = walk(m, WANT_PARAMS | WANT_BUFFERS, signature_visit, &b);
-    char *text = cx_sb_finish(&b);
-    if (ok && text) return text;
-    free(text);
-    cx_set_last_error("cx_module_signature of %s: out of memory", cx_module_type_name(m));
-    return NULL;
-}
-
-static cx_module_sig_entry sig_entry(const char *at)
-{
-    return (cx_module_sig_entry){ at, (int)strcspn(at, ";") };
-}
-
-bool cx_module_signature_diff(const char *a, const char *b, cx_module_sig_entry *ea, cx_module_sig_entry *eb)
-{
-    if (!a) a = "";
-    if (!b) b = "";
-    size_t i = 0;
-    while (a[i] && a[i] == b[i]) i++;
-    if (a[i] == b[i]) return false;
-    /* the texts agree up to i, so the entry holding i starts at the same
-     * offset in both */
-    while (i > 0 && a[i - 1] != ';') i--;
-    if (ea) *ea = sig_entry(a + i);
-    if (eb) *eb = sig_entry(b + i);
-    return true;
 }
 
 cx_status cx_module_load(cx_module *m, const char *key, const void *data, cx_dtype dtype)

@@ -64,7 +64,11 @@ static cx_tensor *attention_forward(cx_module *m, cx_tensor *x)
     return out;
 }
 
-static const cx_module_type attention_type = { "CausalSelfAttention", attention_forward, free };
+static const cx_module_type attention_type = {
+    .name = "CausalSelfAttention",
+    .forward = attention_forward,
+    .free = free,
+};
 
 /* Both constructors split d_model evenly over the heads. */
 static bool heads_fit(const char *what, int64_t d, int heads)
@@ -112,7 +116,7 @@ static cx_tensor *block_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type block_type = { "TransformerBlock", block_forward, free };
+static const cx_module_type block_type = { .name = "TransformerBlock", .forward = block_forward, .free = free };
 
 cx_module *cx_nn_transformer_block(int64_t d, int heads)
 {

@@ -19,7 +19,7 @@ cx_adam_opts cx_adamw_default_opts(void)
     return o;
 }
 
-static int adam_hyper(cx_optimizer *o, cx_tensor **hp)
+static int adam_hyper(cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp)
 {
     const cx_adam_opts *a = &o->o.adam;
     hp[HP_BETA1] = cx_runtime_scalar(a->beta1, CX_F32);
@@ -27,19 +27,20 @@ static int adam_hyper(cx_optimizer *o, cx_tensor **hp)
     hp[HP_BETA2] = cx_runtime_scalar(a->beta2, CX_F32);
     hp[HP_1MBETA2] = cx_runtime_scalar(1.0 - a->beta2, CX_F32);
     hp[HP_EPS] = cx_runtime_scalar(a->eps, CX_F32);
-    hp[HP_WD] = cx_runtime_scalar(a->weight_decay, CX_F32);
-    hp[HP_DECAY] = cx_runtime_scalar(1.0 - o->lr * a->weight_decay, CX_F32);
+    hp[HP_WD] = cx_runtime_scalar(g->weight_decay, CX_F32);
+    hp[HP_DECAY] = cx_runtime_scalar(1.0 - o->lr * g->lr_scale * g->weight_decay, CX_F32);
     return HP_COUNT;
 }
 
-static cx_status adam_update(cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp)
+static cx_status adam_update(cx_optimizer *o, const cx_ogroup *gr, cx_oparam *p, cx_tensor *const *hp)
 {
     const cx_adam_opts *a = &o->o.adam;
     cx_temps t = { .n = 0 };
     cx_status st = CX_OK;
     cx_tensor *g = cx_grad(p->p);
     cx_tensor *param = p->p;
-    if (a->weight_decay != 0.0) {
+    /* a group without decay records none (its graph differs, once) */
+    if (gr->weight_decay != 0.0) {
         if (o->decoupled) param = cx_tmp(&t, cx_mul(param, hp[HP_DECAY]));       // AdamW
         else g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(param, hp[HP_WD]))));   // Adam: L2
     }
@@ -61,7 +62,7 @@ static cx_status adam_update(cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp
      * Python floats, passed as runtime scalars. */
     double step = (double)(p->steps + 1);
     double bc1 = 1.0 - pow(a->beta1, step), bc2 = 1.0 - pow(a->beta2, step);
-    cx_tensor *step_size = cx_tmp(&t, cx_runtime_scalar(o->lr / bc1, CX_F32));
+    cx_tensor *step_size = cx_tmp(&t, cx_runtime_scalar(o->lr * gr->lr_scale / bc1, CX_F32));
     cx_tensor *bc2_sqrt = cx_tmp(&t, cx_runtime_scalar(sqrt(bc2), CX_F32));
     cx_tensor *denom = cx_tmp(&t, cx_add(cx_tmp(&t, cx_div(cx_tmp(&t, cx_sqrt(second)), bc2_sqrt)), hp[HP_EPS]));
     cx_tensor *upd = cx_tmp(&t, cx_mul(cx_tmp(&t, cx_div(nm, denom)), step_size));
@@ -80,18 +81,24 @@ static const cx_optim_kind adamw_kind = {
     .update = adam_update, .hyper = adam_hyper,
 };
 
-static cx_optimizer *adam_new(const cx_optim_kind *kind, const cx_named_tensor *params, int n, cx_adam_opts a,
-                              bool decoupled)
+static bool adam_opts_ok(const cx_optim_kind *kind, cx_adam_opts a)
 {
     if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps >= 0) ||
         !(a.weight_decay >= 0)) {
         cx_set_last_error("%s: bad hyper-parameters: lr %g, betas (%g, %g), eps %g, weight_decay %g (want lr, eps, "
                      "weight_decay >= 0 and betas in [0, 1))", kind->name, a.lr, a.beta1, a.beta2, a.eps,
                      a.weight_decay);
-        return NULL;
+        return false;
     }
+    return true;
+}
+
+static cx_optimizer *adam_new(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups, cx_adam_opts a,
+                              bool decoupled)
+{
+    if (!adam_opts_ok(kind, a)) return NULL;
     bool want[CX_OPTIM_MAX_STATE] = { true, true, a.amsgrad, true };
-    cx_optimizer *o = cx_optim_new(kind, params, n, a.lr, want);
+    cx_optimizer *o = cx_optim_new(kind, groups, ngroups, a.lr, want);
     if (o) {
         o->o.adam = a;
         o->decoupled = decoupled;
@@ -101,10 +108,22 @@ static cx_optimizer *adam_new(const cx_optim_kind *kind, const cx_named_tensor *
 
 cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts a)
 {
-    return adam_new(&adam_kind, params, n, a, false);
+    cx_param_group g = cx_param_group_of(params, n, a.weight_decay);
+    return adam_new(&adam_kind, &g, 1, a, false);
 }
 
 cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts a)
 {
-    return adam_new(&adamw_kind, params, n, a, true);
+    cx_param_group g = cx_param_group_of(params, n, a.weight_decay);
+    return adam_new(&adamw_kind, &g, 1, a, true);
+}
+
+cx_optimizer *cx_optim_adam_groups(const cx_param_group *groups, int ngroups, cx_adam_opts a)
+{
+    return adam_new(&adam_kind, groups, ngroups, a, false);
+}
+
+cx_optimizer *cx_optim_adamw_groups(const cx_param_group *groups, int ngroups, cx_adam_opts a)
+{
+    return adam_new(&adamw_kind, groups, ngroups, a, true);
 }

@@ -24,24 +24,36 @@ typedef struct {
     int64_t steps;                          /* updates this parameter got */
 } cx_oparam;
 
+/* A parameter group: its own weight decay and learning-rate scale, over
+ * the contiguous parameters ps[first .. first + n). */
+typedef struct {
+    double weight_decay, lr_scale;
+    int first, n;
+} cx_ogroup;
+
 struct cx_optimizer;
 
 typedef struct {
     const char *name;
     int nstate;
     const char *state_names[CX_OPTIM_MAX_STATE];
-    /* Records the update of one parameter; `hp` are the step's shared
-     * runtime scalars. */
-    cx_status (*update)(struct cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp);
-    /* Makes the step's shared runtime scalars into hp[]. @return their count. */
-    int (*hyper)(struct cx_optimizer *o, cx_tensor **hp);
+    /* Records the update of one parameter of group g; `hp` are the group's
+     * runtime scalars for this step. */
+    cx_status (*update)(struct cx_optimizer *o, const cx_ogroup *g, cx_oparam *p, cx_tensor *const *hp);
+    /* Makes group g's runtime scalars of this step into hp[] (at most
+     * CX_OPTIM_MAX_HP). @return their count. */
+    int (*hyper)(struct cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp);
 } cx_optim_kind;
+
+#define CX_OPTIM_MAX_HP 16
 
 struct cx_optimizer {
     const cx_optim_kind *kind;
     int n;
     cx_oparam *ps;
-    double lr;
+    int ngroups;
+    cx_ogroup *groups;
+    double lr;          /* the base rate; group g's is lr * lr_scale */
     int64_t steps;
     union {
         cx_sgd_opts sgd;
@@ -50,9 +62,11 @@ struct cx_optimizer {
     bool decoupled;   /* AdamW */
 };
 
-/* Builds the common object: copies names, makes zero state tensors for the
- * kind's state slots whose `want[i]` is true. NULL on failure (error set). */
-cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_named_tensor *params, int n, double lr,
+/* Builds the common object over the groups' parameters, in group order:
+ * checks them (persistent, float, each tensor once in all groups) and the
+ * groups' options, copies names, makes zero state tensors for the kind's
+ * state slots whose `want[i]` is true. NULL on failure (error set). */
+cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups, double lr,
                            const bool *want);
 
 /* Temporaries of one update: inside a step they belong to it; outside, the

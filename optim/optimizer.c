@@ -1,61 +1,170 @@
 /* The optimizer object shared by SGD and Adam(W): parameters, state, step. */
 #include "optim_internal.h"
 
-cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_named_tensor *params, int n, double lr,
-                           const bool *want)
+#include <math.h>
+
+cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay)
 {
-    if (n < 0 || (n > 0 && !params)) {
-        cx_set_last_error("%s: no parameter list", kind->name);
-        return NULL;
+    return (cx_param_group){ .params = params, .n = n, .weight_decay = weight_decay, .lr_scale = 1.0 };
+}
+
+int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double weight_decay, cx_named_tensor *scratch,
+                            cx_param_group out[2])
+{
+    if (n < 0 || (n > 0 && (!params || !scratch)) || !out) {
+        cx_set_last_error("cx_param_groups_by_ndim: NULL or negative argument (%d parameters)", n);
+        return -1;
     }
+    /* scratch: the tensors of 2 or more dims, then the others, each in
+     * their order */
+    int nd = 0, rest = 0;
     for (int i = 0; i < n; i++) {
-        if (!params[i].tensor || !cx_is_persistent(params[i].tensor) ||
-            !cx_dtype_is_float(cx_dtype_of(params[i].tensor))) {
-            cx_set_last_error("%s: parameter %d (%s) is not a persistent float tensor", kind->name, i,
-                         params[i].name ? params[i].name : "unnamed");
-            return NULL;
+        if (params[i].tensor && cx_ndim(params[i].tensor) >= 2) scratch[nd++] = params[i];
+        else rest++;
+    }
+    for (int i = 0, k = nd; i < n; i++)
+        if (!params[i].tensor || cx_ndim(params[i].tensor) < 2) scratch[k++] = params[i];
+    out[0] = cx_param_group_of(scratch, nd, weight_decay);
+    out[1] = cx_param_group_of(scratch + nd, rest, 0.0);
+    return 2;
+}
+
+/* Every group's options and parameters are usable. */
+static bool check_groups(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups, int *total)
+{
+    *total = 0;
+    if (ngroups < 0 || (ngroups > 0 && !groups)) {
+        cx_set_last_error("%s: no parameter group list", kind->name);
+        return false;
+    }
+    for (int g = 0; g < ngroups; g++) {
+        const cx_param_group *gr = &groups[g];
+        if (gr->n < 0 || (gr->n > 0 && !gr->params) || !(gr->weight_decay >= 0 && gr->weight_decay < INFINITY) ||
+            !(gr->lr_scale > 0 && gr->lr_scale < INFINITY)) {
+            cx_set_last_error("%s: parameter group %d: %d parameters, weight_decay %g, lr_scale %g (want a list, "
+                              "weight_decay >= 0 and lr_scale > 0; cx_param_group_of sets lr_scale 1)",
+                              kind->name, g, gr->n, gr->weight_decay, gr->lr_scale);
+            return false;
+        }
+        for (int i = 0; i < gr->n; i++) {
+            cx_tensor *t = gr->params[i].tensor;
+            if (!t || !cx_is_persistent(t) || !cx_dtype_is_float(cx_dtype_of(t))) {
+                cx_set_last_error("%s: parameter %d (%s) of group %d is not a persistent float tensor", kind->name,
+                                  i, gr->params[i].name ? gr->params[i].name : "unnamed", g);
+                return false;
+            }
+        }
+        *total += gr->n;
+    }
+    return true;
+}
+
+typedef struct {
+    const cx_tensor *t;
+    const char *name;
+    int group, index;
+} param_at;
+
+static int by_tensor(const void *a, const void *b)
+{
+    const param_at *x = a, *y = b;
+    if (x->t != y->t) return (uintptr_t)x->t < (uintptr_t)y->t ? -1 : 1;
+    return x->group != y->group ? x->group - y->group : x->index - y->index;
+}
+
+/* A tensor updated twice per step would be stepped twice: each tensor
+ * appears once in all groups (a tied parameter too: the module lists it
+ * once). @return CX_OK, CX_ERR_ARG naming both places, CX_ERR_OOM. */
+static cx_status check_unique(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups, int total)
+{
+    param_at *all = malloc(sizeof *all * (size_t)(total ? total : 1));
+    if (!all) {
+        cx_set_last_error("%s: out of memory checking %d parameters", kind->name, total);
+        return CX_ERR_OOM;
+    }
+    int k = 0;
+    for (int g = 0; g < ngroups; g++)
+        for (int i = 0; i < groups[g].n; i++)
+            all[k++] = (param_at){ groups[g].params[i].tensor, groups[g].params[i].name, g, i };
+    qsort(all, (size_t)total, sizeof *all, by_tensor);
+    cx_status st = CX_OK;
+    for (int i = 1; i < total && st == CX_OK; i++) {
+        if (all[i].t != all[i - 1].t) continue;
+        cx_set_last_error("%s: parameter %s (group %d) is the same tensor as %s (group %d): list each parameter once",
+                          kind->name, all[i].name ? all[i].name : "unnamed", all[i].group,
+                          all[i - 1].name ? all[i - 1].name : "unnamed", all[i - 1].group);
+        st = CX_ERR_ARG;
+    }
+    free(all);
+    return st;
+}
+
+/* Zero state (device data, not a constant, so step 1 traces the same graph
+ * as every later step) for the kind's wanted slots of p. */
+static bool make_state(const cx_optim_kind *kind, cx_oparam *p, const bool *want, const float *zeros)
+{
+    for (int s = 0; s < kind->nstate; s++) {
+        if (!want[s]) continue;
+        bool is_step = !strcmp(kind->state_names[s], "step");
+        p->state[s] = is_step ? cx_from_host(zeros, NULL, 0, CX_F32)
+                              : cx_from_host(zeros, cx_shape(p->p), cx_ndim(p->p), CX_F32);
+        if (!p->state[s] || cx_tensor_error(p->state[s])) return false;
+        cx_persist(p->state[s]);
+        char label[512];
+        snprintf(label, sizeof label, "%s.%s", p->name, kind->state_names[s]);
+        cx_set_name(p->state[s], label);
+    }
+    return true;
+}
+
+/* The parameters, group after group, with their state. */
+static bool fill_params(cx_optimizer *o, const cx_param_group *groups, const bool *want)
+{
+    size_t maxbytes = 0;
+    for (int g = 0; g < o->ngroups; g++)
+        for (int i = 0; i < groups[g].n; i++) {
+            size_t b = (size_t)cx_numel(groups[g].params[i].tensor) * sizeof(float);
+            if (b > maxbytes) maxbytes = b;
+        }
+    float *zeros = calloc(1, maxbytes ? maxbytes : sizeof(float));
+    if (!zeros) return false;
+    int k = 0;
+    bool ok = true;
+    for (int g = 0; g < o->ngroups && ok; g++) {
+        o->groups[g] = (cx_ogroup){ groups[g].weight_decay, groups[g].lr_scale, k, groups[g].n };
+        for (int i = 0; i < groups[g].n && ok; i++, k++) {
+            cx_oparam *p = &o->ps[k];
+            char fallback[32];
+            snprintf(fallback, sizeof fallback, "param%d", k);
+            p->name = strdup(groups[g].params[i].name ? groups[g].params[i].name : fallback);
+            p->p = groups[g].params[i].tensor;
+            o->n = k + 1;   /* what cx_optim_free releases */
+            ok = p->name && make_state(o->kind, p, want, zeros);
         }
     }
+    free(zeros);
+    return ok;
+}
+
+cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups, double lr,
+                           const bool *want)
+{
+    int total = 0;
+    if (!check_groups(kind, groups, ngroups, &total)) return NULL;
+    if (check_unique(kind, groups, ngroups, total) != CX_OK) return NULL;
     cx_optimizer *o = calloc(1, sizeof *o);
     if (!o) goto oom;
     o->kind = kind;
     o->lr = lr;
-    o->ps = calloc((size_t)(n ? n : 1), sizeof *o->ps);
-    if (!o->ps) goto oom;
-    o->n = n;
-    size_t maxbytes = 0;
-    for (int i = 0; i < n; i++) {
-        size_t b = (size_t)cx_numel(params[i].tensor) * sizeof(float);
-        if (b > maxbytes) maxbytes = b;
-    }
-    /* State starts as device data (not a constant), so step 1 traces the
-     * same graph as every later step. */
-    float *zeros = calloc(1, maxbytes ? maxbytes : sizeof(float));
-    if (!zeros) goto oom;
-    for (int i = 0; i < n; i++) {
-        cx_oparam *p = &o->ps[i];
-        char fallback[32];
-        snprintf(fallback, sizeof fallback, "param%d", i);
-        p->name = strdup(params[i].name ? params[i].name : fallback);
-        p->p = params[i].tensor;
-        if (!p->name) { free(zeros); goto oom; }
-        for (int s = 0; s < kind->nstate; s++) {
-            if (!want[s]) continue;
-            bool is_step = !strcmp(kind->state_names[s], "step");
-            p->state[s] = is_step ? cx_from_host(zeros, NULL, 0, CX_F32)
-                                  : cx_from_host(zeros, cx_shape(p->p), cx_ndim(p->p), CX_F32);
-            if (!p->state[s] || cx_tensor_error(p->state[s])) { free(zeros); goto oom; }
-            cx_persist(p->state[s]);
-            char label[512];
-            snprintf(label, sizeof label, "%s.%s", p->name, kind->state_names[s]);
-            cx_set_name(p->state[s], label);
-        }
-    }
-    free(zeros);
+    o->ps = calloc((size_t)(total ? total : 1), sizeof *o->ps);
+    o->groups = calloc((size_t)(ngroups ? ngroups : 1), sizeof *o->groups);
+    if (!o->ps || !o->groups) goto oom;
+    o->ngroups = ngroups;
+    if (!fill_params(o, groups, want)) goto oom;
     return o;
 oom:
     cx_optim_free(o);
-    cx_set_last_error("%s: out of memory for the state of %d parameters", kind->name, n);
+    cx_set_last_error("%s: out of memory for the state of %d parameters", kind->name, total);
     return NULL;
 }
 
@@ -67,6 +176,7 @@ void cx_optim_free(cx_optimizer *o)
         for (int s = 0; s < CX_OPTIM_MAX_STATE; s++) cx_free(o->ps[i].state[s]);
     }
     free(o->ps);
+    free(o->groups);
     free(o);
 }
 
@@ -83,21 +193,27 @@ cx_status cx_optim_assign(cx_tensor *dst, cx_tensor *value, const char *what)
 cx_status cx_optim_step(cx_optimizer *o)
 {
     if (!o) { cx_set_last_error("cx_optim_step: optimizer is NULL"); return CX_ERR_ARG; }
-    cx_tensor *hp[16];
-    cx_no_grad_begin();
-    int nhp = o->kind->hyper(o, hp);
     cx_status st = CX_OK;
-    for (int i = 0; i < o->n && st == CX_OK; i++) {
-        cx_oparam *p = &o->ps[i];
-        if (!cx_grad(p->p)) continue;
-        st = o->kind->update(o, p, hp);
-        p->steps++;
+    cx_no_grad_begin();
+    for (int g = 0; g < o->ngroups && st == CX_OK; g++) {
+        const cx_ogroup *gr = &o->groups[g];
+        cx_tensor *hp[CX_OPTIM_MAX_HP];
+        int nhp = o->kind->hyper(o, gr, hp);
+        CX_ASSERT(nhp <= CX_OPTIM_MAX_HP);
+        for (int i = gr->first; i < gr->first + gr->n && st == CX_OK; i++) {
+            cx_oparam *p = &o->ps[i];
+            if (!cx_grad(p->p)) continue;
+            st = o->kind->update(o, gr, p, hp);
+            p->steps++;
+        }
+        for (int i = 0; i < nhp; i++) cx_drop(hp[i]);
     }
-    for (int i = 0; i < nhp; i++) cx_drop(hp[i]);
     cx_no_grad_end();
     o->steps++;
     return st;
 }
+
+int cx_optim_num_groups(const cx_optimizer *o) { return o ? o->ngroups : 0; }
 
 void cx_optim_zero_grad(cx_optimizer *o)
 {

@@ -9,20 +9,20 @@ cx_sgd_opts cx_sgd_default_opts(void)
     return (cx_sgd_opts){ .lr = 0.01, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false };
 }
 
-static int sgd_hyper(cx_optimizer *o, cx_tensor **hp)
+static int sgd_hyper(cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp)
 {
-    hp[HP_LR] = cx_runtime_scalar(o->lr, CX_F32);
-    hp[HP_WD] = cx_runtime_scalar(o->o.sgd.weight_decay, CX_F32);
+    hp[HP_LR] = cx_runtime_scalar(o->lr * g->lr_scale, CX_F32);
+    hp[HP_WD] = cx_runtime_scalar(g->weight_decay, CX_F32);
     hp[HP_MOMENTUM] = cx_runtime_scalar(o->o.sgd.momentum, CX_F32);
     return HP_COUNT;
 }
 
-static cx_status sgd_update(cx_optimizer *o, cx_oparam *p, cx_tensor *const *hp)
+static cx_status sgd_update(cx_optimizer *o, const cx_ogroup *gr, cx_oparam *p, cx_tensor *const *hp)
 {
     const cx_sgd_opts *s = &o->o.sgd;
     cx_temps t = { .n = 0 };
     cx_tensor *g = cx_grad(p->p);
-    if (s->weight_decay != 0.0) g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(p->p, hp[HP_WD]))));
+    if (gr->weight_decay != 0.0) g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(p->p, hp[HP_WD]))));
     if (s->momentum != 0.0) {
         /* PyTorch starts the buffer as a copy of the first gradient. The
          * buffer is zeros until then, so buf * 0 + g * 1 is that copy, and
@@ -47,7 +47,7 @@ static const cx_optim_kind sgd_kind = {
     .update = sgd_update, .hyper = sgd_hyper,
 };
 
-cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts s)
+static cx_optimizer *sgd_new(const cx_param_group *groups, int ngroups, cx_sgd_opts s)
 {
     if (!(s.lr >= 0) || !(s.momentum >= 0) || !(s.weight_decay >= 0) || !(s.dampening >= 0) ||
         (s.nesterov && (s.momentum <= 0 || s.dampening != 0))) {
@@ -57,7 +57,18 @@ cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts s)
         return NULL;
     }
     bool want[CX_OPTIM_MAX_STATE] = { s.momentum != 0.0 };
-    cx_optimizer *o = cx_optim_new(&sgd_kind, params, n, s.lr, want);
+    cx_optimizer *o = cx_optim_new(&sgd_kind, groups, ngroups, s.lr, want);
     if (o) o->o.sgd = s;
     return o;
+}
+
+cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts s)
+{
+    cx_param_group g = cx_param_group_of(params, n, s.weight_decay);
+    return sgd_new(&g, 1, s);
+}
+
+cx_optimizer *cx_optim_sgd_groups(const cx_param_group *groups, int ngroups, cx_sgd_opts s)
+{
+    return sgd_new(groups, ngroups, s);
 }

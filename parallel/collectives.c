@@ -6,6 +6,7 @@
 #include "cx_hash.h"
 #include "cx_sbuf.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,34 @@ int cx_bucket_next(cx_tensor *const *ts, int *i, int bucket, int64_t first_bucke
     return k;
 }
 
+typedef struct {
+    const cx_tensor *t;
+    int at;
+} listed;
+
+static int by_param(const void *a, const void *b)
+{
+    const listed *x = a, *y = b;
+    if (x->t != y->t) return (uintptr_t)x->t < (uintptr_t)y->t ? -1 : 1;
+    return x->at - y->at;
+}
+
+/* A tensor listed twice (a tied parameter named twice) has one gradient:
+ * reducing it twice would scale it twice. Its later entries get no
+ * gradient here, so the bucket policy skips them. @return false when out
+ * of memory. */
+static bool drop_repeats(cx_tensor *const *params, cx_tensor **grads, int n)
+{
+    listed *order = malloc(sizeof *order * (size_t)(n + 1));
+    if (!order) return false;
+    for (int j = 0; j < n; j++) order[j] = (listed){ params[j], j };
+    qsort(order, (size_t)n, sizeof *order, by_param);
+    for (int j = 1; j < n; j++)
+        if (order[j].t == order[j - 1].t) grads[order[j].at] = NULL;
+    free(order);
+    return true;
+}
+
 int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes, double scale)
 {
     int buckets = 0;
@@ -228,6 +257,11 @@ int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket
         return -1;
     }
     for (int j = 0; j < n; j++) grads[j] = cx_grad(params[j]);
+    if (!drop_repeats(params, grads, n)) {
+        free(flats); free(grads); free(idx);
+        cx_set_last_error("allreduce_gradients: out of memory");
+        return -1;
+    }
     for (;;) {
         int k = cx_bucket_next(grads, &i, buckets, first_bucket_bytes, bucket_bytes, idx);
         if (k == 0) break;

@@ -9,6 +9,15 @@
  * hold value-less placeholders (names and shapes only) except during the
  * unit's forward, when they are views of the all-gathered flat parameter.
  * Gradients reach the shard through the all-gather's VJP, a reduce-scatter.
+ *
+ * Tied parameters (cx_module_tie) are supported when every module using
+ * one is in the same unit (GPT keeps wte and lm_head in the root unit): the
+ * unit flattens it once, under its first state-dict name, and all its slots
+ * see the same gathered view, so both uses' gradients add up before the
+ * reduce-scatter. A parameter tied across two units is an error of
+ * cx_fsdp_wrap naming both names and units. Optimizer parameter groups
+ * apply per flat parameter, i.e. per unit: one weight decay for all of a
+ * unit's parameters.
  */
 #ifndef CXLA_FSDP_H
 #define CXLA_FSDP_H
@@ -40,12 +49,18 @@ CX_API cx_fsdp_opts cx_fsdp_default_opts(void);
 /* Wraps `m` (borrowed; it must outlive the wrapper). Checks that every rank
  * wraps the same model the same way (a mismatch is an error on every rank,
  * never a hang), takes rank 0's values, and shards them.
- * @return the wrapper, or NULL with cx_last_error set. */
+ * @return the wrapper, or NULL with cx_last_error set (also, on every
+ * rank, for a parameter tied across two units). */
 CX_API cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts);
 CX_API void cx_fsdp_free(cx_fsdp *f);
 CX_API cx_module *cx_fsdp_module(cx_fsdp *f);
 
+/* The root module's forward (each unit gathers in its pre-hook).
+ * @return its output, or a poisoned tensor. */
 CX_API cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x);
+/* The same for many inputs and outputs (cx_module_forward_many).
+ * @return the number of outputs written, or -1 with cx_last_error set. */
+CX_API int cx_fsdp_forward_many(cx_fsdp *f, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
 /* Backward: gradients are reduce-scattered (mean over ranks) into each
  * shard's grad. Inside no_sync they accumulate unsharded per unit instead
  * (no reduce-scatter; a full-size gradient per unit, as PyTorch's FSDP) and

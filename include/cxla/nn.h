@@ -6,6 +6,12 @@
  * "bn1.running_mean", and a Sequential names its children "0", "1", ...
  * Constructors initialize parameters as PyTorch does, from the seeded RNG
  * (cx_manual_seed), and materialize them, so call them outside a step.
+ *
+ * A parameter may be tied (cx_module_tie): one tensor under two names, as
+ * GPT's lm_head.weight is transformer.wte.weight. Every list of the tree
+ * (parameters, state dict, size) holds it once, under the name it has
+ * first in state-dict order; the optimizer, DDP, FSDP and checkpoints see
+ * it once; both uses' gradients add up in its one gradient.
  */
 #ifndef CXLA_NN_H
 #define CXLA_NN_H
@@ -18,13 +24,21 @@ extern "C" {
 
 typedef struct cx_module cx_module;
 
-/* What a kind of module does. `forward` records the module's ops on x;
- * `free` releases the type's own state (`impl`), never the parameters,
- * buffers or children, which the module owns. */
+/* What a kind of module does. `forward` records the module's ops on one
+ * input and returns one output. `forward_many` (optional; a type needs
+ * one of the two) takes n_in inputs and writes up to max_out outputs into
+ * out: a model taking (x, targets) and giving (logits, loss). It returns
+ * how many outputs it wrote (never more than max_out), or -1 with
+ * cx_last_error set (e.g. a wrong number of inputs); cx_module_forward
+ * calls it with one input and room for one output. `free` releases the
+ * type's own state (`impl`), never the parameters, buffers or children,
+ * which the module owns. Initialize with designated initializers
+ * (.name = ..., .forward = ...): members may be added at the end. */
 typedef struct {
     const char *name;                                      /* "Linear" */
     cx_tensor *(*forward)(cx_module *m, cx_tensor *x);
     void (*free)(void *impl);                              /* may be NULL */
+    int (*forward_many)(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
 } cx_module_type;
 
 /* ---- building modules ------------------------------------------------- */
@@ -49,19 +63,52 @@ CX_API int cx_module_register_buffer(cx_module *m, const char *name, cx_tensor *
  * or out of memory. */
 CX_API int cx_module_add_child(cx_module *m, const char *name, cx_module *child);
 
-/* Direct access by slot (for forward functions: no string lookups). */
+/* Ties parameter `key` to parameter `source_key`, both full names under m
+ * ("lm_head.weight", "transformer.wte.weight"): from now on both name one
+ * tensor, the source's (PyTorch's `lm_head.weight = wte.weight`). If `key`
+ * is a parameter already, it must have the source's dtype and shape; its
+ * own tensor is released and its slot kept (the layer's forward reads the
+ * source's tensor through it). Otherwise a new parameter slot is added to
+ * the module that holds `key`. The tensor lives until the last module
+ * naming it is freed. Tie before wrapping (DDP, FSDP) or building an
+ * optimizer: they list the parameters when they are made.
+ * @return CX_OK (also when already tied); CX_ERR_ARG with cx_last_error set
+ * when source_key names no parameter, key's module does not exist or key
+ * names a buffer or child; CX_ERR_SHAPE on another dtype or shape;
+ * CX_ERR_OOM. */
+CX_API cx_status cx_module_tie(cx_module *m, const char *key, const char *source_key);
+
+/* A tie as the tree lists it: `key` names the same tensor as `source`, the
+ * name under which the parameter lists are holding it. */
+typedef struct {
+    const char *key;       /* "lm_head.weight" */
+    const char *source;    /* "transformer.wte.weight" */
+    cx_tensor *tensor;
+} cx_tied_param;
+
+/* Every later name of a parameter that the tree names more than once, in
+ * state-dict order. One allocation: release it with free().
+ * @return the array (n = 0 and a non-NULL array without ties), or NULL
+ * with cx_last_error set for a NULL module or out of memory. */
+CX_API cx_tied_param *cx_module_tied_params(const cx_module *m, int *n);
+
+/* Direct access by slot (for forward functions: no string lookups). A tied
+ * slot gives the shared tensor. */
 CX_API cx_tensor *cx_module_param(const cx_module *m, int slot);
 CX_API cx_tensor *cx_module_buffer(const cx_module *m, int slot);
 CX_API cx_module *cx_module_child(const cx_module *m, int slot);
 CX_API int cx_module_num_children(const cx_module *m);
 /* Replaces the tensor in a parameter or buffer slot (the module takes `t`,
- * frees the old one). For wrappers that swap parameters (FSDP views). */
+ * frees the old one). For wrappers that swap parameters (FSDP views). The
+ * replacement goes to the value, not the slot: every slot a tied parameter
+ * has sees it. */
 CX_API void cx_module_set_param(cx_module *m, int slot, cx_tensor *t);
 CX_API void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t);
 
 /* Forward hooks, as PyTorch's forward pre/post hooks: `pre` runs before the
- * module's forward, `post` after it (post hooks in reverse order). Used by
- * FSDP (gather parameters) and gradient checkpointing (remat region). */
+ * module's forward, `post` after it (post hooks in reverse order), for
+ * cx_module_forward and cx_module_forward_many alike. Used by FSDP (gather
+ * parameters) and gradient checkpointing (remat region). */
 #define CX_MODULE_MAX_HOOKS 4
 typedef struct {
     void (*pre)(cx_module *m, void *ctx);
@@ -72,7 +119,8 @@ typedef struct {
 CX_API int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h);
 /* Removes every hook registered with `ctx`. */
 CX_API void cx_module_remove_hooks(cx_module *m, void *ctx);
-/* The module's own parameters (not its children's): count, names, slots. */
+/* The module's own parameter slots (not its children's), tied ones
+ * included: count, names, slots. */
 CX_API int cx_module_num_own_params(const cx_module *m);
 CX_API const char *cx_module_param_name(const cx_module *m, int slot);
 CX_API int cx_module_param_slot(const cx_module *m, const char *name);
@@ -80,9 +128,17 @@ CX_API const char *cx_module_child_name(const cx_module *m, int slot);
 
 /* ---- using modules ---------------------------------------------------- */
 
-/* Records the module's forward on x. @return its output (a step tensor when
- * called inside a step), or a poisoned tensor for a NULL module. */
+/* Records the module's forward on x, between its hooks. @return its output
+ * (a step tensor when called inside a step), or a poisoned tensor for a
+ * NULL module or when a forward_many type gives no output or an error. */
 CX_API cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x);
+/* Records the module's forward on n_in inputs into up to max_out outputs,
+ * between its hooks (out[0..max_out) is NULLed first). A type with only
+ * `forward` takes exactly one input into one output.
+ * @return the number of outputs written (0..max_out), or -1 with
+ * cx_last_error set: NULL module, bad lists, a one-input type given other
+ * than one input, or the type's own error. */
+CX_API int cx_module_forward_many(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
 /* Training (true) or evaluation mode, for the module and all children. */
 CX_API void cx_module_train(cx_module *m, bool on);
 CX_API bool cx_module_is_training(const cx_module *m);
@@ -90,26 +146,30 @@ CX_API bool cx_module_is_training(const cx_module *m);
 CX_API void cx_module_free(cx_module *m);
 
 /* Parameters of the module and its children in registration order (own
- * parameters first, then each child's), with full names. One allocation:
- * release it with free(). @return the array (n = 0 and a non-NULL array for
- * a module without parameters), NULL when out of memory. */
+ * parameters first, then each child's), with full names; a tied parameter
+ * once, under its first name in this order. One allocation: release it
+ * with free(). @return the array (n = 0 and a non-NULL array for a module
+ * without parameters), NULL when out of memory. */
 CX_API cx_named_tensor *cx_module_parameters(const cx_module *m, int *n);
 /* Buffers, likewise. */
 CX_API cx_named_tensor *cx_module_buffers(const cx_module *m, int *n);
 /* The state dict, PyTorch's order: per module its parameters then its
- * buffers, then each child's. Release with free(). */
+ * buffers, then each child's; a tied parameter once, under its first name
+ * (cx_module_tied_params lists the others). Release with free(). */
 CX_API cx_named_tensor *cx_module_state_dict(const cx_module *m, int *n);
-/* The parameter or buffer with full name `key` ("fc1.weight"), NULL if none. */
+/* The parameter or buffer with full name `key` ("fc1.weight"; any name of
+ * a tied parameter), NULL if none. */
 CX_API cx_tensor *cx_module_get(const cx_module *m, const char *key);
 /* The submodule with full name `path` ("layer1.0"), NULL if none. */
 CX_API cx_module *cx_module_find(cx_module *m, const char *path);
-/* Total number of parameter elements (sum of numel). */
+/* Total number of parameter elements (sum of numel, a tied one once). */
 CX_API int64_t cx_module_num_params(const cx_module *m);
 /* The structural signature of `m`: one entry per parameter and buffer in
- * state-dict order, "name:dtype:(d0, d1, ...);" for a parameter and
- * "buffer name:dtype:(...);" for a buffer ("0.weight:f32:(16, 8);").
- * Values play no part: two modules have equal signatures exactly when they
- * have the same names, kinds, dtypes and shapes in the same order. DDP and
+ * state-dict order, "name:dtype:(d0, d1, ...);" for a parameter,
+ * "buffer name:dtype:(...);" for a buffer ("0.weight:f32:(16, 8);") and
+ * "tie name=first;" at each later name of a tied parameter. Values play no
+ * part: two modules have equal signatures exactly when they have the same
+ * names, kinds, dtypes, shapes and ties in the same order. DDP and
  * FSDP exchange it to check that every rank holds the same model.
  * @return the text (release with free(); "" for a module without
  * parameters or buffers), or NULL with cx_last_error set for a NULL module

@@ -35,16 +35,57 @@ CX_API cx_adam_opts cx_adam_default_opts(void);
 CX_API cx_adam_opts cx_adamw_default_opts(void);
 
 /* Optimizers over `n` named parameters (e.g. from cx_module_parameters; the
- * names are copied, the tensors borrowed: they must outlive the optimizer).
+ * names are copied, the tensors borrowed: they must outlive the optimizer),
+ * one group with the options' weight decay.
  * @return the optimizer, or NULL with cx_last_error set on bad
  * hyper-parameters (negative lr, momentum, ..., nesterov without momentum or
- * with dampening, betas outside [0, 1)) or out of memory. */
+ * with dampening, betas outside [0, 1)), a tensor listed twice (it would be
+ * stepped twice) or out of memory. */
 CX_API cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts opts);
 /* Adam: L2 weight decay added to the gradient. */
 CX_API cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts opts);
 /* AdamW: decoupled weight decay, param *= 1 - lr * weight_decay. */
 CX_API cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts opts);
 CX_API void cx_optim_free(cx_optimizer *opt);
+
+/* ---- parameter groups (PyTorch's param_groups) -------------------------------- */
+
+/* Parameters that share options: their own weight decay (replacing the
+ * options' weight_decay for them) and a learning-rate scale (their rate is
+ * the optimizer's, cx_optim_set_lr, times lr_scale, so one schedule drives
+ * every group). Both enter the step as runtime scalars; a group whose
+ * weight_decay is 0 records no decay at all. */
+typedef struct {
+    const cx_named_tensor *params;
+    int n;
+    double weight_decay;    /* >= 0 */
+    double lr_scale;        /* > 0 (a zero-initialized group is refused, not frozen) */
+} cx_param_group;
+
+/* A group of `n` parameters with `weight_decay` and lr_scale 1. */
+CX_API cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay);
+
+/* The usual split of a transformer's parameters (nanoGPT's
+ * configure_optimizers): out[0] holds the tensors of 2 or more dims
+ * (weights, embeddings) with `weight_decay`, out[1] the others (biases,
+ * LayerNorm) with none, each in the order of `params`. Both point into
+ * `scratch` (n entries, the caller's; the names stay those of `params`).
+ * @return 2, or -1 with cx_last_error set on a NULL list or negative n. */
+CX_API int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double weight_decay,
+                                   cx_named_tensor *scratch, cx_param_group out[2]);
+
+/* Optimizers over parameter groups: the parameters of every group, group
+ * after group (cx_optim_params and cx_optim_state list them in this
+ * order), each updated with its group's weight decay and learning rate;
+ * `opts.weight_decay` is not used (each group has its own).
+ * @return the optimizer, or NULL with cx_last_error set as for the plain
+ * constructors, and for a group with a negative weight_decay, an lr_scale
+ * that is not positive, or a tensor listed twice (in one group or two). */
+CX_API cx_optimizer *cx_optim_sgd_groups(const cx_param_group *groups, int ngroups, cx_sgd_opts opts);
+CX_API cx_optimizer *cx_optim_adam_groups(const cx_param_group *groups, int ngroups, cx_adam_opts opts);
+CX_API cx_optimizer *cx_optim_adamw_groups(const cx_param_group *groups, int ngroups, cx_adam_opts opts);
+/* @return the number of parameter groups (1 for the plain constructors). */
+CX_API int cx_optim_num_groups(const cx_optimizer *opt);
 
 /* Records one update of every parameter that has a gradient (in no-grad
  * mode). Parameters without one are skipped, as in PyTorch.
@@ -53,6 +94,7 @@ CX_API cx_status cx_optim_step(cx_optimizer *opt);
 /* Sets every parameter's gradient to none (PyTorch's set_to_none=True). */
 CX_API void cx_optim_zero_grad(cx_optimizer *opt);
 
+/* The base learning rate (a group's is this times its lr_scale). */
 CX_API void cx_optim_set_lr(cx_optimizer *opt, double lr);
 CX_API double cx_optim_get_lr(const cx_optimizer *opt);
 /* Steps taken (the host's copy of the "step" state). */

@@ -68,12 +68,16 @@ CX_API cx_status cx_optimizer_step(cx_optimizer *opt);
 /* Records the bucketed all-reduce of the gradients of `params` (reverse
  * order; the first bucket holds up to first_bucket_bytes, the others up to
  * bucket_bytes; each bucket is one pinned all-reduce whose result is
- * multiplied by `scale`). Parameters without a gradient are skipped.
+ * multiplied by `scale`). Parameters without a gradient are skipped; a
+ * tensor listed more than once is reduced once, at its first entry.
  * @return the number of buckets, or -1 (error set). */
 CX_API int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes,
                            double scale);
 
 /* ---- DistributedDataParallel -------------------------------------------------------- */
+
+/* A tied parameter is one tensor: it sits in one gradient bucket, and its
+ * gradient (the sum of its uses) is all-reduced once. */
 
 typedef struct cx_ddp cx_ddp;
 
@@ -86,14 +90,21 @@ CX_API cx_ddp_opts cx_ddp_default_opts(void);
 
 /* Wraps `m` (borrowed; it must outlive the wrapper): checks in one
  * rendezvous that every rank has the same cx_module_signature (parameter and
- * buffer names, dtypes, shapes and order), then broadcasts rank 0's
+ * buffer names, dtypes, shapes, ties and order), then broadcasts rank 0's
  * parameters and buffers. @return the wrapper, or NULL with an error, the
  * same on every rank, naming the ranks that differ and the first difference,
  * or a communication failure. */
 CX_API cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts);
 CX_API void cx_ddp_free(cx_ddp *d);
 CX_API cx_module *cx_ddp_module(cx_ddp *d);
+/* The wrapped module's forward (cx_module_forward), after rank 0's buffers
+ * are copied into every rank's (broadcast_buffers, training mode).
+ * @return its output, or a poisoned tensor naming the failure. */
 CX_API cx_tensor *cx_ddp_forward(cx_ddp *d, cx_tensor *x);
+/* The same for many inputs and outputs (cx_module_forward_many): a model
+ * taking (x, targets) and giving (logits, loss).
+ * @return the number of outputs written, or -1 with cx_last_error set. */
+CX_API int cx_ddp_forward_many(cx_ddp *d, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
 /* Backward, then (outside no_sync) the bucketed mean all-reduce of every
  * gradient, each bucket issued as soon as its gradients exist. */
 CX_API cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss);

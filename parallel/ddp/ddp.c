@@ -5,6 +5,7 @@
  * where the optimizer needs them, so the rest of backward overlaps them. */
 #include "parallel_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,14 +78,30 @@ void cx_ddp_free(cx_ddp *d)
 
 cx_module *cx_ddp_module(cx_ddp *d) { return d ? d->m : NULL; }
 
+/* torch DDP's buffer sync: rank 0's running stats before each forward. */
+static cx_status sync_buffers(cx_ddp *d)
+{
+    if (!d->o.broadcast_buffers || !cx_module_is_training(d->m)) return CX_OK;
+    return cx_record_master_values(d->buffers, d->nbuffers);
+}
+
 cx_tensor *cx_ddp_forward(cx_ddp *d, cx_tensor *x)
 {
     if (!d) return cx_module_forward(NULL, x);
-    /* torch DDP's buffer sync: rank 0's running stats before each forward */
-    if (d->o.broadcast_buffers && cx_module_is_training(d->m) &&
-        cx_record_master_values(d->buffers, d->nbuffers) != CX_OK)
-        return cx_poisoned("ddp_forward: broadcasting rank 0's buffers: %s", cx_last_error());
+    if (sync_buffers(d) != CX_OK) return cx_poisoned("ddp_forward: broadcasting rank 0's buffers: %s", cx_last_error());
     return cx_module_forward(d->m, x);
+}
+
+int cx_ddp_forward_many(cx_ddp *d, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out)
+{
+    if (!d) return cx_module_forward_many(NULL, in, n_in, out, max_out);
+    if (sync_buffers(d) != CX_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cx_last_error());
+        cx_set_last_error("ddp_forward_many: broadcasting rank 0's buffers: %s", msg);
+        return -1;
+    }
+    return cx_module_forward_many(d->m, in, n_in, out, max_out);
 }
 
 cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss)

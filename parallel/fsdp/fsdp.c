@@ -15,6 +15,7 @@
 #include "cx_sbuf.h"
 #include "cx_vec.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,14 +152,25 @@ static bool is_unit_module(const cx_fsdp *f, const cx_module *m)
     return false;
 }
 
+/* Whether the unit holds `t` already: a tied parameter's later slot. The
+ * unit keeps one ref, its first (state-dict order, as the module lists
+ * it); setting that slot sets the shared value, which the later slots see. */
+static bool unit_holds(const unit *u, const cx_tensor *t)
+{
+    for (int i = 0; i < u->nparams; i++)
+        if (cx_module_param(u->refs[i].owner, u->refs[i].slot) == t) return true;
+    return false;
+}
+
 /* Parameters a unit owns: its subtree's, minus nested units' subtrees. */
 static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, bool top)
 {
     if (!top && is_unit_module(f, m)) return true;
     for (int s = 0; s < cx_module_num_own_params(m); s++) {
+        cx_tensor *t = cx_module_param(m, s);
+        if (unit_holds(u, t)) continue;
         if (!CX_GROW(u->refs, u->cap_refs, u->nparams + 1) || !CX_GROW(u->info, u->cap_info, u->nparams + 1))
             return false;
-        cx_tensor *t = cx_module_param(m, s);
         cx_fsdp_param_info *pi = &u->info[u->nparams];
         memset(pi, 0, sizeof *pi);
         pi->name = join_path(path, cx_module_param_name(m, s));
@@ -177,6 +189,49 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
         if (!ok) return false;
     }
     return true;
+}
+
+/* ---- ties across units ------------------------------------------------------------------- */
+
+typedef struct {
+    const cx_tensor *t;
+    int unit, param;
+} flat_slot;
+
+static int by_tensor(const void *a, const void *b)
+{
+    const flat_slot *x = a, *y = b;
+    if (x->t != y->t) return (uintptr_t)x->t < (uintptr_t)y->t ? -1 : 1;
+    return x->unit != y->unit ? x->unit - y->unit : x->param - y->param;
+}
+
+/* A tied parameter lives in one flat parameter: if two units each held it,
+ * each would shard, gather and update its own copy and the tie would come
+ * apart after the first step. Both uses must be in one unit.
+ * @return CX_OK, CX_ERR_ARG naming both names and units, CX_ERR_OOM. */
+static cx_status check_ties(cx_fsdp *f)
+{
+    int total = 0;
+    for (int i = 0; i < f->nunits; i++) total += f->units[i].nparams;
+    flat_slot *all = malloc(sizeof *all * (size_t)(total ? total : 1));
+    if (!all) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    int k = 0;
+    for (int i = 0; i < f->nunits; i++)
+        for (int p = 0; p < f->units[i].nparams; p++)
+            all[k++] = (flat_slot){ cx_module_param(f->units[i].refs[p].owner, f->units[i].refs[p].slot), i, p };
+    qsort(all, (size_t)total, sizeof *all, by_tensor);
+    cx_status st = CX_OK;
+    for (int i = 1; i < total && st == CX_OK; i++) {
+        if (all[i].t != all[i - 1].t) continue;
+        const unit *a = &f->units[all[i - 1].unit], *b = &f->units[all[i].unit];
+        cx_set_last_error("fsdp_wrap: %s (FSDP unit %s) and %s (unit %s) are one tied parameter; a tied parameter "
+                          "must be used inside one unit: wrap the modules sharing it in the same unit",
+                          a->info[all[i - 1].param].name, a->path[0] ? a->path : "(root)",
+                          b->info[all[i].param].name, b->path[0] ? b->path : "(root)");
+        st = CX_ERR_ARG;
+    }
+    free(all);
+    return st;
 }
 
 /* ---- wrap ------------------------------------------------------------------------------- */
@@ -304,7 +359,8 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
         else unit_release(&f->units[i]);
     }
     f->nunits = k;
-    if (take_master_model(f) != CX_OK) { cx_fsdp_free(f); return NULL; }
+    /* after the agreement, which includes the ties: every rank decides alike */
+    if (take_master_model(f) != CX_OK || check_ties(f) != CX_OK) { cx_fsdp_free(f); return NULL; }
     for (int i = 0; i < f->nunits; i++)
         if (shard_unit(f, &f->units[i]) != CX_OK) { cx_fsdp_free(f); return NULL; }
     f->meta = calloc((size_t)f->nunits + 1, sizeof *f->meta);
@@ -328,6 +384,11 @@ void cx_fsdp_free(cx_fsdp *f)
 
 cx_module *cx_fsdp_module(cx_fsdp *f) { return f ? f->root : NULL; }
 cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x) { return cx_module_forward(f ? f->root : NULL, x); }
+
+int cx_fsdp_forward_many(cx_fsdp *f, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out)
+{
+    return cx_module_forward_many(f ? f->root : NULL, in, n_in, out, max_out);
+}
 
 cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss)
 {
