@@ -5,6 +5,7 @@
 #include <cxla/core.h>
 #include <cxla/comm.h>
 #include <cxla/nn.h>
+#include <cxla/gpt.h>
 #include <cxla/optim.h>
 #include <cxla/data.h>
 #include <cxla/parallel.h>
