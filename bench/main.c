@@ -22,6 +22,13 @@ static const subcommand g_subcommands[] = {
       "Run directly.\n"
       "train_*_images_per_s: training steps of the cnn (batch 64, 256) and a 4096-wide mlp (batch 256),\n"
       "at 1 and 2 threads, vs the GEMM-bound limit: model FLOPs over the cblas_sgemm rate measured in the same round" },
+    { "gpt", bench_gpt,
+      "Run directly.\n"
+      "gpt_tokens_per_s: training steps of the gpt program's default model (4 layers, n_embd 256, block 128,\n"
+      "batch 16; AdamW, clip) vs the GEMM-bound limit: matmul flops per token over the cblas_sgemm rate\n"
+      "gpt_attention_share: the fused attention's share of a step (forward + backward of every layer)\n"
+      "vs the plain attention's share of the same step built with it\n"
+      "gpt_peak_bytes: peak device memory of a step vs the model state (parameters, gradients, Adam moments)" },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"
       "ckpt_save_gbps: saving a 640 MiB model vs a raw sequential write (with fsync) of as many bytes\n"

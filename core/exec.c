@@ -481,9 +481,100 @@ CX_HOT static void reduce_split_range(void *p, int64_t b, int64_t e)
     }
 }
 
+/* ---- sums over leading axes (column sums) ---------------------------------------------- */
+
+/* A sum whose reduced axes are not the innermost in memory (a bias
+ * gradient: (N, C) -> (C)) would read one strided column per output.
+ * Instead the program is evaluated along the last kept axis, contiguous
+ * in its inputs, one reduced row after another, into a row of
+ * accumulators: the kernel's iteration order permuted so that the last
+ * kept axis comes last. Each output is still summed by one thread in a
+ * fixed order, so the result does not depend on the thread count. */
+typedef struct {
+    const run_ctx *rc;
+    const cx_kernel *k;
+    cx_program prog;          /* k's program over the permuted views */
+    int nd;
+    int64_t shape[CX_MAX_DIMS];   /* kept[0..nkeep-1), reduced..., kept[nkeep-1] */
+    int64_t width, blocks, rows;  /* last kept axis; its blocks; reduced rows */
+} colsum_job;
+
+static void permute_view(cx_view *v, const int *perm, int nd)
+{
+    cx_view o = *v;
+    for (int d = 0; d < nd; d++) {
+        v->strides[d] = o.strides[perm[d]];
+        v->lo[d] = o.lo[perm[d]];
+        v->hi[d] = o.hi[perm[d]];
+    }
+}
+
+CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
+{
+    colsum_job *j = p;
+    reg_t *regs = thread_regs(j->prog.n);
+    if (!regs) return;
+    int nd = j->nd, nlead = j->k->nkeep - 1;
+    float *out = j->rc->slot_ptr[j->k->out_slot];
+    double acc[CX_BLK];
+    for (int64_t u = b; u < e; u++) {
+        int64_t lead = u / j->blocks, j0 = (u % j->blocks) * CX_BLK;
+        int len = (int)(j->width - j0 < CX_BLK ? j->width - j0 : CX_BLK);
+        int64_t idx[CX_MAX_DIMS] = { 0 };
+        int64_t t = lead;
+        for (int d = nlead - 1; d >= 0; d--) { idx[d] = t % j->shape[d]; t /= j->shape[d]; }
+        for (int q = 0; q < len; q++) acc[q] = 0;
+        for (int64_t row = 0; row < j->rows; row++) {
+            int64_t rr = row;
+            for (int d = nd - 2; d >= nlead; d--) { idx[d] = rr % j->shape[d]; rr /= j->shape[d]; }
+            const reg_t *r = eval_block(j->rc, &j->prog, regs, idx, nd, j0, len);
+            for (int q = 0; q < len; q++) acc[q] += r->f[q];
+        }
+        for (int q = 0; q < len; q++) out[lead * j->width + j0 + q] = (float)acc[q];
+    }
+}
+
+/* @return whether k was run as a column sum (an f32 sum over axes that are
+ * not contiguous, whose last kept axis is contiguous or broadcast in every
+ * input). */
+static bool try_run_colsum(const run_ctx *rc, const cx_kernel *k)
+{
+    int nd = k->ndim, nk = k->nkeep;
+    if (k->red_op != OP_REDUCE_SUM || k->out_dtype != CX_F32 || nk < 1 || nd <= nk || nd > CX_MAX_DIMS ||
+        !is_float_class(k->prog.ins[k->prog.result].dtype) || k->shape[nk - 1] < 8 || k->prog.nviews > 64)
+        return false;
+    bool strided_inner = false;
+    for (int i = 0; i < k->prog.n; i++) {
+        const cx_pinstr *in = &k->prog.ins[i];
+        if (in->kind != P_LOAD) continue;
+        const cx_view *v = &k->prog.views[in->view];
+        if (v->strides[nk - 1] > 1 || v->strides[nk - 1] < 0) return false;
+        if (v->strides[nd - 1] != 1) strided_inner = true;
+    }
+    if (!strided_inner) return false;
+    int perm[CX_MAX_DIMS];
+    for (int d = 0; d < nk - 1; d++) perm[d] = d;
+    for (int d = nk; d < nd; d++) perm[d - 1] = d;
+    perm[nd - 1] = nk - 1;
+    cx_view views[64];
+    memcpy(views, k->prog.views, sizeof *views * (size_t)k->prog.nviews);
+    for (int i = 0; i < k->prog.nviews; i++) permute_view(&views[i], perm, nd);
+    colsum_job j = { .rc = rc, .k = k, .prog = k->prog, .nd = nd, .rows = 1 };
+    j.prog.views = views;
+    for (int d = 0; d < nd; d++) j.shape[d] = k->shape[perm[d]];
+    for (int d = nk - 1; d < nd - 1; d++) j.rows *= j.shape[d];
+    j.width = k->shape[nk - 1];
+    j.blocks = (j.width + CX_BLK - 1) / CX_BLK;
+    int64_t lead = 1;
+    for (int d = 0; d < nk - 1; d++) lead *= k->shape[d];
+    int64_t work = j.rows * (j.width < CX_BLK ? j.width : CX_BLK);
+    cx_pool_parallel_for(lead * j.blocks, work >= 32768 ? 1 : 32768 / (work ? work : 1) + 1, colsum_range, &j);
+    return true;
+}
+
 static void run_reduce(const run_ctx *rc, const cx_kernel *k)
 {
-    if (k->out_numel == 0) return;
+    if (k->out_numel == 0 || try_run_colsum(rc, k)) return;
     int nd = k->ndim;
     int64_t outer = 1, rows = 1, inner = 1;
     for (int d = 0; d < k->nkeep; d++) outer *= k->shape[d];

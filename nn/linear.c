@@ -7,15 +7,33 @@ typedef struct {
     int w, b;   /* parameter slots; b = -1 without bias */
 } linear;
 
+/* x (..., in) is multiplied as one (N, in) matrix, not as a batch of
+ * matrices: the weight's gradient is then one GEMM over all N rows instead
+ * of a batched GEMM followed by a sum over the batch. */
 static cx_tensor *linear_forward(cx_module *m, cx_tensor *x)
 {
     const linear *l = cx_module_impl(m);
-    cx_tensor *wt = cx_transpose(cx_module_param(m, l->w), 0, 1);   // (in, out)
-    cx_tensor *y = cx_matmul(x, wt);                                 // (..., out)
+    cx_tensor *w = cx_module_param(m, l->w);
+    int nd = cx_ndim(x);
+    if (nd < 2 || cx_dim(x, nd - 1) != cx_dim(w, 1)) {
+        cx_tensor *wt = cx_transpose(w, 0, 1);                       // (in, out): the matmul names the mismatch
+        cx_tensor *y = cx_matmul(x, wt);
+        cx_drop(wt);
+        return y;
+    }
+    int64_t in = cx_dim(w, 1), out_f = cx_dim(w, 0), rows = cx_numel(x) / (in ? in : 1);
+    int64_t flat_shape[2] = { rows, in }, out_shape[CX_MAX_DIMS];
+    for (int d = 0; d < nd - 1; d++) out_shape[d] = cx_dim(x, d);
+    out_shape[nd - 1] = out_f;
+    cx_tensor *flat = nd == 2 ? x : cx_reshape(x, flat_shape, 2);   // (N, in)
+    cx_tensor *wt = cx_transpose(w, 0, 1);                           // (in, out)
+    cx_tensor *y = cx_matmul(flat, wt);                              // (N, out)
+    cx_tensor *yb = l->b < 0 ? y : cx_add(y, cx_module_param(m, l->b));
+    cx_tensor *out = nd == 2 ? yb : cx_reshape(yb, out_shape, nd);  // (..., out)
+    if (flat != x) cx_drop(flat);
     cx_drop(wt);
-    if (l->b < 0) return y;
-    cx_tensor *out = cx_add(y, cx_module_param(m, l->b));
-    cx_drop(y);
+    if (yb != y) cx_drop(y);
+    if (out != yb) cx_drop(yb);
     return out;
 }
 
