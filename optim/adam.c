@@ -4,7 +4,7 @@
 #include <math.h>
 
 enum { EXP_AVG = 0, EXP_AVG_SQ, MAX_EXP_AVG_SQ, STEP };
-enum { HP_BETA1 = 0, HP_1MBETA1, HP_BETA2, HP_1MBETA2, HP_EPS, HP_WD, HP_DECAY, HP_COUNT };
+enum { HP_BETA1 = 0, HP_1MBETA1, HP_BETA2, HP_1MBETA2, HP_EPS, HP_WD, HP_DECAY, HP_LRWD, HP_COUNT };
 
 cx_adam_opts cx_adam_default_opts(void)
 {
@@ -29,6 +29,7 @@ static int adam_hyper(cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp)
     hp[HP_EPS] = cx_runtime_scalar(a->eps, CX_F32);
     hp[HP_WD] = cx_runtime_scalar(g->weight_decay, CX_F32);
     hp[HP_DECAY] = cx_runtime_scalar(1.0 - o->lr * g->lr_scale * g->weight_decay, CX_F32);
+    hp[HP_LRWD] = cx_runtime_scalar(o->lr * g->lr_scale * g->weight_decay, CX_F32);
     return HP_COUNT;
 }
 
@@ -40,7 +41,11 @@ static cx_status adam_update(cx_optimizer *o, const cx_ogroup *gr, cx_oparam *p,
     cx_tensor *g = cx_grad(p->p);
     cx_tensor *param = p->p;
     /* a group without decay records none (its graph differs, once) */
-    if (gr->weight_decay != 0.0) {
+    if (gr->weight_decay != 0.0 && p->decay_mask) {
+        cx_tensor *masked = cx_tmp(&t, cx_mul(param, p->decay_mask));
+        if (o->decoupled) param = cx_tmp(&t, cx_sub(param, cx_tmp(&t, cx_mul(masked, hp[HP_LRWD]))));
+        else g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(masked, hp[HP_WD]))));
+    } else if (gr->weight_decay != 0.0) {
         if (o->decoupled) param = cx_tmp(&t, cx_mul(param, hp[HP_DECAY]));       // AdamW
         else g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(param, hp[HP_WD]))));   // Adam: L2
     }

@@ -22,6 +22,7 @@ typedef struct {
     cx_tensor *p;
     cx_tensor *state[CX_OPTIM_MAX_STATE];   /* by the kind's state slots */
     int64_t steps;                          /* updates this parameter got */
+    cx_tensor *decay_mask;                  /* borrowed; NULL: decay every element */
 } cx_oparam;
 
 /* A parameter group: its own weight decay and learning-rate scale, over

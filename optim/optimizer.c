@@ -53,6 +53,12 @@ static bool check_groups(const cx_optim_kind *kind, const cx_param_group *groups
                                   i, gr->params[i].name ? gr->params[i].name : "unnamed", g);
                 return false;
             }
+            cx_tensor *mask = gr->decay_masks ? gr->decay_masks[i] : NULL;
+            if (mask && (cx_dtype_of(mask) != CX_F32 || cx_numel(mask) != cx_numel(t) || cx_ndim(mask) != cx_ndim(t))) {
+                cx_set_last_error("%s: the decay mask of parameter %d (%s) of group %d is not an f32 tensor of its "
+                                  "shape", kind->name, i, gr->params[i].name ? gr->params[i].name : "unnamed", g);
+                return false;
+            }
         }
         *total += gr->n;
     }
@@ -138,6 +144,7 @@ static bool fill_params(cx_optimizer *o, const cx_param_group *groups, const boo
             snprintf(fallback, sizeof fallback, "param%d", k);
             p->name = strdup(groups[g].params[i].name ? groups[g].params[i].name : fallback);
             p->p = groups[g].params[i].tensor;
+            p->decay_mask = groups[g].decay_masks ? groups[g].decay_masks[i] : NULL;
             o->n = k + 1;   /* what cx_optim_free releases */
             ok = p->name && make_state(o->kind, p, want, zeros);
         }

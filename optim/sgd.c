@@ -22,7 +22,10 @@ static cx_status sgd_update(cx_optimizer *o, const cx_ogroup *gr, cx_oparam *p, 
     const cx_sgd_opts *s = &o->o.sgd;
     cx_temps t = { .n = 0 };
     cx_tensor *g = cx_grad(p->p);
-    if (gr->weight_decay != 0.0) g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(p->p, hp[HP_WD]))));
+    if (gr->weight_decay != 0.0) {
+        cx_tensor *decayed = p->decay_mask ? cx_tmp(&t, cx_mul(p->p, p->decay_mask)) : p->p;
+        g = cx_tmp(&t, cx_add(g, cx_tmp(&t, cx_mul(decayed, hp[HP_WD]))));
+    }
     if (s->momentum != 0.0) {
         /* PyTorch starts the buffer as a copy of the first gradient. The
          * buffer is zeros until then, so buf * 0 + g * 1 is that copy, and

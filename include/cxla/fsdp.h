@@ -16,8 +16,8 @@
  * see the same gathered view, so both uses' gradients add up before the
  * reduce-scatter. A parameter tied across two units is an error of
  * cx_fsdp_wrap naming both names and units. Optimizer parameter groups
- * apply per flat parameter, i.e. per unit: one weight decay for all of a
- * unit's parameters.
+ * see flat parameters (one per unit); cx_fsdp_decay_masks lets a group
+ * decay only some of a unit's elements (the 2-D weights).
  */
 #ifndef CXLA_FSDP_H
 #define CXLA_FSDP_H
@@ -73,6 +73,15 @@ CX_API void cx_fsdp_no_sync_end(cx_fsdp *f);
  * ("flat_param" for the root). Give these to the optimizer.
  * Release the array with free(). */
 CX_API cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n);
+
+/* Weight-decay masks for the flat shards, in cx_fsdp_parameters' order:
+ * one f32 tensor per shard, 1 over the elements of original parameters of
+ * at least min_ndim dims and 0 elsewhere (padding included). Give them to
+ * a parameter group (cx_param_group.decay_masks) to decay only the 2-D
+ * weights (min_ndim 2), as the unwrapped model's groups would.
+ * @return the masks (persistent: cx_free each, then free() the array) and
+ * *n, or NULL with cx_last_error set for a NULL wrapper or out of memory. */
+CX_API cx_tensor **cx_fsdp_decay_masks(const cx_fsdp *f, int min_ndim, int *n);
 
 /* Global gradient-norm clipping across shards: local sum of squares, one
  * all-reduce. @return the total norm before clipping (lazy 0-d tensor). */

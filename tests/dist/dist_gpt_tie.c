@@ -1,8 +1,9 @@
 /* A tied parameter under data parallelism: a tiny GPT (lm_head.weight is
  * transformer.wte.weight) trained 3 steps with DDP, FSDP ZeRO-2 and
  * ZeRO-3 (each block its own unit; the tie in the root unit) equals one
- * process on the whole batch within 1e-5 (SGD with momentum and weight
- * decay), and the tie still holds. */
+ * process on the whole batch within 1e-5 (SGD with momentum, weight decay
+ * on 2-D weights only: under FSDP through decay masks over the flat
+ * shards), and the tie still holds. */
 #include "dist_check.h"
 
 #include <string.h>
@@ -38,14 +39,25 @@ static void batch(int s, int64_t row0, int64_t b, cx_tensor **x, cx_tensor **y)
 /* SGD with momentum: an update linear in the gradient, so the ranks'
  * different summation order stays at rounding level. (Adam divides by
  * sqrt(v): an element whose gradient is ~1e-9, below the noise, moves by
- * up to lr either way, which no reduction order can reproduce.) */
-static cx_optimizer *make_opt(cx_named_tensor *ps, int n)
+ * up to lr either way, which no reduction order can reproduce.) Weight
+ * decay on 2-D parameters only: groups by ndim, or under FSDP one group
+ * over the flat shards with decay masks. */
+static cx_optimizer *make_opt(cx_named_tensor *ps, int n, cx_fsdp *f, cx_tensor ***masks, int *nmasks)
 {
     cx_sgd_opts o = cx_sgd_default_opts();
     o.lr = 0.5;   /* large enough that 3 steps move every weight visibly */
     o.momentum = 0.9;
-    o.weight_decay = 0.01;
-    return cx_optim_sgd(ps, n, o);
+    cx_param_group groups[2];
+    if (f) {
+        *masks = cx_fsdp_decay_masks(f, 2, nmasks);
+        CHECK(*masks && *nmasks == n, "decay masks: %s", cx_last_error());
+        groups[0] = cx_param_group_of(ps, n, 0.05);
+        groups[0].decay_masks = *masks;
+        return cx_optim_sgd_groups(groups, 1, o);
+    }
+    cx_named_tensor scratch[64];
+    CHECK(n <= 64 && cx_param_groups_by_ndim(ps, n, 0.05, scratch, groups) == 2, "groups");
+    return cx_optim_sgd_groups(groups, 2, o);
 }
 
 typedef enum { MODE_SINGLE, MODE_DDP, MODE_FSDP2, MODE_FSDP3 } mode;
@@ -63,7 +75,9 @@ static void train(run *r, mode md)
     int64_t b = md == MODE_SINGLE ? GLOBAL_B : GLOBAL_B / world, row0 = md == MODE_SINGLE ? 0 : rank * b;
     int n = 0;
     cx_named_tensor *ps = r->fsdp ? cx_fsdp_parameters(r->fsdp, &n) : cx_module_parameters(r->m, &n);
-    cx_optimizer *opt = make_opt(ps, n);
+    cx_tensor **masks = NULL;
+    int nmasks = 0;
+    cx_optimizer *opt = make_opt(ps, n, r->fsdp, &masks, &nmasks);
     CHECK(opt != NULL, "optimizer: %s", cx_last_error());
     for (int s = 0; s < STEPS && opt; s++) {
         cx_step_begin();
@@ -82,6 +96,8 @@ static void train(run *r, mode md)
         CHECK(cx_step_end() == CX_OK, "step %d: %s", s, cx_last_error());
     }
     cx_optim_free(opt);
+    for (int i = 0; i < nmasks; i++) cx_free(masks[i]);
+    free(masks);
     free(ps);
 }
 
