@@ -70,7 +70,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static size_t round_floats(int64_t n) { return (size_t)ceil_div(n, 16) * 16; }
 
 /* y[i] (+ b), then max(., 0) if relu: a conv epilogue on one output row. */
-static void bias_relu_row(float *restrict y, int64_t n, const float *bias, int64_t o, bool relu)
+CX_HOT static void bias_relu_row(float *restrict y, int64_t n, const float *bias, int64_t o, bool relu)
 {
     if (bias) {
         const float b = bias[o];
@@ -259,7 +259,7 @@ static tap_span tap_span_of(const cx_conv_geom *g, int64_t kh, int64_t kw, int64
     return t;
 }
 
-static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
+CX_HOT static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
                            int64_t oh0, int64_t oh1)
 {
     const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
@@ -284,7 +284,7 @@ static void im2col_segment(float *dst, const float *src, const cx_conv_geom *g, 
 
 /* The reverse of im2col_segment: adds src (output rows [oh0, oh1) of tap
  * (kh, kw)) into the input plane dst (H, W). */
-static void col2im_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
+CX_HOT static void col2im_segment(float *dst, const float *src, const cx_conv_geom *g, int64_t kh, int64_t kw,
                            int64_t oh0, int64_t oh1)
 {
     const int64_t sh = g->stride_h, sw = g->stride_w, ow_n = g->ow;
@@ -394,7 +394,7 @@ typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 /* y[q] = sum_t coef[t*cs] * src[t*ss + q] for q < p. Four vectors of
  * output stay in registers across all terms, so y is written once; the
  * naive term-by-term axpy re-reads and re-writes y per term. */
-static void lincomb(float *y, const float *src, int64_t ss, const float *coef, int64_t cs, int64_t terms,
+CX_HOT static void lincomb(float *y, const float *src, int64_t ss, const float *coef, int64_t cs, int64_t terms,
                     int64_t p)
 {
     int64_t q = 0;

@@ -210,7 +210,7 @@ typedef int32_t i4 __attribute__((vector_size(16)));
         }                                                                                       \
     } while (0)
 
-static void max2x2_fwd_plane(float *restrict y, const float *restrict x, const cx_pool_geom *g)
+CX_HOT static void max2x2_fwd_plane(float *restrict y, const float *restrict x, const cx_pool_geom *g)
 {
     for (int64_t oh = 0; oh < g->oh; oh++) {
         const float *r0 = x + 2 * oh * g->w, *r1 = r0 + g->w;
@@ -249,7 +249,7 @@ static void max2x2_fwd_plane(float *restrict y, const float *restrict x, const c
 
 /* With `positive`, dy passes only where the window's max is > 0: the
  * gradient of relu before the pool, folded in (x is relu's output). */
-static void max2x2_bwd_plane(float *restrict dx, const float *restrict x, const float *restrict dy, bool positive,
+CX_HOT static void max2x2_bwd_plane(float *restrict dx, const float *restrict x, const float *restrict dy, bool positive,
                              const cx_pool_geom *g)
 {
     const int64_t w = g->w;

@@ -385,7 +385,7 @@ CX_HOT static void transform_grad(float *z, const float *zero, const float *dy, 
 /* xt (2 (i1 - i0) + 2 rows, wp = 2 tw + 2 columns, cin): the input rows of
  * tile rows [i0, i1) of one image in channels-last order, shifted by the
  * padding and zero outside the plane. */
-static void block_channels_last(float *restrict xt, const float *restrict x, const wino_shape *s, int64_t i0,
+CX_HOT static void block_channels_last(float *restrict xt, const float *restrict x, const wino_shape *s, int64_t i0,
                                 int64_t i1)
 {
     const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h, wp = 2 * s->tw + 2, cin = s->cin;
@@ -430,7 +430,7 @@ CX_HOT static void transform_input_cl(float *vt, const float *xt, const wino_sha
 }
 
 /* dw[o][c] = G^T dU[o][c] G. */
-static void finish_weight_grad(float *dw, const float *du, int64_t o_n, int64_t c_n)
+CX_HOT static void finish_weight_grad(float *dw, const float *du, int64_t o_n, int64_t c_n)
 {
     const int64_t plane = o_n * c_n, xs = xi_stride(plane);
     for (int64_t p = 0; p < plane; p++) {
@@ -471,7 +471,7 @@ typedef struct {
 } wino_job;
 
 
-static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int64_t i1)
+CX_HOT static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int64_t i1)
 {
     const wino_shape *s = &j->s;
     const int64_t tb = (i1 - i0) * s->tw;
@@ -485,7 +485,7 @@ static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i0, int6
 }
 
 /* dU (+)= sum over the images [n0, n1) of Z[xi] @ Vt[xi]. */
-static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
+CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
 {
     const wino_shape *s = &j->s;
     float *v = lane + j->lane.v, *z = lane + j->lane.m, *du = lane + j->lane.du, *zero = lane + j->lane.rows;
@@ -505,7 +505,7 @@ static void weight_task(const wino_job *j, float *lane, int64_t n0, int64_t n1)
         }
 }
 
-static void wino_each(void *p, int64_t tid, int64_t nthreads)
+CX_HOT static void wino_each(void *p, int64_t tid, int64_t nthreads)
 {
     wino_job *j = p;
     const int64_t lanes = min64(j->lanes, nthreads);
