@@ -11,6 +11,7 @@
 #include "obs.h"
 #include "cx_hash.h"
 #include "cx_sbuf.h"
+#include "cx_time.h"
 
 #include <stdatomic.h>
 
@@ -130,23 +131,79 @@ static uint64_t graph_fingerprint(const cx_executable *e, int *ncoll, cx_sbuf *d
         const int *ranks;
         if (cx_groups_describe(CX_ATTR(k, CX_AT_COLL_GROUPS), &ng, &gs, &ranks))
             h = cx_hash64_more(ranks, sizeof *ranks * (size_t)(ng * gs), h);
-        if (*ncoll < 4) { cx_sb_printf(desc, "%s", *ncoll ? ", " : ""); put_kernel(desc, k); }
+        if (desc && *ncoll < 4) { cx_sb_printf(desc, "%s", *ncoll ? ", " : ""); put_kernel(desc, k); }
         (*ncoll)++;
     }
-    if (*ncoll > 4) cx_sb_printf(desc, ", ... (%d in all)", *ncoll);
+    if (desc && *ncoll > 4) cx_sb_printf(desc, ", ... (%d in all)", *ncoll);
     return h;
 }
 
-cx_status cx_desync_check_graph(const cx_executable *e)
+/* A graph's check in flight. Its all-gather starts when the graph starts
+ * running and is waited for right before the graph's first collective:
+ * by then the other ranks have usually started the same step, so the check
+ * costs its latency, not the ranks' skew, which a blocking exchange at that
+ * point would expose (the first gradient all-reduce hides it otherwise). */
+struct cx_desync_pending {
+    void *req;
+    int64_t mine[2];
+    int64_t *all;
+    int ncoll, world;
+};
+
+cx_desync_pending *cx_desync_begin_graph(const cx_executable *e, cx_status *st)
 {
-    cx_sbuf desc = { 0 };
+    *st = CX_OK;
     int ncoll;
-    uint64_t fp = graph_fingerprint(e, &ncoll, &desc);
-    const char *file = cx_record()->site_file;
-    if (file && (cx_obs_get() & OBS_DEBUG)) cx_sb_printf(&desc, " from %s:%d", file, cx_record()->site_line);
-    char *d = cx_sb_finish(&desc);
-    cx_status st = check(fp, ncoll, d ? d : "(no description)");
-    free(d);
+    uint64_t fp = graph_fingerprint(e, &ncoll, NULL);
+    if (ncoll == 0) return NULL;
+    const cx_comm_backend *be = cx_comm_get();
+    int world = be->world_size(be->ctx);
+    if (world <= 1 || !check_enabled()) { g_seq += ncoll; return NULL; }
+    cx_counter_add("DesyncCheck", 1);   /* a collective of its own: CollectiveCount includes it */
+    cx_desync_pending *p = calloc(1, sizeof *p);
+    if (p) p->all = malloc(sizeof(int64_t) * 2 * (size_t)world);
+    if (!p || !p->all) {
+        if (p) free(p->all);
+        free(p);
+        cx_set_last_error("desync check: out of memory");
+        *st = CX_ERR_OOM;
+        return NULL;
+    }
+    *p = (cx_desync_pending){ .mine = { (int64_t)fp, g_seq }, .all = p->all, .ncoll = ncoll, .world = world };
+    cx_comm_op op = { .kind = CX_COLL_ALL_GATHER, .dtype = CX_I64, .in = p->mine, .out = p->all, .count = 2,
+                      .scale = 1.0 };
+    if (!(p->req = be->start(be->ctx, &op))) {
+        free(p->all);
+        free(p);
+        *st = CX_ERR_COMM;
+        return NULL;
+    }
+    return p;
+}
+
+cx_status cx_desync_end_graph(cx_desync_pending *p, const cx_executable *e)
+{
+    if (!p) return CX_OK;
+    double t0 = cx_now();
+    const cx_comm_backend *be = cx_comm_get();
+    cx_status st = be->wait(be->ctx, p->req);
+    bool same = st == CX_OK;
+    for (int r = 0; same && r < p->world; r++) same = p->all[2 * r] == p->mine[0] && p->all[2 * r + 1] == p->mine[1];
+    if (st == CX_OK && !same) {
+        cx_sbuf desc = { 0 };
+        int ncoll;
+        graph_fingerprint(e, &ncoll, &desc);
+        const char *file = cx_record()->site_file;
+        if (file && (cx_obs_get() & OBS_DEBUG)) cx_sb_printf(&desc, " from %s:%d", file, cx_record()->site_line);
+        char *d = cx_sb_finish(&desc);
+        st = report(be, p->all, p->world, d ? d : "(no description)");
+        free(d);
+    }
+    if (st == CX_OK) g_seq += p->ncoll;
+    /* the time the step waited for the check */
+    cx_metric_add("DesyncCheckTime", cx_now() - t0);
+    free(p->all);
+    free(p);
     return st;
 }
 

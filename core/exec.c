@@ -981,11 +981,13 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
      * a collective's event spans its start to the end of its wait */
     double *coll_t0 = (cx_obs_get() & OBS_TRACE) ? calloc((size_t)e->nkernels + 1, sizeof(double)) : NULL;
     int outstanding = 0;   /* collectives started and not yet waited for */
-    bool checked = false;  /* the desync check runs before the first collective */
+    /* the desync check: started now, settled before the first collective */
+    cx_desync_pending *check = cx_desync_begin_graph(e, &st);
     for (int ki = 0; ki < e->nkernels && st == CX_OK; ki++) {
-        if (!checked && e->kernels[ki].kind == K_COLL) {
-            checked = true;
-            if ((st = cx_desync_check_graph(e)) != CX_OK) break;
+        if (check && e->kernels[ki].kind == K_COLL) {
+            st = cx_desync_end_graph(check, e);
+            check = NULL;
+            if (st != CX_OK) break;
         }
         /* wait for collectives whose result this kernel needs */
         for (int j = 0; outstanding && j < ki; j++)
@@ -1012,6 +1014,10 @@ cx_status cx_execute(const cx_executable *e, void *const *inputs, const double *
             if (reqs[ki]) coll_t0[ki] = tk;
             else trace_kernel(e, ki, tk, cx_now());
         }
+    }
+    if (check) {   /* an error came first: the exchange still completes */
+        cx_status c = cx_desync_end_graph(check, e);
+        if (st == CX_OK) st = c;
     }
     for (int j = 0; j < e->nkernels; j++)
         if (reqs[j]) {

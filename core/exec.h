@@ -182,7 +182,9 @@ void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g);
  * rank compares what it is about to run with every other rank. @return
  * CX_OK, or CX_ERR_COMM with a message naming the ranks that differ and
  * what each would run (on every rank alike). */
-cx_status cx_desync_check_graph(const cx_executable *e);
+typedef struct cx_desync_pending cx_desync_pending;
+cx_desync_pending *cx_desync_begin_graph(const cx_executable *e, cx_status *st);
+cx_status cx_desync_end_graph(cx_desync_pending *p, const cx_executable *e);
 
 /* Shared arena for intermediates (grows; counted as device memory). */
 void *cx_arena_get(int64_t bytes);
