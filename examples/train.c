@@ -153,13 +153,13 @@ static cx_dataset *load_split(const config *c, bool train)
 
 /* ---- model and optimizer ---------------------------------------------------------- */
 
+/* The image sets (MNIST, Fashion-MNIST, fake) have 10 classes. */
 static cx_module *build_model(const config *c, const cx_dataset *ds)
 {
-    int64_t chw[3];
-    cx_dataset_image_shape(ds, chw);
+    const cx_field *img = cx_dataset_field(ds, cx_dataset_field_index(ds, CX_FIELD_IMAGES));   // (C, H, W)
     if (!strcmp(c->model, "cnn")) return model_cnn();
     if (!strcmp(c->model, "lenet")) return model_lenet();
-    return model_mlp(chw[0] * chw[1] * chw[2], c->width, c->depth, cx_dataset_num_classes(ds));
+    return model_mlp(img->shape[0] * img->shape[1] * img->shape[2], c->width, c->depth, 10);
 }
 
 /* Over the model's parameters, or FSDP's flat shards. */
@@ -337,9 +337,10 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     while (cx_loader_next(loader, &b)) {
         flush_log(&log, epoch, c->batch_size, dataset_size, batches);
         cx_optim_zero_grad(opt);
-        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, b.images)   // (B, 10)
-                                   : cx_module_forward(model, b.images);
-        cx_tensor *loss = cx_nll_loss(logp, b.labels, CX_REDUCE_MEAN, -100);
+        cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
+        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
+                                   : cx_module_forward(model, x);
+        cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
         cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : cx_backward(loss);
         if (st == CX_OK) st = par->xm ? cx_optimizer_step(opt) : cx_optim_step(opt);
         if (st != CX_OK) {
@@ -389,8 +390,8 @@ static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
     cx_no_grad_begin();
     cx_batch b;
     while (cx_loader_next(loader, &b)) {
-        cx_tensor *pred = cx_argmax(cx_module_forward(model, b.images), 1, false);   // (B) i64
-        cx_tensor *hits = cx_sum(cx_cast(cx_eq(pred, b.labels), CX_I64), NULL, 0, false);
+        cx_tensor *pred = cx_argmax(cx_module_forward(model, cx_batch_field(&b, CX_FIELD_IMAGES)), 1, false);   // (B) i64
+        cx_tensor *hits = cx_sum(cx_cast(cx_eq(pred, cx_batch_field(&b, CX_FIELD_LABELS)), CX_I64), NULL, 0, false);
         cx_assign(correct, cx_add(correct, hits));
         seen += b.size;
     }

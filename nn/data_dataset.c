@@ -1,195 +1,232 @@
-/* Host data sets: MNIST / Fashion-MNIST from IDX files, and fake data. */
+/* General data sets (fields + callbacks) and the in-memory arrays one. */
 #include "nn_internal.h"
 
 #include <cxla/data.h>
 
-#include <sys/stat.h>
-
 struct cx_dataset {
-    int64_t n;
-    int c, h, w;
-    int num_classes;
-    uint8_t *pixels;     /* (n, c, h, w) */
-    uint8_t *labels;     /* (n) */
-    float mean, std;
-    float lut[256];      /* normalized value of each pixel byte */
+    int64_t size;
+    int nfields;
+    cx_field *fields;      /* names point into `names` */
+    char *names;           /* the field names, NUL-separated */
+    size_t *item_bytes;    /* (nfields) bytes of one item of each field */
+    cx_dataset_get_fn get;
+    cx_dataset_collate_fn collate;
+    cx_dataset_epoch_fn set_epoch;
+    cx_dataset_free_fn free_ctx;
+    void *ctx;
 };
 
-/* A data set's shape and normalization; the caller gives it its pixel and
- * label buffers. */
-static cx_dataset *dataset_new(int64_t n, int c, int h, int w, int classes, float mean, float std)
+/* @return bytes of one item of `f`, or 0 with cx_last_error set when the
+ * field is malformed. */
+static size_t check_field(const cx_field *f, int i)
 {
-    cx_dataset *ds = calloc(1, sizeof *ds);
-    if (!ds) return NULL;
-    ds->n = n; ds->c = c; ds->h = h; ds->w = w;
-    ds->num_classes = classes;
-    ds->mean = mean; ds->std = std;
-    /* Same float32 arithmetic as ToTensor + Normalize: p / 255, then (x - mean) / std. */
-    for (int p = 0; p < 256; p++) ds->lut[p] = ((float)p / 255.0f - mean) / std;
+    if (!f->name || !f->name[0]) {
+        cx_set_last_error("cx_dataset_new: field %d has no name", i);
+        return 0;
+    }
+    if ((unsigned)f->dtype >= CX_DTYPE_COUNT || f->ndim < 0 || f->ndim > CX_MAX_DIMS - 1) {
+        cx_set_last_error("cx_dataset_new: field \"%s\": bad dtype %d or ndim %d (want 0..%d)", f->name,
+                          (int)f->dtype, f->ndim, CX_MAX_DIMS - 1);
+        return 0;
+    }
+    size_t bytes = cx_dtype_size(f->dtype);
+    for (int d = 0; d < f->ndim; d++) {
+        /* The bound keeps a whole batch's byte count far from overflowing. */
+        if (f->shape[d] <= 0 || f->shape[d] > ((int64_t)1 << 40) || bytes > ((size_t)1 << 40) / (size_t)f->shape[d]) {
+            cx_set_last_error("cx_dataset_new: field \"%s\": bad dim %d of size %lld", f->name, d,
+                              (long long)f->shape[d]);
+            return 0;
+        }
+        bytes *= (size_t)f->shape[d];
+    }
+    return bytes;
+}
+
+static cx_status check_desc(const cx_dataset_desc *d)
+{
+    if (d->size < 1 || d->nfields < 1 || !d->fields || (!d->get && !d->collate)) {
+        cx_set_last_error("cx_dataset_new: want a size >= 1 (got %lld), at least one field (got %d) and a get or "
+                          "collate callback (%s)", (long long)d->size, d->nfields,
+                          d->get || d->collate ? "set" : "neither set");
+        return CX_ERR_ARG;
+    }
+    for (int i = 0; i < d->nfields; i++) {
+        if (!check_field(&d->fields[i], i)) return CX_ERR_ARG;
+        for (int j = 0; j < i; j++) {
+            if (!strcmp(d->fields[i].name, d->fields[j].name)) {
+                cx_set_last_error("cx_dataset_new: two fields are called \"%s\"", d->fields[i].name);
+                return CX_ERR_ARG;
+            }
+        }
+    }
+    return CX_OK;
+}
+
+/* Copies the fields and their names into `ds`. @return false when out of memory. */
+static bool copy_fields(cx_dataset *ds, const cx_dataset_desc *d)
+{
+    size_t chars = 0;
+    for (int i = 0; i < d->nfields; i++) chars += strlen(d->fields[i].name) + 1;
+    ds->fields = malloc((size_t)d->nfields * sizeof *ds->fields);
+    ds->item_bytes = malloc((size_t)d->nfields * sizeof *ds->item_bytes);
+    ds->names = malloc(chars);
+    if (!ds->fields || !ds->item_bytes || !ds->names) return false;
+    char *p = ds->names;
+    for (int i = 0; i < d->nfields; i++) {
+        ds->fields[i] = d->fields[i];
+        size_t len = strlen(d->fields[i].name) + 1;
+        memcpy(p, d->fields[i].name, len);
+        ds->fields[i].name = p;
+        p += len;
+        ds->item_bytes[i] = check_field(&ds->fields[i], i);
+    }
+    ds->nfields = d->nfields;
+    return true;
+}
+
+cx_dataset *cx_dataset_new(const cx_dataset_desc *d)
+{
+    if (!d) { cx_set_last_error("cx_dataset_new: desc is NULL"); return NULL; }
+    cx_dataset *ds = NULL;
+    if (check_desc(d) == CX_OK) {
+        ds = calloc(1, sizeof *ds);
+        if (!ds || !copy_fields(ds, d)) {
+            cx_dataset_free(ds);   /* its free_ctx is not set yet: ctx is freed below */
+            ds = NULL;
+            cx_set_last_error("cx_dataset_new: out of memory for %d fields", d->nfields);
+        }
+    }
+    if (!ds) {
+        if (d->free) d->free(d->ctx);
+        return NULL;
+    }
+    ds->size = d->size;
+    ds->get = d->get;
+    ds->collate = d->collate;
+    ds->set_epoch = d->set_epoch;
+    ds->free_ctx = d->free;
+    ds->ctx = d->ctx;
     return ds;
 }
 
 void cx_dataset_free(cx_dataset *ds)
 {
     if (!ds) return;
-    free(ds->pixels);
-    free(ds->labels);
+    if (ds->free_ctx) ds->free_ctx(ds->ctx);
+    free(ds->fields);
+    free(ds->names);
+    free(ds->item_bytes);
     free(ds);
 }
 
-cx_mnist_opts cx_mnist_default_opts(void)
+int64_t cx_dataset_size(const cx_dataset *ds) { return ds ? ds->size : 0; }
+int cx_dataset_num_fields(const cx_dataset *ds) { return ds ? ds->nfields : 0; }
+
+const cx_field *cx_dataset_field(const cx_dataset *ds, int i)
 {
-    return (cx_mnist_opts){ .kind = CX_DATASET_FASHION_MNIST, .dir = NULL, .train = true };
+    return ds && i >= 0 && i < ds->nfields ? &ds->fields[i] : NULL;
 }
 
-static bool file_exists(const char *p)
+int cx_dataset_field_index(const cx_dataset *ds, const char *name)
 {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    if (!ds || !name) return -1;
+    for (int i = 0; i < ds->nfields; i++)
+        if (!strcmp(ds->fields[i].name, name)) return i;
+    return -1;
 }
 
-/* Finds <dir>/<stem>.gz or <dir>/<stem>; on failure reports the .gz path
- * and where the files come from. */
-static cx_status find_file(const cx_mnist_opts *o, const char *dir, const char *stem, char *path, size_t cap)
+void cx_dataset_set_epoch(cx_dataset *ds, int64_t epoch)
 {
-    snprintf(path, cap, "%s/%s.gz", dir, stem);
-    if (file_exists(path)) return CX_OK;
-    char raw[4096];
-    snprintf(raw, sizeof raw, "%s/%s", dir, stem);
-    if (file_exists(raw)) { snprintf(path, cap, "%s", raw); return CX_OK; }
-    if (o->kind == CX_DATASET_FASHION_MNIST)
-        cx_set_last_error("Fashion-MNIST file not found: %s (provided by the Debian package "
-                     "dataset-fashion-mnist: apt-get install dataset-fashion-mnist; or pass a directory "
-                     "with the IDX files)", path);
-    else
-        cx_set_last_error("MNIST file not found: %s (no Debian package ships MNIST; put the four IDX files "
-                     "there or pass their directory)", path);
-    return CX_ERR_IO;
+    if (ds && ds->set_epoch) ds->set_epoch(ds->ctx, epoch);
 }
 
-cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
+/* Item by item through get: item[f] walks along out[f]. */
+static cx_status gather_items(cx_dataset *ds, const int64_t *indices, int64_t n, void *const *out)
 {
-    if (!out) { cx_set_last_error("cx_mnist_load: out is NULL"); return CX_ERR_ARG; }
-    *out = NULL;
-    const char *dir = o.dir ? o.dir
-                            : (o.kind == CX_DATASET_MNIST ? CX_MNIST_DIR : CX_FASHION_MNIST_DIR);
-    const char *split = o.train ? "train" : "t10k";
-    char stem[64], ipath[4200], lpath[4200];
-    snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", split);
-    cx_status st = find_file(&o, dir, stem, ipath, sizeof ipath);
-    if (st != CX_OK) return st;
-    snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", split);
-    st = find_file(&o, dir, stem, lpath, sizeof lpath);
-    if (st != CX_OK) return st;
-
-    cx_idx_array img, lab;
-    if ((st = cx_idx_read(ipath, &img)) != CX_OK) return st;
-    if ((st = cx_idx_read(lpath, &lab)) != CX_OK) { cx_idx_array_release(&img); return st; }
-    if (img.ndim != 3 || lab.ndim != 1 || img.dims[0] != lab.dims[0] || img.dims[0] == 0) {
-        cx_set_last_error("cx_mnist_load: %s (%d dims, %lld samples) and %s (%d dims, %lld labels) do not match",
-                     ipath, img.ndim, (long long)img.dims[0], lpath, lab.ndim, (long long)lab.dims[0]);
-        cx_idx_array_release(&img);
-        cx_idx_array_release(&lab);
-        return CX_ERR_IO;
+    void **item = malloc((size_t)ds->nfields * sizeof *item);
+    if (!item) { cx_set_last_error("cx_dataset_gather: out of memory"); return CX_ERR_OOM; }
+    cx_status st = CX_OK;
+    for (int64_t b = 0; b < n && st == CX_OK; b++) {
+        for (int f = 0; f < ds->nfields; f++) item[f] = (char *)out[f] + (size_t)b * ds->item_bytes[f];
+        st = ds->get(ds->ctx, indices[b], item);
     }
-    for (int64_t i = 0; i < lab.dims[0]; i++) {
-        if (lab.data[i] >= 10) {
-            cx_set_last_error("cx_mnist_load: %s: label %d at %lld is not a class 0-9", lpath, lab.data[i], (long long)i);
-            cx_idx_array_release(&img);
-            cx_idx_array_release(&lab);
-            return CX_ERR_IO;
-        }
-    }
-    bool fashion = o.kind == CX_DATASET_FASHION_MNIST;
-    cx_dataset *ds = dataset_new(img.dims[0], 1, (int)img.dims[1], (int)img.dims[2], 10, fashion ? 0.2860f : 0.1307f,
-                                 fashion ? 0.3530f : 0.3081f);
-    if (!ds) {
-        cx_idx_array_release(&img);
-        cx_idx_array_release(&lab);
-        cx_set_last_error("cx_mnist_load: out of memory");
-        return CX_ERR_OOM;
-    }
-    /* Take the IDX buffers over instead of copying 47 MB. */
-    ds->pixels = img.data;
-    ds->labels = lab.data;
-    *out = ds;
-    return CX_OK;
+    free(item);
+    return st;
 }
 
-cx_fake_data_opts cx_fake_data_default_opts(void)
+cx_status cx_dataset_gather(cx_dataset *ds, const int64_t *indices, int64_t n, void *const *out)
 {
-    return (cx_fake_data_opts){ .size = 60000, .channels = 1, .height = 28, .width = 28,
-                                .num_classes = 10, .seed = 0 };
-}
-
-cx_status cx_fake_data(cx_fake_data_opts o, cx_dataset **out)
-{
-    if (!out) { cx_set_last_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
-    *out = NULL;
-    if (o.size <= 0 || o.channels <= 0 || o.height <= 0 || o.width <= 0 || o.num_classes <= 0 ||
-        o.num_classes > 256) {
-        cx_set_last_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, <= 256 classes)",
-                     (long long)o.size, o.channels, o.height, o.width, o.num_classes);
+    if (!ds || (n > 0 && (!indices || !out))) {
+        cx_set_last_error("cx_dataset_gather: data set, indices or out is NULL");
         return CX_ERR_ARG;
     }
-    size_t per = (size_t)o.channels * (size_t)o.height * (size_t)o.width;
-    cx_dataset *ds = dataset_new(o.size, o.channels, o.height, o.width, o.num_classes, 0.1307f, 0.3081f);
-    if (ds) {
-        ds->pixels = malloc((size_t)o.size * per);
-        ds->labels = malloc((size_t)o.size);
+    for (int64_t b = 0; b < n; b++) {
+        if (indices[b] < 0 || indices[b] >= ds->size) {
+            cx_set_last_error("cx_dataset_gather: index %lld outside the data set's %lld items",
+                              (long long)indices[b], (long long)ds->size);
+            return CX_ERR_ARG;
+        }
     }
-    if (!ds || !ds->pixels || !ds->labels) {
-        cx_dataset_free(ds);
-        cx_set_last_error("cx_fake_data: out of memory for %lld samples", (long long)o.size);
-        return CX_ERR_OOM;
-    }
-    uint64_t s = o.seed;
-    for (int64_t i = 0; i < o.size; i++) {
-        ds->labels[i] = (uint8_t)(cx_splitmix64(&s) % (uint64_t)o.num_classes);
-        uint8_t *px = ds->pixels + (size_t)i * per;
-        for (size_t j = 0; j < per; j++) px[j] = (uint8_t)(cx_splitmix64(&s) >> 56);
-    }
-    *out = ds;
+    if (n <= 0) return CX_OK;
+    return ds->collate ? ds->collate(ds->ctx, indices, n, out) : gather_items(ds, indices, n, out);
+}
+
+/* ---- in-memory arrays -------------------------------------------------------- */
+
+typedef struct {
+    int nfields;
+    const void **data;
+    size_t *item_bytes;
+} arrays;
+
+static cx_status arrays_get(void *ctx, int64_t index, void *const *item)
+{
+    const arrays *a = ctx;
+    for (int f = 0; f < a->nfields; f++)
+        memcpy(item[f], (const char *)a->data[f] + (size_t)index * a->item_bytes[f], a->item_bytes[f]);
     return CX_OK;
 }
 
-int64_t cx_dataset_size(const cx_dataset *ds) { return ds ? ds->n : 0; }
-
-void cx_dataset_image_shape(const cx_dataset *ds, int64_t chw[3])
+static void arrays_free(void *ctx)
 {
-    chw[0] = ds->c; chw[1] = ds->h; chw[2] = ds->w;
+    arrays *a = ctx;
+    if (!a) return;
+    free(a->data);
+    free(a->item_bytes);
+    free(a);
 }
 
-int cx_dataset_num_classes(const cx_dataset *ds) { return ds->num_classes; }
-
-const uint8_t *cx_dataset_pixels(const cx_dataset *ds, int64_t i)
+cx_dataset *cx_dataset_from_arrays(int64_t size, int nfields, const cx_field *fields, const void *const *data)
 {
-    CX_ASSERT(i >= 0 && i < ds->n);
-    return ds->pixels + (size_t)i * (size_t)ds->c * (size_t)ds->h * (size_t)ds->w;
-}
-
-int64_t cx_dataset_label(const cx_dataset *ds, int64_t i)
-{
-    CX_ASSERT(i >= 0 && i < ds->n);
-    return ds->labels[i];
-}
-
-void cx_dataset_normalization(const cx_dataset *ds, float *mean, float *std)
-{
-    if (mean) *mean = ds->mean;
-    if (std) *std = ds->std;
-}
-
-void cx_dataset_gather(const cx_dataset *ds, const int64_t *idx, int64_t n, float *images, int64_t *labels)
-{
-    size_t per = (size_t)ds->c * (size_t)ds->h * (size_t)ds->w;
-    for (int64_t b = 0; b < n; b++) {
-        CX_ASSERT(idx[b] >= 0 && idx[b] < ds->n);
-        if (images) {
-            const uint8_t *px = ds->pixels + (size_t)idx[b] * per;
-            float *dst = images + (size_t)b * per;
-            for (size_t j = 0; j < per; j++) dst[j] = ds->lut[px[j]];
-        }
-        if (labels) labels[b] = ds->labels[idx[b]];
+    if (nfields > 0 && fields && !data) {
+        cx_set_last_error("cx_dataset_from_arrays: data is NULL");
+        return NULL;
     }
+    for (int f = 0; f < nfields && fields; f++) {
+        if (!data[f]) {
+            cx_set_last_error("cx_dataset_from_arrays: the array of field %d (\"%s\") is NULL", f,
+                              fields[f].name ? fields[f].name : "");
+            return NULL;
+        }
+    }
+    arrays *a = calloc(1, sizeof *a);
+    if (a && nfields > 0) {
+        a->data = malloc((size_t)nfields * sizeof *a->data);
+        a->item_bytes = malloc((size_t)nfields * sizeof *a->item_bytes);
+    }
+    if (!a || (nfields > 0 && (!a->data || !a->item_bytes))) {
+        arrays_free(a);
+        cx_set_last_error("cx_dataset_from_arrays: out of memory");
+        return NULL;
+    }
+    a->nfields = nfields;
+    cx_dataset_desc d = { .size = size, .nfields = nfields, .fields = fields, .get = arrays_get,
+                          .free = arrays_free, .ctx = a };
+    cx_dataset *ds = cx_dataset_new(&d);   /* validates the fields; frees `a` on failure */
+    if (!ds) return NULL;
+    for (int f = 0; f < nfields; f++) {
+        a->data[f] = data[f];
+        a->item_bytes[f] = ds->item_bytes[f];
+    }
+    return ds;
 }

@@ -1,5 +1,6 @@
-/* Prefetching loader: a background thread gathers, normalizes and uploads
- * the next batches while the current step runs (like MpDeviceLoader).
+/* Prefetching loader: a background thread gathers (through the data set's
+ * callbacks) and uploads the next batches, one tensor per field, while the
+ * current step runs (like MpDeviceLoader).
  *
  * Requests form a queue of sequence numbers: the calling thread posts batch
  * seq = posted++ (taking its indices from the sampler, which only it
@@ -15,18 +16,17 @@ typedef struct {
     int64_t *idx;        /* (batch_size) sample indices */
     int64_t n;           /* samples in this batch */
     int64_t index;       /* batch number in the epoch */
-    float *img;          /* (batch_size, C, H, W) host staging */
-    int64_t *lab;        /* (batch_size) */
-    cx_tensor *images, *labels;   /* persistent: made on the worker thread */
+    void **host;         /* per field: (batch_size, field shape) host staging */
+    cx_tensor **t;       /* per field; persistent: made on the worker thread */
     cx_status status;
     char err[512];
 } slot;
 
 struct cx_loader {
-    const cx_dataset *ds;
+    cx_dataset *ds;
     cx_sampler *sampler;
     cx_loader_opts o;
-    int64_t chw[3];
+    int nfields;
     int nslots;
     slot *slots;
     pthread_t thread;
@@ -40,7 +40,7 @@ struct cx_loader {
     int64_t position;        /* samples handed out this epoch */
     bool at_end;
     bool step_open;
-    cx_tensor *cur_images, *cur_labels;
+    cx_tensor **cur;         /* the batch handed out: nfields tensors */
     cx_status error;
 };
 
@@ -49,23 +49,41 @@ cx_loader_opts cx_loader_default_opts(void)
     return (cx_loader_opts){ .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
 }
 
+static void free_tensors(cx_tensor **t, int n)
+{
+    for (int f = 0; t && f < n; f++) {
+        cx_free(t[f]);
+        t[f] = NULL;
+    }
+}
+
+/* Uploads field f of slot s as (n, field shape). @return an error or NULL. */
+static const char *upload(cx_loader *l, slot *s, int f)
+{
+    const cx_field *fd = cx_dataset_field(l->ds, f);
+    int64_t shape[CX_MAX_DIMS] = { s->n };
+    for (int d = 0; d < fd->ndim; d++) shape[1 + d] = fd->shape[d];
+    /* On this thread no step is open, so the handle is persistent; the
+     * caller's thread releases it once its step has ended. */
+    s->t[f] = cx_from_host(s->host[f], shape, 1 + fd->ndim, fd->dtype);
+    return !s->t[f] ? "out of memory" : cx_tensor_error(s->t[f]);
+}
+
 static void fill_slot(cx_loader *l, slot *s)
 {
-    cx_dataset_gather(l->ds, s->idx, s->n, s->img, s->lab);
-    int64_t ishape[4] = { s->n, l->chw[0], l->chw[1], l->chw[2] };
-    int64_t lshape[1] = { s->n };
-    /* On this thread no step is open, so both handles are persistent; the
-     * caller's thread releases them once their step has ended. */
-    s->images = cx_from_host(s->img, ishape, 4, CX_F32);
-    s->labels = cx_from_host(s->lab, lshape, 1, CX_I64);
-    const char *e = !s->images || !s->labels ? "out of memory"
-                  : cx_tensor_error(s->images) ? cx_tensor_error(s->images)
-                  : cx_tensor_error(s->labels);
-    if (e) {
+    s->status = cx_dataset_gather(l->ds, s->idx, s->n, s->host);
+    if (s->status != CX_OK) {
+        snprintf(s->err, sizeof s->err, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
+        return;
+    }
+    for (int f = 0; f < l->nfields; f++) {
+        const char *e = upload(l, s, f);
+        if (!e) continue;
         s->status = CX_ERR_OOM;
-        snprintf(s->err, sizeof s->err, "loader: uploading batch %lld failed: %s", (long long)s->index, e);
-    } else {
-        s->status = CX_OK;
+        snprintf(s->err, sizeof s->err, "loader: uploading field \"%s\" of batch %lld failed: %s",
+                 cx_dataset_field(l->ds, f)->name, (long long)s->index, e);
+        free_tensors(s->t, l->nfields);
+        return;
     }
 }
 
@@ -102,7 +120,6 @@ static bool post_one(cx_loader *l)
     if (left <= 0 || (l->o.drop_last && left < bs)) return false;
     s->n = cx_sampler_take(l->sampler, s->idx, bs);
     s->index = l->next_batch_index++;
-    s->images = s->labels = NULL;
     pthread_mutex_lock(&l->mu);
     l->posted++;
     pthread_cond_signal(&l->work_cv);
@@ -112,9 +129,7 @@ static bool post_one(cx_loader *l)
 
 static void release_current(cx_loader *l)
 {
-    cx_free(l->cur_images);
-    cx_free(l->cur_labels);
-    l->cur_images = l->cur_labels = NULL;
+    free_tensors(l->cur, l->nfields);
 }
 
 /* Waits for every posted batch and frees them (epoch change, shutdown). */
@@ -123,16 +138,38 @@ static void drain(cx_loader *l)
     pthread_mutex_lock(&l->mu);
     while (l->worked < l->posted) pthread_cond_wait(&l->done_cv, &l->mu);
     for (int64_t q = l->taken; q < l->posted; q++) {
-        slot *s = &l->slots[q % l->nslots];
-        cx_free(s->images);
-        cx_free(s->labels);
-        s->images = s->labels = NULL;
+        free_tensors(l->slots[q % l->nslots].t, l->nfields);
     }
     l->taken = l->posted;
     pthread_mutex_unlock(&l->mu);
 }
 
-cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
+/* Staging for one slot: indices and each field's host batch. @return false when out of memory. */
+static bool slot_alloc(cx_loader *l, slot *s)
+{
+    int64_t bs = l->o.batch_size;
+    s->idx = malloc((size_t)bs * sizeof *s->idx);
+    s->host = calloc((size_t)l->nfields, sizeof *s->host);
+    s->t = calloc((size_t)l->nfields, sizeof *s->t);
+    if (!s->idx || !s->host || !s->t) return false;
+    for (int f = 0; f < l->nfields; f++) {
+        const cx_field *fd = cx_dataset_field(l->ds, f);
+        size_t bytes = cx_dtype_size(fd->dtype) * (size_t)bs;
+        for (int d = 0; d < fd->ndim; d++) bytes *= (size_t)fd->shape[d];
+        if (!(s->host[f] = malloc(bytes ? bytes : 1))) return false;
+    }
+    return true;
+}
+
+static void slot_release(cx_loader *l, slot *s)
+{
+    free(s->idx);
+    for (int f = 0; s->host && f < l->nfields; f++) free(s->host[f]);
+    free(s->host);
+    free(s->t);
+}
+
+cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
 {
     if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
         cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
@@ -144,21 +181,17 @@ cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_op
     l->ds = ds;
     l->sampler = sampler;
     l->o = o;
-    cx_dataset_image_shape(ds, l->chw);
+    l->nfields = cx_dataset_num_fields(ds);
     l->nslots = o.prefetch;
     l->slots = calloc((size_t)l->nslots, sizeof *l->slots);
+    l->cur = calloc((size_t)l->nfields, sizeof *l->cur);
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work_cv, NULL);
     pthread_cond_init(&l->done_cv, NULL);
-    if (!l->slots) goto oom;
-    size_t per = (size_t)(l->chw[0] * l->chw[1] * l->chw[2]);
-    for (int i = 0; i < l->nslots; i++) {
-        slot *s = &l->slots[i];
-        s->idx = malloc((size_t)o.batch_size * sizeof *s->idx);
-        s->lab = malloc((size_t)o.batch_size * sizeof *s->lab);
-        s->img = malloc((size_t)o.batch_size * per * sizeof *s->img);
-        if (!s->idx || !s->lab || !s->img) goto oom;
-    }
+    if (!l->slots || !l->cur) goto oom;
+    for (int i = 0; i < l->nslots; i++)
+        if (!slot_alloc(l, &l->slots[i])) goto oom;
+    cx_dataset_set_epoch(ds, cx_sampler_epoch(sampler));
     if (pthread_create(&l->thread, NULL, worker_main, l) != 0) {
         cx_loader_free(l);
         cx_set_last_error("cx_loader_new: cannot start the prefetch thread");
@@ -186,14 +219,9 @@ void cx_loader_free(cx_loader *l)
         pthread_join(l->thread, NULL);
     }
     release_current(l);
-    if (l->slots) {
-        for (int i = 0; i < l->nslots; i++) {
-            free(l->slots[i].idx);
-            free(l->slots[i].lab);
-            free(l->slots[i].img);
-        }
-    }
+    for (int i = 0; l->slots && i < l->nslots; i++) slot_release(l, &l->slots[i]);
     free(l->slots);
+    free(l->cur);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->done_cv);
@@ -210,6 +238,8 @@ cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position)
 {
     cx_loader_end_step(l);
     drain(l);
+    /* no batch is being filled: the data set may change its windows */
+    cx_dataset_set_epoch(l->ds, epoch);
     cx_sampler_set_epoch(l->sampler, epoch);
     cx_status st = cx_sampler_set_position(l->sampler, position);
     if (st != CX_OK) return st;
@@ -253,9 +283,10 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
     l->taken++;
     pthread_mutex_unlock(&l->mu);
 
-    l->cur_images = s->images;
-    l->cur_labels = s->labels;
-    s->images = s->labels = NULL;
+    for (int f = 0; f < l->nfields; f++) {
+        l->cur[f] = s->t[f];
+        s->t[f] = NULL;
+    }
     int64_t n = s->n, index = s->index;
     if (s->status != CX_OK) {
         cx_set_last_error("%s", s->err);
@@ -270,9 +301,22 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
         cx_step_begin();
         l->step_open = true;
     }
-    out->images = l->cur_images;
-    out->labels = l->cur_labels;
+    out->fields = l->cur;
+    out->nfields = l->nfields;
     out->size = n;
     out->index = index;
+    out->dataset = l->ds;
     return true;
+}
+
+cx_tensor *cx_batch_field(const cx_batch *b, const char *name)
+{
+    int f = b && name ? cx_dataset_field_index(b->dataset, name) : -1;
+    if (f >= 0 && f < b->nfields) return b->fields[f];
+    char names[256] = "";
+    for (int i = 0; b && b->dataset && i < cx_dataset_num_fields(b->dataset); i++) {
+        size_t at = strlen(names);
+        snprintf(names + at, sizeof names - at, "%s\"%s\"", i ? ", " : "", cx_dataset_field(b->dataset, i)->name);
+    }
+    return cx_poisoned("batch: no field \"%s\" (its fields: %s)", name ? name : "(null)", names[0] ? names : "none");
 }

@@ -4,7 +4,7 @@
 set -eu
 
 PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev hdf5-tools graphviz"
-OPTIONAL="dataset-fashion-mnist"
+OPTIONAL="dataset-fashion-mnist bible-kjv gnuplot-nox"
 
 missing=""
 for p in $PACKAGES $OPTIONAL; do
@@ -19,7 +19,10 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq >/dev/null
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
-# the data set is optional: the trainer falls back to --data fake without it
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $OPTIONAL >/dev/null 2>&1 ||
-    echo "install-deps: dataset-fashion-mnist could not be installed; training falls back to fake data" >&2
+# optional, one at a time so one missing package does not keep the others
+# out: the data sets (train falls back to --data fake, gpt to --data FILE)
+# and gnuplot for `gpt plot`
+for p in $OPTIONAL; do
+    $SUDO apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 ||
+        echo "install-deps: optional package $p could not be installed" >&2
+done

@@ -122,7 +122,7 @@ int main(int argc, char **argv)
             cx_optim_set_lr(opt, cx_lr_at(&sched, step));
             cx_step_begin();
             cx_optim_zero_grad(opt);
-            cx_tensor *loss = cx_nll_loss(cx_module_forward(model, b.images), b.labels, CX_REDUCE_MEAN, -100);
+            cx_tensor *loss = cx_nll_loss(cx_module_forward(model, cx_batch_field(&b, CX_FIELD_IMAGES)), cx_batch_field(&b, CX_FIELD_LABELS), CX_REDUCE_MEAN, -100);
             cx_backward(loss);
             cx_optim_clip_grad_norm(opt, 1.0);
             cx_optim_step(opt);
@@ -149,8 +149,8 @@ int main(int argc, char **argv)
     cx_no_grad_begin();
     cx_batch b;
     while (cx_loader_next(tl, &b)) {
-        cx_tensor *pred = cx_argmax(cx_module_forward(model, b.images), 1, false);
-        cx_assign(correct, cx_add(correct, cx_sum(cx_cast(cx_eq(pred, b.labels), CX_I64), NULL, 0, false)));
+        cx_tensor *pred = cx_argmax(cx_module_forward(model, cx_batch_field(&b, CX_FIELD_IMAGES)), 1, false);
+        cx_assign(correct, cx_add(correct, cx_sum(cx_cast(cx_eq(pred, cx_batch_field(&b, CX_FIELD_LABELS)), CX_I64), NULL, 0, false)));
     }
     cx_no_grad_end();
     printf("test accuracy %.2f%% after %ld steps, final loss %.4f\n",

@@ -1,10 +1,13 @@
-/* cxla data: IDX files (MNIST, Fashion-MNIST), fake data, a deterministic
- * rank-aware shuffling sampler and a prefetching loader.
+/* cxla data: data sets, a deterministic rank-aware shuffling sampler and a
+ * prefetching loader (torch.utils.data's Dataset, DistributedSampler and
+ * DataLoader, with MpDeviceLoader's step marking).
  *
- * A data set lives on the host as 8-bit pixels plus per-set normalization
- * (pixels / 255, then (p - mean) / std); a batch is normalized on the host by
- * the loader's background thread and uploaded as (B, C, H, W) f32 images and
- * (B) i64 labels.
+ * A data set is `size` items, each made of the same named fields (a dtype
+ * and a per-item shape). Its callbacks fill items into host buffers; the
+ * loader's background thread gathers a batch that way and uploads it as one
+ * tensor per field, (B, item shape...). Built in: IDX images (MNIST,
+ * Fashion-MNIST) and fake images, in-memory arrays, and text corpora cut
+ * into windows of tokens for language models.
  */
 #ifndef CXLA_DATA_H
 #define CXLA_DATA_H
@@ -15,7 +18,80 @@
 extern "C" {
 #endif
 
-/* ---- IDX files ---------------------------------------------------------- */
+/* ---- data sets ------------------------------------------------------------ */
+
+typedef struct cx_dataset cx_dataset;
+
+/* One field of every item: name, dtype and per-item shape (a batch of B
+ * items is a tensor of shape (B, shape[0], ..., shape[ndim - 1])). */
+typedef struct {
+    const char *name;
+    cx_dtype dtype;
+    int ndim;                          /* 0 (one value per item) .. CX_MAX_DIMS - 1 */
+    int64_t shape[CX_MAX_DIMS - 1];
+} cx_field;
+
+/* Fills item `index` (0 <= index < size): item[f] points to room for one
+ * item of field f (the product of its shape elements of its dtype, row-major).
+ * @return CX_OK, or an error with cx_set_last_error saying what went wrong. */
+typedef cx_status (*cx_dataset_get_fn)(void *ctx, int64_t index, void *const *item);
+/* Fills the `n` items `indices[0..n)` at once: batch[f] points to room for
+ * (n, field f's shape) values. @return as get. */
+typedef cx_status (*cx_dataset_collate_fn)(void *ctx, const int64_t *indices, int64_t n, void *const *batch);
+/* Told that epoch `epoch` starts (e.g. to draw new windows or augmentations). */
+typedef void (*cx_dataset_epoch_fn)(void *ctx, int64_t epoch);
+typedef void (*cx_dataset_free_fn)(void *ctx);
+
+/* A user-defined data set. get or collate (or both) must be set; the loader
+ * uses collate when there is one. The callbacks run on the loader's thread,
+ * one at a time; set_epoch runs on the caller's thread while no batch is
+ * being filled. */
+typedef struct {
+    int64_t size;                      /* items, > 0 */
+    int nfields;                       /* >= 1 */
+    const cx_field *fields;            /* nfields, distinct non-empty names; copied */
+    cx_dataset_get_fn get;
+    cx_dataset_collate_fn collate;     /* optional */
+    cx_dataset_epoch_fn set_epoch;     /* optional */
+    cx_dataset_free_fn free;           /* optional: releases ctx */
+    void *ctx;
+} cx_dataset_desc;
+
+/* A data set from a description. It owns desc->ctx from now on, also on
+ * failure (then desc->free(ctx) has run).
+ * @return the data set, or NULL with cx_last_error set: a size below 1, no
+ * field, a field without a name or with a repeated one, a bad dtype, ndim or
+ * non-positive dim (the message names the field), neither get nor collate,
+ * or out of memory. */
+CX_API cx_dataset *cx_dataset_new(const cx_dataset_desc *desc);
+/* Calls the data set's free on its ctx and releases it. NULL is fine. */
+CX_API void cx_dataset_free(cx_dataset *ds);
+/* @return the number of items (0 for NULL). */
+CX_API int64_t cx_dataset_size(const cx_dataset *ds);
+CX_API int cx_dataset_num_fields(const cx_dataset *ds);
+/* @return field i (the data set's copy), or NULL outside [0, num_fields). */
+CX_API const cx_field *cx_dataset_field(const cx_dataset *ds, int i);
+/* @return the index of the field called `name`, or -1 if there is none. */
+CX_API int cx_dataset_field_index(const cx_dataset *ds, const char *name);
+/* Fills the items `indices[0..n)` into out[f], room for (n, field f's
+ * shape) values of each field, through collate or item by item through get.
+ * @return CX_OK; CX_ERR_ARG on an index outside [0, size) (named); the
+ * callback's error; CX_ERR_OOM. */
+CX_API cx_status cx_dataset_gather(cx_dataset *ds, const int64_t *indices, int64_t n, void *const *out);
+/* Calls the set_epoch hook, if any (the loader does at each epoch start). */
+CX_API void cx_dataset_set_epoch(cx_dataset *ds, int64_t epoch);
+
+/* ---- in-memory arrays (TensorDataset) -------------------------------------- */
+
+/* `size` items over host arrays: data[f] holds `size` items of fields[f]
+ * back to back, i.e. an array of shape (size, fields[f].shape...). The
+ * arrays are borrowed: they must outlive the data set.
+ * @return the data set, or NULL with cx_last_error set (as cx_dataset_new,
+ * or a NULL array, named). */
+CX_API cx_dataset *cx_dataset_from_arrays(int64_t size, int nfields, const cx_field *fields,
+                                          const void *const *data);
+
+/* ---- IDX files and image data sets --------------------------------------- */
 
 /* The contents of one IDX file of unsigned bytes (type 0x08), the only type
  * MNIST-style sets use. */
@@ -33,9 +109,12 @@ CX_API cx_status cx_idx_read(const char *path, cx_idx_array *out);
 /* Releases the data of `a` (an empty or NULL array is fine). */
 CX_API void cx_idx_array_release(cx_idx_array *a);
 
-/* ---- data sets ------------------------------------------------------------ */
-
-typedef struct cx_dataset cx_dataset;
+/* Image data sets (MNIST, Fashion-MNIST, fake) have two fields: "images",
+ * f32 (C, H, W), the 8-bit pixels p normalized as ToTensor + Normalize do
+ * ((p / 255 - mean) / std, with the set's mean and std), and "labels", i64
+ * (), the class. */
+#define CX_FIELD_IMAGES "images"
+#define CX_FIELD_LABELS "labels"
 
 typedef enum { CX_DATASET_FASHION_MNIST = 0, CX_DATASET_MNIST } cx_mnist_kind;
 
@@ -51,8 +130,10 @@ typedef struct {
 /* kind Fashion-MNIST, default dir, train split. */
 CX_API cx_mnist_opts cx_mnist_default_opts(void);
 
-/* Loads images and labels of one split. Files are looked up as
- * <dir>/<split>-images-idx3-ubyte[.gz] and <dir>/<split>-labels-idx1-ubyte[.gz].
+/* Loads images and labels of one split, 10 classes, normalized with mean
+ * 0.2860, std 0.3530 (Fashion-MNIST) or 0.1307, 0.3081 (MNIST). Files are
+ * looked up as <dir>/<split>-images-idx3-ubyte[.gz] and
+ * <dir>/<split>-labels-idx1-ubyte[.gz].
  * @return CX_OK; CX_ERR_IO when a file is missing (the message names the
  * path and, for the default Fashion-MNIST dir, the Debian package
  * dataset-fashion-mnist that provides it), corrupt, or when images and labels
@@ -69,23 +150,63 @@ typedef struct {
 /* 60000 samples of 1x28x28, 10 classes, seed 0. */
 CX_API cx_fake_data_opts cx_fake_data_default_opts(void);
 /* Random pixels and labels from a fixed seed, normalized like MNIST.
- * @return CX_OK, CX_ERR_ARG on a non-positive size, CX_ERR_OOM. */
+ * @return CX_OK, CX_ERR_ARG on a non-positive size or shape or more than 256
+ * classes, CX_ERR_OOM. */
 CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
 
-CX_API void cx_dataset_free(cx_dataset *ds);
-CX_API int64_t cx_dataset_size(const cx_dataset *ds);
-/* Per-sample image shape (C, H, W). */
-CX_API void cx_dataset_image_shape(const cx_dataset *ds, int64_t chw[3]);
-CX_API int cx_dataset_num_classes(const cx_dataset *ds);
-/* Raw pixels of sample i (C*H*W bytes) and its label. */
-CX_API const uint8_t *cx_dataset_pixels(const cx_dataset *ds, int64_t i);
-CX_API int64_t cx_dataset_label(const cx_dataset *ds, int64_t i);
-/* The normalization applied to pixels / 255. */
-CX_API void cx_dataset_normalization(const cx_dataset *ds, float *mean, float *std);
-/* Writes the normalized images (n, C, H, W) and labels (n) of the samples
- * `idx[0..n)` into `images` and `labels` (either may be NULL). */
-CX_API void cx_dataset_gather(const cx_dataset *ds, const int64_t *idx, int64_t n,
-                       float *images, int64_t *labels);
+/* ---- text ------------------------------------------------------------------ */
+
+/* A text data set cuts a corpus into windows of block + 1 tokens. Its
+ * fields are "x", the first block tokens, and "y", the last block (x
+ * shifted by one: the next-token targets), both i64 (block).
+ *
+ * The corpus file is memory-mapped, never read into memory. It is either
+ * CX_TEXT_BYTES, a text file whose bytes are the tokens (vocab 256), split
+ * into train (the first floor(len * train_fraction) bytes) and val (the
+ * rest); or CX_TEXT_U16, little-endian uint16 tokens (nanoGPT's train.bin /
+ * val.bin), one split already, taken whole.
+ *
+ * Training windows (eval_windows 0): each epoch the split is cut into
+ * n = max(1, floor((len - block) / (block + 1))) disjoint windows on a grid
+ * of stride block + 1, window i starting at phase + i * (block + 1). The
+ * phase is drawn from (seed, epoch), uniform in [0, len - n * (block + 1)],
+ * a range that holds every offset 0..block once the split has 2 * block + 1
+ * tokens; so the windows never overlap within an epoch, move from epoch to
+ * epoch, and together with the sampler (disjoint indices per rank, shuffled
+ * by its own seed and the epoch) depend only on the seeds, the epoch and
+ * the rank. The loader sets the epoch (cx_loader_set_epoch).
+ *
+ * Evaluation windows (eval_windows = n > 0): n fixed windows, window w
+ * starting at token w * floor((len - block - 1) / n), whatever the epoch.
+ *
+ * Tokens are checked against vocab_size as windows are read: a larger one
+ * fails that batch (cx_loader_error) with a message naming the file, so a
+ * large token file is never scanned as a whole. */
+typedef enum { CX_TEXT_BYTES = 0, CX_TEXT_U16 } cx_text_format;
+
+#define CX_FIELD_X "x"
+#define CX_FIELD_Y "y"
+
+typedef struct {
+    const char *path;
+    cx_text_format format;
+    int64_t block;            /* tokens per x and per y, >= 1 */
+    int64_t vocab_size;       /* tokens must be below it; 0: 256 (bytes) or 65536 (u16) */
+    bool val;                 /* CX_TEXT_BYTES: the val split instead of train */
+    double train_fraction;    /* CX_TEXT_BYTES: in (0, 1) */
+    uint64_t seed;            /* training windows' phase */
+    int64_t eval_windows;     /* 0: training windows; n > 0: n evenly spaced windows */
+} cx_text_opts;
+
+/* Bytes, block 256, vocab 256, train split of 0.9, seed 0, training windows. */
+CX_API cx_text_opts cx_text_default_opts(void);
+/* Opens (maps) a corpus as a text data set.
+ * @return CX_OK and *out; CX_ERR_IO when the file is missing or unreadable,
+ * a split is shorter than one window (block + 1 tokens), a token file has an
+ * odd number of bytes, or the evaluation windows do not fit (more than
+ * len - block - 1 of them, beyond one), the message naming the file;
+ * CX_ERR_ARG on a bad block, vocab size, fraction or format; CX_ERR_OOM. */
+CX_API cx_status cx_text_open(cx_text_opts opts, cx_dataset **out);
 
 /* ---- sampler ------------------------------------------------------------ */
 
@@ -138,26 +259,36 @@ CX_API cx_loader_opts cx_loader_default_opts(void);
 
 typedef struct cx_loader cx_loader;
 
+/* One batch: a tensor per field of the data set, in its field order. */
 typedef struct {
-    cx_tensor *images;   /* (B, C, H, W) f32, normalized; owned by the loader */
-    cx_tensor *labels;   /* (B) i64; owned by the loader */
-    int64_t size;        /* B */
-    int64_t index;       /* batch number within the epoch */
+    cx_tensor *const *fields;    /* nfields tensors (size, field shape...); owned by the loader */
+    int nfields;
+    int64_t size;                /* B */
+    int64_t index;               /* batch number within the epoch */
+    const cx_dataset *dataset;   /* whose fields these are */
 } cx_batch;
 
+/* @return the tensor of the field called `name` (owned by the loader), or,
+ * when there is no such field, a poisoned tensor naming it (a new handle,
+ * like any op's result), so the error surfaces at the step's sync. */
+CX_API cx_tensor *cx_batch_field(const cx_batch *b, const char *name);
+
 /* A loader over `ds` in the order of `sampler` (both borrowed; they must
- * outlive it, and the sampler is only touched by the thread calling the
- * loader). A background thread gathers, normalizes and uploads the next
- * batches while the current step runs.
+ * outlive it, and both are only touched by the thread calling the loader,
+ * apart from the data set's get/collate on the loader's own thread). A
+ * background thread gathers and uploads the next batches while the current
+ * step runs. The data set's set_epoch is called here with the sampler's
+ * epoch, and at each cx_loader_set_epoch.
  * @return a loader, or NULL with cx_last_error set (bad batch size, no
- * thread). */
-CX_API cx_loader *cx_loader_new(const cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
+ * thread, out of memory). */
+CX_API cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
 /* Stops the background thread and frees the batches still held. NULL is fine. */
 CX_API void cx_loader_free(cx_loader *l);
 /* Batches per epoch. */
 CX_API int64_t cx_loader_len(const cx_loader *l);
-/* Starts epoch `epoch` (sampler permutation) at sample position `position`
- * (0, or a checkpoint's cx_loader_position to resume).
+/* Starts epoch `epoch` (the data set's set_epoch, then the sampler's
+ * permutation) at sample position `position` (0, or a checkpoint's
+ * cx_loader_position to resume).
  * @return CX_OK or CX_ERR_ARG on a bad position. */
 CX_API cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position);
 /* Samples handed out so far this epoch (prefetched ones excluded). */
@@ -173,7 +304,7 @@ CX_API bool cx_loader_next(cx_loader *l, cx_batch *out);
  * no step is open. @return the status of cx_step_end (CX_OK when none). */
 CX_API cx_status cx_loader_end_step(cx_loader *l);
 /* @return CX_OK, or the error that ended the last epoch early (a failed
- * upload or step). */
+ * gather, upload or step). */
 CX_API cx_status cx_loader_error(const cx_loader *l);
 
 #ifdef __cplusplus

@@ -112,20 +112,17 @@ Test(data, fashion_mnist_from_debian_package)
     cr_assert_eq(cx_mnist_load(o, &test), CX_OK, "%s", cx_last_error());
     cr_expect_eq(cx_dataset_size(train), 60000);
     cr_expect_eq(cx_dataset_size(test), 10000);
-    int64_t chw[3];
-    cx_dataset_image_shape(train, chw);
-    cr_expect(chw[0] == 1 && chw[1] == 28 && chw[2] == 28);
-    cr_expect_eq(cx_dataset_label(train, 0), 9);   /* the first training image is an ankle boot */
-    float mean, std;
-    cx_dataset_normalization(train, &mean, &std);
-    cr_expect_float_eq(mean, 0.2860f, 1e-7);
-    cr_expect_float_eq(std, 0.3530f, 1e-7);
+    const cx_field *f = cx_dataset_field(train, 0);
+    cr_expect_str_eq(f->name, CX_FIELD_IMAGES);
+    cr_expect(f->ndim == 3 && f->shape[0] == 1 && f->shape[1] == 28 && f->shape[2] == 28);
+    cr_expect_eq(cx_dataset_field(train, 1)->dtype, CX_I64);
     /* Normalized pixels average ~0 with std ~1 over many images. */
-    int64_t idx[1000];
+    int64_t idx[1000], labels[1000];
     for (int i = 0; i < 1000; i++) idx[i] = i * 60;
     float *img = malloc(1000 * 784 * sizeof *img);
     cr_assert(img);
-    cx_dataset_gather(train, idx, 1000, img, NULL);
+    cr_assert_eq(cx_dataset_gather(train, idx, 1000, (void *const[]){ img, labels }), CX_OK);
+    cr_expect_eq(labels[0], 9);   /* the first training image is an ankle boot */
     double s = 0, s2 = 0;
     for (int i = 0; i < 1000 * 784; i++) { s += img[i]; s2 += (double)img[i] * img[i]; }
     double m = s / (1000 * 784), sd = sqrt(s2 / (1000 * 784) - m * m);
@@ -146,9 +143,15 @@ Test(data, fake_data_is_deterministic)
     cr_assert_eq(cx_fake_data(o, &b), CX_OK);
     o.seed = 6;
     cr_assert_eq(cx_fake_data(o, &c), CX_OK);
-    cr_expect(memcmp(cx_dataset_pixels(a, 0), cx_dataset_pixels(b, 0), 100 * 784) == 0);
-    cr_expect(memcmp(cx_dataset_pixels(a, 0), cx_dataset_pixels(c, 0), 784) != 0);
-    for (int i = 0; i < 100; i++) cr_expect(cx_dataset_label(a, i) >= 0 && cx_dataset_label(a, i) < 10);
+    static float pa[100 * 784], pb[100 * 784], pc[100 * 784];
+    int64_t la[100], lb[100], lc[100], idx[100];
+    for (int i = 0; i < 100; i++) idx[i] = i;
+    cr_assert_eq(cx_dataset_gather(a, idx, 100, (void *const[]){ pa, la }), CX_OK);
+    cr_assert_eq(cx_dataset_gather(b, idx, 100, (void *const[]){ pb, lb }), CX_OK);
+    cr_assert_eq(cx_dataset_gather(c, idx, 100, (void *const[]){ pc, lc }), CX_OK);
+    cr_expect(memcmp(pa, pb, sizeof pa) == 0 && memcmp(la, lb, sizeof la) == 0);
+    cr_expect(memcmp(pa, pc, 784 * sizeof(float)) != 0);
+    for (int i = 0; i < 100; i++) cr_expect(la[i] >= 0 && la[i] < 10);
     cx_dataset_free(a);
     cx_dataset_free(b);
     cx_dataset_free(c);
@@ -265,18 +268,19 @@ Test(data, loader_batches_match_the_sampler)
     int64_t total = 0;
     while (cx_loader_next(l, &b)) {
         cr_expect_eq(b.index, batches);
-        cr_expect_eq(cx_dim(b.images, 0), b.size);
-        cr_expect_eq(cx_dim(b.images, 1), 1);
-        cr_expect_eq(cx_dim(b.images, 3), 4);
-        cr_expect_eq(cx_dtype_of(b.labels), CX_I64);
+        cx_tensor *images = cx_batch_field(&b, CX_FIELD_IMAGES), *blabels = cx_batch_field(&b, CX_FIELD_LABELS);
+        cr_expect_eq(cx_dim(images, 0), b.size);
+        cr_expect_eq(cx_dim(images, 1), 1);
+        cr_expect_eq(cx_dim(images, 3), 4);
+        cr_expect_eq(cx_dtype_of(blabels), CX_I64);
         int64_t idx[16];
         int64_t k = cx_sampler_take(ref, idx, 16);
         cr_assert_eq(k, b.size);
         float want[16 * 16], got[16 * 16];
         int64_t wl[16], gl[16];
-        cx_dataset_gather(ds, idx, k, want, wl);
-        cr_assert_eq(cx_to_host(b.images, got, CX_F32), CX_OK, "%s", cx_last_error());
-        cr_assert_eq(cx_to_host(b.labels, gl, CX_I64), CX_OK);
+        cr_assert_eq(cx_dataset_gather(ds, idx, k, (void *const[]){ want, wl }), CX_OK);
+        cr_assert_eq(cx_to_host(images, got, CX_F32), CX_OK, "%s", cx_last_error());
+        cr_assert_eq(cx_to_host(blabels, gl, CX_I64), CX_OK);
         cr_expect(memcmp(want, got, (size_t)k * 16 * sizeof(float)) == 0);
         cr_expect(memcmp(wl, gl, (size_t)k * sizeof(int64_t)) == 0);
         total += b.size;
@@ -308,7 +312,7 @@ Test(data, loader_drop_last_epochs_and_resume)
     int64_t first_labels[16];
     while (cx_loader_next(l, &b)) {
         cr_expect_eq(b.size, 16);
-        if (n == 1) cx_to_host(b.labels, first_labels, CX_I64);
+        if (n == 1) cx_to_host(cx_batch_field(&b, CX_FIELD_LABELS), first_labels, CX_I64);
         n++;
     }
     cr_expect_eq(n, 3);
@@ -317,7 +321,7 @@ Test(data, loader_drop_last_epochs_and_resume)
     cr_assert(cx_loader_next(l, &b));
     cr_expect_eq(b.index, 1);
     int64_t labels[16];
-    cx_to_host(b.labels, labels, CX_I64);
+    cx_to_host(cx_batch_field(&b, CX_FIELD_LABELS), labels, CX_I64);
     cr_expect(memcmp(labels, first_labels, sizeof labels) == 0);
     /* Stop early; the loader frees what it holds. */
     cr_expect_eq(cx_loader_end_step(l), CX_OK);
@@ -344,9 +348,9 @@ Test(data, loader_marks_steps)
     int n = 0;
     while (cx_loader_next(l, &b)) {
         /* Inside the loader's step: a step tensor, kept past it. */
-        cx_tensor *t = cx_sum(b.images, NULL, 0, false);
+        cx_tensor *t = cx_sum(cx_batch_field(&b, CX_FIELD_IMAGES), NULL, 0, false);
         cr_expect(!cx_is_persistent(t));
-        cr_expect(cx_is_persistent(b.images), "batches are made outside any step");
+        cr_expect(cx_is_persistent(cx_batch_field(&b, CX_FIELD_IMAGES)), "batches are made outside any step");
         n++;
     }
     cr_expect_eq(n, 4);

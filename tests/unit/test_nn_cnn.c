@@ -72,7 +72,7 @@ Test(nn_cnn, training_step_compiles_once_with_loader)
     while (steps < 3 && cx_loader_next(l, &b)) {
         cx_optim_set_lr(opt, 0.01 * (steps + 1));   /* a schedule must not recompile */
         cx_optim_zero_grad(opt);
-        cx_tensor *loss = cx_nll_loss(cx_module_forward(m, b.images), b.labels, CX_REDUCE_MEAN, -100);
+        cx_tensor *loss = cx_nll_loss(cx_module_forward(m, cx_batch_field(&b, CX_FIELD_IMAGES)), cx_batch_field(&b, CX_FIELD_LABELS), CX_REDUCE_MEAN, -100);
         cr_assert(cx_backward(loss) == CX_OK);
         cr_assert(cx_optim_step(opt) == CX_OK);
         kept[steps++] = cx_persist(loss);   /* past several steps (cx_keep spans one) */

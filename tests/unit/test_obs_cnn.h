@@ -60,7 +60,7 @@ __attribute__((unused)) static cx_status obs_train(int steps, obs_run *out)
     while (out->steps < steps && cx_loader_next(l, &b)) {
         if (prev) { out->losses[out->steps - 1] = cx_item(prev); cx_free(prev); prev = NULL; }
         cx_optim_zero_grad(opt);
-        cx_tensor *loss = cx_nll_loss(cx_module_forward(m, b.images), b.labels, CX_REDUCE_MEAN, -100);
+        cx_tensor *loss = cx_nll_loss(cx_module_forward(m, cx_batch_field(&b, CX_FIELD_IMAGES)), cx_batch_field(&b, CX_FIELD_LABELS), CX_REDUCE_MEAN, -100);
         if ((st = cx_backward(loss)) != CX_OK || (st = cx_optim_step(opt)) != CX_OK) break;
         prev = cx_persist(loss);
         out->steps++;
