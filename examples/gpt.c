@@ -1,0 +1,813 @@
+/* gpt: a byte-level GPT language model, from a text file to samples.
+ *
+ *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp] ...   train, end with "val loss: X"
+ *   gpt eval   --ckpt PREFIX [--data FILE]                                 print "val loss: X"
+ *   gpt sample --ckpt PREFIX --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
+ *   gpt plot   --log-file F.jsonl --out F.png|F.svg                        train and val loss curves (gnuplot)
+ *
+ * Read it top to bottom: flags, corpus, model and optimizer, the training
+ * loop (each step one lazy graph: forward, backward, clip, AdamW, recorded
+ * between the loader's step marks), evaluation, sampling, plotting. The
+ * corpus is the King James Bible of Debian's bible-kjv package unless
+ * --data names another text file; its bytes are the tokens.
+ *
+ * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data or checkpoint
+ * missing or unreadable.
+ */
+#include <cxla/cxla.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cx_cli.h"
+
+enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3 };
+
+#define VAL_WINDOWS 64      /* the val loss: 64 evenly spaced windows of val */
+#define EVAL_BATCH 16
+#define KJV_RANGE "Genesis 1:1-Revelation 22:21"
+
+/* ---- flags ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *cmd;
+    const char *data;           /* NULL: the KJV corpus, made when missing */
+    cx_gpt_config model;
+    int64_t steps, batch_size, warmup, log_every, eval_every, ckpt_every, seed;
+    double lr, min_lr, weight_decay, grad_clip;
+    const char *parallel;       /* none, ddp, fsdp */
+    int zero;
+    int threads;
+    const char *ckpt_dir, *resume, *log_file;
+    const char *ckpt;           /* eval / sample */
+    const char *prompt;
+    int64_t tokens, top_k;
+    double temperature;
+    const char *out;            /* plot */
+} config;
+
+static const char *const k_parallels[] = { "none", "ddp", "fsdp", NULL };
+
+static cli_result parse_flags(config *c, int argc, char **argv)
+{
+    int n_layer = 4, n_head = 4;
+    int64_t n_embd = 256, block = 128;
+    *c = (config){ .steps = 600, .batch_size = 16, .warmup = 50, .log_every = 10, .seed = 1, .lr = 1e-3,
+                   .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .zero = 3,
+                   .tokens = 200, .temperature = 1.0, .prompt = "\n" };
+    const cli_flag flags[] = {
+        { .name = "data", .kind = CLI_STRING, .dest = &c->data, .metavar = "FILE",
+          .help = "text corpus, bytes are tokens (default: the KJV Bible,\nmade from bible-kjv when missing)" },
+        { .name = "n-layer", .kind = CLI_INT, .dest = &n_layer, .min = 1, .max = 1000, .help = "transformer blocks" },
+        { .name = "n-head", .kind = CLI_INT, .dest = &n_head, .min = 1, .max = 1024, .help = "attention heads" },
+        { .name = "n-embd", .kind = CLI_I64, .dest = &n_embd, .min = 1, .max = 65536, .help = "embedding width" },
+        { .name = "block-size", .kind = CLI_I64, .dest = &block, .min = 1, .max = 65536, .help = "context length" },
+        { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 1, .max = 0x1p40, .help = "training steps" },
+        { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20,
+          .help = "global batch, split over the ranks" },
+        { .name = "lr", .kind = CLI_DOUBLE, .dest = &c->lr, .min = 0, .max = 10, .help = "peak learning rate" },
+        { .name = "min-lr", .kind = CLI_DOUBLE, .dest = &c->min_lr, .min = 0, .max = 10,
+          .help = "learning rate at the last step (cosine)" },
+        { .name = "warmup", .kind = CLI_I64, .dest = &c->warmup, .min = 0, .max = 0x1p40, .help = "linear warm-up steps" },
+        { .name = "weight-decay", .kind = CLI_DOUBLE, .dest = &c->weight_decay, .min = 0, .max = 10,
+          .help = "AdamW weight decay of 2-D weights" },
+        { .name = "grad-clip", .kind = CLI_DOUBLE, .dest = &c->grad_clip, .min = 0, .max = INFINITY,
+          .help = "gradient-norm clip, 0 = off" },
+        { .name = "seed", .kind = CLI_I64, .dest = &c->seed, .min = 0, .max = 0x1p62, .help = "RNG seed" },
+        { .name = "threads", .kind = CLI_INT, .dest = &c->threads, .min = 0, .max = 4096,
+          .help = "compute threads, 0 = all cores" },
+        { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
+          .help = "data parallelism over xla-launch's ranks" },
+        { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
+          .help = "fsdp: ZeRO stage" },
+        { .name = "log-every", .kind = CLI_I64, .dest = &c->log_every, .min = 1, .max = 0x1p40,
+          .help = "log the loss every N steps" },
+        { .name = "eval-every", .kind = CLI_I64, .dest = &c->eval_every, .min = 0, .max = 0x1p40,
+          .help = "measure the val loss every N steps, 0 = at the end" },
+        { .name = "log-file", .kind = CLI_STRING, .dest = &c->log_file, .metavar = "F.jsonl",
+          .help = "train: one JSON object per logged step; plot: read it" },
+        { .name = "ckpt-dir", .kind = CLI_STRING, .dest = &c->ckpt_dir, .metavar = "DIR",
+          .help = "save checkpoints DIR/ckpt-step-<N>" },
+        { .name = "ckpt-every", .kind = CLI_I64, .dest = &c->ckpt_every, .min = 0, .max = 0x1p40,
+          .help = "save every N steps, 0 = at the end" },
+        { .name = "resume", .kind = CLI_STRING, .dest = &c->resume, .metavar = "{auto,PREFIX}",
+          .help = "resume from the latest checkpoint in --ckpt-dir or PREFIX" },
+        { .name = "ckpt", .kind = CLI_STRING, .dest = &c->ckpt, .metavar = "PREFIX",
+          .help = "eval, sample: the checkpoint (a prefix or a consolidated .h5)" },
+        { .name = "prompt", .kind = CLI_STRING, .dest = &c->prompt, .metavar = "TEXT", .help = "sample: the start" },
+        { .name = "tokens", .kind = CLI_I64, .dest = &c->tokens, .min = 1, .max = 0x1p30,
+          .help = "sample: tokens to generate" },
+        { .name = "temperature", .kind = CLI_DOUBLE, .dest = &c->temperature, .min = 1e-6, .max = 100,
+          .help = "sample: logits are divided by it" },
+        { .name = "top-k", .kind = CLI_I64, .dest = &c->top_k, .min = 0, .max = 0x1p30,
+          .help = "sample: keep the k likeliest tokens, 0 = all" },
+        { .name = "out", .kind = CLI_STRING, .dest = &c->out, .metavar = "F.png|F.svg", .help = "plot: the picture" },
+    };
+    const cli_spec spec = {
+        .prog = "gpt",
+        .args = "{train,eval,sample,plot} [flags]",
+        .summary = "A byte-level GPT on a text corpus (default: the KJV Bible). train runs under xla-launch\n"
+                   "like the train program; eval and sample read a checkpoint; plot draws the log file's loss\n"
+                   "curves with gnuplot. eval and sample take the model flags train was given.",
+        .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data or checkpoint missing or unreadable",
+        .flags = flags,
+        .nflags = (int)(sizeof flags / sizeof *flags),
+        .positionals = true,
+    };
+    /* gpt COMMAND [flags]: the command takes the program name's place */
+    static const char *const cmds[] = { "train", "eval", "sample", "plot" };
+    bool has_cmd = argc > 1 && argv[1][0] != '-';
+    for (int i = 0; has_cmd && i < 4; i++)
+        if (!strcmp(argv[1], cmds[i])) c->cmd = cmds[i];
+    int first = argc;
+    cli_result r = has_cmd ? cli_parse(&spec, argc - 1, argv + 1, &first) : cli_parse(&spec, argc, argv, &first);
+    if (r != CLI_OK) return r;
+    if (!c->cmd || first != (has_cmd ? argc - 1 : argc)) {
+        fprintf(stderr, "gpt: want one command, train, eval, sample or plot, then flags%s%s (see gpt --help)\n",
+                has_cmd ? "; got " : "", has_cmd ? argv[1] : "");
+        return CLI_ERROR;
+    }
+    c->model = (cx_gpt_config){ .vocab_size = 256, .block_size = block, .n_layer = n_layer, .n_head = n_head,
+                                .n_embd = n_embd };
+    bool needs_ckpt = !strcmp(c->cmd, "eval") || !strcmp(c->cmd, "sample");
+    const char *missing = needs_ckpt && !c->ckpt ? "--ckpt" : !strcmp(c->cmd, "plot") && !c->log_file ? "--log-file"
+                          : !strcmp(c->cmd, "plot") && !c->out ? "--out" : NULL;
+    if (missing) {
+        fprintf(stderr, "gpt %s: %s is required (see gpt --help)\n", c->cmd, missing);
+        return CLI_ERROR;
+    }
+    return CLI_OK;
+}
+
+/* ---- the corpus --------------------------------------------------------------------------- */
+
+/* The default corpus: $XDG_CACHE_HOME/cxla (or ~/.cache/cxla, or /tmp)/kjv.txt. */
+static void default_corpus_path(char *out, size_t cap)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(out, cap, "%s/cxla/kjv.txt", xdg);
+    else if (home && *home) snprintf(out, cap, "%s/.cache/cxla/kjv.txt", home);
+    else snprintf(out, cap, "/tmp/cxla-kjv.txt");
+}
+
+/* Writes the KJV text with bible-kjv's `bible` (one verse per line) to a
+ * temporary file renamed into place, so a failed run never leaves half a
+ * corpus behind. @return 0, or an exit code after one line on stderr. */
+static int make_kjv(const char *path)
+{
+    char dir[4096], tmp[4200], cmd[8800];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "gpt: cannot create %s for the corpus\n", dir);
+            return EXIT_DATA;
+        }
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(cmd, sizeof cmd, "bible -f '" KJV_RANGE "' > '%s' 2>/dev/null", tmp);
+    int st = system(cmd);
+    struct stat sb;
+    if (st != 0 || stat(tmp, &sb) != 0 || sb.st_size < 1000000 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        fprintf(stderr, "gpt: no corpus at %s and `bible` (Debian package bible-kjv) could not make it: install it "
+                        "(scripts/install-deps.sh) or pass --data FILE\n", path);
+        return EXIT_DATA;
+    }
+    fprintf(stderr, "gpt: wrote the KJV corpus to %s (%lld bytes)\n", path, (long long)sb.st_size);
+    return 0;
+}
+
+/* The corpus path: --data, or the KJV made on first use (by rank 0; the
+ * others wait for it at a barrier). @return 0 or an exit code. */
+static int corpus_path(const config *c, char *out, size_t cap)
+{
+    if (c->data) {
+        snprintf(out, cap, "%s", c->data);
+        return 0;
+    }
+    default_corpus_path(out, cap);
+    int rc = 0;
+    if (cx_global_ordinal() == 0 && access(out, R_OK) != 0) rc = make_kjv(out);
+    if (cx_world_size() > 1 && cx_barrier() != CX_OK) rc = EXIT_RUNTIME;
+    return rc;
+}
+
+/* A text data set of the corpus: training windows, or the val split's
+ * evaluation windows. @return CX_OK or the error (message set). */
+static cx_status open_split(const config *c, const char *path, bool val, cx_dataset **out)
+{
+    cx_text_opts o = cx_text_default_opts();
+    o.path = path;
+    o.block = c->model.block_size;
+    o.train_fraction = 0.9;
+    o.val = val;
+    o.seed = (uint64_t)c->seed;
+    o.eval_windows = val ? VAL_WINDOWS : 0;
+    return cx_text_open(o, out);
+}
+
+/* ---- model and optimizer ---------------------------------------------------------------------- */
+
+typedef struct {
+    cx_module *model;
+    cx_ddp *ddp;
+    cx_fsdp *fsdp;
+    cx_optimizer *opt;
+    cx_named_tensor *params;   /* what the optimizer steps (FSDP: flat shards) */
+    int nparams;
+    cx_tensor **decay_masks;   /* FSDP: which shard elements are 2-D weights */
+    int nmasks;
+} trainer;
+
+static void trainer_free(trainer *t)
+{
+    cx_optim_free(t->opt);
+    free(t->params);
+    for (int i = 0; i < t->nmasks; i++) cx_free(t->decay_masks[i]);
+    free(t->decay_masks);
+    cx_ddp_free(t->ddp);
+    cx_fsdp_free(t->fsdp);
+    cx_module_free(t->model);
+}
+
+/* FSDP's units are the blocks (transformer_auto_wrap_policy); wte, wpe,
+ * ln_f and the tied lm_head stay in the root unit. */
+static cx_status wrap(const config *c, trainer *t)
+{
+    if (!strcmp(c->parallel, "ddp")) {
+        t->ddp = cx_ddp_wrap(t->model, cx_ddp_default_opts());
+        return t->ddp ? CX_OK : CX_ERR_ARG;
+    }
+    if (!strcmp(c->parallel, "fsdp")) {
+        static const char *const units[] = { "Block" };
+        cx_fsdp_opts fo = cx_fsdp_default_opts();
+        fo.reshard_after_forward = c->zero == 3;
+        fo.auto_wrap_types = units;
+        fo.n_auto_wrap_types = 1;
+        t->fsdp = cx_fsdp_wrap(t->model, fo);
+        return t->fsdp ? CX_OK : CX_ERR_ARG;
+    }
+    return cx_world_size() > 1 ? cx_broadcast_master_params(t->model) : CX_OK;
+}
+
+/* AdamW, betas (0.9, 0.99), eps 1e-8; weight decay on 2-D weights only:
+ * two groups by ndim, or under FSDP one group over the flat shards whose
+ * decay masks pick the 2-D weights' elements. */
+static cx_status build_optimizer(const config *c, trainer *t)
+{
+    t->params = t->fsdp ? cx_fsdp_parameters(t->fsdp, &t->nparams) : cx_module_parameters(t->model, &t->nparams);
+    if (!t->params) return CX_ERR_OOM;
+    cx_adam_opts o = cx_adamw_default_opts();
+    o.lr = c->lr;
+    o.beta1 = 0.9;
+    o.beta2 = 0.99;
+    o.eps = 1e-8;
+    cx_param_group groups[2];
+    if (t->fsdp) {
+        if (!(t->decay_masks = cx_fsdp_decay_masks(t->fsdp, 2, &t->nmasks))) return CX_ERR_OOM;
+        groups[0] = cx_param_group_of(t->params, t->nparams, c->weight_decay);
+        groups[0].decay_masks = t->decay_masks;
+        t->opt = cx_optim_adamw_groups(groups, 1, o);
+        return t->opt ? CX_OK : CX_ERR_ARG;
+    }
+    cx_named_tensor *scratch = malloc(sizeof *scratch * (size_t)t->nparams);
+    if (scratch && cx_param_groups_by_ndim(t->params, t->nparams, c->weight_decay, scratch, groups) == 2)
+        t->opt = cx_optim_adamw_groups(groups, 2, o);
+    free(scratch);
+    return t->opt ? CX_OK : CX_ERR_ARG;
+}
+
+/* @return 0 or an exit code after one line on stderr. */
+static int build_trainer(const config *c, trainer *t, bool train)
+{
+    *t = (trainer){ 0 };
+    cx_manual_seed((uint64_t)c->seed);
+    t->model = cx_nn_gpt(c->model);
+    if (!t->model || (train && wrap(c, t) != CX_OK) || (train && build_optimizer(c, t) != CX_OK)) {
+        fprintf(stderr, "gpt: cannot build the model: %s\n", cx_last_error());
+        trainer_free(t);
+        return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+/* The recipe's schedule: linear warm-up from lr / warmup to lr over the
+ * first `warmup` steps, then cosine down to min_lr at the last step. */
+static double lr_at(const config *c, int64_t step)
+{
+    if (step < c->warmup) return c->lr * (double)(step + 1) / (double)c->warmup;
+    int64_t span = c->steps - 1 - c->warmup;
+    double progress = span > 0 ? (double)(step - c->warmup) / (double)span : 1.0;
+    if (progress > 1.0) progress = 1.0;
+    return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------------- */
+
+/* The mean cross-entropy over the val split's evaluation windows. Every
+ * rank evaluates all of them (FSDP's forward needs every rank anyway).
+ * @return the loss, or NAN after printing why. */
+static double val_loss(trainer *t, cx_dataset *val)
+{
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.shuffle = false;
+    cx_sampler *sampler = cx_sampler_new(cx_dataset_size(val), so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = EVAL_BATCH;
+    cx_loader *loader = sampler ? cx_loader_new(val, sampler, lo) : NULL;
+    if (!loader) {
+        fprintf(stderr, "gpt: val loader: %s\n", cx_last_error());
+        cx_sampler_free(sampler);
+        return NAN;
+    }
+    cx_module_train(t->model, false);
+    cx_no_grad_begin();
+    cx_tensor *total = cx_persist(cx_zeros(NULL, 0, CX_F32));
+    cx_sync_tensors(&total, 1);
+    int64_t windows = 0;
+    cx_batch b;
+    while (cx_loader_next(loader, &b)) {
+        cx_tensor *in[2] = { cx_batch_field(&b, CX_FIELD_X), cx_batch_field(&b, CX_FIELD_Y) }, *out[2] = { 0 };
+        if (t->fsdp) cx_fsdp_forward_many(t->fsdp, in, 2, out, 2);
+        else cx_module_forward_many(t->model, in, 2, out, 2);
+        /* a batch's mean times its size: the windows' mean at the end */
+        cx_assign(total, cx_add(total, cx_mul_scalar(out[1], (double)b.size)));
+        windows += b.size;
+    }
+    cx_no_grad_end();
+    cx_module_train(t->model, true);
+    double loss = cx_loader_error(loader) == CX_OK && windows > 0 ? cx_item(total) / (double)windows : NAN;
+    if (isnan(loss)) fprintf(stderr, "gpt: val loss: %s\n", cx_last_error());
+    cx_free(total);
+    cx_loader_free(loader);
+    cx_sampler_free(sampler);
+    return loss;
+}
+
+/* ---- logging ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    FILE *jsonl;
+    bool tty;
+    double t_last;
+    int64_t step_last;
+    cx_tensor *loss;        /* kept past its step, read once the step has run */
+    int64_t loss_step;
+    double loss_lr;
+} logger;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prints the pending loss: a progress line on a terminal, plain lines
+ * otherwise; and a JSON line in the log file. */
+static void log_flush(logger *g, const config *c, double val)
+{
+    if (!g->loss && isnan(val)) return;
+    double now = now_s(), tok_s = (double)(g->loss_step + 1 - g->step_last) * (double)c->batch_size *
+                                  (double)c->model.block_size / (now - g->t_last);
+    double loss = g->loss ? cx_item(g->loss) : NAN;
+    int64_t step = g->loss_step + 1;
+    if (cx_global_ordinal() == 0) {
+        double eta = (double)(c->steps - step) * (double)c->batch_size * (double)c->model.block_size / tok_s;
+        if (g->loss && g->tty)
+            printf("\rstep %lld/%lld | loss %.4f | lr %.2e | %.0f tokens/s | ETA %dm%02ds   ", (long long)step,
+                   (long long)c->steps, loss, g->loss_lr, tok_s, (int)(eta / 60), (int)fmod(eta, 60));
+        else if (g->loss)
+            printf("step %lld/%lld: loss %.4f, lr %.2e, %.0f tokens/s\n", (long long)step, (long long)c->steps, loss,
+                   g->loss_lr, tok_s);
+        if (!isnan(val)) printf("%sstep %lld: val loss %.4f\n", g->tty ? "\n" : "", (long long)step, val);
+        fflush(stdout);
+        if (g->jsonl) {
+            fprintf(g->jsonl, "{\"step\": %lld", (long long)step);
+            if (g->loss) fprintf(g->jsonl, ", \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f", loss, g->loss_lr, tok_s);
+            if (!isnan(val)) fprintf(g->jsonl, ", \"val_loss\": %.6f", val);
+            fprintf(g->jsonl, "}\n");
+            fflush(g->jsonl);
+        }
+    }
+    if (g->loss) {
+        g->t_last = now;
+        g->step_last = step;
+    }
+    cx_free(g->loss);
+    g->loss = NULL;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------------- */
+
+static cx_ckpt_model ckpt_model(const trainer *t, const config *c)
+{
+    if (t->fsdp) return cx_ckpt_model_fsdp(t->fsdp, c->zero == 3);
+    if (t->ddp) return cx_ckpt_model_ddp(cx_ddp_module(t->ddp));
+    return cx_world_size() > 1 ? cx_ckpt_model_ddp(t->model) : cx_ckpt_model_single(t->model);
+}
+
+static cx_status save(const config *c, trainer *t, int64_t step, int64_t epoch, int64_t position)
+{
+    char prefix[4096];
+    snprintf(prefix, sizeof prefix, "%s/ckpt-step-%lld", c->ckpt_dir, (long long)step);
+    cx_ckpt_extra ex = { step, epoch, position };
+    cx_status st = cx_ckpt_save(prefix, ckpt_model(t, c), t->opt, &ex);
+    if (st != CX_OK) fprintf(stderr, "gpt: checkpoint save failed: %s\n", cx_last_error());
+    else if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: saved %s\n", prefix);
+    return st;
+}
+
+/* --resume: auto (the latest committed checkpoint in --ckpt-dir, if any) or
+ * a prefix. @return 0 or an exit code; *ex the saved step and position. */
+static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
+{
+    *ex = (cx_ckpt_extra){ 0, 1, 0 };
+    if (c->ckpt_dir && mkdir(c->ckpt_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gpt: cannot create --ckpt-dir %s: %s\n", c->ckpt_dir, strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    if (!c->resume) return 0;
+    char prefix[4096];
+    if (!strcmp(c->resume, "auto")) {
+        if (!c->ckpt_dir || cx_ckpt_latest(c->ckpt_dir, prefix, sizeof prefix) != CX_OK) {
+            if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: notice: no committed checkpoint, starting fresh\n");
+            return 0;
+        }
+    } else {
+        snprintf(prefix, sizeof prefix, "%s", c->resume);
+    }
+    if (cx_ckpt_load(prefix, ckpt_model(t, c), t->opt, ex) != CX_OK) {
+        fprintf(stderr, "gpt: cannot resume: %s\n", cx_last_error());
+        return EXIT_DATA;
+    }
+    if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: resumed from %s at step %lld\n", prefix, (long long)ex->step);
+    return 0;
+}
+
+/* ---- training ---------------------------------------------------------------------------------------- */
+
+/* One step on batch b: forward, backward (DDP: bucketed all-reduce; FSDP:
+ * reduce-scatter), clip, AdamW at this step's rate. @return the loss. */
+static cx_tensor *train_step(const config *c, trainer *t, const cx_batch *b, int64_t step)
+{
+    cx_optim_zero_grad(t->opt);
+    cx_tensor *in[2] = { cx_batch_field(b, CX_FIELD_X), cx_batch_field(b, CX_FIELD_Y) }, *out[2] = { 0 };
+    int n = t->fsdp ? cx_fsdp_forward_many(t->fsdp, in, 2, out, 2)
+          : t->ddp  ? cx_ddp_forward_many(t->ddp, in, 2, out, 2)
+                    : cx_module_forward_many(t->model, in, 2, out, 2);
+    if (n != 2) return cx_poisoned("gpt: forward: %s", cx_last_error());
+    cx_tensor *loss = out[1];   // () mean cross-entropy
+    cx_status st = t->fsdp ? cx_fsdp_backward(t->fsdp, loss) : t->ddp ? cx_ddp_backward(t->ddp, loss) : cx_backward(loss);
+    if (st == CX_OK && c->grad_clip > 0) {
+        if (t->fsdp) cx_fsdp_clip_grad_norm(t->fsdp, c->grad_clip);
+        else {
+            cx_tensor **ps = malloc(sizeof *ps * (size_t)t->nparams);
+            if (!ps) return cx_poisoned("gpt: out of memory");
+            for (int i = 0; i < t->nparams; i++) ps[i] = t->params[i].tensor;
+            cx_clip_grad_norm(ps, t->nparams, c->grad_clip);
+            free(ps);
+        }
+    }
+    cx_optim_set_lr(t->opt, lr_at(c, step));
+    if (st == CX_OK) st = cx_world_size() > 1 && !t->ddp && !t->fsdp ? cx_optimizer_step(t->opt) : cx_optim_step(t->opt);
+    return st == CX_OK ? loss : cx_poisoned("gpt: step %lld: %s", (long long)step, cx_last_error());
+}
+
+typedef struct {
+    cx_dataset *train, *val;
+    cx_sampler *sampler;
+    cx_loader *loader;
+} train_data;
+
+static void train_data_free(train_data *d)
+{
+    cx_loader_free(d->loader);
+    cx_sampler_free(d->sampler);
+    cx_dataset_free(d->train);
+    cx_dataset_free(d->val);
+}
+
+/* Windows for this rank: its share of the global batch. @return 0 or an exit code. */
+static int open_data(const config *c, train_data *d)
+{
+    *d = (train_data){ 0 };
+    char path[4096];
+    int rc = corpus_path(c, path, sizeof path);
+    if (rc) return rc;
+    int world = cx_world_size();
+    if (c->batch_size % world) {
+        fprintf(stderr, "gpt: --batch-size %lld does not split over %d ranks\n", (long long)c->batch_size, world);
+        return EXIT_USAGE;
+    }
+    if (open_split(c, path, false, &d->train) != CX_OK || open_split(c, path, true, &d->val) != CX_OK) {
+        fprintf(stderr, "gpt: %s\n", cx_last_error());
+        return EXIT_DATA;
+    }
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.seed = (uint64_t)c->seed;
+    so.rank = cx_global_ordinal();
+    so.world_size = world;
+    so.drop_last = true;
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = c->batch_size / world;
+    lo.drop_last = true;
+    d->sampler = cx_sampler_new(cx_dataset_size(d->train), so);
+    d->loader = d->sampler ? cx_loader_new(d->train, d->sampler, lo) : NULL;
+    if (!d->loader) {
+        fprintf(stderr, "gpt: data loader: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+/* Evaluates and logs at `step` (1-based count of steps done). @return false on failure. */
+static bool eval_and_log(const config *c, trainer *t, train_data *d, logger *g, int64_t done, double *last_val)
+{
+    log_flush(g, c, NAN);
+    *last_val = val_loss(t, d->val);
+    if (isnan(*last_val)) return false;
+    g->loss_step = done - 1;
+    log_flush(g, c, *last_val);
+    return true;
+}
+
+static int cmd_train(const config *c)
+{
+    train_data d;
+    int rc = open_data(c, &d);
+    trainer t = { 0 };
+    if (!rc) rc = build_trainer(c, &t, true);
+    cx_ckpt_extra ex;
+    if (!rc) rc = resume(c, &t, &ex);
+    if (rc) { train_data_free(&d); trainer_free(&t); return rc; }
+    if (cx_global_ordinal() == 0)
+        printf("gpt: %lld parameters, %d layers, %d heads, n_embd %lld, block %lld; %lld train / %lld val windows "
+               "of this size per epoch; batch %lld over %d rank(s), parallel %s\n",
+               (long long)cx_module_num_params(t.model), c->model.n_layer, c->model.n_head,
+               (long long)c->model.n_embd, (long long)c->model.block_size, (long long)cx_dataset_size(d.train),
+               (long long)cx_dataset_size(d.val), (long long)c->batch_size, cx_world_size(), c->parallel);
+    logger g = { .tty = isatty(1), .t_last = now_s(), .step_last = ex.step };
+    if (c->log_file && cx_global_ordinal() == 0 && !(g.jsonl = fopen(c->log_file, ex.step ? "a" : "w"))) {
+        fprintf(stderr, "gpt: cannot write --log-file %s: %s\n", c->log_file, strerror(errno));
+        rc = EXIT_RUNTIME;
+    }
+    int64_t step = ex.step, epoch = ex.epoch > 0 ? ex.epoch : 1, saved = ex.step;
+    double last_val = NAN;
+    cx_loader_set_epoch(d.loader, epoch, ex.sampler_position);
+    while (!rc && step < c->steps) {
+        cx_batch b;
+        if (!cx_loader_next(d.loader, &b)) {   /* the epoch is over (or failed) */
+            if (cx_loader_error(d.loader) != CX_OK) { fprintf(stderr, "gpt: %s\n", cx_last_error()); rc = EXIT_RUNTIME; }
+            else cx_loader_set_epoch(d.loader, ++epoch, 0);
+            continue;
+        }
+        log_flush(&g, c, NAN);
+        cx_tensor *loss = train_step(c, &t, &b, step);
+        if (cx_tensor_error(loss)) { fprintf(stderr, "%s\n", cx_tensor_error(loss)); cx_loader_end_step(d.loader); rc = EXIT_RUNTIME; break; }
+        step++;
+        if (step % c->log_every == 0 || step == c->steps) {
+            g.loss = cx_keep(loss);
+            g.loss_step = step - 1;
+            g.loss_lr = lr_at(c, step - 1);
+        }
+        bool eval_now = c->eval_every > 0 && step % c->eval_every == 0 && step < c->steps;
+        bool save_now = c->ckpt_dir && c->ckpt_every > 0 && step % c->ckpt_every == 0;
+        if (eval_now || save_now) {
+            if (cx_loader_end_step(d.loader) != CX_OK) { rc = EXIT_RUNTIME; break; }
+            if (save_now && save(c, &t, step, epoch, cx_loader_position(d.loader)) != CX_OK) rc = EXIT_RUNTIME;
+            if (save_now) saved = step;
+            if (!rc && eval_now && !eval_and_log(c, &t, &d, &g, step, &last_val)) rc = EXIT_RUNTIME;
+        }
+    }
+    if (!rc) cx_loader_end_step(d.loader);
+    if (!rc && !eval_and_log(c, &t, &d, &g, step, &last_val)) rc = EXIT_RUNTIME;
+    if (!rc && c->ckpt_dir && saved != step && save(c, &t, step, epoch, cx_loader_position(d.loader)) != CX_OK)
+        rc = EXIT_RUNTIME;
+    if (!rc && cx_global_ordinal() == 0) {
+        printf("peak device memory: %.1f MB\n", (double)cx_memory_peak() / 1e6);
+        printf("val loss: %.4f\n", last_val);
+    }
+    fflush(stdout);
+    if (g.jsonl) fclose(g.jsonl);
+    cx_free(g.loss);
+    train_data_free(&d);
+    trainer_free(&t);
+    return rc;
+}
+
+/* ---- eval and sample: a model from a checkpoint ------------------------------------------------ */
+
+/* A consolidated file (*.h5) or a checkpoint prefix. @return 0 or EXIT_DATA. */
+static int load_model(const config *c, trainer *t)
+{
+    size_t n = strlen(c->ckpt);
+    bool full = n > 3 && !strcmp(c->ckpt + n - 3, ".h5");
+    cx_ckpt_opts o = cx_ckpt_default_opts();
+    o.with_optimizer = false;
+    cx_status st = full ? cx_ckpt_load_full(c->ckpt, cx_ckpt_model_single(t->model), NULL, NULL)
+                        : cx_ckpt_load_opts(c->ckpt, cx_ckpt_model_single(t->model), NULL, NULL, o);
+    if (st != CX_OK) {
+        fprintf(stderr, "gpt %s: cannot load --ckpt %s (were the model flags train's?): %s\n", c->cmd, c->ckpt,
+                cx_last_error());
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int cmd_eval(const config *c)
+{
+    char path[4096];
+    trainer t;
+    int rc = corpus_path(c, path, sizeof path);
+    if (!rc) rc = build_trainer(c, &t, false);
+    if (rc) return rc;
+    cx_dataset *val = NULL;
+    rc = load_model(c, &t);
+    if (!rc && open_split(c, path, true, &val) != CX_OK) {
+        fprintf(stderr, "gpt eval: %s\n", cx_last_error());
+        rc = EXIT_DATA;
+    }
+    double loss = rc ? NAN : val_loss(&t, val);
+    if (!rc && isnan(loss)) rc = EXIT_RUNTIME;
+    if (!rc) printf("val loss: %.4f\n", loss);
+    cx_dataset_free(val);
+    trainer_free(&t);
+    return rc;
+}
+
+/* splitmix64: the sampler's own RNG, so a seed gives the same text anywhere */
+static double uniform01(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+
+/* Draws a token from logits / temperature, among the top_k likeliest (0: all). */
+static int64_t draw(const float *logits, int64_t v, double temperature, int64_t top_k, uint64_t *rng)
+{
+    double kth = -INFINITY;
+    if (top_k > 0 && top_k < v) {
+        /* the k-th largest logit: the smallest one with fewer than k above it */
+        kth = INFINITY;
+        for (int64_t i = 0; i < v; i++) {
+            int64_t above = 0;
+            for (int64_t j = 0; j < v; j++) above += logits[j] > logits[i];
+            if (above < top_k && logits[i] < kth) kth = logits[i];
+        }
+    }
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < v; i++) if (logits[i] >= kth && logits[i] > mx) mx = logits[i];
+    for (int64_t i = 0; i < v; i++) if (logits[i] >= kth) sum += exp((logits[i] - mx) / temperature);
+    double u = uniform01(rng) * sum;
+    int64_t last = 0;
+    for (int64_t i = 0; i < v; i++) {
+        if (logits[i] < kth) continue;
+        last = i;
+        u -= exp((logits[i] - mx) / temperature);
+        if (u <= 0) return i;
+    }
+    return last;
+}
+
+/* Next-token logits of a window (1, block) at position pos - 1: the window
+ * is always `block` tokens (left-aligned, zero-padded; causal attention
+ * never looks right), and the position is a runtime scalar, so every
+ * token reuses one compiled graph. */
+static cx_status next_logits(cx_module *m, const int64_t *window, int64_t block, int64_t pos, float *out, int64_t v)
+{
+    int64_t shape[2] = { 1, block }, sel_shape[3] = { 1, block, 1 };
+    cx_step_begin();
+    cx_tensor *idx = cx_from_host(window, shape, 2, CX_I64);
+    cx_tensor *logits = cx_module_forward(m, idx);                                      // (1, T, V)
+    cx_tensor *at = cx_eq(cx_arange(block, CX_I64), cx_runtime_scalar((double)(pos - 1), CX_I64));   // (T)
+    cx_tensor *sel = cx_reshape(cx_cast(at, CX_F32), sel_shape, 3);                    // (1, T, 1)
+    int axis = 1;
+    cx_tensor *row = cx_keep(cx_sum(cx_mul(logits, sel), &axis, 1, false));             // (1, V)
+    cx_status st = cx_step_end();
+    if (st == CX_OK) st = cx_to_host(row, out, CX_F32);
+    cx_free(row);
+    (void)v;
+    return st;
+}
+
+static int cmd_sample(const config *c)
+{
+    trainer t;
+    int rc = build_trainer(c, &t, false);
+    if (rc) return rc;
+    rc = load_model(c, &t);
+    int64_t block = c->model.block_size, v = c->model.vocab_size, n = (int64_t)strlen(c->prompt);
+    int64_t *text = malloc(sizeof *text * (size_t)(n + c->tokens + 1)), *window = calloc((size_t)block, sizeof *window);
+    float *logits = malloc(sizeof *logits * (size_t)v);
+    if (!rc && (!text || !window || !logits)) { fprintf(stderr, "gpt sample: out of memory\n"); rc = EXIT_RUNTIME; }
+    if (!rc && n == 0) { fprintf(stderr, "gpt sample: --prompt is empty\n"); rc = EXIT_USAGE; }
+    cx_module_train(t.model, false);
+    cx_no_grad_begin();
+    uint64_t rng = (uint64_t)c->seed;
+    int64_t compiles_after_first = 0;
+    cx_metric_stats ms;
+    for (int64_t i = 0; !rc && i < n; i++) text[i] = (unsigned char)c->prompt[i];
+    if (!rc) fputs(c->prompt, stdout);
+    for (int64_t k = 0; !rc && k < c->tokens; k++) {
+        int64_t len = n + k, start = len > block ? len - block : 0, pos = len - start;
+        memset(window, 0, sizeof *window * (size_t)block);
+        memcpy(window, text + start, sizeof *window * (size_t)pos);
+        int64_t before = cx_metric_data("CompileTime", &ms) ? ms.total_samples : 0;
+        if (next_logits(t.model, window, block, pos, logits, v) != CX_OK) {
+            fprintf(stderr, "gpt sample: %s\n", cx_last_error());
+            rc = EXIT_RUNTIME;
+            break;
+        }
+        if (k > 0) compiles_after_first += (cx_metric_data("CompileTime", &ms) ? ms.total_samples : 0) - before;
+        text[len] = draw(logits, v, c->temperature, c->top_k, &rng);
+        putchar((int)text[len]);
+    }
+    cx_no_grad_end();
+    if (!rc) {
+        printf("\n");
+        fprintf(stderr, "gpt sample: %lld tokens, %lld compiles after the first token\n", (long long)c->tokens,
+                (long long)compiles_after_first);
+    }
+    free(text); free(window); free(logits);
+    trainer_free(&t);
+    return rc;
+}
+
+/* ---- plot -------------------------------------------------------------------------------------------- */
+
+/* Splits the log file into train and val columns for gnuplot, then draws
+ * both curves (PNG or SVG by --out's extension). @return 0 or an exit code. */
+static int cmd_plot(const config *c)
+{
+    size_t n = strlen(c->out);
+    bool svg = n > 4 && !strcmp(c->out + n - 4, ".svg"), png = n > 4 && !strcmp(c->out + n - 4, ".png");
+    if (!svg && !png) { fprintf(stderr, "gpt plot: --out %s: want a .png or .svg name\n", c->out); return EXIT_USAGE; }
+    FILE *in = fopen(c->log_file, "r");
+    if (!in) { fprintf(stderr, "gpt plot: cannot read --log-file %s: %s\n", c->log_file, strerror(errno)); return EXIT_DATA; }
+    char dat[] = "/tmp/gpt-plot-XXXXXX";
+    int fd = mkstemp(dat);
+    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!out) { fclose(in); fprintf(stderr, "gpt plot: cannot make a temporary file\n"); return EXIT_RUNTIME; }
+    char line[1024];
+    int points = 0;
+    while (fgets(line, sizeof line, in)) {
+        const char *s = strstr(line, "\"step\":"), *l = strstr(line, "\"loss\":"), *v = strstr(line, "\"val_loss\":");
+        if (!s) continue;
+        long long step = atoll(s + 7);
+        if (l) fprintf(out, "%lld %.6f NaN\n", step, strtod(l + 7, NULL));
+        if (v) fprintf(out, "%lld NaN %.6f\n", step, strtod(v + 11, NULL));
+        points++;
+    }
+    fclose(in);
+    fclose(out);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "gnuplot -e \"set terminal %s size 800,500; set output '%s'; set xlabel 'step'; set ylabel 'loss';"
+             " set key top right; set datafile missing 'NaN';"
+             " plot '%s' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val'\" 2>&1",
+             svg ? "svg" : "pngcairo", c->out, dat);
+    int st = points ? system(cmd) : -1;
+    unlink(dat);
+    if (!points) { fprintf(stderr, "gpt plot: %s holds no logged step\n", c->log_file); return EXIT_DATA; }
+    if (st != 0) {
+        fprintf(stderr, "gpt plot: gnuplot failed (install gnuplot-nox: scripts/install-deps.sh)\n");
+        return EXIT_RUNTIME;
+    }
+    printf("wrote %s\n", c->out);
+    return 0;
+}
+
+/* ---- main -------------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    if (cx_dist_init(&argc, &argv) != CX_OK) {
+        fprintf(stderr, "gpt: cannot start the distributed runtime: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    config c;
+    cli_result parsed = parse_flags(&c, argc, argv);
+    int rc = parsed == CLI_HELP ? 0 : EXIT_USAGE;
+    if (parsed == CLI_OK) {
+        if (c.threads > 0) cx_set_num_threads(c.threads);
+        if (!strcmp(c.cmd, "train")) rc = cmd_train(&c);
+        else if (!strcmp(c.cmd, "eval")) rc = cmd_eval(&c);
+        else if (!strcmp(c.cmd, "sample")) rc = cmd_sample(&c);
+        else rc = cmd_plot(&c);
+    }
+    cx_dist_finalize();
+    return rc;
+}

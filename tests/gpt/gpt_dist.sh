@@ -1,0 +1,37 @@
+#!/bin/sh
+# gpt under xla-launch on 2 ranks: DDP and FSDP (ZeRO-3, each block a unit,
+# sharded checkpoints) train the same tiny model; FSDP's checkpoint is
+# consolidated into one file, and `gpt eval` of that file prints the val
+# loss the sharded run ended with. A global batch that does not split over
+# the ranks is a one-line error.
+# usage: gpt_dist.sh XLA_LAUNCH GPT CONSOLIDATE_CKPTS
+set -eu
+LAUNCH=$1 GPT=$2 CONSOLIDATE=$3
+W=$(mktemp -d /tmp/cx_gpt_dist.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+i=0
+while [ $i -lt 300 ]; do
+    echo "In the beginning $i the earth was without form, and void; and darkness was upon the deep."
+    i=$((i + 1))
+done > "$W/corpus.txt"
+MODEL="--n-layer 2 --n-head 2 --n-embd 32 --block-size 32"
+RECIPE="--data $W/corpus.txt $MODEL --steps 30 --batch-size 8 --warmup 3 --lr 3e-3 --log-every 10"
+
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel ddp > "$W/ddp.out" 2>&1 || { cat "$W/ddp.out"; fail "ddp"; }
+grep -q "val loss: " "$W/ddp.out" || { cat "$W/ddp.out"; fail "ddp: no val loss"; }
+
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel fsdp --zero 3 --ckpt-dir "$W/ck" > "$W/fsdp.out" 2>&1 ||
+    { cat "$W/fsdp.out"; fail "fsdp"; }
+VAL=$(sed -n 's/^\[rank 0\] val loss: //p' "$W/fsdp.out")
+[ -n "$VAL" ] || { cat "$W/fsdp.out"; fail "fsdp: no val loss"; }
+[ -f "$W/ck/ckpt-step-30_rank-1-of-2.h5" ] || fail "no sharded checkpoint"
+"$CONSOLIDATE" --ckpt-prefix "$W/ck/ckpt-step-30" --save-path "$W/full.h5" > /dev/null || fail "consolidate"
+EVAL=$("$GPT" eval --data "$W/corpus.txt" $MODEL --ckpt "$W/full.h5" | sed -n 's/^val loss: //p')
+[ "$EVAL" = "$VAL" ] || fail "the consolidated model's val loss '$EVAL' differs from the sharded run's '$VAL'"
+
+if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --batch-size 7 --parallel ddp > "$W/err.out" 2>&1; then
+    fail "a batch of 7 over 2 ranks was accepted"
+fi
+grep -q "batch-size 7 does not split over 2 ranks" "$W/err.out" || { cat "$W/err.out"; fail "batch split error"; }
+echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL)"
