@@ -87,29 +87,15 @@ typedef struct {
     int kid[2];   /* c_attn, c_proj */
 } attn;
 
-/* Columns [lo, lo + d) of qkv (B, T, 3d) as (B, H, T, d/H): views, which the
- * fused attention reads strided. */
-static cx_tensor *head_view(cx_tensor *qkv, int64_t lo, int64_t d, int heads)
-{
-    int64_t shape[4] = { cx_dim(qkv, 0), cx_dim(qkv, 1), heads, d / heads };
-    int perm[4] = { 0, 2, 1, 3 };
-    cx_tensor *part = cx_slice(qkv, 2, lo, lo + d, 1);   // (B, T, d)
-    cx_tensor *split = cx_reshape(part, shape, 4);       // (B, T, H, hd)
-    cx_tensor *heads_first = cx_permute(split, perm);    // (B, H, T, hd)
-    cx_drop(part);
-    cx_drop(split);
-    return heads_first;
-}
-
 static cx_tensor *attn_forward(cx_module *m, cx_tensor *x)
 {
     const attn *a = cx_module_impl(m);
     int64_t shape[3] = { cx_dim(x, 0), cx_dim(x, 1), a->d };
     int perm[4] = { 0, 2, 1, 3 };
     cx_tensor *qkv = cx_module_forward(cx_module_child(m, a->kid[0]), x);   // (B, T, 3C)
-    cx_tensor *q = head_view(qkv, 0, a->d, a->heads);
-    cx_tensor *k = head_view(qkv, a->d, a->d, a->heads);
-    cx_tensor *v = head_view(qkv, 2 * a->d, a->d, a->heads);
+    cx_tensor *q = cx_nn_head_view(qkv, 0, a->d, a->heads);
+    cx_tensor *k = cx_nn_head_view(qkv, a->d, a->d, a->heads);
+    cx_tensor *v = cx_nn_head_view(qkv, 2 * a->d, a->d, a->heads);
     cx_tensor *y = cx_scaled_dot_product_attention(q, k, v, true, 0.0);      // (B, H, T, hd)
     cx_tensor *yt = cx_permute(y, perm);                                     // (B, T, H, hd)
     cx_tensor *merged = cx_reshape(yt, shape, 3);                            // (B, T, C)
@@ -174,22 +160,11 @@ typedef struct {
     int kid[4];   /* ln_1, attn, ln_2, mlp */
 } gblock;
 
-/* x + f(norm(x)) */
-static cx_tensor *residual(cx_module *norm, cx_module *f, cx_tensor *x)
-{
-    cx_tensor *h = cx_module_forward(norm, x);
-    cx_tensor *fh = cx_module_forward(f, h);
-    cx_tensor *y = cx_add(x, fh);
-    cx_drop(h);
-    cx_drop(fh);
-    return y;
-}
-
 static cx_tensor *block_forward(cx_module *m, cx_tensor *x)
 {
     const gblock *b = cx_module_impl(m);
-    cx_tensor *h = residual(cx_module_child(m, b->kid[0]), cx_module_child(m, b->kid[1]), x);
-    cx_tensor *y = residual(cx_module_child(m, b->kid[2]), cx_module_child(m, b->kid[3]), h);
+    cx_tensor *h = cx_nn_residual(cx_module_child(m, b->kid[0]), cx_module_child(m, b->kid[1]), x);
+    cx_tensor *y = cx_nn_residual(cx_module_child(m, b->kid[2]), cx_module_child(m, b->kid[3]), h);
     cx_drop(h);
     return y;
 }

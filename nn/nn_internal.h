@@ -22,6 +22,13 @@
  * @return CX_OK or the sync error. */
 cx_status cx_nn_persist(cx_tensor *t);
 
+/* Transformer pieces shared by transformer.c and gpt.c. */
+/* Columns [lo, lo + d) of qkv (B, T, 3d) as (B, H, T, d/H): views, which the
+ * fused attention reads strided. */
+cx_tensor *cx_nn_head_view(cx_tensor *qkv, int64_t lo, int64_t d, int heads);
+/* x + f(norm(x)) */
+cx_tensor *cx_nn_residual(cx_module *norm, cx_module *f, cx_tensor *x);
+
 /* SplitMix64: the host-side generator of the data files (fake data sets,
  * the sampler's shuffle), seeded by the caller, so that every rank derives
  * the same sequence from the same seed. Advances *s. */

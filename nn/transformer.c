@@ -1,7 +1,6 @@
 /* Pre-norm Transformer block with causal multi-head self-attention. */
 #include "nn_internal.h"
 
-#include <math.h>
 
 /* ---- causal self-attention --------------------------------------------------- */
 
@@ -11,17 +10,16 @@ typedef struct {
     int qkv, proj;    /* child slots */
 } attention;
 
-/* (B, T, d) slice [lo, lo + d) of the last axis -> (B, H, T, d/H). */
-static cx_tensor *split_heads(cx_tensor *qkv, int64_t lo, int64_t d, int heads)
+cx_tensor *cx_nn_head_view(cx_tensor *qkv, int64_t lo, int64_t d, int heads)
 {
-    int64_t b = cx_dim(qkv, 0), t = cx_dim(qkv, 1);
-    cx_tensor *part = cx_slice(qkv, 2, lo, lo + d, 1);           // (B, T, d)
-    int64_t shape[4] = { b, t, heads, d / heads };
-    cx_tensor *r = cx_reshape(part, shape, 4);                   // (B, T, H, hd)
+    int64_t shape[4] = { cx_dim(qkv, 0), cx_dim(qkv, 1), heads, d / heads };
     int perm[4] = { 0, 2, 1, 3 };
-    cx_tensor *p = cx_permute(r, perm);                          // (B, H, T, hd)
-    cx_drop(part); cx_drop(r);
-    return p;
+    cx_tensor *part = cx_slice(qkv, 2, lo, lo + d, 1);   // (B, T, d)
+    cx_tensor *split = cx_reshape(part, shape, 4);       // (B, T, H, hd)
+    cx_tensor *heads_first = cx_permute(split, perm);    // (B, H, T, hd)
+    cx_drop(part);
+    cx_drop(split);
+    return heads_first;
 }
 
 static cx_tensor *attention_forward(cx_module *m, cx_tensor *x)
@@ -32,33 +30,19 @@ static cx_tensor *attention_forward(cx_module *m, cx_tensor *x)
                          (long long)a->d, cx_ndim(x));
     int64_t b = cx_dim(x, 0), t = cx_dim(x, 1), d = a->d;
     cx_tensor *qkv = cx_module_forward(cx_module_child(m, a->qkv), x);   // (B, T, 3d)
-    cx_tensor *q = split_heads(qkv, 0, d, a->heads);
-    cx_tensor *k = split_heads(qkv, d, d, a->heads);
-    cx_tensor *v = split_heads(qkv, 2 * d, d, a->heads);
+    cx_tensor *q = cx_nn_head_view(qkv, 0, d, a->heads);
+    cx_tensor *k = cx_nn_head_view(qkv, d, d, a->heads);
+    cx_tensor *v = cx_nn_head_view(qkv, 2 * d, d, a->heads);
     cx_drop(qkv);
 
-    cx_tensor *kt = cx_transpose(k, 2, 3);                      // (B, H, hd, T)
-    cx_tensor *scores = cx_matmul(q, kt);                       // (B, H, T, T)
-    cx_tensor *scaled = cx_mul_scalar(scores, 1.0 / sqrt((double)(d / a->heads)));
-    cx_drop(kt); cx_drop(scores); cx_drop(q); cx_drop(k);
-
-    /* Causal mask: query i sees keys j <= i. A large finite negative instead
-     * of -inf gives the same softmax without inf arithmetic in backward. */
-    cx_tensor *ar = cx_arange(t, CX_I64);
-    int64_t col[2] = { t, 1 }, row[2] = { 1, t };
-    cx_tensor *qi = cx_reshape(ar, col, 2), *kj = cx_reshape(ar, row, 2);
-    cx_tensor *allowed = cx_le(kj, qi);                         // (T, T) bool
-    cx_tensor *neg = cx_full(NULL, 0, -1e30, cx_dtype_of(scaled));
-    cx_tensor *masked = cx_where(allowed, scaled, neg);
-    cx_tensor *att = cx_softmax(masked, -1);
-    cx_drop(ar); cx_drop(qi); cx_drop(kj); cx_drop(allowed); cx_drop(neg); cx_drop(masked); cx_drop(scaled);
-
-    cx_tensor *y = cx_matmul(att, v);                           // (B, H, T, hd)
+    /* the fused kernel: scores, causal mask and softmax never written out */
+    cx_tensor *y = cx_scaled_dot_product_attention(q, k, v, true, 0.0);   // (B, H, T, hd)
+    cx_drop(q); cx_drop(k);
     int perm[4] = { 0, 2, 1, 3 };
     cx_tensor *yt = cx_permute(y, perm);                        // (B, T, H, hd)
     int64_t shape[3] = { b, t, d };
     cx_tensor *merged = cx_reshape(yt, shape, 3);               // (B, T, d)
-    cx_drop(att); cx_drop(v); cx_drop(y); cx_drop(yt);
+    cx_drop(v); cx_drop(y); cx_drop(yt);
     cx_tensor *out = cx_module_forward(cx_module_child(m, a->proj), merged);
     cx_drop(merged);
     return out;
@@ -98,20 +82,21 @@ typedef struct {
     int ln1, attn, ln2, mlp;   /* child slots */
 } block;
 
-static cx_tensor *residual(cx_module *norm, cx_module *f, cx_tensor *x)
+cx_tensor *cx_nn_residual(cx_module *norm, cx_module *f, cx_tensor *x)
 {
     cx_tensor *h = cx_module_forward(norm, x);
     cx_tensor *fh = cx_module_forward(f, h);
     cx_tensor *y = cx_add(x, fh);
-    cx_drop(h); cx_drop(fh);
+    cx_drop(h);
+    cx_drop(fh);
     return y;
 }
 
 static cx_tensor *block_forward(cx_module *m, cx_tensor *x)
 {
     const block *b = cx_module_impl(m);
-    cx_tensor *h = residual(cx_module_child(m, b->ln1), cx_module_child(m, b->attn), x);
-    cx_tensor *y = residual(cx_module_child(m, b->ln2), cx_module_child(m, b->mlp), h);
+    cx_tensor *h = cx_nn_residual(cx_module_child(m, b->ln1), cx_module_child(m, b->attn), x);
+    cx_tensor *y = cx_nn_residual(cx_module_child(m, b->ln2), cx_module_child(m, b->mlp), h);
     cx_drop(h);
     return y;
 }
