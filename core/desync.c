@@ -150,6 +150,18 @@ struct cx_desync_pending {
     int ncoll, world;
 };
 
+/* "desync check of all_reduce f32[1024]": what a rank waiting in the check
+ * is about to run (the watchdog shows it). */
+static void label_first(const cx_executable *e, char *out, size_t cap)
+{
+    cx_sbuf b = { 0 };
+    for (int i = 0; i < e->nkernels; i++)
+        if (e->kernels[i].kind == K_COLL) { put_kernel(&b, &e->kernels[i]); break; }
+    char *d = cx_sb_finish(&b);
+    snprintf(out, cap, "desync check of %s", d ? d : "a collective");
+    free(d);
+}
+
 cx_desync_pending *cx_desync_begin_graph(const cx_executable *e, cx_status *st)
 {
     *st = CX_OK;
@@ -170,8 +182,10 @@ cx_desync_pending *cx_desync_begin_graph(const cx_executable *e, cx_status *st)
         return NULL;
     }
     *p = (cx_desync_pending){ .mine = { (int64_t)fp, g_seq }, .all = p->all, .ncoll = ncoll, .world = world };
+    char label[96];
+    label_first(e, label, sizeof label);
     cx_comm_op op = { .kind = CX_COLL_ALL_GATHER, .dtype = CX_I64, .in = p->mine, .out = p->all, .count = 2,
-                      .scale = 1.0 };
+                      .scale = 1.0, .label = label };
     if (!(p->req = be->start(be->ctx, &op))) {
         free(p->all);
         free(p);

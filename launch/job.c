@@ -69,6 +69,9 @@ struct job {
     int escalation;      /* 0 none, 1 SIGTERM sent, 2 SIGKILL sent */
     int interrupt_sig;
     struct xl_output out;
+    struct xl_watch watch;
+    double next_watch;
+    bool stalled;        /* the watchdog stopped the job */
 };
 
 static const int k_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGCHLD };
@@ -381,6 +384,13 @@ static void event_loop(struct job *j)
                 j->escalation = 2;
             }
         }
+        if (!j->mpirun_done && j->stop_at == 0 && now >= j->next_watch) {
+            j->next_watch = now + 1.0;
+            if (xl_watch_check(&j->watch, j->o->log_dir)) {
+                j->stalled = true;
+                begin_stop(j, 0);
+            }
+        }
         int timeout = (int)((next_deadline(j, now) - now) * 1000) + 1;
         if (timeout < 0) timeout = 0;
 
@@ -477,6 +487,9 @@ static enum job_result finish_job(struct job *j)
     if (j->interrupt_sig) {
         xl_err("interrupted by %s; job stopped", sig_name(j->interrupt_sig));
         res = JOB_INTERRUPTED;
+    } else if (j->stalled) {
+        xl_err("job stopped by the collective watchdog");
+        res = JOB_FAILED;
     } else if (c) {
         int r = c->st.rank, code = c->st.code;
         if (c->st.how == XL_EXITED) xl_err("rank %d exited with status %d", r, code);
@@ -497,6 +510,7 @@ static enum job_result finish_job(struct job *j)
         res = JOB_FAILED;
     }
     for (int i = 0; i < j->n_noise; i++) free(j->noise[i]);
+    xl_watch_cleanup(&j->watch);
     xl_output_close(&j->out);
     free(j->ranks);
     free(j->conns);
@@ -525,6 +539,7 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
     xl_output_init(&j.out, l->o->log_dir, attempt);
     xl_linebuf_init(&j.pipe_lb[0], 1);
     xl_linebuf_init(&j.pipe_lb[1], 2);
+    xl_watch_init(&j.watch);
     j.mpirun = start_mpirun(&j, l->mpirun_argv);
     event_loop(&j);
     enum job_result r = finish_job(&j);

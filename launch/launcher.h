@@ -57,6 +57,25 @@ int xl_listen_unix(char *name, size_t cap);
 /* Listening TCP socket for wrappers on other nodes; "PORT:ADDR,ADDR,..." into `env`. */
 int xl_listen_tcp(char *env, size_t cap);
 
+/* ---- watch.c ---- */
+
+/* The collective watchdog over the ranks' status pages. */
+struct xl_watch {
+    char dir[256];     /* CX_STATUS_DIR; empty: off */
+    double timeout;    /* CX_COLLECTIVE_TIMEOUT seconds */
+    bool fired;
+};
+
+/* Reads CX_COLLECTIVE_TIMEOUT (exits 2 on a bad value), makes the status
+ * directory and exports CX_STATUS_DIR to the ranks to come. */
+void xl_watch_init(struct xl_watch *w);
+/* @return true once a rank has been inside one collective for the timeout:
+ * the report line and the flight recorder (under log_dir, or
+ * ./xla-launch-flight-<pid>) are written; the caller stops the job. */
+bool xl_watch_check(struct xl_watch *w, const char *log_dir);
+/* Removes the status directory. */
+void xl_watch_cleanup(struct xl_watch *w);
+
 /* ---- output.c ---- */
 
 struct xl_output {

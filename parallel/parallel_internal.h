@@ -10,6 +10,14 @@
  * (directly when there is no MPI). */
 cx_status cx_dist_run_on_progress(cx_status (*fn)(void *), void *arg);
 MPI_Comm cx_dist_world_comm(void);
+
+/* The collective status page for xla-launch's watchdog (watch_page.c; inert
+ * unless CX_STATUS_DIR is set): opened at init, each collective entered
+ * (op NULL: a host exchange run on the progress thread) and left. */
+void cx_watch_page_open(int rank);
+void cx_watch_page_close(void);
+void cx_watch_enter(const cx_comm_op *op);
+void cx_watch_leave(cx_status st);
 bool cx_dist_uses_mpi(void);
 
 /* The gradient bucket policy (DDP and xm.optimizer_step): from index *i

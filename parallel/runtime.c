@@ -10,6 +10,7 @@
 #include <cxla/parallel.h>
 
 #include "cx_bf16.h"
+#include "parallel_internal.h"
 
 #include <mpi.h>
 #include <pthread.h>
@@ -34,6 +35,7 @@ typedef struct comm_req {
     double t_start;
     atomic_int done;
     double seconds;
+    char label[96];      /* op.label's text (the caller's may not outlive start) */
     struct comm_req *next;
 } comm_req;
 
@@ -231,6 +233,7 @@ static void *progress_main(void *arg)
             struct timespec t0;
             clock_gettime(CLOCK_MONOTONIC, &t0);
             q->t_start = (double)t0.tv_sec + 1e-9 * (double)t0.tv_nsec;
+            cx_watch_enter(q->fn ? NULL : &q->op);
             if (q->fn) {
                 q->status = q->fn(q->arg);
                 /* the message lives in this thread's error slot: carry it back */
@@ -239,6 +242,7 @@ static void *progress_main(void *arg)
                 q->status = run_op(q);
                 if (q->status == CX_OK) finish_op(q);
             }
+            cx_watch_leave(q->status);
             complete(q);
         }
     }
@@ -281,6 +285,10 @@ static void *be_start(void *ctx, const cx_comm_op *op)
     comm_req *q = calloc(1, sizeof *q);
     if (!q) { cx_set_last_error("collective: out of memory"); return NULL; }
     q->op = *op;
+    if (op->label) {
+        snprintf(q->label, sizeof q->label, "%s", op->label);
+        q->op.label = q->label;
+    }
     cx_counter_add("CollectiveCount", 1);
     return enqueue(q);
 }
@@ -316,8 +324,10 @@ static cx_status be_run(void *ctx, const cx_comm_op *op)
     cx_counter_add("CollectiveCount", 1);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    cx_watch_enter(&q.op);
     q.status = run_op(&q);
     if (q.status == CX_OK) finish_op(&q);
+    cx_watch_leave(q.status);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     cx_metric_add("CollectiveTime", dt);
@@ -391,6 +401,7 @@ cx_status cx_dist_init(int *argc, char ***argv)
         int t = (int)(cores / R.local_size);
         cx_set_num_threads(t > 0 ? t : 1);
     }
+    if (R.mpi) cx_watch_page_open(R.rank);
     R.initialized = true;
     return CX_OK;
 }
@@ -412,6 +423,7 @@ void cx_dist_finalize(void)
             free(g);
         }
         R.groups = NULL;
+        cx_watch_page_close();
         MPI_Comm_free(&R.world);
         MPI_Finalize();
         R.mpi = false;

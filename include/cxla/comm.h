@@ -34,6 +34,10 @@ typedef struct {
     const int *group;
     int group_size;
     int root;            /* index within the group (broadcast) */
+    /* What the collective is for, when that is not the data it moves (the
+     * desync check names the collective it guards); NULL: nothing. Shown by
+     * xla-launch's watchdog. The backend copies it before start returns. */
+    const char *label;
 } cx_comm_op;
 
 typedef struct cx_comm_backend {

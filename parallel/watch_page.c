@@ -1,0 +1,132 @@
+/* The rank's collective status page, for xla-launch's watchdog: when the
+ * launcher sets CX_STATUS_DIR, each rank keeps DIR/rank-<r>.status, a
+ * shared mapping of fixed 128-byte text lines that the launcher reads
+ * while the job runs:
+ *   line 0       "cxla-status 1 rank R pid P seq S state in|idle since NS"
+ *   lines 1..64  the last 64 collectives, a ring by sequence number:
+ *                "#S|all_reduce f32[1024]|group G|running|done|failed|start NS|end NS"
+ * (NS: CLOCK_MONOTONIC nanoseconds, comparable on one node). Writing is
+ * plain stores into the page, no system call; collectives run one at a
+ * time (on the progress thread, or on the caller's when nothing is
+ * queued), so one writer at a time. Without CX_STATUS_DIR it does nothing. */
+#include "parallel_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE 128
+#define RING 64
+
+static struct {
+    char *page;       /* (1 + RING) lines, NULL when off */
+    int rank;
+    long long seq;
+} S;
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Writes a padded line (ending in '\n') at line `i`. */
+static void put_line(int i, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put_line(int i, const char *fmt, ...)
+{
+    char buf[LINE];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0) n = 0;
+    if (n > LINE - 1) n = LINE - 1;
+    memset(buf + n, ' ', (size_t)(LINE - 1 - n));
+    buf[LINE - 1] = '\n';
+    memcpy(S.page + (size_t)i * LINE, buf, LINE);
+}
+
+static void put_header(const char *state, long long since)
+{
+    put_line(0, "cxla-status 1 rank %d pid %d seq %lld state %s since %lld", S.rank, (int)getpid(), S.seq, state,
+             since);
+}
+
+void cx_watch_page_open(int rank)
+{
+    const char *dir = getenv("CX_STATUS_DIR");
+    if (!dir || !*dir || S.page) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank-%d.status", dir, rank);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    size_t bytes = (size_t)(1 + RING) * LINE;
+    void *m = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0) m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED) {
+        /* the job runs on without the watchdog's view of this rank */
+        fprintf(stderr, "cxla: notice: no collective status page at %s: %s\n", path, strerror(errno));
+        return;
+    }
+    S.page = m;
+    S.rank = rank;
+    S.seq = 0;
+    memset(S.page, ' ', bytes);
+    for (int i = 0; i <= RING; i++) S.page[(size_t)i * LINE + LINE - 1] = '\n';
+    put_header("idle", mono_ns());
+}
+
+void cx_watch_page_close(void)
+{
+    if (!S.page) return;
+    munmap(S.page, (size_t)(1 + RING) * LINE);
+    S.page = NULL;
+}
+
+static const char *kind_name(cx_coll_kind k)
+{
+    static const char *const names[] = { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast" };
+    return (unsigned)k < sizeof names / sizeof *names ? names[k] : "collective";
+}
+
+/* The ring line of the current collective, with its state and end. */
+static char g_desc[100];
+static long long g_start;
+static int g_group;
+
+void cx_watch_enter(const cx_comm_op *op)
+{
+    if (!S.page) return;
+    S.seq++;
+    g_start = mono_ns();
+    if (op && op->label) {
+        snprintf(g_desc, sizeof g_desc, "%s", op->label);
+        g_group = op->group ? op->group_size : -1;
+    } else if (op) {
+        snprintf(g_desc, sizeof g_desc, "%s %s[%lld]", kind_name(op->kind), cx_dtype_name(op->dtype),
+                 (long long)op->count);
+        g_group = op->group ? op->group_size : -1;
+    } else {
+        snprintf(g_desc, sizeof g_desc, "host_exchange");
+        g_group = -1;
+    }
+    put_line(1 + (int)((S.seq - 1) % RING), "#%lld|%s|group %d|running|start %lld|end 0", S.seq, g_desc, g_group,
+             g_start);
+    put_header("in", g_start);
+}
+
+void cx_watch_leave(cx_status st)
+{
+    if (!S.page) return;
+    long long end = mono_ns();
+    put_line(1 + (int)((S.seq - 1) % RING), "#%lld|%s|group %d|%s|start %lld|end %lld", S.seq, g_desc, g_group,
+             st == CX_OK ? "done" : "failed", g_start, end);
+    put_header("idle", end);
+}
