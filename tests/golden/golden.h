@@ -160,4 +160,12 @@ static inline const char *golden_check(const char *key, cx_tensor *t, double rto
     return r;
 }
 
+/* A Criterion expectation that the tensor matches the reference `key`
+ * within rtol (golden_check), its message in the test file's g_msg. */
+#define GOLDEN_EXPECT(key, t, rtol)                                             \
+    do {                                                                        \
+        const char *e_ = golden_check((key), (t), (rtol), g_msg, sizeof g_msg); \
+        cr_expect(e_ == NULL, "%s", e_ ? e_ : "");                              \
+    } while (0)
+
 #endif

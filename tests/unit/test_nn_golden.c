@@ -8,11 +8,7 @@
 
 static char g_msg[512];
 
-#define CHECK(key, t)                                                        \
-    do {                                                                     \
-        const char *e_ = golden_check((key), (t), RTOL, g_msg, sizeof g_msg); \
-        cr_expect(e_ == NULL, "%s", e_ ? e_ : "");                           \
-    } while (0)
+#define CHECK(key, t) GOLDEN_EXPECT(key, t, RTOL)
 
 /* y = m(x), loss = sum(y * r); checks y, dx and every parameter gradient. */
 static void run_layer(const char *gcase, cx_module *m, const int64_t *xs, int nd, float xscale)

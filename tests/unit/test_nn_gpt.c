@@ -10,11 +10,7 @@
 
 static char g_msg[512];
 
-#define CHECK(key, t)                                                        \
-    do {                                                                     \
-        const char *e_ = golden_check((key), (t), RTOL, g_msg, sizeof g_msg); \
-        cr_expect(e_ == NULL, "%s", e_ ? e_ : "");                           \
-    } while (0)
+#define CHECK(key, t) GOLDEN_EXPECT(key, t, RTOL)
 
 static cx_gpt_config tiny(void)
 {
@@ -83,9 +79,7 @@ Test(gpt, golden_loss_grads_and_two_adamw_steps)
          * arithmetic (softmax ignores a shift shared by all keys): Adam
          * turns float32's and float64's rounding noise there into
          * unrelated steps of up to ~lr * noise / eps. */
-        double rtol = strstr(ps[i].name, "c_attn.bias") ? 1e-3 : RTOL;
-        const char *e = golden_check(key, ps[i].tensor, rtol, g_msg, sizeof g_msg);
-        cr_expect(e == NULL, "%s", e ? e : "");
+        GOLDEN_EXPECT(key, ps[i].tensor, strstr(ps[i].name, "c_attn.bias") ? 1e-3 : RTOL);
     }
     cr_expect(cx_module_get(m, "lm_head.weight") == cx_module_get(m, "transformer.wte.weight"),
               "the tie holds after the optimizer's updates");
