@@ -12,7 +12,8 @@
  * --data names another text file; its bytes are the tokens.
  *
  * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data or checkpoint
- * missing or unreadable.
+ * missing or unreadable, 75 preempted (SIGTERM with --ckpt-dir: every rank
+ * saved at the same step; --resume auto continues from there).
  */
 #include <cxla/cxla.h>
 
@@ -28,7 +29,7 @@
 
 #include "cx_cli.h"
 
-enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3 };
+enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_PREEMPTED = 75 };
 
 #define VAL_WINDOWS 64      /* the val loss: 64 evenly spaced windows of val */
 #define EVAL_BATCH 16
@@ -41,6 +42,7 @@ typedef struct {
     const char *data;           /* NULL: the KJV corpus, made when missing */
     cx_gpt_config model;
     int64_t steps, batch_size, warmup, log_every, eval_every, ckpt_every, seed;
+    int keep;                   /* checkpoints kept, 0 = all */
     double lr, min_lr, weight_decay, grad_clip;
     const char *parallel;       /* none, ddp, fsdp */
     int zero;
@@ -97,6 +99,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "save checkpoints DIR/ckpt-step-<N>" },
         { .name = "ckpt-every", .kind = CLI_I64, .dest = &c->ckpt_every, .min = 0, .max = 0x1p40,
           .help = "save every N steps, 0 = at the end" },
+        { .name = "keep", .kind = CLI_INT, .dest = &c->keep, .metavar = "N", .min = 0, .max = 1 << 20,
+          .help = "keep the newest N committed checkpoints, 0 = all" },
         { .name = "resume", .kind = CLI_STRING, .dest = &c->resume, .metavar = "{auto,PREFIX}",
           .help = "resume from the latest checkpoint in --ckpt-dir or PREFIX" },
         { .name = "ckpt", .kind = CLI_STRING, .dest = &c->ckpt, .metavar = "PREFIX",
@@ -116,7 +120,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         .summary = "A byte-level GPT on a text corpus (default: the KJV Bible). train runs under xla-launch\n"
                    "like the train program; eval and sample read a checkpoint; plot draws the log file's loss\n"
                    "curves with gnuplot. eval and sample take the model flags train was given.",
-        .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data or checkpoint missing or unreadable",
+        .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data or checkpoint missing or unreadable,\n"
+                  "            75 preempted (SIGTERM; saved in --ckpt-dir)",
         .flags = flags,
         .nflags = (int)(sizeof flags / sizeof *flags),
         .positionals = true,
@@ -227,10 +232,12 @@ typedef struct {
     int nparams;
     cx_tensor **decay_masks;   /* FSDP: which shard elements are 2-D weights */
     int nmasks;
+    cx_ckpt_manager *ckpts;    /* --ckpt-dir: interval, --keep, preemption */
 } trainer;
 
 static void trainer_free(trainer *t)
 {
+    cx_ckpt_manager_free(t->ckpts);
     cx_optim_free(t->opt);
     free(t->params);
     for (int i = 0; i < t->nmasks; i++) cx_free(t->decay_masks[i]);
@@ -420,9 +427,9 @@ static cx_ckpt_model ckpt_model(const trainer *t, const config *c)
 static cx_status save(const config *c, trainer *t, int64_t step, int64_t epoch, int64_t position)
 {
     char prefix[4096];
-    snprintf(prefix, sizeof prefix, "%s/ckpt-step-%lld", c->ckpt_dir, (long long)step);
+    cx_ckpt_manager_prefix(t->ckpts, step, prefix, sizeof prefix);
     cx_ckpt_extra ex = { step, epoch, position };
-    cx_status st = cx_ckpt_save(prefix, ckpt_model(t, c), t->opt, &ex);
+    cx_status st = cx_ckpt_manager_save(t->ckpts, step, ckpt_model(t, c), t->opt, &ex);
     if (st != CX_OK) fprintf(stderr, "gpt: checkpoint save failed: %s\n", cx_last_error());
     else if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: saved %s\n", prefix);
     return st;
@@ -433,9 +440,14 @@ static cx_status save(const config *c, trainer *t, int64_t step, int64_t epoch, 
 static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
 {
     *ex = (cx_ckpt_extra){ 0, 1, 0 };
-    if (c->ckpt_dir && mkdir(c->ckpt_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "gpt: cannot create --ckpt-dir %s: %s\n", c->ckpt_dir, strerror(errno));
-        return EXIT_RUNTIME;
+    if (c->ckpt_dir) {
+        cx_ckpt_manager_opts mo = cx_ckpt_manager_default_opts();
+        mo.save_interval = c->ckpt_every;
+        mo.max_to_keep = c->keep;
+        if (!(t->ckpts = cx_ckpt_manager_new(c->ckpt_dir, mo))) {
+            fprintf(stderr, "gpt: --ckpt-dir: %s\n", cx_last_error());
+            return EXIT_RUNTIME;
+        }
     }
     if (!c->resume) return 0;
     char prefix[4096];
@@ -582,11 +594,16 @@ static int cmd_train(const config *c)
             g.loss_lr = lr_at(c, step - 1);
         }
         bool eval_now = c->eval_every > 0 && step % c->eval_every == 0 && step < c->steps;
-        bool save_now = c->ckpt_dir && c->ckpt_every > 0 && step % c->ckpt_every == 0;
+        bool preempted = t.ckpts && cx_ckpt_manager_reached_preemption(t.ckpts, step);   /* every rank alike */
+        bool save_now = cx_ckpt_manager_should_save(t.ckpts, step) || preempted;
         if (eval_now || save_now) {
             if (cx_loader_end_step(d.loader) != CX_OK) { rc = EXIT_RUNTIME; break; }
             if (save_now && save(c, &t, step, epoch, cx_loader_position(d.loader)) != CX_OK) rc = EXIT_RUNTIME;
             if (save_now) saved = step;
+            if (!rc && preempted) {
+                if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: preempted: saved step %lld; exiting\n", (long long)step);
+                rc = EXIT_PREEMPTED;
+            }
             if (!rc && eval_now && !eval_and_log(c, &t, &d, &g, step, &last_val)) rc = EXIT_RUNTIME;
         }
     }

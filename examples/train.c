@@ -5,7 +5,8 @@
  * update are recorded between the loader's step marks and compiled once.
  *
  * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data set missing or
- * unreadable, 21 test accuracy below --target-accuracy.
+ * unreadable, 21 test accuracy below --target-accuracy, 75 preempted
+ * (SIGTERM with --ckpt-dir: every rank saved at the same step).
  */
 #include <cxla/cxla.h>
 
@@ -20,7 +21,7 @@
 #include "cx_cli.h"
 #include "models.h"
 
-enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21 };
+enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21, EXIT_PREEMPTED = 75 };
 
 /* ---- flags ------------------------------------------------------------------ */
 
@@ -118,7 +119,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         .summary = "The reference cxla trainer (MNIST / Fashion-MNIST classifiers); run it through\n"
                    "xla-launch for several ranks.",
         .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
-                  "            21 below --target-accuracy",
+                  "            21 below --target-accuracy, 75 preempted (SIGTERM; saved in --ckpt-dir)",
         .flags = flags,
         .nflags = (int)(sizeof flags / sizeof *flags),
     };
@@ -241,6 +242,8 @@ static struct {
     int64_t resume_epoch, resume_position;   /* where a resumed run continues */
     int64_t last_saved;                      /* step of the last save (-1: none) */
     char last_prefix[4096];                  /* its prefix */
+    cx_ckpt_manager *mgr;                    /* --ckpt-dir: preemption (SIGTERM) */
+    bool preempted;
 } g_ckpt = { .resume_epoch = 1, .last_saved = -1 };
 
 static cx_status ckpt_save_now(int64_t epoch, int64_t position)
@@ -265,8 +268,8 @@ static cx_status ckpt_setup(const config *c, const parallel_mode *par, cx_module
     g_ckpt.c = c;
     g_ckpt.model = ckpt_model_of(c, par, model);
     g_ckpt.opt = opt;
-    if (c->ckpt_dir && mkdir(c->ckpt_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "train: cannot create --ckpt-dir %s: %s\n", c->ckpt_dir, strerror(errno));
+    if (c->ckpt_dir && !(g_ckpt.mgr = cx_ckpt_manager_new(c->ckpt_dir, cx_ckpt_manager_default_opts()))) {
+        fprintf(stderr, "train: --ckpt-dir: %s\n", cx_last_error());
         return CX_ERR_IO;
     }
     if (!c->resume) return CX_OK;
@@ -313,9 +316,16 @@ static int64_t ckpt_start_epoch(cx_loader *loader, int epoch, int64_t batch_size
 static cx_status ckpt_after_step(cx_loader *loader, int epoch)
 {
     const config *c = g_ckpt.c;
-    if (!c->ckpt_dir || c->ckpt_every <= 0 || cx_optim_step_count(g_ckpt.opt) % c->ckpt_every) return CX_OK;
+    int64_t step = cx_optim_step_count(g_ckpt.opt);
+    /* every rank learns of a SIGTERM at the same step, saves it and stops */
+    g_ckpt.preempted = g_ckpt.mgr && cx_ckpt_manager_reached_preemption(g_ckpt.mgr, step);
+    bool interval = c->ckpt_dir && c->ckpt_every > 0 && step % c->ckpt_every == 0;
+    if (!interval && !g_ckpt.preempted) return CX_OK;
     cx_status st = cx_loader_end_step(loader);
-    return st != CX_OK ? st : ckpt_save_now(epoch, cx_loader_position(loader));
+    if (st == CX_OK) st = ckpt_save_now(epoch, cx_loader_position(loader));
+    if (st == CX_OK && g_ckpt.preempted && cx_global_ordinal() == 0)
+        printf("train: preempted: saved step %lld; exiting\n", (long long)step);
+    return st;
 }
 
 /* The save at the end of training (unless that step is saved already):
@@ -351,6 +361,7 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         if (b.index % c->log_every == 0) log = (pending_log){ cx_keep(loss), b.index };
         images += b.size;
         if (ckpt_after_step(loader, epoch) != CX_OK) return CX_ERR_IO;
+        if (g_ckpt.preempted) return CX_OK;
         if (++steps == c->steps) {
             cx_loader_end_step(loader);
             break;
@@ -549,6 +560,10 @@ int main(int argc, char **argv)
             rc = EXIT_RUNTIME;
             break;
         }
+        if (g_ckpt.preempted) {
+            rc = EXIT_PREEMPTED;
+            break;
+        }
         acc = evaluate(model, test_loader);
         if (cx_loader_error(test_loader) != CX_OK || isnan(acc)) {
             fprintf(stderr, "train: evaluation failed: %s\n", cx_last_error());
@@ -573,6 +588,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    cx_ckpt_manager_free(g_ckpt.mgr);
     cx_loader_free(train_loader);
     cx_loader_free(test_loader);
     cx_sampler_free(train_sampler);

@@ -66,6 +66,7 @@ struct job {
     int n_noise;
     double stop_at;      /* 0: running normally */
     double term_after;
+    double kill_after;   /* SIGKILL this long after the stop began (0: STOP_KILL_AFTER) */
     int escalation;      /* 0 none, 1 SIGTERM sent, 2 SIGKILL sent */
     int interrupt_sig;
     struct xl_output out;
@@ -307,7 +308,15 @@ static void on_signal(struct job *j, int sig)
         }
         return;
     }
-    if (!j->interrupt_sig) {
+    if (!j->interrupt_sig && sig == SIGTERM && j->o->preempt_grace > 0) {
+        /* preemption: the ranks get SIGTERM first and the grace to agree
+         * on a step, save and exit; mpirun only after it */
+        j->interrupt_sig = sig;
+        xl_err("SIGTERM: asking the ranks to save and stop (grace %g s)", j->o->preempt_grace);
+        signal_wrappers(j, SIGTERM);
+        begin_stop(j, j->o->preempt_grace);
+        j->kill_after = j->o->preempt_grace + STOP_KILL_AFTER;
+    } else if (!j->interrupt_sig) {
         j->interrupt_sig = sig;
         begin_stop(j, 0);
     } else {
@@ -358,7 +367,8 @@ static double next_deadline(const struct job *j, double now)
         if (j->mpirun_done_at + DRAIN_AFTER_EXIT < t) t = j->mpirun_done_at + DRAIN_AFTER_EXIT;
     } else if (j->stop_at > 0) {
         if (j->escalation < 1 && j->stop_at + j->term_after < t) t = j->stop_at + j->term_after;
-        if (j->escalation < 2 && j->stop_at + STOP_KILL_AFTER < t) t = j->stop_at + STOP_KILL_AFTER;
+        double kill = j->kill_after > 0 ? j->kill_after : STOP_KILL_AFTER;
+        if (j->escalation < 2 && j->stop_at + kill < t) t = j->stop_at + kill;
     }
     return t;
 }
@@ -378,7 +388,7 @@ static void event_loop(struct job *j)
                 signal_job(j, SIGTERM);
                 j->escalation = 1;
             }
-            if (j->escalation < 2 && since >= STOP_KILL_AFTER) {
+            if (j->escalation < 2 && since >= (j->kill_after > 0 ? j->kill_after : STOP_KILL_AFTER)) {
                 if (j->o->verbose) xl_err("the job did not stop; killing it (SIGKILL)");
                 signal_job(j, SIGKILL);
                 j->escalation = 2;
@@ -540,6 +550,9 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
     xl_linebuf_init(&j.pipe_lb[0], 1);
     xl_linebuf_init(&j.pipe_lb[1], 2);
     xl_watch_init(&j.watch);
+    char grace[32];
+    snprintf(grace, sizeof grace, "%g", l->o->preempt_grace);
+    setenv("XLA_LAUNCH_PREEMPT_GRACE", grace, 1);
     j.mpirun = start_mpirun(&j, l->mpirun_argv);
     event_loop(&j);
     enum job_result r = finish_job(&j);

@@ -25,6 +25,7 @@ struct options {
     int master_port;    /* 0: not given */
     const char *log_dir;
     int max_restarts;
+    double preempt_grace;   /* SIGTERM: seconds the ranks get to save and stop; 0: stop at once */
     const char *mpirun;
     bool verbose;
     cli_strings mpirun_args;

@@ -30,6 +30,7 @@ static const char k_epilog[] =
 void xl_parse_options(int argc, char **argv, struct options *o)
 {
     memset(o, 0, sizeof *o);
+    o->preempt_grace = 60;
     /* torchrun's spellings (--nproc_per_node aside) are the same flags: --master_addr */
     const cli_flag flags[] = {
         { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .min = 1, .max = 1 << 20,
@@ -49,6 +50,9 @@ void xl_parse_options(int argc, char **argv, struct options *o)
         { .name = "max-restarts", .kind = CLI_INT, .dest = &o->max_restarts, .metavar = "K", .min = 0, .max = 10000,
           .help = "re-run the whole job up to K times after a failure; the\n"
                   "job sees XLA_LAUNCH_RESTART_COUNT (and\nTORCHELASTIC_RESTART_COUNT) = 0, 1, ..." },
+        { .name = "preempt-grace", .kind = CLI_DOUBLE, .dest = &o->preempt_grace, .metavar = "S", .min = 0,
+          .max = 86400, .help = "on SIGTERM, give the ranks S seconds to save a checkpoint\n"
+                                "and stop (programs with a checkpoint manager), 0 = stop\nat once (default 60)" },
         { .name = "mpirun", .kind = CLI_STRING, .dest = &o->mpirun, .metavar = "PATH",
           .help = "mpirun to use (default: $XLA_LAUNCH_MPIRUN, else the one\nfound at build time, "
                   XLA_LAUNCH_MPIRUN_DEFAULT ")" },

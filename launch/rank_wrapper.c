@@ -265,12 +265,16 @@ static void send_status(struct wrapper *w, const struct xl_status *st)
 
 /* The job is being stopped (mpirun's SIGTERM, our parent died, or the launcher went
  * away): pass it on to PROGRAM's whole group and schedule the SIGKILL. */
+/* SIGTERM from the launcher is a preemption: PROGRAM gets the launcher's
+ * grace (XLA_LAUNCH_PREEMPT_GRACE) to save and stop; other stops get TERM_GRACE. */
 static void begin_teardown(struct wrapper *w, int sig)
 {
     if (w->child <= 0 || w->child_done || w->torn_down) return;
     w->torn_down = true;
     kill(-w->child, sig);
-    w->kill_at = xl_now() + TERM_GRACE;
+    const char *g = getenv("XLA_LAUNCH_PREEMPT_GRACE");
+    double grace = sig == SIGTERM && g ? atof(g) : 0;
+    w->kill_at = xl_now() + (grace > TERM_GRACE ? grace : TERM_GRACE);
 }
 
 /* The connection broke: the launcher is gone, so the job is over. (While connecting,

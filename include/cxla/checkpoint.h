@@ -118,6 +118,46 @@ CX_API bool cx_ckpt_is_committed(const char *prefix);
  * `out` is too small. */
 CX_API cx_status cx_ckpt_latest(const char *dir, char *out, size_t cap);
 
+/* ---- checkpoint manager and preemption -------------------------------- */
+
+/* Like PyTorch/XLA's CheckpointManager: checkpoints DIR/ckpt-step-<N> on an
+ * interval, the newest max_to_keep kept, and preemption (SIGTERM, as a
+ * scheduler or `xla-launch` sends it) turned into a step at which every
+ * rank saves and stops. */
+typedef struct cx_ckpt_manager cx_ckpt_manager;
+
+typedef struct {
+    int64_t save_interval;   /* should_save every N steps; 0: never (only preemption or the caller) */
+    int max_to_keep;         /* committed checkpoints kept, newest first; 0: all */
+    bool watch_sigterm;      /* install a SIGTERM handler that requests preemption */
+} cx_ckpt_manager_opts;
+
+/* interval 0, keep all, watch SIGTERM. */
+CX_API cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void);
+/* Creates `dir` if needed. With watch_sigterm, SIGTERM no longer ends the
+ * process: it requests preemption (see reached_preemption).
+ * @return the manager, or NULL with cx_last_error set (bad options, the
+ * directory cannot be made, out of memory). */
+CX_API cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts opts);
+CX_API void cx_ckpt_manager_free(cx_ckpt_manager *m);
+/* @return true when step (> 0) is a multiple of the save interval. */
+CX_API bool cx_ckpt_manager_should_save(const cx_ckpt_manager *m, int64_t step);
+/* Collective (every rank calls it at the same steps, e.g. each step): true
+ * on every rank once any rank has been asked to stop (SIGTERM or
+ * cx_ckpt_manager_request_preemption). The caller then saves and exits. */
+CX_API bool cx_ckpt_manager_reached_preemption(cx_ckpt_manager *m, int64_t step);
+/* Requests preemption as a SIGTERM would (async-signal-safe). */
+CX_API void cx_ckpt_manager_request_preemption(void);
+/* The prefix of step's checkpoint: DIR/ckpt-step-<step>. */
+CX_API void cx_ckpt_manager_prefix(const cx_ckpt_manager *m, int64_t step, char *out, size_t cap);
+/* Saves step's checkpoint (collective, as cx_ckpt_save), then deletes the
+ * committed checkpoints beyond max_to_keep: their commit markers first,
+ * then their files. @return cx_ckpt_save's status, or CX_ERR_COMM. */
+CX_API cx_status cx_ckpt_manager_save(cx_ckpt_manager *m, int64_t step, cx_ckpt_model model, cx_optimizer *opt,
+                                      const cx_ckpt_extra *extra);
+/* The newest committed checkpoint in the manager's directory (cx_ckpt_latest). */
+CX_API cx_status cx_ckpt_manager_latest(const cx_ckpt_manager *m, char *out, size_t cap);
+
 /* ---- consolidation and resharding (the consolidate_ckpts tool) -------- */
 
 typedef struct {
