@@ -31,10 +31,15 @@ void xl_parse_options(int argc, char **argv, struct options *o)
 {
     memset(o, 0, sizeof *o);
     o->preempt_grace = 60;
-    /* torchrun's spellings (--nproc_per_node aside) are the same flags: --master_addr */
+    /* torchrun's spellings are the same flags: --master_addr, --nproc_per_node */
+    const char *rdzv = NULL;
     const cli_flag flags[] = {
         { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .min = 1, .max = 1 << 20,
           .help = "number of ranks (default: the number of cores; with a\nhostfile: one rank per slot it lists)" },
+        { .name = "nproc-per-node", .kind = CLI_INT, .dest = &o->nproc, .min = 1, .max = 1 << 20,
+          .help = "torchrun's name for --nproc" },
+        { .name = "rdzv-endpoint", .kind = CLI_STRING, .dest = &rdzv, .metavar = "HOST[:PORT]",
+          .help = "torchrun's rendezvous: MASTER_ADDR (and MASTER_PORT)" },
         { .name = "hostfile", .kind = CLI_STRING, .dest = &o->hostfile, .metavar = "F",
           .help = "Open MPI hostfile listing the nodes (multi-node jobs)" },
         { .name = "nnodes", .kind = CLI_INT, .dest = &o->nnodes, .metavar = "M", .min = 1, .max = 1 << 20,
@@ -75,6 +80,21 @@ void xl_parse_options(int argc, char **argv, struct options *o)
     case CLI_OK: break;
     case CLI_HELP: xl_options_free(o); exit(0);
     case CLI_ERROR: xl_options_free(o); exit(2);
+    }
+    if (rdzv && !o->master_addr) {
+        /* HOST[:PORT]; the address stays in argv, the port is split off into a copy */
+        static char host[256];
+        snprintf(host, sizeof host, "%s", rdzv);
+        char *colon = strrchr(host, ':');
+        if (colon) {
+            *colon = '\0';
+            if (!o->master_port && !xl_parse_int(colon + 1, 1, 65535, &o->master_port)) {
+                cli_error(&spec, "--rdzv-endpoint %s: bad port", rdzv);
+                xl_options_free(o);
+                exit(2);
+            }
+        }
+        o->master_addr = host;
     }
     o->prog = argv + first;
     o->nprog = argc - first;

@@ -89,6 +89,31 @@ static void export_var(char ***v, int *n, const char *name, const char *value)
     add_arg(v, n, name);
 }
 
+/* The settings of cxla, PyTorch/XLA, OpenMP and OpenBLAS set where the
+ * launcher runs reach every rank on every node (mpirun -x NAME). The
+ * launcher's own XLA_LAUNCH_* variables are exported one by one.
+ * @return the names (NULL-terminated; free each, then the array). */
+static char **forward_settings(char ***v, int *n)
+{
+    static const char *const prefixes[] = { "CX_", "XLA_", "PT_XLA_", "OMP_", "OPENBLAS_" };
+    char **names = NULL;
+    int k = 0;
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!eq || !strncmp(*e, "XLA_LAUNCH_", 11)) continue;
+        bool match = false;
+        for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes && !match; p++)
+            match = !strncmp(*e, prefixes[p], strlen(prefixes[p]));
+        if (!match) continue;
+        names = xl_realloc_array(names, (size_t)k + 2, sizeof *names);
+        names[k] = strndup(*e, (size_t)(eq - *e));
+        if (!names[k]) xl_die("out of memory");
+        export_var(v, n, names[k], NULL);
+        names[++k] = NULL;
+    }
+    return names;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "--rank-wrapper") == 0)
@@ -182,10 +207,7 @@ int main(int argc, char **argv)
     export_var(&av, &ac, "TORCHELASTIC_RESTART_COUNT", "0");
     export_var(&av, &ac, "XLA_LAUNCH_MAX_RESTARTS", restarts);
     export_var(&av, &ac, "TORCHELASTIC_MAX_RESTARTS", restarts);
-    static const char *const user_vars[] = { "CX_NUM_THREADS", "OMP_NUM_THREADS",
-                                             "OPENBLAS_NUM_THREADS" };
-    for (size_t i = 0; i < sizeof user_vars / sizeof *user_vars; i++)
-        if (getenv(user_vars[i])) export_var(&av, &ac, user_vars[i], NULL);
+    char **forwarded = forward_settings(&av, &ac);
     for (int i = 0; i < o.mpirun_args.n; i++) add_arg(&av, &ac, o.mpirun_args.v[i]);
     add_arg(&av, &ac, self);
     add_arg(&av, &ac, "--rank-wrapper");
@@ -207,6 +229,8 @@ int main(int argc, char **argv)
 
     l.mpirun_argv = av;
     int rc = xl_run_attempts(&l);
+    for (int i = 0; forwarded && forwarded[i]; i++) free(forwarded[i]);
+    free(forwarded);
     free(av);
     free(mpirun);
     free(first_host);

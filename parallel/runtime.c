@@ -354,9 +354,22 @@ static bool launched_by_mpi(void)
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
 }
 
+/* torchrun (or a hand-made environment) says there are several processes,
+ * but they share no MPI world: each would train alone. */
+static cx_status refuse_lonely_world(void)
+{
+    const char *ws = getenv("WORLD_SIZE");
+    long n = ws ? strtol(ws, NULL, 10) : 0;
+    if (n <= 1 || launched_by_mpi()) return CX_OK;
+    cx_set_last_error("dist_init: WORLD_SIZE=%ld but this process is in no MPI world (torchrun's processes share "
+                      "none): start the program with `xla-launch --nproc-per-node N PROGRAM ...` instead", n);
+    return CX_ERR_COMM;
+}
+
 cx_status cx_dist_init(int *argc, char ***argv)
 {
     if (R.initialized) return CX_OK;
+    if (refuse_lonely_world() != CX_OK) return CX_ERR_COMM;
     R.rank = 0;
     R.size = 1;
     R.local_rank = 0;
