@@ -176,8 +176,11 @@ cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_
     }
     if (mg >= 0) H5Gclose(mg);
     if (st == CX_OK && opts.with_optimizer) st = write_optimizer_copy(&w, fid);
-    if (fid >= 0 && H5Fclose(fid) < 0 && st == CX_OK) {
+    if (fid >= 0 && st != CX_OK) {
+        ckpt_h5_discard_close(fid);
+    } else if (fid >= 0 && H5Fclose(fid) < 0) {
         cx_set_last_error("%s: cannot close: %s", tmp, ckpt_h5_msg());
+        ckpt_h5_discard_close(fid);
         st = CX_ERR_IO;
     }
     if (st == CX_OK) st = ckpt_publish(tmp, out_path, NULL, NULL);
@@ -321,8 +324,11 @@ static cx_status write_reshard_file(writer *w, const ckpt_unit *u, int nu, int r
     for (int i = 0; i < s->nentries && !any_state; i++) any_state = s->entries[i].state != NULL;
     if (st == CX_OK && with_optimizer && any_state) st = write_unit_states(w, fid, u, nu);
     if (st == CX_OK) st = ckpt_units_write(fid, u, nu);
-    if (H5Fclose(fid) < 0 && st == CX_OK) {
+    if (st != CX_OK) {
+        ckpt_h5_discard_close(fid);
+    } else if (H5Fclose(fid) < 0) {
         cx_set_last_error("%s: cannot close: %s", w->path, ckpt_h5_msg());
+        ckpt_h5_discard_close(fid);
         st = CX_ERR_IO;
     }
     return st;

@@ -1,6 +1,11 @@
 /* HDF5 helpers: one-line errors, types, attributes, groups, element-range
  * selections and the tensor datasets of a checkpoint file. */
+/* memfd_create */
+#define _GNU_SOURCE
 #include "ckpt_internal.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cx_vec.h"
 
@@ -38,6 +43,25 @@ static herr_t walk_first(unsigned n, const H5E_error2_t *e, void *ctx)
     return 0;
 }
 
+/* HDF5's file drivers describe a failed system call over several lines
+ * ("file write failed: time = ...\n, filename = ..., errno = 28, error
+ * message = 'No space left on device', ..."): keep the system's words. */
+static void one_line(char *msg, size_t cap)
+{
+    const char *em = strstr(msg, "error message = '");
+    if (em) {
+        char tmp[256];
+        const char *what = em + strlen("error message = '"), *end = strchr(what, '\'');
+        int n = end ? (int)(end - what) : (int)strlen(what);
+        const char *colon = strchr(msg, ':');
+        int head = colon && colon < em ? (int)(colon - msg) : 0;
+        snprintf(tmp, sizeof tmp, "%.*s%s%.*s", head, msg, head ? ": " : "", n, what);
+        snprintf(msg, cap, "%s", tmp);
+    }
+    for (char *p = msg; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+}
+
 const char *ckpt_h5_msg(void)
 {
     static _Thread_local char msg[256];
@@ -45,7 +69,26 @@ const char *ckpt_h5_msg(void)
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk_first, msg);
     H5Eclear2(H5E_DEFAULT);
     if (!msg[0]) snprintf(msg, sizeof msg, "HDF5 error");
+    one_line(msg, sizeof msg);
     return msg;
+}
+
+/* Closes a file whose writes failed. HDF5 1.10 keeps a file whose close
+ * could not flush, and its exit handler then crashes closing it again; so
+ * the file's descriptor is first pointed at an anonymous memory file, where
+ * the last flush succeeds and goes nowhere. (The caller removes the file.) */
+void ckpt_h5_discard_close(hid_t fid)
+{
+    int *fdp = NULL;
+    if (H5Fget_vfd_handle(fid, H5P_DEFAULT, (void **)&fdp) >= 0 && fdp && *fdp >= 0) {
+        int mem = memfd_create("cxla-discarded-checkpoint", MFD_CLOEXEC);
+        if (mem >= 0) {
+            dup2(mem, *fdp);
+            close(mem);
+        }
+    }
+    H5Fclose(fid);
+    H5Eclear2(H5E_DEFAULT);
 }
 
 hid_t ckpt_h5_type(cx_dtype dt)

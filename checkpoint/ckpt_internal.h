@@ -61,6 +61,8 @@ cx_status ckpt_hash_file(const char *path, int version, bool fsync_first, uint64
  * messages) and registers the zstd filter. Idempotent. @return 0 or -1. */
 int ckpt_h5_init(void);
 /* The most specific message on HDF5's error stack ("" if none). */
+/* Closes a file whose writes failed without leaving it to HDF5's exit handler. */
+void ckpt_h5_discard_close(hid_t fid);
 const char *ckpt_h5_msg(void);
 int ckpt_zstd_register(void);
 /* A compression level of the options: 0 (none) or a zstd level 1..22.

@@ -122,8 +122,13 @@ static cx_status write_rank_file(const char *tmp, const ckpt_view *v, cx_optimiz
                     : write_state_dict(mg, v->module, opts.compress_level, tmp);
     H5Gclose(mg);
     if (st == CX_OK && opt && opts.with_optimizer) st = write_optimizer(fid, opt, opts.compress_level, tmp);
-    if (H5Fclose(fid) < 0 && st == CX_OK) {
+    if (st != CX_OK) {
+        ckpt_h5_discard_close(fid);
+        return st;
+    }
+    if (H5Fclose(fid) < 0) {
         cx_set_last_error("%s: cannot close: %s", tmp, ckpt_h5_msg());
+        ckpt_h5_discard_close(fid);
         st = CX_ERR_IO;
     }
     return st;
