@@ -3,7 +3,7 @@
 # nothing when everything is already there.
 set -eu
 
-PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev hdf5-tools graphviz"
+PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev hdf5-tools graphviz clang-14 libclang-rt-14-dev"
 OPTIONAL="dataset-fashion-mnist bible-kjv gnuplot-nox"
 
 missing=""

@@ -22,6 +22,19 @@
 #define CX_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 
+/* Lanes of the concatenation of two vectors picked by constant indices.
+ * GCC and clang spell the builtin differently: masks are written
+ * CX_MASK(mask vector type, indices...) inside function-like macros, so
+ * they travel through the kernels' macros as one argument and expand only
+ * at the shuffle. */
+#if defined(__clang__)
+#define CX_SHUFFLE(a, b, mask) __builtin_shufflevector(a, b, mask)
+#define CX_MASK(type, ...) __VA_ARGS__
+#else
+#define CX_SHUFFLE(a, b, mask) __builtin_shuffle(a, b, mask)
+#define CX_MASK(type, ...) ((type){ __VA_ARGS__ })
+#endif
+
 typedef struct {
     int64_t n, c, h, w;        /* input  (N, C, H, W) */
     int64_t o, kh, kw;         /* weight (O, C/groups, KH, KW) */

@@ -184,14 +184,14 @@ typedef int32_t i4 __attribute__((vector_size(16)));
 #define VLD(F, p) (*(const F *)(const void *)(p))
 #define VST(F, p) (*(F *)(void *)(p))
 #define SEL(F, I, t, x, y) ((F)(((I)(x) & (t)) | ((I)(y) & ~(t))))
-#define EVENS8 ((i8){ 0, 2, 4, 6, 8, 10, 12, 14 })
-#define ODDS8 ((i8){ 1, 3, 5, 7, 9, 11, 13, 15 })
-#define LOW8 ((i8){ 0, 8, 1, 9, 2, 10, 3, 11 })
-#define HIGH8 ((i8){ 4, 12, 5, 13, 6, 14, 7, 15 })
-#define EVENS4 ((i4){ 0, 2, 4, 6 })
-#define ODDS4 ((i4){ 1, 3, 5, 7 })
-#define LOW4 ((i4){ 0, 4, 1, 5 })
-#define HIGH4 ((i4){ 2, 6, 3, 7 })
+#define EVENS8() CX_MASK(i8, 0, 2, 4, 6, 8, 10, 12, 14)
+#define ODDS8() CX_MASK(i8, 1, 3, 5, 7, 9, 11, 13, 15)
+#define LOW8() CX_MASK(i8, 0, 8, 1, 9, 2, 10, 3, 11)
+#define HIGH8() CX_MASK(i8, 4, 12, 5, 13, 6, 14, 7, 15)
+#define EVENS4() CX_MASK(i4, 0, 2, 4, 6)
+#define ODDS4() CX_MASK(i4, 1, 3, 5, 7)
+#define LOW4() CX_MASK(i4, 0, 4, 1, 5)
+#define HIGH4() CX_MASK(i4, 2, 6, 3, 7)
 
 /* Max and first-max tap (0..3, row-major) of W windows starting at
  * column 2*ow of rows r0/r1; a NaN is taken, as in argmax_window. */
@@ -199,8 +199,8 @@ typedef int32_t i4 __attribute__((vector_size(16)));
     do {                                                                                        \
         const F l0_ = VLD(F, (r0) + 2 * (ow)), h0_ = VLD(F, (r0) + 2 * (ow) + (W));             \
         const F l1_ = VLD(F, (r1) + 2 * (ow)), h1_ = VLD(F, (r1) + 2 * (ow) + (W));             \
-        const F v_[4] = { __builtin_shuffle(l0_, h0_, EV), __builtin_shuffle(l0_, h0_, OD),     \
-                          __builtin_shuffle(l1_, h1_, EV), __builtin_shuffle(l1_, h1_, OD) };   \
+        const F v_[4] = { CX_SHUFFLE(l0_, h0_, EV()), CX_SHUFFLE(l0_, h0_, OD()),                         \
+                          CX_SHUFFLE(l1_, h1_, EV()), CX_SHUFFLE(l1_, h1_, OD()) };                   \
         m = v_[0];                                                                              \
         k = (I){ 0 };                                                                           \
         for (int t_ = 1; t_ < 4; t_++) {                                                        \
@@ -241,10 +241,10 @@ CX_HOT static void max2x2_fwd_plane(float *restrict y, const float *restrict x, 
         const F z_ = (F){ 0 };                                                                   \
         const F e0_ = SEL(F, I, k == 0, v, z_), o0_ = SEL(F, I, k == 1, v, z_);                  \
         const F e1_ = SEL(F, I, k == 2, v, z_), o1_ = SEL(F, I, k == 3, v, z_);                  \
-        VST(F, (d0) + 2 * (ow)) = __builtin_shuffle(e0_, o0_, LO);                               \
-        VST(F, (d0) + 2 * (ow) + sizeof(F) / 4) = __builtin_shuffle(e0_, o0_, HI);               \
-        VST(F, (d1) + 2 * (ow)) = __builtin_shuffle(e1_, o1_, LO);                               \
-        VST(F, (d1) + 2 * (ow) + sizeof(F) / 4) = __builtin_shuffle(e1_, o1_, HI);               \
+        VST(F, (d0) + 2 * (ow)) = CX_SHUFFLE(e0_, o0_, LO());                                       \
+        VST(F, (d0) + 2 * (ow) + sizeof(F) / 4) = CX_SHUFFLE(e0_, o0_, HI());                       \
+        VST(F, (d1) + 2 * (ow)) = CX_SHUFFLE(e1_, o1_, LO());                                       \
+        VST(F, (d1) + 2 * (ow) + sizeof(F) / 4) = CX_SHUFFLE(e1_, o1_, HI());                       \
     } while (0)
 
 /* With `positive`, dy passes only where the window's max is > 0: the

@@ -153,14 +153,14 @@ typedef int32_t i4v __attribute__((vector_size(16)));
 #define LD(T, p) (*(const T *)(const void *)(p))
 #define ST(T, p) (*(T *)(void *)(p))
 /* even / odd lanes of two vectors, and their interleaving */
-#define EV8 ((i8v){ 0, 2, 4, 6, 8, 10, 12, 14 })
-#define OD8 ((i8v){ 1, 3, 5, 7, 9, 11, 13, 15 })
-#define LO8 ((i8v){ 0, 8, 1, 9, 2, 10, 3, 11 })
-#define HI8 ((i8v){ 4, 12, 5, 13, 6, 14, 7, 15 })
-#define EV4 ((i4v){ 0, 2, 4, 6 })
-#define OD4 ((i4v){ 1, 3, 5, 7 })
-#define LO4 ((i4v){ 0, 4, 1, 5 })
-#define HI4 ((i4v){ 2, 6, 3, 7 })
+#define EV8() CX_MASK(i8v, 0, 2, 4, 6, 8, 10, 12, 14)
+#define OD8() CX_MASK(i8v, 1, 3, 5, 7, 9, 11, 13, 15)
+#define LO8() CX_MASK(i8v, 0, 8, 1, 9, 2, 10, 3, 11)
+#define HI8() CX_MASK(i8v, 4, 12, 5, 13, 6, 14, 7, 15)
+#define EV4() CX_MASK(i4v, 0, 2, 4, 6)
+#define OD4() CX_MASK(i4v, 1, 3, 5, 7)
+#define LO4() CX_MASK(i4v, 0, 4, 1, 5)
+#define HI4() CX_MASK(i4v, 2, 6, 3, 7)
 
 /* B^T d B for tiles j..j+W-1 of one tile row, given d[r][k] as vectors
  * over the tiles; the 16 results at dst + xi * stride + j. */
@@ -187,10 +187,10 @@ typedef int32_t i4v __attribute__((vector_size(16)));
         for (int r_ = 0; r_ < 4; r_++) {                                                           \
             const float *p_ = (row)[r_] + 2 * (j);                                                  \
             const T l_ = LD(T, p_), h_ = LD(T, p_ + (W)), l2_ = LD(T, p_ + 2), h2_ = LD(T, p_ + 2 + (W)); \
-            d_[r_][0] = __builtin_shuffle(l_, h_, EV);                                              \
-            d_[r_][1] = __builtin_shuffle(l_, h_, OD);                                              \
-            d_[r_][2] = __builtin_shuffle(l2_, h2_, EV);                                            \
-            d_[r_][3] = __builtin_shuffle(l2_, h2_, OD);                                            \
+            d_[r_][0] = CX_SHUFFLE(l_, h_, EV());                                              \
+            d_[r_][1] = CX_SHUFFLE(l_, h_, OD());                                              \
+            d_[r_][2] = CX_SHUFFLE(l2_, h2_, EV());                                            \
+            d_[r_][3] = CX_SHUFFLE(l2_, h2_, OD());                                            \
         }                                                                                           \
         INPUT_CORE(T, d_, dst, stride, j);                                                          \
     } while (0)
@@ -275,11 +275,11 @@ CX_HOT static void transform_input(float *v, float *rows, const float *x, const 
         EPILOGUE(T, I, o_, b, relu);                                                                \
         if (pm) {                                                                                   \
             const T ml_ = LD(T, (pm) + 2 * (j)), mh_ = LD(T, (pm) + 2 * (j) + (W));                 \
-            e_ = (T)((I)e_ & (I)(__builtin_shuffle(ml_, mh_, EV) > 0));                             \
-            o_ = (T)((I)o_ & (I)(__builtin_shuffle(ml_, mh_, OD) > 0));                             \
+            e_ = (T)((I)e_ & (I)(CX_SHUFFLE(ml_, mh_, EV()) > 0));                             \
+            o_ = (T)((I)o_ & (I)(CX_SHUFFLE(ml_, mh_, OD()) > 0));                             \
         }                                                                                           \
-        ST(T, (y) + 2 * (j)) = __builtin_shuffle(e_, o_, LO);                                       \
-        ST(T, (y) + 2 * (j) + (W)) = __builtin_shuffle(e_, o_, HI);                                 \
+        ST(T, (y) + 2 * (j)) = CX_SHUFFLE(e_, o_, LO());                                       \
+        ST(T, (y) + 2 * (j) + (W)) = CX_SHUFFLE(e_, o_, HI());                                 \
     } while (0)
 
 #define OUTPUT_TILES(T, I, W, EV, OD, LO, HI, src, stride, j, y0, y1, pm0, pm1, b, relu)            \
@@ -339,8 +339,8 @@ CX_HOT static void transform_output(float *y, const float *m, const wino_shape *
     do {                                                                                            \
         const T la_ = LD(T, (ra) + 2 * (j)), ha_ = LD(T, (ra) + 2 * (j) + (W));                     \
         const T lb_ = LD(T, (rb) + 2 * (j)), hb_ = LD(T, (rb) + 2 * (j) + (W));                     \
-        const T a0_ = __builtin_shuffle(la_, ha_, EV), a1_ = __builtin_shuffle(la_, ha_, OD);       \
-        const T b0_ = __builtin_shuffle(lb_, hb_, EV), b1_ = __builtin_shuffle(lb_, hb_, OD);       \
+        const T a0_ = CX_SHUFFLE(la_, ha_, EV()), a1_ = CX_SHUFFLE(la_, ha_, OD());       \
+        const T b0_ = CX_SHUFFLE(lb_, hb_, EV()), b1_ = CX_SHUFFLE(lb_, hb_, OD());       \
         const T t_[4][2] = { { a0_, a1_ }, { a0_ + b0_, a1_ + b1_ }, { a0_ - b0_, a1_ - b1_ },      \
                              { -b0_, -b1_ } };                                                      \
         for (int a_ = 0; a_ < 4; a_++) {                                                           \
