@@ -11,8 +11,8 @@
 
 /* ---- memory accounting ---------------------------------------------------- */
 
-static atomic_llong g_mem_in_use;
-static atomic_llong g_mem_peak;
+static _Atomic int64_t g_mem_in_use;
+static _Atomic int64_t g_mem_peak;
 static int64_t g_mem_limit = -1; /* -1: not parsed yet; 0: none */
 
 static int64_t parse_limit(const char *s)

@@ -270,7 +270,7 @@ static cx_status wait_req(comm_req *q)
     }
     cx_metric_add("CollectiveTime", q->seconds);
     cx_status st = q->status;
-    if (st != CX_OK && q->err[0]) cx_set_last_error(q->err);
+    if (st != CX_OK && q->err[0]) cx_set_last_error("%s", q->err);
     return st;
 }
 

@@ -4,7 +4,7 @@
 # from its committed seed corpus. Prints one line per harness with its
 # executions; exits non-zero when one crashes, leaks or times out (the
 # input is kept as BUILD/crash-<harness>-*: add it to the corpus once fixed).
-# usage: tests/fuzz/run.sh SECONDS [BUILD]
+# usage: tests/fuzz/run.sh SECONDS [BUILD]   (CX_WERROR=ON: warnings are errors)
 set -eu
 SECS=${1:-60}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,7 +12,7 @@ B=${2:-$ROOT/build-fuzz}
 CC=${CC:-clang-14}
 command -v "$CC" > /dev/null || { echo "fuzz: $CC not found (scripts/install-deps.sh installs clang-14)" >&2; exit 1; }
 mkdir -p "$B"
-CC=$CC cmake -S "$ROOT" -B "$B" -DCX_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$B/configure.log" 2>&1 ||
+CC=$CC cmake -S "$ROOT" -B "$B" -DCX_FUZZ=ON -DCX_WERROR="${CX_WERROR:-OFF}" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$B/configure.log" 2>&1 ||
     { cat "$B/configure.log"; exit 1; }
 cmake --build "$B" -j2 --target fuzz_idx fuzz_text fuzz_cli fuzz_ckpt > "$B/build.log" 2>&1 ||
     { tail -30 "$B/build.log"; exit 1; }
