@@ -32,11 +32,12 @@ for mode in sleep skip; do
     if pgrep -f "$PROG $mode" > /dev/null; then fail "$mode: a process of the job survived"; fi
 done
 
-CX_COLLECTIVE_TIMEOUT=3 "$LAUNCH" --nproc 2 "$PROG" none > "$W/none.out" 2>&1 || { cat "$W/none.out"; fail "a job without a stall failed"; }
-if ls /dev/shm/xla-launch.* > /dev/null 2>&1; then
-    for d in /dev/shm/xla-launch.*; do
-        pid=${d#/dev/shm/xla-launch.}; pid=${pid%%.*}
-        kill -0 "$pid" 2>/dev/null || fail "status directory $d left behind"
-    done
-fi
+# Only this launcher's own status directory is looked at: other tests'
+# launchers run alongside and come and go.
+CX_COLLECTIVE_TIMEOUT=3 "$LAUNCH" --nproc 2 "$PROG" none > "$W/none.out" 2>&1 &
+lpid=$!
+wait "$lpid" || { cat "$W/none.out"; fail "a job without a stall failed"; }
+for d in /dev/shm/xla-launch."$lpid".* /tmp/xla-launch."$lpid".*; do
+    if [ -e "$d" ]; then fail "status directory $d left behind"; fi
+done
 echo "watchdog: ok"

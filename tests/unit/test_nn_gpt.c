@@ -75,11 +75,16 @@ Test(gpt, golden_loss_grads_and_two_adamw_steps)
     CHECK("gpt/loss2", out[1]);
     for (int i = 0; i < n; i++) {
         snprintf(key, sizeof key, "gpt/step2/%s", ps[i].name);
-        /* The key third of c_attn.bias has a zero gradient in exact
-         * arithmetic (softmax ignores a shift shared by all keys): Adam
-         * turns float32's and float64's rounding noise there into
-         * unrelated steps of up to ~lr * noise / eps. */
-        GOLDEN_EXPECT(key, ps[i].tensor, strstr(ps[i].name, "c_attn.bias") ? 1e-3 : RTOL);
+        /* The key third of c_attn.bias, [n_embd, 2 n_embd), has a zero
+         * gradient in exact arithmetic (softmax ignores a shift shared by
+         * all keys): Adam turns float32's and float64's rounding noise
+         * there into unrelated steps, each at most ~1.5 lr in size. Those
+         * entries are only held to that bound; the rest of the tensor
+         * (queries, values) to RTOL. */
+        const char *e = strstr(ps[i].name, "c_attn.bias")
+                            ? golden_check_loose(key, ps[i].tensor, RTOL, 32, 64, 5 * o.lr, g_msg, sizeof g_msg)
+                            : golden_check(key, ps[i].tensor, RTOL, g_msg, sizeof g_msg);
+        cr_expect(e == NULL, "%s", e ? e : "");
     }
     cr_expect(cx_module_get(m, "lm_head.weight") == cx_module_get(m, "transformer.wte.weight"),
               "the tie holds after the optimizer's updates");
