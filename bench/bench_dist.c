@@ -1,6 +1,7 @@
 /* cxla-bench comm | ddp | fsdp: distributed figures.
  *
- *   xla-launch --nproc N cxla-bench comm   all-reduce bus bandwidth vs raw MPI_Allreduce
+ *   xla-launch --nproc N cxla-bench comm   all-reduce, reduce-scatter and all-gather bus bandwidth
+ *                                          vs MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather
  *   cxla-bench ddp                         DDP on 2 ranks x 1 thread vs 1 rank x 2 threads
  *                                          (runs the reference here, and each round one
  *                                          `xla-launch --nproc 2 cxla-bench ddp --worker`)
@@ -66,40 +67,95 @@ static void emit0(const char *name, const char *unit, const bench_series *s)
 
 /* ---- comm ------------------------------------------------------------------------ */
 
+/* The collectives compared, each through the library (an IR op run by the
+ * comm backend: shared memory inside a node unless CX_SHM_COLLECTIVES=0)
+ * and through the MPI call a user would make instead. */
+typedef enum { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER } comm_kind;
+
 typedef struct {
+    comm_kind kind;
     cx_tensor *x;
     float *h, *o;
-    int64_t n;
+    int64_t n;        /* floats in the whole buffer (the all-reduce's, the reduce-scatter's input, the gather's output) */
+    int world;
 } comm_ctx;
 
-static double lib_allreduce_unit(void *p)
+static double lib_comm_unit(void *p)
 {
     comm_ctx *c = p;
     cx_barrier();
     double t0 = bench_now();
-    cx_tensor *y = cx_all_reduce(c->x, CX_RED_SUM, 1.0, NULL, false);
+    cx_tensor *y = c->kind == COMM_ALL_REDUCE ? cx_all_reduce(c->x, CX_RED_SUM, 1.0, NULL, false)
+                 : c->kind == COMM_REDUCE_SCATTER ? cx_reduce_scatter(c->x, CX_RED_SUM, 1.0, 0, NULL, false)
+                                                  : cx_all_gather(c->x, 0, NULL, false);
     cx_status st = cx_sync_tensors(&y, 1);
     double dt = bench_now() - t0;
     cx_free(y);
     if (st != CX_OK) {
-        fprintf(stderr, "cxla-bench comm: all-reduce: %s\n", cx_last_error());
+        fprintf(stderr, "cxla-bench comm: %s\n", cx_last_error());
         return -1;
     }
     return dt;
 }
 
-static double mpi_allreduce_unit(void *p)
+static double mpi_comm_unit(void *p)
 {
     comm_ctx *c = p;
+    int block = (int)(c->n / c->world);
     cx_barrier();
     double t0 = bench_now();
-    int rc = MPI_Allreduce(c->h, c->o, (int)c->n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    int rc = c->kind == COMM_ALL_REDUCE ? MPI_Allreduce(c->h, c->o, (int)c->n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
+           : c->kind == COMM_REDUCE_SCATTER
+               ? MPI_Reduce_scatter_block(c->h, c->o, block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
+               : MPI_Allgather(c->h, block, MPI_FLOAT, c->o, block, MPI_FLOAT, MPI_COMM_WORLD);
     double dt = bench_now() - t0;
     if (rc != MPI_SUCCESS) {
-        fprintf(stderr, "cxla-bench comm: MPI_Allreduce failed (%d)\n", rc);
+        fprintf(stderr, "cxla-bench comm: the MPI reference failed (%d)\n", rc);
         return -1;
     }
     return dt;
+}
+
+/* One figure: the library against MPI for one collective and size.
+ * @return 0, or 1 after saying why. */
+static int comm_figure(comm_kind kind, int mib, int world, const bench_cfg *cfg)
+{
+    static const char *const names[] = { "allreduce", "reducescatter", "allgather" };
+    comm_ctx c = { .kind = kind, .n = (int64_t)mib << 18, .world = world };   /* floats */
+    c.n -= c.n % world;
+    int64_t in_n = kind == COMM_ALL_GATHER ? c.n / world : c.n;
+    c.h = malloc(sizeof(float) * (size_t)c.n);
+    c.o = malloc(sizeof(float) * (size_t)c.n);
+    if (!c.h || !c.o) {
+        fprintf(stderr, "cxla-bench comm: out of memory for %d MiB\n", mib);
+        free(c.h); free(c.o);
+        return 1;
+    }
+    for (int64_t i = 0; i < c.n; i++) c.h[i] = (float)(i % 17);
+    c.x = cx_from_host(c.h, &in_n, 1, CX_F32);
+    /* bus bandwidth as nccl-tests defines it: an all-reduce moves
+     * 2 (n-1)/n of the buffer per rank, a reduce-scatter or all-gather
+     * (n-1)/n of the whole buffer */
+    double bytes = 4.0 * (double)c.n * (kind == COMM_ALL_REDUCE ? 2.0 : 1.0) * (world - 1) / world;
+    bench_side sides[2] = { { .unit = lib_comm_unit, .ctx = &c }, { .unit = mpi_comm_unit, .ctx = &c } };
+    bench_series fig = { 0 };
+    int rc = 1;
+    /* the first of each compiles or sets up its buffers */
+    if (c.x && lib_comm_unit(&c) >= 0 && mpi_comm_unit(&c) >= 0) {
+        rc = 0;
+        for (int r = 0; r < cfg->rounds && !rc; r++) {
+            double sec[2];
+            if (!bench_round(cfg, r, sides, 2, sec)) rc = 1;
+            else bench_add(&fig, bytes / sec[0] / 1e9, bytes / sec[1] / 1e9);
+        }
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s_busbw_gbps_%dMiB", names[kind], mib);
+    if (!rc) emit0(name, "GB/s", &fig);
+    cx_free(c.x);
+    free(c.h);
+    free(c.o);
+    return rc;
 }
 
 int bench_comm(int argc, char **argv, bench_cfg cfg)
@@ -112,45 +168,15 @@ int bench_comm(int argc, char **argv, bench_cfg cfg)
     int level = 0;
     MPI_Query_thread(&level);
     if (level < MPI_THREAD_MULTIPLE) {
-        fprintf(stderr, "cxla-bench comm: this MPI does not provide MPI_THREAD_MULTIPLE, which the MPI_Allreduce reference needs\n");
+        fprintf(stderr, "cxla-bench comm: this MPI does not provide MPI_THREAD_MULTIPLE, which the MPI reference needs\n");
         cx_dist_finalize();
         return 1;
     }
     int world = cx_world_size();
     const int mib[3] = { 1, 16, 64 };
     rc = 0;
-    for (int s = 0; s < 3 && !rc; s++) {
-        comm_ctx c = { .n = (int64_t)mib[s] << 18 }; /* floats */
-        c.h = malloc(sizeof(float) * (size_t)c.n);
-        c.o = malloc(sizeof(float) * (size_t)c.n);
-        if (!c.h || !c.o) {
-            fprintf(stderr, "cxla-bench comm: out of memory for %d MiB\n", mib[s]);
-            free(c.h); free(c.o);
-            return 1;
-        }
-        for (int64_t i = 0; i < c.n; i++) c.h[i] = (float)(i % 17);
-        c.x = cx_from_host(c.h, &c.n, 1, CX_F32);
-        /* bus bandwidth, as nccl-tests defines it */
-        double bytes = 4.0 * (double)c.n * 2.0 * (world - 1) / world;
-        bench_side sides[2] = { { .unit = lib_allreduce_unit, .ctx = &c }, { .unit = mpi_allreduce_unit, .ctx = &c } };
-        bench_series fig = { 0 };
-        rc = 1;
-        /* the first of each compiles or sets up its buffers */
-        if (c.x && lib_allreduce_unit(&c) >= 0 && mpi_allreduce_unit(&c) >= 0) {
-            rc = 0;
-            for (int r = 0; r < cfg.rounds && !rc; r++) {
-                double sec[2];
-                if (!bench_round(&cfg, r, sides, 2, sec)) rc = 1;
-                else bench_add(&fig, bytes / sec[0] / 1e9, bytes / sec[1] / 1e9);
-            }
-        }
-        char name[64];
-        snprintf(name, sizeof name, "allreduce_busbw_gbps_%dMiB", mib[s]);
-        if (!rc) emit0(name, "GB/s", &fig);
-        cx_free(c.x);
-        free(c.h);
-        free(c.o);
-    }
+    for (int k = COMM_ALL_REDUCE; k <= COMM_ALL_GATHER && !rc; k++)
+        for (int s = 0; s < 3 && !rc; s++) rc = comm_figure((comm_kind)k, mib[s], world, &cfg);
     cx_dist_finalize();
     return rc;
 }
@@ -281,7 +307,7 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
                             "run it directly, not under xla-launch or mpirun\n");
         return 2;
     }
-    ddp_launch_ctx l;
+    ddp_launch_ctx l, lm;
     char launcher[PATH_MAX], self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0 || !find_launcher(launcher, sizeof launcher)) {
@@ -290,26 +316,37 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
     }
     self[len] = 0;
     snprintf(l.cmd, sizeof l.cmd, "CX_NUM_THREADS=1 '%s' --nproc %d '%s' ddp --worker", launcher, DDP_RANKS, self);
+    /* the same ranks with every collective through MPI */
+    snprintf(lm.cmd, sizeof lm.cmd, "CX_SHM_COLLECTIVES=0 CX_NUM_THREADS=1 '%s' --nproc %d '%s' ddp --worker",
+             launcher, DDP_RANKS, self);
     /* reference: one rank, two threads, in this process */
     cx_set_num_threads(2);
     cx_manual_seed(1);
     bench_trainer *ref = bench_trainer_new(bench_cnn(), DDP_BATCH, false);
     if (!ref) return 1;
-    bench_side sides[2] = { { .whole_round = ddp_launch_round, .ctx = &l }, { .unit = bench_trainer_step, .ctx = ref } };
-    bench_series ips = { 0 }, exposed = { 0 };
+    bench_side sides[3] = { { .whole_round = ddp_launch_round, .ctx = &l },
+                            { .unit = bench_trainer_step, .ctx = ref },
+                            { .whole_round = ddp_launch_round, .ctx = &lm } };
+    bench_series ips = { 0 }, exposed = { 0 }, shm_ips = { 0 }, shm_exposed = { 0 }, shm_comm = { 0 };
     rc = 0;
     for (int r = 0; r < cfg.rounds && !rc; r++) {
-        double sec[2];
-        if (!bench_round(&cfg, r, sides, 2, sec)) rc = 1;
+        double sec[3];
+        if (!bench_round(&cfg, r, sides, 3, sec)) rc = 1;
         else {
             bench_add(&ips, l.ips, (double)DDP_BATCH / sec[1]);
             bench_add(&exposed, l.wait_ms, l.comm_ms);
+            bench_add(&shm_ips, l.ips, lm.ips);
+            bench_add(&shm_exposed, l.wait_ms, lm.wait_ms);
+            bench_add(&shm_comm, l.comm_ms, lm.comm_ms);
         }
     }
     bench_trainer_free(ref);
     if (rc) return rc;
     bench_emit("ddp_images_per_s", "images/s", &ips);
     bench_emit("ddp_exposed_comm_ms", "ms/step", &exposed);
+    bench_emit("ddp_shm_images_per_s", "images/s", &shm_ips);
+    bench_emit("ddp_shm_exposed_comm_ms", "ms/step", &shm_exposed);
+    bench_emit("ddp_shm_allreduce_ms", "ms/step", &shm_comm);
     return 0;
 }
 

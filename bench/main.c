@@ -41,11 +41,15 @@ static const subcommand g_subcommands[] = {
       "cache_load_vs_compile_s: the warm runs' cache load time vs the cold runs' compile time" },
     { "comm", bench_comm,
       "Run under xla-launch --nproc N (N >= 2).\n"
-      "allreduce_busbw_gbps_{1,16,64}MiB: all-reduce bus bandwidth through the library vs MPI_Allreduce" },
+      "allreduce_busbw_gbps_{1,16,64}MiB: all-reduce bus bandwidth through the library (shared memory inside a\n"
+      "node; CX_SHM_COLLECTIVES=0: MPI) vs MPI_Allreduce\n"
+      "reducescatter_busbw_gbps_*, allgather_busbw_gbps_*: the same vs MPI_Reduce_scatter_block, MPI_Allgather" },
     { "ddp", bench_ddp,
       "Run directly, not under xla-launch: it starts its own 2 ranks (one xla-launch per round).\n"
       "ddp_images_per_s: cnn batch 64 per rank on 2 ranks x 1 thread vs 1 rank x 2 threads\n"
-      "ddp_exposed_comm_ms: all-reduce time a step waits for vs its all-reduce time (medians over steps)" },
+      "ddp_exposed_comm_ms: all-reduce time a step waits for vs its all-reduce time (medians over steps)\n"
+      "ddp_shm_images_per_s, ddp_shm_exposed_comm_ms, ddp_shm_allreduce_ms: the 2-rank run with shared-memory\n"
+      "collectives vs the same run with CX_SHM_COLLECTIVES=0 (MPI)" },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"

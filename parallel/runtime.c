@@ -11,6 +11,8 @@
 
 #include "cx_bf16.h"
 #include "parallel_internal.h"
+#include "shm/hier.h"
+#include "shm/shm.h"
 
 #include <mpi.h>
 #include <pthread.h>
@@ -32,6 +34,7 @@ typedef struct comm_req {
     MPI_Comm comm;
     int gsize, grank;
     void *tmp;
+    bool done_in_shm;    /* the result is final: finish_op has nothing to do */
     double t_start;
     atomic_int done;
     double seconds;
@@ -43,6 +46,8 @@ typedef struct group_comm {
     int size;
     int *ranks;
     MPI_Comm comm;
+    cx_shm *shm;         /* NULL: the group spans nodes, or shared memory is off */
+    cx_hier *hier;       /* the group spans nodes: its all-reduces go node by node */
     struct group_comm *next;
 } group_comm;
 
@@ -50,6 +55,9 @@ static struct {
     bool initialized, mpi;
     int rank, size, local_rank, local_size;
     MPI_Comm world;
+    cx_shm *world_shm;
+    cx_hier *world_hier;
+    MPI_Op byte_sum;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
@@ -71,8 +79,20 @@ static MPI_Datatype mpi_type(cx_dtype dt)
     }
 }
 
-static MPI_Op mpi_op(cx_reduce_op r)
+/* Byte sums that wrap, as C and PyTorch add uint8. Open MPI 4.1's AVX
+ * reductions saturate 8- and 16-bit sums instead (open-mpi/ompi#8045,
+ * closed as wontfix), so the answer would depend on the CPU. */
+static void wrapping_byte_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
+    (void)dt;
+    const uint8_t *a = in;
+    uint8_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = (uint8_t)(a[i] + b[i]);
+}
+
+static MPI_Op mpi_op(cx_reduce_op r, cx_dtype dt)
+{
+    if (r == CX_RED_SUM && (dt == CX_U8 || dt == CX_BOOL)) return R.byte_sum;
     switch (r) {
     case CX_RED_MAX: return MPI_MAX;
     case CX_RED_MIN: return MPI_MIN;
@@ -80,11 +100,39 @@ static MPI_Op mpi_op(cx_reduce_op r)
     }
 }
 
-static MPI_Comm comm_for(const cx_comm_op *op, char *err, size_t errn)
+/* The shared-memory context of a new communicator (collective over c); a
+ * segment that could not be made is said once, and MPI carries on. */
+static void notice_once(const char *why)
 {
+    static bool told;
+    if (why[0] && !told && R.rank == 0) fprintf(stderr, "cxla: notice: %s\n", why);
+    told = told || why[0];
+}
+
+/* The shared-memory contexts of a communicator (collective over c): the
+ * flat one when c lies on one node, else the hierarchical one. */
+static void shm_for(MPI_Comm c, cx_shm **shm, cx_hier **hier)
+{
+    char why[256];
+    *shm = cx_shm_open(c, why, sizeof why);
+    notice_once(why);
+    *hier = NULL;
+    if (*shm || why[0]) return;
+    *hier = cx_hier_open(c, why, sizeof why);
+    notice_once(why);
+}
+
+static MPI_Comm comm_for(const cx_comm_op *op, cx_shm **shm, cx_hier **hier, char *err, size_t errn)
+{
+    *shm = R.world_shm;
+    *hier = R.world_hier;
     if (!op->group || op->group_size == R.size) return R.world;
     for (group_comm *g = R.groups; g; g = g->next)
-        if (g->size == op->group_size && !memcmp(g->ranks, op->group, sizeof(int) * (size_t)g->size)) return g->comm;
+        if (g->size == op->group_size && !memcmp(g->ranks, op->group, sizeof(int) * (size_t)g->size)) {
+            *shm = g->shm;
+            *hier = g->hier;
+            return g->comm;
+        }
     /* new group: every rank reaches this split in the same order (the same
      * kernel sequence), so the collective split is safe */
     int color = op->group[0], key = 0;
@@ -95,17 +143,19 @@ static MPI_Comm comm_for(const cx_comm_op *op, char *err, size_t errn)
         return MPI_COMM_NULL;
     }
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    shm_for(c, shm, hier);
     group_comm *g = calloc(1, sizeof *g);
     if (!g) return c;
     g->size = op->group_size;
     g->ranks = malloc(sizeof(int) * (size_t)g->size);
     if (g->ranks) memcpy(g->ranks, op->group, sizeof(int) * (size_t)g->size);
     g->comm = c;
+    g->shm = *shm;
+    g->hier = *hier;
     g->next = R.groups;
     R.groups = g;
     return c;
 }
-
 
 static void scale_buffer(void *buf, cx_dtype dt, int64_t n, double s)
 {
@@ -114,6 +164,40 @@ static void scale_buffer(void *buf, cx_dtype dt, int64_t n, double s)
     else if (dt == CX_BF16) { uint16_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = cx_f32_to_bf16_inline((float)(cx_bf16_to_f32_inline(p[i]) * s)); }
     else if (dt == CX_I32) { int32_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int32_t)(p[i] * s); }
     else if (dt == CX_I64) { int64_t *p = buf; for (int64_t i = 0; i < n; i++) p[i] = (int64_t)((double)p[i] * s); }
+}
+
+/* What the shared-memory path does: reductions of the dtypes its kernels
+ * know; all-gathers and broadcasts when asked (cx_shm_takes_gathers says
+ * why not by default); never all-to-all. */
+static bool shm_takes(const cx_shm *shm, const cx_comm_op *op)
+{
+    switch (op->kind) {
+    case CX_COLL_ALL_REDUCE:
+    case CX_COLL_REDUCE_SCATTER: return cx_shm_reduces(op->dtype);
+    case CX_COLL_ALL_GATHER:
+    case CX_COLL_BROADCAST: return cx_shm_takes_gathers(shm);
+    default: return false;
+    }
+}
+
+static cx_status run_shm(cx_shm *shm, comm_req *q)
+{
+    const cx_comm_op *op = &q->op;
+    size_t es = cx_dtype_size(op->dtype);
+    double scale = op->scale * ((op->red == CX_RED_MEAN) ? 1.0 / q->gsize : 1.0);
+    cx_reduce_op red = op->red == CX_RED_MEAN ? CX_RED_SUM : op->red;
+    cx_counter_add("ShmCollectiveCount", 1);
+    switch (op->kind) {
+    case CX_COLL_ALL_REDUCE:
+        return cx_shm_all_reduce(shm, op->out, op->in, op->count, op->dtype, red, scale, q->err, sizeof q->err);
+    case CX_COLL_REDUCE_SCATTER:
+        return cx_shm_reduce_scatter(shm, op->out, op->in, op->count, op->dtype, red, scale, q->err, sizeof q->err);
+    case CX_COLL_ALL_GATHER:
+        return cx_shm_all_gather(shm, op->out, op->in, op->count * (int64_t)es, q->err, sizeof q->err);
+    default:
+        if (op->out != op->in) memcpy(op->out, op->in, es * (size_t)op->count);
+        return cx_shm_broadcast(shm, op->out, op->count * (int64_t)es, op->root, q->err, sizeof q->err);
+    }
 }
 
 /* Runs one collective (on the progress thread, or on the caller through
@@ -127,11 +211,25 @@ static cx_status run_op(comm_req *q)
     const cx_comm_op *op = &q->op;
     char *err = q->err;
     size_t errn = sizeof q->err;
-    MPI_Comm c = comm_for(op, err, errn);
+    cx_shm *shm = NULL;
+    cx_hier *hier = NULL;
+    MPI_Comm c = comm_for(op, &shm, &hier, err, errn);
     if (c == MPI_COMM_NULL) return CX_ERR_COMM;
     q->comm = c;
     MPI_Comm_size(c, &q->gsize);
     MPI_Comm_rank(c, &q->grank);
+    if (shm && shm_takes(shm, op)) {
+        q->done_in_shm = true;
+        return run_shm(shm, q);
+    }
+    if (hier && op->kind == CX_COLL_ALL_REDUCE && cx_hier_takes(op->dtype)) {
+        q->done_in_shm = true;
+        cx_counter_add("HierarchicalAllReduceCount", 1);
+        double scale = op->scale * ((op->red == CX_RED_MEAN) ? 1.0 / q->gsize : 1.0);
+        cx_reduce_op red = op->red == CX_RED_MEAN ? CX_RED_SUM : op->red;
+        return cx_hier_all_reduce(hier, op->out, op->in, op->count, op->dtype, red, scale, mpi_op(red, op->dtype),
+                                  mpi_type(op->dtype), err, errn);
+    }
     MPI_Datatype t = mpi_type(op->dtype);
     size_t es = cx_dtype_size(op->dtype);
     int64_t full = op->kind == CX_COLL_REDUCE_SCATTER ? op->count * q->gsize : op->count;
@@ -146,16 +244,16 @@ static cx_status run_op(comm_req *q)
             if (!f) { snprintf(err, errn, "collective: out of memory"); return CX_ERR_OOM; }
             for (int64_t i = 0; i < full; i++) f[i] = cx_bf16_to_f32_inline(((const uint16_t *)op->in)[i]);
             q->tmp = f;
-            rc = MPI_Allreduce(MPI_IN_PLACE, f, (int)full, MPI_FLOAT, mpi_op(op->red), c);
+            rc = MPI_Allreduce(MPI_IN_PLACE, f, (int)full, MPI_FLOAT, mpi_op(op->red, CX_F32), c);
         } else if (op->kind == CX_COLL_ALL_REDUCE) {
             const void *src = op->in == op->out ? MPI_IN_PLACE : op->in;
-            rc = MPI_Allreduce(src, op->out, (int)full, t, mpi_op(op->red), c);
+            rc = MPI_Allreduce(src, op->out, (int)full, t, mpi_op(op->red, op->dtype), c);
         } else {
             /* reduce-scatter as a whole all-reduce: measured faster than
              * MPI_Reduce_scatter_block with Open MPI 4.1 on shared memory */
             q->tmp = malloc(es * (size_t)(full ? full : 1));
             if (!q->tmp) { snprintf(err, errn, "collective: out of memory"); return CX_ERR_OOM; }
-            rc = MPI_Allreduce(op->in, q->tmp, (int)full, t, mpi_op(op->red), c);
+            rc = MPI_Allreduce(op->in, q->tmp, (int)full, t, mpi_op(op->red, op->dtype), c);
         }
         break;
     case CX_COLL_ALL_GATHER:
@@ -183,6 +281,7 @@ static cx_status run_op(comm_req *q)
 
 static void finish_op(comm_req *q)
 {
+    if (q->done_in_shm) return;
     const cx_comm_op *op = &q->op;
     double scale = op->scale * ((op->red == CX_RED_MEAN) ? 1.0 / q->gsize : 1.0);
     size_t es = cx_dtype_size(op->dtype);
@@ -397,6 +496,8 @@ cx_status cx_dist_init(int *argc, char ***argv)
         MPI_Comm_rank(local, &R.local_rank);
         MPI_Comm_size(local, &R.local_size);
         MPI_Comm_free(&local);
+        shm_for(R.world, &R.world_shm, &R.world_hier);
+        MPI_Op_create(wrapping_byte_sum, 1, &R.byte_sum);
         R.mpi = true;
         R.stop = false;
         if (pthread_create(&R.thread, NULL, progress_main, NULL) != 0) {
@@ -431,11 +532,18 @@ void cx_dist_finalize(void)
         cx_comm_register(NULL);
         for (group_comm *g = R.groups, *n; g; g = n) {
             n = g->next;
+            cx_shm_close(g->shm);
+            cx_hier_close(g->hier);
             MPI_Comm_free(&g->comm);
             free(g->ranks);
             free(g);
         }
         R.groups = NULL;
+        cx_shm_close(R.world_shm);
+        cx_hier_close(R.world_hier);
+        R.world_shm = NULL;
+        R.world_hier = NULL;
+        MPI_Op_free(&R.byte_sum);
         cx_watch_page_close();
         MPI_Comm_free(&R.world);
         MPI_Finalize();
