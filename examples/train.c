@@ -41,6 +41,7 @@ typedef struct {
     int64_t width;
     int depth;
     const char *parallel;     /* none, ddp, xm, fsdp */
+    const char *grad_comm;    /* ddp, xm: f32 or bf16 */
     int zero;                 /* fsdp: 2 or 3 */
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
     int64_t auto_wrap_min_params;   /* 0: not given */
@@ -57,6 +58,7 @@ static const char *const k_models[] = { "cnn", "lenet", "mlp", NULL };
 static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", NULL };
 static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
 static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", NULL };
+static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
 
 /* The defaults, then the flags given. The table is also the --help text.
  * @return a cli_result (help printed, or one error line printed). */
@@ -65,6 +67,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     *c = (config){
         .model = "cnn", .data = "fashion-mnist", .epochs = 1, .batch_size = 64, .lr = 0.01, .momentum = 0.5,
         .optimizer = "sgd", .seed = 1, .log_every = 100, .width = 128, .depth = 2, .parallel = "none", .zero = 3,
+        .grad_comm = "f32",
     };
     const cli_flag flags[] = {
         { .name = "model", .kind = CLI_CHOICE, .dest = &c->model, .choices = k_models, .help = "model" },
@@ -93,6 +96,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
           .help = "data parallelism over the ranks of xla-launch:\n"
                   "ddp = DistributedDataParallel, xm = xm.optimizer_step,\nfsdp = fully sharded" },
+        { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
+          .help = "ddp, xm: gradients all-reduced as they are, or\nas bf16 summed in f32 (bf16_compress_hook)" },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage, 3 reshards after forward" },
         { .name = "nested", .kind = CLI_BOOL, .dest = &c->nested, .help = "fsdp: every Linear / Conv2d is its own unit" },
@@ -220,6 +225,7 @@ static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dat
 typedef struct {
     cx_ddp *ddp;      /* --parallel ddp */
     bool xm;          /* --parallel xm: cx_optimizer_step */
+    cx_grad_comm grad_comm;   /* --grad-comm, for ddp and xm */
     cx_fsdp *fsdp;    /* --parallel fsdp: the module's forward hooks gather, autograd reduce-scatters */
 } parallel_mode;
 
@@ -352,7 +358,7 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
                                    : cx_module_forward(model, x);
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
         cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : cx_backward(loss);
-        if (st == CX_OK) st = par->xm ? cx_optimizer_step(opt) : cx_optim_step(opt);
+        if (st == CX_OK) st = par->xm ? cx_optimizer_step_as(opt, par->grad_comm) : cx_optim_step(opt);
         if (st != CX_OK) {
             fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
             cx_loader_end_step(loader);
@@ -471,6 +477,11 @@ int main(int argc, char **argv)
         return parsed == CLI_HELP ? 0 : EXIT_USAGE;
     }
     int rank = cx_global_ordinal(), world = cx_world_size();
+    if (strcmp(c.grad_comm, "f32") && strcmp(c.parallel, "ddp") && strcmp(c.parallel, "xm")) {
+        if (rank == 0) fprintf(stderr, "train: --grad-comm %s applies to --parallel ddp or xm, not %s\n", c.grad_comm, c.parallel);
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
     if (c.threads > 0) cx_set_num_threads(c.threads);
     cx_manual_seed((uint64_t)c.seed);
     /* the persistent cache must be set up before the first compile */
@@ -494,7 +505,7 @@ int main(int argc, char **argv)
     int64_t num_params = cx_module_num_params(model);
 
     /* data parallelism: every rank starts from rank 0's weights */
-    parallel_mode par = { NULL, false, NULL };
+    parallel_mode par = { .grad_comm = !strcmp(c.grad_comm, "bf16") ? CX_GRAD_COMM_BF16 : CX_GRAD_COMM_F32 };
     if (!strcmp(c.parallel, "fsdp")) {
         cx_fsdp_opts fo = cx_fsdp_default_opts();
         static const char *const unit_types[] = { "Linear", "Conv2d" };
@@ -508,7 +519,9 @@ int main(int argc, char **argv)
             return EXIT_RUNTIME;
         }
     } else if (!strcmp(c.parallel, "ddp")) {
-        par.ddp = cx_ddp_wrap(model, cx_ddp_default_opts());
+        cx_ddp_opts dopts = cx_ddp_default_opts();
+        dopts.grad_comm = par.grad_comm;
+        par.ddp = cx_ddp_wrap(model, dopts);
         if (!par.ddp) {
             fprintf(stderr, "train: %s\n", cx_last_error());
             return EXIT_RUNTIME;

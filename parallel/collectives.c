@@ -244,8 +244,31 @@ static bool drop_repeats(cx_tensor *const *params, cx_tensor **grads, int n)
     return true;
 }
 
+/* One bucket's all-reduce, its bytes sent as `how` says. */
+static cx_tensor *reduce_bucket(cx_tensor *cat, double scale, cx_grad_comm how)
+{
+    if (how != CX_GRAD_COMM_BF16 || cx_dtype_of(cat) == CX_BF16) return cx_all_reduce(cat, CX_RED_SUM, scale, NULL, true);
+    cx_tensor *half = cx_cast(cat, CX_BF16);
+    cx_tensor *red = cx_all_reduce(half, CX_RED_SUM, scale, NULL, true);
+    cx_tensor *back = cx_cast(red, cx_dtype_of(cat));
+    cx_free(half);
+    cx_free(red);
+    return back;
+}
+
 int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes, double scale)
 {
+    return cx_allreduce_gradients_as(params, n, first_bucket_bytes, bucket_bytes, scale, CX_GRAD_COMM_F32);
+}
+
+int cx_allreduce_gradients_as(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes,
+                              double scale, cx_grad_comm how)
+{
+    if (how != CX_GRAD_COMM_F32 && how != CX_GRAD_COMM_BF16) {
+        cx_set_last_error("allreduce_gradients: unknown gradient communication %d (CX_GRAD_COMM_F32, CX_GRAD_COMM_BF16)",
+                          (int)how);
+        return -1;
+    }
     int buckets = 0;
     int i = n - 1;
     cx_tensor **flats = malloc(sizeof *flats * (size_t)(n + 1));
@@ -270,7 +293,7 @@ int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket
             flats[j] = cx_reshape(grads[idx[j]], &all, 1);
         }
         cx_tensor *cat = k == 1 ? cx_alias(flats[0]) : cx_concat(flats, k, 0);
-        cx_tensor *red = cx_all_reduce(cat, CX_RED_SUM, scale, NULL, true);
+        cx_tensor *red = reduce_bucket(cat, scale, how);
         int64_t off = 0;
         cx_status st = CX_OK;
         for (int j = 0; j < k; j++) {
@@ -296,7 +319,9 @@ int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket
     return buckets;
 }
 
-cx_status cx_optimizer_step(cx_optimizer *opt)
+cx_status cx_optimizer_step(cx_optimizer *opt) { return cx_optimizer_step_as(opt, CX_GRAD_COMM_F32); }
+
+cx_status cx_optimizer_step_as(cx_optimizer *opt, cx_grad_comm how)
 {
     int n = 0;
     cx_named_tensor *ps = cx_optim_params(opt, &n);
@@ -305,7 +330,7 @@ cx_status cx_optimizer_step(cx_optimizer *opt)
     if (!ts) { free(ps); cx_set_last_error("optimizer_step: out of memory"); return CX_ERR_OOM; }
     for (int i = 0; i < n; i++) ts[i] = ps[i].tensor;
     int world = cx_world_size();
-    int b = world > 1 ? cx_allreduce_gradients(ts, n, 1 << 20, 25 << 20, 1.0 / world) : 0;
+    int b = world > 1 ? cx_allreduce_gradients_as(ts, n, 1 << 20, 25 << 20, 1.0 / world, how) : 0;
     free(ts);
     free(ps);
     if (b < 0) return CX_ERR_COMM;

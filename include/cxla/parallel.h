@@ -60,10 +60,22 @@ CX_API cx_status cx_broadcast_master_params(cx_module *m);
 
 /* ---- gradient all-reduce --------------------------------------------------------- */
 
+/* How gradients travel in their all-reduce (PyTorch DDP's comm hooks). */
+typedef enum {
+    CX_GRAD_COMM_F32 = 0,   /* as they are */
+    /* bf16_compress_hook: each bucket is cast to bf16 (half the bytes on
+     * the wire and in shared memory), summed in f32, scaled and rounded to
+     * bf16 once, and cast back to the gradients' dtype */
+    CX_GRAD_COMM_BF16,
+} cx_grad_comm;
+
 /* xm.optimizer_step: all-reduces (mean) the gradients of the optimizer's
  * parameters in reverse-order buckets, then records the optimizer step.
  * @return the optimizer step's status. */
 CX_API cx_status cx_optimizer_step(cx_optimizer *opt);
+/* cx_optimizer_step with the gradients sent as `how` says.
+ * @return the optimizer step's status; CX_ERR_ARG for an unknown `how`. */
+CX_API cx_status cx_optimizer_step_as(cx_optimizer *opt, cx_grad_comm how);
 
 /* Records the bucketed all-reduce of the gradients of `params` (reverse
  * order; the first bucket holds up to first_bucket_bytes, the others up to
@@ -73,6 +85,11 @@ CX_API cx_status cx_optimizer_step(cx_optimizer *opt);
  * @return the number of buckets, or -1 (error set). */
 CX_API int cx_allreduce_gradients(cx_tensor *const *params, int n, int64_t first_bucket_bytes, int64_t bucket_bytes,
                            double scale);
+/* The same, each bucket sent as `how` says (bucket sizes count the
+ * gradients' own bytes). @return the number of buckets, or -1 (error set;
+ * an unknown `how` included). */
+CX_API int cx_allreduce_gradients_as(cx_tensor *const *params, int n, int64_t first_bucket_bytes,
+                                     int64_t bucket_bytes, double scale, cx_grad_comm how);
 
 /* ---- DistributedDataParallel -------------------------------------------------------- */
 
@@ -85,6 +102,7 @@ typedef struct {
     int64_t first_bucket_bytes;   /* 1 MiB, as torch DDP */
     int64_t bucket_bytes;         /* 25 MiB */
     bool broadcast_buffers;       /* copy rank 0's buffers before each forward (true) */
+    cx_grad_comm grad_comm;       /* CX_GRAD_COMM_F32; CX_GRAD_COMM_BF16 halves the bytes */
 } cx_ddp_opts;
 CX_API cx_ddp_opts cx_ddp_default_opts(void);
 

@@ -24,7 +24,8 @@ struct cx_ddp {
 
 cx_ddp_opts cx_ddp_default_opts(void)
 {
-    return (cx_ddp_opts){ .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true };
+    return (cx_ddp_opts){ .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true,
+                          .grad_comm = CX_GRAD_COMM_F32 };
 }
 
 /* Every rank must hold the same model before anything is exchanged; then
@@ -41,6 +42,10 @@ static cx_status take_master_model(cx_ddp *d)
 cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts)
 {
     if (!m) { cx_set_last_error("ddp_wrap: module is NULL"); return NULL; }
+    if (opts.grad_comm != CX_GRAD_COMM_F32 && opts.grad_comm != CX_GRAD_COMM_BF16) {
+        cx_set_last_error("ddp_wrap: unknown grad_comm %d (CX_GRAD_COMM_F32, CX_GRAD_COMM_BF16)", (int)opts.grad_comm);
+        return NULL;
+    }
     if (opts.first_bucket_bytes <= 0 || opts.bucket_bytes <= 0) {
         cx_set_last_error("ddp_wrap: bucket sizes must be positive (got %lld and %lld)", (long long)opts.first_bucket_bytes,
                           (long long)opts.bucket_bytes);
@@ -109,8 +114,8 @@ cx_status cx_ddp_backward(cx_ddp *d, cx_tensor *loss)
     if (!d) { cx_set_last_error("ddp_backward: wrapper is NULL"); return CX_ERR_ARG; }
     cx_status st = cx_backward(loss);
     if (st != CX_OK || d->no_sync) return st;
-    int b = cx_allreduce_gradients(d->ptensors, d->nparams, d->o.first_bucket_bytes, d->o.bucket_bytes,
-                                   1.0 / cx_world_size());
+    int b = cx_allreduce_gradients_as(d->ptensors, d->nparams, d->o.first_bucket_bytes, d->o.bucket_bytes,
+                                      1.0 / cx_world_size(), d->o.grad_comm);
     if (b < 0) return CX_ERR_COMM;
     d->last_buckets = b;
     return CX_OK;

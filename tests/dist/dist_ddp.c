@@ -1,7 +1,8 @@
 /* DDP and xm.optimizer_step equivalence: after 5 steps with per-rank batch b
  * on N ranks, parameters equal those of one process with batch N*b on the
  * same samples; the number of all-reduces per step equals the buckets the
- * policy predicts, on every rank. */
+ * policy predicts, on every rank. With gradients sent as bf16, they come
+ * back as bf16 values near the f32 mean. */
 #include "dist_check.h"
 
 #include <string.h>
@@ -81,10 +82,77 @@ static void train_reference(cx_module *m, int world)
     free(ps);
 }
 
+/* The gradients of one step on the global batch (host copies, f32). */
+static float **grads_of_step(cx_module *m, cx_ddp *ddp, int64_t row0, int64_t rows, int *np)
+{
+    int n = 0;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    cx_step_begin();
+    cx_tensor *x, *y;
+    batch(0, row0, rows, &x, &y);
+    cx_tensor *loss = cx_mse_loss(ddp ? cx_ddp_forward(ddp, x) : cx_module_forward(m, x), y, CX_REDUCE_MEAN);
+    CHECK((ddp ? cx_ddp_backward(ddp, loss) : cx_backward(loss)) == CX_OK, "backward: %s", cx_last_error());
+    float **g = calloc((size_t)n, sizeof *g);
+    for (int i = 0; i < n; i++) {
+        g[i] = malloc(sizeof(float) * (size_t)cx_numel(ps[i].tensor));
+        CHECK(cx_to_host(cx_grad(ps[i].tensor), g[i], CX_F32) == CX_OK, "grad: %s", cx_last_error());
+    }
+    CHECK(cx_step_end() == CX_OK, "step: %s", cx_last_error());
+    free(ps);
+    *np = n;
+    return g;
+}
+
+/* bf16_compress_hook: every gradient DDP hands back is a bf16 value (its
+ * low 16 bits are zero) within bf16's rounding of the f32 mean; an unknown
+ * grad_comm is refused. */
+static void check_bf16_grad_comm(int rank, int world)
+{
+    cx_module *ref = make_mlp(1), *m = make_mlp(1);
+    int n = 0, nr = 0;
+    float **want = grads_of_step(ref, NULL, 0, (int64_t)B * world, &nr);
+    cx_ddp_opts o = cx_ddp_default_opts();
+    o.first_bucket_bytes = 256;
+    o.bucket_bytes = 1024;
+    o.grad_comm = (cx_grad_comm)7;
+    CHECK(cx_ddp_wrap(m, o) == NULL && strstr(cx_last_error(), "grad_comm"), "grad_comm 7 accepted");
+    o.grad_comm = CX_GRAD_COMM_BF16;
+    cx_ddp *ddp = cx_ddp_wrap(m, o);
+    CHECK(ddp != NULL, "ddp_wrap: %s", cx_last_error());
+    if (!ddp) return;
+    float **got = grads_of_step(m, ddp, (int64_t)rank * B, B, &n);
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    for (int i = 0; i < n && i < nr; i++) {
+        int64_t cnt = cx_numel(ps[i].tensor);
+        double amax = 0, worst = 0;
+        int not_bf16 = 0;
+        for (int64_t k = 0; k < cnt; k++) amax = fmax(amax, fabs(want[i][k]));
+        for (int64_t k = 0; k < cnt; k++) {
+            uint32_t bits;
+            memcpy(&bits, &got[i][k], sizeof bits);
+            not_bf16 += (bits & 0xffffu) != 0;
+            worst = fmax(worst, fabs(got[i][k] - want[i][k]));
+        }
+        CHECK(not_bf16 == 0, "bf16 grad_comm: %d entries of %s's gradient are not bf16 values", not_bf16, ps[i].name);
+        /* each rank's part rounded to bf16, then the mean rounded once more */
+        CHECK(worst <= amax / 64, "bf16 grad_comm: %s's gradient is %.3g from the f32 mean (max |g| %.3g)",
+              ps[i].name, worst, amax);
+        free(got[i]);
+        free(want[i]);
+    }
+    free(got);
+    free(want);
+    free(ps);
+    cx_ddp_free(ddp);
+    cx_module_free(m);
+    cx_module_free(ref);
+}
+
 int main(int argc, char **argv)
 {
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
     int rank = cx_global_ordinal(), world = cx_world_size();
+    check_bf16_grad_comm(rank, world);
     cx_module *ref = make_mlp(1);
     train_reference(ref, world);
 
