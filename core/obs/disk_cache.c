@@ -435,6 +435,10 @@ static cx_executable *deserialize(const unsigned char *p, size_t n)
         e->slots = r_array(&r, h[3], sizeof(cx_slot));
         /* kernels are read one by one; nkernels counts the ones whose
          * programs are owned, so cx_executable_free stays correct on failure */
+        /* each kernel takes at least its struct's bytes of the payload: a
+         * count beyond that is a lie (found by fuzz_cache: 16M kernels
+         * asked for 8.5 GB before the first one was read) */
+        if ((uint64_t)h[4] > (r.n - r.at) / sizeof(cx_kernel)) r.bad = true;
         e->kernels = r.bad ? NULL : calloc((size_t)h[4] + 1, sizeof(cx_kernel));
         if (!e->kernels) r.bad = true;
         for (int64_t k = 0; k < h[4] && !r.bad; k++) {
@@ -585,6 +589,41 @@ __attribute__((constructor)) static void register_disk_cache(void)
 
 /* ---- robustness check (tests) ----------------------------------------------------------------------- */
 
+int cx_disk_cache_payload(const char *path, unsigned char **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *file = size > (long)sizeof(cxe_header) && size <= CXE_MAX_FILE ? malloc((size_t)size) : NULL;
+    bool ok = file && fread(file, 1, (size_t)size, f) == (size_t)size;
+    fclose(f);
+    cxe_header h;
+    if (ok) memcpy(&h, file, sizeof h);
+    ok = ok && h.payload_bytes <= (uint64_t)CXE_MAX_FILE * 8;
+    unsigned char *payload = ok ? malloc((size_t)h.payload_bytes + 1) : NULL;
+    size_t dn = 0;
+    if (payload) {
+        dn = ZSTD_decompress(payload, (size_t)h.payload_bytes, file + sizeof h, (size_t)size - sizeof h);
+        ok = !ZSTD_isError(dn) && dn == h.payload_bytes;
+    }
+    free(file);
+    if (!payload || !ok) { free(payload); return -1; }
+    *out = payload;
+    *n = dn;
+    return 0;
+}
+
+bool cx_disk_cache_payload_ok(const unsigned char *payload, size_t n)
+{
+    cx_executable *e = deserialize(payload, n);
+    cx_executable_free(e);
+    return e != NULL;
+}
+
 /* Feeds `iters` mutated copies of the payload of cache file `path` to the
  * validating loader (bypassing the checksums, which would reject them
  * first), to show that no file content can make it crash or accept
@@ -594,26 +633,10 @@ __attribute__((constructor)) static void register_disk_cache(void)
  * be read. */
 int cx_disk_cache_fuzz(const char *path, int iters, unsigned seed)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *file = size > (long)sizeof(cxe_header) ? malloc((size_t)size) : NULL;
-    bool ok = file && fread(file, 1, (size_t)size, f) == (size_t)size;
-    fclose(f);
-    cxe_header h;
-    if (ok) memcpy(&h, file, sizeof h);
-    unsigned char *payload = ok ? malloc((size_t)h.payload_bytes + 1) : NULL;
-    size_t n = 0;
-    if (payload) {
-        n = ZSTD_decompress(payload, (size_t)h.payload_bytes, file + sizeof h, (size_t)size - sizeof h);
-        ok = !ZSTD_isError(n) && n == h.payload_bytes;
-    }
-    free(file);
-    cx_executable *e = ok ? deserialize(payload, n) : NULL;
-    if (!e) { free(payload); return -1; }   /* the unmutated payload must load */
-    cx_executable_free(e);
+    unsigned char *payload;
+    size_t n;
+    if (cx_disk_cache_payload(path, &payload, &n) != 0) return -1;
+    if (!cx_disk_cache_payload_ok(payload, n)) { free(payload); return -1; }   /* the unmutated payload must load */
     unsigned char *m = malloc(n + 1);
     if (!m) { free(payload); return -1; }
     int accepted = 0;

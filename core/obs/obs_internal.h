@@ -34,5 +34,10 @@ void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const
  * validating loader (disk_cache.c). @return how many it accepted, -1 if
  * the file is unreadable. */
 int cx_disk_cache_fuzz(const char *path, int iters, unsigned seed);
+/* Tests and the fuzzer: the decompressed payload of cache file `path` into
+ * *out (malloc'd). @return 0, or -1 if it cannot be read or decompressed. */
+int cx_disk_cache_payload(const char *path, unsigned char **out, size_t *n);
+/* Whether the validating loader accepts payload[0..n) as an executable. */
+bool cx_disk_cache_payload_ok(const unsigned char *payload, size_t n);
 
 #endif
