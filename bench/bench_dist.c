@@ -195,6 +195,7 @@ typedef struct {
     bench_trainer *t;
     int steps;
     double wait_ms[DDP_MAX_STEPS], comm_ms[DDP_MAX_STEPS];   /* waited for, and in all */
+    double desync_ms[DDP_MAX_STEPS], step_ms[DDP_MAX_STEPS];  /* the desync check's wait, the whole step */
 } ddp_worker_ctx;
 
 /* One DDP step; the collective metrics are read around the step alone, so
@@ -202,22 +203,27 @@ typedef struct {
 static double ddp_worker_unit(void *p)
 {
     ddp_worker_ctx *w = p;
-    cx_metric_stats w0 = { 0 }, c0 = { 0 }, w1 = { 0 }, c1 = { 0 };
+    cx_metric_stats w0 = { 0 }, c0 = { 0 }, d0 = { 0 }, w1 = { 0 }, c1 = { 0 }, d1 = { 0 };
     cx_metric_data("CollectiveWaitTime", &w0);
     cx_metric_data("CollectiveTime", &c0);
+    cx_metric_data("DesyncCheckTime", &d0);
     double dt = bench_trainer_step(w->t);
     cx_metric_data("CollectiveWaitTime", &w1);
     cx_metric_data("CollectiveTime", &c1);
+    cx_metric_data("DesyncCheckTime", &d1);
     if (w->steps < DDP_MAX_STEPS) {
         w->wait_ms[w->steps] = (w1.accumulator - w0.accumulator) * 1e3;
         w->comm_ms[w->steps] = (c1.accumulator - c0.accumulator) * 1e3;
+        w->desync_ms[w->steps] = (d1.accumulator - d0.accumulator) * 1e3;
+        w->step_ms[w->steps] = dt * 1e3;
         w->steps++;
     }
     return dt;
 }
 
 /* One rank of a round's launch: DDP steps for at least min_time; rank 0
- * prints "DDP <images/s of all ranks> <wait ms/step> <all-reduce ms/step>". */
+ * prints "DDP <images/s of all ranks> <wait ms/step> <all-reduce ms/step>
+ * <desync check wait ms/step> <step ms>" (medians over steps). */
 static int ddp_worker(int argc, char **argv)
 {
     char *end = NULL;
@@ -239,7 +245,9 @@ static int ddp_worker(int argc, char **argv)
     cx_mesh_reduce("ddp-ips", &ips, 1, NULL, &total);
     total *= cx_world_size();
     if (cx_global_ordinal() == 0)
-        printf("DDP %.6f %.6f %.6f\n", total, bench_median(w->wait_ms, w->steps), bench_median(w->comm_ms, w->steps));
+        printf("DDP %.6f %.6f %.6f %.6f %.6f\n", total, bench_median(w->wait_ms, w->steps),
+               bench_median(w->comm_ms, w->steps), bench_median(w->desync_ms, w->steps),
+               bench_median(w->step_ms, w->steps));
     bench_trainer_free(w->t);
     free(w);
     cx_dist_finalize();
@@ -263,7 +271,7 @@ static bool find_launcher(char *out, size_t n)
 
 typedef struct {
     char cmd[3 * PATH_MAX];
-    double ips, wait_ms, comm_ms;   /* of the last launch */
+    double ips, wait_ms, comm_ms, desync_ms, step_ms;   /* of the last launch */
 } ddp_launch_ctx;
 
 /* bench_side.whole_round: one launch of DDP_RANKS ranks that time their
@@ -282,7 +290,8 @@ static double ddp_launch_round(void *p, const bench_cfg *cfg)
     bool got = false;
     while (fgets(line, sizeof line, f)) {
         char *s = strstr(line, "DDP ");
-        if (s && sscanf(s, "DDP %lf %lf %lf", &l->ips, &l->wait_ms, &l->comm_ms) == 3) got = true;
+        if (s && sscanf(s, "DDP %lf %lf %lf %lf %lf", &l->ips, &l->wait_ms, &l->comm_ms, &l->desync_ms, &l->step_ms) == 5)
+            got = true;
         else fputs(line, stderr);
     }
     int rc = pclose(f);
@@ -327,7 +336,7 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
     bench_side sides[3] = { { .whole_round = ddp_launch_round, .ctx = &l },
                             { .unit = bench_trainer_step, .ctx = ref },
                             { .whole_round = ddp_launch_round, .ctx = &lm } };
-    bench_series ips = { 0 }, exposed = { 0 }, shm_ips = { 0 }, shm_exposed = { 0 }, shm_comm = { 0 };
+    bench_series ips = { 0 }, exposed = { 0 }, shm_ips = { 0 }, shm_exposed = { 0 }, shm_comm = { 0 }, desync = { 0 };
     rc = 0;
     for (int r = 0; r < cfg.rounds && !rc; r++) {
         double sec[3];
@@ -338,6 +347,7 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
             bench_add(&shm_ips, l.ips, lm.ips);
             bench_add(&shm_exposed, l.wait_ms, lm.wait_ms);
             bench_add(&shm_comm, l.comm_ms, lm.comm_ms);
+            bench_add(&desync, l.desync_ms, l.step_ms);
         }
     }
     bench_trainer_free(ref);
@@ -347,6 +357,7 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
     bench_emit("ddp_shm_images_per_s", "images/s", &shm_ips);
     bench_emit("ddp_shm_exposed_comm_ms", "ms/step", &shm_exposed);
     bench_emit("ddp_shm_allreduce_ms", "ms/step", &shm_comm);
+    bench_emit("ddp_desync_check_ms", "ms/step", &desync);
     return 0;
 }
 

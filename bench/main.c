@@ -49,7 +49,8 @@ static const subcommand g_subcommands[] = {
       "ddp_images_per_s: cnn batch 64 per rank on 2 ranks x 1 thread vs 1 rank x 2 threads\n"
       "ddp_exposed_comm_ms: all-reduce time a step waits for vs its all-reduce time (medians over steps)\n"
       "ddp_shm_images_per_s, ddp_shm_exposed_comm_ms, ddp_shm_allreduce_ms: the 2-rank run with shared-memory\n"
-      "collectives vs the same run with CX_SHM_COLLECTIVES=0 (MPI)" },
+      "collectives vs the same run with CX_SHM_COLLECTIVES=0 (MPI)\n"
+      "ddp_desync_check_ms: the time a step waits for the desync check vs the step's time (the target: <= 0.01)" },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
