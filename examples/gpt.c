@@ -45,6 +45,7 @@ typedef struct {
     int keep;                   /* checkpoints kept, 0 = all */
     double lr, min_lr, weight_decay, grad_clip;
     const char *parallel;       /* none, ddp, fsdp */
+    const char *grad_comm;      /* ddp: f32 or bf16 */
     int zero;
     int threads;
     const char *ckpt_dir, *resume, *log_file;
@@ -56,13 +57,14 @@ typedef struct {
 } config;
 
 static const char *const k_parallels[] = { "none", "ddp", "fsdp", NULL };
+static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
 
 static cli_result parse_flags(config *c, int argc, char **argv)
 {
     int n_layer = 4, n_head = 4;
     int64_t n_embd = 256, block = 128;
     *c = (config){ .steps = 600, .batch_size = 16, .warmup = 50, .log_every = 10, .seed = 1, .lr = 1e-3,
-                   .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .zero = 3,
+                   .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .grad_comm = "f32", .zero = 3,
                    .tokens = 200, .temperature = 1.0, .prompt = "\n" };
     const cli_flag flags[] = {
         { .name = "data", .kind = CLI_STRING, .dest = &c->data, .metavar = "FILE",
@@ -89,6 +91,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "data parallelism over xla-launch's ranks" },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage" },
+        { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
+          .help = "ddp: gradients all-reduced as they are, or as\nbf16 summed in f32 (bf16_compress_hook)" },
         { .name = "log-every", .kind = CLI_I64, .dest = &c->log_every, .min = 1, .max = 0x1p40,
           .help = "log the loss every N steps" },
         { .name = "eval-every", .kind = CLI_I64, .dest = &c->eval_every, .min = 0, .max = 0x1p40,
@@ -252,7 +256,9 @@ static void trainer_free(trainer *t)
 static cx_status wrap(const config *c, trainer *t)
 {
     if (!strcmp(c->parallel, "ddp")) {
-        t->ddp = cx_ddp_wrap(t->model, cx_ddp_default_opts());
+        cx_ddp_opts o = cx_ddp_default_opts();
+        o.grad_comm = !strcmp(c->grad_comm, "bf16") ? CX_GRAD_COMM_BF16 : CX_GRAD_COMM_F32;
+        t->ddp = cx_ddp_wrap(t->model, o);
         return t->ddp ? CX_OK : CX_ERR_ARG;
     }
     if (!strcmp(c->parallel, "fsdp")) {
@@ -518,6 +524,10 @@ static int open_data(const config *c, train_data *d)
     int rc = corpus_path(c, path, sizeof path);
     if (rc) return rc;
     int world = cx_world_size();
+    if (strcmp(c->grad_comm, "f32") && strcmp(c->parallel, "ddp")) {
+        fprintf(stderr, "gpt: --grad-comm %s applies to --parallel ddp, not %s\n", c->grad_comm, c->parallel);
+        return EXIT_USAGE;
+    }
     if (c->batch_size % world) {
         fprintf(stderr, "gpt: --batch-size %lld does not split over %d ranks\n", (long long)c->batch_size, world);
         return EXIT_USAGE;
