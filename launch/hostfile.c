@@ -8,13 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-int xl_read_hostfile(const char *path, char **first)
+int xl_parse_hostfile(FILE *f, char **first, int *err)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        if (errno == ENOENT) xl_die("hostfile '%s' not found", path);
-        xl_die("cannot read hostfile '%s': %s", path, strerror(errno));
-    }
+    *first = NULL;
+    *err = 0;
     /* whole lines, however long: a piece of a long comment must not pass for a host */
     char *line = NULL;
     size_t cap = 0;
@@ -31,17 +28,31 @@ int xl_read_hostfile(const char *path, char **first)
         bool seen = false;
         for (int i = 0; i < n && !seen; i++) seen = !strcmp(hosts[i], host);
         if (seen) continue;
-        hosts = xl_realloc_array(hosts, (size_t)n + 1, sizeof *hosts);
-        if (!(hosts[n] = strdup(host))) xl_die("out of memory");
-        n++;
+        char **grown = realloc(hosts, sizeof *hosts * ((size_t)n + 1));
+        char *copy = grown ? strdup(host) : NULL;
+        if (grown) hosts = grown;
+        if (!copy) { errno = ENOMEM; break; }
+        hosts[n++] = copy;
     }
-    int err = ferror(f) && !errno ? EIO : errno;
+    *err = errno ? errno : ferror(f) ? EIO : 0;
     free(line);
-    fclose(f);
-    if (err) xl_die("cannot read hostfile '%s': %s", path, strerror(err));
-    if (n == 0) xl_die("hostfile '%s' lists no hosts", path);
-    *first = hosts[0];
-    for (int i = 1; i < n; i++) free(hosts[i]);
+    if (!*err && n > 0) *first = hosts[0];
+    for (int i = *first ? 1 : 0; i < n; i++) free(hosts[i]);
     free(hosts);
+    return *err ? -1 : n;
+}
+
+int xl_read_hostfile(const char *path, char **first)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) xl_die("hostfile '%s' not found", path);
+        xl_die("cannot read hostfile '%s': %s", path, strerror(errno));
+    }
+    int err;
+    int n = xl_parse_hostfile(f, first, &err);
+    fclose(f);
+    if (n < 0) xl_die("cannot read hostfile '%s': %s", path, strerror(err));
+    if (n == 0) xl_die("hostfile '%s' lists no hosts", path);
     return n;
 }

@@ -11,6 +11,8 @@
 #include "cx_cli.h"
 #include "launch.h"
 
+#include <stdio.h>
+
 /* A rank number from this on is not a rank of any job: garbage on the wire. */
 #define XL_MAX_RANKS (1 << 22)
 
@@ -49,6 +51,11 @@ void xl_make_log_dir(const char *dir);
 /* Distinct hosts named in an Open MPI hostfile ("host [slots=N] ..." lines, '#'
  * comments); *first gets the first one (to free). Exits 2 on an unreadable or empty file. */
 int xl_read_hostfile(const char *path, char **first);
+/* The parser behind it, which never exits (the fuzzer calls it): the
+ * distinct hosts of f, comments (#) and blank lines skipped; *first gets
+ * the first one (malloc'd; NULL when there is none).
+ * @return the number of hosts, or -1 with errno's value in *err. */
+int xl_parse_hostfile(FILE *f, char **first, int *err);
 
 /* ---- sockets.c ---- */
 
