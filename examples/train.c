@@ -350,7 +350,8 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     pending_log log = { NULL, 0 };
     double t0 = now_s();
     cx_batch b;
-    while (cx_loader_next(loader, &b)) {
+    /* a run resumed from a checkpoint of an epoch's last step has none left */
+    while ((c->steps == 0 || steps < c->steps) && cx_loader_next(loader, &b)) {
         flush_log(&log, epoch, c->batch_size, dataset_size, batches);
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
@@ -368,11 +369,9 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         images += b.size;
         if (ckpt_after_step(loader, epoch) != CX_OK) return CX_ERR_IO;
         if (g_ckpt.preempted) return CX_OK;
-        if (++steps == c->steps) {
-            cx_loader_end_step(loader);
-            break;
-        }
+        steps++;
     }
+    cx_loader_end_step(loader);
     if (cx_loader_error(loader) != CX_OK) {
         fprintf(stderr, "train: epoch %d: %s\n", epoch, cx_last_error());
         cx_free(log.loss);
