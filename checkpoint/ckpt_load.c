@@ -3,12 +3,15 @@
  * into place, re-slicing a sharded source for any target layout. */
 #include "ckpt_internal.h"
 
+#include <cxla/metrics.h>
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cx_assert.h"
+#include "cx_time.h"
 
 /* One tensor of the model or optimizer to fill. */
 typedef struct {
@@ -353,11 +356,15 @@ cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_optimize
         cx_set_last_error("cx_ckpt_load: prefix is NULL");
         st = CX_ERR_ARG;
     }
+    double t0 = cx_now();
     if (st == CX_OK) st = load_view(prefix, NULL, &v, opt, extra, opts);
     ckpt_view_release(&v);
     ckpt_report rep;
     memset(&rep, 0, sizeof rep);
-    return ckpt_agree("cx_ckpt_load", st, &rep, NULL);
+    st = ckpt_agree("cx_ckpt_load", st, &rep, NULL);
+    /* xla-launch's recovery figure splits a restart's time by this */
+    if (st == CX_OK) cx_metric_add("CheckpointLoadTime", cx_now() - t0);
+    return st;
 }
 
 cx_status cx_ckpt_load(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra)

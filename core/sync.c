@@ -291,11 +291,25 @@ cx_status cx_materialize(cx_tensor **ts, int nts, const char *cause)
 
 /* ---- the public entry points that sync ------------------------------------------------------- */
 
+static struct {
+    cx_step_observer_fn fn;
+    void *arg;
+    int64_t steps;
+} g_step_observer;
+
+void cx_set_step_observer(cx_step_observer_fn fn, void *arg)
+{
+    g_step_observer.fn = fn;
+    g_step_observer.arg = arg;
+}
+
 static cx_status step_end(const char *cause)
 {
     if (!cx_step_close()) return CX_ERR_STATE;
     cx_status st = cx_materialize(NULL, 0, cause);
     cx_counter_add("MarkStep", 1);
+    g_step_observer.steps++;
+    if (st == CX_OK && g_step_observer.fn) g_step_observer.fn(g_step_observer.arg, g_step_observer.steps);
     /* after the step's graph ran: closures, XLA_METRICS_FILE, warnings */
     int obs = cx_obs_get();
     if (obs & OBS_CLOSURES) cx_closures_run();

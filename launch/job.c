@@ -37,6 +37,8 @@ struct rank_slot {
     enum source src;
     struct xl_status st;
     double ended;        /* launcher's CLOCK_MONOTONIC, orders the failures */
+    double noticed;      /* when the launcher learnt of it */
+    bool ended_exact;    /* ended is the program's end (this node), not the news's arrival */
 };
 
 struct conn {
@@ -73,6 +75,10 @@ struct job {
     struct xl_watch watch;
     double next_watch;
     bool stalled;        /* the watchdog stopped the job */
+    int attempt;         /* 0, then one more per restart */
+    double started;      /* when this attempt began */
+    bool recovered;      /* a restarted attempt's first step is done (reported) */
+    int pages, stepped;  /* ranks with a status page; of them, ranks that ended a step */
 };
 
 static const int k_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGCHLD };
@@ -124,7 +130,7 @@ static void begin_stop(struct job *j, double term_after)
 static bool stopping(const struct job *j) { return j->stop_at > 0; }
 
 static void record_status(struct job *j, const struct xl_status *st, enum source src,
-                          double ended)
+                          double ended, bool exact)
 {
     struct rank_slot *s = slot(j, st->rank);
     if (!s) return;
@@ -133,6 +139,8 @@ static void record_status(struct job *j, const struct xl_status *st, enum source
     s->src = src;
     s->st = *st;
     s->ended = ended;
+    s->noticed = xl_now();
+    s->ended_exact = exact;
     if (xl_status_failed(st) && !stopping(j)) {
         /* The other ranks would only hang in their next collective: stop the local ones
          * now (mpirun needs a second or more to do it); mpirun itself gets time to
@@ -158,7 +166,7 @@ static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t l
         if (sscanf(head + mlen, "rank=%d how=%c code=%d torn=%d", &st.rank, &st.how, &st.code,
                    &torn) == 4) {
             st.torn_down = torn != 0;
-            record_status(j, &st, SRC_WRAPPER, xl_now());
+            record_status(j, &st, SRC_WRAPPER, xl_now(), false);
         }
         return;
     }
@@ -186,7 +194,7 @@ static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t l
                      "on signal %d", &rank, &sig) == 2) {
         struct xl_status st = { .rank = rank, .how = XL_SIGNALED, .code = sig,
                                 .torn_down = stopping(j) };
-        record_status(j, &st, SRC_MPIRUN, xl_now());
+        record_status(j, &st, SRC_MPIRUN, xl_now(), false);
     }
 }
 
@@ -220,7 +228,7 @@ static bool handle_message(struct job *j, struct conn *c, const unsigned char *m
         /* on this node the wrapper's clock is ours: order by when the program really
          * ended; from another node, by arrival */
         double ended = c->local ? (double)(int64_t)xl_get64(m + 12) * 1e-9 : xl_now();
-        record_status(j, &st, SRC_WRAPPER, ended);
+        record_status(j, &st, SRC_WRAPPER, ended, c->local);
     }
     return true;
 }
@@ -236,7 +244,7 @@ static void conn_closed(struct job *j, struct conn *c)
     s->wrapper_pid = 0;
     if (!s->have_status) {
         struct xl_status st = { .rank = c->rank, .how = XL_LOST, .torn_down = stopping(j) };
-        record_status(j, &st, SRC_LOST, xl_now());
+        record_status(j, &st, SRC_LOST, xl_now(), false);
     }
 }
 
@@ -373,6 +381,27 @@ static double next_deadline(const struct job *j, double now)
     return t;
 }
 
+/* Reads the ranks' progress (once a second, and at the end): whether a step
+ * completed in this attempt, and, after a restart, how long recovery took. */
+static void watch_progress(struct job *j)
+{
+    struct xl_progress p;
+    if (!xl_watch_progress(&j->watch, &p)) return;
+    if (p.pages > j->pages) j->pages = p.pages;
+    if (p.stepped > j->stepped) j->stepped = p.stepped;
+    if (j->attempt == 0 || j->recovered || p.first_step <= 0) return;
+    j->recovered = true;
+    double total = p.first_step - j->started, spawn = p.opened - j->started;
+    double step = total - spawn - p.load_s - p.compile_s;
+    char compile[96];
+    if (p.cache_hits > 0)
+        snprintf(compile, sizeof compile, "compile %.3f s (persistent cache: %lld hits)", p.compile_s, p.cache_hits);
+    else
+        snprintf(compile, sizeof compile, "compile %.3f s (no persistent cache hits)", p.compile_s);
+    xl_err("recovered in %.2f s (restart %d: spawn %.2f s, load %.3f s, %s, first step %.2f s)", total, j->attempt,
+           spawn, p.load_s, compile, step > 0 ? step : 0);
+}
+
 static void event_loop(struct job *j)
 {
     static char buf[65536];
@@ -396,6 +425,7 @@ static void event_loop(struct job *j)
         }
         if (!j->mpirun_done && j->stop_at == 0 && now >= j->next_watch) {
             j->next_watch = now + 1.0;
+            watch_progress(j);
             if (xl_watch_check(&j->watch, j->o->log_dir)) {
                 j->stalled = true;
                 begin_stop(j, 0);
@@ -502,8 +532,12 @@ static enum job_result finish_job(struct job *j)
         res = JOB_FAILED;
     } else if (c) {
         int r = c->st.rank, code = c->st.code;
-        if (c->st.how == XL_EXITED) xl_err("rank %d exited with status %d", r, code);
-        else if (c->st.how == XL_SIGNALED) xl_err("rank %d killed by signal %d", r, code);
+        /* the time to detect: the program's end until the launcher knew (on
+         * this node, where the wrapper's clock is the launcher's) */
+        char detect[64] = "";
+        if (c->ended_exact) snprintf(detect, sizeof detect, " (detected in %.2f ms)", (c->noticed - c->ended) * 1e3);
+        if (c->st.how == XL_EXITED) xl_err("rank %d exited with status %d%s", r, code, detect);
+        else if (c->st.how == XL_SIGNALED) xl_err("rank %d killed by signal %d%s", r, code, detect);
         else xl_err("rank %d ended without a report (its wrapper was killed)", r);
         res = JOB_FAILED;
     } else if (!WIFEXITED(j->mpirun_wstatus) || WEXITSTATUS(j->mpirun_wstatus) != 0) {
@@ -520,6 +554,7 @@ static enum job_result finish_job(struct job *j)
         res = JOB_FAILED;
     }
     for (int i = 0; i < j->n_noise; i++) free(j->noise[i]);
+    watch_progress(j);   /* the pages outlive the ranks until the cleanup */
     xl_watch_cleanup(&j->watch);
     xl_output_close(&j->out);
     free(j->ranks);
@@ -527,7 +562,9 @@ static enum job_result finish_job(struct job *j)
     return res;
 }
 
-static enum job_result run_job(const struct launch *l, int attempt, int *interrupt_sig)
+/* One attempt. *stepped: -1 when no rank kept a status page (not a cxla
+ * program, or no page could be made), else whether a rank ended a step. */
+static enum job_result run_job(const struct launch *l, int attempt, int *interrupt_sig, int *stepped)
 {
     char n[16];
     snprintf(n, sizeof n, "%d", attempt);
@@ -549,7 +586,9 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
     xl_output_init(&j.out, l->o->log_dir, attempt);
     xl_linebuf_init(&j.pipe_lb[0], 1);
     xl_linebuf_init(&j.pipe_lb[1], 2);
-    xl_watch_init(&j.watch);
+    xl_watch_init(&j.watch, l->o->max_restarts > 0);
+    j.attempt = attempt;
+    j.started = xl_now();
     char grace[32];
     snprintf(grace, sizeof grace, "%g", l->o->preempt_grace);
     setenv("XLA_LAUNCH_PREEMPT_GRACE", grace, 1);
@@ -557,6 +596,7 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
     event_loop(&j);
     enum job_result r = finish_job(&j);
     *interrupt_sig = j.interrupt_sig;
+    *stepped = j.pages == 0 ? -1 : j.stepped > 0;
     return r;
 }
 
@@ -578,11 +618,16 @@ int xl_run_attempts(const struct launch *l)
             xl_err("interrupted by %s", sig_name(isig));
             return 128 + isig;
         }
-        enum job_result r = run_job(l, attempt, &isig);
+        int stepped;
+        enum job_result r = run_job(l, attempt, &isig, &stepped);
         if (r == JOB_OK) return 0;
         if (r == JOB_INTERRUPTED) return 128 + isig;
         if (attempt >= o->max_restarts) {
             if (o->max_restarts > 0) xl_err("giving up after %d restart(s)", o->max_restarts);
+            return 1;
+        }
+        if (stepped == 0) {
+            xl_err("not restarting: the job failed before its first step completed, and would fail the same way");
             return 1;
         }
         xl_err("restarting the job (restart %d of %d)", attempt + 1, o->max_restarts);

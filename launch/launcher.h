@@ -75,8 +75,24 @@ struct xl_watch {
 };
 
 /* Reads CX_COLLECTIVE_TIMEOUT (exits 2 on a bad value), makes the status
- * directory and exports CX_STATUS_DIR to the ranks to come. */
-void xl_watch_init(struct xl_watch *w);
+ * directory and exports CX_STATUS_DIR to the ranks to come: when the
+ * watchdog is on, or when `for_restarts` (the pages also tell whether a
+ * step completed, and how long recovery took). */
+void xl_watch_init(struct xl_watch *w, bool for_restarts);
+
+/* What the ranks' pages (this node's) say of their progress. Times are
+ * CLOCK_MONOTONIC seconds; the maxima over ranks, since a step is done
+ * when the slowest rank is done. */
+struct xl_progress {
+    int pages;           /* ranks with a page */
+    int stepped;         /* of them, ranks that have ended a step */
+    double opened;       /* the last page opened (the ranks' MPI_Init done) */
+    double first_step;   /* the last rank's first step ended (0: not all yet) */
+    double compile_s, load_s;   /* by the first step: compile and checkpoint-load seconds */
+    long long cache_hits;       /* the fewest persistent-cache hits by the first step */
+};
+/* Reads every page's progress line. @return false when there is no page. */
+bool xl_watch_progress(const struct xl_watch *w, struct xl_progress *p);
 /* @return true once a rank has been inside one collective for the timeout:
  * the report line and the flight recorder (under log_dir, or
  * ./xla-launch-flight-<pid>) are written; the caller stops the job. */

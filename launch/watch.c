@@ -30,7 +30,7 @@ struct rank_view {
     char desc[160];  /* "#41 all_reduce f32[1024]" or "no collective yet" */
 };
 
-void xl_watch_init(struct xl_watch *w)
+void xl_watch_init(struct xl_watch *w, bool for_restarts)
 {
     memset(w, 0, sizeof *w);
     const char *t = getenv("CX_COLLECTIVE_TIMEOUT");
@@ -41,7 +41,7 @@ void xl_watch_init(struct xl_watch *w)
         if (*end || !(v >= 0)) xl_die("bad CX_COLLECTIVE_TIMEOUT '%s' (want seconds, 0 = off)", t);
         w->timeout = v;
     }
-    if (w->timeout == 0) return;
+    if (w->timeout == 0 && !for_restarts) return;
     snprintf(w->dir, sizeof w->dir, "/dev/shm/xla-launch.%d.XXXXXX", (int)getpid());
     if (!mkdtemp(w->dir)) {
         snprintf(w->dir, sizeof w->dir, "/tmp/xla-launch.%d.XXXXXX", (int)getpid());
@@ -167,7 +167,7 @@ static void dump_flight(const struct xl_watch *w, const char *log_dir)
 
 bool xl_watch_check(struct xl_watch *w, const char *log_dir)
 {
-    if (!w->dir[0] || w->fired) return false;
+    if (!w->dir[0] || w->fired || w->timeout <= 0) return false;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double now_ns = (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
@@ -192,4 +192,47 @@ bool xl_watch_check(struct xl_watch *w, const char *log_dir)
     report(w, v, n, now_ns);
     dump_flight(w, log_dir);
     return true;
+}
+
+/* The progress line (parallel/watch_page.c writes it after the ring). */
+static bool read_progress(const char *path, long long *steps, long long *open_ns, long long *first_ns,
+                          double *compile_s, long long *hits, double *load_s)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[LINE + 1];
+    bool ok = fseek(f, (long)(1 + RING) * LINE, SEEK_SET) == 0 && fgets(line, sizeof line, f) &&
+              sscanf(line, "progress steps %lld open %lld first %lld compile %lf hits %lld load %lf", steps, open_ns,
+                     first_ns, compile_s, hits, load_s) == 6;
+    fclose(f);
+    return ok;
+}
+
+bool xl_watch_progress(const struct xl_watch *w, struct xl_progress *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!w->dir[0]) return false;
+    DIR *d = opendir(w->dir);
+    if (!d) return false;
+    struct dirent *e;
+    double first = 0;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "rank-", 5)) continue;
+        char path[sizeof w->dir + 300];
+        snprintf(path, sizeof path, "%s/%s", w->dir, e->d_name);
+        long long steps, open_ns, first_ns, hits;
+        double compile_s, load_s;
+        if (!read_progress(path, &steps, &open_ns, &first_ns, &compile_s, &hits, &load_s)) continue;
+        if (p->pages == 0 || hits < p->cache_hits) p->cache_hits = hits;
+        p->pages++;
+        if (open_ns * 1e-9 > p->opened) p->opened = open_ns * 1e-9;
+        if (steps <= 0) continue;
+        p->stepped++;
+        if (first_ns * 1e-9 > first) first = first_ns * 1e-9;
+        if (compile_s > p->compile_s) p->compile_s = compile_s;
+        if (load_s > p->load_s) p->load_s = load_s;
+    }
+    closedir(d);
+    if (p->stepped == p->pages) p->first_step = first;
+    return p->pages > 0;
 }

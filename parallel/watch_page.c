@@ -5,6 +5,11 @@
  *   line 0       "cxla-status 1 rank R pid P seq S state in|idle since NS"
  *   lines 1..64  the last 64 collectives, a ring by sequence number:
  *                "#S|all_reduce f32[1024]|group G|running|done|failed|start NS|end NS"
+ *   line 65      "progress steps N open NS first NS compile S hits H load S": steps
+ *                ended, when the page opened (after MPI_Init) and when the first
+ *                step ended, and by then the compile seconds, persistent-cache
+ *                hits and checkpoint-load seconds (the launcher's restart
+ *                decision and recovery figures)
  * (NS: CLOCK_MONOTONIC nanoseconds, comparable on one node). Writing is
  * plain stores into the page, no system call; collectives run one at a
  * time (on the progress thread, or on the caller's when nothing is
@@ -23,11 +28,16 @@
 
 #define LINE 128
 #define RING 64
+#define PROGRESS (1 + RING)   /* the progress line's index */
+#define PAGE_LINES (2 + RING)
 
 static struct {
     char *page;       /* (1 + RING) lines, NULL when off */
     int rank;
     long long seq;
+    long long opened, first_step;   /* CLOCK_MONOTONIC ns */
+    double compile_s, load_s;       /* by the end of the first step */
+    long long cache_hits;
 } S;
 
 static long long mono_ns(void)
@@ -59,6 +69,32 @@ static void put_header(const char *state, long long since)
              since);
 }
 
+static double metric_sum(const char *name)
+{
+    cx_metric_stats m = { 0 };
+    return cx_metric_data(name, &m) ? m.accumulator : 0;
+}
+
+static void put_progress(int64_t steps)
+{
+    put_line(PROGRESS, "progress steps %lld open %lld first %lld compile %.6f hits %lld load %.6f", (long long)steps,
+             S.opened, S.first_step, S.compile_s, S.cache_hits, S.load_s);
+}
+
+/* The step observer (training thread; the progress line is its alone). */
+static void on_step(void *arg, int64_t steps)
+{
+    (void)arg;
+    if (!S.page) return;
+    if (!S.first_step) {
+        S.first_step = mono_ns();
+        S.compile_s = metric_sum("CompileTime");
+        S.load_s = metric_sum("CheckpointLoadTime");
+        S.cache_hits = cx_counter_value("PersistentCacheHit");
+    }
+    put_progress(steps);
+}
+
 void cx_watch_page_open(int rank)
 {
     const char *dir = getenv("CX_STATUS_DIR");
@@ -66,7 +102,7 @@ void cx_watch_page_open(int rank)
     char path[4096];
     snprintf(path, sizeof path, "%s/rank-%d.status", dir, rank);
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    size_t bytes = (size_t)(1 + RING) * LINE;
+    size_t bytes = (size_t)PAGE_LINES * LINE;
     void *m = MAP_FAILED;
     if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0) m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd >= 0) close(fd);
@@ -79,14 +115,18 @@ void cx_watch_page_open(int rank)
     S.rank = rank;
     S.seq = 0;
     memset(S.page, ' ', bytes);
-    for (int i = 0; i <= RING; i++) S.page[(size_t)i * LINE + LINE - 1] = '\n';
-    put_header("idle", mono_ns());
+    for (int i = 0; i < PAGE_LINES; i++) S.page[(size_t)i * LINE + LINE - 1] = '\n';
+    S.opened = mono_ns();
+    put_header("idle", S.opened);
+    put_progress(0);
+    cx_set_step_observer(on_step, NULL);
 }
 
 void cx_watch_page_close(void)
 {
     if (!S.page) return;
-    munmap(S.page, (size_t)(1 + RING) * LINE);
+    cx_set_step_observer(NULL, NULL);
+    munmap(S.page, (size_t)PAGE_LINES * LINE);
     S.page = NULL;
 }
 

@@ -143,6 +143,13 @@ typedef enum { CX_CAUSE_USER = 0, CX_CAUSE_LOADER } cx_step_cause;
 /* cx_step_end on behalf of `cause` (the data loader ends its steps with
  * CX_CAUSE_LOADER). Same returns as cx_step_end. */
 CX_API cx_status cx_step_end_cause(cx_step_cause cause);
+
+/* Called on the thread that ends a step, after each cx_step_end whose graph
+ * ran, with the number of steps ended in this process so far. */
+typedef void (*cx_step_observer_fn)(void *arg, int64_t steps);
+/* Sets the one step observer (a runtime reporting progress, as the comm
+ * layer does for xla-launch's restart figures); NULL removes it. */
+CX_API void cx_set_step_observer(cx_step_observer_fn fn, void *arg);
 /* Compiles (or hits the cache) and runs every live tensor with pending IR,
  * materializing each. @return CX_OK, or the first error (poisoned tensor,
  * out of memory, collective failure); poisoned tensors stay poisoned. */

@@ -62,6 +62,12 @@ expect_fast() {
 }
 # expect_line FILE LINE: LINE occurs in FILE as a whole line.
 expect_line() { grep -qxF -- "$2" "$1" || fail "missing line in $(basename "$1"): '$2'"; }
+# expect_failure_line FILE LINE: LINE, followed by the time the launcher took
+# to learn of it when the rank ran on this node (" (detected in X ms)").
+expect_failure_line() {
+    grep -F -- "$2 (detected in " "$1" | grep -qE -- '^xla-launch: .* \(detected in [0-9.]+ ms\)$' ||
+        fail "missing line in $(basename "$1"): '$2 (detected in X ms)'"
+}
 # Launcher messages on stderr: exactly the given number of "xla-launch:" lines, and
 # none of mpirun's boxed reports.
 expect_launcher_lines() {
@@ -153,7 +159,7 @@ tcp)
     expect_no_survivors
     expect_rc 1
     expect_fast 10000
-    expect_line "$WORK/err" "xla-launch: rank 2 exited with status 3"
+    expect_line "$WORK/err" "xla-launch: rank 2 exited with status 3"   # from another node: no detect time (other clock)
     expect_launcher_lines 1
     ;;
 forwarded)
@@ -167,7 +173,7 @@ forwarded)
     expect_no_survivors
     expect_rc 1
     expect_fast 10000
-    expect_line "$WORK/err" "xla-launch: rank 1 killed by signal 9"
+    expect_line "$WORK/err" "xla-launch: rank 1 killed by signal 9"   # no report channel: no detect time
     expect_launcher_lines 1
     ;;
 exit_status)
@@ -176,7 +182,7 @@ exit_status)
     [ "$RC" -ne 0 ] || fail "launcher exited 0 although rank 2 failed"
     expect_rc 1
     expect_fast 10000
-    expect_line "$WORK/err" "xla-launch: rank 2 exited with status 3"
+    expect_failure_line "$WORK/err" "xla-launch: rank 2 exited with status 3"
     expect_launcher_lines 1
     echo "time to exit: ${ELAPSED_MS} ms (rank 2 fails ~0.5 s after start)"
     ;;
@@ -185,7 +191,7 @@ signal_kill)
     expect_no_survivors
     expect_rc 1
     expect_fast 10000
-    expect_line "$WORK/err" "xla-launch: rank 1 killed by signal 9"
+    expect_failure_line "$WORK/err" "xla-launch: rank 1 killed by signal 9"
     expect_launcher_lines 1
     echo "time to exit: ${ELAPSED_MS} ms"
     ;;
@@ -196,7 +202,7 @@ stubborn)
     expect_no_survivors
     expect_rc 1
     expect_fast 11000 # rank 0 fails 1 s in
-    expect_line "$WORK/err" "xla-launch: rank 0 exited with status 3"
+    expect_failure_line "$WORK/err" "xla-launch: rank 0 exited with status 3"
     echo "time to exit: ${ELAPSED_MS} ms"
     ;;
 sigint | sigterm)
@@ -269,11 +275,11 @@ restart)
     # without restarts the failure is final ...
     run --nproc 2 "$PROBE" restart "$TAG" 1
     expect_rc 1
-    expect_line "$WORK/err" "xla-launch: rank 1 exited with status 3"
+    expect_failure_line "$WORK/err" "xla-launch: rank 1 exited with status 3"
     # ... with one restart the second run sees the count and succeeds
     run --nproc 2 --max-restarts 1 "$PROBE" restart "$TAG" 1
     expect_rc 0
-    expect_line "$WORK/err" "xla-launch: rank 1 exited with status 3"
+    expect_failure_line "$WORK/err" "xla-launch: rank 1 exited with status 3"
     expect_line "$WORK/err" "xla-launch: restarting the job (restart 1 of 1)"
     # (rank 0 of the first run may be stopped before it prints: not checked)
     expect_line "$WORK/out" "[rank 1] restart_count=0 torchelastic=0"
