@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@ struct rank_slot {
     double ended;        /* launcher's CLOCK_MONOTONIC, orders the failures */
     double noticed;      /* when the launcher learnt of it */
     bool ended_exact;    /* ended is the program's end (this node), not the news's arrival */
+    char host[64];       /* the wrapper's address as the launcher saw it; "" for this node */
 };
 
 struct conn {
@@ -46,6 +48,7 @@ struct conn {
     int rank;            /* -1 until its hello */
     bool local;          /* over the Unix socket: same node, same clock */
     pid_t peer;          /* the wrapper's pid as the kernel says (Unix socket), or 0 */
+    char host[64];       /* the peer's address (TCP: another node), or "" */
     unsigned char *buf;  /* bytes received, not yet a whole frame */
     size_t len, cap;
 };
@@ -213,6 +216,7 @@ static bool handle_message(struct job *j, struct conn *c, const unsigned char *m
         c->rank = rank;
         /* the kernel's word, not the hello's: right even across pid namespaces */
         s->wrapper_pid = c->peer;
+        memcpy(s->host, c->host, sizeof s->host);
         /* the wrapper may have finished already; its frames still count */
         char ack = XL_ACK;
         ssize_t sent = send(c->fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -297,6 +301,11 @@ static void accept_conns(struct job *j, int listen_fd, bool local)
         struct ucred cred;
         socklen_t cl = sizeof cred;
         if (local && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) c.peer = cred.pid;
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        if (!local && getpeername(fd, (struct sockaddr *)&sa, &sl) == 0 &&
+            getnameinfo((struct sockaddr *)&sa, sl, c.host, sizeof c.host, NULL, 0, NI_NUMERICHOST) != 0)
+            c.host[0] = 0;
         j->conns[j->n_conns++] = c;
     }
 }
@@ -507,6 +516,28 @@ static const struct rank_slot *find_culprit(const struct job *j)
 
 enum job_result { JOB_OK, JOB_FAILED, JOB_INTERRUPTED };
 
+/* When every rank of another node vanished without a word (the node died,
+ * or everything on it was killed): says so, naming the node and its ranks.
+ * @return whether that is what happened. */
+static bool lost_host(const struct job *j, const char *host)
+{
+    char ranks[512];
+    size_t len = 0;
+    int n = 0;
+    for (int i = 0; i < j->n_ranks; i++) {
+        const struct rank_slot *s = &j->ranks[i];
+        if (strcmp(s->host, host)) continue;
+        if (!s->have_status || s->st.how != XL_LOST) return false;
+        len += (size_t)snprintf(ranks + len, sizeof ranks - len, "%s%d", n ? "," : "", i);
+        if (len >= sizeof ranks) len = sizeof ranks - 1;
+        n++;
+    }
+    if (n == 0) return false;
+    xl_err("lost node %s (rank%s %s): every process of it ended without a report (the node died or was killed)", host,
+           n > 1 ? "s" : "", ranks);
+    return true;
+}
+
 static enum job_result finish_job(struct job *j)
 {
     for (int s = 0; s < 2; s++) {
@@ -530,6 +561,8 @@ static enum job_result finish_job(struct job *j)
     } else if (j->stalled) {
         xl_err("job stopped by the collective watchdog");
         res = JOB_FAILED;
+    } else if (c && c->st.how == XL_LOST && c->host[0] && lost_host(j, c->host)) {
+        res = JOB_FAILED;   /* said by lost_host */
     } else if (c) {
         int r = c->st.rank, code = c->st.code;
         /* the time to detect: the program's end until the launcher knew (on

@@ -10,9 +10,10 @@
 
 typedef struct cx_hier cx_hier;
 
-/* Collective over c. @return the context; NULL with err empty when c lies
- * on one node (the flat shared-memory path serves it) or shared memory is
- * off; NULL with a reason in err when a node's segment could not be made
+/* Collective over c; only when rank 0 has CX_SHM_HIERARCHICAL=1.
+ * @return the context; NULL with err empty when c lies on one node (the
+ * flat shared-memory path serves it), shared memory is off or the path was
+ * not asked for; NULL with a reason in err when a node's segment could not be made
  * (every rank then gets NULL and keeps to flat MPI). */
 cx_hier *cx_hier_open(MPI_Comm c, char *err, size_t errn);
 /* Frees the node and leader communicators and the segment (collective, as

@@ -15,7 +15,8 @@
  *          shared-memory path did not take exactly the collectives
  *          CX_SHM_COLLECTIVES says (unset: reductions, all: gathers and
  *          broadcasts too, 0: none), or the hierarchical one none although
- *          CX_SHM_NODE_RANKS splits the ranks into nodes.
+ *          the ranks span nodes (really, or as CX_SHM_NODE_RANKS says) and
+ *          CX_SHM_HIERARCHICAL=1 asks for it (or some without it).
  *   die:   all-reduces of 16 MiB in a loop; writes "pid" files into
  *          $DIST_SHM_DIR so a test can kill a rank in the middle. */
 #include "dist_check.h"
@@ -328,14 +329,23 @@ static int run_checks(void)
     int64_t used = cx_counter_value("ShmCollectiveCount") - shm_before;
     int64_t hier = cx_counter_value("HierarchicalAllReduceCount") - hier_before;
     const char *env = getenv("CX_SHM_COLLECTIVES"), *nodes = getenv("CX_SHM_NODE_RANKS");
-    bool off = env && !strcmp(env, "0"), split = nodes && atoi(nodes) > 0 && atoi(nodes) < world;
+    /* the ranks span nodes: really (a hostfile), or as CX_SHM_NODE_RANKS says */
+    MPI_Comm node;
+    int node_size = world;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    const char *hier_env = getenv("CX_SHM_HIERARCHICAL");
+    bool off = env && !strcmp(env, "0"), hier_on = hier_env && !strcmp(hier_env, "1"),
+         split = (nodes && atoi(nodes) > 0 && atoi(nodes) < world) || node_size < world;
     /* on one node every collective the path takes goes there: reductions,
      * and with CX_SHM_COLLECTIVES=all the gathers and broadcasts too */
     int64_t want = off ? 0 : g_reductions + (env && !strcmp(env, "all") ? g_gathers : 0);
     CHECK(split ? used >= 0 : used == want, "shared-memory path taken %lld times, want %lld (CX_SHM_COLLECTIVES=%s)",
           (long long)used, (long long)want, env ? env : "(unset)");
-    CHECK(split && !off ? hier > 0 : hier == 0, "hierarchical path taken %lld times with CX_SHM_NODE_RANKS=%s",
-          (long long)hier, nodes ? nodes : "(unset)");
+    CHECK(split && !off && hier_on ? hier > 0 : hier == 0,
+          "hierarchical path taken %lld times with CX_SHM_NODE_RANKS=%s, CX_SHM_HIERARCHICAL=%s", (long long)hier,
+          nodes ? nodes : "(unset)", hier_env ? hier_env : "(unset)");
     if (rank == 0)
         printf("dist_shm: %lld collectives through shared memory, %lld hierarchical all-reduces\n", (long long)used,
                (long long)hier);
