@@ -306,12 +306,14 @@ static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program
 static bool view_fits(const cx_kin *x, int64_t slot_bytes)
 {
     if (x->view.offset < 0) return false;
-    int64_t last = x->view.offset;
+    int64_t last = x->view.offset, span;
     for (int d = 0; d < x->ndim; d++) {
         if (x->shape[d] <= 0) return true;   /* no element is read */
-        if (x->view.strides[d] < 0 || x->view.strides[d] > INT64_MAX / x->shape[d]) return false;
-        last += (x->shape[d] - 1) * x->view.strides[d];
-        if (last < 0) return false;
+        /* checked: the values come from the file (fuzz_cache found the sum
+         * overflowing) */
+        if (x->view.strides[d] < 0 || __builtin_mul_overflow(x->shape[d] - 1, x->view.strides[d], &span) ||
+            __builtin_add_overflow(last, span, &last))
+            return false;
     }
     return x->numel == 0 || fits(last + 1, x->dtype, slot_bytes);
 }
