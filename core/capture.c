@@ -25,7 +25,9 @@ static bool capture_visit(void *ctx, cx_node *x)
     if (!CX_GROW(cp->nodes, cp->cap, cp->n + 1)) return false;
     x->index = cp->n;
     cp->nodes[cp->n++] = x;
-    if (x->buf) {   /* OP_DATA, or a value computed by eager debug mode */
+    /* OP_DATA (a value-less placeholder too: binding it is the error that
+     * names it), or a value computed by eager debug mode */
+    if (x->buf || x->op == OP_DATA) {
         if (!CX_GROW(cp->inputs, cp->in_cap, cp->n_inputs + 1)) return false;
         cp->inputs[cp->n_inputs++] = x;
     } else if (x->op == OP_RTSCALAR) {

@@ -104,6 +104,7 @@ struct cx_node {
     int64_t rt_i;
     struct cx_tensor *grad_leaf; /* OP_DATA of a tensor that requires grad */
     char *err;                   /* OP_ERROR message */
+    cx_init_recipe *init;        /* OP_DATA without buffer: the deferred values' recipe */
     /* scratch for graph walks */
     int mark;
     int index;
@@ -214,6 +215,13 @@ float cx_rng_normal01(uint64_t seed, uint64_t ctr);
 /* Reserves `n` counter values. @return the offset to use. */
 uint64_t cx_rng_reserve(uint64_t n);
 uint64_t cx_rng_seed(void);
+/* The RNG op chains cx_rand/cx_randn record, drawn at counter `offset` of
+ * stream `seed`: one definition for the eager draws and deferred ranges,
+ * so both give the same bits. */
+cx_tensor *cx_rng_uniform_at(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype, uint64_t seed,
+                             uint64_t offset);
+cx_tensor *cx_rng_normal_at(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype, uint64_t seed,
+                            uint64_t offset);
 
 /* ---- graph execution (compile.c / exec.c) ------------------------------------ */
 

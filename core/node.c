@@ -193,6 +193,7 @@ void cx_node_unref(cx_node *n)
         if (x->inputs != x->inline_inputs) free(x->inputs);
         cx_buffer_unref(x->buf);
         free(x->err);
+        free(x->init);
         node_free(x);
     }
     if (stack != stack_small) free(stack);

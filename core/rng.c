@@ -61,15 +61,12 @@ float cx_rng_normal01(uint64_t seed, uint64_t ctr)
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-static cx_tensor *rng_leaf(int kind, const int64_t *shape, int ndim, const char *op)
+/* The value at flat position p is drawn at counter offset + p of `seed`. */
+static cx_tensor *rng_leaf(int kind, const int64_t *shape, int ndim, uint64_t seed_v, uint64_t off)
 {
-    if (ndim < 0 || ndim > CX_MAX_DIMS || (ndim && !shape)) return cx_poisoned("%s: bad rank %d", op, ndim);
-    for (int i = 0; i < ndim; i++) if (shape[i] < 0) return cx_poisoned("%s: negative dimension", op);
-    int64_t n = cx_shape_numel(shape, ndim);
-    uint64_t off = cx_rng_reserve((uint64_t)n);
     cx_tensor *seed = cx_runtime_scalar(0, CX_I64), *offset = cx_runtime_scalar(0, CX_I64);
-    seed->node->rt_i = (int64_t)g_seed;
-    seed->node->rt_f = (double)g_seed;
+    seed->node->rt_i = (int64_t)seed_v;
+    seed->node->rt_f = (double)seed_v;
     offset->node->rt_i = (int64_t)off;
     offset->node->rt_f = (double)off;
     cx_tensor *ins[2] = { seed, offset };
@@ -80,9 +77,20 @@ static cx_tensor *rng_leaf(int kind, const int64_t *shape, int ndim, const char 
     return r;
 }
 
-cx_tensor *cx_rand(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype)
+static bool check_rng_shape(const int64_t *shape, int ndim, const char *op, cx_tensor **err)
 {
-    cx_tensor *u = rng_leaf(0, shape, ndim, "rand");
+    *err = NULL;
+    if (ndim < 0 || ndim > CX_MAX_DIMS || (ndim && !shape)) *err = cx_poisoned("%s: bad rank %d", op, ndim);
+    for (int i = 0; !*err && i < ndim; i++)
+        if (shape[i] < 0) *err = cx_poisoned("%s: negative dimension", op);
+    return !*err;
+}
+
+/* lo + u * (hi - lo), u uniform in [0, 1) */
+cx_tensor *cx_rng_uniform_at(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype, uint64_t seed,
+                             uint64_t offset)
+{
+    cx_tensor *u = rng_leaf(0, shape, ndim, seed, offset);
     cx_tensor *s = cx_mul_scalar(u, hi - lo);
     cx_tensor *r = cx_add_scalar(s, lo);
     cx_tensor *c = cx_cast(r, dtype);
@@ -90,9 +98,11 @@ cx_tensor *cx_rand(const int64_t *shape, int ndim, double lo, double hi, cx_dtyp
     return c;
 }
 
-cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype)
+/* mean + z * std, z standard normal */
+cx_tensor *cx_rng_normal_at(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype, uint64_t seed,
+                            uint64_t offset)
 {
-    cx_tensor *z = rng_leaf(1, shape, ndim, "randn");
+    cx_tensor *z = rng_leaf(1, shape, ndim, seed, offset);
     cx_tensor *s = cx_mul_scalar(z, std);
     cx_tensor *r = cx_add_scalar(s, mean);
     cx_tensor *c = cx_cast(r, dtype);
@@ -100,10 +110,29 @@ cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_
     return c;
 }
 
+cx_tensor *cx_rand(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype)
+{
+    cx_tensor *err;
+    if (!check_rng_shape(shape, ndim, "rand", &err)) return err;
+    uint64_t off = cx_rng_reserve((uint64_t)cx_shape_numel(shape, ndim));
+    return cx_rng_uniform_at(shape, ndim, lo, hi, dtype, g_seed, off);
+}
+
+cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype)
+{
+    cx_tensor *err;
+    if (!check_rng_shape(shape, ndim, "randn", &err)) return err;
+    uint64_t off = cx_rng_reserve((uint64_t)cx_shape_numel(shape, ndim));
+    return cx_rng_normal_at(shape, ndim, mean, std, dtype, g_seed, off);
+}
+
 cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtype dtype)
 {
     if (!(p >= 0 && p <= 1)) return cx_poisoned("bernoulli: probability %g is outside [0, 1]", p);
-    cx_tensor *u = rng_leaf(0, shape, ndim, "bernoulli");
+    cx_tensor *err;
+    if (!check_rng_shape(shape, ndim, "bernoulli", &err)) return err;
+    uint64_t off = cx_rng_reserve((uint64_t)cx_shape_numel(shape, ndim));
+    cx_tensor *u = rng_leaf(0, shape, ndim, g_seed, off);
     cx_tensor *pt = cx_scalar(p, CX_F32);
     cx_tensor *m = cx_lt(u, pt);
     cx_tensor *c = cx_cast(m, dtype);

@@ -177,8 +177,13 @@ static cx_status bind_and_run(sync_job *j)
     for (int i = 0; st == CX_OK && i < cp->n_inputs; i++) {
         if (!cp->inputs[i]->buf) {
             char b[160];
-            cx_set_last_error("sync: a value-less placeholder of shape %s was used in a computation",
-                         cx_shape_str(b, sizeof b, cp->inputs[i]->shape, cp->inputs[i]->ndim));
+            cx_shape_str(b, sizeof b, cp->inputs[i]->shape, cp->inputs[i]->ndim);
+            if (cp->inputs[i]->init)
+                cx_set_last_error("sync: a deferred tensor of shape %s (built under cx_deferred_init_begin, never "
+                                  "materialized) was used in a computation: materialize the module "
+                                  "(cx_module_materialize) or shard it (cx_fsdp_wrap) first", b);
+            else
+                cx_set_last_error("sync: a value-less placeholder of shape %s was used in a computation", b);
             st = CX_ERR_STATE;
             break;
         }
@@ -366,8 +371,9 @@ cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype)
     }
     if (!t->node->buf) {
         char b[160];
-        cx_set_last_error("to_host: tensor%s%s of shape %s is a value-less placeholder", t->name ? " " : "", t->name ? t->name : "",
-                     cx_shape_str(b, sizeof b, t->node->shape, t->node->ndim));
+        cx_set_last_error("to_host: tensor%s%s of shape %s is %s", t->name ? " " : "", t->name ? t->name : "",
+                     cx_shape_str(b, sizeof b, t->node->shape, t->node->ndim),
+                     t->node->init ? "deferred (not materialized yet)" : "a value-less placeholder");
         return CX_ERR_STATE;
     }
     double t0 = cx_now();

@@ -97,14 +97,14 @@ cx_module *cx_nn_batch_norm2d(int64_t c, cx_batch_norm_opts o)
     if (!m) return NULL;
     bool ok = true;
     if (o.affine) {
-        bn->w = cx_module_register_parameter(m, "weight", cx_ones(&c, 1, CX_F32));
-        bn->b = cx_module_register_parameter(m, "bias", cx_zeros(&c, 1, CX_F32));
+        bn->w = cx_module_register_parameter(m, "weight", cx_init_constant(&c, 1, 1.0, CX_F32));
+        bn->b = cx_module_register_parameter(m, "bias", cx_init_constant(&c, 1, 0.0, CX_F32));
         ok = bn->w >= 0 && bn->b >= 0;
     }
     if (ok && o.track_running_stats) {
-        bn->mean = cx_module_register_buffer(m, "running_mean", cx_zeros(&c, 1, CX_F32));
-        bn->var = cx_module_register_buffer(m, "running_var", cx_ones(&c, 1, CX_F32));
-        bn->count = cx_module_register_buffer(m, "num_batches_tracked", cx_zeros(NULL, 0, CX_I64));
+        bn->mean = cx_module_register_buffer(m, "running_mean", cx_init_constant(&c, 1, 0.0, CX_F32));
+        bn->var = cx_module_register_buffer(m, "running_var", cx_init_constant(&c, 1, 1.0, CX_F32));
+        bn->count = cx_module_register_buffer(m, "num_batches_tracked", cx_init_constant(NULL, 0, 0.0, CX_I64));
         ok = bn->mean >= 0 && bn->var >= 0 && bn->count >= 0;
     }
     if (!ok) { cx_module_free(m); return NULL; }

@@ -32,16 +32,6 @@ static void set_trainable(cx_module *m, int slot, cx_tensor *t)
     cx_module_set_param(m, slot, t);
 }
 
-/* A persistent tensor of zeros. */
-static cx_tensor *zeros_param(int64_t n)
-{
-    float *z = calloc((size_t)n, sizeof *z);
-    if (!z) return cx_poisoned("GPT: out of memory for %lld zeros", (long long)n);
-    cx_tensor *t = cx_from_host(z, &n, 1, CX_F32);
-    free(z);
-    return t;
-}
-
 /* Linear(in, out) with weight ~ normal(0, std) and bias 0. NULL on failure. */
 static cx_module *gpt_linear(int64_t in, int64_t out, double std)
 {
@@ -49,7 +39,7 @@ static cx_module *gpt_linear(int64_t in, int64_t out, double std)
     if (!l) return NULL;
     int64_t shape[2] = { out, in };
     set_trainable(l, cx_module_param_slot(l, "weight"), cx_init_normal(shape, 2, 0.0, std));
-    set_trainable(l, cx_module_param_slot(l, "bias"), zeros_param(out));
+    set_trainable(l, cx_module_param_slot(l, "bias"), cx_init_constant(&out, 1, 0.0, CX_F32));
     return l;
 }
 

@@ -27,8 +27,8 @@ cx_module *cx_nn_layer_norm(int64_t dim, double eps, bool affine)
     cx_module *m = cx_module_new(&layer_norm_type, ln);
     if (!m) return NULL;
     if (affine) {
-        ln->w = cx_module_register_parameter(m, "weight", cx_ones(&dim, 1, CX_F32));
-        ln->b = cx_module_register_parameter(m, "bias", cx_zeros(&dim, 1, CX_F32));
+        ln->w = cx_module_register_parameter(m, "weight", cx_init_constant(&dim, 1, 1.0, CX_F32));
+        ln->b = cx_module_register_parameter(m, "bias", cx_init_constant(&dim, 1, 0.0, CX_F32));
         if (ln->w < 0 || ln->b < 0) { cx_module_free(m); return NULL; }
     }
     return m;

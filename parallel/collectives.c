@@ -177,12 +177,35 @@ cx_status cx_record_master_values(const cx_named_tensor *ts, int n)
     return CX_OK;
 }
 
+static const char *const g_init_kind[] = { "constant", "uniform", "normal" };
+
+char *cx_deferred_entries(const cx_module *m)
+{
+    int n = 0;
+    cx_named_tensor *sd = cx_module_state_dict(m, &n);
+    if (!sd) return NULL;
+    cx_sbuf b = { 0 };
+    for (int i = 0; i < n; i++) {
+        cx_init_recipe r;
+        if (!cx_deferred_recipe(sd[i].tensor, &r)) continue;
+        cx_sb_printf(&b, "deferred %s: %s(%.17g, %.17g) at seed %llu offset %llu;", sd[i].name, g_init_kind[r.kind], r.a,
+                     r.b, (unsigned long long)r.seed, (unsigned long long)r.offset);
+    }
+    free(sd);
+    return cx_sb_finish(&b);
+}
+
 cx_status cx_take_master_state(cx_module *m, const char *what)
 {
     if (cx_world_size() == 1) return CX_OK;
     int n = 0;
     cx_named_tensor *sd = cx_module_state_dict(m, &n);
     if (!sd) { cx_set_last_error("%s: out of memory", what); return CX_ERR_OOM; }
+    /* deferred tensors have no values to send: the ranks agreed on their
+     * recipes (cx_deferred_entries), which is agreeing on their values */
+    int k = 0;
+    for (int i = 0; i < n; i++) if (!cx_deferred_recipe(sd[i].tensor, NULL)) sd[k++] = sd[i];
+    n = k;
     cx_status st = cx_record_master_values(sd, n);
     if (st == CX_OK) st = cx_sync();
     free(sd);
@@ -192,7 +215,9 @@ cx_status cx_take_master_state(cx_module *m, const char *what)
 cx_status cx_broadcast_master_params(cx_module *m)
 {
     if (!m) { cx_set_last_error("broadcast_master_params: module is NULL"); return CX_ERR_ARG; }
-    cx_status st = cx_agree_on_module(m, NULL, "broadcast_master_params");
+    cx_status st = cx_module_materialize(m);
+    if (st != CX_OK) return st;
+    st = cx_agree_on_module(m, NULL, "broadcast_master_params");
     return st == CX_OK ? cx_take_master_state(m, "broadcast_master_params") : st;
 }
 

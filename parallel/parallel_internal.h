@@ -41,8 +41,15 @@ cx_status cx_agree_on_module(const cx_module *m, const char *extra, const char *
  * the caller runs them all in one cx_sync. Nothing in a world of one.
  * @return CX_OK or the first error recording them. */
 cx_status cx_record_master_values(const cx_named_tensor *ts, int n);
+/* One "deferred NAME: kind(a, b) at seed S offset O;" entry per deferred
+ * tensor of m, in state-dict order, for cx_agree_on_module's `extra`: the
+ * ranks that build their shards from recipes must hold the same recipes.
+ * @return the text (free() it; "" when none is deferred), NULL when out
+ * of memory. */
+char *cx_deferred_entries(const cx_module *m);
 /* Rank 0's parameters and buffers of m into every rank's, in one
- * execution, after cx_agree_on_module. @return CX_OK or the error. */
+ * execution, after cx_agree_on_module; deferred ones are skipped (their
+ * recipes were agreed). @return CX_OK or the error. */
 cx_status cx_take_master_state(cx_module *m, const char *what);
 
 #endif

@@ -101,6 +101,40 @@ CX_API cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype);
  * reading it is an error naming it (FSDP keeps these in module slots while
  * the values live sharded). Persistent. */
 CX_API cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype);
+/* ---- deferred initialization ---------------------------------------------- */
+
+/* How a deferred tensor's values are made. The random kinds draw from the
+ * counter-based RNG: the value at row-major position p depends only on
+ * (rng.seed, rng.offset + p), so any range of it can be generated alone,
+ * bit-identical to the same range of the whole (sharded construction). */
+typedef enum { CX_INIT_CONSTANT, CX_INIT_UNIFORM, CX_INIT_NORMAL } cx_init_kind;
+typedef struct {
+    cx_init_kind kind;
+    double a, b;          /* constant: value a; uniform: [a, b); normal: mean a, std b */
+    uint64_t seed;        /* random kinds: the stream ... */
+    uint64_t offset;      /* ... and the counter of element 0 */
+} cx_init_recipe;
+
+/* A value-less tensor, as cx_placeholder, that carries the recipe of its
+ * values: nothing is allocated until someone generates them. Using it in a
+ * computation or reading it is an error naming it as deferred. Persistent.
+ * @return the tensor, or a poisoned one for a bad shape, dtype or kind. */
+CX_API cx_tensor *cx_deferred(const int64_t *shape, int ndim, cx_dtype dtype, const cx_init_recipe *recipe);
+/* @return true when t is a deferred tensor, with its recipe in *out (may be
+ * NULL); false for any other tensor (also NULL). */
+CX_API bool cx_deferred_recipe(const cx_tensor *t, cx_init_recipe *out);
+/* Elements [start, start + count) of the recipe's row-major values, as a
+ * lazy 1-d tensor of `dtype`: the same bits as the same range of the whole.
+ * @return the tensor, or a poisoned one for a negative range, a bad dtype
+ * or kind. */
+CX_API cx_tensor *cx_init_range(const cx_init_recipe *r, int64_t start, int64_t count, cx_dtype dtype);
+/* Gives deferred tensor t its values, in place: the same handle (its name,
+ * requires-grad, the modules and optimizers holding it) now holds the
+ * whole, materialized. A tensor that is not deferred is left alone.
+ * @return CX_OK; CX_ERR_OOM (CX_MEMORY_LIMIT included) or another sync
+ * error with cx_last_error set, t still deferred. */
+CX_API cx_status cx_deferred_materialize(cx_tensor *t);
+
 /* 0..n-1 along a 1-d tensor. */
 CX_API cx_tensor *cx_arange(int64_t n, cx_dtype dtype);
 

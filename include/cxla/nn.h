@@ -204,6 +204,32 @@ CX_API cx_tensor *cx_init_normal(const int64_t *shape, int ndim, double mean, do
 /* kaiming_uniform_(w, a): bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)). */
 CX_API cx_tensor *cx_init_kaiming_uniform(const int64_t *shape, int ndim, double a);
 
+/* A persistent tensor filled with `value` (biases, norms, buffers). */
+CX_API cx_tensor *cx_init_constant(const int64_t *shape, int ndim, double value, cx_dtype dtype);
+
+/* ---- deferred construction (PyTorch's meta device) -------------------- */
+
+/* Between begin and end (they nest; per thread), the cx_init_* functions,
+ * and with them every layer constructor, give deferred tensors (core.h:
+ * shape, dtype and init recipe, no memory) instead of values, and advance
+ * the RNG exactly as the eager draws would. A model built so costs no
+ * device memory; its parameters get their values later, whole
+ * (cx_module_materialize) or straight into each rank's shard
+ * (cx_fsdp_wrap), bit-identical to an eager build from the same seed.
+ * A custom module is deferred as long as it makes its parameters with the
+ * cx_init_* functions; a tensor it makes otherwise stays a value. */
+CX_API void cx_deferred_init_begin(void);
+CX_API void cx_deferred_init_end(void);
+CX_API bool cx_deferred_init_enabled(void);
+/* The number of the module tree's parameters and buffers (a tied one once)
+ * that are still deferred. 0 for NULL. */
+CX_API int cx_module_num_deferred(const cx_module *m);
+/* Gives every deferred parameter and buffer its whole values, in place.
+ * @return CX_OK (also when none is deferred); CX_ERR_OOM (CX_MEMORY_LIMIT
+ * included) naming the tensor, or CX_ERR_ARG for NULL. What was
+ * materialized before a failure stays so. */
+CX_API cx_status cx_module_materialize(cx_module *m);
+
 /* ---- layers ----------------------------------------------------------- */
 
 /* Linear: y = x W^T + b, W (out, in), b (out); x (..., in). */

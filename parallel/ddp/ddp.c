@@ -32,7 +32,10 @@ cx_ddp_opts cx_ddp_default_opts(void)
  * rank 0's parameters and buffers, in one execution. */
 static cx_status take_master_model(cx_ddp *d)
 {
-    cx_status st = cx_agree_on_module(d->m, NULL, "ddp_wrap");
+    /* each replica holds the whole model: a deferred one gets its values
+     * here, and then rank 0's are taken as for any model */
+    cx_status st = cx_module_materialize(d->m);
+    if (st == CX_OK) st = cx_agree_on_module(d->m, NULL, "ddp_wrap");
     if (st != CX_OK || cx_world_size() == 1) return st;
     st = cx_record_master_values(d->params, d->nparams);
     if (st == CX_OK) st = cx_record_master_values(d->buffers, d->nbuffers);

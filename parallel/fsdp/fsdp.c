@@ -247,11 +247,41 @@ static int64_t shard_multiple(const cx_fsdp *f)
  * collectives; appended to the module signature, in its "entry;" form. */
 static char *wrap_entries(const cx_fsdp *f)
 {
+    char *deferred = cx_deferred_entries(f->root);
+    if (!deferred) return NULL;
     cx_sbuf b = { 0 };
     for (int i = 0; i < f->nunits; i++)
         cx_sb_printf(&b, "fsdp unit %s: zero%d, shard multiple %lld;", f->units[i].path[0] ? f->units[i].path : "(root)",
                      f->o.reshard_after_forward ? 3 : 2, (long long)shard_multiple(f));
+    cx_sb_printf(&b, "%s", deferred);
+    free(deferred);
     return cx_sb_finish(&b);
+}
+
+/* Buffers stay whole on every rank: deferred ones get their values now. */
+static cx_status materialize_buffers(cx_module *m)
+{
+    int n = 0;
+    cx_named_tensor *bufs = cx_module_buffers(m, &n);
+    if (!bufs) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
+    cx_status st = CX_OK;
+    for (int i = 0; st == CX_OK && i < n; i++) st = cx_deferred_materialize(bufs[i].tensor);
+    free(bufs);
+    return st;
+}
+
+/* Elements [a, b) of parameter i of u, flattened: generated from its
+ * recipe when deferred (no rank ever makes the whole), else a view. */
+static cx_tensor *param_piece(const unit *u, int i, int64_t a, int64_t b)
+{
+    cx_tensor *p = cx_module_param(u->refs[i].owner, u->refs[i].slot);
+    cx_init_recipe r;
+    if (cx_deferred_recipe(p, &r)) return cx_init_range(&r, a, b - a, CX_F32);
+    int64_t all = -1;
+    cx_tensor *flat = cx_reshape(p, &all, 1);
+    cx_tensor *piece = cx_slice(flat, 0, a, b, 1);
+    cx_free(flat);
+    return piece;
 }
 
 /* One rendezvous on the model and its wrapping, then rank 0's values. */
@@ -259,7 +289,8 @@ static cx_status take_master_model(cx_fsdp *f)
 {
     char *extra = wrap_entries(f);
     if (!extra) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
-    cx_status st = cx_agree_on_module(f->root, extra, "fsdp_wrap");
+    cx_status st = materialize_buffers(f->root);
+    if (st == CX_OK) st = cx_agree_on_module(f->root, extra, "fsdp_wrap");
     free(extra);
     return st == CX_OK ? cx_take_master_state(f->root, "fsdp_wrap") : st;
 }
@@ -278,14 +309,10 @@ static cx_status shard_unit(cx_fsdp *f, unit *u)
     cx_tensor **pieces = malloc(sizeof *pieces * (size_t)(u->nparams + 1));
     if (!pieces) { cx_set_last_error("fsdp_wrap: out of memory"); return CX_ERR_OOM; }
     int k = 0;
-    int64_t all = -1;
     for (int i = 0; i < u->nparams; i++) {
         int64_t lo = u->info[i].offset, hi = lo + u->info[i].numel;
         int64_t a = lo > s0 ? lo : s0, b = hi < s1 ? hi : s1;
-        if (a >= b) continue;
-        cx_tensor *flat = cx_reshape(cx_module_param(u->refs[i].owner, u->refs[i].slot), &all, 1);
-        pieces[k++] = cx_slice(flat, 0, a - lo, b - lo, 1);
-        cx_free(flat);
+        if (a < b) pieces[k++] = param_piece(u, i, a - lo, b - lo);
     }
     int64_t pad_lo = total > s0 ? total : s0;
     if (s1 > pad_lo) {
