@@ -10,6 +10,12 @@ static bool alias_safe(const cx_executable *e, int out_slot, int in_slot)
 {
     int writer = cx_exec_first_writer(e, out_slot);
     if (writer < 0) return false;
+    /* an asynchronous collective reads its input until it is waited for:
+     * one started before the writer and waited for after it still reads */
+    for (int k = 0; k < writer; k++) {
+        const cx_kernel *kn = &e->kernels[k];
+        if (kn->kind == K_COLL && kn->wait_at > writer && cx_kernel_reads(kn, in_slot)) return false;
+    }
     for (int k = writer; k < e->nkernels; k++) {
         const cx_kernel *kn = &e->kernels[k];
         if (!cx_kernel_reads(kn, in_slot)) continue;

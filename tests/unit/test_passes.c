@@ -307,6 +307,48 @@ Test(passes, outputs_alias_their_donor_only_when_every_read_comes_first)
     cx_executable_free(e);
 }
 
+Test(passes, no_output_takes_the_buffer_of_an_input_a_collective_still_reads)
+{
+    /* a gather of input 0 (a parameter shard) is waited for only at the
+     * end, while kernel 1 writes the shard's new value (output 0, donor
+     * input 0): the peers may still be reading the old one, so the output
+     * must not be written over it (found as a cross-rank race: ZeRO-3 runs
+     * on 3 and 4 ranks differed from run to run) */
+    cx_executable *e = exec_new(0, 0);
+    cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    cx_exec_add_slot(e, SLOT_ARENA, -1, 256);
+    cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64);
+    cx_exec_add_slot(e, SLOT_OUTPUT, 1, 256);
+    e->n_outputs = 2;
+    e->out_slot = (int[]){ 2, 3 };
+    coll(e, OP_ALL_GATHER, 0, 1);
+    fused(e, 2, 1, (int[]){ 0 });
+    fused(e, 3, 1, (int[]){ 1 });
+    cx_pass_collective_waits(e);
+    cr_assert_eq(e->kernels[0].wait_at, 2);
+    cr_assert(cx_pass_alias_outputs(e, (int[]){ 0, -1 }));
+    cr_assert_eq(e->slots[e->kernels[1].out_slot].kind, SLOT_ARENA,
+                 "the new value goes to the arena while the gather is in flight");
+    cr_assert_eq(e->kernels[e->nkernels - 1].kind, K_COPY, "and is copied over the input after the wait");
+    e->out_slot = NULL;
+    cx_executable_free(e);
+
+    /* waited for before the writer: the output may take the buffer */
+    e = exec_new(0, 0);
+    cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    cx_exec_add_slot(e, SLOT_ARENA, -1, 256);
+    cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64);
+    e->n_outputs = 1;
+    e->out_slot = (int[]){ 2 };
+    coll(e, OP_ALL_GATHER, 0, 1);
+    fused(e, 2, 2, (int[]){ 0, 1 });
+    cx_pass_collective_waits(e);
+    cr_assert(cx_pass_alias_outputs(e, (int[]){ 0 }));
+    cr_assert_eq(e->nkernels, 2, "no copy: the gather has completed when the shard is written");
+    e->out_slot = NULL;
+    cx_executable_free(e);
+}
+
 Test(passes, prefetch_moves_each_gather_one_unit_ahead)
 {
     /* unit 1: gather (slot 1) then compute; unit 2: gather (slot 3) then compute */
