@@ -331,7 +331,10 @@ static cx_status load_view(const char *prefix, const char *single_file, const ck
         for (int r = 0; r < s.nfiles; r++) s.files[r].verified = true;
     bool any_state = false;
     for (int i = 0; i < s.nentries && !any_state; i++) any_state = s.entries[i].state != NULL;
-    if (opt && opts.with_optimizer && !any_state) {
+    /* an optimizer without state tensors (SGD without momentum) needs none */
+    int wants = 0;
+    if (opt && opts.with_optimizer) free(cx_optim_state(opt, &wants));
+    if (wants > 0 && !any_state) {
         cx_set_last_error("checkpoint %s has no optimizer state (load without an optimizer, or consolidate "
                           "with --with-optimizer)",
                           s.prefix);

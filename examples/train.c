@@ -46,6 +46,7 @@ typedef struct {
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
     int64_t auto_wrap_min_params;   /* 0: not given */
     bool grad_ckpt;
+    bool deferred_init;       /* build the parameters as recipes; fsdp makes only each rank's shard */
     const char *ckpt_dir;     /* NULL: no checkpoints */
     int64_t ckpt_every;       /* steps between saves; 0: only at the end */
     const char *resume;       /* NULL, "auto" or a checkpoint prefix */
@@ -103,6 +104,9 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "nested", .kind = CLI_BOOL, .dest = &c->nested, .help = "fsdp: every Linear / Conv2d is its own unit" },
         { .name = "auto-wrap-min-params", .kind = CLI_I64, .dest = &c->auto_wrap_min_params, .min = 1, .max = 0x1p40,
           .help = "fsdp: submodules with >= N parameters are units" },
+        { .name = "deferred-init", .kind = CLI_BOOL, .dest = &c->deferred_init,
+          .help = "build the model without memory (PyTorch's meta\ndevice); fsdp generates each rank's shard only,\n"
+                  "bit-identical to the whole init" },
         { .name = "grad-ckpt", .kind = CLI_BOOL, .dest = &c->grad_ckpt,
           .help = "rematerialize each unit's forward in backward" },
         { .name = "metrics", .kind = CLI_BOOL, .dest = &c->metrics,
@@ -115,9 +119,10 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "save checkpoints DIR/ckpt-step-<N> (HDF5, committed)" },
         { .name = "ckpt-every", .kind = CLI_I64, .dest = &c->ckpt_every, .min = 0, .max = 0x1p40,
           .help = "save every N steps, 0 = only at the end" },
-        { .name = "resume", .kind = CLI_STRING, .dest = &c->resume, .metavar = "{auto,PREFIX}",
+        { .name = "resume", .kind = CLI_STRING, .dest = &c->resume, .metavar = "{auto,PREFIX,FILE.h5}",
           .help = "resume from the latest committed checkpoint in\n"
-                  "--ckpt-dir (auto; none = fresh start) or from PREFIX" },
+                  "--ckpt-dir (auto; none = fresh start), from PREFIX,\n"
+                  "or from a consolidated FILE.h5 (any world size)" },
     };
     const cli_spec spec = {
         .prog = "train",
@@ -291,7 +296,12 @@ static cx_status ckpt_setup(const config *c, const parallel_mode *par, cx_module
         snprintf(prefix, sizeof prefix, "%s", c->resume);
     }
     cx_ckpt_extra ex;
-    if (cx_ckpt_load(prefix, g_ckpt.model, opt, &ex) != CX_OK) {
+    /* a consolidated file (consolidate_ckpts' output) loads into any
+     * wrapping; under FSDP each rank reads only its shard's ranges */
+    size_t len = strlen(prefix);
+    bool consolidated = len > 3 && !strcmp(prefix + len - 3, ".h5");
+    cx_status st = consolidated ? cx_ckpt_load_full(prefix, g_ckpt.model, opt, &ex) : cx_ckpt_load(prefix, g_ckpt.model, opt, &ex);
+    if (st != CX_OK) {
         fprintf(stderr, "train: cannot resume: %s\n", cx_last_error());
         return CX_ERR_IO;
     }
@@ -434,6 +444,12 @@ static int consolidate_and_check(const config *c, const cx_dataset *train_set, c
         fprintf(stderr, "train: consolidating %s: %s\n", g_ckpt.last_prefix, cx_last_error());
         return EXIT_RUNTIME;
     }
+    if (c->deferred_init) {
+        /* a model built deferred need not fit one process: consolidating
+         * streamed it, reloading it whole could not */
+        printf("Checkpoint consolidated into %s (not reloaded into one process: --deferred-init)\n", out);
+        return 0;
+    }
     cx_module *full = build_model(c, train_set);
     cx_sampler_opts so = cx_sampler_default_opts();
     so.shuffle = false;
@@ -496,7 +512,15 @@ int main(int argc, char **argv)
     cx_dataset *train_set = load_split(&c, true);
     cx_dataset *test_set = load_split(&c, false);
 
+    cx_memory_reset_peak();
+    if (c.deferred_init) cx_deferred_init_begin();
     cx_module *model = build_model(&c, train_set);
+    if (c.deferred_init) cx_deferred_init_end();
+    /* only FSDP shards a deferred model; everything else holds it whole */
+    if (model && c.deferred_init && strcmp(c.parallel, "fsdp") && cx_module_materialize(model) != CX_OK) {
+        fprintf(stderr, "train: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
     if (!model) {
         fprintf(stderr, "train: cannot build model %s: %s\n", c.model, cx_last_error());
         return EXIT_RUNTIME;
@@ -534,6 +558,10 @@ int main(int argc, char **argv)
         if (!par.xm && rank == 0)
             fprintf(stderr, "train: notice: %d ranks with --parallel none train independent replicas\n", world);
     }
+    if (rank == 0)
+        printf("model %s: %lld parameters (%.1f MB); %.1f MB peak on rank 0 while building%s\n", c.model,
+               (long long)num_params, (double)num_params * 4 / 1e6, (double)cx_memory_peak() / 1e6,
+               par.fsdp ? " and sharding" : "");
     if (c.grad_ckpt && !par.fsdp) {
         /* every child of the top Sequential recomputes its forward in backward */
         for (int i = 0; i < cx_module_num_children(model); i++) cx_checkpoint_module(cx_module_child(model, i));

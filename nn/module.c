@@ -102,6 +102,15 @@ int cx_module_register_buffer(cx_module *m, const char *name, cx_tensor *t)
 int cx_module_add_child(cx_module *m, const char *name, cx_module *c)
 {
     const char *err = NULL;
+    if (m && !c) {
+        /* a constructor that failed: its reason (out of memory, a bad size)
+         * is the one worth reporting */
+        char why[512];
+        snprintf(why, sizeof why, "%s", cx_last_error());
+        cx_set_last_error("child '%s' of %s: its constructor failed%s%s", name ? name : "(null)", cx_module_type_name(m),
+                          why[0] ? ": " : "", why);
+        return -1;
+    }
     if (!m || !c) err = "NULL module";
     else if (!valid_name(name)) err = "empty name or name with a dot";
     else if (name_taken(m, name)) err = "name already used";

@@ -30,7 +30,9 @@ cx_module *cx_nn_sequential(cx_module **mods, int n)
     for (int i = 0; i < n; i++) {
         if (!ok) { cx_module_free(mods[i]); continue; }
         if (!mods[i]) {
-            cx_set_last_error("cx_nn_sequential: module %d is NULL (its constructor failed)", i);
+            char why[512];
+            snprintf(why, sizeof why, "%s", cx_last_error());
+            cx_set_last_error("cx_nn_sequential: module %d is NULL (its constructor failed%s%s)", i, why[0] ? ": " : "", why);
             ok = false;
             continue;
         }
