@@ -383,6 +383,7 @@ typedef struct {
     cx_ddp *d;
     cx_fsdp *f;
     cx_optimizer *opt;
+    int64_t construct_peak;   /* peak bytes in use once built and wrapped (before the optimizer) */
     float hx[FSDP_BATCH * 784];
     int64_t hy[FSDP_BATCH];
 } fsdp_runner;
@@ -399,13 +400,17 @@ static void fsdp_free(fsdp_runner *r)
     free(r);
 }
 
-static fsdp_runner *fsdp_new(int mode, int width)
+/* A model of `depth` Linear layers, built eagerly or deferred, wrapped as
+ * `mode` says (FSDP: one unit per Linear), with AdamW. */
+static fsdp_runner *fsdp_new(int mode, int width, int depth, bool deferred)
 {
     fsdp_runner *r = calloc(1, sizeof *r);
     if (!r) { fprintf(stderr, "cxla-bench fsdp: out of memory\n"); return NULL; }
     r->mode = mode;
     cx_manual_seed(1);
-    r->m = big_mlp(width, FSDP_DEPTH);
+    if (deferred) cx_deferred_init_begin();
+    r->m = big_mlp(width, depth);
+    if (deferred) cx_deferred_init_end();
     int n = 0;
     cx_named_tensor *ps = NULL;
     if (r->m && mode == 0) {
@@ -418,6 +423,7 @@ static fsdp_runner *fsdp_new(int mode, int width)
         o.n_auto_wrap_types = 1;
         if ((r->f = cx_fsdp_wrap(r->m, o))) ps = cx_fsdp_parameters(r->f, &n);
     }
+    r->construct_peak = cx_memory_peak();
     if (ps) r->opt = cx_optim_adamw(ps, n, cx_adamw_default_opts());
     free(ps);
     if (!r->opt) {
@@ -460,7 +466,7 @@ static double fsdp_step(void *p)
 #define PEAK_STEPS 3
 static bool fsdp_peak(int mode, int width, double *peak)
 {
-    fsdp_runner *r = fsdp_new(mode, width);
+    fsdp_runner *r = fsdp_new(mode, width, FSDP_DEPTH, false);
     if (!r) return false;
     cx_memory_reset_peak();
     for (int s = 0; s < PEAK_STEPS; s++)
@@ -476,14 +482,111 @@ static bool fsdp_peak(int mode, int width, double *peak)
     return true;
 }
 
+/* ---- the largest model under a per-rank memory limit ---------------------------- */
+
+#define LIMIT_DEPTH 24
+
+typedef struct {
+    double peak;        /* the worst rank's peak bytes in use: construction and 3 steps */
+    double construct;   /* ... during construction and wrapping only */
+    int64_t nparams, largest_unit;
+} limit_trial;
+
+/* A deferred mlp of `width` under ZeRO-3 (one unit per Linear) with AdamW:
+ * built, wrapped and trained 3 steps from an empty cache and arena, as a
+ * fresh process would. @return false on an error (it said why). */
+static bool limit_run(int width, limit_trial *t)
+{
+    cx_cache_clear();
+    cx_memory_reset_peak();
+    fsdp_runner *r = fsdp_new(3, width, LIMIT_DEPTH, true);
+    if (!r) return false;
+    double mine[2] = { (double)r->construct_peak, 0 };
+    t->nparams = 0;
+    t->largest_unit = 0;
+    int nu = 0;
+    const cx_fsdp_unit_info *meta = cx_fsdp_shard_metadata(r->f, &nu);
+    for (int u = 0; u < nu; u++) {
+        t->nparams += meta[u].flat_numel;
+        if (meta[u].padded_numel > t->largest_unit) t->largest_unit = meta[u].padded_numel;
+    }
+    bool ok = true;
+    for (int s = 0; ok && s < PEAK_STEPS; s++) ok = fsdp_step(r) >= 0;
+    mine[1] = (double)cx_memory_peak();
+    fsdp_free(r);
+    cx_cache_clear();
+    double worst[2];
+    if (!ok || cx_mesh_reduce("cxla-bench-fsdp-limit", mine, 2, max_reduce, worst) != CX_OK) {
+        if (ok) fprintf(stderr, "cxla-bench fsdp: %s\n", cx_last_error());
+        return false;
+    }
+    t->construct = worst[0];
+    t->peak = worst[1];
+    if (cx_global_ordinal() == 0)
+        fprintf(stderr, "limit search: width %d, %.1fM parameters: peak %.1f MB (construction %.1f MB)\n", width,
+                (double)t->nparams / 1e6, t->peak / 1e6, t->construct / 1e6);
+    return true;
+}
+
+/* Binary search for the widest model whose peak stays under `limit`; the
+ * peak grows with the width. @return the width (0: not even the smallest),
+ * -1 on an error. */
+static int largest_width_under(double limit, limit_trial *best)
+{
+    int lo = 0, hi = 16;
+    limit_trial t;
+    /* grow until over: every trial is a real build and run */
+    for (;;) {
+        if (!limit_run(hi, &t)) return -1;
+        if (t.peak > limit) break;
+        lo = hi;
+        *best = t;
+        hi *= 2;
+    }
+    while (hi - lo > 16) {
+        int mid = (lo + hi) / 2 / 16 * 16;
+        if (!limit_run(mid, &t)) return -1;
+        if (t.peak <= limit) { lo = mid; *best = t; }
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* zero3_largest_model_vs_limit and the construction peak of that model. */
+static bool bench_limit(double limit_mb)
+{
+    double limit = limit_mb * 1e6;
+    limit_trial best = { 0 };
+    int w = largest_width_under(limit, &best);
+    if (w < 0) return false;
+    if (w == 0) {
+        if (cx_global_ordinal() == 0) fprintf(stderr, "cxla-bench fsdp: no model fits under %.0f MB\n", limit_mb);
+        return false;
+    }
+    int world = cx_world_size();
+    /* parameters, gradients and AdamW's two moments, f32 */
+    bench_series fit = { 0 }, cons = { 0 };
+    bench_add(&fit, 16.0 * (double)best.nparams, limit);
+    bench_add(&cons, best.construct, 4.0 * ((double)best.nparams / world + (double)best.largest_unit));
+    if (cx_global_ordinal() == 0)
+        fprintf(stderr, "largest under %.0f MB per rank: width %d x %d layers, %.1fM parameters\n", limit_mb, w,
+                LIMIT_DEPTH, (double)best.nparams / 1e6);
+    emit0("zero3_largest_model_vs_limit", "bytes", &fit);
+    emit0("zero3_deferred_construction_peak_bytes", "bytes", &cons);
+    return true;
+}
+
 int bench_fsdp(int argc, char **argv, bench_cfg cfg)
 {
     int width = 4096;
+    double limit_mb = 128;
     const cli_flag extra[] = {
         { .name = "width", .kind = CLI_INT, .dest = &width, .help = "hidden width of the 8-layer mlp (4096: 120M parameters)",
           .min = 16, .max = 1 << 16 },
+        { .name = "limit-mb", .kind = CLI_DOUBLE, .dest = &limit_mb, .min = 1, .max = 1e9,
+          .help = "per-rank memory limit of zero3_largest_model_vs_limit" },
     };
-    int rc = bench_parse("fsdp", argc, argv, extra, 1, &cfg);
+    int rc = bench_parse("fsdp", argc, argv, extra, 2, &cfg);
     if (rc >= 0) return rc;
     if ((rc = dist_start("fsdp", &argc, &argv, &cfg)) >= 0) return rc;
 
@@ -499,10 +602,11 @@ int bench_fsdp(int argc, char **argv, bench_cfg cfg)
     bench_add(&z2, pk[2], pk[0]);
     emit0("zero3_peak_bytes_per_rank", "bytes", &z3);
     emit0("zero2_peak_bytes_per_rank", "bytes", &z2);
+    if (!bench_limit(limit_mb)) return 1;
 
     /* Step time: ZeRO-3 and DDP side by side in rounds; both stay built so
      * that no round pays a model's set-up or compile. */
-    fsdp_runner *z = fsdp_new(3, width), *d = z ? fsdp_new(0, width) : NULL;
+    fsdp_runner *z = fsdp_new(3, width, FSDP_DEPTH, false), *d = z ? fsdp_new(0, width, FSDP_DEPTH, false) : NULL;
     rc = 1;
     /* warm-up: the first steps compile */
     if (!d || fsdp_step(z) < 0 || fsdp_step(z) < 0 || fsdp_step(d) < 0 || fsdp_step(d) < 0) goto out;

@@ -55,6 +55,11 @@ static const subcommand g_subcommands[] = {
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
       "order (the intermediate arena only grows, so an earlier larger run would count in a later one's peak): rounds 1\n"
+      "zero3_largest_model_vs_limit: parameter + gradient + AdamW bytes of the largest 24-layer mlp that trains with\n"
+      "ZeRO-3 (deferred init, a unit per Linear) within --limit-mb per rank vs that limit (binary search over widths,\n"
+      "each a real build and 3 steps from an empty cache; the worst rank's peak): rounds 1\n"
+      "zero3_deferred_construction_peak_bytes: that model's peak while built and wrapped vs 1/N of its parameters\n"
+      "plus its largest unit (the bound: <= 1)\n"
       "zero3_step_s: ZeRO-3 step time vs DDP's" },
 };
 #define N_SUBCOMMANDS ((int)(sizeof g_subcommands / sizeof *g_subcommands))

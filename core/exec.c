@@ -38,6 +38,14 @@ void *cx_arena_get(int64_t bytes)
     return g_arena;
 }
 
+void cx_arena_release(void)
+{
+    free(g_arena);
+    cx_mem_account(-g_arena_bytes);
+    g_arena = NULL;
+    g_arena_bytes = 0;
+}
+
 /* ---- program evaluation ---------------------------------------------------------- */
 
 typedef union { float f[CX_BLK]; int64_t i[CX_BLK]; } reg_t;

@@ -188,5 +188,7 @@ cx_status cx_desync_end_graph(cx_desync_pending *p, const cx_executable *e);
 
 /* Shared arena for intermediates (grows; counted as device memory). */
 void *cx_arena_get(int64_t bytes);
+/* Frees the arena (no executable may be running). */
+void cx_arena_release(void);
 
 #endif

@@ -40,4 +40,6 @@ void cx_cache_clear(void)
 {
     for (int i = 0; i < g_cache_n; i++) cx_executable_free(g_cache[i].e);
     g_cache_n = 0;
+    /* the executables' working memory goes with them: it only grows */
+    cx_arena_release();
 }

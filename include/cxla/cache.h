@@ -26,7 +26,8 @@ CX_API const char *cx_cache_dir(void);
 CX_API void cx_set_compile_options(const char *opts);
 CX_API const char *cx_get_compile_options(void);
 /* Drops every executable cached in memory (the persistent cache keeps its
- * files). */
+ * files) and the intermediate arena they ran in, which otherwise keeps the
+ * size of the largest graph run so far. Call it outside a step. */
 CX_API void cx_cache_clear(void);
 
 #ifdef __cplusplus

@@ -189,3 +189,53 @@ Test(deferred, materialize_respects_the_memory_limit)
     cr_expect(strstr(cx_last_error(), "weight"), "%s", cx_last_error());
     cx_module_free(m);
 }
+
+/* A module of the user's own that registers its parameters and buffers
+ * through the cx_init_* functions is deferred like the built-in layers. */
+typedef struct { int w, b, count; } scaler;
+
+static cx_tensor *scaler_forward(cx_module *m, cx_tensor *x)
+{
+    const scaler *s = cx_module_impl(m);
+    cx_tensor *y = cx_mul(x, cx_module_param(m, s->w));
+    cx_tensor *z = cx_add(y, cx_module_param(m, s->b));
+    cx_drop(y);
+    return z;
+}
+
+static const cx_module_type scaler_type = { .name = "Scaler", .forward = scaler_forward, .free = free };
+
+static cx_module *make_scaler(void)
+{
+    scaler *s = calloc(1, sizeof *s);
+    cx_module *m = cx_module_new(&scaler_type, s);
+    int64_t n = 37;
+    s->w = cx_module_register_parameter(m, "weight", cx_init_normal(&n, 1, 1.0, 0.5));
+    s->b = cx_module_register_parameter(m, "bias", cx_init_uniform(&n, 1, -0.25, 0.25));
+    s->count = cx_module_register_buffer(m, "count", cx_init_constant(NULL, 0, 3.0, CX_I64));
+    return m;
+}
+
+Test(deferred, a_custom_module_is_deferred_too)
+{
+    cx_manual_seed(99);
+    cx_module *e = make_scaler();
+    cx_manual_seed(99);
+    cx_deferred_init_begin();
+    cx_module *d = make_scaler();
+    cx_deferred_init_end();
+    cr_assert_eq(cx_module_num_deferred(d), 3);
+    cr_assert(cx_module_materialize(d) == CX_OK, "%s", cx_last_error());
+    const char *keys[2] = { "weight", "bias" };
+    for (int i = 0; i < 2; i++) {
+        float *a = values_of(cx_module_get(e, keys[i])), *b = values_of(cx_module_get(d, keys[i]));
+        cr_expect(!memcmp(a, b, sizeof(float) * 37), "%s differs", keys[i]);
+        free(a);
+        free(b);
+    }
+    int64_t c = 0;
+    cr_assert(cx_to_host(cx_module_get(d, "count"), &c, CX_I64) == CX_OK);
+    cr_expect_eq(c, 3);
+    cx_module_free(d);
+    cx_module_free(e);
+}
