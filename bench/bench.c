@@ -97,7 +97,8 @@ void bench_emit(const char *name, const char *unit, const bench_series *s)
 int bench_common_flags(bench_cfg *cfg, cli_flag *out)
 {
     out[0] = (cli_flag){ .name = "rounds", .kind = CLI_INT, .dest = &cfg->rounds,
-                         .help = "rounds; each times every side in turn", .min = 1, .max = BENCH_MAX_ROUNDS };
+                         .help = "rounds; each times every side in turn (default 5, ckpt 11)", .min = 1,
+                         .max = BENCH_MAX_ROUNDS };
     out[1] = (cli_flag){ .name = "min-time", .kind = CLI_DOUBLE, .dest = &cfg->min_time, .metavar = "SECONDS",
                          .help = "time each side for at least this long per round (0: one unit of work)",
                          .min = 0, .max = 3600 };
@@ -113,7 +114,9 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
     snprintf(prog, sizeof prog, "cxla-bench %s", sub);
     cli_spec spec = { .prog = prog, .args = "[flags]", .summary = bench_summary(sub), .flags = flags, .nflags = n };
     switch (cli_parse(&spec, argc, argv, NULL)) {
-    case CLI_OK: return -1;
+    case CLI_OK:
+        if (cfg->rounds == 0) cfg->rounds = bench_default_rounds(sub);
+        return -1;
     case CLI_HELP: return 0;
     default: return 2;
     }

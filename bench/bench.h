@@ -70,6 +70,8 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
 /* What a subcommand compares and how it is run (main.c's table): the help
  * of `cxla-bench SUB --help` and of `cxla-bench --help` alike. */
 const char *bench_summary(const char *sub);
+/* The subcommand's --rounds when none is given (5 for most). */
+int bench_default_rounds(const char *sub);
 
 /* True inside a rank started by mpirun or xla-launch. */
 bool bench_in_launched_rank(void);

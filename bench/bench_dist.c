@@ -221,24 +221,38 @@ static double ddp_worker_unit(void *p)
     return dt;
 }
 
-/* One rank of a round's launch: DDP steps for at least min_time; rank 0
- * prints "DDP <images/s of all ranks> <wait ms/step> <all-reduce ms/step>
- * <desync check wait ms/step> <step ms>" (medians over steps). */
+/* The model whose gradients the communication figures time: an mlp with
+ * 23 MB of them, where the cnn's 0.4 MB all-reduce took well under a
+ * millisecond and its per-step time moved by half between runs with the
+ * scheduling of two ranks and their progress threads on two cores. */
+static cx_module *ddp_comm_mlp(void)
+{
+    cx_module *l[5] = { cx_nn_linear(784, 2048, true), cx_nn_relu(), cx_nn_linear(2048, 2048, true), cx_nn_relu(),
+                        cx_nn_linear(2048, 10, true) };
+    return cx_nn_sequential(l, 5);
+}
+
+/* One rank of a round's launch: DDP steps of the cnn or the mlp for at
+ * least min_time; rank 0 prints "DDP <images/s of all ranks> <wait
+ * ms/step> <all-reduce ms/step> <desync check wait ms/step> <step ms>"
+ * (medians over steps). */
 static int ddp_worker(int argc, char **argv)
 {
     char *end = NULL;
-    double min_time = argc == 3 ? strtod(argv[2], &end) : -1;
-    if (!end || *end || min_time < 0) {
-        fprintf(stderr, "cxla-bench ddp: --worker is internal (cxla-bench ddp --worker MIN_TIME)\n");
+    double min_time = argc == 4 ? strtod(argv[2], &end) : -1;
+    if (!end || *end || min_time < 0 || (strcmp(argv[3], "cnn") && strcmp(argv[3], "mlp"))) {
+        fprintf(stderr, "cxla-bench ddp: --worker is internal (cxla-bench ddp --worker MIN_TIME {cnn,mlp})\n");
         return 2;
     }
+    bool mlp = !strcmp(argv[3], "mlp");
+    argc = 3;
     bench_cfg cfg = { .rounds = 1, .min_time = min_time };
     int rc = dist_start("ddp --worker", &argc, &argv, &cfg);
     if (rc >= 0) return rc;
     cx_manual_seed(1);
     ddp_worker_ctx *w = calloc(1, sizeof *w);
     if (!w) { fprintf(stderr, "cxla-bench ddp: out of memory\n"); return 1; }
-    w->t = bench_trainer_new(bench_cnn(), DDP_BATCH, true);
+    w->t = bench_trainer_new(mlp ? ddp_comm_mlp() : bench_cnn(), DDP_BATCH, true);
     double sec = w->t ? bench_repeat(&cfg, ddp_worker_unit, w) : -1;
     if (sec < 0 || w->steps == 0) { free(w); return 1; }
     double ips = (double)DDP_BATCH / sec, total = 0;
@@ -270,7 +284,7 @@ static bool find_launcher(char *out, size_t n)
 }
 
 typedef struct {
-    char cmd[3 * PATH_MAX];
+    char cmd[3 * PATH_MAX + 16];
     double ips, wait_ms, comm_ms, desync_ms, step_ms;   /* of the last launch */
 } ddp_launch_ctx;
 
@@ -280,7 +294,14 @@ static double ddp_launch_round(void *p, const bench_cfg *cfg)
 {
     ddp_launch_ctx *l = p;
     char cmd[sizeof l->cmd + 64];
-    snprintf(cmd, sizeof cmd, "%s %.9g 2>&1", l->cmd, cfg->min_time);
+    snprintf(cmd, sizeof cmd, "%s 2>&1", l->cmd);
+    char *at = strstr(cmd, "MIN_TIME");   /* the worker's first argument */
+    if (at) {
+        char t[32];
+        snprintf(t, sizeof t, "%.9g", cfg->min_time);
+        memmove(at + strlen(t), at + 8, strlen(at + 8) + 1);
+        memcpy(at, t, strlen(t));
+    }
     FILE *f = popen(cmd, "r");
     if (!f) {
         fprintf(stderr, "cxla-bench ddp: cannot run %s\n", l->cmd);
@@ -316,7 +337,7 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
                             "run it directly, not under xla-launch or mpirun\n");
         return 2;
     }
-    ddp_launch_ctx l, lm;
+    ddp_launch_ctx l, lm, big, bigm;
     char launcher[PATH_MAX], self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0 || !find_launcher(launcher, sizeof launcher)) {
@@ -324,30 +345,34 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
         return 1;
     }
     self[len] = 0;
-    snprintf(l.cmd, sizeof l.cmd, "CX_NUM_THREADS=1 '%s' --nproc %d '%s' ddp --worker", launcher, DDP_RANKS, self);
-    /* the same ranks with every collective through MPI */
-    snprintf(lm.cmd, sizeof lm.cmd, "CX_SHM_COLLECTIVES=0 CX_NUM_THREADS=1 '%s' --nproc %d '%s' ddp --worker",
-             launcher, DDP_RANKS, self);
+    /* the cnn, then the same ranks with every collective through MPI; the
+     * communication figures' model both ways */
+    ddp_launch_ctx *runs[4] = { &l, &lm, &big, &bigm };
+    for (int i = 0; i < 4; i++)
+        snprintf(runs[i]->cmd, sizeof runs[i]->cmd, "%sCX_NUM_THREADS=1 '%s' --nproc %d '%s' ddp --worker MIN_TIME %s",
+                 i % 2 ? "CX_SHM_COLLECTIVES=0 " : "", launcher, DDP_RANKS, self, i < 2 ? "cnn" : "mlp");
     /* reference: one rank, two threads, in this process */
     cx_set_num_threads(2);
     cx_manual_seed(1);
     bench_trainer *ref = bench_trainer_new(bench_cnn(), DDP_BATCH, false);
     if (!ref) return 1;
-    bench_side sides[3] = { { .whole_round = ddp_launch_round, .ctx = &l },
+    bench_side sides[5] = { { .whole_round = ddp_launch_round, .ctx = &l },
                             { .unit = bench_trainer_step, .ctx = ref },
-                            { .whole_round = ddp_launch_round, .ctx = &lm } };
+                            { .whole_round = ddp_launch_round, .ctx = &lm },
+                            { .whole_round = ddp_launch_round, .ctx = &big },
+                            { .whole_round = ddp_launch_round, .ctx = &bigm } };
     bench_series ips = { 0 }, exposed = { 0 }, shm_ips = { 0 }, shm_exposed = { 0 }, shm_comm = { 0 }, desync = { 0 };
     rc = 0;
     for (int r = 0; r < cfg.rounds && !rc; r++) {
-        double sec[3];
-        if (!bench_round(&cfg, r, sides, 3, sec)) rc = 1;
+        double sec[5];
+        if (!bench_round(&cfg, r, sides, 5, sec)) rc = 1;
         else {
             bench_add(&ips, l.ips, (double)DDP_BATCH / sec[1]);
-            bench_add(&exposed, l.wait_ms, l.comm_ms);
             bench_add(&shm_ips, l.ips, lm.ips);
-            bench_add(&shm_exposed, l.wait_ms, lm.wait_ms);
-            bench_add(&shm_comm, l.comm_ms, lm.comm_ms);
             bench_add(&desync, l.desync_ms, l.step_ms);
+            bench_add(&exposed, big.wait_ms, big.comm_ms);
+            bench_add(&shm_exposed, big.wait_ms, bigm.wait_ms);
+            bench_add(&shm_comm, big.comm_ms, bigm.comm_ms);
         }
     }
     bench_trainer_free(ref);
