@@ -227,9 +227,10 @@ static double ddp_worker_unit(void *p)
  * scheduling of two ranks and their progress threads on two cores. */
 static cx_module *ddp_comm_mlp(void)
 {
-    cx_module *l[5] = { cx_nn_linear(784, 2048, true), cx_nn_relu(), cx_nn_linear(2048, 2048, true), cx_nn_relu(),
-                        cx_nn_linear(2048, 10, true) };
-    return cx_nn_sequential(l, 5);
+    cx_module *l[7] = { cx_nn_flatten(1, -1), cx_nn_linear(784, 2048, true), cx_nn_relu(),
+                        cx_nn_linear(2048, 2048, true), cx_nn_relu(), cx_nn_linear(2048, 10, true),
+                        cx_nn_log_softmax(1) };
+    return cx_nn_sequential(l, 7);
 }
 
 /* One rank of a round's launch: DDP steps of the cnn or the mlp for at

@@ -81,11 +81,12 @@ double bench_trainer_step(void *p)
     cx_tensor *x = cx_from_host(hx, sx, 4, CX_F32), *y = cx_from_host(hy, &t->batch, 1, CX_I64);
     cx_tensor *out = t->d ? cx_ddp_forward(t->d, x) : cx_module_forward(t->m, x);
     cx_tensor *loss = cx_nll_loss(out, y, CX_REDUCE_MEAN, -100);
-    if (t->d) cx_ddp_backward(t->d, loss);
-    else cx_backward(loss);
+    /* a bad shape poisons the loss: backward is where it surfaces */
+    cx_status bst = t->d ? cx_ddp_backward(t->d, loss) : cx_backward(loss);
     cx_optim_step(t->opt);
-    /* an error anywhere in the step surfaces here */
+    /* an error anywhere else in the step surfaces here */
     cx_status st = cx_step_end();
+    if (bst != CX_OK && st == CX_OK) st = bst;
     double dt = bench_now() - t0;
     if (st != CX_OK) {
         fprintf(stderr, "cxla-bench: training step: %s\n", cx_last_error());
