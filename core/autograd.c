@@ -3,6 +3,7 @@
  * accumulate into each leaf's persistent grad with cx_assign. Forward,
  * backward and the optimizer update therefore land in one graph. */
 #include "internal.h"
+#include "spmd_internal.h"
 #include "cx_vec.h"
 
 
@@ -131,6 +132,7 @@ static cx_node *remat_clone(remat_map *m, cx_node *x)
 static void accumulate_leaf(cx_tensor *leaf, cx_tensor *g)
 {
     cx_tensor *gc = cx_dtype_of(g) == cx_dtype_of(leaf) ? cx_alias(g) : cx_cast(g, cx_dtype_of(leaf));
+    if (leaf->node->sharding) cx_spmd_annotate(gc, leaf->node->sharding);   /* sharded like its parameter */
     cx_no_grad_begin();
     if (!leaf->grad) {
         leaf->grad = cx_persist(cx_alias(gc));

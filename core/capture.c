@@ -2,6 +2,7 @@
  * the cx_graph the compiler takes. */
 #include "capture.h"
 #include "cx_vec.h"
+#include "spmd_internal.h"
 
 #include <cxla/cache.h>
 
@@ -67,7 +68,7 @@ enum { KEY_THREADS_WORD = 3 };
 /* Every field of a node that changes what the graph computes, written at w;
  * a node that already holds its value (eager debug mode) is keyed as the
  * data leaf it becomes. @return the words written (at most node_words). */
-static int node_words(const cx_node *x) { return 3 + x->ndim + x->nattrs + x->ninputs; }
+static int node_words(const cx_node *x) { return 4 + x->ndim + x->nattrs + x->ninputs; }
 
 static int put_node(uint64_t *w, const cx_node *x)
 {
@@ -76,6 +77,7 @@ static int put_node(uint64_t *w, const cx_node *x)
     w[n++] = (uint64_t)op << 48 | (uint64_t)x->dtype << 40 | (uint64_t)x->ndim << 32 | (uint64_t)nattrs;
     w[n++] = (uint64_t)nin;
     for (int d = 0; d < x->ndim; d++) w[n++] = (uint64_t)x->shape[d];
+    w[n++] = x->sharding ? cx_sharding_hash(x->sharding) : 0;
     if (value) return n;
     for (int a = 0; a < nattrs; a++) w[n++] = (uint64_t)x->attrs[a];
     memcpy(&w[n++], &x->fval, sizeof x->fval);
@@ -95,7 +97,8 @@ bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *
     w[n++] = str_word(CX_COMPILE_FLAGS);
     w[n++] = str_word(cx_compile_options());
     CX_ASSERT(n == KEY_THREADS_WORD);
-    w[n++] = (uint64_t)cx_get_num_threads();   /* conv scratch has one tile buffer per thread */
+    /* conv scratch has one tile buffer per thread; an SPMD program is partitioned for one rank */
+    w[n++] = (uint64_t)cx_get_num_threads() | (cx_is_spmd() ? (uint64_t)(cx_comm_rank() + 1) << 32 : 0);
     for (int i = 0; i < cp->n; i++) n += put_node(w + n, cp->nodes[i]);
     w[n++] = (uint64_t)cp->n_inputs;
     for (int i = cp->n_graph_inputs; i < cp->n_inputs; i++) {   /* donors outside the graph */
@@ -114,7 +117,7 @@ bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *
 
 cx_key128 cx_capture_shared_key(cx_capture *cp)
 {
-    uint64_t threads = cp->words[KEY_THREADS_WORD];
+    uint64_t threads = cp->words[KEY_THREADS_WORD];   /* and the rank */
     cp->words[KEY_THREADS_WORD] = 0;
     cx_key128 k = cx_hash128(cp->words, sizeof *cp->words * (size_t)cp->nwords);
     cp->words[KEY_THREADS_WORD] = threads;

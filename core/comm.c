@@ -2,6 +2,7 @@
  * registry (world of one unless parallel/ registers MPI). */
 #include "internal.h"
 #include "cx_vec.h"
+#include "spmd_internal.h"
 
 /* ---- world of one ----------------------------------------------------------- */
 
@@ -70,7 +71,7 @@ int cx_groups_describe(int64_t id, int *ngroups, int *group_size, const int **ra
 }
 
 /* @return the group id, 0 for all ranks, -1 (with error set) if invalid. */
-static int64_t groups_intern(const cx_replica_groups *rg, const char *op, int *group_size)
+int64_t cx_groups_intern(const cx_replica_groups *rg, const char *op, int *group_size)
 {
     int world = cx_comm_world_size();
     if (!rg) { *group_size = world; return 0; }
@@ -153,7 +154,7 @@ cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op red, double scale, const cx_
     cx_tensor *p = check_coll(a, "all_reduce");
     if (p) return p;
     int gs;
-    int64_t gid = groups_intern(groups, "all_reduce", &gs);
+    int64_t gid = cx_groups_intern(groups, "all_reduce", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
     if ((unsigned)red > CX_RED_MIN) return cx_poisoned("all_reduce: unknown reduction %d", (int)red);
     return coll(OP_ALL_REDUCE, a, a->node->shape, gid, red, 0, 0, scale, pin);
@@ -169,7 +170,7 @@ cx_tensor *cx_all_gather_grad_scaled(cx_tensor *a, int axis, const cx_replica_gr
     cx_tensor *p = check_coll(a, "all_gather");
     if (p) return p;
     int gs;
-    int64_t gid = groups_intern(groups, "all_gather", &gs);
+    int64_t gid = cx_groups_intern(groups, "all_gather", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
     int ax = cx_norm_axis(axis, a->node->ndim);
     if (ax < 0 || a->node->ndim == 0) return cx_poisoned("all_gather: axis %d out of range for rank %d", axis, a->node->ndim);
@@ -184,7 +185,7 @@ cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op red, double scale, int a
     cx_tensor *p = check_coll(a, "reduce_scatter");
     if (p) return p;
     int gs;
-    int64_t gid = groups_intern(groups, "reduce_scatter", &gs);
+    int64_t gid = cx_groups_intern(groups, "reduce_scatter", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
     int ax = cx_norm_axis(axis, a->node->ndim);
     if (ax < 0 || a->node->ndim == 0) return cx_poisoned("reduce_scatter: axis %d out of range for rank %d", axis, a->node->ndim);
@@ -204,7 +205,7 @@ cx_tensor *cx_all_to_all(cx_tensor *a, int split_axis, int concat_axis, const cx
     cx_tensor *p = check_coll(a, "all_to_all");
     if (p) return p;
     int gs;
-    int64_t gid = groups_intern(groups, "all_to_all", &gs);
+    int64_t gid = cx_groups_intern(groups, "all_to_all", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
     int nd = a->node->ndim;
     int sa = cx_norm_axis(split_axis, nd), ca = cx_norm_axis(concat_axis, nd);
@@ -224,7 +225,7 @@ cx_tensor *cx_broadcast(cx_tensor *a, int root, const cx_replica_groups *groups,
     cx_tensor *p = check_coll(a, "broadcast");
     if (p) return p;
     int gs;
-    int64_t gid = groups_intern(groups, "broadcast", &gs);
+    int64_t gid = cx_groups_intern(groups, "broadcast", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
     if (root < 0 || root >= gs) return cx_poisoned("broadcast: root %d is outside the group of %d", root, gs);
     return coll(OP_BROADCAST, a, a->node->shape, gid, 0, 0, root, 1.0, pin);

@@ -135,6 +135,9 @@ typedef struct cx_executable {
     int64_t arena_bytes, intermediate_bytes;
     int num_nodes, num_work_kernels, num_aliased;
     int max_prog;       /* largest program (registers per thread) */
+    /* SPMD: each output's sharding (NULL when the graph was not
+     * partitioned); the persistent cache does not keep these executables */
+    struct cx_sharding *out_sharding;
 } cx_executable;
 
 /* ---- the captured graph (compile input) ---------------------------------------- */

@@ -105,6 +105,8 @@ struct cx_node {
     struct cx_tensor *grad_leaf; /* OP_DATA of a tensor that requires grad */
     char *err;                   /* OP_ERROR message */
     cx_init_recipe *init;        /* OP_DATA without buffer: the deferred values' recipe */
+    struct cx_sharding *sharding; /* SPMD: OP_DATA whose buffer holds this rank's shard, or an
+                                     annotation the partitioner must meet (owned) */
     /* scratch for graph walks */
     int mark;
     int index;
@@ -180,6 +182,8 @@ cx_tensor *cx_tensor_wrap(cx_node *n);
 cx_tensor *cx_tensor_of(cx_node *n);
 /* Errors: cx_set_last_error and cx_poisoned (core.h) are the only ways to
  * report one, inside the core as outside. */
+/* Converts n values between dtypes (a copy when equal). */
+void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n);
 /* Formats a shape as "(2, 3)" into buf. */
 const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 

@@ -194,6 +194,7 @@ void cx_node_unref(cx_node *n)
         cx_buffer_unref(x->buf);
         free(x->err);
         free(x->init);
+        free(x->sharding);
         node_free(x);
     }
     if (stack != stack_small) free(stack);

@@ -8,6 +8,8 @@
 #include "capture.h"
 #include "obs.h"
 #include "cx_vec.h"
+#include "spmd_internal.h"
+#include "compile/passes.h"
 
 #include <math.h>
 
@@ -119,15 +121,50 @@ static bool plan_aliases(sync_job *j)
     return true;
 }
 
+/* SPMD: the global graph becomes this rank's (compile/partition.c), and
+ * the executable keeps each output's sharding for settle_outputs. */
+static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding)
+{
+    const cx_sharding **ann = calloc((size_t)g->n + 1, sizeof *ann);
+    cx_sharding *osh = calloc((size_t)g->n_outputs + 1, sizeof *osh);
+    cx_graph local;
+    int inserted[4];
+    bool ok = ann && osh;
+    for (int i = 0; ok && i < g->n; i++) ann[i] = j->cp->nodes[i]->sharding;
+    if (ok) ok = cx_pass_partition(g, ann, cx_comm_rank(), &local, osh, inserted);
+    else cx_set_last_error("compile: out of memory");
+    free(ann);
+    if (!ok) { free(osh); return false; }
+    cx_graph_release(g);
+    *g = local;
+    *out_sharding = osh;
+    static const char *const names[4] = { "SpmdAllReduce", "SpmdAllGather", "SpmdReduceScatter", "SpmdAllToAll" };
+    for (int k = 0; k < 4; k++) if (inserted[k]) cx_counter_add(names[k], inserted[k]);
+    cx_counter_add("SpmdPartitionedGraphs", 1);
+    return true;
+}
+
+static bool graph_is_sharded(const cx_capture *cp)
+{
+    for (int i = 0; i < cp->n; i++) if (cp->nodes[i]->sharding) return true;
+    return false;
+}
+
 static cx_status compile_graph(sync_job *j)
 {
     double tc = cx_now();
     cx_graph g;
+    cx_sharding *out_sharding = NULL;
     bool ok = cx_capture_to_graph(j->cp, j->outs, j->nouts, j->out_alias, &g);
-    j->e = ok ? cx_lower(&g) : NULL;
+    if (!ok) { cx_graph_release(&g); cx_set_last_error("compile: out of memory"); return CX_ERR_OOM; }
+    if (cx_is_spmd() && graph_is_sharded(j->cp) && !partition_graph(j, &g, &out_sharding)) {
+        cx_graph_release(&g);
+        return CX_ERR_STATE;
+    }
+    j->e = cx_lower(&g);
     cx_graph_release(&g);
-    if (!ok) { cx_set_last_error("compile: out of memory"); return CX_ERR_OOM; }
-    if (!j->e) return CX_ERR_STATE;
+    if (!j->e) { free(out_sharding); return CX_ERR_STATE; }
+    j->e->out_sharding = out_sharding;
     j->e->key_hi = j->key.hi;
     j->e->key_lo = j->key.lo;
     cx_key128 shared = cx_capture_shared_key(j->cp);
@@ -225,6 +262,11 @@ static cx_status settle_outputs(sync_job *j)
         newn[o] = cx_node_data(j->obufs[o], (cx_dtype)j->outs[o]->dtype, j->outs[o]->shape, j->outs[o]->ndim);
         if (!newn[o]) { st = CX_ERR_OOM; break; }
         j->obufs[o] = NULL;
+        const cx_sharding *s = j->e->out_sharding ? &j->e->out_sharding[o] : NULL;
+        if (!cx_sharding_is_replicated(s)) {   /* the buffer holds this rank's shard */
+            if (!(newn[o]->sharding = malloc(sizeof *s))) { st = CX_ERR_OOM; break; }
+            *newn[o]->sharding = *s;
+        }
     }
     if (st != CX_OK) cx_set_last_error("sync: out of memory");
     if (st == CX_OK) {
@@ -336,7 +378,7 @@ cx_status cx_sync_tensors(cx_tensor **ts, int n) { return cx_materialize(ts, n, 
 
 /* ---- reads ------------------------------------------------------------------------------------------ */
 
-static void convert_out(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n)
+void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n)
 {
     if (odt == idt) { memcpy(out, in, (size_t)n * cx_dtype_size(idt)); return; }
     for (int64_t i = 0; i < n; i++) {
@@ -377,7 +419,17 @@ cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype)
         return CX_ERR_STATE;
     }
     double t0 = cx_now();
-    convert_out(out, dtype, t->node->buf->data, (cx_dtype)t->node->dtype, t->node->numel);
+    if (t->node->sharding) {   /* every rank reads a sharded value together */
+        cx_node *x = t->node;
+        void *whole = malloc((size_t)x->numel * cx_dtype_size((cx_dtype)x->dtype) + 1);
+        cx_status st = whole ? cx_spmd_gather_value(x, whole) : CX_ERR_OOM;
+        if (!whole) cx_set_last_error("to_host: out of memory gathering a sharded tensor");
+        if (st == CX_OK) cx_convert_values(out, dtype, whole, (cx_dtype)x->dtype, x->numel);
+        free(whole);
+        if (st != CX_OK) return st;
+    } else {
+        cx_convert_values(out, dtype, t->node->buf->data, (cx_dtype)t->node->dtype, t->node->numel);
+    }
     double t1 = cx_now();
     cx_metric_add("TransferFromDeviceTime", t1 - t0);
     if (cx_obs_get() & OBS_TRACE) {

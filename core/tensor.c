@@ -1,5 +1,6 @@
 /* Tensor handles, the live list, steps, host transfers and cx_assign. */
 #include "internal.h"
+#include "spmd_internal.h"
 #include "cx_vec.h"
 #include "obs.h"
 
@@ -393,6 +394,12 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
             if (!own) { cx_buffer_unref(v->buf); cx_set_last_error("assign: out of memory"); return CX_ERR_OOM; }
             own->flags |= NF_REQUIRES_GRAD;
             own->grad_leaf = dst;
+            if (v->sharding && !(own->sharding = malloc(sizeof *own->sharding))) {
+                cx_node_unref(own);
+                cx_set_last_error("assign: out of memory");
+                return CX_ERR_OOM;
+            }
+            if (v->sharding) *own->sharding = *v->sharding;
             cx_set_node(dst, own);
             cx_node_unref(own);
         } else {
@@ -405,7 +412,12 @@ cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
         cx_node_ref(d);
         dst->donor = d;
     }
+    /* SPMD: a sharded destination (a parameter, an optimizer state) keeps
+     * its sharding whatever the value's rules gave */
+    cx_sharding keep;
+    bool reshard = d->sharding && !cx_sharding_equal(d->sharding, v->sharding);
+    if (reshard) keep = *d->sharding;
     cx_set_node(dst, v);
     dst->flags |= TF_ASSIGNED;
-    return CX_OK;
+    return reshard ? cx_spmd_annotate(dst, &keep) : CX_OK;
 }

@@ -56,6 +56,7 @@ void cx_executable_free(cx_executable *e)
     free(e->out_bytes);
     free(e->out_alias);
     free(e->out_slot);
+    free(e->out_sharding);
     free(e);
 }
 

@@ -580,7 +580,7 @@ static void store(const cx_executable *e)
 static void cache_compiled(const cx_executable *e)
 {
     g_compiled_any = true;
-    if (g_dir && !g_readonly) store(e);
+    if (g_dir && !g_readonly && !e->out_sharding) store(e);   /* a partitioned program is one rank's */
 }
 
 __attribute__((constructor)) static void register_disk_cache(void)

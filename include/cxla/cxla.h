@@ -15,5 +15,6 @@
 #include <cxla/profiler.h>
 #include <cxla/cache.h>
 #include <cxla/fsdp.h>
+#include <cxla/spmd.h>
 
 #endif

@@ -1,0 +1,572 @@
+/* Pass 0, SPMD partitioning: a captured graph with global shapes, some of
+ * whose nodes carry a sharding (data leaves holding this rank's shard, and
+ * annotations), becomes the graph this rank runs, with local shapes and the
+ * collectives that move data between shardings.
+ *
+ * Shardings propagate forward in graph order (the graph holds forward and
+ * backward together, so a gradient sees its forward's shardings). Each op's
+ * rule says which sharding it wants of each input and which its output then
+ * has; where an input's sharding differs from the wanted one, reshard()
+ * inserts the collectives. An op without a rule wants every input
+ * replicated, which is always correct. A contraction split over its reduced
+ * dimension leaves a partial sum, finished by an all-reduce, or by a
+ * reduce-scatter when the consumer wants that value sharded the same way.
+ * Shards of a dimension that does not divide are padded; padding holds
+ * garbage, so every rule keeps a padded dimension out of anything that
+ * mixes elements along it (reductions, contractions, reshapes). */
+#include "passes.h"
+#include "capture.h"
+#include "spmd_internal.h"
+#include "cx_vec.h"
+
+typedef struct {
+    uint64_t hash;
+    int node;
+} memo_entry;
+
+typedef struct {
+    const cx_graph *g;
+    const cx_sharding *const *ann;
+    int rank;
+    /* the graph being built: inputs as offsets until the end */
+    cx_gnode *nodes;
+    int n, cap;
+    int *ins, nins, ins_cap;
+    int *in_off, off_cap;
+    /* per node of g: its node in the new graph, its sharding, reshards made */
+    int *nw;
+    cx_sharding *sh;
+    memo_entry (*memo)[4];
+    int inserted[4];          /* all-reduce, all-gather, reduce-scatter, all-to-all */
+    bool failed;
+} pctx;
+
+/* ---- building the new graph ---------------------------------------------------------------- */
+
+static int emit(pctx *c, const cx_gnode *proto, const int *ins, int nin, const int64_t *shape)
+{
+    if (c->failed) return 0;
+    if (!CX_GROW(c->nodes, c->cap, c->n + 1) || !CX_GROW(c->in_off, c->off_cap, c->n + 1) ||
+        !CX_GROW(c->ins, c->ins_cap, c->nins + nin + 1)) {
+        c->failed = true;
+        cx_set_last_error("spmd partition: out of memory");
+        return 0;
+    }
+    cx_gnode *x = &c->nodes[c->n];
+    *x = *proto;
+    x->ninputs = nin;
+    x->inputs = NULL;
+    memcpy(x->shape, shape, sizeof x->shape);
+    for (int d = x->ndim; d < CX_MAX_DIMS; d++) x->shape[d] = 0;
+    x->numel = cx_shape_numel(shape, x->ndim);
+    c->in_off[c->n] = c->nins;
+    for (int k = 0; k < nin; k++) c->ins[c->nins++] = ins[k];
+    return c->n++;
+}
+
+static const int64_t *shape_of(const pctx *c, int x) { return c->nodes[x].shape; }
+
+static int emit_op(pctx *c, cx_op op, int x, const int64_t *shape, const int64_t *attrs, int nattrs, double fval)
+{
+    cx_gnode p;
+    memset(&p, 0, sizeof p);
+    p.op = (uint16_t)op;
+    p.dtype = c->nodes[x].dtype;
+    p.ndim = c->nodes[x].ndim;
+    p.nattrs = nattrs;
+    if (nattrs) memcpy(p.attrs, attrs, sizeof(int64_t) * (size_t)nattrs);
+    p.fval = fval;
+    p.input_ordinal = -1;
+    return emit(c, &p, &x, 1, shape);
+}
+
+static int emit_coll(pctx *c, cx_op op, int x, const int64_t *shape, int64_t gid, int64_t axis, int64_t axis2)
+{
+    int64_t at[CX_AT_COLL_COUNT] = { 0 };
+    at[CX_AT_COLL_GROUPS] = gid;
+    at[CX_AT_COLL_REDUCE] = CX_RED_SUM;
+    at[CX_AT_COLL_AXIS] = axis;
+    at[CX_AT_COLL_AXIS2] = axis2;
+    c->inserted[op == OP_ALL_REDUCE ? 0 : op == OP_ALL_GATHER ? 1 : op == OP_REDUCE_SCATTER ? 2 : 3]++;
+    return emit_op(c, op, x, shape, at, CX_AT_COLL_COUNT, 1.0);
+}
+
+static int emit_slice(pctx *c, int x, int d, int64_t start, int64_t count)
+{
+    int64_t shape[CX_MAX_DIMS], at[CX_AT_SLICE_COUNT];
+    memcpy(shape, shape_of(c, x), sizeof shape);
+    if (start == 0 && count == shape[d]) return x;
+    shape[d] = count;
+    at[CX_AT_SLICE_AXIS] = d;
+    at[CX_AT_SLICE_START] = start;
+    at[CX_AT_SLICE_STEP] = 1;
+    return emit_op(c, OP_SLICE, x, shape, at, CX_AT_SLICE_COUNT, 0);
+}
+
+static int emit_pad_high(pctx *c, int x, int d, int64_t hi)
+{
+    if (hi == 0) return x;
+    int nd = c->nodes[x].ndim;
+    int64_t shape[CX_MAX_DIMS], at[CX_MAX_ATTRS] = { 0 };
+    memcpy(shape, shape_of(c, x), sizeof shape);
+    shape[d] += hi;
+    at[CX_AT_PAD_HI(nd, d)] = hi;
+    return emit_op(c, OP_PAD, x, shape, at, CX_AT_PAD_COUNT(nd), 0.0);
+}
+
+/* ---- resharding ------------------------------------------------------------------------------ */
+
+static unsigned dim_mask(const cx_sharding *s, int d)
+{
+    unsigned m = 0;
+    for (int i = 0; i < s->naxes[d]; i++) m |= 1u << s->axes[d][i];
+    return m;
+}
+
+static bool same_dim(const cx_sharding *a, int da, const cx_sharding *b, int db)
+{
+    if (a->naxes[da] != b->naxes[db]) return false;
+    for (int i = 0; i < a->naxes[da]; i++) if (a->axes[da][i] != b->axes[db][i]) return false;
+    return true;
+}
+
+static void set_dim(cx_sharding *dst, int d, const cx_sharding *src, int ds)
+{
+    dst->naxes[d] = src->naxes[ds];
+    memcpy(dst->axes[d], src->axes[ds], sizeof dst->axes[d]);
+}
+
+static void clear_dim(cx_sharding *s, int d) { s->naxes[d] = 0; }
+
+static int gather_dim(pctx *c, int x, cx_sharding *cur, int d, int64_t global)
+{
+    int gs;
+    int64_t gid = cx_mesh_axes_group(cur->mesh, cur->axes[d], cur->naxes[d], &gs);
+    if (gid < 0) { c->failed = true; return x; }
+    int64_t shape[CX_MAX_DIMS];
+    memcpy(shape, shape_of(c, x), sizeof shape);
+    shape[d] *= gs;
+    x = emit_coll(c, OP_ALL_GATHER, x, shape, gid, d, 0);
+    clear_dim(cur, d);
+    return emit_slice(c, x, d, 0, global);   /* the padding of the last shards */
+}
+
+static int slice_dim(pctx *c, int x, const cx_sharding *want, int d, int64_t global)
+{
+    int64_t k = cx_sharding_ways(want, d), local = (global + k - 1) / k;
+    x = emit_pad_high(c, x, d, local * k - global);
+    return emit_slice(c, x, d, cx_sharding_index(want, d, c->rank) * local, local);
+}
+
+/* Finishes a partial sum: a reduce-scatter into a dimension `want` splits
+ * over exactly the partial axes, else an all-reduce. */
+static int finish_partial(pctx *c, int x, cx_sharding *cur, const cx_sharding *want, const int64_t *global)
+{
+    for (int d = 0; d < cur->ndim; d++) {
+        if (cur->naxes[d] || dim_mask(want, d) != cur->partial || want->mesh != cur->mesh) continue;
+        int gs;
+        int64_t gid = cx_mesh_axes_group(cur->mesh, want->axes[d], want->naxes[d], &gs);
+        if (gid < 0) { c->failed = true; return x; }
+        int64_t local = (global[d] + gs - 1) / gs, shape[CX_MAX_DIMS];
+        x = emit_pad_high(c, x, d, local * gs - shape_of(c, x)[d]);
+        memcpy(shape, shape_of(c, x), sizeof shape);
+        shape[d] = local;
+        x = emit_coll(c, OP_REDUCE_SCATTER, x, shape, gid, d, 0);
+        set_dim(cur, d, want, d);
+        cur->partial = 0;
+        return x;
+    }
+    uint8_t axes[CX_MESH_MAX_DIMS];
+    int n = cx_axes_of_mask(cur->partial, axes), gs;
+    int64_t gid = cx_mesh_axes_group(cur->mesh, axes, n, &gs);
+    if (gid < 0) { c->failed = true; return x; }
+    cur->partial = 0;
+    return emit_coll(c, OP_ALL_REDUCE, x, shape_of(c, x), gid, 0, 0);
+}
+
+/* One dimension's split moves to another over the same axes: an all-to-all,
+ * when both divide evenly. */
+static int try_all_to_all(pctx *c, int x, cx_sharding *cur, const cx_sharding *want, const int64_t *global)
+{
+    for (int from = 0; from < cur->ndim; from++) {
+        if (!cur->naxes[from] || want->naxes[from]) continue;
+        for (int to = 0; to < cur->ndim; to++) {
+            if (to == from || cur->naxes[to] || !same_dim(cur, from, want, to)) continue;
+            int64_t k = cx_sharding_ways(cur, from);
+            if (global[from] % k || global[to] % k) continue;
+            int gs;
+            int64_t gid = cx_mesh_axes_group(cur->mesh, cur->axes[from], cur->naxes[from], &gs);
+            if (gid < 0) { c->failed = true; return x; }
+            int64_t shape[CX_MAX_DIMS];
+            memcpy(shape, shape_of(c, x), sizeof shape);
+            shape[to] /= gs;
+            shape[from] *= gs;
+            x = emit_coll(c, OP_ALL_TO_ALL, x, shape, gid, to, from);
+            set_dim(cur, to, cur, from);
+            clear_dim(cur, from);
+        }
+    }
+    return x;
+}
+
+static int reshard_uncached(pctx *c, int x, const int64_t *global, cx_sharding cur, const cx_sharding *want)
+{
+    int nd = cur.ndim;
+    if (cur.partial && !(want->partial == cur.partial && want->mesh == cur.mesh))
+        x = finish_partial(c, x, &cur, want, global);
+    if (cur.mesh != want->mesh && !cx_sharding_is_replicated(&cur)) {
+        for (int d = 0; d < nd; d++) if (cur.naxes[d]) x = gather_dim(c, x, &cur, d, global[d]);
+    }
+    if (cur.mesh == want->mesh) x = try_all_to_all(c, x, &cur, want, global);
+    for (int d = 0; d < nd; d++)
+        if (cur.naxes[d] && !same_dim(&cur, d, want, d)) x = gather_dim(c, x, &cur, d, global[d]);
+    for (int d = 0; d < nd; d++)
+        if (want->naxes[d] && !cur.naxes[d]) x = slice_dim(c, x, want, d, global[d]);
+    return x;
+}
+
+/* The value of node i (of g) in sharding want: its node in the new graph. */
+static int reshard(pctx *c, int i, const cx_sharding *want)
+{
+    const cx_sharding *cur = &c->sh[i];
+    if (cx_sharding_equal(cur, want)) return c->nw[i];
+    uint64_t h = cx_sharding_hash(want);
+    for (int m = 0; m < 4; m++) if (c->memo[i][m].node >= 0 && c->memo[i][m].hash == h) return c->memo[i][m].node;
+    int x = reshard_uncached(c, c->nw[i], c->g->nodes[i].shape, *cur, want);
+    for (int m = 0; m < 4; m++)
+        if (c->memo[i][m].node < 0) { c->memo[i][m] = (memo_entry){ h, x }; break; }
+    return x;
+}
+
+/* ---- the rules ------------------------------------------------------------------------------------ */
+
+static cx_sharding resolved(const cx_sharding *s)
+{
+    cx_sharding r = *s;
+    r.partial = 0;
+    return r;
+}
+
+static int sharded_dims(const cx_sharding *s)
+{
+    int n = 0;
+    for (int d = 0; d < s->ndim; d++) n += s->naxes[d] > 0;
+    return n;
+}
+
+/* The mesh the op's output lives on: the first sharded input's. */
+static const cx_mesh *op_mesh(const pctx *c, const cx_gnode *x)
+{
+    for (int k = 0; k < x->ninputs; k++)
+        if (!cx_sharding_is_replicated(&c->sh[x->inputs[k]])) return c->sh[x->inputs[k]].mesh;
+    return NULL;
+}
+
+/* Inputs on another mesh than the op's are taken replicated. */
+static cx_sharding on_mesh(const pctx *c, int in, const cx_mesh *mesh)
+{
+    const cx_sharding *s = &c->sh[in];
+    if (s->mesh == mesh || cx_sharding_is_replicated(s)) { cx_sharding r = *s; r.mesh = mesh; return r; }
+    return cx_sharding_replicated(mesh, s->ndim);
+}
+
+static void rule_fallback(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    for (int k = 0; k < x->ninputs; k++) want[k] = cx_sharding_replicated(NULL, c->g->nodes[x->inputs[k]].ndim);
+    *out = cx_sharding_replicated(NULL, x->ndim);
+}
+
+static void rule_elementwise(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    const cx_mesh *mesh = op_mesh(c, x);
+    *out = cx_sharding_replicated(mesh, x->ndim);
+    for (int k = 0; k < x->ninputs; k++) {
+        cx_sharding s = resolved(&c->sh[x->inputs[k]]);
+        if (s.ndim == x->ndim && s.mesh == mesh && sharded_dims(&s) > sharded_dims(out)) *out = s;
+    }
+    for (int k = 0; k < x->ninputs; k++)
+        want[k] = c->g->nodes[x->inputs[k]].ndim == x->ndim ? *out : cx_sharding_replicated(mesh, c->g->nodes[x->inputs[k]].ndim);
+}
+
+/* Sums keep a split reduced dimension as a partial sum; maxima and padded
+ * dimensions gather it first. */
+static void rule_reduce(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    int in = x->inputs[0];
+    const int64_t *g = c->g->nodes[in].shape;
+    uint64_t mask = (uint64_t)CX_ATTR(x, CX_AT_REDUCE_MASK);
+    want[0] = x->op == OP_REDUCE_SUM ? c->sh[in] : resolved(&c->sh[in]);
+    *out = want[0];
+    for (int d = 0; d < x->ndim; d++) {
+        if (!(mask >> d & 1) || !want[0].naxes[d]) continue;
+        if (x->op == OP_REDUCE_SUM && g[d] % cx_sharding_ways(&want[0], d) == 0) out->partial |= (uint8_t)dim_mask(&want[0], d);
+        else clear_dim(&want[0], d);
+        clear_dim(out, d);
+    }
+}
+
+/* A split dimension survives a reshape when an output dimension starts at
+ * the same element and both divide by the split (then every shard is the
+ * same contiguous run of each block on both sides). */
+static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    int in = x->inputs[0];
+    const cx_gnode *src = &c->g->nodes[in];
+    want[0] = resolved(&c->sh[in]);
+    *out = cx_sharding_replicated(want[0].mesh, x->ndim);
+    for (int d = 0; d < src->ndim; d++) {
+        if (!want[0].naxes[d]) continue;
+        int64_t k = cx_sharding_ways(&want[0], d), before = 1;
+        for (int j = 0; j < d; j++) before *= src->shape[j];
+        int e = -1;
+        int64_t prefix = 1;
+        for (int j = 0; j < x->ndim && prefix <= before; j++) {
+            if (prefix == before && x->shape[j] % k == 0 && x->shape[j] > 1) { e = j; break; }
+            prefix *= x->shape[j];
+        }
+        if (e < 0 || src->shape[d] % k) { clear_dim(&want[0], d); continue; }
+        set_dim(out, e, &want[0], d);
+    }
+}
+
+static void rule_permute(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    want[0] = resolved(&c->sh[x->inputs[0]]);
+    *out = want[0];
+    for (int e = 0; e < x->ndim; e++) set_dim(out, e, &want[0], (int)CX_ATTR(x, CX_AT_PERM(e)));
+}
+
+static void rule_expand(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    int in = x->inputs[0];
+    want[0] = resolved(&c->sh[in]);
+    for (int d = 0; d < x->ndim; d++) if (c->g->nodes[in].shape[d] != x->shape[d]) clear_dim(&want[0], d);
+    *out = want[0];
+}
+
+static void rule_slice_pad_concat(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    cx_sharding s = resolved(&c->sh[x->inputs[0]]);
+    if (x->op == OP_SLICE) clear_dim(&s, (int)CX_ATTR(x, CX_AT_SLICE_AXIS));
+    if (x->op == OP_CONCAT) clear_dim(&s, (int)CX_ATTR(x, CX_AT_AXIS));
+    for (int d = 0; x->op == OP_PAD && d < x->ndim; d++)
+        if (CX_ATTR(x, CX_AT_PAD_LO(x->ndim, d)) || CX_ATTR(x, CX_AT_PAD_HI(x->ndim, d)) ||
+            CX_ATTR(x, CX_AT_PAD_INTERIOR(x->ndim, d)))
+            clear_dim(&s, d);
+    for (int k = 0; k < x->ninputs; k++) want[k] = s;
+    *out = s;
+}
+
+/* (..., M, K) @ (..., K, N): batch, row and column splits carry over; a
+ * split K (evenly) leaves a partial sum. Each mesh axis splits one
+ * dimension of the output at most. */
+static void rule_matmul(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    const cx_mesh *mesh = op_mesh(c, x);
+    cx_sharding a = on_mesh(c, x->inputs[0], mesh), b = on_mesh(c, x->inputs[1], mesh);
+    a.partial = b.partial = 0;
+    int nd = x->ndim, M = nd - 2, KA = nd - 1, KB = nd - 2, NB = nd - 1;
+    cx_sharding wa = cx_sharding_replicated(mesh, nd), wb = wa;
+    *out = wa;
+    unsigned used = 0;
+    for (int d = 0; d < M; d++) {
+        const cx_sharding *src = a.naxes[d] ? &a : &b;
+        if (dim_mask(src, d) & used) continue;
+        set_dim(&wa, d, src, d); set_dim(&wb, d, src, d); set_dim(out, d, src, d);
+        used |= dim_mask(src, d);
+    }
+    if (!(dim_mask(&a, M) & used)) { set_dim(&wa, M, &a, M); set_dim(out, M, &a, M); used |= dim_mask(&a, M); }
+    if (!(dim_mask(&b, NB) & used)) { set_dim(&wb, NB, &b, NB); set_dim(out, NB, &b, NB); used |= dim_mask(&b, NB); }
+    const cx_sharding *ks = a.naxes[KA] ? &a : &b;
+    int kd = a.naxes[KA] ? KA : KB;
+    int64_t K = c->g->nodes[x->inputs[0]].shape[KA];
+    if (ks->naxes[kd] && !(dim_mask(ks, kd) & used) && K % cx_sharding_ways(ks, kd) == 0) {
+        set_dim(&wa, KA, ks, kd);
+        set_dim(&wb, KB, ks, kd);
+        out->partial = (uint8_t)dim_mask(ks, kd);
+    }
+    want[0] = wa;
+    want[1] = wb;
+}
+
+/* conv2d: batch and output-channel splits; its gradients follow (a split
+ * output channel is the input gradient's reduced dimension, the batch the
+ * weight gradient's). */
+static void rule_conv(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    const cx_mesh *mesh = op_mesh(c, x);
+    cx_sharding p = on_mesh(c, x->inputs[0], mesh), q = on_mesh(c, x->inputs[1], mesh);
+    p.partial = q.partial = 0;
+    cx_sharding wp = cx_sharding_replicated(mesh, 4), wq = wp;
+    *out = wp;
+    bool groups1 = x->op != OP_CONV2D || CX_ATTR(x, CX_AT_CONV_GROUPS) == 1;
+    if (x->op == OP_CONV2D) {            /* x (N, C, H, W), w (O, C, KH, KW) */
+        set_dim(&wp, 0, &p, 0); set_dim(out, 0, &p, 0);
+        if (groups1 && !(dim_mask(&q, 0) & dim_mask(&p, 0))) { set_dim(&wq, 0, &q, 0); set_dim(out, 1, &q, 0); }
+    } else if (x->op == OP_CONV2D_BWD_INPUT) {   /* g (N, O, H', W'), w (O, C, KH, KW) -> (N, C, H, W) */
+        set_dim(&wp, 0, &p, 0); set_dim(out, 0, &p, 0);
+        const cx_sharding *os = p.naxes[1] ? &p : &q;
+        int od = p.naxes[1] ? 1 : 0;
+        int64_t O = c->g->nodes[x->inputs[1]].shape[0];
+        if (groups1 && os->naxes[od] && !(dim_mask(os, od) & dim_mask(&p, 0)) && O % cx_sharding_ways(os, od) == 0) {
+            set_dim(&wp, 1, os, od); set_dim(&wq, 0, os, od);
+            out->partial = (uint8_t)dim_mask(os, od);
+        }
+    } else {                             /* x (N, C, H, W), g (N, O, H', W') -> (O, C, KH, KW) */
+        const cx_sharding *bs = p.naxes[0] ? &p : &q;
+        int64_t N = c->g->nodes[x->inputs[0]].shape[0];
+        if (bs->naxes[0] && N % cx_sharding_ways(bs, 0) == 0) {
+            set_dim(&wp, 0, bs, 0); set_dim(&wq, 0, bs, 0);
+            out->partial = (uint8_t)dim_mask(bs, 0);
+        }
+        if (groups1 && q.naxes[1] && !(dim_mask(&q, 1) & out->partial)) { set_dim(&wq, 1, &q, 1); set_dim(out, 0, &q, 1); }
+    }
+    want[0] = wp;
+    want[1] = wq;
+}
+
+/* Pools and their gradients work per (N, C) plane. */
+static void rule_pool(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    cx_sharding s = resolved(&c->sh[x->inputs[0]]);
+    for (int k = 1; k < x->ninputs; k++)
+        if (sharded_dims(&c->sh[x->inputs[k]]) > sharded_dims(&s)) s = resolved(&c->sh[x->inputs[k]]);
+    clear_dim(&s, 2);
+    clear_dim(&s, 3);
+    for (int k = 0; k < x->ninputs; k++) want[k] = s;
+    *out = s;
+}
+
+/* layer_norm(x, weight, bias) normalizes the last dimension. */
+static void rule_layer_norm(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    cx_sharding s = resolved(&c->sh[x->inputs[0]]);
+    clear_dim(&s, x->ndim - 1);
+    want[0] = s;
+    for (int k = 1; k < x->ninputs; k++) want[k] = cx_sharding_replicated(s.mesh, c->g->nodes[x->inputs[k]].ndim);
+    *out = s;
+}
+
+static void apply_rule(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    switch (cx_op_table[x->op].group) {
+    case G_UNARY: case G_BINARY: case G_TERNARY: rule_elementwise(c, x, want, out); return;
+    default: break;
+    }
+    switch ((cx_op)x->op) {
+    case OP_REDUCE_SUM: case OP_REDUCE_MAX: rule_reduce(c, x, want, out); return;
+    case OP_RESHAPE: rule_reshape(c, x, want, out); return;
+    case OP_PERMUTE: rule_permute(c, x, want, out); return;
+    case OP_EXPAND: rule_expand(c, x, want, out); return;
+    case OP_SLICE: case OP_PAD: case OP_CONCAT: rule_slice_pad_concat(c, x, want, out); return;
+    case OP_MATMUL: rule_matmul(c, x, want, out); return;
+    case OP_CONV2D: case OP_CONV2D_BWD_INPUT: case OP_CONV2D_BWD_WEIGHT: rule_conv(c, x, want, out); return;
+    case OP_MAXPOOL: case OP_AVGPOOL: case OP_MAXPOOL_BWD: case OP_AVGPOOL_BWD: rule_pool(c, x, want, out); return;
+    case OP_LAYER_NORM: rule_layer_norm(c, x, want, out); return;
+    default: rule_fallback(c, x, want, out); return;
+    }
+}
+
+/* ---- the pass ------------------------------------------------------------------------------------- */
+
+/* Attributes that carry a shape the op cannot see from its inputs. */
+static void localize_attrs(cx_gnode *p, const int64_t *local)
+{
+    if (p->op == OP_CONV2D_BWD_INPUT || p->op == OP_CONV2D_BWD_WEIGHT)
+        for (int d = 0; d < 4; d++) p->attrs[CX_AT_CONV_SHAPE + d] = local[d];
+    if (p->op == OP_AVGPOOL_BWD)
+        for (int d = 0; d < 4; d++) p->attrs[CX_AT_POOL_SHAPE + d] = local[d];
+}
+
+static bool partition_node(pctx *c, int i)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    int64_t local[CX_MAX_DIMS];
+    if (cx_op_table[x->op].group == G_COLLECTIVE) {
+        cx_set_last_error("spmd partition: a graph with sharded tensors cannot also hold an explicit %s",
+                          cx_op_table[x->op].name);
+        return false;
+    }
+    if (x->ninputs == 0) {
+        const cx_sharding *a = x->op == OP_DATA ? c->ann[i] : NULL;
+        c->sh[i] = a ? *a : cx_sharding_replicated(NULL, x->ndim);
+        memcpy(local, x->shape, sizeof local);
+        if (a) cx_sharding_local_shape(a, x->shape, local);
+        c->nw[i] = emit(c, x, NULL, 0, local);
+        return !c->failed;
+    }
+    cx_sharding want_small[4], *want = x->ninputs <= 4 ? want_small : malloc(sizeof *want * (size_t)x->ninputs);
+    int ins_small[4], *ins = x->ninputs <= 4 ? ins_small : malloc(sizeof(int) * (size_t)x->ninputs);
+    if (!want || !ins) {
+        if (want != want_small) free(want);
+        if (ins != ins_small) free(ins);
+        cx_set_last_error("spmd partition: out of memory");
+        return false;
+    }
+    cx_sharding out;
+    apply_rule(c, x, want, &out);
+    for (int k = 0; k < x->ninputs; k++) ins[k] = reshard(c, x->inputs[k], &want[k]);
+    memcpy(local, x->shape, sizeof local);
+    cx_sharding_local_shape(&out, x->shape, local);
+    cx_gnode p = *x;
+    localize_attrs(&p, local);
+    c->nw[i] = emit(c, &p, ins, x->ninputs, local);
+    c->sh[i] = out;
+    if (want != want_small) free(want);
+    if (ins != ins_small) free(ins);
+    if (c->ann[i] && !c->failed) {   /* an annotation: the value is resharded here */
+        int x2 = reshard(c, i, c->ann[i]);
+        c->nw[i] = x2;
+        c->sh[i] = *c->ann[i];
+        for (int m = 0; m < 4; m++) c->memo[i][m].node = -1;
+    }
+    return !c->failed;
+}
+
+static void pctx_free(pctx *c)
+{
+    free(c->nodes); free(c->ins); free(c->in_off); free(c->nw); free(c->sh); free(c->memo);
+}
+
+bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int rank, cx_graph *out,
+                       cx_sharding *out_sharding, int *inserted)
+{
+    pctx c = { .g = g, .ann = ann, .rank = rank };
+    memset(out, 0, sizeof *out);
+    c.nw = malloc(sizeof(int) * (size_t)(g->n + 1));
+    c.sh = malloc(sizeof *c.sh * (size_t)(g->n + 1));
+    c.memo = malloc(sizeof *c.memo * (size_t)(g->n + 1));
+    out->outputs = malloc(sizeof(int) * (size_t)(g->n_outputs + 1));
+    out->out_alias = malloc(sizeof(int) * (size_t)(g->n_outputs + 1));
+    if (!c.nw || !c.sh || !c.memo || !out->outputs || !out->out_alias) {
+        pctx_free(&c); cx_graph_release(out);
+        cx_set_last_error("spmd partition: out of memory");
+        return false;
+    }
+    for (int i = 0; i < g->n; i++) for (int m = 0; m < 4; m++) c.memo[i][m].node = -1;
+    bool ok = true;
+    for (int i = 0; ok && i < g->n; i++) ok = partition_node(&c, i);
+    /* outputs: partial sums finished; a sharded output keeps its shard */
+    for (int o = 0; ok && o < g->n_outputs; o++) {
+        int i = g->outputs[o];
+        cx_sharding s = resolved(&c.sh[i]);
+        out->outputs[o] = reshard(&c, i, &s);
+        out_sharding[o] = s;
+        /* a donor's buffer holds the whole value: only a whole value may take it */
+        out->out_alias[o] = cx_sharding_is_replicated(&s) ? g->out_alias[o] : -1;
+        ok = !c.failed;
+    }
+    if (!ok) { pctx_free(&c); cx_graph_release(out); return false; }
+    out->n = c.n;
+    out->nodes = c.nodes;
+    out->input_storage = c.ins;
+    for (int k = 0; k < c.n; k++) out->nodes[k].inputs = c.ins + c.in_off[k];
+    out->n_inputs = g->n_inputs;
+    out->n_rts = g->n_rts;
+    out->n_outputs = g->n_outputs;
+    memcpy(inserted, c.inserted, sizeof c.inserted);
+    c.nodes = NULL;
+    c.ins = NULL;
+    pctx_free(&c);
+    return true;
+}

@@ -1,0 +1,521 @@
+/* SPMD annotations: meshes, shardings, cx_mark_sharding, and reads of
+ * sharded values. The partitioner that acts on them is compile/partition.c. */
+#include "internal.h"
+#include "spmd_internal.h"
+#include "cx_hash.h"
+#include "cx_vec.h"
+
+#include <stdlib.h>
+
+static bool g_spmd;
+
+cx_status cx_use_spmd(void) { g_spmd = true; return CX_OK; }
+bool cx_is_spmd(void) { return g_spmd; }
+int cx_global_runtime_device_count(void) { return cx_comm_world_size(); }
+
+/* ---- meshes --------------------------------------------------------------------------- */
+
+static cx_mesh **g_meshes;   /* never freed: shardings and cached executables point at them */
+static int g_nmeshes, g_meshes_cap;
+static cx_mesh *g_global_mesh;
+
+static uint64_t mesh_hash(const cx_mesh *m)
+{
+    uint64_t h = cx_hash64(m->shape, sizeof(int) * (size_t)m->ndim);
+    h = cx_hash64_more(m->names, sizeof m->names[0] * (size_t)m->ndim, h);
+    return cx_hash64_more(m->device_ids, sizeof(int) * (size_t)m->ndevices, h);
+}
+
+static const char *mesh_describe(const cx_mesh *m, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "mesh (");
+    for (int a = 0; a < m->ndim && n < cap; a++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%d", a ? ", " : "", m->names[a][0] ? m->names[a] : "_", m->shape[a]);
+    if (n < cap) n += (size_t)snprintf(buf + n, cap - n, ") devices [");
+    for (int i = 0; i < m->ndevices && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? "," : "", m->device_ids[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
+static bool mesh_fill(cx_mesh *m, const int *device_ids, int ndim, const int *shape, const char *const *names)
+{
+    if (ndim < 1 || ndim > CX_MESH_MAX_DIMS) {
+        cx_set_last_error("mesh: %d axes; a mesh has 1 to %d", ndim, CX_MESH_MAX_DIMS);
+        return false;
+    }
+    int world = cx_comm_world_size(), total = 1;
+    m->ndim = ndim;
+    for (int a = 0; a < ndim; a++) {
+        if (!shape || shape[a] < 1) { cx_set_last_error("mesh: axis %d has size %d", a, shape ? shape[a] : 0); return false; }
+        total *= shape[a];
+        m->shape[a] = shape[a];
+        const char *nm = names ? names[a] : NULL;
+        if (nm && strlen(nm) >= CX_MESH_AXIS_NAME_MAX) {
+            cx_set_last_error("mesh: axis name '%s' is longer than %d characters", nm, CX_MESH_AXIS_NAME_MAX - 1);
+            return false;
+        }
+        snprintf(m->names[a], sizeof m->names[a], "%s", nm ? nm : "");
+        for (int b = 0; nm && nm[0] && b < a; b++)
+            if (!strcmp(m->names[b], nm)) { cx_set_last_error("mesh: axis name '%s' is used twice", nm); return false; }
+    }
+    if (total != world) {
+        cx_set_last_error("mesh: the shape's product is %d devices but there are %d (one per rank)", total, world);
+        return false;
+    }
+    m->ndevices = total;
+    m->device_ids = malloc(sizeof(int) * (size_t)total);
+    char *seen = calloc((size_t)total, 1);
+    if (!m->device_ids || !seen) { free(seen); cx_set_last_error("mesh: out of memory"); return false; }
+    for (int i = 0; i < total; i++) {
+        int d = device_ids ? device_ids[i] : i;
+        if (d < 0 || d >= world || seen[d]) {
+            free(seen);
+            cx_set_last_error("mesh: device id %d is %s (devices 0..%d)", d, d < 0 || d >= world ? "out of range" : "listed twice",
+                              world - 1);
+            return false;
+        }
+        seen[d] = 1;
+        m->device_ids[i] = d;
+    }
+    free(seen);
+    m->hash = mesh_hash(m);
+    return true;
+}
+
+/* Interns m (taking its device list) and checks that every rank built the
+ * same mesh. */
+static cx_mesh *mesh_register(cx_mesh *m)
+{
+    char desc[512];
+    mesh_describe(m, desc, sizeof desc);
+    if (cx_comm_world_size() > 1 && cx_comm_check(desc) != CX_OK) { free(m->device_ids); return NULL; }
+    for (int i = 0; i < g_nmeshes; i++)
+        if (g_meshes[i]->hash == m->hash && g_meshes[i]->ndim == m->ndim) { free(m->device_ids); return g_meshes[i]; }
+    cx_mesh *r = malloc(sizeof *r);
+    if (!r || !CX_GROW(g_meshes, g_meshes_cap, g_nmeshes + 1)) {
+        free(r); free(m->device_ids);
+        cx_set_last_error("mesh: out of memory");
+        return NULL;
+    }
+    *r = *m;
+    r->id = g_nmeshes + 1;
+    g_meshes[g_nmeshes++] = r;
+    return r;
+}
+
+cx_mesh *cx_mesh_new(const int *device_ids, int ndim, const int *shape, const char *const *axis_names)
+{
+    cx_mesh m = { 0 };
+    if (!mesh_fill(&m, device_ids, ndim, shape, axis_names)) { free(m.device_ids); return NULL; }
+    return mesh_register(&m);
+}
+
+cx_mesh *cx_hybrid_mesh_new(int ndim, const int *ici_shape, const int *dcn_shape, const char *const *axis_names)
+{
+    if (ndim < 1 || ndim > CX_MESH_MAX_DIMS || !ici_shape || !dcn_shape) {
+        cx_set_last_error("hybrid mesh: %d axes (1 to %d) with both an ICI and a DCN shape", ndim, CX_MESH_MAX_DIMS);
+        return NULL;
+    }
+    int shape[CX_MESH_MAX_DIMS], ici_total = 1, dcn_total = 1;
+    for (int a = 0; a < ndim; a++) {
+        if (ici_shape[a] < 1 || dcn_shape[a] < 1) {
+            cx_set_last_error("hybrid mesh: axis %d has ICI size %d and DCN size %d", a, ici_shape[a], dcn_shape[a]);
+            return NULL;
+        }
+        shape[a] = ici_shape[a] * dcn_shape[a];
+        ici_total *= ici_shape[a];
+        dcn_total *= dcn_shape[a];
+    }
+    int world = cx_comm_world_size();
+    const char *lws = getenv("LOCAL_WORLD_SIZE");
+    int per_node = lws && atoi(lws) > 0 ? atoi(lws) : world;
+    if (ici_total != per_node || ici_total * dcn_total != world) {
+        cx_set_last_error("hybrid mesh: ICI shape covers %d devices and DCN shape %d nodes, but there are %d ranks "
+                          "with %d per node (LOCAL_WORLD_SIZE)", ici_total, dcn_total, world, per_node);
+        return NULL;
+    }
+    /* position (c_a = dcn_a * ici_a_size + ici_a) holds device node * per_node + local, where node and
+     * local are the row-major indices of the DCN and ICI coordinates */
+    int *ids = malloc(sizeof(int) * (size_t)world);
+    if (!ids) { cx_set_last_error("hybrid mesh: out of memory"); return NULL; }
+    for (int p = 0; p < world; p++) {
+        int rem = p, coord[CX_MESH_MAX_DIMS];
+        for (int a = ndim - 1; a >= 0; a--) { coord[a] = rem % shape[a]; rem /= shape[a]; }
+        int node = 0, local = 0;
+        for (int a = 0; a < ndim; a++) {
+            node = node * dcn_shape[a] + coord[a] / ici_shape[a];
+            local = local * ici_shape[a] + coord[a] % ici_shape[a];
+        }
+        ids[p] = node * per_node + local;
+    }
+    cx_mesh *m = cx_mesh_new(ids, ndim, shape, axis_names);
+    free(ids);
+    return m;
+}
+
+int cx_mesh_shape(const cx_mesh *mesh, int *shape)
+{
+    if (!mesh) return 0;
+    for (int a = 0; shape && a < mesh->ndim; a++) shape[a] = mesh->shape[a];
+    return mesh->ndim;
+}
+
+int cx_mesh_device_ids(const cx_mesh *mesh, int *ids, int cap)
+{
+    if (!mesh) return 0;
+    for (int i = 0; ids && i < mesh->ndevices && i < cap; i++) ids[i] = mesh->device_ids[i];
+    return mesh->ndevices;
+}
+
+int cx_mesh_axis_index(const cx_mesh *mesh, const char *name)
+{
+    for (int a = 0; mesh && name && a < mesh->ndim; a++)
+        if (mesh->names[a][0] && !strcmp(mesh->names[a], name)) return a;
+    return -1;
+}
+
+void cx_set_global_mesh(cx_mesh *mesh) { g_global_mesh = mesh; }
+cx_mesh *cx_get_global_mesh(void) { return g_global_mesh; }
+
+bool cx_mesh_coords(const cx_mesh *mesh, int rank, int *coords)
+{
+    for (int p = 0; p < mesh->ndevices; p++) {
+        if (mesh->device_ids[p] != rank) continue;
+        for (int a = mesh->ndim - 1; a >= 0; a--) { coords[a] = p % mesh->shape[a]; p /= mesh->shape[a]; }
+        return true;
+    }
+    return false;
+}
+
+int64_t cx_mesh_axes_group(const cx_mesh *mesh, const uint8_t *axes, int naxes, int *group_size)
+{
+    int gs = 1;
+    bool in_group[CX_MESH_MAX_DIMS] = { false };
+    for (int i = 0; i < naxes; i++) { gs *= mesh->shape[axes[i]]; in_group[axes[i]] = true; }
+    int ngroups = mesh->ndevices / gs;
+    int *ranks = malloc(sizeof(int) * (size_t)mesh->ndevices);
+    if (!ranks) { cx_set_last_error("spmd: out of memory"); return -1; }
+    /* group index: the row-major index of the other axes' coordinates; member
+     * index: the listed axes' coordinates, first axis major */
+    for (int p = 0; p < mesh->ndevices; p++) {
+        int coord[CX_MESH_MAX_DIMS], rem = p;
+        for (int a = mesh->ndim - 1; a >= 0; a--) { coord[a] = rem % mesh->shape[a]; rem /= mesh->shape[a]; }
+        int g = 0, mbr = 0;
+        for (int a = 0; a < mesh->ndim; a++) if (!in_group[a]) g = g * mesh->shape[a] + coord[a];
+        for (int i = 0; i < naxes; i++) mbr = mbr * mesh->shape[axes[i]] + coord[axes[i]];
+        ranks[g * gs + mbr] = mesh->device_ids[p];
+    }
+    cx_replica_groups rg = { ngroups, gs, ranks };
+    int64_t id = cx_groups_intern(&rg, "spmd", group_size);
+    free(ranks);
+    return id;
+}
+
+/* ---- shardings ---------------------------------------------------------------------------- */
+
+cx_sharding cx_sharding_replicated(const cx_mesh *mesh, int nd)
+{
+    cx_sharding s;
+    memset(&s, 0, sizeof s);
+    s.mesh = mesh;
+    s.ndim = (uint8_t)nd;
+    return s;
+}
+
+bool cx_sharding_is_replicated(const cx_sharding *s)
+{
+    if (!s) return true;
+    if (s->partial) return false;
+    for (int d = 0; d < s->ndim; d++) if (s->naxes[d]) return false;
+    return true;
+}
+
+bool cx_sharding_equal(const cx_sharding *a, const cx_sharding *b)
+{
+    bool ra = cx_sharding_is_replicated(a), rb = cx_sharding_is_replicated(b);
+    if (ra || rb) return ra == rb;
+    if (a->mesh != b->mesh || a->ndim != b->ndim || a->partial != b->partial) return false;
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->naxes[d] != b->naxes[d]) return false;
+        for (int i = 0; i < a->naxes[d]; i++) if (a->axes[d][i] != b->axes[d][i]) return false;
+    }
+    return true;
+}
+
+uint64_t cx_sharding_hash(const cx_sharding *s)
+{
+    if (cx_sharding_is_replicated(s)) return 0x5eedull;
+    uint64_t h = cx_hash64(&s->mesh->hash, sizeof s->mesh->hash);
+    h = cx_hash64_more(s->naxes, sizeof s->naxes, h);
+    h = cx_hash64_more(s->axes, sizeof s->axes, h);
+    return cx_hash64_more(&s->partial, sizeof s->partial, h ^ s->ndim);
+}
+
+int cx_sharding_ways(const cx_sharding *s, int d)
+{
+    int k = 1;
+    for (int i = 0; s && i < s->naxes[d]; i++) k *= s->mesh->shape[s->axes[d][i]];
+    return k;
+}
+
+int cx_sharding_index(const cx_sharding *s, int d, int rank)
+{
+    if (!s || !s->naxes[d]) return 0;
+    int coord[CX_MESH_MAX_DIMS];
+    if (!cx_mesh_coords(s->mesh, rank, coord)) return 0;
+    int idx = 0;
+    for (int i = 0; i < s->naxes[d]; i++) idx = idx * s->mesh->shape[s->axes[d][i]] + coord[s->axes[d][i]];
+    return idx;
+}
+
+void cx_sharding_local_shape(const cx_sharding *s, const int64_t *global, int64_t *local)
+{
+    for (int d = 0; d < (s ? s->ndim : 0); d++) {
+        int64_t k = cx_sharding_ways(s, d);
+        local[d] = (global[d] + k - 1) / k;
+    }
+}
+
+int cx_axes_of_mask(unsigned mask, uint8_t *axes)
+{
+    int n = 0;
+    for (int a = 0; a < CX_MESH_MAX_DIMS; a++) if (mask >> a & 1) axes[n++] = (uint8_t)a;
+    return n;
+}
+
+const char *cx_sharding_describe(const cx_sharding *s, char *buf, size_t cap)
+{
+    if (cx_sharding_is_replicated(s)) { snprintf(buf, cap, "replicated"); return buf; }
+    size_t n = (size_t)snprintf(buf, cap, "{devices=[");
+    for (int d = 0; d < s->ndim && n < cap; d++) n += (size_t)snprintf(buf + n, cap - n, "%s%d", d ? "," : "", cx_sharding_ways(s, d));
+    if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "] mesh=(");
+    for (int a = 0; a < s->mesh->ndim && n < cap; a++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%d", a ? "," : "", s->mesh->names[a][0] ? s->mesh->names[a] : "_", s->mesh->shape[a]);
+    if (n < cap) n += (size_t)snprintf(buf + n, cap - n, ") spec=(");
+    for (int d = 0; d < s->ndim && n < cap; d++) {
+        if (d && n < cap) n += (size_t)snprintf(buf + n, cap - n, ", ");
+        if (!s->naxes[d] && n < cap) n += (size_t)snprintf(buf + n, cap - n, "None");
+        if (s->naxes[d] > 1 && n < cap) n += (size_t)snprintf(buf + n, cap - n, "(");
+        for (int i = 0; i < s->naxes[d] && n < cap; i++) {
+            int a = s->axes[d][i];
+            if (s->mesh->names[a][0]) n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", s->mesh->names[a]);
+            else n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? ", " : "", a);
+        }
+        if (s->naxes[d] > 1 && n < cap) n += (size_t)snprintf(buf + n, cap - n, ")");
+    }
+    if (n < cap) n += (size_t)snprintf(buf + n, cap - n, ")");
+    if (s->partial && n < cap) n += (size_t)snprintf(buf + n, cap - n, " partial=0x%x", s->partial);
+    if (n < cap) snprintf(buf + n, cap - n, "}");
+    return buf;
+}
+
+/* ---- cx_mark_sharding ------------------------------------------------------------------------ */
+
+static cx_status spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int nd, cx_sharding *s)
+{
+    if (!g_spmd) {
+        cx_set_last_error("mark_sharding: SPMD mode is off (call cx_use_spmd first)");
+        return CX_ERR_ARG;
+    }
+    if (!mesh) { cx_set_last_error("mark_sharding: mesh is NULL (and no global mesh is set)"); return CX_ERR_ARG; }
+    if (nspec != nd || (nspec && !spec)) {
+        cx_set_last_error("mark_sharding: the partition spec has %d entries but the tensor has rank %d", nspec, nd);
+        return CX_ERR_ARG;
+    }
+    *s = cx_sharding_replicated(mesh, nd);
+    unsigned used = 0;
+    for (int d = 0; d < nd; d++) {
+        if (spec[d].naxes < 0 || spec[d].naxes > mesh->ndim) {
+            cx_set_last_error("mark_sharding: spec entry %d lists %d axes; the mesh has %d", d, spec[d].naxes, mesh->ndim);
+            return CX_ERR_ARG;
+        }
+        for (int i = 0; i < spec[d].naxes; i++) {
+            int a = spec[d].axes[i];
+            const char *nm = spec[d].names[i];
+            if (nm) {
+                a = cx_mesh_axis_index(mesh, nm);
+                if (a < 0) { cx_set_last_error("mark_sharding: spec entry %d names axis '%s', which the mesh does not have", d, nm); return CX_ERR_ARG; }
+            } else if (a < 0 || a >= mesh->ndim) {
+                cx_set_last_error("mark_sharding: spec entry %d names axis %d; the mesh has axes 0..%d", d, a, mesh->ndim - 1);
+                return CX_ERR_ARG;
+            }
+            if (used >> a & 1) {
+                cx_set_last_error("mark_sharding: mesh axis %s%s%d is used twice in the partition spec",
+                                  mesh->names[a][0] ? mesh->names[a] : "", mesh->names[a][0] ? " = " : "", a);
+                return CX_ERR_ARG;
+            }
+            used |= 1u << a;
+            s->axes[d][s->naxes[d]++] = (uint8_t)a;
+        }
+    }
+    return CX_OK;
+}
+
+/* Moves the rows of every shard between a global array and this rank's
+ * padded shard (to_local: global -> shard, zeros in the padding). */
+static void shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf,
+                       void *global_buf, bool to_local)
+{
+    int nd = s->ndim;
+    int64_t local[CX_MAX_DIMS], start[CX_MAX_DIMS], gstride[CX_MAX_DIMS], idx[CX_MAX_DIMS] = { 0 };
+    cx_sharding_local_shape(s, global, local);
+    int64_t g = 1;
+    for (int d = nd - 1; d >= 0; d--) { gstride[d] = g; g *= global[d]; start[d] = cx_sharding_index(s, d, rank) * local[d]; }
+    int64_t inner = nd ? local[nd - 1] : 1, rows = cx_shape_numel(local, nd) / (inner ? inner : 1);
+    int64_t valid_inner = nd ? global[nd - 1] - start[nd - 1] : 1;
+    if (valid_inner > inner) valid_inner = inner;
+    if (valid_inner < 0) valid_inner = 0;
+    for (int64_t r = 0; r < rows && inner; r++) {
+        char *lrow = (char *)local_buf + (size_t)(r * inner) * es;
+        bool inside = true;
+        int64_t off = 0;
+        for (int d = 0; d < nd - 1; d++) {
+            int64_t gi = start[d] + idx[d];
+            if (gi >= global[d]) inside = false;
+            off += gi * gstride[d];
+        }
+        if (nd) off += start[nd - 1];
+        if (to_local) {
+            if (inside) memcpy(lrow, (char *)global_buf + (size_t)off * es, (size_t)valid_inner * es);
+            memset(lrow + (size_t)(inside ? valid_inner : 0) * es, 0, (size_t)(inner - (inside ? valid_inner : 0)) * es);
+        } else if (inside) {
+            memcpy((char *)global_buf + (size_t)off * es, lrow, (size_t)valid_inner * es);
+        }
+        for (int d = nd - 2; d >= 0; d--) { if (++idx[d] < local[d]) break; idx[d] = 0; }
+    }
+}
+
+static cx_sharding *sharding_dup(const cx_sharding *s)
+{
+    if (cx_sharding_is_replicated(s)) return NULL;
+    cx_sharding *c = malloc(sizeof *c);
+    if (c) *c = *s;
+    return c;
+}
+
+/* A host value keeps only this rank's shard: a new data leaf. */
+static cx_status shard_data_leaf(cx_tensor *t, const cx_sharding *s)
+{
+    cx_node *x = t->node;
+    int64_t local[CX_MAX_DIMS];
+    cx_sharding_local_shape(s, x->shape, local);
+    size_t es = cx_dtype_size((cx_dtype)x->dtype);
+    cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, x->ndim) * es);
+    if (!b) return CX_ERR_OOM;
+    shard_copy(s, x->shape, cx_comm_rank(), es, b->data, x->buf->data, true);
+    cx_node *d = cx_node_data(b, (cx_dtype)x->dtype, x->shape, x->ndim);
+    if (!d || !(d->sharding = sharding_dup(s))) {
+        if (d) cx_node_unref(d); else cx_buffer_unref(b);
+        cx_set_last_error("mark_sharding: out of memory");
+        return CX_ERR_OOM;
+    }
+    if (x->flags & NF_REQUIRES_GRAD) { d->flags |= NF_REQUIRES_GRAD; d->grad_leaf = x->grad_leaf; }
+    cx_set_node(t, d);
+    cx_node_unref(d);
+    return CX_OK;
+}
+
+/* Anything else gets an identity node carrying the annotation: the
+ * partitioner reshards the value there. */
+static cx_status annotate(cx_tensor *t, const cx_sharding *s)
+{
+    cx_node *x = t->node;
+    cx_node_desc d = { .op = OP_RESHAPE, .dtype = (cx_dtype)x->dtype, .ndim = x->ndim, .shape = x->shape,
+                       .ninputs = 1, .inputs = &x, .flags = NF_PINNED | (x->flags & NF_REQUIRES_GRAD) };
+    cx_node *n = cx_node_make(&d);
+    if (n) n->sharding = malloc(sizeof *n->sharding);
+    if (!n || !n->sharding) {
+        if (n) cx_node_unref(n);
+        cx_set_last_error("mark_sharding: out of memory");
+        return CX_ERR_OOM;
+    }
+    *n->sharding = *s;
+    cx_set_node(t, n);
+    cx_node_unref(n);
+    return CX_OK;
+}
+
+cx_status cx_spmd_annotate(cx_tensor *t, const cx_sharding *s)
+{
+    if (!t || t->node->op == OP_ERROR) return CX_OK;
+    return annotate(t, s);
+}
+
+cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entry *spec, int nspec)
+{
+    if (!t) { cx_set_last_error("mark_sharding: tensor is NULL"); return CX_ERR_ARG; }
+    if (t->node->op == OP_ERROR) { cx_set_last_error("%s", t->node->err); return CX_ERR_SHAPE; }
+    if (!mesh) mesh = g_global_mesh;
+    cx_sharding s;
+    cx_status st = spec_to_sharding(mesh, spec, nspec, t->node->ndim, &s);
+    if (st != CX_OK) return st;
+    cx_node *x = t->node;
+    if (x->op == OP_DATA && !x->buf) {
+        cx_set_last_error("mark_sharding: the tensor is deferred or a placeholder; materialize it first");
+        return CX_ERR_ARG;
+    }
+    if (x->op == OP_DATA && cx_sharding_equal(x->sharding, &s)) return CX_OK;
+    if (x->op == OP_DATA && !x->sharding) return cx_sharding_is_replicated(&s) ? CX_OK : shard_data_leaf(t, &s);
+    if (t->flags & TF_REQUIRES_GRAD && x->op == OP_DATA) {
+        cx_set_last_error("mark_sharding: a leaf that requires grad is already sharded as %s; it cannot be resharded",
+                          cx_sharding_describe(x->sharding, (char[256]){ 0 }, 256));
+        return CX_ERR_ARG;
+    }
+    return annotate(t, &s);
+}
+
+cx_status cx_clear_sharding(cx_tensor *t)
+{
+    if (!t) { cx_set_last_error("clear_sharding: tensor is NULL"); return CX_ERR_ARG; }
+    const cx_sharding *cur = t->node->sharding;
+    if (!cur) return CX_OK;
+    cx_spec_entry none[CX_MAX_DIMS] = { 0 };
+    return cx_mark_sharding(t, cur->mesh, none, t->node->ndim);
+}
+
+const char *cx_sharding_spec(cx_tensor *t, char *buf, size_t cap)
+{
+    if (!buf || !cap) return buf;
+    return cx_sharding_describe(t ? t->node->sharding : NULL, buf, cap);
+}
+
+/* ---- reads ------------------------------------------------------------------------------------ */
+
+cx_status cx_spmd_gather_value(const cx_node *x, void *out)
+{
+    const cx_sharding *s = x->sharding;
+    int world = cx_comm_world_size();
+    size_t local_bytes = x->buf->bytes, es = cx_dtype_size((cx_dtype)x->dtype);
+    char *all = malloc(local_bytes * (size_t)world + 1);
+    if (!all) { cx_set_last_error("to_host: out of memory gathering a sharded tensor"); return CX_ERR_OOM; }
+    cx_comm_op op = { .kind = CX_COLL_ALL_GATHER, .red = CX_RED_SUM, .scale = 1.0, .dtype = CX_U8, .in = x->buf->data,
+                      .out = all, .count = (int64_t)local_bytes, .label = "gather a sharded tensor to host" };
+    cx_status st = cx_comm_run(&op);
+    for (int r = 0; st == CX_OK && r < world; r++)
+        shard_copy(s, x->shape, r, es, all + (size_t)r * local_bytes, out, false);
+    free(all);
+    return st;
+}
+
+cx_status cx_local_shard_to_host(cx_tensor *t, void *out, size_t cap_bytes, cx_dtype dtype, int64_t *shape)
+{
+    if (!t || !out) { cx_set_last_error("local_shard_to_host: NULL argument"); return CX_ERR_ARG; }
+    if (t->node->op != OP_DATA) {
+        cx_status st = cx_materialize(&t, 1, "value read");
+        if (st != CX_OK) return st;
+    }
+    cx_node *x = t->node;
+    if (!x->buf) { cx_set_last_error("local_shard_to_host: the tensor holds no value"); return CX_ERR_STATE; }
+    int64_t local[CX_MAX_DIMS];
+    memcpy(local, x->shape, sizeof local);
+    if (x->sharding) cx_sharding_local_shape(x->sharding, x->shape, local);
+    int64_t n = cx_shape_numel(local, x->ndim);
+    if ((size_t)n * cx_dtype_size(dtype) > cap_bytes) {
+        cx_set_last_error("local_shard_to_host: the shard has %lld elements; the buffer holds %zu bytes", (long long)n, cap_bytes);
+        return CX_ERR_ARG;
+    }
+    if (shape) memcpy(shape, local, sizeof(int64_t) * (size_t)x->ndim);
+    cx_convert_values(out, dtype, x->buf->data, (cx_dtype)x->dtype, n);
+    return CX_OK;
+}

@@ -1,0 +1,69 @@
+/* SPMD internals shared by the annotation API (spmd.c), the partitioner
+ * (compile/partition.c) and sync: meshes, shardings and the geometry of a
+ * shard. */
+#ifndef CX_SPMD_INTERNAL_H
+#define CX_SPMD_INTERNAL_H
+
+#include <cxla/spmd.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct cx_mesh {
+    int id;                                        /* registry index + 1 */
+    int ndim;
+    int shape[CX_MESH_MAX_DIMS];
+    char names[CX_MESH_MAX_DIMS][CX_MESH_AXIS_NAME_MAX];
+    int ndevices;
+    int *device_ids;                               /* row major */
+    uint64_t hash;                                 /* of shape, names and devices */
+};
+
+/* How one tensor splits over one mesh. Dimension d splits over the mesh
+ * axes axes[d][0 .. naxes[d]) (major first); `partial` marks mesh axes over
+ * which each device holds a summand of the value (a contraction split
+ * there), never set on a value a user can see. */
+typedef struct cx_sharding {
+    const cx_mesh *mesh;
+    uint8_t ndim;
+    uint8_t naxes[CX_MAX_DIMS];
+    uint8_t axes[CX_MAX_DIMS][CX_MESH_MAX_DIMS];
+    uint8_t partial;                               /* bit a: partial over mesh axis a */
+} cx_sharding;
+
+/* A replicated sharding of rank nd on mesh. */
+cx_sharding cx_sharding_replicated(const cx_mesh *mesh, int nd);
+bool cx_sharding_is_replicated(const cx_sharding *s);
+bool cx_sharding_equal(const cx_sharding *a, const cx_sharding *b);
+/* A fingerprint for keys: equal across ranks for equal shardings. */
+uint64_t cx_sharding_hash(const cx_sharding *s);
+/* The number of shards of dimension d. */
+int cx_sharding_ways(const cx_sharding *s, int d);
+/* The shard of dimension d that `rank` holds (0 .. ways). */
+int cx_sharding_index(const cx_sharding *s, int d, int rank);
+/* Each dimension's shard size: ceil(global / ways). */
+void cx_sharding_local_shape(const cx_sharding *s, const int64_t *global, int64_t *local);
+/* The replica groups of the ranks that differ only along `axes` (in that
+ * order, the first the major one), interned for a collective's attribute.
+ * @return the group id (0: every rank), -1 with the error set. */
+int64_t cx_mesh_axes_group(const cx_mesh *mesh, const uint8_t *axes, int naxes, int *group_size);
+/* Bit mask of mesh axes -> their indices in increasing order. @return count. */
+int cx_axes_of_mask(unsigned mask, uint8_t *axes);
+/* "(data, None)" style. */
+const char *cx_sharding_describe(const cx_sharding *s, char *buf, size_t cap);
+
+/* The rank's position in the mesh: coords[0 .. ndim), false if absent. */
+bool cx_mesh_coords(const cx_mesh *mesh, int rank, int *coords);
+
+/* Interns a replica group list (comm.c). @return as cx_mesh_axes_group. */
+int64_t cx_groups_intern(const cx_replica_groups *rg, const char *op, int *group_size);
+
+/* Copies a sharded data node's shards from every rank into the global
+ * value at out (the node's dtype). Collective. @return CX_OK or an error. */
+typedef struct cx_node cx_node;
+cx_status cx_spmd_gather_value(const cx_node *x, void *out);
+
+/* Replaces t's node by an identity carrying the annotation s (the
+ * gradient of a sharded leaf, the value assigned to one). */
+cx_status cx_spmd_annotate(cx_tensor *t, const cx_sharding *s);
+
+#endif
