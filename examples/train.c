@@ -40,7 +40,7 @@ typedef struct {
     double target_accuracy;   /* percent; 0: no target */
     int64_t width;
     int depth;
-    const char *parallel;     /* none, ddp, xm, fsdp */
+    const char *parallel;     /* none, ddp, xm, fsdp, spmd */
     const char *grad_comm;    /* ddp, xm: f32 or bf16 */
     int zero;                 /* fsdp: 2 or 3 */
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
@@ -58,7 +58,7 @@ typedef struct {
 static const char *const k_models[] = { "cnn", "lenet", "mlp", NULL };
 static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", NULL };
 static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
-static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", NULL };
+static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", "spmd", NULL };
 static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
 
 /* The defaults, then the flags given. The table is also the --help text.
@@ -96,7 +96,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "depth", .kind = CLI_INT, .dest = &c->depth, .min = 0, .max = 1000, .help = "mlp hidden layers" },
         { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
           .help = "data parallelism over the ranks of xla-launch:\n"
-                  "ddp = DistributedDataParallel, xm = xm.optimizer_step,\nfsdp = fully sharded" },
+                  "ddp = DistributedDataParallel, xm = xm.optimizer_step,\nfsdp = fully sharded, "
+                  "spmd = the seed's mnist_xla.py\nshardings (cnn; an even number of ranks)" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
           .help = "ddp, xm: gradients all-reduced as they are, or\nas bf16 summed in f32 (bf16_compress_hook)" },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
@@ -216,8 +217,9 @@ typedef struct {
 static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dataset_size, int64_t batches)
 {
     if (!p->loss) return;
-    /* samples seen by all ranks together, as the single-process log counts them */
-    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch, (long long)(p->batch * batch_size * cx_world_size()),
+    /* samples seen by all ranks together, as the single-process log counts them (an SPMD batch is global) */
+    int64_t feeders = cx_is_spmd() ? 1 : cx_world_size();
+    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch, (long long)(p->batch * batch_size * feeders),
            (long long)dataset_size, 100.0 * (double)p->batch / (double)batches, cx_item(p->loss));
     fflush(stdout);
     cx_free(p->loss);
@@ -232,6 +234,7 @@ typedef struct {
     bool xm;          /* --parallel xm: cx_optimizer_step */
     cx_grad_comm grad_comm;   /* --grad-comm, for ddp and xm */
     cx_fsdp *fsdp;    /* --parallel fsdp: the module's forward hooks gather, autograd reduce-scatters */
+    cx_mesh *conv_mesh;   /* --parallel spmd: the input's mesh; every rank feeds the global batch */
 } parallel_mode;
 
 /* ---- checkpoints ------------------------------------------------------------------ */
@@ -365,6 +368,14 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         flush_log(&log, epoch, c->batch_size, dataset_size, batches);
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
+        if (par->conv_mesh) {   // x (N, 1, 28, 28): N over data, the channel over dim1 (padded)
+            cx_spec_entry spec[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
+            if (cx_mark_sharding(x, par->conv_mesh, spec, 4) != CX_OK) {
+                fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
+                cx_loader_end_step(loader);
+                return CX_ERR_ARG;
+            }
+        }
         cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
                                    : cx_module_forward(model, x);
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
@@ -430,7 +441,45 @@ static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
     return total[1] > 0 ? 100.0 * total[0] / total[1] : 0.0;
 }
 
-static double evaluate(cx_module *model, cx_loader *loader) { return evaluate_on(model, loader, true); }
+/* SPMD ranks all evaluate the whole test set as one program. */
+static double evaluate(cx_module *model, cx_loader *loader) { return evaluate_on(model, loader, !cx_is_spmd()); }
+
+/* The seed's mnist_xla.py: meshes (N/2, 2, 1, 1) and (N/2, 2), the conv
+ * weights split over data, fc1 over data, fc2 over data x model. @return
+ * the input's mesh, or NULL with the reason printed. */
+static cx_mesh *spmd_setup(const config *c, cx_module *model)
+{
+    int world = cx_world_size();
+    if (strcmp(c->model, "cnn") || world % 2 || c->ckpt_dir || c->resume) {
+        fprintf(stderr, "train: --parallel spmd runs the seed's cnn on an even number of ranks without checkpoints "
+                        "(got --model %s on %d rank(s)%s)\n", c->model, world, c->ckpt_dir || c->resume ? " with --ckpt-dir/--resume" : "");
+        return NULL;
+    }
+    cx_use_spmd();
+    int conv_shape[4] = { world / 2, 2, 1, 1 }, linear_shape[2] = { world / 2, 2 };
+    const char *conv_axes[4] = { "data", "dim1", "dim2", "dim3" }, *linear_axes[2] = { "data", "model" };
+    cx_mesh *conv_mesh = cx_mesh_new(NULL, 4, conv_shape, conv_axes);
+    cx_mesh *linear_mesh = conv_mesh ? cx_mesh_new(NULL, 2, linear_shape, linear_axes) : NULL;
+    if (!linear_mesh) { fprintf(stderr, "train: spmd: %s\n", cx_last_error()); return NULL; }
+    cx_spec_entry n = CX_SPEC_NONE, data = CX_SPEC_NAME("data"), mdl = CX_SPEC_NAME("model");
+    struct { const char *name; cx_mesh *mesh; cx_spec_entry spec[4]; int nd; } plan[] = {
+        { "conv1.weight", conv_mesh, { data, n, n, n }, 4 }, { "conv2.weight", conv_mesh, { data, n, n, n }, 4 },
+        { "fc1.weight", linear_mesh, { data, n }, 2 },       { "fc2.weight", linear_mesh, { data, mdl }, 2 },
+    };
+    int np;
+    cx_named_tensor *params = cx_module_parameters(model, &np);
+    for (size_t k = 0; params && k < sizeof plan / sizeof *plan; k++) {
+        cx_tensor *t = NULL;
+        for (int i = 0; i < np; i++) if (!strcmp(params[i].name, plan[k].name)) t = params[i].tensor;
+        if (!t || cx_mark_sharding(t, plan[k].mesh, plan[k].spec, plan[k].nd) != CX_OK) {
+            fprintf(stderr, "train: spmd: %s: %s\n", plan[k].name, t ? cx_last_error() : "no such parameter");
+            free(params);
+            return NULL;
+        }
+    }
+    free(params);
+    return conv_mesh;
+}
 
 /* As PyTorch/XLA's FSDP test: rank 0 stitches the last (sharded)
  * checkpoint into one file, loads it into an unwrapped model, evaluates the
@@ -541,6 +590,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "train: %s\n", cx_last_error());
             return EXIT_RUNTIME;
         }
+    } else if (!strcmp(c.parallel, "spmd")) {
+        if (!(par.conv_mesh = spmd_setup(&c, model))) return EXIT_USAGE;
     } else if (!strcmp(c.parallel, "ddp")) {
         cx_ddp_opts dopts = cx_ddp_default_opts();
         dopts.grad_comm = par.grad_comm;
@@ -578,8 +629,8 @@ int main(int argc, char **argv)
 
     cx_sampler_opts so = cx_sampler_default_opts();
     so.seed = (uint64_t)c.seed;
-    so.rank = rank;
-    so.world_size = world;
+    so.rank = par.conv_mesh ? 0 : rank;              /* spmd: every rank passes the same global batch */
+    so.world_size = par.conv_mesh ? 1 : world;
     cx_sampler *train_sampler = cx_sampler_new(cx_dataset_size(train_set), so);
     so.shuffle = false;
     cx_sampler *test_sampler = cx_sampler_new(cx_dataset_size(test_set), so);
