@@ -51,6 +51,13 @@ cx_tensor *cx_init_range(const cx_init_recipe *r, int64_t start, int64_t count, 
     return init_values(r, &count, 1, (uint64_t)start, dtype);
 }
 
+cx_tensor *cx_deferred_values(const cx_tensor *t)
+{
+    cx_init_recipe r;
+    if (!cx_deferred_recipe(t, &r)) return NULL;
+    return init_values(&r, t->node->shape, t->node->ndim, 0, (cx_dtype)t->node->dtype);
+}
+
 cx_status cx_deferred_materialize(cx_tensor *t)
 {
     cx_init_recipe r;

@@ -138,6 +138,7 @@ typedef struct cx_executable {
     /* SPMD: each output's sharding (NULL when the graph was not
      * partitioned); the persistent cache does not keep these executables */
     struct cx_sharding *out_sharding;
+    int spmd_inserted[4];   /* the partitioner's all-reduces, all-gathers, reduce-scatters, all-to-alls */
 } cx_executable;
 
 /* ---- the captured graph (compile input) ---------------------------------------- */

@@ -182,6 +182,9 @@ cx_tensor *cx_tensor_wrap(cx_node *n);
 cx_tensor *cx_tensor_of(cx_node *n);
 /* Errors: cx_set_last_error and cx_poisoned (core.h) are the only ways to
  * report one, inside the core as outside. */
+/* The lazy whole value of a deferred tensor (its recipe as a graph), or
+ * NULL when t is not deferred. */
+cx_tensor *cx_deferred_values(const cx_tensor *t);
 /* Converts n values between dtypes (a copy when equal). */
 void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n);
 /* Formats a shape as "(2, 3)" into buf. */

@@ -346,7 +346,7 @@ static cx_status spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec
                 return CX_ERR_ARG;
             }
             used |= 1u << a;
-            s->axes[d][s->naxes[d]++] = (uint8_t)a;
+            if (mesh->shape[a] > 1) s->axes[d][s->naxes[d]++] = (uint8_t)a;   /* an axis of one device splits nothing */
         }
     }
     return CX_OK;
@@ -436,6 +436,21 @@ static cx_status annotate(cx_tensor *t, const cx_sharding *s)
     return CX_OK;
 }
 
+/* A deferred tensor materializes straight into its shard: the recipe's
+ * generator is fused into the slice, so only this rank's elements are ever
+ * computed, each equal to the whole init's. */
+static cx_status shard_deferred(cx_tensor *t, const cx_sharding *s)
+{
+    cx_tensor *v = cx_deferred_values(t);
+    if (!v) { cx_set_last_error("mark_sharding: out of memory"); return CX_ERR_OOM; }
+    cx_persist(v);
+    cx_status st = cx_tensor_error(v) ? (cx_set_last_error("%s", cx_tensor_error(v)), CX_ERR_ARG) : annotate(v, s);
+    if (st == CX_OK) st = cx_sync_tensors(&v, 1);
+    if (st == CX_OK) st = cx_assign(t, v);   /* a value: t shares its buffer, nothing runs */
+    cx_free(v);
+    return st;
+}
+
 cx_status cx_spmd_annotate(cx_tensor *t, const cx_sharding *s)
 {
     if (!t || t->node->op == OP_ERROR) return CX_OK;
@@ -451,8 +466,9 @@ cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entr
     cx_status st = spec_to_sharding(mesh, spec, nspec, t->node->ndim, &s);
     if (st != CX_OK) return st;
     cx_node *x = t->node;
+    if (x->op == OP_DATA && !x->buf && x->init) return shard_deferred(t, &s);
     if (x->op == OP_DATA && !x->buf) {
-        cx_set_last_error("mark_sharding: the tensor is deferred or a placeholder; materialize it first");
+        cx_set_last_error("mark_sharding: the tensor is a value-less placeholder");
         return CX_ERR_ARG;
     }
     if (x->op == OP_DATA && cx_sharding_equal(x->sharding, &s)) return CX_OK;

@@ -123,12 +123,11 @@ static bool plan_aliases(sync_job *j)
 
 /* SPMD: the global graph becomes this rank's (compile/partition.c), and
  * the executable keeps each output's sharding for settle_outputs. */
-static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding)
+static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding, int *inserted)
 {
     const cx_sharding **ann = calloc((size_t)g->n + 1, sizeof *ann);
     cx_sharding *osh = calloc((size_t)g->n_outputs + 1, sizeof *osh);
     cx_graph local;
-    int inserted[4];
     bool ok = ann && osh;
     for (int i = 0; ok && i < g->n; i++) ann[i] = j->cp->nodes[i]->sharding;
     if (ok) ok = cx_pass_partition(g, ann, cx_comm_rank(), &local, osh, inserted);
@@ -155,9 +154,10 @@ static cx_status compile_graph(sync_job *j)
     double tc = cx_now();
     cx_graph g;
     cx_sharding *out_sharding = NULL;
+    int inserted[4] = { 0 };
     bool ok = cx_capture_to_graph(j->cp, j->outs, j->nouts, j->out_alias, &g);
     if (!ok) { cx_graph_release(&g); cx_set_last_error("compile: out of memory"); return CX_ERR_OOM; }
-    if (cx_is_spmd() && graph_is_sharded(j->cp) && !partition_graph(j, &g, &out_sharding)) {
+    if (cx_is_spmd() && graph_is_sharded(j->cp) && !partition_graph(j, &g, &out_sharding, inserted)) {
         cx_graph_release(&g);
         return CX_ERR_STATE;
     }
@@ -165,6 +165,7 @@ static cx_status compile_graph(sync_job *j)
     cx_graph_release(&g);
     if (!j->e) { free(out_sharding); return CX_ERR_STATE; }
     j->e->out_sharding = out_sharding;
+    memcpy(j->e->spmd_inserted, inserted, sizeof inserted);
     j->e->key_hi = j->key.hi;
     j->e->key_lo = j->key.lo;
     cx_key128 shared = cx_capture_shared_key(j->cp);

@@ -2,6 +2,7 @@
  * and the XLA_SAVE_TENSORS_FILE record of every executed graph. */
 #include "obs/obs_internal.h"
 #include "cx_vec.h"
+#include "spmd_internal.h"
 
 #include <cxla/cxla.h>
 
@@ -25,6 +26,25 @@ static void attrs_str(cx_sbuf *b, const cx_node *x)
         cx_sb_printf(b, "]");
     }
     if (x->flags & NF_PINNED) cx_sb_printf(b, ", pinned");
+    if (x->sharding) {
+        char d[320];
+        cx_sb_printf(b, ", sharding=%s", cx_sharding_describe(x->sharding, d, sizeof d));
+    }
+}
+
+/* What the SPMD partitioner made of the graph: the collectives it added and
+ * each output's sharding. */
+static void spmd_str(cx_sbuf *b, const cx_executable *e)
+{
+    if (!e || !e->out_sharding) return;
+    const int *k = e->spmd_inserted;
+    cx_sb_printf(b, "SPMD: partitioned for rank %d; the partitioner added %d all-reduce, %d all-gather, "
+                    "%d reduce-scatter, %d all-to-all\n", cx_comm_rank(), k[0], k[1], k[2], k[3]);
+    for (int o = 0; o < e->n_outputs; o++) {
+        char d[320];
+        if (!cx_sharding_is_replicated(&e->out_sharding[o]))
+            cx_sb_printf(b, "SPMD: ROOT=%d sharding=%s\n", o, cx_sharding_describe(&e->out_sharding[o], d, sizeof d));
+    }
 }
 
 static const char *op_name(const cx_node *x)
@@ -75,6 +95,11 @@ static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int
         const cx_node *x = nodes[i];
         cx_sb_printf(b, "  n%d [label=\"%%%d %s\\n", i, i, op_name(x));
         type_str(b, x);
+        if (x->sharding) {
+            char d[320];
+            cx_sb_printf(b, "\\n");
+            dot_escape(b, cx_sharding_describe(x->sharding, d, sizeof d));
+        }
         for (int r = 0; r < nroots; r++) if (roots[r] == x) cx_sb_printf(b, "\\nROOT=%d", r);
         cx_sb_printf(b, "\"");
         if (is_leaf_value(x)) cx_sb_printf(b, ", style=filled, fillcolor=\"#dde8ff\"");
@@ -152,6 +177,7 @@ static void dump_graph(const cx_obs_graph_info *gi)
         cx_sb_printf(&b, "[cx_graph %lld]\nCause: %s\nGraph Hash: %016llx%016llx\nCompile: %s\n", (long long)g_graph_seq,
                   cause, (unsigned long long)hi, (unsigned long long)lo,
                   source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
+        spmd_str(&b, gi->e);
         cx_sb_printf(&b, "## BEGIN_GRAPH\n");
         cx_obs_format_text(&b, gi->nodes, gi->n, gi->outs, gi->nouts, NULL);
         cx_sb_printf(&b, "## END_GRAPH\n\n");

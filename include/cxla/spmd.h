@@ -75,10 +75,12 @@ typedef struct {
  * evenly is padded to the next multiple. A host value (cx_from_host, or any
  * computed value) keeps only this rank's shard; every rank must pass the
  * same values. A pending value is resharded where the graph computes it.
- * A tensor that requires grad stays a leaf; its gradient comes out sharded
+ * A deferred tensor (cx_deferred_init_begin) materializes straight into
+ * this rank's shard, bit-identical to the same slice of the whole init. A
+ * tensor that requires grad stays a leaf; its gradient comes out sharded
  * like it. @return CX_OK; CX_ERR_ARG naming the problem for a missing or
- * repeated axis, a spec of the wrong length, SPMD mode off, or a deferred
- * tensor; CX_ERR_OOM. */
+ * repeated axis, a spec of the wrong length, SPMD mode off, or a
+ * value-less placeholder; CX_ERR_OOM. */
 CX_API cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entry *spec, int nspec);
 /* Makes t replicated again (gathering a sharded value at the next sync).
  * @return CX_OK, or as cx_mark_sharding. */

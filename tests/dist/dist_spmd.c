@@ -129,6 +129,42 @@ static void equals_unsharded(void)
     }
 }
 
+/* A deferred layer marked sharded materializes only this rank's shard, and
+ * the shards gathered back equal an eager init bit for bit (an even and an
+ * uneven split). */
+static void deferred_shards_equal_eager(void)
+{
+    for (int out = 8; out >= 7; out--) {
+        cx_manual_seed(77);
+        cx_module *eager = cx_nn_linear(12, out, true);
+        cx_manual_seed(77);
+        cx_deferred_init_begin();
+        cx_module *lazy = cx_nn_linear(12, out, true);
+        cx_deferred_init_end();
+        int ne, nl;
+        cx_named_tensor *pe = cx_module_parameters(eager, &ne), *pl = cx_module_parameters(lazy, &nl);
+        for (int i = 0; i < ne && i < nl; i++) {
+            cx_tensor *t = pl[i].tensor;
+            int nd = cx_ndim(t);
+            cx_spec_entry spec[2] = { CX_SPEC_NAME("x"), CX_SPEC_NONE };   /* (out, in): split the outputs */
+            CHECK(cx_mark_sharding(t, g_mesh1, spec, nd) == CX_OK, "deferred %s: %s", pl[i].name, cx_last_error());
+            int64_t n = cx_numel(t), local[2] = { 0, 0 };
+            float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+            CHECK(cx_to_host(pe[i].tensor, a, CX_F32) == CX_OK && cx_to_host(t, b, CX_F32) == CX_OK, "read: %s", cx_last_error());
+            CHECK(!memcmp(a, b, sizeof(float) * (size_t)n), "deferred %s (%d outputs): the gathered shards differ from the eager init",
+                  pl[i].name, out);
+            CHECK(cx_local_shard_to_host(t, a, sizeof(float) * (size_t)n, CX_F32, local) == CX_OK, "local: %s", cx_last_error());
+            int64_t k = cx_global_runtime_device_count();
+            CHECK(local[0] == (out + k - 1) / k, "deferred %s: the local shard has %lld rows, not %lld", pl[i].name,
+                  (long long)local[0], (long long)((out + k - 1) / k));
+            free(a); free(b);
+        }
+        free(pe); free(pl);
+        cx_module_free(eager);
+        cx_module_free(lazy);
+    }
+}
+
 /* Every rank gets the same one-line error, and nothing hangs. */
 static void bad_specs(void)
 {
@@ -177,6 +213,7 @@ int main(int argc, char **argv)
         CHECK(g_mesh2 != NULL, "2-D mesh: %s", cx_last_error());
     }
     equals_unsharded();
+    deferred_shards_equal_eager();
     bad_specs();
     return dist_finish("dist_spmd");
 }
