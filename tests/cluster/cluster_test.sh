@@ -2,7 +2,8 @@
 # Multi-node tests on a cluster of 2 namespace hosts (cluster.sh), 2 ranks
 # each, through xla-launch --hostfile (mpirun over ssh, TCP between hosts).
 # Each CASE brings the cluster up and tears it down, also after a failure.
-#   ddp, zero3  the trainer's losses on 2 x 2 equal 4 ranks on one node (1e-5)
+#   ddp, zero3, spmd
+#               the trainer's losses on 2 x 2 equal 4 ranks on one node (1e-5)
 #   env         LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and hostnames right
 #               on every host; every XLA_*, PT_XLA_*, CX_*, OMP_*, OPENBLAS_*
 #               setting reaches every rank; one trace folder per rank
@@ -44,9 +45,12 @@ same_losses() {
 }
 
 case $CASE in
-ddp | zero3)
-    if [ "$CASE" = ddp ]; then PAR="--parallel ddp"; else PAR="--parallel fsdp --zero 3"; fi
-    RUN="--model mlp --width 64 --depth 2 --data fake --steps 40 --log-every 5 --threads 1 $PAR"
+ddp | zero3 | spmd)
+    case $CASE in
+    ddp) RUN="--model mlp --width 64 --depth 2 --data fake --steps 40 --log-every 5 --threads 1 --parallel ddp" ;;
+    zero3) RUN="--model mlp --width 64 --depth 2 --data fake --steps 40 --log-every 5 --threads 1 --parallel fsdp --zero 3" ;;
+    spmd) RUN="--model cnn --data fake --steps 6 --log-every 1 --batch-size 32 --threads 1 --parallel spmd" ;;
+    esac
     "$LAUNCH" --nproc 4 "$TRAIN" $RUN > "$W/one.out" 2>&1 || { cat "$W/one.out"; fail "one-node run"; }
     on_cluster "$TRAIN" $RUN > "$W/two.out" 2>&1 || { cat "$W/two.out"; fail "2-host run"; }
     losses "$W/one.out" > "$W/one.l"
