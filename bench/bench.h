@@ -88,6 +88,10 @@ typedef struct bench_trainer bench_trainer;
 /* Takes the model; runs the warm-up steps (the first compiles). NULL after
  * printing why. */
 bench_trainer *bench_trainer_new(struct cx_module *m, int64_t batch, bool ddp);
+/* The same under SPMD: every rank passes the global batch, split over
+ * input_mesh's data and dim1 axes (the model's parameters already marked). */
+struct cx_mesh;
+bench_trainer *bench_trainer_new_spmd(struct cx_module *m, int64_t global_batch, struct cx_mesh *input_mesh);
 /* bench_side unit: one step. */
 double bench_trainer_step(void *trainer);
 void bench_trainer_free(bench_trainer *t);
@@ -105,6 +109,7 @@ void bench_sgemm_free(bench_sgemm *g);
 int bench_core(int argc, char **argv, bench_cfg cfg);
 int bench_ckpt(int argc, char **argv, bench_cfg cfg);
 int bench_train(int argc, char **argv, bench_cfg cfg);
+int bench_spmd(int argc, char **argv, bench_cfg cfg);
 int bench_comm(int argc, char **argv, bench_cfg cfg);
 int bench_ddp(int argc, char **argv, bench_cfg cfg);
 int bench_fsdp(int argc, char **argv, bench_cfg cfg);

@@ -651,3 +651,70 @@ out:
     cx_dist_finalize();
     return rc;
 }
+
+/* ---- spmd ------------------------------------------------------------------------ */
+
+/* The seed's mnist_xla.py shardings on the cnn (train --parallel spmd).
+ * @return the input's mesh, NULL after printing why. */
+static cx_mesh *seed_shardings(cx_module *m)
+{
+    int n = cx_world_size(), conv_shape[4] = { n / 2, 2, 1, 1 }, linear_shape[2] = { n / 2, 2 };
+    const char *conv_axes[4] = { "data", "dim1", "dim2", "dim3" }, *linear_axes[2] = { "data", "model" };
+    cx_mesh *conv = cx_mesh_new(NULL, 4, conv_shape, conv_axes);
+    cx_mesh *linear = conv ? cx_mesh_new(NULL, 2, linear_shape, linear_axes) : NULL;
+    cx_spec_entry none = CX_SPEC_NONE, data = CX_SPEC_NAME("data"), model = CX_SPEC_NAME("model");
+    const cx_spec_entry conv_w[4] = { data, none, none, none }, fc1[2] = { data, none }, fc2[2] = { data, model };
+    int np = 0;
+    cx_named_tensor *ps = linear ? cx_module_parameters(m, &np) : NULL;
+    bool ok = ps != NULL;
+    for (int i = 0; ok && i < np; i++) {
+        const char *nm = ps[i].name;
+        if (!strcmp(nm, "conv1.weight") || !strcmp(nm, "conv2.weight")) ok = cx_mark_sharding(ps[i].tensor, conv, conv_w, 4) == CX_OK;
+        else if (!strcmp(nm, "fc1.weight")) ok = cx_mark_sharding(ps[i].tensor, linear, fc1, 2) == CX_OK;
+        else if (!strcmp(nm, "fc2.weight")) ok = cx_mark_sharding(ps[i].tensor, linear, fc2, 2) == CX_OK;
+    }
+    free(ps);
+    if (!ok) fprintf(stderr, "cxla-bench spmd: %s\n", cx_last_error());
+    return ok ? conv : NULL;
+}
+
+int bench_spmd(int argc, char **argv, bench_cfg cfg)
+{
+    int64_t batch = 256;
+    const cli_flag extra[] = {
+        { .name = "batch-size", .kind = CLI_I64, .dest = &batch, .min = 2, .max = 1 << 16, .help = "global batch (the seed's: 256)" },
+    };
+    int rc = bench_parse("spmd", argc, argv, extra, 1, &cfg);
+    if (rc >= 0) return rc;
+    if ((rc = dist_start("spmd", &argc, &argv, &cfg)) >= 0) return rc;
+    int n = cx_world_size();
+    if (n % 2 || batch % n) {
+        fprintf(stderr, "cxla-bench spmd: needs an even number of ranks dividing the batch (%d ranks, batch %lld)\n", n,
+                (long long)batch);
+        cx_dist_finalize();
+        return 2;
+    }
+    cx_use_spmd();
+    /* both stay built, so no round pays a set-up or compile; DDP's graphs
+     * carry no sharding and are not partitioned */
+    cx_module *sm = bench_cnn();
+    cx_mesh *mesh = sm ? seed_shardings(sm) : NULL;
+    bench_trainer *s = mesh ? bench_trainer_new_spmd(sm, batch, mesh) : NULL;
+    bench_trainer *d = s ? bench_trainer_new(bench_cnn(), batch / n, true) : NULL;
+    rc = 1;
+    if (!d) goto out;
+    bench_side sides[2] = { { .unit = bench_trainer_step, .ctx = s }, { .unit = bench_trainer_step, .ctx = d } };
+    bench_series ips = { 0 };
+    for (int r = 0; r < cfg.rounds; r++) {
+        double sec[2];
+        if (!bench_round(&cfg, r, sides, 2, sec)) goto out;
+        bench_add(&ips, (double)batch / sec[0], (double)batch / sec[1]);
+    }
+    emit0("spmd_seed_images_per_s", "images/s", &ips);
+    rc = 0;
+out:
+    bench_trainer_free(s);
+    bench_trainer_free(d);
+    cx_dist_finalize();
+    return rc;
+}

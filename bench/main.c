@@ -55,6 +55,10 @@ static const subcommand g_subcommands[] = {
       "The communication figures, on an mlp 784-2048-2048-10 (23 MB of gradients; medians over steps):\n"
       "ddp_exposed_comm_ms: all-reduce time a step waits for vs its all-reduce time\n"
       "ddp_shm_exposed_comm_ms, ddp_shm_allreduce_ms: the same with shared-memory collectives vs MPI", 0 },
+    { "spmd", bench_spmd,
+      "Run under xla-launch --nproc N (N even; the README's figures: N = 4).\n"
+      "spmd_seed_images_per_s: the seed's mnist_xla.py run (cnn, its SPMD shardings, global batch 256) vs DDP on the\n"
+      "same ranks (batch 256 / N per rank)", 0 },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
