@@ -116,6 +116,13 @@ static int emit_pad_high(pctx *c, int x, int d, int64_t hi)
 
 /* ---- resharding ------------------------------------------------------------------------------ */
 
+static cx_sharding resolved(const cx_sharding *s)
+{
+    cx_sharding r = *s;
+    r.partial = 0;
+    return r;
+}
+
 static unsigned dim_mask(const cx_sharding *s, int d)
 {
     unsigned m = 0;
@@ -225,6 +232,29 @@ static int reshard_uncached(pctx *c, int x, const int64_t *global, cx_sharding c
     return x;
 }
 
+static bool reduce_scatters(const cx_sharding *cur, const cx_sharding *want)
+{
+    for (int d = 0; d < cur->ndim; d++)
+        if (!cur->naxes[d] && dim_mask(want, d) == cur->partial && want->mesh == cur->mesh) return true;
+    return false;
+}
+
+static int reshard(pctx *c, int i, const cx_sharding *want);
+
+/* A partial sum moved by a reshape or permute and needed whole: finish it
+ * where it was made (one all-reduce, shared by every reader of either
+ * form) and repeat the move. */
+static int finish_before_move(pctx *c, int i, cx_sharding *cur)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    int src = x->inputs[0];
+    cx_sharding whole = resolved(&c->sh[src]);
+    int y = reshard(c, src, &whole);
+    cx_gnode p = *x;
+    cur->partial = 0;
+    return emit(c, &p, &y, 1, c->nodes[c->nw[i]].shape);
+}
+
 /* The value of node i (of g) in sharding want: its node in the new graph. */
 static int reshard(pctx *c, int i, const cx_sharding *want)
 {
@@ -232,20 +262,19 @@ static int reshard(pctx *c, int i, const cx_sharding *want)
     if (cx_sharding_equal(cur, want)) return c->nw[i];
     uint64_t h = cx_sharding_hash(want);
     for (int m = 0; m < 4; m++) if (c->memo[i][m].node >= 0 && c->memo[i][m].hash == h) return c->memo[i][m].node;
-    int x = reshard_uncached(c, c->nw[i], c->g->nodes[i].shape, *cur, want);
+    cx_sharding from = *cur;
+    int x = c->nw[i];
+    const cx_gnode *g = &c->g->nodes[i];
+    if (from.partial && !want->partial && !reduce_scatters(&from, want) &&
+        (g->op == OP_RESHAPE || g->op == OP_PERMUTE) && c->sh[g->inputs[0]].partial == from.partial)
+        x = finish_before_move(c, i, &from);
+    x = reshard_uncached(c, x, g->shape, from, want);
     for (int m = 0; m < 4; m++)
         if (c->memo[i][m].node < 0) { c->memo[i][m] = (memo_entry){ h, x }; break; }
     return x;
 }
 
 /* ---- the rules ------------------------------------------------------------------------------------ */
-
-static cx_sharding resolved(const cx_sharding *s)
-{
-    cx_sharding r = *s;
-    r.partial = 0;
-    return r;
-}
 
 static int sharded_dims(const cx_sharding *s)
 {
@@ -312,8 +341,9 @@ static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx
 {
     int in = x->inputs[0];
     const cx_gnode *src = &c->g->nodes[in];
-    want[0] = resolved(&c->sh[in]);
+    want[0] = c->sh[in];
     *out = cx_sharding_replicated(want[0].mesh, x->ndim);
+    out->partial = want[0].partial;
     for (int d = 0; d < src->ndim; d++) {
         if (!want[0].naxes[d]) continue;
         int64_t k = cx_sharding_ways(&want[0], d), before = 1;
@@ -331,7 +361,7 @@ static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx
 
 static void rule_permute(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
-    want[0] = resolved(&c->sh[x->inputs[0]]);
+    want[0] = c->sh[x->inputs[0]];
     *out = want[0];
     for (int e = 0; e < x->ndim; e++) set_dim(out, e, &want[0], (int)CX_ATTR(x, CX_AT_PERM(e)));
 }

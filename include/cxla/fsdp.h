@@ -134,6 +134,30 @@ CX_API cx_status cx_fsdp_load_full_param(cx_fsdp *f, const char *name, const flo
  * @return CX_OK or CX_ERR_ARG. */
 CX_API cx_status cx_checkpoint_module(cx_module *m);
 
+/* ---- FSDPv2: FSDP through SPMD ------------------------------------------------------
+ * As torch_xla's SpmdFullyShardedDataParallel: every parameter's first
+ * dimension is sharded over the mesh axis named "fsdp" (padded when it does
+ * not divide), and so is the output of the forward; the compiler's SPMD
+ * partitioner then all-gathers each weight where it is used and
+ * reduce-scatters its gradient, and the optimizer updates shards. The input
+ * batch is the caller's to shard over "fsdp" (cx_mark_sharding). Needs
+ * cx_use_spmd. A deferred model (cx_deferred_init_begin) materializes only
+ * each rank's shards. */
+typedef struct cx_spmd_fsdp cx_spmd_fsdp;
+struct cx_mesh;
+/* Shards the forward's output (the seed's shard_output). @return CX_OK or an error. */
+typedef cx_status (*cx_shard_output_fn)(cx_tensor *output, const struct cx_mesh *mesh, void *arg);
+
+/* Wraps model (borrowed; it must outlive the wrapper). shard_output NULL:
+ * the output's first dimension over "fsdp". @return the wrapper, or NULL
+ * with the error set (SPMD off, no "fsdp" axis, a parameter refused). */
+CX_API cx_spmd_fsdp *cx_spmd_fsdp_wrap(cx_module *model, const struct cx_mesh *mesh, cx_shard_output_fn shard_output,
+                                       void *arg);
+/* The module's forward, its output sharded. @return the output (poisoned on error). */
+CX_API cx_tensor *cx_spmd_fsdp_forward(cx_spmd_fsdp *f, cx_tensor *x);
+CX_API cx_module *cx_spmd_fsdp_module(const cx_spmd_fsdp *f);
+CX_API void cx_spmd_fsdp_free(cx_spmd_fsdp *f);
+
 #ifdef __cplusplus
 }
 #endif

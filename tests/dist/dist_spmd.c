@@ -2,9 +2,12 @@
  * each sharding rule of a linear layer (batch, column, row with a
  * replicated and with a split input, uneven column split, a 2-D data x
  * model mesh), equals the same program unsharded within 1e-5 on losses and
- * parameters. The partitioner's collectives are counted: data parallelism
- * and the column and row splits must not fall back to gathering. Bad specs
- * and meshes that differ between ranks are one clear error on every rank. */
+ * parameters; so does FSDPv2 (eager and deferred) with AdamW. The
+ * partitioner's collectives are counted: data parallelism and the column
+ * and row splits must not fall back to gathering, FSDPv2 must
+ * reduce-scatter every gradient. A deferred layer marked sharded holds only
+ * its shard, equal to the eager init. Bad specs and meshes that differ
+ * between ranks are one clear error on every rank. */
 #include "dist_check.h"
 
 #include <string.h>
@@ -67,6 +70,7 @@ static result train(config c, bool sharded)
     cx_tensor *x = cx_persist(host(B, K, 2, 0.3, false)), *y = cx_persist(host(B, nf, 2, 1.1, false));
     cx_tensor *w = cx_persist(host(K, nf, 2, 2.0, true)), *b = cx_persist(host(nf, 1, 1, 0.7, true));
     if (sharded) annotate(c, x, y, w, b);
+    cx_cache_clear();
     cx_metrics_clear();
     for (int s = 0; s < 3; s++) {
         cx_step_begin();
@@ -165,6 +169,102 @@ static void deferred_shards_equal_eager(void)
     }
 }
 
+/* FSDPv2 on an mlp (deferred or eager) with AdamW equals the unwrapped model
+ * within 1e-5 after 3 steps, and the partitioner gathers weights and
+ * reduce-scatters their gradients (ZeRO-3), nothing else but the loss. */
+static cx_module *fsdp_mlp(bool deferred)
+{
+    cx_manual_seed(5);
+    if (deferred) cx_deferred_init_begin();
+    cx_module *l[3] = { cx_nn_linear(K, 16, true), cx_nn_relu(), cx_nn_linear(16, 8, true) };
+    cx_module *m = cx_nn_sequential(l, 3);
+    if (deferred) cx_deferred_init_end();
+    return m;
+}
+
+static void fsdp_train(cx_module *m, cx_spmd_fsdp *f, const cx_mesh *mesh, float *losses, float *params,
+                       int64_t *gathers, int64_t *scatters, int64_t *reduces)
+{
+    cx_tensor *x = cx_persist(host(B, K, 2, 0.3, false)), *y = cx_persist(host(B, 8, 2, 1.1, false));
+    if (f) mark(x, mesh, CX_SPEC_NAME("fsdp"), CX_SPEC_NONE, 2);
+    int n;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    cx_adam_opts ao = cx_adamw_default_opts();
+    ao.lr = 0.05;
+    cx_optimizer *opt = cx_optim_adamw(ps, n, ao);
+    cx_cache_clear();   /* count what this run's first step compiles */
+    cx_metrics_clear();
+    for (int s = 0; s < 3; s++) {
+        cx_step_begin();
+        cx_optim_zero_grad(opt);
+        cx_tensor *out = f ? cx_spmd_fsdp_forward(f, x) : cx_module_forward(m, x);
+        cx_tensor *d = cx_sub(out, y), *loss = cx_mean(cx_mul(d, d), NULL, 0, false);
+        CHECK(cx_backward(loss) == CX_OK, "fsdpv2 backward: %s", cx_last_error());
+        CHECK(cx_optim_step(opt) == CX_OK, "fsdpv2 step: %s", cx_last_error());
+        cx_keep(loss);
+        CHECK(cx_step_end() == CX_OK, "fsdpv2 step end: %s", cx_last_error());
+        losses[s] = (float)cx_item(loss);
+        cx_free(loss);
+        if (s == 0) {
+            *gathers = cx_counter_value("SpmdAllGather");
+            *scatters = cx_counter_value("SpmdReduceScatter");
+            *reduces = cx_counter_value("SpmdAllReduce");
+        }
+    }
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(cx_to_host(ps[i].tensor, params + off, CX_F32) == CX_OK, "read %s: %s", ps[i].name, cx_last_error());
+        off += cx_numel(ps[i].tensor);
+    }
+    free(ps);
+    cx_optim_free(opt);
+    cx_free(x);
+    cx_free(y);
+}
+
+static void fsdpv2_equals_unwrapped(void)
+{
+    int n = cx_global_runtime_device_count(), shape[2] = { n, 1 };
+    const char *names[2] = { "fsdp", "model" };
+    cx_mesh *mesh = cx_mesh_new(NULL, 2, shape, names);
+    CHECK(mesh != NULL, "fsdp mesh: %s", cx_last_error());
+    enum { NP = K * 16 + 16 + 16 * 8 + 8 };
+    float ref_l[3], ref_p[NP];
+    int64_t g, rs, ar;
+    cx_module *ref = fsdp_mlp(false);
+    fsdp_train(ref, NULL, mesh, ref_l, ref_p, &g, &rs, &ar);
+    cx_module_free(ref);
+    for (int deferred = 0; deferred < 2; deferred++) {
+        float got_l[3], got_p[NP];
+        cx_module *m = fsdp_mlp(deferred);
+        cx_spmd_fsdp *f = cx_spmd_fsdp_wrap(m, mesh, NULL, NULL);
+        CHECK(f != NULL, "spmd_fsdp_wrap: %s", cx_last_error());
+        if (!f) { cx_module_free(m); continue; }
+        fsdp_train(m, f, mesh, got_l, got_p, &g, &rs, &ar);
+        for (int s = 0; s < 3; s++)
+            CHECK(close_rel(got_l[s], ref_l[s], 1e-5), "fsdpv2%s: loss %d: %.8f, unwrapped %.8f", deferred ? " deferred" : "", s,
+                  got_l[s], ref_l[s]);
+        for (int i = 0; i < NP; i++)
+            CHECK(close_rel(got_p[i], ref_p[i], 1e-5), "fsdpv2%s: parameter element %d: %.8f, unwrapped %.8f",
+                  deferred ? " deferred" : "", i, got_p[i], ref_p[i]);
+        /* each weight gathered where it is used (2 to 4), each of the 4
+         * gradients reduce-scattered into its shard, and one all-reduce:
+         * the loss */
+        CHECK(g >= 2 && g <= 4 && rs == 4 && ar == 1,
+              "fsdpv2: the partitioner inserted %lld all-gather, %lld reduce-scatter, %lld all-reduce; want 2-4, 4 and 1",
+              (long long)g, (long long)rs, (long long)ar);
+        if (cx_global_ordinal() == 0)
+            printf("fsdpv2%-15s loss %.6f -> %.6f; inserted: %lld all-reduce, %lld all-gather, %lld reduce-scatter\n",
+                   deferred ? " (deferred)" : "", got_l[0], got_l[2], (long long)ar, (long long)g, (long long)rs);
+        cx_spmd_fsdp_free(f);
+        cx_module_free(m);
+    }
+    cx_module *m = fsdp_mlp(false);
+    CHECK(cx_spmd_fsdp_wrap(m, g_mesh1, NULL, NULL) == NULL && strstr(cx_last_error(), "'fsdp'"),
+          "a mesh without an fsdp axis: %s", cx_last_error());
+    cx_module_free(m);
+}
+
 /* Every rank gets the same one-line error, and nothing hangs. */
 static void bad_specs(void)
 {
@@ -214,6 +314,7 @@ int main(int argc, char **argv)
     }
     equals_unsharded();
     deferred_shards_equal_eager();
+    fsdpv2_equals_unwrapped();
     bad_specs();
     return dist_finish("dist_spmd");
 }
