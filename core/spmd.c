@@ -354,11 +354,11 @@ static cx_status spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec
 
 /* Moves the rows of every shard between a global array and this rank's
  * padded shard (to_local: global -> shard, zeros in the padding). */
-static void shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf,
-                       void *global_buf, bool to_local)
+static void shard_copy_rows(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf,
+                            void *global_buf, bool to_local, int64_t row0)
 {
     int nd = s->ndim;
-    int64_t local[CX_MAX_DIMS], start[CX_MAX_DIMS], gstride[CX_MAX_DIMS], idx[CX_MAX_DIMS] = { 0 };
+    int64_t local[CX_MAX_DIMS] = { 0 }, start[CX_MAX_DIMS] = { 0 }, gstride[CX_MAX_DIMS] = { 0 }, idx[CX_MAX_DIMS] = { 0 };
     cx_sharding_local_shape(s, global, local);
     int64_t g = 1;
     for (int d = nd - 1; d >= 0; d--) { gstride[d] = g; g *= global[d]; start[d] = cx_sharding_index(s, d, rank) * local[d]; }
@@ -376,14 +376,22 @@ static void shard_copy(const cx_sharding *s, const int64_t *global, int rank, si
             off += gi * gstride[d];
         }
         if (nd) off += start[nd - 1];
+        if (nd > 1) off -= row0 * gstride[0];
+        else off -= row0;
         if (to_local) {
-            if (inside) memcpy(lrow, (char *)global_buf + (size_t)off * es, (size_t)valid_inner * es);
+            if (inside && valid_inner) memcpy(lrow, (char *)global_buf + (size_t)off * es, (size_t)valid_inner * es);
             memset(lrow + (size_t)(inside ? valid_inner : 0) * es, 0, (size_t)(inner - (inside ? valid_inner : 0)) * es);
-        } else if (inside) {
+        } else if (inside && valid_inner) {
             memcpy((char *)global_buf + (size_t)off * es, lrow, (size_t)valid_inner * es);
         }
         for (int d = nd - 2; d >= 0; d--) { if (++idx[d] < local[d]) break; idx[d] = 0; }
     }
+}
+
+static void shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf,
+                       void *global_buf, bool to_local)
+{
+    shard_copy_rows(s, global, rank, es, local_buf, global_buf, to_local, 0);
 }
 
 static cx_sharding *sharding_dup(const cx_sharding *s)
@@ -479,6 +487,52 @@ cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entr
         return CX_ERR_ARG;
     }
     return annotate(t, &s);
+}
+
+cx_status cx_shard_rows(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int64_t dim0, int64_t *row0,
+                        int64_t *nrows)
+{
+    cx_sharding s;
+    if (!mesh) mesh = g_global_mesh;
+    cx_status st = spec_to_sharding(mesh, spec, nspec, nspec, &s);
+    if (st != CX_OK) return st;
+    if (nspec == 0) { *row0 = 0; *nrows = 1; return CX_OK; }
+    int64_t k = cx_sharding_ways(&s, 0), local = (dim0 + k - 1) / k;
+    *row0 = cx_sharding_index(&s, 0, cx_comm_rank()) * local;
+    if (*row0 > dim0) *row0 = dim0;
+    *nrows = dim0 - *row0 < local ? dim0 - *row0 : local;
+    return CX_OK;
+}
+
+cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *global_shape, int ndim, cx_dtype dtype,
+                                const cx_mesh *mesh, const cx_spec_entry *spec, int nspec)
+{
+    if (!mesh) mesh = g_global_mesh;
+    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("from_host_sharded: unknown dtype %d", (int)dtype);
+    if (ndim < 1 || ndim > CX_MAX_DIMS || !global_shape) return cx_poisoned("from_host_sharded: rank %d (1 to %d)", ndim, CX_MAX_DIMS);
+    for (int d = 0; d < ndim; d++)
+        if (global_shape[d] < 0) return cx_poisoned("from_host_sharded: dimension %d has size %lld", d, (long long)global_shape[d]);
+    cx_sharding s;
+    if (spec_to_sharding(mesh, spec, nspec, ndim, &s) != CX_OK) return cx_poisoned("from_host_sharded: %s", cx_last_error());
+    int64_t mine0, mine_n;
+    cx_shard_rows(mesh, spec, nspec, global_shape[0], &mine0, &mine_n);
+    if (mine_n > 0 && (!rows || row0 < 0 || row0 > mine0))
+        return cx_poisoned("from_host_sharded: the rows given start at %lld, but this rank's shard starts at row %lld",
+                           (long long)row0, (long long)mine0);
+    int64_t local[CX_MAX_DIMS];
+    cx_sharding_local_shape(&s, global_shape, local);
+    size_t es = cx_dtype_size(dtype);
+    cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, ndim) * es);
+    if (!b) return cx_poisoned("from_host_sharded: %s", cx_last_error());
+    shard_copy_rows(&s, global_shape, cx_comm_rank(), es, b->data, (void *)(uintptr_t)rows, true, row0);
+    cx_node *d = cx_node_data(b, dtype, global_shape, ndim);
+    if (d && !cx_sharding_is_replicated(&s) && !(d->sharding = sharding_dup(&s))) { cx_node_unref(d); d = NULL; b = NULL; }
+    if (!d) {
+        if (b) cx_buffer_unref(b);
+        return cx_poisoned("from_host_sharded: out of memory");
+    }
+    cx_counter_add("CreateDataHandles", 1);
+    return cx_tensor_wrap(d);
 }
 
 cx_status cx_clear_sharding(cx_tensor *t)

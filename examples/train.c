@@ -368,14 +368,6 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         flush_log(&log, epoch, c->batch_size, dataset_size, batches);
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
-        if (par->conv_mesh) {   // x (N, 1, 28, 28): N over data, the channel over dim1 (padded)
-            cx_spec_entry spec[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
-            if (cx_mark_sharding(x, par->conv_mesh, spec, 4) != CX_OK) {
-                fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
-                cx_loader_end_step(loader);
-                return CX_ERR_ARG;
-            }
-        }
         cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
                                    : cx_module_forward(model, x);
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
@@ -636,6 +628,10 @@ int main(int argc, char **argv)
     cx_sampler *test_sampler = cx_sampler_new(cx_dataset_size(test_set), so);
     cx_loader_opts lo = cx_loader_default_opts();
     lo.batch_size = c.batch_size;
+    /* spmd: x (N, 1, 28, 28) over data x dim1 (the channel padded), as the seed
+     * marks it; each rank reads and uploads only its rows */
+    cx_spec_entry input_spec[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
+    if (par.conv_mesh) { lo.input_mesh = par.conv_mesh; lo.input_spec = input_spec; lo.input_nspec = 4; }
     cx_loader *train_loader = train_sampler ? cx_loader_new(train_set, train_sampler, lo) : NULL;
     cx_loader *test_loader = test_sampler ? cx_loader_new(test_set, test_sampler, lo) : NULL;
     if (!train_loader || !test_loader) {

@@ -41,6 +41,7 @@ struct cx_loader {
     bool at_end;
     bool step_open;
     cx_tensor **cur;         /* the batch handed out: nfields tensors */
+    cx_spec_entry input_spec[CX_MAX_DIMS];   /* o.input_spec points here */
     cx_status error;
 };
 
@@ -57,27 +58,52 @@ static void free_tensors(cx_tensor **t, int n)
     }
 }
 
-/* Uploads field f of slot s as (n, field shape). @return an error or NULL. */
-static const char *upload(cx_loader *l, slot *s, int f)
+/* The spec of field f under the loader's input sharding: the whole spec
+ * for a field of its rank, else only the batch dimension's entry. */
+static int field_spec(const cx_loader *l, int nd, cx_spec_entry *spec)
+{
+    const cx_spec_entry *in = l->o.input_spec;
+    for (int d = 0; d < nd; d++) spec[d] = nd == l->o.input_nspec ? in[d] : d == 0 ? in[0] : CX_SPEC_NONE;
+    return nd;
+}
+
+/* Uploads field f of slot s as (n, field shape); under an input sharding
+ * the host buffer holds only rows [row0, ...) of the batch. @return an
+ * error or NULL. */
+static const char *upload(cx_loader *l, slot *s, int f, int64_t row0)
 {
     const cx_field *fd = cx_dataset_field(l->ds, f);
     int64_t shape[CX_MAX_DIMS] = { s->n };
     for (int d = 0; d < fd->ndim; d++) shape[1 + d] = fd->shape[d];
     /* On this thread no step is open, so the handle is persistent; the
      * caller's thread releases it once its step has ended. */
-    s->t[f] = cx_from_host(s->host[f], shape, 1 + fd->ndim, fd->dtype);
+    if (l->o.input_mesh) {
+        cx_spec_entry spec[CX_MAX_DIMS];
+        int nspec = field_spec(l, 1 + fd->ndim, spec);
+        s->t[f] = cx_from_host_sharded(s->host[f], row0, shape, 1 + fd->ndim, fd->dtype, l->o.input_mesh, spec, nspec);
+    } else {
+        s->t[f] = cx_from_host(s->host[f], shape, 1 + fd->ndim, fd->dtype);
+    }
     return !s->t[f] ? "out of memory" : cx_tensor_error(s->t[f]);
 }
 
 static void fill_slot(cx_loader *l, slot *s)
 {
-    s->status = cx_dataset_gather(l->ds, s->idx, s->n, s->host);
+    int64_t row0 = 0, nrows = s->n;
+    if (l->o.input_mesh &&
+        cx_shard_rows(l->o.input_mesh, l->o.input_spec, l->o.input_nspec, s->n, &row0, &nrows) != CX_OK) {
+        s->status = CX_ERR_ARG;
+        snprintf(s->err, sizeof s->err, "loader: input sharding: %s", cx_last_error());
+        return;
+    }
+    /* only this rank's rows are read */
+    s->status = nrows > 0 ? cx_dataset_gather(l->ds, s->idx + row0, nrows, s->host) : CX_OK;
     if (s->status != CX_OK) {
         snprintf(s->err, sizeof s->err, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
         return;
     }
     for (int f = 0; f < l->nfields; f++) {
-        const char *e = upload(l, s, f);
+        const char *e = upload(l, s, f, row0);
         if (!e) continue;
         s->status = CX_ERR_OOM;
         snprintf(s->err, sizeof s->err, "loader: uploading field \"%s\" of batch %lld failed: %s",
@@ -177,7 +203,21 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
         return NULL;
     }
     cx_loader *l = calloc(1, sizeof *l);
+    int64_t r0, nr;
+    if (o.input_mesh && (!o.input_spec || o.input_nspec < 1 ||
+                         cx_shard_rows(o.input_mesh, o.input_spec, o.input_nspec, o.batch_size, &r0, &nr) != CX_OK)) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", o.input_spec && o.input_nspec >= 1 ? cx_last_error() : "no partition spec given");
+        free(l);
+        cx_set_last_error("cx_loader_new: input sharding: %s", why);
+        return NULL;
+    }
     if (!l) { cx_set_last_error("cx_loader_new: out of memory"); return NULL; }
+    if (o.input_mesh) {
+        if (o.input_nspec > CX_MAX_DIMS) o.input_nspec = CX_MAX_DIMS;
+        memcpy(l->input_spec, o.input_spec, sizeof *o.input_spec * (size_t)o.input_nspec);
+        o.input_spec = l->input_spec;
+    }
     l->ds = ds;
     l->sampler = sampler;
     l->o = o;

@@ -13,6 +13,7 @@
 #define CXLA_DATA_H
 
 #include <cxla/core.h>
+#include <cxla/spmd.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -252,6 +253,14 @@ typedef struct {
      * the previous batch and begins a new one; the last call (returning
      * false) ends the last step. Off: the caller marks steps itself. */
     bool mark_step;
+    /* SPMD (MpDeviceLoader's input_sharding): each batch is global, and this
+     * rank reads and uploads only its shard of it. input_spec applies to
+     * every field of rank input_nspec; other fields split their batch
+     * dimension as input_spec[0] does (the entries are copied; axis names
+     * must stay valid). NULL mesh: off. */
+    const cx_mesh *input_mesh;
+    const cx_spec_entry *input_spec;
+    int input_nspec;
 } cx_loader_opts;
 
 /* batch 64, drop_last off, prefetch 2, mark_step on. */

@@ -82,6 +82,20 @@ typedef struct {
  * repeated axis, a spec of the wrong length, SPMD mode off, or a
  * value-less placeholder; CX_ERR_OOM. */
 CX_API cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entry *spec, int nspec);
+/* The rows [*row0, *row0 + *nrows) of dimension 0 (of size dim0) that this
+ * rank's shard holds under spec (clipped to dim0; nrows may be 0 where the
+ * padding is all there is): what a loader must read. @return CX_OK, or
+ * CX_ERR_ARG as cx_mark_sharding. */
+CX_API cx_status cx_shard_rows(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int64_t dim0, int64_t *row0,
+                               int64_t *nrows);
+/* A sharded tensor of global_shape built from host rows: `rows` holds rows
+ * row0 .. of the global value (every other dimension whole), at least the
+ * rows cx_shard_rows names for this rank; only this rank's shard is kept.
+ * The loader's input sharding uses it so that each rank reads and uploads
+ * only its part of a batch. @return the tensor, or a poisoned one naming
+ * the problem. */
+CX_API cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *global_shape, int ndim, cx_dtype dtype,
+                                       const cx_mesh *mesh, const cx_spec_entry *spec, int nspec);
 /* Makes t replicated again (gathering a sharded value at the next sync).
  * @return CX_OK, or as cx_mark_sharding. */
 CX_API cx_status cx_clear_sharding(cx_tensor *t);

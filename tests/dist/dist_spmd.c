@@ -265,6 +265,67 @@ static void fsdpv2_equals_unwrapped(void)
     cx_module_free(m);
 }
 
+/* The loader's input sharding: each rank reads only its rows of every
+ * global batch (uneven last batch included), and the sharded batch reads
+ * back as the whole batch. */
+static int64_t g_items_read;
+
+static cx_status count_get(void *ctx, int64_t index, void *const *item)
+{
+    (void)ctx;
+    g_items_read++;
+    for (int j = 0; j < 3; j++) ((float *)item[0])[j] = (float)(index * 10 + j);
+    *(int64_t *)item[1] = index;
+    return CX_OK;
+}
+
+static void loader_reads_its_rows(void)
+{
+    const cx_field fields[2] = { { .name = "x", .dtype = CX_F32, .ndim = 1, .shape = { 3 } },
+                                 { .name = "y", .dtype = CX_I64, .ndim = 0 } };
+    cx_dataset_desc dd = { .size = 20, .nfields = 2, .fields = fields, .get = count_get };
+    cx_dataset *ds = cx_dataset_new(&dd);
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.shuffle = false;
+    so.rank = 0;
+    so.world_size = 1;   /* global batches: every rank the same */
+    cx_sampler *sp = cx_sampler_new(20, so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = 8;
+    cx_spec_entry spec[2] = { CX_SPEC_NAME("x"), CX_SPEC_NONE };
+    lo.input_mesh = g_mesh1;
+    lo.input_spec = spec;
+    lo.input_nspec = 2;
+    cx_loader *l = cx_loader_new(ds, sp, lo);
+    CHECK(l != NULL, "loader: %s", cx_last_error());
+    int64_t k = cx_global_runtime_device_count(), want_reads = 0, batches = 0;
+    cx_batch b;
+    g_items_read = 0;
+    while (l && cx_loader_next(l, &b)) {
+        int64_t n = b.size, rows = (n + k - 1) / k, r0 = cx_global_ordinal() * rows;
+        want_reads += r0 >= n ? 0 : (n - r0 < rows ? n - r0 : rows);
+        float x[8 * 3];
+        int64_t y[8];
+        CHECK(cx_to_host(cx_batch_field(&b, "x"), x, CX_F32) == CX_OK && cx_to_host(cx_batch_field(&b, "y"), y, CX_I64) == CX_OK,
+              "read a sharded batch: %s", cx_last_error());
+        for (int64_t i = 0; i < n; i++) {
+            CHECK(y[i] == batches * 8 + i, "batch %lld row %lld: y %lld", (long long)batches, (long long)i, (long long)y[i]);
+            CHECK(x[i * 3 + 2] == (float)((batches * 8 + i) * 10 + 2), "batch %lld row %lld: x", (long long)batches, (long long)i);
+        }
+        batches++;
+    }
+    CHECK(batches == 3, "the loader gave %lld batches, not 3", (long long)batches);
+    CHECK(g_items_read == want_reads, "this rank read %lld items; its shards hold %lld", (long long)g_items_read,
+          (long long)want_reads);
+    cx_loader_free(l);
+    cx_spec_entry bad[2] = { CX_SPEC_NAME("nope"), CX_SPEC_NONE };
+    lo.input_spec = bad;
+    CHECK(cx_loader_new(ds, sp, lo) == NULL && strstr(cx_last_error(), "input sharding") && strstr(cx_last_error(), "'nope'"),
+          "a loader sharding over a missing axis: %s", cx_last_error());
+    cx_sampler_free(sp);
+    cx_dataset_free(ds);
+}
+
 /* Every rank gets the same one-line error, and nothing hangs. */
 static void bad_specs(void)
 {
@@ -315,6 +376,7 @@ int main(int argc, char **argv)
     equals_unsharded();
     deferred_shards_equal_eager();
     fsdpv2_equals_unwrapped();
+    loader_reads_its_rows();
     bad_specs();
     return dist_finish("dist_spmd");
 }
