@@ -355,6 +355,18 @@ static void bad_specs(void)
     CHECK(m == NULL && strstr(cx_last_error(), "mesh"), "meshes that differ between ranks were accepted (%s)",
           m ? "no error" : cx_last_error());
     if (cx_global_ordinal() == 0 && !m) printf("differing meshes: %s\n", cx_last_error());
+    /* one node (LOCAL_WORLD_SIZE = all ranks): a hybrid mesh of ICI (n/2, 2)
+     * and DCN (1, 1) is the plain mesh; an ICI that is not the node is refused */
+    if (n % 2 == 0) {
+        int ici[2] = { n / 2, 2 }, dcn[2] = { 1, 1 }, got[64];
+        const char *hn[2] = { "a", "b" };
+        cx_mesh *h = cx_hybrid_mesh_new(2, ici, dcn, hn);
+        CHECK(h && cx_mesh_device_ids(h, got, 64) == n, "hybrid mesh: %s", h ? "wrong size" : cx_last_error());
+        for (int i = 0; h && i < n; i++) CHECK(got[i] == i, "hybrid mesh: position %d holds device %d", i, got[i]);
+        int ici_bad[2] = { n, 2 };
+        CHECK(cx_hybrid_mesh_new(2, ici_bad, dcn, hn) == NULL && strstr(cx_last_error(), "per node"), "hybrid mesh of %d per node: %s",
+              2 * n, cx_last_error());
+    }
     int wrong = n + 1;
     CHECK(cx_mesh_new(NULL, 1, &wrong, names) == NULL && strstr(cx_last_error(), "devices"), "a mesh of %d devices: %s",
           wrong, cx_last_error());

@@ -3,7 +3,9 @@
 # weights over data, fc1 over data, fc2 over data x model, the input over
 # data x dim1) equals one process: 4 steps' losses within 1e-5 (the last
 # one reads the parameters 3 updates made) and the test accuracy of the
-# trained model, on 2 and 4 ranks. A world that cannot hold the meshes is
+# trained model within 2 of 10,000 images (a sum in another order can flip
+# a near tie: the ASan build's 4 ranks saw 12.81 % against 12.80 %), on 2
+# and 4 ranks. A world that cannot hold the meshes is
 # refused with one line.
 # usage: spmd_mnist.sh XLA_LAUNCH TRAIN
 set -eu
@@ -23,7 +25,8 @@ for np in 2 4; do
         /Loss/ { split($2, x, " "); split($4, y, " "); l1 = x[2]; l2 = y[2];
                  d = l1 - l2; if (d < 0) d = -d;
                  if (d > 1e-5 * (l1 > 1 ? l1 : 1)) { print "loss " NR ": " l1 " vs " l2 " on " np " ranks"; bad = 1 } }
-        /Test accuracy/ { if ($1 != $2) { print "accuracy: " $1 " vs " $2 " on " np " ranks"; bad = 1 } }
+        /Test accuracy/ { split($1, x, " "); split($2, y, " "); a1 = x[3] + 0; a2 = y[3] + 0; d = a1 - a2; if (d < 0) d = -d;
+                          if (d > 0.021) { print "accuracy: " a1 " vs " a2 " on " np " ranks"; bad = 1 } }
         END { if (n != 5) { print "expected 4 losses and an accuracy, got " n " lines"; bad = 1 } exit bad }' ||
         { rm -f /tmp/spmd_ref.$$ /tmp/spmd_got.$$; echo "$got"; fail "spmd differs from one process"; }
     rm -f /tmp/spmd_ref.$$ /tmp/spmd_got.$$
