@@ -236,7 +236,8 @@ static cx_module *ddp_comm_mlp(void)
 /* One rank of a round's launch: DDP steps of the cnn or the mlp for at
  * least min_time; rank 0 prints "DDP <images/s of all ranks> <wait
  * ms/step> <all-reduce ms/step> <desync check wait ms/step> <step ms>"
- * (medians over steps). */
+ * (the first two: means over steps and ranks; the others: medians over
+ * rank 0's steps). */
 static int ddp_worker(int argc, char **argv)
 {
     char *end = NULL;
@@ -259,9 +260,17 @@ static int ddp_worker(int argc, char **argv)
     double ips = (double)DDP_BATCH / sec, total = 0;
     cx_mesh_reduce("ddp-ips", &ips, 1, NULL, &total);
     total *= cx_world_size();
+    /* a step either waits for its all-reduce or hardly at all (two ranks and
+     * their progress threads share two cores): the median of such a
+     * distribution jumps between its modes from run to run, so the
+     * communication times are means over steps and ranks */
+    double comm[2] = { 0, 0 }, comm_all[2] = { 0, 0 };
+    for (int s = 0; s < w->steps; s++) { comm[0] += w->wait_ms[s]; comm[1] += w->comm_ms[s]; }
+    comm[0] /= w->steps;
+    comm[1] /= w->steps;
+    cx_mesh_reduce("ddp-comm", comm, 2, NULL, comm_all);
     if (cx_global_ordinal() == 0)
-        printf("DDP %.6f %.6f %.6f %.6f %.6f\n", total, bench_median(w->wait_ms, w->steps),
-               bench_median(w->comm_ms, w->steps), bench_median(w->desync_ms, w->steps),
+        printf("DDP %.6f %.6f %.6f %.6f %.6f\n", total, comm_all[0], comm_all[1], bench_median(w->desync_ms, w->steps),
                bench_median(w->step_ms, w->steps));
     bench_trainer_free(w->t);
     free(w);

@@ -1,6 +1,7 @@
 /* cx_ckpt_save: each writing rank's file (model, optimizer state, shard
  * metadata), then the commit over the ranks (ckpt_commit.c). */
 #include "ckpt_internal.h"
+#include <cxla/spmd.h>
 
 #include <errno.h>
 #include <stdlib.h>
@@ -10,6 +11,14 @@
 static cx_status write_tensor(hid_t parent, const char *name, cx_tensor *t, const char *kind, int level,
                               const char *path)
 {
+    char spec[256];
+    if (strcmp(cx_sharding_spec(t, spec, sizeof spec), "replicated")) {
+        /* reading it would gather over every rank while only this one writes:
+         * refuse instead of hanging */
+        cx_set_last_error("%s: %s is SPMD-sharded %s; checkpoints of SPMD shardings are not supported yet "
+                          "(cx_clear_sharding first, on every rank)", path, name, spec);
+        return CX_ERR_ARG;
+    }
     cx_dtype dt = cx_dtype_of(t);
     int64_t n = cx_numel(t);
     size_t bytes = (size_t)n * cx_dtype_size(dt);

@@ -262,6 +262,15 @@ static void fsdpv2_equals_unwrapped(void)
     cx_module *m = fsdp_mlp(false);
     CHECK(cx_spmd_fsdp_wrap(m, g_mesh1, NULL, NULL) == NULL && strstr(cx_last_error(), "'fsdp'"),
           "a mesh without an fsdp axis: %s", cx_last_error());
+    /* checkpoints of SPMD shardings do not exist yet: a save says so on
+     * every rank instead of hanging in a gather only rank 0 would join */
+    cx_spmd_fsdp *f = cx_spmd_fsdp_wrap(m, mesh, NULL, NULL);
+    char prefix[64];
+    const char *job = getenv("MASTER_PORT");   /* the same on every rank of one launch */
+    snprintf(prefix, sizeof prefix, "/tmp/cx_dist_spmd_ckpt_%s", job ? job : "0");
+    CHECK(f && cx_ckpt_save(prefix, cx_ckpt_model_ddp(m), NULL, NULL) != CX_OK && strstr(cx_last_error(), "SPMD-sharded"),
+          "saving a sharded model: %s", cx_last_error());
+    cx_spmd_fsdp_free(f);
     cx_module_free(m);
 }
 

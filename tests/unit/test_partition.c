@@ -1,0 +1,246 @@
+/* The SPMD partitioner (pass 0) alone, on hand-built graphs over a 2 x 2
+ * mesh (data, model) of a pretend world of 4 ranks: which collectives it
+ * inserts for each rule, the local shapes, the rank's own slice offsets,
+ * padding, and the fallback. (Equivalence with unsharded runs, on real
+ * ranks, is dist_spmd's.) */
+#include <criterion/criterion.h>
+
+#include "capture.h"
+#include "graph_builder.h"
+#include "spmd_internal.h"
+
+/* ---- a world of 4 in which every rank sends what this one does ---------------------------- */
+
+static int g_rank;
+static int four(void *ctx) { (void)ctx; return 4; }
+static int rank_of(void *ctx) { (void)ctx; return g_rank; }
+
+static void *echo_start(void *ctx, const cx_comm_op *op)
+{
+    (void)ctx;
+    size_t es = cx_dtype_size(op->dtype);
+    int copies = op->kind == CX_COLL_ALL_GATHER ? (op->group_size ? op->group_size : 4) : 1;
+    for (int c = 0; c < copies; c++) memcpy((char *)op->out + (size_t)c * (size_t)op->count * es, op->in, (size_t)op->count * es);
+    return (void *)1;
+}
+
+static cx_status echo_wait(void *ctx, void *req) { (void)ctx; (void)req; return CX_OK; }
+
+static const cx_mesh *g_mesh;
+
+static void setup(void)
+{
+    static const cx_comm_backend be = { "echo-of-4", NULL, four, rank_of, echo_start, echo_wait, NULL };
+    cx_comm_register(&be);
+    cx_use_spmd();
+    int shape[2] = { 2, 2 };
+    const char *names[2] = { "data", "model" };
+    g_rank = 0;
+    g_mesh = cx_mesh_new(NULL, 2, shape, names);
+    cr_assert(g_mesh, "mesh: %s", cx_last_error());
+}
+
+static void teardown(void) { cx_comm_register(NULL); }
+
+/* dim d over the named axis (-1: replicated) */
+static cx_sharding split(int nd, int d0_axis, int d1_axis)
+{
+    cx_sharding s = cx_sharding_replicated(g_mesh, nd);
+    if (d0_axis >= 0) { s.naxes[0] = 1; s.axes[0][0] = (uint8_t)d0_axis; }
+    if (d1_axis >= 0) { s.naxes[1] = 1; s.axes[1][0] = (uint8_t)d1_axis; }
+    return s;
+}
+
+enum { DATA = 0, MODEL = 1, AR = 0, AG = 1, RS = 2, A2A = 3 };
+
+typedef struct {
+    cx_graph out;
+    cx_sharding osh[8];
+    int ins[4];
+} parted;
+
+static void partition(const gbuild *b, const cx_sharding *const *ann, int rank, parted *p)
+{
+    g_rank = rank;
+    cr_assert(cx_pass_partition(&b->g, ann, rank, &p->out, p->osh, p->ins), "partition: %s", cx_last_error());
+}
+
+static int count_op(const cx_graph *g, cx_op op)
+{
+    int n = 0;
+    for (int i = 0; i < g->n; i++) n += g->nodes[i].op == op;
+    return n;
+}
+
+static const cx_gnode *output_node(const parted *p, int o) { return &p->out.nodes[p->out.outputs[o]]; }
+
+TestSuite(partition, .init = setup, .fini = teardown);
+
+Test(partition, column_split_matmul_needs_no_collective)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sa[2] = { 8, 12 }, sw[2] = { 12, 8 }, so[2] = { 8, 8 };
+    int a = gb_node(&b, OP_DATA, 2, sa, 0, NULL), w = gb_node(&b, OP_DATA, 2, sw, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, so, 2, (int[]){ a, w });
+    gb_output(&b, mm, -1);
+    cx_sharding ws = split(2, -1, MODEL);
+    const cx_sharding *ann[3] = { NULL, &ws, NULL };
+    parted p;
+    partition(&b, ann, 1, &p);
+    cr_assert_eq(p.ins[AR] + p.ins[AG] + p.ins[RS] + p.ins[A2A], 0);
+    cr_assert_eq(output_node(&p, 0)->shape[0], 8);
+    cr_assert_eq(output_node(&p, 0)->shape[1], 4, "the output keeps its columns' shard");
+    cr_assert(cx_sharding_equal(&p.osh[0], &ws), "the output is split like the weight's columns");
+    cx_graph_release(&p.out);
+}
+
+Test(partition, split_contraction_is_finished_by_one_all_reduce)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sa[2] = { 8, 12 }, sw[2] = { 12, 8 }, so[2] = { 8, 8 };
+    int a = gb_node(&b, OP_DATA, 2, sa, 0, NULL), w = gb_node(&b, OP_DATA, 2, sw, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, so, 2, (int[]){ a, w });
+    int r = gb_node(&b, OP_EXP, 2, so, 1, &mm);   /* a consumer that needs the whole sum */
+    gb_output(&b, r, -1);
+    cx_sharding as = split(2, -1, MODEL), ws = split(2, MODEL, -1);
+    const cx_sharding *ann[4] = { &as, &ws, NULL, NULL };
+    parted p;
+    partition(&b, ann, 0, &p);
+    cr_assert_eq(p.ins[AR], 1);
+    cr_assert_eq(p.ins[AG] + p.ins[RS] + p.ins[A2A], 0, "a rule exists: no gather");
+    cr_assert_eq(count_op(&p.out, OP_ALL_REDUCE), 1);
+    cr_assert(cx_sharding_is_replicated(&p.osh[0]));
+    cx_graph_release(&p.out);
+}
+
+Test(partition, a_consumer_split_like_the_partial_sum_gets_a_reduce_scatter)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sa[2] = { 8, 12 }, sw[2] = { 12, 8 }, so[2] = { 8, 8 };
+    int a = gb_node(&b, OP_DATA, 2, sa, 0, NULL), w = gb_node(&b, OP_DATA, 2, sw, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, so, 2, (int[]){ a, w });
+    int id = gb_node(&b, OP_RESHAPE, 2, so, 1, &mm);   /* the annotation's identity node */
+    gb_output(&b, id, -1);
+    cx_sharding as = split(2, -1, MODEL), ws = split(2, MODEL, -1), rows = split(2, MODEL, -1);
+    const cx_sharding *ann[4] = { &as, &ws, NULL, &rows };
+    parted p;
+    partition(&b, ann, 0, &p);
+    cr_assert_eq(p.ins[RS], 1);
+    cr_assert_eq(p.ins[AR] + p.ins[AG] + p.ins[A2A], 0);
+    cr_assert_eq(output_node(&p, 0)->shape[0], 4);
+    cr_assert(cx_sharding_equal(&p.osh[0], &rows));
+    cx_graph_release(&p.out);
+}
+
+Test(partition, a_replicated_operand_is_sliced_at_this_ranks_offset)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t s[2] = { 8, 6 };
+    int x = gb_node(&b, OP_DATA, 2, s, 0, NULL), y = gb_node(&b, OP_DATA, 2, s, 0, NULL);
+    int add = gb_node(&b, OP_ADD, 2, s, 2, (int[]){ x, y });
+    gb_output(&b, add, -1);
+    cx_sharding xs = split(2, DATA, -1);
+    const cx_sharding *ann[3] = { &xs, NULL, NULL };
+    for (int rank = 0; rank < 4; rank++) {
+        parted p;
+        partition(&b, ann, rank, &p);
+        cr_assert_eq(p.ins[AR] + p.ins[AG] + p.ins[RS] + p.ins[A2A], 0, "slicing a replicated value is local");
+        int slices = 0;
+        for (int i = 0; i < p.out.n; i++) {
+            const cx_gnode *n = &p.out.nodes[i];
+            if (n->op != OP_SLICE) continue;
+            slices++;
+            /* mesh position of rank r: (r / 2, r % 2); data is axis 0 */
+            cr_assert_eq(CX_ATTR(n, CX_AT_SLICE_START), (rank / 2) * 4, "rank %d starts at its data index's rows", rank);
+            cr_assert_eq(n->shape[0], 4);
+        }
+        cr_assert_eq(slices, 1);
+        cx_graph_release(&p.out);
+    }
+}
+
+Test(partition, an_uneven_split_is_padded_and_gathered_back_whole)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t s6[1] = { 6 }, one[1] = { 1 };
+    int x = gb_node(&b, OP_DATA, 1, s6, 0, NULL);
+    int m = gb_node(&b, OP_REDUCE_MAX, 1, one, 1, &x);   /* a max over the padded split: gathered first */
+    gb_attrs(&b, m, 1, (int64_t[]){ 1 });
+    gb_output(&b, m, -1);
+    cx_sharding xs = cx_sharding_replicated(g_mesh, 1);
+    xs.naxes[0] = 2;
+    xs.axes[0][0] = DATA;
+    xs.axes[0][1] = MODEL;   /* 4 ways: shards of 2, the last one all padding */
+    const cx_sharding *ann[2] = { &xs, NULL };
+    parted p;
+    partition(&b, ann, 3, &p);
+    cr_assert_eq(p.out.nodes[0].shape[0], 2, "the leaf holds a shard of ceil(6 / 4)");
+    cr_assert_eq(p.ins[AG], 1);
+    bool cut = false;
+    for (int i = 0; i < p.out.n; i++)
+        if (p.out.nodes[i].op == OP_SLICE && p.out.nodes[i].shape[0] == 6) cut = true;
+    cr_assert(cut, "the gathered 8 elements are cut back to 6");
+    cx_graph_release(&p.out);
+}
+
+Test(partition, a_split_moving_between_dimensions_is_one_all_to_all)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t s[2] = { 8, 8 };
+    int x = gb_node(&b, OP_DATA, 2, s, 0, NULL);
+    int id = gb_node(&b, OP_RESHAPE, 2, s, 1, &x);
+    gb_output(&b, id, -1);
+    cx_sharding rows = split(2, MODEL, -1), cols = split(2, -1, MODEL);
+    const cx_sharding *ann[2] = { &rows, &cols };
+    parted p;
+    partition(&b, ann, 2, &p);
+    cr_assert_eq(p.ins[A2A], 1);
+    cr_assert_eq(p.ins[AR] + p.ins[AG] + p.ins[RS], 0);
+    cr_assert_eq(output_node(&p, 0)->shape[0], 8);
+    cr_assert_eq(output_node(&p, 0)->shape[1], 4);
+    cx_graph_release(&p.out);
+}
+
+Test(partition, an_op_without_a_rule_gathers_its_operands)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t s[2] = { 8, 6 }, o[1] = { 8 };
+    int x = gb_node(&b, OP_DATA, 2, s, 0, NULL);
+    int am = gb_node(&b, OP_ARGMAX, 1, o, 1, &x);
+    gb_attrs(&b, am, 1, (int64_t[]){ 1 });
+    b.nodes[am].dtype = CX_I64;
+    gb_output(&b, am, -1);
+    cx_sharding xs = split(2, DATA, MODEL);
+    const cx_sharding *ann[2] = { &xs, NULL };
+    parted p;
+    partition(&b, ann, 0, &p);
+    cr_assert_eq(p.ins[AG], 2, "one gather per split dimension");
+    cr_assert_eq(output_node(&p, 0)->shape[0], 8, "the fallback computes the whole value");
+    cr_assert(cx_sharding_is_replicated(&p.osh[0]));
+    cx_graph_release(&p.out);
+}
+
+Test(partition, a_collective_beside_shardings_is_refused)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t s[1] = { 8 };
+    int x = gb_node(&b, OP_DATA, 1, s, 0, NULL);
+    int ar = gb_node(&b, OP_ALL_REDUCE, 1, s, 1, &x);
+    gb_attrs(&b, ar, CX_AT_COLL_COUNT, (int64_t[]){ 0, 0, 0, 0 });
+    gb_output(&b, ar, -1);
+    cx_sharding xs = split(1, DATA, -1);
+    const cx_sharding *ann[2] = { &xs, NULL };
+    cx_graph out;
+    cx_sharding osh[1];
+    int ins[4];
+    cr_assert_not(cx_pass_partition(&b.g, ann, 0, &out, osh, ins));
+    cr_assert(strstr(cx_last_error(), "all_reduce"), "%s", cx_last_error());
+}
