@@ -11,6 +11,7 @@ typedef struct {
     int (*run)(int argc, char **argv, bench_cfg cfg);
     const char *summary;   /* how it is run, then what each figure compares */
     int rounds;            /* default --rounds (0: 5) */
+    double min_time;       /* default --min-time (0: 2 s) */
 } subcommand;
 
 static const subcommand g_subcommands[] = {
@@ -18,18 +19,18 @@ static const subcommand g_subcommands[] = {
       "Run directly.\n"
       "fused_elementwise_gbps: relu(a*b+c) over 64 MiB operands through the core vs the same loop in C on as many threads\n"
       "matmul_gflops: a 2048^2 matmul through the core vs cblas_sgemm with as many threads\n"
-      "cache_hit_overhead_us: trace, key and lookup of a 100-node step vs a fixed 50 us (a target, not measured)", 0 },
+      "cache_hit_overhead_us: trace, key and lookup of a 100-node step vs a fixed 50 us (a target, not measured)", 0, 0 },
     { "train", bench_train,
       "Run directly.\n"
       "train_*_images_per_s: training steps of the cnn (batch 64, 256) and a 4096-wide mlp (batch 256),\n"
-      "at 1 and 2 threads, vs the GEMM-bound limit: model FLOPs over the cblas_sgemm rate measured in the same round", 0 },
+      "at 1 and 2 threads, vs the GEMM-bound limit: model FLOPs over the cblas_sgemm rate measured in the same round", 0, 0 },
     { "gpt", bench_gpt,
       "Run directly.\n"
       "gpt_tokens_per_s: training steps of the gpt program's default model (4 layers, n_embd 256, block 128,\n"
       "batch 16; AdamW, clip) vs the GEMM-bound limit: matmul flops per token over the cblas_sgemm rate\n"
       "gpt_attention_share: the fused attention's share of a step (forward + backward of every layer)\n"
       "vs the plain attention's share of the same step built with it\n"
-      "gpt_peak_bytes: peak device memory of a step vs the model state (parameters, gradients, Adam moments)", 0 },
+      "gpt_peak_bytes: peak device memory of a step vs the model state (parameters, gradients, Adam moments)", 0, 0 },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"
       "ckpt_save_gbps: saving a 640 MiB model vs a raw sequential write (with fsync) of as many bytes\n"
@@ -37,28 +38,30 @@ static const subcommand g_subcommands[] = {
       "ckpt_consolidate_peak_bytes: consolidate_ckpts' peak RSS on 4 shards vs the largest tensor\n"
       "(not a timing: one consolidation per round)\n"
       "11 rounds by default: a cold read's rate moves by a third from round to round on a virtual disk",
-      11 },
+      11, 0 },
     { "cache", bench_cache,
       "Run directly; each unit is a fresh process.\n"
       "cache_warm_start_s: spawn to first training step done with a warm persistent compile cache vs an empty one\n"
-      "cache_load_vs_compile_s: the warm runs' cache load time vs the cold runs' compile time", 0 },
+      "cache_load_vs_compile_s: the warm runs' cache load time vs the cold runs' compile time", 0, 0 },
     { "comm", bench_comm,
       "Run under xla-launch --nproc N (N >= 2).\n"
       "allreduce_busbw_gbps_{1,16,64}MiB: all-reduce bus bandwidth through the library (shared memory inside a\n"
       "node; CX_SHM_COLLECTIVES=0: MPI) vs MPI_Allreduce\n"
-      "reducescatter_busbw_gbps_*, allgather_busbw_gbps_*: the same vs MPI_Reduce_scatter_block, MPI_Allgather", 0 },
+      "reducescatter_busbw_gbps_*, allgather_busbw_gbps_*: the same vs MPI_Reduce_scatter_block, MPI_Allgather", 0, 0 },
     { "ddp", bench_ddp,
       "Run directly, not under xla-launch: it starts its own 2 ranks (four xla-launch runs per round).\n"
       "ddp_images_per_s: cnn batch 64 per rank on 2 ranks x 1 thread vs 1 rank x 2 threads\n"
       "ddp_shm_images_per_s: the cnn's 2-rank run with shared-memory collectives vs CX_SHM_COLLECTIVES=0 (MPI)\n"
       "ddp_desync_check_ms: the time a cnn step waits for the desync check vs the step's time (target: <= 0.01)\n"
-      "The communication figures, on an mlp 784-2048-2048-10 (23 MB of gradients; medians over steps):\n"
+      "The communication figures, on an mlp 784-2048-2048-10 (23 MB of gradients; means over steps and ranks):\n"
       "ddp_exposed_comm_ms: all-reduce time a step waits for vs its all-reduce time\n"
-      "ddp_shm_exposed_comm_ms, ddp_shm_allreduce_ms: the same with shared-memory collectives vs MPI", 0 },
+      "ddp_shm_exposed_comm_ms, ddp_shm_allreduce_ms: the same with shared-memory collectives vs MPI\n"
+      "--min-time defaults to 6 s here: a step's wait for its all-reduce moves with the scheduling of two ranks and\n"
+      "their progress threads on two cores, and 2 s per side left the communication figures ±30 % from run to run", 0, 6 },
     { "spmd", bench_spmd,
       "Run under xla-launch --nproc N (N even; the README's figures: N = 4).\n"
       "spmd_seed_images_per_s: the seed's mnist_xla.py run (cnn, its SPMD shardings, global batch 256) vs DDP on the\n"
-      "same ranks (batch 256 / N per rank)", 0 },
+      "same ranks (batch 256 / N per rank)", 0, 0 },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
@@ -68,7 +71,7 @@ static const subcommand g_subcommands[] = {
       "each a real build and 3 steps from an empty cache; the worst rank's peak): rounds 1\n"
       "zero3_deferred_construction_peak_bytes: that model's peak while built and wrapped vs 1/N of its parameters\n"
       "plus its largest unit (the bound: <= 1)\n"
-      "zero3_step_s: ZeRO-3 step time vs DDP's", 0 },
+      "zero3_step_s: ZeRO-3 step time vs DDP's", 0, 0 },
 };
 #define N_SUBCOMMANDS ((int)(sizeof g_subcommands / sizeof *g_subcommands))
 
@@ -108,7 +111,8 @@ static char *subcommand_list(void)
 
 int main(int argc, char **argv)
 {
-    bench_cfg cfg = { .rounds = 0, .min_time = 2.0 };   /* rounds 0: the subcommand's default */
+    /* rounds 0, min_time -1: the subcommand's defaults */
+    bench_cfg cfg = { .rounds = 0, .min_time = -1 };
     cli_flag flags[2];
     int nflags = bench_common_flags(&cfg, flags);
     char *list = subcommand_list();
@@ -138,6 +142,7 @@ int main(int argc, char **argv)
         if (!sub) fprintf(stderr, "cxla-bench: unknown subcommand '%s' (see cxla-bench --help)\n", argv[first]);
         else {
             free(list);
+            if (cfg.min_time < 0) cfg.min_time = sub->min_time > 0 ? sub->min_time : 2.0;
             return sub->run(argc - first, argv + first, cfg);
         }
     }
