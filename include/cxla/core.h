@@ -206,7 +206,9 @@ CX_API void cx_wait_step_closures(void);
 /* Reads a one-element tensor as double (runs its subgraph if pending and
  * counts a TransferFromDevice). @return NaN on error (see cx_last_error). */
 CX_API double cx_item(cx_tensor *t);
-/* Copies the value into `out` converted to `dtype` (numel elements).
+/* Copies the value into `out` converted to `dtype` (numel elements). An
+ * SPMD-sharded tensor (cxla/spmd.h) is gathered from every rank: then every
+ * rank must call it (cx_local_shard_to_host reads this rank's shard alone).
  * @return CX_OK or an error. */
 CX_API cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype);
 
