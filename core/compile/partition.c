@@ -39,6 +39,13 @@ typedef struct {
     memo_entry (*memo)[4];
     int inserted[4];          /* all-reduce, all-gather, reduce-scatter, all-to-all */
     bool failed;
+    /* fused backward ops whose packed output may be computed locally (see
+     * "packed gradients" below): per node of g */
+    cx_uses uses;
+    bool have_uses;
+    char *packed_ok;
+    struct packed_info **packed;
+    int *flat_src, *flat_part;
 } pctx;
 
 /* ---- building the new graph ---------------------------------------------------------------- */
@@ -334,9 +341,23 @@ static void rule_reduce(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_
     }
 }
 
-/* A split dimension survives a reshape when an output dimension starts at
- * the same element and both divide by the split (then every shard is the
- * same contiguous run of each block on both sides). */
+/* The output dimension a split input dimension d (k ways) becomes under a
+ * reshape, or -1 when the split does not survive it. It survives when an
+ * output dimension starts at the same element and both divide by the
+ * split: then every shard is the same contiguous run of each block on
+ * both sides. */
+static int reshape_target_dim(const int64_t *in, int d, int64_t k, const int64_t *out, int out_nd)
+{
+    if (in[d] % k) return -1;
+    int64_t before = 1, prefix = 1;
+    for (int j = 0; j < d; j++) before *= in[j];
+    for (int j = 0; j < out_nd && prefix <= before; j++) {
+        if (prefix == before && out[j] % k == 0 && out[j] > 1) return j;
+        prefix *= out[j];
+    }
+    return -1;
+}
+
 static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
     int in = x->inputs[0];
@@ -346,16 +367,9 @@ static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx
     out->partial = want[0].partial;
     for (int d = 0; d < src->ndim; d++) {
         if (!want[0].naxes[d]) continue;
-        int64_t k = cx_sharding_ways(&want[0], d), before = 1;
-        for (int j = 0; j < d; j++) before *= src->shape[j];
-        int e = -1;
-        int64_t prefix = 1;
-        for (int j = 0; j < x->ndim && prefix <= before; j++) {
-            if (prefix == before && x->shape[j] % k == 0 && x->shape[j] > 1) { e = j; break; }
-            prefix *= x->shape[j];
-        }
-        if (e < 0 || src->shape[d] % k) { clear_dim(&want[0], d); continue; }
-        set_dim(out, e, &want[0], d);
+        int e = reshape_target_dim(src->shape, d, cx_sharding_ways(&want[0], d), x->shape, x->ndim);
+        if (e < 0) clear_dim(&want[0], d);
+        else set_dim(out, e, &want[0], d);
     }
 }
 
@@ -477,6 +491,17 @@ static void rule_layer_norm(const pctx *c, const cx_gnode *x, cx_sharding *want,
     *out = s;
 }
 
+/* attention (q (N, T, H, D), k and v (N, S, H, D)): batches and heads are
+ * independent, so their splits carry over; T, S and D are not split. */
+static void rule_attention(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    cx_sharding s = resolved(&c->sh[x->inputs[0]]);
+    clear_dim(&s, 1);
+    clear_dim(&s, 3);
+    for (int k = 0; k < x->ninputs; k++) want[k] = s;
+    *out = s;
+}
+
 static void apply_rule(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
     switch (cx_op_table[x->op].group) {
@@ -493,8 +518,190 @@ static void apply_rule(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_s
     case OP_CONV2D: case OP_CONV2D_BWD_INPUT: case OP_CONV2D_BWD_WEIGHT: rule_conv(c, x, want, out); return;
     case OP_MAXPOOL: case OP_AVGPOOL: case OP_MAXPOOL_BWD: case OP_AVGPOOL_BWD: rule_pool(c, x, want, out); return;
     case OP_LAYER_NORM: rule_layer_norm(c, x, want, out); return;
+    case OP_ATTENTION: rule_attention(c, x, want, out); return;
     default: rule_fallback(c, x, want, out); return;
     }
+}
+
+
+/* ---- packed gradients ---------------------------------------------------------------------------
+ * attention's and layer_norm's backward ops write every input's gradient
+ * into one flat output that the VJPs cut apart with slices (and reshape).
+ * Split over batches (and heads), each rank can compute its own packed
+ * output, whose parts are its local gradients: the slices then take local
+ * offsets, and each part gets its gradient's sharding (layer_norm's weight
+ * and bias gradients: partial sums). Used only when every reader of the
+ * packed value is a slice of one whole part and every reader of a
+ * multi-dimensional part is a reshape that keeps the split. */
+
+typedef struct packed_info {
+    int nparts;
+    int64_t gstart[3], gcount[3], lstart[3], lcount[3];
+    int nd[3];
+    int64_t gshape[3][CX_MAX_DIMS];
+    cx_sharding sh[3];
+} packed_info;
+
+static bool is_packed_op(int op) { return op == OP_ATTENTION_BWD || op == OP_LAYER_NORM_BWD; }
+
+/* The global parts of packed node i: offsets, counts and shapes. */
+static void packed_parts(const pctx *c, int i, packed_info *pk)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    const cx_gnode *a = &c->g->nodes[x->inputs[0]], *b = &c->g->nodes[x->inputs[1]];
+    memset(pk, 0, sizeof *pk);
+    pk->nparts = 3;
+    for (int p = 0; p < 3; p++) {
+        /* attention: dq like q, dk and dv like k; layer_norm: dx like x, dw and db like its last dimension */
+        const cx_gnode *src = p == 0 || x->op == OP_LAYER_NORM_BWD ? a : b;
+        bool vec = x->op == OP_LAYER_NORM_BWD && p > 0;
+        pk->nd[p] = vec ? 1 : src->ndim;
+        if (vec) pk->gshape[p][0] = src->shape[src->ndim - 1];
+        else memcpy(pk->gshape[p], src->shape, sizeof pk->gshape[p]);
+        pk->gcount[p] = cx_shape_numel(pk->gshape[p], pk->nd[p]);
+        if (p) pk->gstart[p] = pk->gstart[p - 1] + pk->gcount[p - 1];
+    }
+}
+
+static int part_of_slice(const packed_info *pk, const cx_gnode *sl)
+{
+    for (int q = 0; sl->op == OP_SLICE && q < pk->nparts; q++)
+        if (CX_ATTR(sl, CX_AT_SLICE_START) == pk->gstart[q] && sl->shape[0] == pk->gcount[q] &&
+            CX_ATTR(sl, CX_AT_SLICE_STEP) == 1)
+            return q;
+    return -1;
+}
+
+/* Which packed nodes are read only through whole-part slices (a
+ * multi-dimensional part only through reshapes, and not as an output).
+ * @return false when out of memory. */
+static bool plan_packed(pctx *c)
+{
+    const cx_uses *u = &c->uses;
+    for (int i = 0; i < c->g->n; i++) {
+        if (!is_packed_op(c->g->nodes[i].op) || u->is_output[i]) continue;
+        packed_info pk;
+        packed_parts(c, i, &pk);
+        bool ok = true;
+        for (int r = 0; ok && r < u->count[i]; r++) {
+            int sl = u->list[i][r], p = part_of_slice(&pk, &c->g->nodes[sl]);
+            ok = p >= 0 && (pk.nd[p] == 1 || !u->is_output[sl]);
+            for (int r2 = 0; ok && pk.nd[p] > 1 && r2 < u->count[sl]; r2++)
+                ok = c->g->nodes[u->list[sl][r2]].op == OP_RESHAPE;
+        }
+        c->packed_ok[i] = ok;
+    }
+    return true;
+}
+
+/* The sharding of the packed op's inputs, or false when the op should run
+ * whole: nothing split; layer_norm with a padded split (its weight
+ * gradients would sum the padding); a reshape of a part that loses a split. */
+static bool packed_sharding(const pctx *c, int i, cx_sharding *s)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    *s = resolved(&c->sh[x->inputs[0]]);
+    if (x->op == OP_ATTENTION_BWD) { clear_dim(s, 1); clear_dim(s, 3); }
+    else clear_dim(s, s->ndim - 1);
+    if (cx_sharding_is_replicated(s)) return false;
+    const int64_t *g = c->g->nodes[x->inputs[0]].shape;
+    for (int d = 0; x->op == OP_LAYER_NORM_BWD && d < s->ndim; d++)
+        if (s->naxes[d] && g[d] % cx_sharding_ways(s, d)) return false;
+    packed_info pk;
+    packed_parts(c, i, &pk);
+    const cx_uses *u = &c->uses;
+    for (int r = 0; r < u->count[i]; r++) {
+        int sl = u->list[i][r], p = part_of_slice(&pk, &c->g->nodes[sl]);
+        for (int r2 = 0; pk.nd[p] > 1 && r2 < u->count[sl]; r2++) {
+            const cx_gnode *rs = &c->g->nodes[u->list[sl][r2]];
+            for (int d = 0; d < s->ndim; d++)
+                if (s->naxes[d] && reshape_target_dim(pk.gshape[p], d, cx_sharding_ways(s, d), rs->shape, rs->ndim) < 0)
+                    return false;
+        }
+    }
+    return true;
+}
+
+static bool partition_packed(pctx *c, int i)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    cx_sharding s;
+    if (!packed_sharding(c, i, &s)) return false;
+    packed_info *pk = calloc(1, sizeof *pk);
+    if (!pk) { c->failed = true; cx_set_last_error("spmd partition: out of memory"); return true; }
+    packed_parts(c, i, pk);
+    unsigned summed = 0;
+    for (int d = 0; d < s.ndim; d++) summed |= dim_mask(&s, d);
+    int ins[5];
+    for (int k = 0; k < x->ninputs && k < 5; k++) {
+        const cx_gnode *in = &c->g->nodes[x->inputs[k]];
+        cx_sharding w = in->ndim == s.ndim ? s : cx_sharding_replicated(s.mesh, in->ndim);   /* layer_norm's weight */
+        ins[k] = reshard(c, x->inputs[k], &w);
+    }
+    int64_t total = 0;
+    for (int p = 0; p < pk->nparts; p++) {
+        bool whole_grad = pk->nd[p] == s.ndim;
+        pk->sh[p] = whole_grad ? s : cx_sharding_replicated(s.mesh, pk->nd[p]);
+        if (!whole_grad) pk->sh[p].partial = (uint8_t)summed;
+        int64_t local[CX_MAX_DIMS];
+        memcpy(local, pk->gshape[p], sizeof local);
+        cx_sharding_local_shape(&pk->sh[p], pk->gshape[p], local);
+        pk->lstart[p] = total;
+        pk->lcount[p] = cx_shape_numel(local, pk->nd[p]);
+        total += pk->lcount[p];
+    }
+    c->nw[i] = emit(c, x, ins, x->ninputs, &total);
+    c->sh[i] = cx_sharding_replicated(NULL, 1);   /* a local layout only its slices read */
+    c->packed[i] = pk;
+    return true;
+}
+
+/* A slice of a locally packed value: the local part. A multi-dimensional
+ * part is only reshaped next (partition_flat). */
+static void partition_part(pctx *c, int i)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    const packed_info *pk = c->packed[x->inputs[0]];
+    int p = part_of_slice(pk, x);
+    cx_gnode q = *x;
+    q.attrs[CX_AT_SLICE_START] = pk->lstart[p];
+    c->nw[i] = emit(c, &q, &c->nw[x->inputs[0]], 1, &pk->lcount[p]);
+    if (pk->nd[p] > 1) {
+        c->sh[i] = cx_sharding_replicated(NULL, 1);
+        c->flat_src[i] = x->inputs[0];
+        c->flat_part[i] = p;
+    } else {
+        c->sh[i] = pk->sh[p];
+    }
+}
+
+/* The reshape of a local multi-dimensional part: the part's sharding
+ * carried through the reshape (packed_sharding checked that it survives). */
+static void partition_flat(pctx *c, int i)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    int src = c->flat_src[x->inputs[0]], p = c->flat_part[x->inputs[0]];
+    const packed_info *pk = c->packed[src];
+    cx_sharding out = cx_sharding_replicated(pk->sh[p].mesh, x->ndim);
+    for (int d = 0; d < pk->nd[p]; d++)
+        if (pk->sh[p].naxes[d])
+            set_dim(&out, reshape_target_dim(pk->gshape[p], d, cx_sharding_ways(&pk->sh[p], d), x->shape, x->ndim),
+                    &pk->sh[p], d);
+    int64_t local[CX_MAX_DIMS];
+    memcpy(local, x->shape, sizeof local);
+    cx_sharding_local_shape(&out, x->shape, local);
+    c->nw[i] = emit(c, x, &c->nw[x->inputs[0]], 1, local);
+    c->sh[i] = out;
+}
+
+/* @return true when node i was one of the packed forms above (done). */
+static bool partition_packed_forms(pctx *c, int i)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    if (c->packed_ok[i] && partition_packed(c, i)) return true;
+    if (x->op == OP_SLICE && c->packed[x->inputs[0]]) { partition_part(c, i); return true; }
+    if (x->op == OP_RESHAPE && c->flat_src[x->inputs[0]] >= 0) { partition_flat(c, i); return true; }
+    return false;
 }
 
 /* ---- the pass ------------------------------------------------------------------------------------- */
@@ -517,6 +724,8 @@ static bool partition_node(pctx *c, int i)
                           cx_op_table[x->op].name);
         return false;
     }
+    if (partition_packed_forms(c, i)) return !c->failed;
+    if (partition_packed_forms(c, i)) return !c->failed;
     if (x->ninputs == 0) {
         const cx_sharding *a = x->op == OP_DATA ? c->ann[i] : NULL;
         c->sh[i] = a ? *a : cx_sharding_replicated(NULL, x->ndim);
@@ -556,6 +765,9 @@ static bool partition_node(pctx *c, int i)
 static void pctx_free(pctx *c)
 {
     free(c->nodes); free(c->ins); free(c->in_off); free(c->nw); free(c->sh); free(c->memo);
+    for (int i = 0; c->packed && i < c->g->n; i++) free(c->packed[i]);
+    free(c->packed); free(c->packed_ok); free(c->flat_src); free(c->flat_part);
+    if (c->have_uses) cx_uses_free(c->g, &c->uses);
 }
 
 bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int rank, cx_graph *out,
@@ -566,14 +778,23 @@ bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int ran
     c.nw = malloc(sizeof(int) * (size_t)(g->n + 1));
     c.sh = malloc(sizeof *c.sh * (size_t)(g->n + 1));
     c.memo = malloc(sizeof *c.memo * (size_t)(g->n + 1));
+    c.packed_ok = calloc((size_t)g->n + 1, 1);
+    c.packed = calloc((size_t)g->n + 1, sizeof *c.packed);
+    c.flat_src = malloc(sizeof(int) * (size_t)(g->n + 1));
+    c.flat_part = malloc(sizeof(int) * (size_t)(g->n + 1));
+    c.have_uses = cx_uses_build(g, &c.uses);
     out->outputs = malloc(sizeof(int) * (size_t)(g->n_outputs + 1));
     out->out_alias = malloc(sizeof(int) * (size_t)(g->n_outputs + 1));
-    if (!c.nw || !c.sh || !c.memo || !out->outputs || !out->out_alias) {
+    if (!c.nw || !c.sh || !c.memo || !c.packed_ok || !c.packed || !c.flat_src || !c.flat_part || !c.have_uses ||
+        !out->outputs || !out->out_alias || !plan_packed(&c)) {
         pctx_free(&c); cx_graph_release(out);
         cx_set_last_error("spmd partition: out of memory");
         return false;
     }
-    for (int i = 0; i < g->n; i++) for (int m = 0; m < 4; m++) c.memo[i][m].node = -1;
+    for (int i = 0; i < g->n; i++) {
+        for (int m = 0; m < 4; m++) c.memo[i][m].node = -1;
+        c.flat_src[i] = -1;
+    }
     bool ok = true;
     for (int i = 0; ok && i < g->n; i++) ok = partition_node(&c, i);
     /* outputs: partial sums finished; a sharded output keeps its shard */
