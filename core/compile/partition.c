@@ -502,6 +502,52 @@ static void rule_attention(const pctx *c, const cx_gnode *x, cx_sharding *want, 
     *out = s;
 }
 
+/* gather(src, axis, index): out[.., i, ..] = src[.., index[.., i, ..], ..]
+ * along axis: every other dimension goes with the index's, and src's axis
+ * stays whole; the index's own split (the axis included) carries over. */
+static void rule_gather(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    int ax = (int)CX_ATTR(x, CX_AT_AXIS), src = x->inputs[0], idx = x->inputs[1];
+    cx_sharding s = resolved(&c->sh[idx]);
+    if (cx_sharding_is_replicated(&s)) { s = on_mesh(c, src, c->sh[src].mesh); s.partial = 0; clear_dim(&s, ax); }
+    const int64_t *g = c->g->nodes[idx].shape;
+    for (int d = 0; d < s.ndim; d++)
+        if (s.naxes[d] && g[d] % cx_sharding_ways(&s, d)) clear_dim(&s, d);
+    want[1] = s;
+    want[0] = s;
+    clear_dim(&want[0], ax);
+    *out = s;
+}
+
+static bool is_zero_const(const pctx *c, int i)
+{
+    const cx_gnode *x = &c->g->nodes[i];
+    while (x->op == OP_EXPAND || x->op == OP_RESHAPE) x = &c->g->nodes[x->inputs[0]];
+    return x->op == OP_CONST && x->fval == 0.0;
+}
+
+/* scatter_add(zeros, axis, index, src) (gather's gradient): each rank adds
+ * its own updates into zeros, so an index split along the axis leaves a
+ * partial sum; the other dimensions go with the index's. Any other base
+ * is added whole. */
+static void rule_scatter_add(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
+{
+    int ax = (int)CX_ATTR(x, CX_AT_AXIS), base = x->inputs[0], idx = x->inputs[1];
+    const cx_gnode *gi = &c->g->nodes[idx];
+    bool same_outside = gi->ndim == x->ndim;
+    for (int d = 0; same_outside && d < x->ndim; d++) same_outside = d == ax || gi->shape[d] == x->shape[d];
+    if (!is_zero_const(c, base) || !same_outside) { rule_fallback(c, x, want, out); return; }
+    cx_sharding s = resolved(&c->sh[idx]);
+    for (int d = 0; d < s.ndim; d++)
+        if (s.naxes[d] && gi->shape[d] % cx_sharding_ways(&s, d)) clear_dim(&s, d);
+    want[1] = want[2] = s;
+    *out = s;
+    clear_dim(out, ax);
+    out->partial = (uint8_t)dim_mask(&s, ax);
+    want[0] = *out;
+    want[0].partial = 0;
+}
+
 static void apply_rule(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
     switch (cx_op_table[x->op].group) {
@@ -519,6 +565,8 @@ static void apply_rule(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_s
     case OP_MAXPOOL: case OP_AVGPOOL: case OP_MAXPOOL_BWD: case OP_AVGPOOL_BWD: rule_pool(c, x, want, out); return;
     case OP_LAYER_NORM: rule_layer_norm(c, x, want, out); return;
     case OP_ATTENTION: rule_attention(c, x, want, out); return;
+    case OP_GATHER: rule_gather(c, x, want, out); return;
+    case OP_SCATTER_ADD: rule_scatter_add(c, x, want, out); return;
     default: rule_fallback(c, x, want, out); return;
     }
 }
