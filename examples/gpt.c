@@ -1,6 +1,6 @@
 /* gpt: a byte-level GPT language model, from a text file to samples.
  *
- *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp] ...   train, end with "val loss: X"
+ *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp|spmd] ...   train, end with "val loss: X"
  *   gpt eval   --ckpt PREFIX [--data FILE]                                 print "val loss: X"
  *   gpt sample --ckpt PREFIX --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
  *   gpt plot   --log-file F.jsonl --out F.png|F.svg                        train and val loss curves (gnuplot)
@@ -44,7 +44,8 @@ typedef struct {
     int64_t steps, batch_size, warmup, log_every, eval_every, ckpt_every, seed;
     int keep;                   /* checkpoints kept, 0 = all */
     double lr, min_lr, weight_decay, grad_clip;
-    const char *parallel;       /* none, ddp, fsdp */
+    const char *parallel;       /* none, ddp, fsdp, spmd */
+    const char *mesh;           /* spmd: "data=D,model=M" (NULL: data = every rank) */
     const char *grad_comm;      /* ddp: f32 or bf16 */
     int zero;
     int threads;
@@ -56,7 +57,7 @@ typedef struct {
     const char *out;            /* plot */
 } config;
 
-static const char *const k_parallels[] = { "none", "ddp", "fsdp", NULL };
+static const char *const k_parallels[] = { "none", "ddp", "fsdp", "spmd", NULL };
 static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
 
 static cli_result parse_flags(config *c, int argc, char **argv)
@@ -88,7 +89,9 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "threads", .kind = CLI_INT, .dest = &c->threads, .min = 0, .max = 4096,
           .help = "compute threads, 0 = all cores" },
         { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
-          .help = "data parallelism over xla-launch's ranks" },
+          .help = "data parallelism over xla-launch's ranks\n(spmd: the compiler partitions; see --mesh)" },
+        { .name = "mesh", .kind = CLI_STRING, .dest = &c->mesh, .metavar = "data=D,model=M",
+          .help = "spmd: the mesh's axes; the batch splits over data\n(default: data = every rank, model = 1)" },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
@@ -498,7 +501,9 @@ static cx_tensor *train_step(const config *c, trainer *t, const cx_batch *b, int
         }
     }
     cx_optim_set_lr(t->opt, lr_at(c, step));
-    if (st == CX_OK) st = cx_world_size() > 1 && !t->ddp && !t->fsdp ? cx_optimizer_step(t->opt) : cx_optim_step(t->opt);
+    /* several ranks without a wrapper all-reduce in the optimizer step (xm); under SPMD the partitioner does */
+    bool xm_step = cx_world_size() > 1 && !t->ddp && !t->fsdp && !cx_is_spmd();
+    if (st == CX_OK) st = xm_step ? cx_optimizer_step(t->opt) : cx_optim_step(t->opt);
     return st == CX_OK ? loss : cx_poisoned("gpt: step %lld: %s", (long long)step, cx_last_error());
 }
 
@@ -506,7 +511,34 @@ typedef struct {
     cx_dataset *train, *val;
     cx_sampler *sampler;
     cx_loader *loader;
+    cx_spec_entry input_spec[2];   /* spmd: (data, None) */
 } train_data;
+
+/* --parallel spmd: the mesh (data, model) from --mesh. @return it, or NULL
+ * after printing why. */
+static cx_mesh *spmd_mesh(const config *c)
+{
+    int world = cx_world_size(), data = world, model = 1;
+    if (c->mesh && (sscanf(c->mesh, "data=%d,model=%d", &data, &model) != 2 || data < 1 || model < 1)) {
+        fprintf(stderr, "gpt: --mesh '%s' is not data=D,model=M\n", c->mesh);
+        return NULL;
+    }
+    if (data * model != world) {
+        fprintf(stderr, "gpt: --mesh data=%d,model=%d has %d devices but there are %d ranks\n", data, model, data * model, world);
+        return NULL;
+    }
+    if (model > 1) {
+        fprintf(stderr, "gpt: --mesh model=%d: tensor parallelism of GPT's fused c_attn needs head-aligned splits, "
+                        "which the partitioner does not make yet; use model=1\n", model);
+        return NULL;
+    }
+    cx_use_spmd();
+    int shape[2] = { data, model };
+    const char *axes[2] = { "data", "model" };
+    cx_mesh *m = cx_mesh_new(NULL, 2, shape, axes);
+    if (!m) fprintf(stderr, "gpt: --mesh: %s\n", cx_last_error());
+    return m;
+}
 
 static void train_data_free(train_data *d)
 {
@@ -524,6 +556,13 @@ static int open_data(const config *c, train_data *d)
     int rc = corpus_path(c, path, sizeof path);
     if (rc) return rc;
     int world = cx_world_size();
+    bool spmd = !strcmp(c->parallel, "spmd");
+    cx_mesh *mesh = spmd ? spmd_mesh(c) : NULL;
+    if (spmd && !mesh) return EXIT_USAGE;
+    if (c->mesh && !spmd) {
+        fprintf(stderr, "gpt: --mesh applies to --parallel spmd, not %s\n", c->parallel);
+        return EXIT_USAGE;
+    }
     if (strcmp(c->grad_comm, "f32") && strcmp(c->parallel, "ddp")) {
         fprintf(stderr, "gpt: --grad-comm %s applies to --parallel ddp, not %s\n", c->grad_comm, c->parallel);
         return EXIT_USAGE;
@@ -536,14 +575,22 @@ static int open_data(const config *c, train_data *d)
         fprintf(stderr, "gpt: %s\n", cx_last_error());
         return EXIT_DATA;
     }
+    /* spmd: every rank takes the global batch and reads only its rows */
     cx_sampler_opts so = cx_sampler_default_opts();
     so.seed = (uint64_t)c->seed;
-    so.rank = cx_global_ordinal();
-    so.world_size = world;
+    so.rank = spmd ? 0 : cx_global_ordinal();
+    so.world_size = spmd ? 1 : world;
     so.drop_last = true;
     cx_loader_opts lo = cx_loader_default_opts();
-    lo.batch_size = c->batch_size / world;
+    lo.batch_size = spmd ? c->batch_size : c->batch_size / world;
     lo.drop_last = true;
+    if (spmd) {
+        d->input_spec[0] = CX_SPEC_NAME("data");
+        d->input_spec[1] = CX_SPEC_NONE;
+        lo.input_mesh = mesh;
+        lo.input_spec = d->input_spec;
+        lo.input_nspec = 2;
+    }
     d->sampler = cx_sampler_new(cx_dataset_size(d->train), so);
     d->loader = d->sampler ? cx_loader_new(d->train, d->sampler, lo) : NULL;
     if (!d->loader) {

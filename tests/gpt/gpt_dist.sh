@@ -3,7 +3,10 @@
 # sharded checkpoints) train the same tiny model; FSDP's checkpoint is
 # consolidated into one file, and `gpt eval` of that file prints the val
 # loss the sharded run ended with. A global batch that does not split over
-# the ranks is a one-line error.
+# the ranks is a one-line error. SPMD (--parallel spmd, the batch split
+# over the mesh's data axis by the loader, the compiler partitioning the
+# step) prints the losses and val loss of one process with the same global
+# batch; a model axis (tensor parallelism) is refused with one line.
 # usage: gpt_dist.sh XLA_LAUNCH GPT CONSOLIDATE_CKPTS
 set -eu
 LAUNCH=$1 GPT=$2 CONSOLIDATE=$3
@@ -30,8 +33,19 @@ VAL=$(sed -n 's/^\[rank 0\] val loss: //p' "$W/fsdp.out")
 EVAL=$("$GPT" eval --data "$W/corpus.txt" $MODEL --ckpt "$W/full.h5" | sed -n 's/^val loss: //p')
 [ "$EVAL" = "$VAL" ] || fail "the consolidated model's val loss '$EVAL' differs from the sharded run's '$VAL'"
 
+"$GPT" train $RECIPE > "$W/one.out" 2>&1 || { cat "$W/one.out"; fail "one process"; }
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd > "$W/spmd.out" 2>&1 || { cat "$W/spmd.out"; fail "spmd"; }
+sed -n 's/^step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^val loss: /val /p' "$W/one.out" > "$W/one.l"
+sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/spmd.out" > "$W/spmd.l"
+[ "$(wc -l < "$W/one.l")" -ge 4 ] || { cat "$W/one.out"; fail "one process: no losses"; }
+cmp -s "$W/one.l" "$W/spmd.l" || { paste "$W/one.l" "$W/spmd.l"; fail "spmd's losses differ from one process's"; }
+if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd --mesh data=1,model=2 > "$W/tp.out" 2>&1; then
+    fail "a model axis was accepted"
+fi
+grep -q "tensor parallelism" "$W/tp.out" || { cat "$W/tp.out"; fail "model axis: no clear error"; }
+
 if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --batch-size 7 --parallel ddp > "$W/err.out" 2>&1; then
     fail "a batch of 7 over 2 ranks was accepted"
 fi
 grep -q "batch-size 7 does not split over 2 ranks" "$W/err.out" || { cat "$W/err.out"; fail "batch split error"; }
-echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL)"
+echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL; spmd equals one process: $(tail -1 "$W/spmd.l"))"
