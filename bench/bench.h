@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "cx_cli.h"
+#include <cxla/spmd.h>
 
 #define BENCH_MAX_ROUNDS 100
 
@@ -88,10 +89,12 @@ typedef struct bench_trainer bench_trainer;
 /* Takes the model; runs the warm-up steps (the first compiles). NULL after
  * printing why. */
 bench_trainer *bench_trainer_new(struct cx_module *m, int64_t batch, bool ddp);
-/* The same under SPMD: every rank passes the global batch, split over
- * input_mesh's data and dim1 axes (the model's parameters already marked). */
+/* The same under SPMD: every rank passes the global batch (N, 1, 28, 28),
+ * split over input_mesh as spec[0..4) says (the model's parameters already
+ * marked). */
 struct cx_mesh;
-bench_trainer *bench_trainer_new_spmd(struct cx_module *m, int64_t global_batch, struct cx_mesh *input_mesh);
+bench_trainer *bench_trainer_new_spmd(struct cx_module *m, int64_t global_batch, struct cx_mesh *input_mesh,
+                                      const cx_spec_entry *spec);
 /* bench_side unit: one step. */
 double bench_trainer_step(void *trainer);
 void bench_trainer_free(bench_trainer *t);

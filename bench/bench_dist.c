@@ -663,6 +663,15 @@ out:
 
 /* ---- spmd ------------------------------------------------------------------------ */
 
+/* The mlp the FSDPv2 figure trains: 784-2048-2048-10 on MNIST-shaped input. */
+static cx_module *spmd_bench_mlp(void)
+{
+    cx_module *l[7] = { cx_nn_flatten(1, -1), cx_nn_linear(784, 2048, true), cx_nn_relu(),
+                        cx_nn_linear(2048, 2048, true), cx_nn_relu(), cx_nn_linear(2048, 10, true),
+                        cx_nn_log_softmax(1) };
+    return cx_nn_sequential(l, 7);
+}
+
 /* The seed's mnist_xla.py shardings on the cnn (train --parallel spmd).
  * @return the input's mesh, NULL after printing why. */
 static cx_mesh *seed_shardings(cx_module *m)
@@ -708,22 +717,43 @@ int bench_spmd(int argc, char **argv, bench_cfg cfg)
      * carry no sharding and are not partitioned */
     cx_module *sm = bench_cnn();
     cx_mesh *mesh = sm ? seed_shardings(sm) : NULL;
-    bench_trainer *s = mesh ? bench_trainer_new_spmd(sm, batch, mesh) : NULL;
+    const cx_spec_entry seed_input[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
+    bench_trainer *s = mesh ? bench_trainer_new_spmd(sm, batch, mesh, seed_input) : NULL;
     bench_trainer *d = s ? bench_trainer_new(bench_cnn(), batch / n, true) : NULL;
+    /* FSDPv2 on an mlp against DDP on the same mlp: ZeRO-3 through SPMD */
+    int fshape[2] = { n, 1 };
+    const char *faxes[2] = { "fsdp", "model" };
+    cx_mesh *fm = d ? cx_mesh_new(NULL, 2, fshape, faxes) : NULL;
+    cx_module *fmod = fm ? spmd_bench_mlp() : NULL;
+    cx_spmd_fsdp *fw = fmod ? cx_spmd_fsdp_wrap(fmod, fm, NULL, NULL) : NULL;
+    const cx_spec_entry fsdp_input[4] = { CX_SPEC_NAME("fsdp"), CX_SPEC_NONE, CX_SPEC_NONE, CX_SPEC_NONE };
+    bench_trainer *f = fw ? bench_trainer_new_spmd(fmod, batch, fm, fsdp_input) : NULL;
+    bench_trainer *fd = f ? bench_trainer_new(spmd_bench_mlp(), batch / n, true) : NULL;
     rc = 1;
-    if (!d) goto out;
+    if (!fd) {
+        if (fmod && !fw) fprintf(stderr, "cxla-bench spmd: FSDPv2: %s\n", cx_last_error());
+        goto out;
+    }
     bench_side sides[2] = { { .unit = bench_trainer_step, .ctx = s }, { .unit = bench_trainer_step, .ctx = d } };
-    bench_series ips = { 0 };
+    bench_side fsides[2] = { { .unit = bench_trainer_step, .ctx = f }, { .unit = bench_trainer_step, .ctx = fd } };
+    bench_series ips = { 0 }, fst = { 0 };
     for (int r = 0; r < cfg.rounds; r++) {
-        double sec[2];
-        if (!bench_round(&cfg, r, sides, 2, sec)) goto out;
+        double sec[2], fsec[2];
+        if (!bench_round(&cfg, r, sides, 2, sec) || !bench_round(&cfg, r, fsides, 2, fsec)) goto out;
         bench_add(&ips, (double)batch / sec[0], (double)batch / sec[1]);
+        bench_add(&fst, fsec[0], fsec[1]);
     }
     emit0("spmd_seed_images_per_s", "images/s", &ips);
+    emit0("spmd_fsdpv2_step_s", "s", &fst);
     rc = 0;
 out:
     bench_trainer_free(s);
     bench_trainer_free(d);
+    bench_trainer_free(f);   /* a trainer takes its model, even when it fails */
+    bench_trainer_free(fd);
+    if (fmod && !fw) cx_module_free(fmod);
+    if (sm && !mesh) cx_module_free(sm);
+    cx_spmd_fsdp_free(fw);
     cx_dist_finalize();
     return rc;
 }

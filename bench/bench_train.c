@@ -25,10 +25,11 @@ struct bench_trainer {
     int64_t *hy;
     int64_t batch;
     int next;
-    cx_mesh *input_mesh;   /* SPMD: the batch splits over its data and dim1 axes */
+    cx_mesh *input_mesh;   /* SPMD: the batch splits over this mesh ... */
+    cx_spec_entry input_spec[4];   /* ... as this spec says */
 };
 
-static bench_trainer *trainer_new(cx_module *m, int64_t batch, bool ddp, cx_mesh *input_mesh)
+static bench_trainer *trainer_new(cx_module *m, int64_t batch, bool ddp, cx_mesh *input_mesh, const cx_spec_entry *spec)
 {
     bench_trainer *t = calloc(1, sizeof *t);
     if (!t || !m) {
@@ -40,6 +41,7 @@ static bench_trainer *trainer_new(cx_module *m, int64_t batch, bool ddp, cx_mesh
     t->m = m;
     t->batch = batch;
     t->input_mesh = input_mesh;
+    if (input_mesh) memcpy(t->input_spec, spec, sizeof t->input_spec);
     if (ddp && !(t->d = cx_ddp_wrap(m, cx_ddp_default_opts()))) {
         fprintf(stderr, "cxla-bench: DDP wrap: %s\n", cx_last_error());
         bench_trainer_free(t);
@@ -70,11 +72,11 @@ static bench_trainer *trainer_new(cx_module *m, int64_t batch, bool ddp, cx_mesh
     return t;
 }
 
-bench_trainer *bench_trainer_new(cx_module *m, int64_t batch, bool ddp) { return trainer_new(m, batch, ddp, NULL); }
+bench_trainer *bench_trainer_new(cx_module *m, int64_t batch, bool ddp) { return trainer_new(m, batch, ddp, NULL, NULL); }
 
-bench_trainer *bench_trainer_new_spmd(cx_module *m, int64_t global_batch, cx_mesh *input_mesh)
+bench_trainer *bench_trainer_new_spmd(cx_module *m, int64_t global_batch, cx_mesh *input_mesh, const cx_spec_entry *spec)
 {
-    return trainer_new(m, global_batch, false, input_mesh);
+    return trainer_new(m, global_batch, false, input_mesh, spec);
 }
 
 double bench_trainer_step(void *p)
@@ -88,10 +90,7 @@ double bench_trainer_step(void *p)
     cx_step_begin();
     cx_optim_zero_grad(t->opt);
     cx_tensor *x = cx_from_host(hx, sx, 4, CX_F32), *y = cx_from_host(hy, &t->batch, 1, CX_I64);
-    if (t->input_mesh) {   /* as the seed's mnist_xla.py: (data, dim1, None, None) */
-        cx_spec_entry spec[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
-        cx_mark_sharding(x, t->input_mesh, spec, 4);
-    }
+    if (t->input_mesh) cx_mark_sharding(x, t->input_mesh, t->input_spec, 4);
     cx_tensor *out = t->d ? cx_ddp_forward(t->d, x) : cx_module_forward(t->m, x);
     cx_tensor *loss = cx_nll_loss(out, y, CX_REDUCE_MEAN, -100);
     /* a bad shape poisons the loss: backward is where it surfaces */

@@ -61,7 +61,9 @@ static const subcommand g_subcommands[] = {
     { "spmd", bench_spmd,
       "Run under xla-launch --nproc N (N even; the README's figures: N = 4).\n"
       "spmd_seed_images_per_s: the seed's mnist_xla.py run (cnn, its SPMD shardings, global batch 256) vs DDP on the\n"
-      "same ranks (batch 256 / N per rank)", 0, 0 },
+      "same ranks (batch 256 / N per rank)\n"
+      "spmd_fsdpv2_step_s: FSDPv2 (every parameter's first dimension over the fsdp axis, the batch too) on an mlp\n"
+      "784-2048-2048-10 vs DDP on the same mlp and ranks, global batch 256", 0, 0 },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
