@@ -52,6 +52,10 @@ typedef struct {
 
 static int emit(pctx *c, const cx_gnode *proto, const int *ins, int nin, const int64_t *shape)
 {
+    /* shape may point into c->nodes, which may move as it grows; it holds
+     * ndim entries only (a packed part's count is one int64) */
+    int64_t dims[CX_MAX_DIMS] = { 0 };
+    memcpy(dims, shape, sizeof(int64_t) * proto->ndim);
     if (c->failed) return 0;
     if (!CX_GROW(c->nodes, c->cap, c->n + 1) || !CX_GROW(c->in_off, c->off_cap, c->n + 1) ||
         !CX_GROW(c->ins, c->ins_cap, c->nins + nin + 1)) {
@@ -63,9 +67,8 @@ static int emit(pctx *c, const cx_gnode *proto, const int *ins, int nin, const i
     *x = *proto;
     x->ninputs = nin;
     x->inputs = NULL;
-    memcpy(x->shape, shape, sizeof x->shape);
-    for (int d = x->ndim; d < CX_MAX_DIMS; d++) x->shape[d] = 0;
-    x->numel = cx_shape_numel(shape, x->ndim);
+    memcpy(x->shape, dims, sizeof x->shape);
+    x->numel = cx_shape_numel(dims, x->ndim);
     c->in_off[c->n] = c->nins;
     for (int k = 0; k < nin; k++) c->ins[c->nins++] = ins[k];
     return c->n++;
