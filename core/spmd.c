@@ -237,7 +237,7 @@ bool cx_sharding_equal(const cx_sharding *a, const cx_sharding *b)
     if (ra || rb) return ra == rb;
     if (a->mesh != b->mesh || a->ndim != b->ndim || a->partial != b->partial) return false;
     for (int d = 0; d < a->ndim; d++) {
-        if (a->naxes[d] != b->naxes[d]) return false;
+        if (a->naxes[d] != b->naxes[d] || a->blocks[d] != b->blocks[d]) return false;
         for (int i = 0; i < a->naxes[d]; i++) if (a->axes[d][i] != b->axes[d][i]) return false;
     }
     return true;
@@ -249,6 +249,7 @@ uint64_t cx_sharding_hash(const cx_sharding *s)
     uint64_t h = cx_hash64(&s->mesh->hash, sizeof s->mesh->hash);
     h = cx_hash64_more(s->naxes, sizeof s->naxes, h);
     h = cx_hash64_more(s->axes, sizeof s->axes, h);
+    h = cx_hash64_more(s->blocks, sizeof s->blocks, h);
     return cx_hash64_more(&s->partial, sizeof s->partial, h ^ s->ndim);
 }
 
@@ -272,9 +273,38 @@ int cx_sharding_index(const cx_sharding *s, int d, int rank)
 void cx_sharding_local_shape(const cx_sharding *s, const int64_t *global, int64_t *local)
 {
     for (int d = 0; d < (s ? s->ndim : 0); d++) {
-        int64_t k = cx_sharding_ways(s, d);
-        local[d] = (global[d] + k - 1) / k;
+        int64_t k = cx_sharding_ways(s, d), b = cx_sharding_blocks(s, d), part = global[d] / b;
+        local[d] = b * ((part + k - 1) / k);
     }
+}
+
+int cx_sharding_blocks(const cx_sharding *s, int d) { return s && s->naxes[d] && s->blocks[d] > 1 ? s->blocks[d] : 1; }
+
+bool cx_sharding_has_blocks(const cx_sharding *s)
+{
+    for (int d = 0; s && d < s->ndim; d++) if (cx_sharding_blocks(s, d) > 1) return true;
+    return false;
+}
+
+bool cx_sharding_unblocked(const cx_sharding *s, const int64_t *global, cx_sharding *u, int64_t *ushape)
+{
+    *u = cx_sharding_replicated(s->mesh, 0);
+    u->partial = s->partial;
+    int e = 0;
+    for (int d = 0; d < s->ndim; d++) {
+        int b = cx_sharding_blocks(s, d);
+        if (e + (b > 1) + 1 > CX_MAX_DIMS) {
+            cx_set_last_error("spmd: a blocked split of a rank-%d tensor needs more than %d dimensions", s->ndim, CX_MAX_DIMS);
+            return false;
+        }
+        if (b > 1) ushape[e++] = b;
+        ushape[e] = global[d] / b;
+        u->naxes[e] = s->naxes[d];
+        memcpy(u->axes[e], s->axes[d], sizeof u->axes[e]);
+        e++;
+    }
+    u->ndim = (uint8_t)e;
+    return true;
 }
 
 int cx_axes_of_mask(unsigned mask, uint8_t *axes)
@@ -303,6 +333,7 @@ const char *cx_sharding_describe(const cx_sharding *s, char *buf, size_t cap)
             else n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? ", " : "", a);
         }
         if (s->naxes[d] > 1 && n < cap) n += (size_t)snprintf(buf + n, cap - n, ")");
+        if (cx_sharding_blocks(s, d) > 1 && n < cap) n += (size_t)snprintf(buf + n, cap - n, " in %d blocks", s->blocks[d]);
     }
     if (n < cap) n += (size_t)snprintf(buf + n, cap - n, ")");
     if (s->partial && n < cap) n += (size_t)snprintf(buf + n, cap - n, " partial=0x%x", s->partial);
@@ -312,7 +343,8 @@ const char *cx_sharding_describe(const cx_sharding *s, char *buf, size_t cap)
 
 /* ---- cx_mark_sharding ------------------------------------------------------------------------ */
 
-static cx_status spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int nd, cx_sharding *s)
+cx_status cx_spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int nd, const int64_t *shape,
+                                  cx_sharding *s)
 {
     if (!g_spmd) {
         cx_set_last_error("mark_sharding: SPMD mode is off (call cx_use_spmd first)");
@@ -348,53 +380,18 @@ static cx_status spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec
             used |= 1u << a;
             if (mesh->shape[a] > 1) s->axes[d][s->naxes[d]++] = (uint8_t)a;   /* an axis of one device splits nothing */
         }
+        int b = spec[d].blocks;
+        if (b < 0 || b > 255 || (b > 1 && shape && shape[d] % b)) {
+            cx_set_last_error("mark_sharding: spec entry %d asks for %d blocks; dimension %d has size %lld", d, b, d,
+                              shape ? (long long)shape[d] : -1LL);
+            return CX_ERR_ARG;
+        }
+        if (b > 1 && s->naxes[d]) s->blocks[d] = (uint8_t)b;
     }
     return CX_OK;
 }
 
-/* Moves the rows of every shard between a global array and this rank's
- * padded shard (to_local: global -> shard, zeros in the padding). */
-static void shard_copy_rows(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf,
-                            void *global_buf, bool to_local, int64_t row0)
-{
-    int nd = s->ndim;
-    int64_t local[CX_MAX_DIMS] = { 0 }, start[CX_MAX_DIMS] = { 0 }, gstride[CX_MAX_DIMS] = { 0 }, idx[CX_MAX_DIMS] = { 0 };
-    cx_sharding_local_shape(s, global, local);
-    int64_t g = 1;
-    for (int d = nd - 1; d >= 0; d--) { gstride[d] = g; g *= global[d]; start[d] = cx_sharding_index(s, d, rank) * local[d]; }
-    int64_t inner = nd ? local[nd - 1] : 1, rows = cx_shape_numel(local, nd) / (inner ? inner : 1);
-    int64_t valid_inner = nd ? global[nd - 1] - start[nd - 1] : 1;
-    if (valid_inner > inner) valid_inner = inner;
-    if (valid_inner < 0) valid_inner = 0;
-    for (int64_t r = 0; r < rows && inner; r++) {
-        char *lrow = (char *)local_buf + (size_t)(r * inner) * es;
-        bool inside = true;
-        int64_t off = 0;
-        for (int d = 0; d < nd - 1; d++) {
-            int64_t gi = start[d] + idx[d];
-            if (gi >= global[d]) inside = false;
-            off += gi * gstride[d];
-        }
-        if (nd) off += start[nd - 1];
-        if (nd > 1) off -= row0 * gstride[0];
-        else off -= row0;
-        if (to_local) {
-            if (inside && valid_inner) memcpy(lrow, (char *)global_buf + (size_t)off * es, (size_t)valid_inner * es);
-            memset(lrow + (size_t)(inside ? valid_inner : 0) * es, 0, (size_t)(inner - (inside ? valid_inner : 0)) * es);
-        } else if (inside && valid_inner) {
-            memcpy((char *)global_buf + (size_t)off * es, lrow, (size_t)valid_inner * es);
-        }
-        for (int d = nd - 2; d >= 0; d--) { if (++idx[d] < local[d]) break; idx[d] = 0; }
-    }
-}
-
-static void shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf,
-                       void *global_buf, bool to_local)
-{
-    shard_copy_rows(s, global, rank, es, local_buf, global_buf, to_local, 0);
-}
-
-static cx_sharding *sharding_dup(const cx_sharding *s)
+cx_sharding *cx_sharding_dup(const cx_sharding *s)
 {
     if (cx_sharding_is_replicated(s)) return NULL;
     cx_sharding *c = malloc(sizeof *c);
@@ -411,9 +408,9 @@ static cx_status shard_data_leaf(cx_tensor *t, const cx_sharding *s)
     size_t es = cx_dtype_size((cx_dtype)x->dtype);
     cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, x->ndim) * es);
     if (!b) return CX_ERR_OOM;
-    shard_copy(s, x->shape, cx_comm_rank(), es, b->data, x->buf->data, true);
+    cx_shard_copy(s, x->shape, cx_comm_rank(), es, b->data, x->buf->data, true);
     cx_node *d = cx_node_data(b, (cx_dtype)x->dtype, x->shape, x->ndim);
-    if (!d || !(d->sharding = sharding_dup(s))) {
+    if (!d || !(d->sharding = cx_sharding_dup(s))) {
         if (d) cx_node_unref(d); else cx_buffer_unref(b);
         cx_set_last_error("mark_sharding: out of memory");
         return CX_ERR_OOM;
@@ -471,7 +468,12 @@ cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entr
     if (t->node->op == OP_ERROR) { cx_set_last_error("%s", t->node->err); return CX_ERR_SHAPE; }
     if (!mesh) mesh = g_global_mesh;
     cx_sharding s;
-    cx_status st = spec_to_sharding(mesh, spec, nspec, t->node->ndim, &s);
+    cx_status st = cx_spec_to_sharding(mesh, spec, nspec, t->node->ndim, t->node->shape, &s);
+    if (st == CX_OK && cx_sharding_has_blocks(&s)) {
+        cx_sharding u;
+        int64_t ushape[CX_MAX_DIMS];
+        if (!cx_sharding_unblocked(&s, t->node->shape, &u, ushape)) st = CX_ERR_ARG;
+    }
     if (st != CX_OK) return st;
     cx_node *x = t->node;
     if (x->op == OP_DATA && !x->buf && x->init) return shard_deferred(t, &s);
@@ -489,52 +491,6 @@ cx_status cx_mark_sharding(cx_tensor *t, const cx_mesh *mesh, const cx_spec_entr
     return annotate(t, &s);
 }
 
-cx_status cx_shard_rows(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int64_t dim0, int64_t *row0,
-                        int64_t *nrows)
-{
-    cx_sharding s;
-    if (!mesh) mesh = g_global_mesh;
-    cx_status st = spec_to_sharding(mesh, spec, nspec, nspec, &s);
-    if (st != CX_OK) return st;
-    if (nspec == 0) { *row0 = 0; *nrows = 1; return CX_OK; }
-    int64_t k = cx_sharding_ways(&s, 0), local = (dim0 + k - 1) / k;
-    *row0 = cx_sharding_index(&s, 0, cx_comm_rank()) * local;
-    if (*row0 > dim0) *row0 = dim0;
-    *nrows = dim0 - *row0 < local ? dim0 - *row0 : local;
-    return CX_OK;
-}
-
-cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *global_shape, int ndim, cx_dtype dtype,
-                                const cx_mesh *mesh, const cx_spec_entry *spec, int nspec)
-{
-    if (!mesh) mesh = g_global_mesh;
-    if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("from_host_sharded: unknown dtype %d", (int)dtype);
-    if (ndim < 1 || ndim > CX_MAX_DIMS || !global_shape) return cx_poisoned("from_host_sharded: rank %d (1 to %d)", ndim, CX_MAX_DIMS);
-    for (int d = 0; d < ndim; d++)
-        if (global_shape[d] < 0) return cx_poisoned("from_host_sharded: dimension %d has size %lld", d, (long long)global_shape[d]);
-    cx_sharding s;
-    if (spec_to_sharding(mesh, spec, nspec, ndim, &s) != CX_OK) return cx_poisoned("from_host_sharded: %s", cx_last_error());
-    int64_t mine0, mine_n;
-    cx_shard_rows(mesh, spec, nspec, global_shape[0], &mine0, &mine_n);
-    if (mine_n > 0 && (!rows || row0 < 0 || row0 > mine0))
-        return cx_poisoned("from_host_sharded: the rows given start at %lld, but this rank's shard starts at row %lld",
-                           (long long)row0, (long long)mine0);
-    int64_t local[CX_MAX_DIMS];
-    cx_sharding_local_shape(&s, global_shape, local);
-    size_t es = cx_dtype_size(dtype);
-    cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, ndim) * es);
-    if (!b) return cx_poisoned("from_host_sharded: %s", cx_last_error());
-    shard_copy_rows(&s, global_shape, cx_comm_rank(), es, b->data, (void *)(uintptr_t)rows, true, row0);
-    cx_node *d = cx_node_data(b, dtype, global_shape, ndim);
-    if (d && !cx_sharding_is_replicated(&s) && !(d->sharding = sharding_dup(&s))) { cx_node_unref(d); d = NULL; b = NULL; }
-    if (!d) {
-        if (b) cx_buffer_unref(b);
-        return cx_poisoned("from_host_sharded: out of memory");
-    }
-    cx_counter_add("CreateDataHandles", 1);
-    return cx_tensor_wrap(d);
-}
-
 cx_status cx_clear_sharding(cx_tensor *t)
 {
     if (!t) { cx_set_last_error("clear_sharding: tensor is NULL"); return CX_ERR_ARG; }
@@ -548,44 +504,4 @@ const char *cx_sharding_spec(cx_tensor *t, char *buf, size_t cap)
 {
     if (!buf || !cap) return buf;
     return cx_sharding_describe(t ? t->node->sharding : NULL, buf, cap);
-}
-
-/* ---- reads ------------------------------------------------------------------------------------ */
-
-cx_status cx_spmd_gather_value(const cx_node *x, void *out)
-{
-    const cx_sharding *s = x->sharding;
-    int world = cx_comm_world_size();
-    size_t local_bytes = x->buf->bytes, es = cx_dtype_size((cx_dtype)x->dtype);
-    char *all = malloc(local_bytes * (size_t)world + 1);
-    if (!all) { cx_set_last_error("to_host: out of memory gathering a sharded tensor"); return CX_ERR_OOM; }
-    cx_comm_op op = { .kind = CX_COLL_ALL_GATHER, .red = CX_RED_SUM, .scale = 1.0, .dtype = CX_U8, .in = x->buf->data,
-                      .out = all, .count = (int64_t)local_bytes, .label = "gather a sharded tensor to host" };
-    cx_status st = cx_comm_run(&op);
-    for (int r = 0; st == CX_OK && r < world; r++)
-        shard_copy(s, x->shape, r, es, all + (size_t)r * local_bytes, out, false);
-    free(all);
-    return st;
-}
-
-cx_status cx_local_shard_to_host(cx_tensor *t, void *out, size_t cap_bytes, cx_dtype dtype, int64_t *shape)
-{
-    if (!t || !out) { cx_set_last_error("local_shard_to_host: NULL argument"); return CX_ERR_ARG; }
-    if (t->node->op != OP_DATA) {
-        cx_status st = cx_materialize(&t, 1, "value read");
-        if (st != CX_OK) return st;
-    }
-    cx_node *x = t->node;
-    if (!x->buf) { cx_set_last_error("local_shard_to_host: the tensor holds no value"); return CX_ERR_STATE; }
-    int64_t local[CX_MAX_DIMS];
-    memcpy(local, x->shape, sizeof local);
-    if (x->sharding) cx_sharding_local_shape(x->sharding, x->shape, local);
-    int64_t n = cx_shape_numel(local, x->ndim);
-    if ((size_t)n * cx_dtype_size(dtype) > cap_bytes) {
-        cx_set_last_error("local_shard_to_host: the shard has %lld elements; the buffer holds %zu bytes", (long long)n, cap_bytes);
-        return CX_ERR_ARG;
-    }
-    if (shape) memcpy(shape, local, sizeof(int64_t) * (size_t)x->ndim);
-    cx_convert_values(out, dtype, x->buf->data, (cx_dtype)x->dtype, n);
-    return CX_OK;
 }

@@ -19,14 +19,16 @@ struct cx_mesh {
 };
 
 /* How one tensor splits over one mesh. Dimension d splits over the mesh
- * axes axes[d][0 .. naxes[d]) (major first); `partial` marks mesh axes over
- * which each device holds a summand of the value (a contraction split
- * there), never set on a value a user can see. */
+ * axes axes[d][0 .. naxes[d]) (major first); with blocks[d] > 1 it is that
+ * many equal parts each split alike (cx_spec_entry.blocks); `partial` marks
+ * mesh axes over which each device holds a summand of the value (a
+ * contraction split there), never set on a value a user can see. */
 typedef struct cx_sharding {
     const cx_mesh *mesh;
     uint8_t ndim;
     uint8_t naxes[CX_MAX_DIMS];
     uint8_t axes[CX_MAX_DIMS][CX_MESH_MAX_DIMS];
+    uint8_t blocks[CX_MAX_DIMS];                   /* 0: one contiguous split (kept 0 when naxes is 0) */
     uint8_t partial;                               /* bit a: partial over mesh axis a */
 } cx_sharding;
 
@@ -40,8 +42,16 @@ uint64_t cx_sharding_hash(const cx_sharding *s);
 int cx_sharding_ways(const cx_sharding *s, int d);
 /* The shard of dimension d that `rank` holds (0 .. ways). */
 int cx_sharding_index(const cx_sharding *s, int d, int rank);
-/* Each dimension's shard size: ceil(global / ways). */
+/* Each dimension's shard size: ceil(global / ways), per block when blocked. */
 void cx_sharding_local_shape(const cx_sharding *s, const int64_t *global, int64_t *local);
+/* The parts of a blocked dimension d (1 when it is not blocked). */
+int cx_sharding_blocks(const cx_sharding *s, int d);
+bool cx_sharding_has_blocks(const cx_sharding *s);
+/* The same layout with each blocked dimension seen as two, (blocks, size /
+ * blocks), the split on the second: what holds for plain splits then holds
+ * for blocked ones. @return false when that needs more than CX_MAX_DIMS
+ * dimensions (error set). */
+bool cx_sharding_unblocked(const cx_sharding *s, const int64_t *global, cx_sharding *u, int64_t *ushape);
 /* The replica groups of the ranks that differ only along `axes` (in that
  * order, the first the major one), interned for a collective's attribute.
  * @return the group id (0: every rank), -1 with the error set. */
@@ -56,6 +66,19 @@ bool cx_mesh_coords(const cx_mesh *mesh, int rank, int *coords);
 
 /* Interns a replica group list (comm.c). @return as cx_mesh_axes_group. */
 int64_t cx_groups_intern(const cx_replica_groups *rg, const char *op, int *group_size);
+
+/* A spec checked against mesh into a sharding for a tensor of rank nd;
+ * shape (may be NULL) checks that blocked dimensions divide.
+ * @return CX_OK or CX_ERR_ARG naming the problem (mark_sharding's errors). */
+cx_status cx_spec_to_sharding(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int nd, const int64_t *shape,
+                              cx_sharding *s);
+/* A heap copy of s, or NULL when s is replicated or out of memory. */
+cx_sharding *cx_sharding_dup(const cx_sharding *s);
+/* Moves rank's shard between a global array and its padded local buffer
+ * (to_local: global -> shard, zeros in the padding; else shard -> global,
+ * padding dropped). */
+void cx_shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf, void *global_buf,
+                   bool to_local);
 
 /* Copies a sharded data node's shards from every rank into the global
  * value at out (the node's dtype). Collective. @return CX_OK or an error. */

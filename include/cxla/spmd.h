@@ -58,17 +58,27 @@ CX_API cx_mesh *cx_get_global_mesh(void);
 /* A partition spec: one entry per dimension of the tensor. An entry is
  * replicated (no axes), one mesh axis, or a tuple of axes that together
  * split the dimension (the first axis is the major one). Axes are given by
- * index or by name; names win when set. */
+ * index or by name; names win when set.
+ *
+ * `blocks` > 1 splits the dimension as that many equal parts, each split
+ * over the axes on its own: device i then holds the i-th piece of every
+ * part. This is the layout tensor parallelism needs for a fused projection
+ * (GPT's c_attn computes q, k and v as one (3C, C) matmul: with blocks = 3
+ * each rank holds its heads' rows of each of q, k and v). The dimension
+ * must divide by `blocks`. */
 typedef struct {
     int naxes;                                  /* 0: replicated (None) */
     int axes[CX_MESH_MAX_DIMS];                 /* mesh axis indices ... */
     const char *names[CX_MESH_MAX_DIMS];        /* ... or names (NULL: use the index) */
+    int blocks;                                 /* 0 or 1: one contiguous split; > 1: parts split alike */
 } cx_spec_entry;
 
 /* Shorthands for building specs. */
-#define CX_SPEC_NONE ((cx_spec_entry){ 0, { 0 }, { 0 } })
-#define CX_SPEC_AXIS(i) ((cx_spec_entry){ 1, { (i) }, { 0 } })
-#define CX_SPEC_NAME(n) ((cx_spec_entry){ 1, { 0 }, { (n) } })
+#define CX_SPEC_NONE ((cx_spec_entry){ 0, { 0 }, { 0 }, 0 })
+#define CX_SPEC_AXIS(i) ((cx_spec_entry){ 1, { (i) }, { 0 }, 0 })
+#define CX_SPEC_NAME(n) ((cx_spec_entry){ 1, { 0 }, { (n) }, 0 })
+/* Mesh axis `n` (a name) splitting each of `b` equal parts of the dimension. */
+#define CX_SPEC_BLOCKS(n, b) ((cx_spec_entry){ 1, { 0 }, { (n) }, (b) })
 
 /* Annotates t with a sharding over mesh: dimension d splits over the axes
  * of spec[d] (nspec must equal t's rank). A dimension that does not divide
@@ -108,6 +118,40 @@ CX_API const char *cx_sharding_spec(cx_tensor *t, char *buf, size_t cap);
  * dimensions included). A replicated tensor's shard is the whole value.
  * @return CX_OK, or the sync's error. */
 CX_API cx_status cx_local_shard_to_host(cx_tensor *t, void *out, size_t cap_bytes, cx_dtype dtype, int64_t *shape);
+
+/* ---- the geometry of shards (for checkpoints and custom I/O) ------------ */
+
+/* t's sharding as its mesh and a partition spec (axes by index, names
+ * NULL) into spec[0 .. rank). @return t's rank with *mesh set, or 0 with
+ * *mesh = NULL when t is replicated, NULL, or cap is below its rank. */
+CX_API int cx_get_sharding(cx_tensor *t, const cx_mesh **mesh, cx_spec_entry *spec, int cap);
+/* The name of mesh axis a ("" when unnamed). @return NULL when a is out of range. */
+CX_API const char *cx_mesh_axis_name(const cx_mesh *mesh, int a);
+
+/* One box of a shard: the global elements [start, start + count) of each
+ * dimension, which sit in the (padded) local shard from local_start on. */
+typedef struct {
+    int64_t start[CX_MAX_DIMS], count[CX_MAX_DIMS], local_start[CX_MAX_DIMS];
+} cx_shard_box;
+
+/* The padded shape of rank `rank`'s shard of a tensor of global_shape under
+ * spec, into local[0 .. ndim). @return CX_OK, or CX_ERR_ARG as
+ * cx_mark_sharding. */
+CX_API cx_status cx_shard_local_shape(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, const int64_t *global_shape,
+                                      int ndim, int64_t *local);
+/* The parts of the global value that rank `rank`'s shard holds: one box,
+ * or one per combination of blocks when a dimension is blocked. Padding is
+ * in no box, so a box may be empty (a count of 0). Boxes are written up to
+ * cap. @return the number of boxes, or -1 with the error set (a bad spec,
+ * a rank outside the mesh). */
+CX_API int cx_shard_boxes(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, const int64_t *global_shape, int ndim,
+                          int rank, cx_shard_box *boxes, int cap);
+/* A tensor of global_shape sharded over mesh as spec says, from this
+ * rank's own shard: `local` holds the padded local shape row-major in
+ * dtype, as cx_local_shard_to_host gives it. No communication. @return
+ * the tensor, or a poisoned one naming the problem. */
+CX_API cx_tensor *cx_from_local_shard(const void *local, const int64_t *global_shape, int ndim, cx_dtype dtype,
+                                      const cx_mesh *mesh, const cx_spec_entry *spec, int nspec);
 
 #ifdef __cplusplus
 }
