@@ -142,7 +142,7 @@ static unsigned dim_mask(const cx_sharding *s, int d)
 
 static bool same_dim(const cx_sharding *a, int da, const cx_sharding *b, int db)
 {
-    if (a->naxes[da] != b->naxes[db]) return false;
+    if (a->naxes[da] != b->naxes[db] || cx_sharding_blocks(a, da) != cx_sharding_blocks(b, db)) return false;
     for (int i = 0; i < a->naxes[da]; i++) if (a->axes[da][i] != b->axes[db][i]) return false;
     return true;
 }
@@ -151,28 +151,89 @@ static void set_dim(cx_sharding *dst, int d, const cx_sharding *src, int ds)
 {
     dst->naxes[d] = src->naxes[ds];
     memcpy(dst->axes[d], src->axes[ds], sizeof dst->axes[d]);
+    dst->blocks[d] = src->naxes[ds] ? src->blocks[ds] : 0;
 }
 
-static void clear_dim(cx_sharding *s, int d) { s->naxes[d] = 0; }
+static void clear_dim(cx_sharding *s, int d) { s->naxes[d] = 0; s->blocks[d] = 0; }
 
+/* Dimension d (of global size g) splits without padding: every shard of
+ * every block is full, so sums and contractions along it see no garbage. */
+static bool even_dim(const cx_sharding *s, int d, int64_t g)
+{
+    int64_t b = cx_sharding_blocks(s, d);
+    return g % b == 0 && (g / b) % cx_sharding_ways(s, d) == 0;
+}
+
+static bool blocked(const cx_sharding *s, int d) { return cx_sharding_blocks(s, d) > 1; }
+
+static int emit_reshape(pctx *c, int x, const int64_t *shape, int nd)
+{
+    cx_gnode p;
+    memset(&p, 0, sizeof p);
+    p.op = OP_RESHAPE;
+    p.dtype = c->nodes[x].dtype;
+    p.ndim = (uint8_t)nd;
+    p.input_ordinal = -1;
+    return emit(c, &p, &x, 1, shape);
+}
+
+/* A blocked dimension d of x seen as two, (b, size / b), or merged back. */
+static int emit_split_dim(pctx *c, int x, int d, int64_t b)
+{
+    const cx_gnode *n = &c->nodes[x];
+    int64_t shape[CX_MAX_DIMS] = { 0 };
+    if (n->ndim + 1 > CX_MAX_DIMS) {
+        c->failed = true;
+        cx_set_last_error("spmd partition: resharding a blocked split of a rank-%d tensor needs more than %d dimensions",
+                          n->ndim, CX_MAX_DIMS);
+        return x;
+    }
+    int e = 0;
+    for (int k = 0; k < n->ndim; k++) {
+        if (k == d) shape[e++] = b;
+        shape[e++] = k == d ? n->shape[k] / b : n->shape[k];
+    }
+    return emit_reshape(c, x, shape, e);
+}
+
+static int emit_merge_dim(pctx *c, int x, int d)
+{
+    const cx_gnode *n = &c->nodes[x];
+    int64_t shape[CX_MAX_DIMS] = { 0 };
+    int e = 0;
+    for (int k = 0; k < n->ndim; k++) {
+        if (k == d + 1) shape[e - 1] *= n->shape[k];
+        else shape[e++] = n->shape[k];
+    }
+    return emit_reshape(c, x, shape, e);
+}
+
+/* A blocked dimension is gathered and sliced as its (blocks, part) view,
+ * along the part. */
 static int gather_dim(pctx *c, int x, cx_sharding *cur, int d, int64_t global)
 {
     int gs;
     int64_t gid = cx_mesh_axes_group(cur->mesh, cur->axes[d], cur->naxes[d], &gs);
     if (gid < 0) { c->failed = true; return x; }
-    int64_t shape[CX_MAX_DIMS];
+    int64_t b = cx_sharding_blocks(cur, d), shape[CX_MAX_DIMS];
+    int e = b > 1 ? d + 1 : d;
+    if (b > 1) x = emit_split_dim(c, x, d, b);
     memcpy(shape, shape_of(c, x), sizeof shape);
-    shape[d] *= gs;
-    x = emit_coll(c, OP_ALL_GATHER, x, shape, gid, d, 0);
+    shape[e] *= gs;
+    x = emit_coll(c, OP_ALL_GATHER, x, shape, gid, e, 0);
     clear_dim(cur, d);
-    return emit_slice(c, x, d, 0, global);   /* the padding of the last shards */
+    x = emit_slice(c, x, e, 0, global / b);   /* the padding of the last shards */
+    return b > 1 ? emit_merge_dim(c, x, d) : x;
 }
 
 static int slice_dim(pctx *c, int x, const cx_sharding *want, int d, int64_t global)
 {
-    int64_t k = cx_sharding_ways(want, d), local = (global + k - 1) / k;
-    x = emit_pad_high(c, x, d, local * k - global);
-    return emit_slice(c, x, d, cx_sharding_index(want, d, c->rank) * local, local);
+    int64_t b = cx_sharding_blocks(want, d), part = global / b, k = cx_sharding_ways(want, d), local = (part + k - 1) / k;
+    int e = b > 1 ? d + 1 : d;
+    if (b > 1) x = emit_split_dim(c, x, d, b);
+    x = emit_pad_high(c, x, e, local * k - part);
+    x = emit_slice(c, x, e, cx_sharding_index(want, d, c->rank) * local, local);
+    return b > 1 ? emit_merge_dim(c, x, d) : x;
 }
 
 /* Finishes a partial sum: a reduce-scatter into a dimension `want` splits
@@ -180,7 +241,7 @@ static int slice_dim(pctx *c, int x, const cx_sharding *want, int d, int64_t glo
 static int finish_partial(pctx *c, int x, cx_sharding *cur, const cx_sharding *want, const int64_t *global)
 {
     for (int d = 0; d < cur->ndim; d++) {
-        if (cur->naxes[d] || dim_mask(want, d) != cur->partial || want->mesh != cur->mesh) continue;
+        if (cur->naxes[d] || dim_mask(want, d) != cur->partial || want->mesh != cur->mesh || blocked(want, d)) continue;
         int gs;
         int64_t gid = cx_mesh_axes_group(cur->mesh, want->axes[d], want->naxes[d], &gs);
         if (gid < 0) { c->failed = true; return x; }
@@ -206,7 +267,7 @@ static int finish_partial(pctx *c, int x, cx_sharding *cur, const cx_sharding *w
 static int try_all_to_all(pctx *c, int x, cx_sharding *cur, const cx_sharding *want, const int64_t *global)
 {
     for (int from = 0; from < cur->ndim; from++) {
-        if (!cur->naxes[from] || want->naxes[from]) continue;
+        if (!cur->naxes[from] || want->naxes[from] || blocked(cur, from)) continue;
         for (int to = 0; to < cur->ndim; to++) {
             if (to == from || cur->naxes[to] || !same_dim(cur, from, want, to)) continue;
             int64_t k = cx_sharding_ways(cur, from);
@@ -245,7 +306,7 @@ static int reshard_uncached(pctx *c, int x, const int64_t *global, cx_sharding c
 static bool reduce_scatters(const cx_sharding *cur, const cx_sharding *want)
 {
     for (int d = 0; d < cur->ndim; d++)
-        if (!cur->naxes[d] && dim_mask(want, d) == cur->partial && want->mesh == cur->mesh) return true;
+        if (!cur->naxes[d] && dim_mask(want, d) == cur->partial && want->mesh == cur->mesh && !blocked(want, d)) return true;
     return false;
 }
 
@@ -338,7 +399,7 @@ static void rule_reduce(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_
     *out = want[0];
     for (int d = 0; d < x->ndim; d++) {
         if (!(mask >> d & 1) || !want[0].naxes[d]) continue;
-        if (x->op == OP_REDUCE_SUM && g[d] % cx_sharding_ways(&want[0], d) == 0) out->partial |= (uint8_t)dim_mask(&want[0], d);
+        if (x->op == OP_REDUCE_SUM && even_dim(&want[0], d, g[d])) out->partial |= (uint8_t)dim_mask(&want[0], d);
         else clear_dim(&want[0], d);
         clear_dim(out, d);
     }
@@ -361,6 +422,16 @@ static int reshape_target_dim(const int64_t *in, int d, int64_t k, const int64_t
     return -1;
 }
 
+/* The same for any split of s's dimension d: a blocked one survives only
+ * into an output dimension of the same size starting at the same element
+ * (every block then lands where it was). */
+static int reshape_target(const cx_sharding *s, const int64_t *in, int d, const int64_t *out, int out_nd)
+{
+    int e = reshape_target_dim(in, d, cx_sharding_ways(s, d), out, out_nd);
+    if (e < 0 || !blocked(s, d)) return e;
+    return out[e] == in[d] && even_dim(s, d, in[d]) ? e : -1;
+}
+
 static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
     int in = x->inputs[0];
@@ -370,7 +441,7 @@ static void rule_reshape(const pctx *c, const cx_gnode *x, cx_sharding *want, cx
     out->partial = want[0].partial;
     for (int d = 0; d < src->ndim; d++) {
         if (!want[0].naxes[d]) continue;
-        int e = reshape_target_dim(src->shape, d, cx_sharding_ways(&want[0], d), x->shape, x->ndim);
+        int e = reshape_target(&want[0], src->shape, d, x->shape, x->ndim);
         if (e < 0) clear_dim(&want[0], d);
         else set_dim(out, e, &want[0], d);
     }
@@ -391,17 +462,65 @@ static void rule_expand(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_
     *out = want[0];
 }
 
+/* Slice, pad and concat need their axis whole, except where blocks meet
+ * whole parts: a slice of one whole block of a blocked split is that
+ * block's plain split (at a rank-local offset, localize_attrs), and a pad
+ * by whole parts around an even split, or a concat of equal evenly split
+ * parts, is a blocked split (the backward of the slice, and q|k|v joined). */
+static bool slice_takes_block(const pctx *c, const cx_gnode *x, const cx_sharding *s)
+{
+    int ax = (int)CX_ATTR(x, CX_AT_SLICE_AXIS);
+    int64_t g = c->g->nodes[x->inputs[0]].shape[ax], part = g / cx_sharding_blocks(s, ax);
+    return blocked(s, ax) && even_dim(s, ax, g) && CX_ATTR(x, CX_AT_SLICE_STEP) == 1 &&
+           CX_ATTR(x, CX_AT_SLICE_START) % part == 0 && x->shape[ax] == part;
+}
+
+/* The blocks a pad of dimension d makes of an even plain split, or 0. */
+static int pad_blocks(const pctx *c, const cx_gnode *x, const cx_sharding *s, int d)
+{
+    int nd = x->ndim;
+    int64_t n = c->g->nodes[x->inputs[0]].shape[d], lo = CX_ATTR(x, CX_AT_PAD_LO(nd, d)), hi = CX_ATTR(x, CX_AT_PAD_HI(nd, d));
+    if (!s->naxes[d] || blocked(s, d) || !even_dim(s, d, n) || CX_ATTR(x, CX_AT_PAD_INTERIOR(nd, d)) || lo < 0 || hi < 0 ||
+        lo % n || hi % n)
+        return 0;
+    int64_t b = x->shape[d] / n;
+    return b > 1 && b <= 255 ? (int)b : 0;
+}
+
+static int concat_blocks(const pctx *c, const cx_gnode *x, const cx_sharding *s, int ax)
+{
+    int64_t n = c->g->nodes[x->inputs[0]].shape[ax];
+    if (!s->naxes[ax] || blocked(s, ax) || !even_dim(s, ax, n) || x->ninputs > 255) return 0;
+    for (int k = 1; k < x->ninputs; k++) {
+        const cx_sharding *t = &c->sh[x->inputs[k]];
+        if (c->g->nodes[x->inputs[k]].shape[ax] != n || t->mesh != s->mesh || !same_dim(t, ax, s, ax)) return 0;
+    }
+    return x->ninputs;
+}
+
 static void rule_slice_pad_concat(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
     cx_sharding s = resolved(&c->sh[x->inputs[0]]);
-    if (x->op == OP_SLICE) clear_dim(&s, (int)CX_ATTR(x, CX_AT_SLICE_AXIS));
-    if (x->op == OP_CONCAT) clear_dim(&s, (int)CX_ATTR(x, CX_AT_AXIS));
-    for (int d = 0; x->op == OP_PAD && d < x->ndim; d++)
-        if (CX_ATTR(x, CX_AT_PAD_LO(x->ndim, d)) || CX_ATTR(x, CX_AT_PAD_HI(x->ndim, d)) ||
-            CX_ATTR(x, CX_AT_PAD_INTERIOR(x->ndim, d)))
-            clear_dim(&s, d);
-    for (int k = 0; k < x->ninputs; k++) want[k] = s;
     *out = s;
+    if (x->op == OP_SLICE) {
+        int ax = (int)CX_ATTR(x, CX_AT_SLICE_AXIS);
+        if (slice_takes_block(c, x, &s)) out->blocks[ax] = 0;
+        else { clear_dim(&s, ax); *out = s; }
+    }
+    if (x->op == OP_CONCAT) {
+        int ax = (int)CX_ATTR(x, CX_AT_AXIS), b = concat_blocks(c, x, &s, ax);
+        if (b) out->blocks[ax] = (uint8_t)b;
+        else { clear_dim(&s, ax); *out = s; }
+    }
+    for (int d = 0; x->op == OP_PAD && d < x->ndim; d++) {
+        if (!CX_ATTR(x, CX_AT_PAD_LO(x->ndim, d)) && !CX_ATTR(x, CX_AT_PAD_HI(x->ndim, d)) &&
+            !CX_ATTR(x, CX_AT_PAD_INTERIOR(x->ndim, d)))
+            continue;
+        int b = pad_blocks(c, x, &s, d);
+        if (b) out->blocks[d] = (uint8_t)b;
+        else { clear_dim(&s, d); clear_dim(out, d); }
+    }
+    for (int k = 0; k < x->ninputs; k++) want[k] = s;
 }
 
 /* (..., M, K) @ (..., K, N): batch, row and column splits carry over; a
@@ -427,7 +546,7 @@ static void rule_matmul(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_
     const cx_sharding *ks = a.naxes[KA] ? &a : &b;
     int kd = a.naxes[KA] ? KA : KB;
     int64_t K = c->g->nodes[x->inputs[0]].shape[KA];
-    if (ks->naxes[kd] && !(dim_mask(ks, kd) & used) && K % cx_sharding_ways(ks, kd) == 0) {
+    if (ks->naxes[kd] && !(dim_mask(ks, kd) & used) && even_dim(ks, kd, K)) {
         set_dim(&wa, KA, ks, kd);
         set_dim(&wb, KB, ks, kd);
         out->partial = (uint8_t)dim_mask(ks, kd);
@@ -455,14 +574,14 @@ static void rule_conv(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sh
         const cx_sharding *os = p.naxes[1] ? &p : &q;
         int od = p.naxes[1] ? 1 : 0;
         int64_t O = c->g->nodes[x->inputs[1]].shape[0];
-        if (groups1 && os->naxes[od] && !(dim_mask(os, od) & dim_mask(&p, 0)) && O % cx_sharding_ways(os, od) == 0) {
+        if (groups1 && os->naxes[od] && !(dim_mask(os, od) & dim_mask(&p, 0)) && even_dim(os, od, O)) {
             set_dim(&wp, 1, os, od); set_dim(&wq, 0, os, od);
             out->partial = (uint8_t)dim_mask(os, od);
         }
     } else {                             /* x (N, C, H, W), g (N, O, H', W') -> (O, C, KH, KW) */
         const cx_sharding *bs = p.naxes[0] ? &p : &q;
         int64_t N = c->g->nodes[x->inputs[0]].shape[0];
-        if (bs->naxes[0] && N % cx_sharding_ways(bs, 0) == 0) {
+        if (bs->naxes[0] && even_dim(bs, 0, N)) {
             set_dim(&wp, 0, bs, 0); set_dim(&wq, 0, bs, 0);
             out->partial = (uint8_t)dim_mask(bs, 0);
         }
@@ -515,7 +634,7 @@ static void rule_gather(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_
     if (cx_sharding_is_replicated(&s)) { s = on_mesh(c, src, c->sh[src].mesh); s.partial = 0; clear_dim(&s, ax); }
     const int64_t *g = c->g->nodes[idx].shape;
     for (int d = 0; d < s.ndim; d++)
-        if (s.naxes[d] && g[d] % cx_sharding_ways(&s, d)) clear_dim(&s, d);
+        if (s.naxes[d] && !even_dim(&s, d, g[d])) clear_dim(&s, d);
     want[1] = s;
     want[0] = s;
     clear_dim(&want[0], ax);
@@ -542,7 +661,7 @@ static void rule_scatter_add(const pctx *c, const cx_gnode *x, cx_sharding *want
     if (!is_zero_const(c, base) || !same_outside) { rule_fallback(c, x, want, out); return; }
     cx_sharding s = resolved(&c->sh[idx]);
     for (int d = 0; d < s.ndim; d++)
-        if (s.naxes[d] && gi->shape[d] % cx_sharding_ways(&s, d)) clear_dim(&s, d);
+        if (s.naxes[d] && !even_dim(&s, d, gi->shape[d])) clear_dim(&s, d);
     want[1] = want[2] = s;
     *out = s;
     clear_dim(out, ax);
@@ -757,13 +876,25 @@ static bool partition_packed_forms(pctx *c, int i)
 
 /* ---- the pass ------------------------------------------------------------------------------------- */
 
-/* Attributes that carry a shape the op cannot see from its inputs. */
-static void localize_attrs(cx_gnode *p, const int64_t *local)
+/* Attributes that carry a shape the op cannot see from its inputs, and the
+ * offsets of slices and pads that meet blocks (rule_slice_pad_concat):
+ * whole parts of the global value are whole pieces of the local one. */
+static void localize_attrs(cx_gnode *p, const int64_t *local, const cx_sharding *in, const cx_sharding *out)
 {
     if (p->op == OP_CONV2D_BWD_INPUT || p->op == OP_CONV2D_BWD_WEIGHT)
         for (int d = 0; d < 4; d++) p->attrs[CX_AT_CONV_SHAPE + d] = local[d];
     if (p->op == OP_AVGPOOL_BWD)
         for (int d = 0; d < 4; d++) p->attrs[CX_AT_POOL_SHAPE + d] = local[d];
+    if (p->op == OP_SLICE) {
+        int ax = (int)p->attrs[CX_AT_SLICE_AXIS];
+        if (blocked(in, ax) && !blocked(out, ax)) p->attrs[CX_AT_SLICE_START] = p->attrs[CX_AT_SLICE_START] / p->shape[ax] * local[ax];
+    }
+    for (int d = 0; p->op == OP_PAD && d < p->ndim; d++) {
+        if (!blocked(out, d) || blocked(in, d)) continue;
+        int64_t part = p->shape[d] / out->blocks[d], piece = local[d] / out->blocks[d];
+        p->attrs[CX_AT_PAD_LO(p->ndim, d)] = p->attrs[CX_AT_PAD_LO(p->ndim, d)] / part * piece;
+        p->attrs[CX_AT_PAD_HI(p->ndim, d)] = p->attrs[CX_AT_PAD_HI(p->ndim, d)] / part * piece;
+    }
 }
 
 static bool partition_node(pctx *c, int i)
@@ -775,7 +906,6 @@ static bool partition_node(pctx *c, int i)
                           cx_op_table[x->op].name);
         return false;
     }
-    if (partition_packed_forms(c, i)) return !c->failed;
     if (partition_packed_forms(c, i)) return !c->failed;
     if (x->ninputs == 0) {
         const cx_sharding *a = x->op == OP_DATA ? c->ann[i] : NULL;
@@ -799,7 +929,7 @@ static bool partition_node(pctx *c, int i)
     memcpy(local, x->shape, sizeof local);
     cx_sharding_local_shape(&out, x->shape, local);
     cx_gnode p = *x;
-    localize_attrs(&p, local);
+    localize_attrs(&p, local, &want[0], &out);
     c->nw[i] = emit(c, &p, ins, x->ninputs, local);
     c->sh[i] = out;
     if (want != want_small) free(want);

@@ -244,3 +244,98 @@ Test(partition, a_collective_beside_shardings_is_refused)
     cr_assert_not(cx_pass_partition(&b.g, ann, 0, &out, osh, ins));
     cr_assert(strstr(cx_last_error(), "all_reduce"), "%s", cx_last_error());
 }
+
+/* ---- blocked splits (a fused q|k|v projection under tensor parallelism) --------------------- */
+
+static cx_sharding blocked_cols(int blocks)
+{
+    cx_sharding s = split(2, -1, MODEL);
+    s.blocks[1] = (uint8_t)blocks;
+    return s;
+}
+
+/* w (12, 6) in 3 blocks of 2 columns over model: model index 1 holds
+ * columns 1, 3 and 5; the slice of block 1 (columns 2, 3) is its local
+ * column 1, with no collective. */
+Test(partition, a_slice_of_one_block_is_that_blocks_split_at_a_local_offset)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sa[2] = { 8, 12 }, sw[2] = { 12, 6 }, so[2] = { 8, 6 }, ss[2] = { 8, 2 };
+    int a = gb_node(&b, OP_DATA, 2, sa, 0, NULL), w = gb_node(&b, OP_DATA, 2, sw, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, so, 2, (int[]){ a, w });
+    int sl = gb_node(&b, OP_SLICE, 2, ss, 1, &mm);
+    gb_attrs(&b, sl, CX_AT_SLICE_COUNT, (int64_t[]){ 1, 2, 1 });
+    gb_output(&b, sl, -1);
+    cx_sharding ws = blocked_cols(3);
+    const cx_sharding *ann[4] = { NULL, &ws, NULL, NULL };
+    parted p;
+    partition(&b, ann, 1, &p);
+    cr_assert_eq(p.ins[AR] + p.ins[AG] + p.ins[RS] + p.ins[A2A], 0, "blocks carried through matmul and slice");
+    const cx_gnode *o = output_node(&p, 0);
+    cr_assert_eq(o->op, OP_SLICE);
+    cr_assert_eq(o->shape[1], 1);
+    cr_assert_eq(CX_ATTR(o, CX_AT_SLICE_START), 1, "block 1's piece sits at local column 1");
+    cr_assert_eq(p.osh[0].naxes[1], 1);
+    cr_assert_eq(cx_sharding_blocks(&p.osh[0], 1), 1, "a plain split");
+    cx_graph_release(&p.out);
+}
+
+/* The slice's gradient: a pad by whole parts around an even split is a
+ * blocked split, padded locally by whole pieces. */
+Test(partition, a_pad_by_whole_parts_makes_blocks)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sx[2] = { 8, 2 }, so[2] = { 8, 6 };
+    int x = gb_node(&b, OP_DATA, 2, sx, 0, NULL);
+    int pad = gb_node(&b, OP_PAD, 2, so, 1, &x);
+    int64_t at[CX_AT_PAD_COUNT(2)] = { 0 };
+    at[CX_AT_PAD_LO(2, 1)] = 2;
+    at[CX_AT_PAD_HI(2, 1)] = 2;
+    gb_attrs(&b, pad, CX_AT_PAD_COUNT(2), at);
+    gb_output(&b, pad, -1);
+    cx_sharding xs = split(2, -1, MODEL);
+    const cx_sharding *ann[2] = { &xs, NULL };
+    parted p;
+    partition(&b, ann, 0, &p);
+    cr_assert_eq(p.ins[AR] + p.ins[AG] + p.ins[RS] + p.ins[A2A], 0);
+    const cx_gnode *o = output_node(&p, 0);
+    cr_assert_eq(o->shape[1], 3);
+    cr_assert_eq(CX_ATTR(o, CX_AT_PAD_LO(2, 1)), 1);
+    cr_assert_eq(CX_ATTR(o, CX_AT_PAD_HI(2, 1)), 1);
+    cr_assert_eq(cx_sharding_blocks(&p.osh[0], 1), 3);
+    cx_graph_release(&p.out);
+}
+
+/* A blocked split needed whole is gathered along its parts: one
+ * all-gather over the (blocks, piece) view. */
+Test(partition, a_blocked_split_is_gathered_part_by_part)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sx[2] = { 8, 6 }, o[1] = { 8 };
+    int x = gb_node(&b, OP_DATA, 2, sx, 0, NULL);
+    int am = gb_node(&b, OP_ARGMAX, 1, o, 1, &x);
+    gb_attrs(&b, am, 1, (int64_t[]){ 1 });
+    b.nodes[am].dtype = CX_I64;
+    gb_output(&b, am, -1);
+    cx_sharding xs = blocked_cols(3);
+    const cx_sharding *ann[2] = { &xs, NULL };
+    parted p;
+    partition(&b, ann, 3, &p);
+    cr_assert_eq(p.out.nodes[0].shape[1], 3, "the leaf holds one column of each block");
+    cr_assert_eq(p.ins[AG], 1);
+    int gathers = 0;
+    for (int i = 0; i < p.out.n; i++) {
+        const cx_gnode *n = &p.out.nodes[i];
+        if (n->op != OP_ALL_GATHER) continue;
+        gathers++;
+        cr_assert_eq(n->ndim, 3);
+        cr_assert_eq(n->shape[1], 3);
+        cr_assert_eq(n->shape[2], 2, "each block's pieces gathered next to each other");
+        cr_assert_eq(CX_ATTR(n, CX_AT_COLL_AXIS), 2);
+    }
+    cr_assert_eq(gathers, 1);
+    cx_graph_release(&p.out);
+}
