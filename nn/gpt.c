@@ -299,3 +299,64 @@ cx_gpt_config cx_gpt_config_of(const cx_module *m)
     if (!m || cx_module_type_name(m) != gpt_type.name) return (cx_gpt_config){ 0 };
     return ((const gpt *)cx_module_impl(m))->cfg;
 }
+
+/* ---- tensor parallelism ------------------------------------------------------------ */
+
+/* Megatron's split of a block: column-parallel c_attn (q, k and v as three
+ * blocks, so each rank holds whole heads of each) and c_fc, row-parallel
+ * c_proj; the row-parallel outputs are partial sums the partitioner
+ * finishes with one all-reduce each. */
+typedef struct {
+    const char *suffix;
+    int nd, dim, blocks;   /* the split dimension; blocks 0: contiguous */
+} tp_split;
+
+static const tp_split k_tp_splits[] = {
+    { ".attn.c_attn.weight", 2, 0, 3 }, { ".attn.c_attn.bias", 1, 0, 3 }, { ".attn.c_proj.weight", 2, 1, 0 },
+    { ".mlp.c_fc.weight", 2, 0, 0 },    { ".mlp.c_fc.bias", 1, 0, 0 },    { ".mlp.c_proj.weight", 2, 1, 0 },
+};
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static cx_status tp_mark(cx_named_tensor *p, const cx_mesh *mesh, const char *axis)
+{
+    for (size_t k = 0; k < sizeof k_tp_splits / sizeof *k_tp_splits; k++) {
+        const tp_split *t = &k_tp_splits[k];
+        if (!has_suffix(p->name, t->suffix)) continue;
+        cx_spec_entry spec[2] = { CX_SPEC_NONE, CX_SPEC_NONE };
+        spec[t->dim] = (cx_spec_entry){ 1, { 0 }, { axis }, t->blocks };
+        cx_status st = cx_mark_sharding(p->tensor, mesh, spec, t->nd);
+        if (st != CX_OK) cx_set_last_error("gpt tensor parallel: %s: %s", p->name, cx_last_error());
+        return st;
+    }
+    return CX_OK;
+}
+
+cx_status cx_gpt_tensor_parallel(cx_module *m, const cx_mesh *mesh, const char *axis)
+{
+    cx_gpt_config cfg = cx_gpt_config_of(m);
+    if (!cfg.n_layer) { cx_set_last_error("gpt tensor parallel: the module is not a GPT"); return CX_ERR_ARG; }
+    if (!mesh) mesh = cx_get_global_mesh();
+    int a = cx_mesh_axis_index(mesh, axis), shape[CX_MESH_MAX_DIMS];
+    if (!mesh || a < 0) {
+        cx_set_last_error("gpt tensor parallel: %s has no axis '%s'", mesh ? "the mesh" : "no mesh is given and none is global",
+                          axis ? axis : "(null)");
+        return CX_ERR_ARG;
+    }
+    cx_mesh_shape(mesh, shape);
+    if (cfg.n_head % shape[a]) {
+        cx_set_last_error("gpt tensor parallel: %d heads do not split over the %d devices of axis '%s'", cfg.n_head, shape[a], axis);
+        return CX_ERR_ARG;
+    }
+    int n;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    if (!ps) { cx_set_last_error("gpt tensor parallel: out of memory"); return CX_ERR_OOM; }
+    cx_status st = CX_OK;
+    for (int i = 0; i < n && st == CX_OK; i++) st = tp_mark(&ps[i], mesh, axis);
+    free(ps);
+    return st;
+}

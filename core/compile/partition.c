@@ -376,6 +376,26 @@ static void rule_fallback(const pctx *c, const cx_gnode *x, cx_sharding *want, c
     *out = cx_sharding_replicated(NULL, x->ndim);
 }
 
+/* The partial axes an add or sub may keep: its inputs' partial sums all
+ * over the same axes (a whole input joins them on one member of each
+ * group, join_partial), every input of the output's rank, and no other
+ * reader of a partial input (one that needs it whole would finish it
+ * anyway, and the sum would then be finished twice). 0: none. */
+static uint8_t linear_partial(const pctx *c, const cx_gnode *x, const cx_mesh *mesh)
+{
+    if ((x->op != OP_ADD && x->op != OP_SUB) || !mesh || !c->have_uses) return 0;
+    uint8_t mask = 0;
+    for (int k = 0; k < x->ninputs; k++) {
+        int in = x->inputs[k];
+        const cx_sharding *s = &c->sh[in];
+        if (c->g->nodes[in].ndim != x->ndim) return 0;
+        if (!s->partial) continue;
+        if (s->mesh != mesh || (mask && s->partial != mask) || c->uses.count[in] != 1 || c->uses.is_output[in]) return 0;
+        mask = s->partial;
+    }
+    return mask;
+}
+
 static void rule_elementwise(const pctx *c, const cx_gnode *x, cx_sharding *want, cx_sharding *out)
 {
     const cx_mesh *mesh = op_mesh(c, x);
@@ -384,8 +404,41 @@ static void rule_elementwise(const pctx *c, const cx_gnode *x, cx_sharding *want
         cx_sharding s = resolved(&c->sh[x->inputs[k]]);
         if (s.ndim == x->ndim && s.mesh == mesh && sharded_dims(&s) > sharded_dims(out)) *out = s;
     }
-    for (int k = 0; k < x->ninputs; k++)
+    uint8_t partial = linear_partial(c, x, mesh);
+    for (int k = 0; k < x->ninputs; k++) {
         want[k] = c->g->nodes[x->inputs[k]].ndim == x->ndim ? *out : cx_sharding_replicated(mesh, c->g->nodes[x->inputs[k]].ndim);
+        if (c->sh[x->inputs[k]].partial) want[k].partial = partial;
+    }
+    out->partial = partial;
+}
+
+/* A whole input of an add or sub that keeps a partial sum: only the first
+ * member of each partial group adds it, the others add zeros, so the sum
+ * over the group counts it once. */
+static int join_partial(pctx *c, int x, const cx_sharding *out)
+{
+    uint8_t axes[CX_MESH_MAX_DIMS];
+    int coords[CX_MESH_MAX_DIMS], n = cx_axes_of_mask(out->partial, axes);
+    if (!cx_mesh_coords(out->mesh, c->rank, coords)) return x;
+    bool first = true;
+    for (int i = 0; i < n; i++) first = first && coords[axes[i]] == 0;
+    if (first) return x;
+    const cx_gnode *v = &c->nodes[x];
+    int64_t shape[CX_MAX_DIMS], ones[CX_MAX_DIMS];
+    int nd = v->ndim;
+    memcpy(shape, v->shape, sizeof shape);
+    for (int d = 0; d < CX_MAX_DIMS; d++) ones[d] = 1;
+    cx_gnode z;
+    memset(&z, 0, sizeof z);
+    z.op = OP_CONST;
+    z.dtype = v->dtype;
+    z.input_ordinal = -1;
+    int k = emit(c, &z, NULL, 0, shape);
+    if (!nd) return k;
+    k = emit_reshape(c, k, ones, nd);
+    z.op = OP_EXPAND;
+    z.ndim = (uint8_t)nd;
+    return emit(c, &z, &k, 1, shape);
 }
 
 /* Sums keep a split reduced dimension as a partial sum; maxima and padded
@@ -926,6 +979,8 @@ static bool partition_node(pctx *c, int i)
     cx_sharding out;
     apply_rule(c, x, want, &out);
     for (int k = 0; k < x->ninputs; k++) ins[k] = reshard(c, x->inputs[k], &want[k]);
+    for (int k = 0; out.partial && (x->op == OP_ADD || x->op == OP_SUB) && k < x->ninputs; k++)
+        if (!want[k].partial) ins[k] = join_partial(c, ins[k], &out);
     memcpy(local, x->shape, sizeof local);
     cx_sharding_local_shape(&out, x->shape, local);
     cx_gnode p = *x;

@@ -14,6 +14,7 @@
 #define CXLA_GPT_H
 
 #include <cxla/nn.h>
+#include <cxla/spmd.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,6 +55,21 @@ CX_API cx_gpt_config cx_gpt_config_of(const cx_module *m);
  * a token sees (t + 1) / 2 keys on average (PaLM's appendix B counts t,
  * the unmasked work; a causal kernel skips the rest). */
 CX_API double cx_gpt_flops_per_token(cx_gpt_config cfg, int64_t t);
+
+/* Megatron-style tensor parallelism by annotations alone (SPMD mode,
+ * cx_use_spmd): in every block c_attn's weight and bias split on their
+ * output dimension over mesh axis `axis` as three blocks (q, k and v, so
+ * each rank holds whole heads of each), c_fc's weight and bias on their
+ * output dimension, and both c_proj weights on their input dimension;
+ * everything else stays replicated. A step then needs one all-reduce per
+ * block for the attention and one for the MLP in forward, and the same in
+ * backward. Call it before building the optimizer. A deferred model
+ * (cx_deferred_init_begin) materializes only each rank's shards. mesh NULL
+ * is the global mesh.
+ * @return CX_OK; CX_ERR_ARG when m is not a GPT, the mesh has no such
+ * axis, or n_head does not divide by the axis' size; otherwise as
+ * cx_mark_sharding, naming the parameter. */
+CX_API cx_status cx_gpt_tensor_parallel(cx_module *m, const cx_mesh *mesh, const char *axis);
 
 #ifdef __cplusplus
 }

@@ -222,6 +222,92 @@ static void tensor_parallel_block(void)
     free(ref.params);
 }
 
+/* ---- a tensor-parallel GPT ------------------------------------------------------------- */
+
+enum { GPT_LAYERS = 2, GPT_B = 4, GPT_T = 8 };
+
+/* mesh NULL: unsharded. SGD with momentum, and with `clip` the gradients'
+ * total norm clipped first (its sum over sharded gradients stays a partial
+ * sum until one all-reduce). */
+static run gpt_train(const cx_mesh *mesh, bool clip)
+{
+    run out;
+    memset(&out, 0, sizeof out);
+    cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = GPT_LAYERS, .n_head = 4, .n_embd = 32 };
+    cx_manual_seed(5);
+    cx_module *m = cx_nn_gpt(cfg);
+    int64_t shape[2] = { GPT_B, GPT_T }, iv[GPT_B * GPT_T], tv[GPT_B * GPT_T];
+    for (int i = 0; i < GPT_B * GPT_T; i++) { iv[i] = (i * 7 + 3) % 61; tv[i] = (i * 11 + 5) % 61; }
+    cx_tensor *idx = cx_persist(cx_from_host(iv, shape, 2, CX_I64)), *tgt = cx_persist(cx_from_host(tv, shape, 2, CX_I64));
+    if (mesh) {
+        CHECK(cx_gpt_tensor_parallel(m, mesh, "model") == CX_OK, "gpt tensor parallel: %s", cx_last_error());
+        if (mesh == g_2d_mesh) {
+            cx_spec_entry spec[2] = { CX_SPEC_NAME("data"), CX_SPEC_NONE };
+            CHECK(cx_mark_sharding(idx, mesh, spec, 2) == CX_OK && cx_mark_sharding(tgt, mesh, spec, 2) == CX_OK,
+                  "gpt batch: %s", cx_last_error());
+        }
+    }
+    int n;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    cx_sgd_opts so = cx_sgd_default_opts();
+    so.lr = 0.1;
+    so.momentum = 0.9;
+    cx_optimizer *opt = cx_optim_sgd(ps, n, so);
+    cx_cache_clear();
+    cx_metrics_clear();
+    for (int s = 0; s < 3; s++) {
+        cx_step_begin();
+        cx_optim_zero_grad(opt);
+        cx_tensor *in[2] = { idx, tgt }, *o[2] = { NULL, NULL };
+        CHECK(cx_module_forward_many(m, in, 2, o, 2) >= 0, "gpt forward: %s", cx_last_error());
+        CHECK(cx_backward(o[1]) == CX_OK, "gpt backward: %s", cx_last_error());
+        if (clip) cx_drop(cx_optim_clip_grad_norm(opt, 0.5));
+        CHECK(cx_optim_step(opt) == CX_OK, "gpt step: %s", cx_last_error());
+        cx_keep(o[1]);
+        CHECK(cx_step_end() == CX_OK, "gpt step end: %s", cx_last_error());
+        out.loss[s] = (float)cx_item(o[1]);
+        cx_free(o[1]);
+        if (s == 0) count_inserted(&out);
+    }
+    read_params(ps, n, &out);
+    free(ps);
+    cx_optim_free(opt);
+    cx_free(idx);
+    cx_free(tgt);
+    cx_module_free(m);
+    return out;
+}
+
+static void tensor_parallel_gpt(void)
+{
+    for (int clip = 0; clip < 2; clip++) {
+        run ref = gpt_train(NULL, clip), tp = gpt_train(g_model_mesh, clip);
+        const char *what = clip ? "tensor-parallel gpt, clipped" : "tensor-parallel gpt";
+        compare(what, &tp, &ref);
+        /* 4 per block; the clipped norm's sum over sharded gradients adds one */
+        expect_inserted(what, &tp, 4 * GPT_LAYERS + clip);
+        free(tp.params);
+        if (g_2d_mesh) {
+            run two = gpt_train(g_2d_mesh, clip);
+            what = clip ? "2-D mesh gpt, clipped" : "2-D mesh gpt";
+            compare(what, &two, &ref);
+            /* plus the data axis: the cross-entropy's two sums (its losses
+             * and its count of targets) and each of the 28 gradients */
+            expect_inserted(what, &two, 4 * GPT_LAYERS + clip + 2 + (2 + 12 * GPT_LAYERS + 2));
+            free(two.params);
+        }
+        free(ref.params);
+    }
+    cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = 1, .n_head = 3, .n_embd = 24 };
+    cx_module *m = cx_nn_gpt(cfg);
+    if (cx_global_runtime_device_count() % 3)
+        CHECK(cx_gpt_tensor_parallel(m, g_model_mesh, "model") == CX_ERR_ARG && strstr(cx_last_error(), "3 heads"),
+              "3 heads over %d devices: %s", cx_global_runtime_device_count(), cx_last_error());
+    CHECK(cx_gpt_tensor_parallel(m, g_model_mesh, "tensor") == CX_ERR_ARG && strstr(cx_last_error(), "'tensor'"),
+          "a missing axis: %s", cx_last_error());
+    cx_module_free(m);
+}
+
 int main(int argc, char **argv)
 {
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
@@ -237,5 +323,6 @@ int main(int argc, char **argv)
     }
     blocked_geometry();
     tensor_parallel_block();
+    tensor_parallel_gpt();
     return dist_finish("dist_spmd_tp");
 }

@@ -339,3 +339,30 @@ Test(partition, a_blocked_split_is_gathered_part_by_part)
     cr_assert_eq(gathers, 1);
     cx_graph_release(&p.out);
 }
+
+/* Sums are linear: partial sums added together (and a whole value added
+ * on one member of each group only) stay partial, so a chain of them (a
+ * gradient norm over sharded gradients) is finished by one all-reduce. */
+Test(partition, a_chain_of_partial_sums_is_finished_once)
+{
+    gbuild b;
+    gb_init(&b);
+    int64_t sa[2] = { 8, 12 }, sw[2] = { 12, 1 }, so[2] = { 8, 1 };
+    int a = gb_node(&b, OP_DATA, 2, sa, 0, NULL), w1 = gb_node(&b, OP_DATA, 2, sw, 0, NULL);
+    int w2 = gb_node(&b, OP_DATA, 2, sw, 0, NULL), z = gb_node(&b, OP_DATA, 2, so, 0, NULL);
+    int m1 = gb_node(&b, OP_MATMUL, 2, so, 2, (int[]){ a, w1 }), m2 = gb_node(&b, OP_MATMUL, 2, so, 2, (int[]){ a, w2 });
+    int s1 = gb_node(&b, OP_ADD, 2, so, 2, (int[]){ m1, m2 }), s2 = gb_node(&b, OP_SUB, 2, so, 2, (int[]){ s1, z });
+    int e = gb_node(&b, OP_EXP, 2, so, 1, &s2);
+    gb_output(&b, e, -1);
+    cx_sharding rows = split(2, MODEL, -1);
+    const cx_sharding *ann[9] = { NULL, &rows, &rows, NULL };
+    for (int rank = 0; rank < 2; rank++) {
+        parted p;
+        partition(&b, ann, rank, &p);
+        cr_assert_eq(p.ins[AR], 1, "one all-reduce at the end of the chain");
+        cr_assert_eq(p.ins[AG] + p.ins[RS] + p.ins[A2A], 0);
+        /* rank 1 is the second member of its model group: it adds zeros for z */
+        cr_assert_eq(count_op(&p.out, OP_CONST), rank == 1 ? 1 : 0, "rank %d", rank);
+        cx_graph_release(&p.out);
+    }
+}
