@@ -91,7 +91,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
           .help = "data parallelism over xla-launch's ranks\n(spmd: the compiler partitions; see --mesh)" },
         { .name = "mesh", .kind = CLI_STRING, .dest = &c->mesh, .metavar = "data=D,model=M",
-          .help = "spmd: the mesh's axes; the batch splits over data\n(default: data = every rank, model = 1)" },
+          .help = "spmd: the mesh's axes; the batch splits over data,\nthe blocks over model (tensor parallelism)\n(default: data = every rank, model = 1)" },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
@@ -273,7 +273,12 @@ static cx_status wrap(const config *c, trainer *t)
         t->fsdp = cx_fsdp_wrap(t->model, fo);
         return t->fsdp ? CX_OK : CX_ERR_ARG;
     }
-    return cx_world_size() > 1 ? cx_broadcast_master_params(t->model) : CX_OK;
+    cx_status st = cx_world_size() > 1 ? cx_broadcast_master_params(t->model) : CX_OK;
+    /* spmd with a model axis: Megatron's tensor parallelism, by annotations */
+    const cx_mesh *mesh = cx_is_spmd() ? cx_get_global_mesh() : NULL;
+    int shape[2] = { 1, 1 };
+    if (st == CX_OK && mesh && cx_mesh_shape(mesh, shape) == 2 && shape[1] > 1) st = cx_gpt_tensor_parallel(t->model, mesh, "model");
+    return st;
 }
 
 /* AdamW, betas (0.9, 0.99), eps 1e-8; weight decay on 2-D weights only:
@@ -527,9 +532,8 @@ static cx_mesh *spmd_mesh(const config *c)
         fprintf(stderr, "gpt: --mesh data=%d,model=%d has %d devices but there are %d ranks\n", data, model, data * model, world);
         return NULL;
     }
-    if (model > 1) {
-        fprintf(stderr, "gpt: --mesh model=%d: tensor parallelism of GPT's fused c_attn needs head-aligned splits, "
-                        "which the partitioner does not make yet; use model=1\n", model);
+    if (c->model.n_head % model) {
+        fprintf(stderr, "gpt: --mesh model=%d: %d heads do not split over %d ranks\n", model, c->model.n_head, model);
         return NULL;
     }
     cx_use_spmd();
@@ -537,6 +541,7 @@ static cx_mesh *spmd_mesh(const config *c)
     const char *axes[2] = { "data", "model" };
     cx_mesh *m = cx_mesh_new(NULL, 2, shape, axes);
     if (!m) fprintf(stderr, "gpt: --mesh: %s\n", cx_last_error());
+    cx_set_global_mesh(m);   /* wrap() splits the blocks over its model axis */
     return m;
 }
 

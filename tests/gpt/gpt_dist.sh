@@ -6,7 +6,9 @@
 # the ranks is a one-line error. SPMD (--parallel spmd, the batch split
 # over the mesh's data axis by the loader, the compiler partitioning the
 # step) prints the losses and val loss of one process with the same global
-# batch; a model axis (tensor parallelism) is refused with one line.
+# batch, and so does Megatron-style tensor parallelism (--mesh
+# data=1,model=2: the blocks split over the model axis); heads that do not
+# split over the model axis are a one-line error.
 # usage: gpt_dist.sh XLA_LAUNCH GPT CONSOLIDATE_CKPTS
 set -eu
 LAUNCH=$1 GPT=$2 CONSOLIDATE=$3
@@ -39,13 +41,17 @@ sed -n 's/^step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^val loss: /val /
 sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/spmd.out" > "$W/spmd.l"
 [ "$(wc -l < "$W/one.l")" -ge 4 ] || { cat "$W/one.out"; fail "one process: no losses"; }
 cmp -s "$W/one.l" "$W/spmd.l" || { paste "$W/one.l" "$W/spmd.l"; fail "spmd's losses differ from one process's"; }
-if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd --mesh data=1,model=2 > "$W/tp.out" 2>&1; then
-    fail "a model axis was accepted"
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd --mesh data=1,model=2 > "$W/tp.out" 2>&1 ||
+    { cat "$W/tp.out"; fail "spmd tensor parallel"; }
+sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/tp.out" > "$W/tp.l"
+cmp -s "$W/one.l" "$W/tp.l" || { paste "$W/one.l" "$W/tp.l"; fail "tensor parallelism's losses differ from one process's"; }
+if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --n-head 3 --n-embd 48 --parallel spmd --mesh data=1,model=2 > "$W/tp3.out" 2>&1; then
+    fail "3 heads over a model axis of 2 were accepted"
 fi
-grep -q "tensor parallelism" "$W/tp.out" || { cat "$W/tp.out"; fail "model axis: no clear error"; }
+grep -q "3 heads do not split over 2 ranks" "$W/tp3.out" || { cat "$W/tp3.out"; fail "3 heads: no clear error"; }
 
 if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --batch-size 7 --parallel ddp > "$W/err.out" 2>&1; then
     fail "a batch of 7 over 2 ranks was accepted"
 fi
 grep -q "batch-size 7 does not split over 2 ranks" "$W/err.out" || { cat "$W/err.out"; fail "batch split error"; }
-echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL; spmd equals one process: $(tail -1 "$W/spmd.l"))"
+echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL; spmd data and tensor parallel equal one process: $(tail -1 "$W/spmd.l"))"
