@@ -15,6 +15,7 @@
 
 #include "cx_cli.h"
 #include <cxla/spmd.h>
+#include <cxla/gpt.h>
 
 #define BENCH_MAX_ROUNDS 100
 
@@ -98,6 +99,22 @@ bench_trainer *bench_trainer_new_spmd(struct cx_module *m, int64_t global_batch,
 /* bench_side unit: one step. */
 double bench_trainer_step(void *trainer);
 void bench_trainer_free(bench_trainer *t);
+
+/* GPT training steps (the gpt program's default recipe: AdamW, clipping;
+ * one graph per step) on synthetic tokens, in one process, under DDP (each
+ * rank its own `batch` rows), or under SPMD on a (data, model) mesh (every
+ * rank passes the global `batch`, split over data; with model > 1 the
+ * blocks split over it, cx_gpt_tensor_parallel). Runs the warm-up steps.
+ * NULL after printing why. */
+typedef struct bench_gpt_trainer bench_gpt_trainer;
+typedef enum { BENCH_GPT_ONE, BENCH_GPT_DDP, BENCH_GPT_SPMD } bench_gpt_par;
+bench_gpt_trainer *bench_gpt_trainer_new(cx_gpt_config c, int64_t batch, bench_gpt_par par, const struct cx_mesh *mesh);
+/* bench_side unit: one step. */
+double bench_gpt_trainer_step(void *trainer);
+/* Bytes of the parameters and optimizer state: this rank's shards (local)
+ * or the whole tensors. */
+int64_t bench_gpt_trainer_state_bytes(bench_gpt_trainer *t, bool local);
+void bench_gpt_trainer_free(bench_gpt_trainer *t);
 
 /* cblas_sgemm at n x n x n with as many OpenBLAS threads as cxla uses. */
 typedef struct bench_sgemm bench_sgemm;

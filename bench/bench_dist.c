@@ -696,19 +696,53 @@ static cx_mesh *seed_shardings(cx_module *m)
     return ok ? conv : NULL;
 }
 
+/* Megatron-style tensor parallelism of the gpt program's model over 2 ranks
+ * (mesh (n/2, 2): the batch over data, the blocks over model) against DDP
+ * on the same ranks and global batch: the parameters' and AdamW state's
+ * bytes per rank against one process's, and the step time.
+ * @return false after printing why. */
+static bool spmd_tp_figures(const bench_cfg *cfg, int64_t gpt_batch)
+{
+    int n = cx_world_size(), shape[2] = { n / 2, 2 };
+    const char *axes[2] = { "data", "model" };
+    cx_gpt_config c = cx_gpt_default_config();
+    cx_mesh *mesh = cx_mesh_new(NULL, 2, shape, axes);
+    bench_gpt_trainer *tp = mesh ? bench_gpt_trainer_new(c, gpt_batch, BENCH_GPT_SPMD, mesh) : NULL;
+    bench_gpt_trainer *dp = tp ? bench_gpt_trainer_new(c, gpt_batch / n, BENCH_GPT_DDP, NULL) : NULL;
+    bool ok = dp != NULL;
+    if (!mesh) fprintf(stderr, "cxla-bench spmd: %s\n", cx_last_error());
+    bench_series state = { 0 }, step = { 0 };
+    bench_add(&state, ok ? (double)bench_gpt_trainer_state_bytes(tp, true) : 0, ok ? (double)bench_gpt_trainer_state_bytes(tp, false) : 0);
+    bench_side sides[2] = { { .unit = bench_gpt_trainer_step, .ctx = tp }, { .unit = bench_gpt_trainer_step, .ctx = dp } };
+    for (int r = 0; ok && r < cfg->rounds; r++) {
+        double sec[2];
+        ok = bench_round(cfg, r, sides, 2, sec);
+        if (ok) bench_add(&step, sec[0], sec[1]);
+    }
+    if (ok) {
+        emit0("tp_state_bytes_per_rank", "bytes (ref: one process's)", &state);
+        emit0("spmd_tp_step_s", "s", &step);
+    }
+    bench_gpt_trainer_free(tp);
+    bench_gpt_trainer_free(dp);
+    return ok;
+}
+
 int bench_spmd(int argc, char **argv, bench_cfg cfg)
 {
-    int64_t batch = 256;
+    int64_t batch = 256, gpt_batch = 16;
     const cli_flag extra[] = {
         { .name = "batch-size", .kind = CLI_I64, .dest = &batch, .min = 2, .max = 1 << 16, .help = "global batch (the seed's: 256)" },
+        { .name = "gpt-batch-size", .kind = CLI_I64, .dest = &gpt_batch, .min = 2, .max = 1 << 16,
+          .help = "global batch of the tensor-parallel gpt (16)" },
     };
-    int rc = bench_parse("spmd", argc, argv, extra, 1, &cfg);
+    int rc = bench_parse("spmd", argc, argv, extra, 2, &cfg);
     if (rc >= 0) return rc;
     if ((rc = dist_start("spmd", &argc, &argv, &cfg)) >= 0) return rc;
     int n = cx_world_size();
-    if (n % 2 || batch % n) {
-        fprintf(stderr, "cxla-bench spmd: needs an even number of ranks dividing the batch (%d ranks, batch %lld)\n", n,
-                (long long)batch);
+    if (n % 2 || batch % n || gpt_batch % n) {
+        fprintf(stderr, "cxla-bench spmd: needs an even number of ranks dividing the batches (%d ranks, batch %lld, "
+                "gpt batch %lld)\n", n, (long long)batch, (long long)gpt_batch);
         cx_dist_finalize();
         return 2;
     }
@@ -745,7 +779,7 @@ int bench_spmd(int argc, char **argv, bench_cfg cfg)
     }
     emit0("spmd_seed_images_per_s", "images/s", &ips);
     emit0("spmd_fsdpv2_step_s", "s", &fst);
-    rc = 0;
+    rc = spmd_tp_figures(&cfg, gpt_batch) ? 0 : 1;
 out:
     bench_trainer_free(s);
     bench_trainer_free(d);

@@ -16,27 +16,43 @@
 #define N_BATCHES 8
 #define WARMUP_STEPS 3
 
-typedef struct {
+struct bench_gpt_trainer {
     cx_module *m;
+    cx_ddp *ddp;
+    const cx_mesh *mesh;   /* spmd: the batch over "data", the blocks over "model" */
+    cx_spec_entry in_spec[2];
     cx_optimizer *opt;
     cx_named_tensor *ps;
     int nps;
     int64_t *tokens;   /* N_BATCHES x (B, T + 1) */
     int64_t batch, block;
     int next;
-} gpt_trainer;
+};
+typedef struct bench_gpt_trainer gpt_trainer;
 
-static void gpt_trainer_free(gpt_trainer *t)
+void bench_gpt_trainer_free(bench_gpt_trainer *t)
 {
     if (!t) return;
     cx_optim_free(t->opt);
     free(t->ps);
-    cx_module_free(t->m);
+    if (t->ddp) cx_ddp_free(t->ddp);
+    else cx_module_free(t->m);
     free(t->tokens);
     free(t);
 }
+#define gpt_trainer_free bench_gpt_trainer_free
 
-static double gpt_step(void *p)
+static void gpt_forward(gpt_trainer *t, cx_tensor **in, cx_tensor **out)
+{
+    if (t->mesh) {
+        cx_mark_sharding(in[0], t->mesh, t->in_spec, 2);
+        cx_mark_sharding(in[1], t->mesh, t->in_spec, 2);
+    }
+    if (t->ddp) cx_ddp_forward_many(t->ddp, in, 2, out, 2);
+    else cx_module_forward_many(t->m, in, 2, out, 2);
+}
+
+double bench_gpt_trainer_step(void *p)
 {
     gpt_trainer *t = p;
     int64_t b = t->batch, T = t->block, shape[2] = { b, T };
@@ -53,7 +69,7 @@ static double gpt_step(void *p)
     cx_step_begin();
     cx_optim_zero_grad(t->opt);
     cx_tensor *in[2] = { cx_from_host(x, shape, 2, CX_I64), cx_from_host(y, shape, 2, CX_I64) }, *out[2];
-    cx_module_forward_many(t->m, in, 2, out, 2);
+    gpt_forward(t, in, out);
     cx_backward(out[1]);
     cx_tensor *params[64];
     for (int i = 0; i < t->nps; i++) params[i] = t->ps[i].tensor;
@@ -68,8 +84,25 @@ static double gpt_step(void *p)
     }
     return dt;
 }
+#define gpt_step bench_gpt_trainer_step
 
-static gpt_trainer *gpt_trainer_new(cx_gpt_config c, int64_t batch)
+/* The model, wrapped or split as par says. @return false after printing why. */
+static bool gpt_parallel(gpt_trainer *t, bench_gpt_par par, const cx_mesh *mesh)
+{
+    bool ok = true;
+    if (par == BENCH_GPT_DDP) ok = (t->ddp = cx_ddp_wrap(t->m, cx_ddp_default_opts())) != NULL;
+    if (par == BENCH_GPT_SPMD) {
+        int shape[CX_MESH_MAX_DIMS];
+        t->mesh = mesh;
+        t->in_spec[0] = CX_SPEC_NAME("data");
+        t->in_spec[1] = CX_SPEC_NONE;
+        ok = cx_mesh_shape(mesh, shape) == 2 && (shape[1] == 1 || cx_gpt_tensor_parallel(t->m, mesh, "model") == CX_OK);
+    }
+    if (!ok) fprintf(stderr, "cxla-bench: gpt %s: %s\n", par == BENCH_GPT_DDP ? "ddp" : "spmd", cx_last_error());
+    return ok;
+}
+
+bench_gpt_trainer *bench_gpt_trainer_new(cx_gpt_config c, int64_t batch, bench_gpt_par par, const cx_mesh *mesh)
 {
     gpt_trainer *t = calloc(1, sizeof *t);
     cx_manual_seed(1);
@@ -80,6 +113,7 @@ static gpt_trainer *gpt_trainer_new(cx_gpt_config c, int64_t batch)
     }
     t->batch = batch;
     t->block = c.block_size;
+    if (!gpt_parallel(t, par, mesh)) { gpt_trainer_free(t); return NULL; }
     t->ps = cx_module_parameters(t->m, &t->nps);
     cx_named_tensor *scratch = t->ps ? malloc(sizeof *scratch * (size_t)t->nps) : NULL;
     cx_param_group groups[2];
@@ -95,10 +129,37 @@ static gpt_trainer *gpt_trainer_new(cx_gpt_config c, int64_t batch)
         gpt_trainer_free(t);
         return NULL;
     }
-    for (size_t i = 0; i < n; i++) t->tokens[i] = (int64_t)((i * 2654435761u >> 7) % (uint64_t)c.vocab_size);
+    /* DDP ranks each take their own rows; SPMD ranks all pass the global batch */
+    uint64_t salt = par == BENCH_GPT_DDP ? (uint64_t)cx_global_ordinal() * n : 0;
+    for (size_t i = 0; i < n; i++) t->tokens[i] = (int64_t)(((i + salt) * 2654435761u >> 7) % (uint64_t)c.vocab_size);
     for (int s = 0; s < WARMUP_STEPS; s++)
         if (gpt_step(t) < 0) { gpt_trainer_free(t); return NULL; }
     return t;
+}
+
+static int64_t tensor_bytes(cx_tensor *t, bool local)
+{
+    const cx_mesh *mesh;
+    cx_spec_entry spec[CX_MAX_DIMS];
+    int64_t shape[CX_MAX_DIMS], n = 1;
+    int nd = cx_ndim(t);
+    for (int d = 0; d < nd; d++) shape[d] = cx_dim(t, d);
+    if (local && cx_get_sharding(t, &mesh, spec, CX_MAX_DIMS) == nd && nd > 0)
+        cx_shard_local_shape(mesh, spec, nd, shape, nd, shape);
+    for (int d = 0; d < nd; d++) n *= shape[d];
+    return n * (int64_t)cx_dtype_size(cx_dtype_of(t));
+}
+
+int64_t bench_gpt_trainer_state_bytes(bench_gpt_trainer *t, bool local)
+{
+    int np = 0, ns = 0;
+    cx_named_tensor *ps = cx_optim_params(t->opt, &np), *st = cx_optim_state(t->opt, &ns);
+    int64_t total = 0;
+    for (int i = 0; ps && i < np; i++) total += tensor_bytes(ps[i].tensor, local);
+    for (int i = 0; st && i < ns; i++) total += tensor_bytes(st[i].tensor, local);
+    free(ps);
+    free(st);
+    return total;
 }
 
 /* ---- attention alone: the model's n_layer attentions, forward and backward ---- */
@@ -176,7 +237,7 @@ int bench_gpt(int argc, char **argv, bench_cfg cfg)
     cx_gpt_config c = cx_gpt_default_config();
     double flops = cx_gpt_flops_per_token(c, c.block_size), tokens = (double)(batch * c.block_size);
     bench_sgemm *g = bench_sgemm_new(2048);
-    gpt_trainer *tr = g ? gpt_trainer_new(c, batch) : NULL;
+    gpt_trainer *tr = g ? bench_gpt_trainer_new(c, batch, BENCH_GPT_ONE, NULL) : NULL;
     attn_case fused = { 0 }, plain = { 0 };
     bench_series speed = { 0 }, share = { 0 }, mem = { 0 };
     rc = 1;

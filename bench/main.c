@@ -63,7 +63,11 @@ static const subcommand g_subcommands[] = {
       "spmd_seed_images_per_s: the seed's mnist_xla.py run (cnn, its SPMD shardings, global batch 256) vs DDP on the\n"
       "same ranks (batch 256 / N per rank)\n"
       "spmd_fsdpv2_step_s: FSDPv2 (every parameter's first dimension over the fsdp axis, the batch too) on an mlp\n"
-      "784-2048-2048-10 vs DDP on the same mlp and ranks, global batch 256", 0, 0 },
+      "784-2048-2048-10 vs DDP on the same mlp and ranks, global batch 256\n"
+      "tp_state_bytes_per_rank: the gpt program's model (4 layers, n_embd 256) with Megatron tensor parallelism over 2\n"
+      "ranks (mesh (N/2, 2): the batch over data, the blocks over model): bytes of parameters + AdamW state per rank vs\n"
+      "one process's (not a timing: rounds 1)\n"
+      "spmd_tp_step_s: that run's step vs DDP on the same ranks, global batch --gpt-batch-size (16)", 0, 0 },
     { "fsdp", bench_fsdp,
       "Run under xla-launch --nproc N (the README's figures: N = 4). A 120M-parameter mlp with AdamW.\n"
       "zero3_peak_bytes_per_rank, zero2_peak_bytes_per_rank: the worst rank's peak vs DDP's; one pass in a fixed\n"
