@@ -308,6 +308,42 @@ static void tensor_parallel_gpt(void)
     cx_module_free(m);
 }
 
+/* A deferred GPT split for tensor parallelism materializes only each
+ * rank's shards of the split weights (blocked ones included), and every
+ * parameter gathered back equals the eager init bit for bit. */
+static void deferred_tensor_parallel_gpt(void)
+{
+    cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = GPT_LAYERS, .n_head = 4, .n_embd = 32 };
+    cx_manual_seed(21);
+    cx_module *eager = cx_nn_gpt(cfg);
+    cx_manual_seed(21);
+    cx_deferred_init_begin();
+    cx_module *lazy = cx_nn_gpt(cfg);
+    cx_deferred_init_end();
+    CHECK(lazy && cx_module_num_deferred(lazy) > 0, "a deferred gpt: %s", cx_last_error());
+    CHECK(cx_gpt_tensor_parallel(lazy, g_model_mesh, "model") == CX_OK, "deferred tensor parallel: %s", cx_last_error());
+    CHECK(cx_module_materialize(lazy) == CX_OK, "materialize the rest: %s", cx_last_error());
+    int ne, nl, sharded = 0;
+    cx_named_tensor *pe = cx_module_parameters(eager, &ne), *pl = cx_module_parameters(lazy, &nl);
+    CHECK(ne == nl, "%d and %d parameters", ne, nl);
+    for (int i = 0; i < ne && i < nl; i++) {
+        int64_t n = cx_numel(pe[i].tensor), local[2] = { 0, 0 };
+        float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+        CHECK(cx_to_host(pe[i].tensor, a, CX_F32) == CX_OK && cx_to_host(pl[i].tensor, b, CX_F32) == CX_OK, "read %s: %s",
+              pl[i].name, cx_last_error());
+        CHECK(!memcmp(a, b, sizeof(float) * (size_t)n), "deferred %s: the gathered shards differ from the eager init", pl[i].name);
+        CHECK(cx_local_shard_to_host(pl[i].tensor, a, sizeof(float) * (size_t)n, CX_F32, local) == CX_OK, "local %s: %s",
+              pl[i].name, cx_last_error());
+        int64_t ln = local[0] * (cx_ndim(pl[i].tensor) > 1 ? local[1] : 1);
+        if (ln < n) sharded++;
+        free(a); free(b);
+    }
+    CHECK(sharded == 6 * GPT_LAYERS, "%d parameters hold a shard; want the 6 split ones of each block", sharded);
+    free(pe); free(pl);
+    cx_module_free(eager);
+    cx_module_free(lazy);
+}
+
 int main(int argc, char **argv)
 {
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
@@ -324,5 +360,6 @@ int main(int argc, char **argv)
     blocked_geometry();
     tensor_parallel_block();
     tensor_parallel_gpt();
+    deferred_tensor_parallel_gpt();
     return dist_finish("dist_spmd_tp");
 }
