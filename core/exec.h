@@ -138,7 +138,8 @@ typedef struct cx_executable {
     /* SPMD: each output's sharding (NULL when the graph was not
      * partitioned); the persistent cache does not keep these executables */
     struct cx_sharding *out_sharding;
-    int spmd_inserted[4];   /* the partitioner's all-reduces, all-gathers, reduce-scatters, all-to-alls */
+    int spmd_inserted[4];
+    struct cx_spmd_notes *spmd_notes;   /* for IR dumps: kept when XLA_SAVE_TENSORS_FILE was set at compile time */   /* the partitioner's all-reduces, all-gathers, reduce-scatters, all-to-alls */
 } cx_executable;
 
 /* ---- the captured graph (compile input) ---------------------------------------- */

@@ -336,7 +336,12 @@ const char *cx_sharding_describe(const cx_sharding *s, char *buf, size_t cap)
         if (cx_sharding_blocks(s, d) > 1 && n < cap) n += (size_t)snprintf(buf + n, cap - n, " in %d blocks", s->blocks[d]);
     }
     if (n < cap) n += (size_t)snprintf(buf + n, cap - n, ")");
-    if (s->partial && n < cap) n += (size_t)snprintf(buf + n, cap - n, " partial=0x%x", s->partial);
+    for (int a = 0, first = 1; s->partial && a < s->mesh->ndim && n < cap; a++) {
+        if (!(s->partial >> a & 1)) continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", first ? " partial over (" : ", ", s->mesh->names[a][0] ? s->mesh->names[a] : "_");
+        first = 0;
+    }
+    if (s->partial && n < cap) n += (size_t)snprintf(buf + n, cap - n, ")");
     if (n < cap) snprintf(buf + n, cap - n, "}");
     return buf;
 }
@@ -504,4 +509,29 @@ const char *cx_sharding_spec(cx_tensor *t, char *buf, size_t cap)
 {
     if (!buf || !cap) return buf;
     return cx_sharding_describe(t ? t->node->sharding : NULL, buf, cap);
+}
+
+/* ---- notes for IR dumps ---------------------------------------------------------------- */
+
+void cx_spmd_notes_free(cx_spmd_notes *notes)
+{
+    if (!notes) return;
+    free(notes->sh);
+    free(notes->coll);
+    free(notes);
+}
+
+const char *cx_spmd_coll_describe(const cx_spmd_coll *k, const cx_mesh *mesh, char *buf, size_t cap)
+{
+    static const char *const kinds[4] = { "all-reduce", "all-gather", "reduce-scatter", "all-to-all" };
+    size_t n = (size_t)snprintf(buf, cap, "%s over (", kinds[k->kind & 3]);
+    bool first = true;
+    for (int a = 0; a < CX_MESH_MAX_DIMS && n < cap; a++) {
+        if (!(k->axes >> a & 1)) continue;
+        if (mesh && a < mesh->ndim && mesh->names[a][0]) n += (size_t)snprintf(buf + n, cap - n, "%s%s", first ? "" : ", ", mesh->names[a]);
+        else n += (size_t)snprintf(buf + n, cap - n, "%s%d", first ? "" : ", ", a);
+        first = false;
+    }
+    if (n < cap) snprintf(buf + n, cap - n, ")");
+    return buf;
 }

@@ -80,6 +80,25 @@ cx_sharding *cx_sharding_dup(const cx_sharding *s);
 void cx_shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t es, void *local_buf, void *global_buf,
                    bool to_local);
 
+/* What the partitioner did, kept for IR dumps (XLA_SAVE_TENSORS_FILE):
+ * each node's sharding in the global graph (partial sums marked), and each
+ * collective it added, with the node whose value the collective moves. */
+typedef struct cx_spmd_coll {
+    int node;
+    uint8_t kind;      /* 0 all-reduce, 1 all-gather, 2 reduce-scatter, 3 all-to-all */
+    uint8_t axes;      /* bit a: over mesh axis a */
+} cx_spmd_coll;
+
+typedef struct cx_spmd_notes {
+    int n;
+    cx_sharding *sh;
+    int ncoll, coll_cap;
+    cx_spmd_coll *coll;
+} cx_spmd_notes;
+void cx_spmd_notes_free(cx_spmd_notes *notes);
+/* "all-reduce over (model)" style. */
+const char *cx_spmd_coll_describe(const cx_spmd_coll *k, const cx_mesh *mesh, char *buf, size_t cap);
+
 /* Copies a sharded data node's shards from every rank into the global
  * value at out (the node's dtype). Collective. @return CX_OK or an error. */
 typedef struct cx_node cx_node;

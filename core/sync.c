@@ -123,20 +123,23 @@ static bool plan_aliases(sync_job *j)
 
 /* SPMD: the global graph becomes this rank's (compile/partition.c), and
  * the executable keeps each output's sharding for settle_outputs. */
-static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding, int *inserted)
+static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding, int *inserted, cx_spmd_notes **notes)
 {
     const cx_sharding **ann = calloc((size_t)g->n + 1, sizeof *ann);
     cx_sharding *osh = calloc((size_t)g->n_outputs + 1, sizeof *osh);
+    /* an IR dump shows what the partitioner did */
+    cx_spmd_notes *nt = cx_obs_get() & OBS_DUMP ? calloc(1, sizeof *nt) : NULL;
     cx_graph local;
-    bool ok = ann && osh;
+    bool ok = ann && osh && (nt || !(cx_obs_get() & OBS_DUMP));
     for (int i = 0; ok && i < g->n; i++) ann[i] = j->cp->nodes[i]->sharding;
-    if (ok) ok = cx_pass_partition(g, ann, cx_comm_rank(), &local, osh, inserted);
+    if (ok) ok = cx_pass_partition(g, ann, cx_comm_rank(), &local, osh, inserted, nt);
     else cx_set_last_error("compile: out of memory");
     free(ann);
-    if (!ok) { free(osh); return false; }
+    if (!ok) { free(osh); free(nt); return false; }
     cx_graph_release(g);
     *g = local;
     *out_sharding = osh;
+    *notes = nt;
     static const char *const names[4] = { "SpmdAllReduce", "SpmdAllGather", "SpmdReduceScatter", "SpmdAllToAll" };
     for (int k = 0; k < 4; k++) if (inserted[k]) cx_counter_add(names[k], inserted[k]);
     cx_counter_add("SpmdPartitionedGraphs", 1);
@@ -154,17 +157,19 @@ static cx_status compile_graph(sync_job *j)
     double tc = cx_now();
     cx_graph g;
     cx_sharding *out_sharding = NULL;
+    cx_spmd_notes *notes = NULL;
     int inserted[4] = { 0 };
     bool ok = cx_capture_to_graph(j->cp, j->outs, j->nouts, j->out_alias, &g);
     if (!ok) { cx_graph_release(&g); cx_set_last_error("compile: out of memory"); return CX_ERR_OOM; }
-    if (cx_is_spmd() && graph_is_sharded(j->cp) && !partition_graph(j, &g, &out_sharding, inserted)) {
+    if (cx_is_spmd() && graph_is_sharded(j->cp) && !partition_graph(j, &g, &out_sharding, inserted, &notes)) {
         cx_graph_release(&g);
         return CX_ERR_STATE;
     }
     j->e = cx_lower(&g);
     cx_graph_release(&g);
-    if (!j->e) { free(out_sharding); return CX_ERR_STATE; }
+    if (!j->e) { free(out_sharding); cx_spmd_notes_free(notes); return CX_ERR_STATE; }
     j->e->out_sharding = out_sharding;
+    j->e->spmd_notes = notes;
     memcpy(j->e->spmd_inserted, inserted, sizeof inserted);
     j->e->key_hi = j->key.hi;
     j->e->key_lo = j->key.lo;

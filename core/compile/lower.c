@@ -2,6 +2,7 @@
  * passes of passes.h in order. A view that cannot be expressed affinely
  * makes its input a root, and the lowering restarts (rare). */
 #include "passes.h"
+#include "spmd_internal.h"
 
 bool cx_uses_build(const cx_graph *g, cx_uses *u)
 {
@@ -57,6 +58,7 @@ void cx_executable_free(cx_executable *e)
     free(e->out_alias);
     free(e->out_slot);
     free(e->out_sharding);
+    cx_spmd_notes_free(e->spmd_notes);
     free(e);
 }
 

@@ -38,6 +38,8 @@ typedef struct {
     cx_sharding *sh;
     memo_entry (*memo)[4];
     int inserted[4];          /* all-reduce, all-gather, reduce-scatter, all-to-all */
+    cx_spmd_notes *notes;     /* NULL unless an IR dump wants them */
+    int moving;               /* the node of g whose value reshard() moves */
     bool failed;
     /* fused backward ops whose packed output may be computed locally (see
      * "packed gradients" below): per node of g */
@@ -90,14 +92,25 @@ static int emit_op(pctx *c, cx_op op, int x, const int64_t *shape, const int64_t
     return emit(c, &p, &x, 1, shape);
 }
 
-static int emit_coll(pctx *c, cx_op op, int x, const int64_t *shape, int64_t gid, int64_t axis, int64_t axis2)
+static void note_coll(pctx *c, int kind, unsigned axes)
+{
+    cx_spmd_notes *n = c->notes;
+    if (!n) return;
+    if (!CX_GROW(n->coll, n->coll_cap, n->ncoll + 1)) { c->failed = true; cx_set_last_error("spmd partition: out of memory"); return; }
+    n->coll[n->ncoll++] = (cx_spmd_coll){ c->moving, (uint8_t)kind, (uint8_t)axes };
+}
+
+/* A collective over the mesh axes `axes` (a bit mask, for the notes). */
+static int emit_coll(pctx *c, cx_op op, int x, const int64_t *shape, int64_t gid, unsigned axes, int64_t axis, int64_t axis2)
 {
     int64_t at[CX_AT_COLL_COUNT] = { 0 };
     at[CX_AT_COLL_GROUPS] = gid;
     at[CX_AT_COLL_REDUCE] = CX_RED_SUM;
     at[CX_AT_COLL_AXIS] = axis;
     at[CX_AT_COLL_AXIS2] = axis2;
-    c->inserted[op == OP_ALL_REDUCE ? 0 : op == OP_ALL_GATHER ? 1 : op == OP_REDUCE_SCATTER ? 2 : 3]++;
+    int kind = op == OP_ALL_REDUCE ? 0 : op == OP_ALL_GATHER ? 1 : op == OP_REDUCE_SCATTER ? 2 : 3;
+    c->inserted[kind]++;
+    note_coll(c, kind, axes);
     return emit_op(c, op, x, shape, at, CX_AT_COLL_COUNT, 1.0);
 }
 
@@ -220,7 +233,7 @@ static int gather_dim(pctx *c, int x, cx_sharding *cur, int d, int64_t global)
     if (b > 1) x = emit_split_dim(c, x, d, b);
     memcpy(shape, shape_of(c, x), sizeof shape);
     shape[e] *= gs;
-    x = emit_coll(c, OP_ALL_GATHER, x, shape, gid, e, 0);
+    x = emit_coll(c, OP_ALL_GATHER, x, shape, gid, dim_mask(cur, d), e, 0);
     clear_dim(cur, d);
     x = emit_slice(c, x, e, 0, global / b);   /* the padding of the last shards */
     return b > 1 ? emit_merge_dim(c, x, d) : x;
@@ -249,7 +262,7 @@ static int finish_partial(pctx *c, int x, cx_sharding *cur, const cx_sharding *w
         x = emit_pad_high(c, x, d, local * gs - shape_of(c, x)[d]);
         memcpy(shape, shape_of(c, x), sizeof shape);
         shape[d] = local;
-        x = emit_coll(c, OP_REDUCE_SCATTER, x, shape, gid, d, 0);
+        x = emit_coll(c, OP_REDUCE_SCATTER, x, shape, gid, cur->partial, d, 0);
         set_dim(cur, d, want, d);
         cur->partial = 0;
         return x;
@@ -258,8 +271,9 @@ static int finish_partial(pctx *c, int x, cx_sharding *cur, const cx_sharding *w
     int n = cx_axes_of_mask(cur->partial, axes), gs;
     int64_t gid = cx_mesh_axes_group(cur->mesh, axes, n, &gs);
     if (gid < 0) { c->failed = true; return x; }
+    unsigned mask = cur->partial;
     cur->partial = 0;
-    return emit_coll(c, OP_ALL_REDUCE, x, shape_of(c, x), gid, 0, 0);
+    return emit_coll(c, OP_ALL_REDUCE, x, shape_of(c, x), gid, mask, 0, 0);
 }
 
 /* One dimension's split moves to another over the same axes: an all-to-all,
@@ -279,7 +293,7 @@ static int try_all_to_all(pctx *c, int x, cx_sharding *cur, const cx_sharding *w
             memcpy(shape, shape_of(c, x), sizeof shape);
             shape[to] /= gs;
             shape[from] *= gs;
-            x = emit_coll(c, OP_ALL_TO_ALL, x, shape, gid, to, from);
+            x = emit_coll(c, OP_ALL_TO_ALL, x, shape, gid, dim_mask(cur, from), to, from);
             set_dim(cur, to, cur, from);
             clear_dim(cur, from);
         }
@@ -334,12 +348,14 @@ static int reshard(pctx *c, int i, const cx_sharding *want)
     uint64_t h = cx_sharding_hash(want);
     for (int m = 0; m < 4; m++) if (c->memo[i][m].node >= 0 && c->memo[i][m].hash == h) return c->memo[i][m].node;
     cx_sharding from = *cur;
-    int x = c->nw[i];
+    int x = c->nw[i], outer = c->moving;
+    c->moving = i;
     const cx_gnode *g = &c->g->nodes[i];
     if (from.partial && !want->partial && !reduce_scatters(&from, want) &&
         (g->op == OP_RESHAPE || g->op == OP_PERMUTE) && c->sh[g->inputs[0]].partial == from.partial)
         x = finish_before_move(c, i, &from);
     x = reshard_uncached(c, x, g->shape, from, want);
+    c->moving = outer;
     for (int m = 0; m < 4; m++)
         if (c->memo[i][m].node < 0) { c->memo[i][m] = (memo_entry){ h, x }; break; }
     return x;
@@ -1006,10 +1022,23 @@ static void pctx_free(pctx *c)
     if (c->have_uses) cx_uses_free(c->g, &c->uses);
 }
 
-bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int rank, cx_graph *out,
-                       cx_sharding *out_sharding, int *inserted)
+/* The notes keep every node's sharding (the collectives were noted as
+ * they were made). */
+static bool keep_notes(pctx *c)
 {
-    pctx c = { .g = g, .ann = ann, .rank = rank };
+    if (!c->notes) return true;
+    c->notes->n = c->g->n;
+    c->notes->sh = malloc(sizeof *c->notes->sh * (size_t)(c->g->n + 1));
+    if (!c->notes->sh) { cx_set_last_error("spmd partition: out of memory"); return false; }
+    memcpy(c->notes->sh, c->sh, sizeof *c->sh * (size_t)c->g->n);
+    return true;
+}
+
+bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int rank, cx_graph *out,
+                       cx_sharding *out_sharding, int *inserted, cx_spmd_notes *notes)
+{
+    pctx c = { .g = g, .ann = ann, .rank = rank, .notes = notes, .moving = -1 };
+    if (notes) memset(notes, 0, sizeof *notes);
     memset(out, 0, sizeof *out);
     c.nw = malloc(sizeof(int) * (size_t)(g->n + 1));
     c.sh = malloc(sizeof *c.sh * (size_t)(g->n + 1));
@@ -1043,7 +1072,8 @@ bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int ran
         out->out_alias[o] = cx_sharding_is_replicated(&s) ? g->out_alias[o] : -1;
         ok = !c.failed;
     }
-    if (!ok) { pctx_free(&c); cx_graph_release(out); return false; }
+    if (ok) ok = keep_notes(&c);
+    if (!ok) { pctx_free(&c); cx_graph_release(out); cx_spmd_notes_free(notes); return false; }
     out->n = c.n;
     out->nodes = c.nodes;
     out->input_storage = c.ins;

@@ -35,14 +35,17 @@ void cx_uses_free(const cx_graph *g, cx_uses *u);
 /* ---- 0. SPMD partitioning (partition.c) ------------------------------------ */
 
 struct cx_sharding;
+struct cx_spmd_notes;
 /* g with global shapes and ann[i] the sharding node i must have (data
  * leaves: the shard their buffer holds), or NULL -> out, this rank's graph
  * (release with cx_graph_release); out_sharding[o] receives each output's
  * sharding, inserted[0..4) the all-reduces, all-gathers, reduce-scatters
- * and all-to-alls added. @return false with the error set (out of memory,
- * an explicit collective beside shardings). */
+ * and all-to-alls added, and notes (may be NULL; free with
+ * cx_spmd_notes_free) each node's sharding and where each collective went.
+ * @return false with the error set (out of memory, an explicit collective
+ * beside shardings). */
 bool cx_pass_partition(const cx_graph *g, const struct cx_sharding *const *ann, int rank, cx_graph *out,
-                       struct cx_sharding *out_sharding, int *inserted);
+                       struct cx_sharding *out_sharding, int *inserted, struct cx_spmd_notes *notes);
 
 /* ---- 1. grouping (group.c) --------------------------------------------------- */
 

@@ -52,9 +52,22 @@ static const char *op_name(const cx_node *x)
     return is_leaf_value(x) ? "device_data" : cx_op_table[x->op].name;
 }
 
+/* Node i's sharding as the partitioner propagated it (where no annotation
+ * shows it already), and the collectives it added to move node i's value. */
+static void spmd_node_str(cx_sbuf *b, const cx_spmd_notes *notes, const cx_node *x, int i, const char *sep)
+{
+    char d[320];
+    if (!notes || notes->n <= i) return;
+    const cx_sharding *s = &notes->sh[i];
+    if (!x->sharding && !cx_sharding_is_replicated(s)) cx_sb_printf(b, "%sspmd=%s", sep, cx_sharding_describe(s, d, sizeof d));
+    for (int k = 0; k < notes->ncoll; k++)
+        if (notes->coll[k].node == i)
+            cx_sb_printf(b, "%s+ spmd %s", sep, cx_spmd_coll_describe(&notes->coll[k], s->mesh, d, sizeof d));
+}
+
 /* nodes: topological, each node's ->index is its position; roots: outputs */
 void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
-                        cx_tensor *const *named)
+                        cx_tensor *const *named, const cx_spmd_notes *notes)
 {
     cx_sb_printf(b, "IR {\n");
     for (int i = 0; i < n; i++) {
@@ -73,6 +86,7 @@ void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const
                 if (named && named[r] && named[r]->name) cx_sb_printf(b, " (%s)", named[r]->name);
                 first = false;
             }
+        spmd_node_str(b, notes, x, i, ", ");
         cx_sb_printf(b, "\n");
     }
     cx_sb_printf(b, "}\n");
@@ -86,7 +100,18 @@ static void dot_escape(cx_sbuf *b, const char *s)
     }
 }
 
-static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int n, cx_node *const *roots, int nroots)
+/* The same, with line breaks as the label's. */
+static void dot_escape_lines(cx_sbuf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\n') cx_sb_printf(b, "\\n");
+        else if (*s == '"' || *s == '\\') cx_sb_printf(b, "\\%c", *s);
+        else if ((unsigned char)*s >= 32) cx_sb_printf(b, "%c", *s);
+    }
+}
+
+static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
+                       const cx_spmd_notes *notes)
 {
     cx_sb_printf(b, "digraph G {\n  label=\"");
     dot_escape(b, title);
@@ -101,7 +126,13 @@ static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int
             dot_escape(b, cx_sharding_describe(x->sharding, d, sizeof d));
         }
         for (int r = 0; r < nroots; r++) if (roots[r] == x) cx_sb_printf(b, "\\nROOT=%d", r);
+        cx_sbuf sp = { 0 };
+        spmd_node_str(&sp, notes, x, i, "\n");
+        if (sp.s) dot_escape_lines(b, sp.s);
+        bool moved = sp.s && strstr(sp.s, "+ spmd");
+        free(sp.s);
         cx_sb_printf(b, "\"");
+        if (moved) cx_sb_printf(b, ", color=\"#d04000\", penwidth=2");
         if (is_leaf_value(x)) cx_sb_printf(b, ", style=filled, fillcolor=\"#dde8ff\"");
         else if (cx_op_table[x->op].group == G_COLLECTIVE) cx_sb_printf(b, ", style=filled, fillcolor=\"#ffe0c0\"");
         cx_sb_printf(b, "];\n");
@@ -141,8 +172,8 @@ static char *ir_string(cx_tensor *const *ts, int nts, bool dot)
     cx_sbuf b = { 0 };
     bool ok = roots && cx_node_postorder(roots, nts, dump_follow, dump_visit, &l);
     if (ok) {
-        if (dot) format_dot(&b, "pending tensors", l.order, l.n, roots, nts);
-        else cx_obs_format_text(&b, l.order, l.n, roots, nts, ts);
+        if (dot) format_dot(&b, "pending tensors", l.order, l.n, roots, nts, NULL);
+        else cx_obs_format_text(&b, l.order, l.n, roots, nts, ts, NULL);
     }
     free(l.order);
     free(roots);
@@ -172,14 +203,14 @@ static void dump_graph(const cx_obs_graph_info *gi)
         cx_sb_printf(&b, "// [cx_graph %lld] Graph Hash: %016llx%016llx; cause: %s; %s\n", (long long)g_graph_seq,
                   (unsigned long long)hi, (unsigned long long)lo, cause,
                   source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
-        format_dot(&b, title, gi->nodes, gi->n, gi->outs, gi->nouts);
+        format_dot(&b, title, gi->nodes, gi->n, gi->outs, gi->nouts, gi->e ? gi->e->spmd_notes : NULL);
     } else {
         cx_sb_printf(&b, "[cx_graph %lld]\nCause: %s\nGraph Hash: %016llx%016llx\nCompile: %s\n", (long long)g_graph_seq,
                   cause, (unsigned long long)hi, (unsigned long long)lo,
                   source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
         spmd_str(&b, gi->e);
         cx_sb_printf(&b, "## BEGIN_GRAPH\n");
-        cx_obs_format_text(&b, gi->nodes, gi->n, gi->outs, gi->nouts, NULL);
+        cx_obs_format_text(&b, gi->nodes, gi->n, gi->outs, gi->nouts, NULL, gi->e ? gi->e->spmd_notes : NULL);
         cx_sb_printf(&b, "## END_GRAPH\n\n");
     }
     if (b.oom) { free(b.s); return; }

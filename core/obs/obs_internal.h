@@ -26,9 +26,11 @@ void cx_obs_rank_path(char *buf, size_t cap, const char *path);
  * @return CX_OK or CX_ERR_IO. */
 cx_status cx_obs_mkdir(const char *who, const char *path);
 
-/* IR text and Graphviz formats (dump.c), shared with the analysis. */
+/* IR text and Graphviz formats (dump.c), shared with the analysis. notes
+ * (may be NULL): the SPMD partitioner's, for the graph of these nodes. */
+struct cx_spmd_notes;
 void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
-                        cx_tensor *const *named);
+                        cx_tensor *const *named, const struct cx_spmd_notes *notes);
 
 /* Tests: feeds `iters` mutated payloads of cache file `path` to the
  * validating loader (disk_cache.c). @return how many it accepted, -1 if

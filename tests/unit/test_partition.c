@@ -62,7 +62,7 @@ typedef struct {
 static void partition(const gbuild *b, const cx_sharding *const *ann, int rank, parted *p)
 {
     g_rank = rank;
-    cr_assert(cx_pass_partition(&b->g, ann, rank, &p->out, p->osh, p->ins), "partition: %s", cx_last_error());
+    cr_assert(cx_pass_partition(&b->g, ann, rank, &p->out, p->osh, p->ins, NULL), "partition: %s", cx_last_error());
 }
 
 static int count_op(const cx_graph *g, cx_op op)
@@ -241,7 +241,7 @@ Test(partition, a_collective_beside_shardings_is_refused)
     cx_graph out;
     cx_sharding osh[1];
     int ins[4];
-    cr_assert_not(cx_pass_partition(&b.g, ann, 0, &out, osh, ins));
+    cr_assert_not(cx_pass_partition(&b.g, ann, 0, &out, osh, ins, NULL));
     cr_assert(strstr(cx_last_error(), "all_reduce"), "%s", cx_last_error());
 }
 
