@@ -20,6 +20,10 @@ static void share_of(int64_t m, size_t res_size, int size, int r, int64_t *lo, i
     *hi = min64(*lo + per, m);
 }
 
+/* Each rank reduces its own share of every chunk, reading that share of
+ * its own input where it lies (only the shares the others reduce are
+ * copied into its slot), and writes its share of the result out while it
+ * is still in cache; after the second barrier it copies the others'. */
 cx_status cx_shm_all_reduce(cx_shm *s, void *out, const void *in, int64_t count, cx_dtype dt, cx_reduce_op red,
                             double scale, char *err, size_t errn)
 {
@@ -30,13 +34,18 @@ cx_status cx_shm_all_reduce(cx_shm *s, void *out, const void *in, int64_t count,
     for (int64_t off = 0; off < count; off += per_chunk) {
         int64_t m = min64(per_chunk, count - off), lo, hi;
         int set = next_set(s);
-        memcpy(shm_slot(s, set, s->rank), (const uint8_t *)in + (size_t)off * es, (size_t)m * es);
-        if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
+        const uint8_t *mine = (const uint8_t *)in + (size_t)off * es;
+        uint8_t *slot = shm_slot(s, set, s->rank), *dst = (uint8_t *)out + (size_t)off * es;
         share_of(m, rs, s->size, s->rank, &lo, &hi);
-        for (int r = 0; r < s->size; r++) src[r] = shm_slot(s, set, r) + (size_t)lo * es;
-        cx_shm_reduce(s->result[set] + (size_t)lo * rs, src, s->size, hi - lo, dt, red);
+        memcpy(slot, mine, (size_t)lo * es);
+        memcpy(slot + (size_t)hi * es, mine + (size_t)hi * es, (size_t)(m - hi) * es);
         if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
-        cx_shm_copy_out((uint8_t *)out + (size_t)off * es, s->result[set], m, dt, scale, stream);
+        for (int r = 0; r < s->size; r++) src[r] = (r == s->rank ? mine : shm_slot(s, set, r)) + (size_t)lo * es;
+        cx_shm_reduce(s->result[set] + (size_t)lo * rs, src, s->size, hi - lo, dt, red);
+        cx_shm_copy_out(dst + (size_t)lo * es, s->result[set] + (size_t)lo * rs, hi - lo, dt, scale, stream);
+        if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
+        cx_shm_copy_out(dst, s->result[set], lo, dt, scale, stream);
+        cx_shm_copy_out(dst + (size_t)hi * es, s->result[set] + (size_t)hi * rs, m - hi, dt, scale, stream);
     }
     return CX_OK;
 }
