@@ -54,6 +54,21 @@ void cx_shard_copy(const cx_sharding *s, const int64_t *global, int rank, size_t
         shard_copy_rows(s, global, rank, es, local_buf, global_buf, to_local, 0);
 }
 
+/* A data leaf over b (this rank's shard under s; taken). @return the
+ * tensor, or a poisoned one naming `who`. */
+static cx_tensor *shard_leaf(cx_buffer *b, cx_dtype dtype, const int64_t *global_shape, int ndim, const cx_sharding *s,
+                             const char *who)
+{
+    cx_node *d = cx_node_data(b, dtype, global_shape, ndim);
+    if (d && !cx_sharding_is_replicated(s) && !(d->sharding = cx_sharding_dup(s))) { cx_node_unref(d); d = NULL; b = NULL; }
+    if (!d) {
+        if (b) cx_buffer_unref(b);
+        return cx_poisoned("%s: out of memory", who);
+    }
+    cx_counter_add("CreateDataHandles", 1);
+    return cx_tensor_wrap(d);
+}
+
 cx_status cx_shard_rows(const cx_mesh *mesh, const cx_spec_entry *spec, int nspec, int64_t dim0, int64_t *row0,
                         int64_t *nrows)
 {
@@ -95,14 +110,7 @@ cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *g
     cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, ndim) * es);
     if (!b) return cx_poisoned("from_host_sharded: %s", cx_last_error());
     shard_copy_rows(&s, global_shape, cx_comm_rank(), es, b->data, (void *)(uintptr_t)rows, true, row0);
-    cx_node *d = cx_node_data(b, dtype, global_shape, ndim);
-    if (d && !cx_sharding_is_replicated(&s) && !(d->sharding = cx_sharding_dup(&s))) { cx_node_unref(d); d = NULL; b = NULL; }
-    if (!d) {
-        if (b) cx_buffer_unref(b);
-        return cx_poisoned("from_host_sharded: out of memory");
-    }
-    cx_counter_add("CreateDataHandles", 1);
-    return cx_tensor_wrap(d);
+    return shard_leaf(b, dtype, global_shape, ndim, &s, "from_host_sharded");
 }
 
 /* ---- reads ------------------------------------------------------------------------------------ */
@@ -232,12 +240,5 @@ cx_tensor *cx_from_local_shard(const void *local, const int64_t *global_shape, i
     cx_buffer *b = cx_buffer_new((size_t)n * cx_dtype_size(dtype));
     if (!b) return cx_poisoned("from_local_shard: %s", cx_last_error());
     if (n) memcpy(b->data, local, (size_t)n * cx_dtype_size(dtype));
-    cx_node *d = cx_node_data(b, dtype, global_shape, ndim);
-    if (d && !cx_sharding_is_replicated(&s) && !(d->sharding = cx_sharding_dup(&s))) { cx_node_unref(d); d = NULL; b = NULL; }
-    if (!d) {
-        if (b) cx_buffer_unref(b);
-        return cx_poisoned("from_local_shard: out of memory");
-    }
-    cx_counter_add("CreateDataHandles", 1);
-    return cx_tensor_wrap(d);
+    return shard_leaf(b, dtype, global_shape, ndim, &s, "from_local_shard");
 }
