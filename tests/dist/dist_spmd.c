@@ -7,7 +7,7 @@
  * and row splits must not fall back to gathering, FSDPv2 must
  * reduce-scatter every gradient. A deferred layer marked sharded holds only
  * its shard, equal to the eager init; the FSDPv2 model saves (in the SPMD
- * layout). Bad specs and meshes that differ
+ * layout) and loads back bit for bit. Bad specs and meshes that differ
  * between ranks are one clear error on every rank. */
 #include "dist_check.h"
 
@@ -265,14 +265,15 @@ static void fsdpv2_equals_unwrapped(void)
     CHECK(cx_spmd_fsdp_wrap(m, g_mesh1, NULL, NULL) == NULL && strstr(cx_last_error(), "'fsdp'"),
           "a mesh without an fsdp axis: %s", cx_last_error());
     /* an FSDPv2 model saved as a DDP one is saved in the SPMD layout (each
-     * rank writes its own shards; nothing is gathered) */
+     * rank writes its own shards; nothing is gathered) and loads back into
+     * the same wrapper, which keeps its shardings */
     cx_spmd_fsdp *f = cx_spmd_fsdp_wrap(m, mesh, NULL, NULL);
     char prefix[64], path[128];
     const char *job = getenv("MASTER_PORT");   /* the same on every rank of one launch */
     snprintf(prefix, sizeof prefix, "/tmp/cx_dist_spmd_ckpt_%s", job ? job : "0");
     int nps = 0;
     cx_named_tensor *ps = cx_module_parameters(m, &nps);
-    static float saved[NP];
+    static float saved[NP], loaded[NP];
     int64_t off = 0;
     for (int i = 0; i < nps; i++) {
         CHECK(cx_to_host(ps[i].tensor, saved + off, CX_F32) == CX_OK, "read %s: %s", ps[i].name, cx_last_error());
@@ -280,7 +281,20 @@ static void fsdpv2_equals_unwrapped(void)
     }
     CHECK(f && cx_ckpt_save(prefix, cx_ckpt_model_ddp(m), NULL, NULL) == CX_OK, "saving a sharded model: %s",
           cx_last_error());
-    CHECK(cx_global_ordinal() != 0 || cx_ckpt_is_committed(prefix), "the save of a sharded model is not committed");
+    for (int i = 0; i < nps; i++) {
+        CHECK(cx_assign(ps[i].tensor, cx_mul_scalar(ps[i].tensor, 2.0)) == CX_OK, "assign: %s", cx_last_error());
+        CHECK(cx_sync_tensors(&ps[i].tensor, 1) == CX_OK, "sync: %s", cx_last_error());
+    }
+    CHECK(cx_ckpt_load(prefix, cx_ckpt_model_spmd(m), NULL, NULL) == CX_OK, "loading it back: %s", cx_last_error());
+    off = 0;
+    for (int i = 0; i < nps; i++) {
+        char spec[256];
+        CHECK(strcmp(cx_sharding_spec(ps[i].tensor, spec, sizeof spec), "replicated"), "%s lost its sharding",
+              ps[i].name);
+        CHECK(cx_to_host(ps[i].tensor, loaded + off, CX_F32) == CX_OK, "read %s: %s", ps[i].name, cx_last_error());
+        off += cx_numel(ps[i].tensor);
+    }
+    CHECK(!memcmp(saved, loaded, sizeof(float) * (size_t)off), "the loaded parameters differ from the saved ones");
     free(ps);
     if (cx_global_ordinal() == 0) {
         for (int r = 0; r < cx_world_size(); r++) {
