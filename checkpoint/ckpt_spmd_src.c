@@ -50,8 +50,12 @@ static cx_status read_boxes(hid_t d, spmd_dataset *x)
         memcpy(p->boxes[0].count, p->local_shape, sizeof p->boxes[0].count);
         return CX_OK;
     }
-    if (ckpt_attr_read_i64s(d, "global_shape", x->global, CX_MAX_DIMS, &n) < 0 || n != x->nd)
-        return bad(CX_ERR_IO, "%s: %s: bad global_shape attribute (want %d values)", x->fpath, x->h5, x->nd);
+    int64_t numel = 1;
+    bool fits = ckpt_attr_read_i64s(d, "global_shape", x->global, CX_MAX_DIMS, &n) == 0 && n == x->nd;
+    for (int i = 0; fits && i < x->nd; i++) fits = x->global[i] >= 0 && !__builtin_mul_overflow(numel, x->global[i], &numel);
+    if (!fits)
+        return bad(CX_ERR_IO, "%s: %s: bad global_shape attribute (want %d sizes whose product fits in 64 bits)",
+                   x->fpath, x->h5, x->nd);
     int64_t per = 3 * (int64_t)x->nd, cap = per * SPMD_MAX_BOXES;
     int64_t *flat = malloc(sizeof(int64_t) * (size_t)cap);
     if (!flat) return bad(CX_ERR_OOM, "%s: out of memory", x->fpath);
@@ -223,7 +227,7 @@ static bool covers_exactly(const ckpt_entry *e)
             int64_t v = 1;
             for (int x = 0; x < e->ndim; x++) v *= b->count[x];
             if (!v) continue;
-            vol += v;
+            if (__builtin_add_overflow(vol, v, &vol)) ok = false;
             memcpy(&cells[(size_t)n * (size_t)e->ndim], b->start, sizeof(int64_t) * (size_t)e->ndim);
             n++;
         }
