@@ -72,7 +72,8 @@ CX_API cx_ckpt_model cx_ckpt_model_fsdp(cx_fsdp *f, bool zero3);
  * model's shardings first, as in PyTorch/XLA; an optimizer state takes its
  * parameter's) and reads only the parts of the files this rank's shards
  * cover. A single or DDP model that holds an SPMD-sharded tensor is saved
- * this way too. */
+ * this way too. @return the handle (a NULL module is refused by the save or
+ * load it is given to). */
 CX_API cx_ckpt_model cx_ckpt_model_spmd(cx_module *m);
 
 /* Training progress stored with the state. The RNG state is not here: a
