@@ -157,12 +157,13 @@ cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_
     writer w;
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out_path, (long)getpid());
-    /* the sampler position counts each rank's samples: one rank holds them all now */
+    /* the sampler position counts each rank's samples: one rank holds them
+     * all now (an SPMD run's one sampler counted the global batches) */
     ckpt_root root = s.root;
     root.world_size = 1;
     root.rank = 0;
     root.train_world_size = s.world;
-    root.sampler_position = s.root.sampler_position * s.world;
+    root.sampler_position = s.spmd ? s.root.sampler_position : s.root.sampler_position * s.world;
     root.consolidated_from_world_size = s.world;
     root.resharded_from_world_size = 0;
     hid_t fid = -1, mg = -1;
@@ -308,7 +309,7 @@ static cx_status write_reshard_file(writer *w, const ckpt_unit *u, int nu, int r
     root.train_world_size = world;
     /* the sampler position counts each rank's samples: rescale it to the new
      * world (the global position is what a resumed run must continue from) */
-    root.sampler_position = s->root.sampler_position * s->world / world;
+    root.sampler_position = (s->spmd ? s->root.sampler_position : s->root.sampler_position * s->world) / world;
     root.consolidated_from_world_size = 0;
     root.resharded_from_world_size = s->world;
     hid_t fid, mg;

@@ -13,6 +13,11 @@ void ckpt_entry_free(ckpt_entry *e)
     free(e->key);
     free(e->state);
     free(e->h5path);
+    for (int i = 0; i < e->npieces; i++) {
+        free(e->pieces[i].h5path);
+        free(e->pieces[i].boxes);
+    }
+    free(e->pieces);
 }
 
 typedef struct {
@@ -155,6 +160,7 @@ static cx_status list_states(ckpt_src *s, hid_t fid, const char *fpath, const ch
 
 cx_status ckpt_src_list(ckpt_src *s)
 {
+    if (s->spmd) return ckpt_spmd_list(s);
     hid_t fid = s->files[s->home].fid;
     const char *fpath = s->files[s->home].path;
     cx_status st = list_model(s, fid, fpath);

@@ -136,6 +136,47 @@ static int attr_write_num(hid_t obj, const char *name, hid_t type, const void *v
 int ckpt_attr_write_i64(hid_t obj, const char *name, int64_t v) { return attr_write_num(obj, name, H5T_NATIVE_INT64, &v); }
 int ckpt_attr_write_u64(hid_t obj, const char *name, uint64_t v) { return attr_write_num(obj, name, H5T_NATIVE_UINT64, &v); }
 
+int ckpt_attr_write_i64s(hid_t obj, const char *name, const int64_t *v, int64_t n)
+{
+    return ckpt_attr_write_i64_array(obj, name, v, 1, &n);
+}
+
+int ckpt_attr_write_i64_array(hid_t obj, const char *name, const int64_t *v, int rank, const int64_t *dims)
+{
+    hsize_t d[CX_MAX_DIMS];
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        d[i] = (hsize_t)dims[i];
+        n *= dims[i];
+    }
+    hid_t s = n > 0 ? H5Screate_simple(rank, d, NULL) : H5Screate(H5S_NULL);
+    if (s < 0) return -1;
+    hid_t a = H5Acreate2(obj, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = a >= 0 && (n == 0 || H5Awrite(a, H5T_NATIVE_INT64, v) >= 0) ? 0 : -1;
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(s);
+    return rc;
+}
+
+int ckpt_attr_read_i64s(hid_t obj, const char *name, int64_t *v, int64_t cap, int64_t *n)
+{
+    if (H5Aexists(obj, name) <= 0) return -1;
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (a < 0) return -1;
+    hid_t ft = H5Aget_type(a), sp = H5Aget_space(a);
+    hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    H5S_class_t cls = sp >= 0 ? H5Sget_simple_extent_type(sp) : H5S_NO_CLASS;
+    int rc = -1;
+    if (ft >= 0 && H5Tget_class(ft) == H5T_INTEGER && np >= 0 && np <= cap) {
+        *n = cls == H5S_NULL ? 0 : (int64_t)np;
+        rc = *n == 0 || H5Aread(a, H5T_NATIVE_INT64, v) >= 0 ? 0 : -1;
+    }
+    if (sp >= 0) H5Sclose(sp);
+    if (ft >= 0) H5Tclose(ft);
+    H5Aclose(a);
+    return rc;
+}
+
 int ckpt_attr_read_str(hid_t obj, const char *name, char *out, size_t cap)
 {
     out[0] = '\0';

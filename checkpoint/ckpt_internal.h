@@ -4,6 +4,7 @@
 #define CX_CKPT_INTERNAL_H
 
 #include <cxla/checkpoint.h>
+#include <cxla/spmd.h>
 
 #include <hdf5.h>
 #include <stdio.h>
@@ -77,6 +78,13 @@ int ckpt_attr_write_u64(hid_t obj, const char *name, uint64_t v);
 int ckpt_attr_read_str(hid_t obj, const char *name, char *out, size_t cap);
 int ckpt_attr_read_i64(hid_t obj, const char *name, int64_t *v);
 int ckpt_attr_read_u64(hid_t obj, const char *name, uint64_t *v);
+/* An int64 array attribute of n values (a 1-D attribute; n may be 0). */
+int ckpt_attr_write_i64s(hid_t obj, const char *name, const int64_t *v, int64_t n);
+/* The same of `rank` dimensions (row-major values). */
+int ckpt_attr_write_i64_array(hid_t obj, const char *name, const int64_t *v, int rank, const int64_t *dims);
+/* Reads an int64 array attribute (any rank, row major) of at most cap
+ * values into v, its number of values into *n. @return 0, or -1 when missing, not integers or longer than cap. */
+int ckpt_attr_read_i64s(hid_t obj, const char *name, int64_t *v, int64_t cap, int64_t *n);
 /* A group that tracks creation order, so iteration is the save order. */
 hid_t ckpt_group_create(hid_t parent, const char *name);
 /* parent/name, created (as above) unless it exists. On failure the error
@@ -231,7 +239,8 @@ cx_status ckpt_units_relayout(const ckpt_unit *src, int n, int world, int rank, 
 
 typedef struct {
     cx_ckpt_strategy strategy;
-    bool sharded;
+    bool sharded;          /* FSDP: flat shards and shard metadata */
+    bool spmd;             /* SPMD: each rank's shards of the state dict, with their boxes */
     cx_module *module;     /* parameters (unsharded) and buffers */
     int nunits;            /* sharded: */
     ckpt_unit *units;      /*   layout of this rank (owned) */
@@ -255,6 +264,17 @@ typedef struct {
     bool have_marker_hash;
 } ckpt_file;
 
+/* One dataset of an SPMD checkpoint: a rank's shard of a tensor, the
+ * global boxes it holds and where each sits in the (padded) dataset. A
+ * replicated tensor is one piece holding the whole. */
+typedef struct {
+    int file;              /* the rank (file) holding it */
+    char *h5path;
+    int64_t local_shape[CX_MAX_DIMS];   /* the dataset's shape (the padded local shard) */
+    int nboxes;
+    cx_shard_box *boxes;
+} ckpt_piece;
+
 typedef struct {
     char *key;             /* "fc1.weight" */
     char *state;           /* NULL for /model, else "exp_avg" */
@@ -266,6 +286,8 @@ typedef struct {
     cx_dtype dtype;
     int unit, pidx;        /* sharded params/state: where in the flat layout; -1 otherwise */
     bool replicated;       /* read from one file (buffers, 0-d state, unsharded) */
+    int npieces;           /* SPMD source: the shards holding it (else 0) */
+    ckpt_piece *pieces;
 } ckpt_entry;
 
 typedef struct {
@@ -275,7 +297,8 @@ typedef struct {
     int world;
     int version;           /* format version of the marker and every file */
     ckpt_root root;        /* rank 0's; strategy and step checked equal on every file */
-    bool sharded;
+    bool sharded;          /* FSDP layout (/shard_metadata) */
+    bool spmd;             /* SPMD layout (/spmd_metadata): entries have pieces */
     int nunits;
     ckpt_unit *units;      /* rank 0's copy, checked equal on every file */
     int nentries, entries_cap;
@@ -298,6 +321,34 @@ cx_status ckpt_src_verify(ckpt_src *s, int r);
 const ckpt_entry *ckpt_src_find(const ckpt_src *s, const char *key, const char *state);
 /* Reads the row-major elements [a, b) of an entry (its dtype) into buf. */
 cx_status ckpt_src_read(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, void *buf);
+/* Reads the global box [start, start + count) of an entry (its dtype) into
+ * `mem`, a row-major array of mem_shape, at mem_off: SPMD pieces and whole
+ * datasets through hyperslab selections (only the box is read), FSDP flat
+ * shards row by row. */
+cx_status ckpt_src_read_box(ckpt_src *s, const ckpt_entry *e, const int64_t *start, const int64_t *count, void *mem,
+                            const int64_t *mem_shape, const int64_t *mem_off);
+
+/* ---- the SPMD layout (ckpt_spmd_save.c, ckpt_spmd_src.c) ---------------------------- */
+
+/* Writes this rank's part of tensor t under parent/name: its shard with
+ * the global shape, boxes and sharding when t is SPMD-sharded and no lower
+ * rank holds the same boxes; the whole tensor from rank 0 when replicated;
+ * else nothing. *written counts the datasets written. */
+cx_status ckpt_spmd_write_tensor(hid_t parent, const char *name, cx_tensor *t, const char *kind, int level,
+                                 const char *path, int64_t *written);
+/* The /spmd_metadata group of a rank's file. */
+cx_status ckpt_spmd_write_meta(hid_t fid, const char *path, int rank, int world, int64_t datasets);
+/* Lists the tensors of every file of an SPMD checkpoint, each with its
+ * pieces, checking shapes, dtypes, boxes and that the pieces cover each
+ * tensor exactly once. */
+cx_status ckpt_spmd_list(ckpt_src *s);
+/* Elements [a, b) of an entry with pieces (ckpt_src_read does this). */
+cx_status ckpt_src_read_spmd(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, void *buf);
+/* Whether a piece holds any element of the box [start, start + count). */
+bool ckpt_piece_hits(const ckpt_piece *p, int ndim, const int64_t *start, const int64_t *count);
+/* Reads the part of the box in piece p (see ckpt_src_read_box). */
+cx_status ckpt_spmd_read_piece(ckpt_src *s, const ckpt_entry *e, const ckpt_piece *p, const int64_t *start,
+                               const int64_t *count, void *mem, const int64_t *mem_shape, const int64_t *mem_off);
 
 /* ---- tensor datasets (ckpt_h5.c) ------------------------------------------------------ */
 

@@ -19,6 +19,9 @@ typedef struct {
     cx_tensor *t;
     int unit;              /* target unit (sharded), else -1 */
     const ckpt_entry *e;   /* unsharded: the source entry */
+    const cx_mesh *mesh;   /* an SPMD-sharded target: its sharding (NULL: the whole tensor) */
+    cx_spec_entry spec[CX_MAX_DIMS];
+    int nspec;
 } load_item;
 
 typedef struct {
@@ -26,6 +29,8 @@ typedef struct {
     const ckpt_view *v;
     load_item *items;
     int nitems;
+    const cx_named_tensor *params;   /* the optimizer's, whose shardings their states take */
+    int nparams;
 } load_plan;
 
 static cx_status oom(const ckpt_src *s)
@@ -74,7 +79,9 @@ static cx_status plan_model(load_plan *p, const cx_named_tensor *sd, int n)
         const ckpt_entry *e = ckpt_src_find(p->s, sd[i].name, NULL);
         if (!entry_fits(e, cx_ndim(sd[i].tensor), cx_shape(sd[i].tensor)))
             return shape_error(p->s, sd[i].name, NULL, e, cx_ndim(sd[i].tensor), cx_shape(sd[i].tensor));
-        p->items[p->nitems++] = (load_item){ NULL, sd[i].tensor, -1, e };
+        load_item *it = &p->items[p->nitems++];
+        *it = (load_item){ .t = sd[i].tensor, .unit = -1, .e = e };
+        it->nspec = cx_get_sharding(sd[i].tensor, &it->mesh, it->spec, CX_MAX_DIMS);
     }
     return CX_OK;
 }
@@ -93,7 +100,7 @@ static cx_status plan_flat_params(load_plan *p)
                 return shape_error(p->s, pi->name, NULL, e, pi->ndim, pi->shape);
         }
         nparams += v->units[u].nparams;
-        p->items[p->nitems++] = (load_item){ NULL, v->flat[u], u, NULL };
+        p->items[p->nitems++] = (load_item){ .t = v->flat[u], .unit = u };
     }
     for (int i = 0; i < p->s->nentries; i++)
         if (!p->s->entries[i].state && p->s->entries[i].is_param) src_params++;
@@ -121,12 +128,20 @@ static cx_status check_extra_keys(const ckpt_src *s, const ckpt_view *v, const c
     return CX_OK;
 }
 
-/* A state of an unsharded target: the entry of its parameter and name. */
+/* A state of an unsharded target: the entry of its parameter and name.
+ * Under SPMD it takes its parameter's sharding (the same shape), else
+ * keeps its own (a 0-d step). */
 static cx_status plan_full_state(load_plan *p, const char *pname, const char *sname, cx_tensor *t)
 {
     const ckpt_entry *e = ckpt_src_find(p->s, pname, sname);
     if (!entry_fits(e, cx_ndim(t), cx_shape(t))) return shape_error(p->s, pname, sname, e, cx_ndim(t), cx_shape(t));
-    p->items[p->nitems++] = (load_item){ sname, t, -1, e };
+    cx_tensor *like = t;
+    for (int k = 0; k < p->nparams; k++)
+        if (!strcmp(p->params[k].name, pname) && entry_fits(e, cx_ndim(p->params[k].tensor), cx_shape(p->params[k].tensor)))
+            like = p->params[k].tensor;
+    load_item *it = &p->items[p->nitems++];
+    *it = (load_item){ .state = sname, .t = t, .unit = -1, .e = e };
+    it->nspec = cx_get_sharding(like, &it->mesh, it->spec, CX_MAX_DIMS);
     return CX_OK;
 }
 
@@ -147,7 +162,7 @@ static cx_status plan_unit_state(load_plan *p, const char *pname, const char *sn
         const char *first = un->nparams ? un->params[0].name : un->flat_name;
         const ckpt_entry *e = un->nparams ? ckpt_src_find(p->s, first, sname) : NULL;
         if (!e || e->ndim != 0) return shape_error(p->s, first, sname, e, 0, NULL);
-        p->items[p->nitems++] = (load_item){ sname, t, -1, e };
+        p->items[p->nitems++] = (load_item){ .state = sname, .t = t, .unit = -1, .e = e };
         return CX_OK;
     }
     for (int k = 0; k < un->nparams; k++) {
@@ -156,7 +171,7 @@ static cx_status plan_unit_state(load_plan *p, const char *pname, const char *sn
         if (!entry_fits(e, pi->ndim, pi->shape) || e->dtype != CX_F32)
             return shape_error(p->s, pi->name, sname, e, pi->ndim, pi->shape);
     }
-    p->items[p->nitems++] = (load_item){ sname, t, u, NULL };
+    p->items[p->nitems++] = (load_item){ .state = sname, .t = t, .unit = u };
     return CX_OK;
 }
 
@@ -176,10 +191,68 @@ static cx_status plan_state(load_plan *p, const cx_named_tensor *state, int ns)
     return CX_OK;
 }
 
-/* Every file this rank reads verifies before anything is modified. */
-static cx_status verify_files(ckpt_src *s, const ckpt_view *v)
+/* This rank's boxes of an SPMD-sharded target item (allocated). @return
+ * how many, or -1 (error set). */
+static int target_boxes(const load_item *it, cx_shard_box **out)
 {
-    if (!s->sharded && !v->sharded) {
+    const ckpt_entry *e = it->e;
+    int me = cx_global_ordinal();
+    int n = cx_shard_boxes(it->mesh, it->spec, it->nspec, e->shape, e->ndim, me, NULL, 0);
+    *out = n > 0 ? calloc((size_t)n, sizeof **out) : NULL;
+    if (n > 0 && !*out) cx_set_last_error("checkpoint: out of memory for %d shard boxes", n);
+    if (!*out) return -1;
+    return cx_shard_boxes(it->mesh, it->spec, it->nspec, e->shape, e->ndim, me, *out, n);
+}
+
+/* Marks the files holding a piece of what item `it` reads: all of its
+ * entry's pieces, or (a sharded target) those its boxes hit. */
+static cx_status mark_needed(const load_item *it, bool *need)
+{
+    const ckpt_entry *e = it->e;
+    if (!it->mesh) {
+        for (int k = 0; k < e->npieces; k++) need[e->pieces[k].file] = true;
+        return CX_OK;
+    }
+    cx_shard_box *b = NULL;
+    int nb = target_boxes(it, &b);
+    if (nb < 0) return CX_ERR_OOM;
+    for (int k = 0; k < e->npieces; k++)
+        for (int i = 0; i < nb && !need[e->pieces[k].file]; i++)
+            need[e->pieces[k].file] = ckpt_piece_hits(&e->pieces[k], e->ndim, b[i].start, b[i].count);
+    free(b);
+    return CX_OK;
+}
+
+/* An SPMD checkpoint: the files this rank reads from, whole (a file's
+ * checksum covers it all; a hyperslab of a dataset has none of its own). */
+static cx_status verify_needed(const load_plan *p)
+{
+    ckpt_src *s = p->s;
+    bool *need = calloc((size_t)s->nfiles, sizeof *need);
+    if (!need) return oom(s);
+    cx_status st = CX_OK;
+    for (int i = 0; i < p->nitems && st == CX_OK; i++) {
+        if (p->items[i].unit >= 0) {   /* an FSDP target: pieces of every parameter */
+            for (int r = 0; r < s->nfiles; r++) need[r] = true;
+            continue;
+        }
+        st = mark_needed(&p->items[i], need);
+    }
+    for (int r = 0; r < s->nfiles && st == CX_OK; r++)
+        if (need[r]) st = ckpt_src_verify(s, r);
+    free(need);
+    return st;
+}
+
+/* Every file this rank reads verifies before anything is modified. */
+static cx_status verify_files(const load_plan *p)
+{
+    ckpt_src *s = p->s;
+    const ckpt_view *v = p->v;
+    bool shard_targets = false;
+    for (int i = 0; i < p->nitems; i++) shard_targets = shard_targets || p->items[i].mesh;
+    if (s->spmd) return verify_needed(p);
+    if (!s->sharded && !v->sharded && !shard_targets) {
         /* whole tensors only: each one is checked against its own checksum
          * as it is read (a second pass over the file would double the I/O);
          * HDF5 checksums the metadata itself */
@@ -261,6 +334,36 @@ static cx_status assign_read(cx_tensor *t, ckpt_src *s, const ckpt_entry *e, con
     return finish_assign(t, st, what);
 }
 
+/* An SPMD-sharded target: this rank's shard, box by box from only the
+ * parts of the source its boxes cover, set as the tensor's value with its
+ * sharding (no data moves between ranks). */
+static cx_status load_shard(ckpt_src *s, const load_item *it, const char *what)
+{
+    const ckpt_entry *e = it->e;
+    int64_t local[CX_MAX_DIMS], n = 1;
+    cx_shard_box *b = NULL;
+    int nb = target_boxes(it, &b);
+    if (nb < 0) return CX_ERR_OOM;
+    cx_status st = cx_shard_local_shape(it->mesh, it->spec, it->nspec, e->shape, e->ndim, local);
+    for (int d = 0; d < e->ndim; d++) n *= local[d];
+    void *buf = st == CX_OK ? calloc((size_t)(n ? n : 1), cx_dtype_size(e->dtype)) : NULL;
+    if (st == CX_OK && !buf) st = oom(s);
+    for (int k = 0; k < nb && st == CX_OK; k++)
+        st = ckpt_src_read_box(s, e, b[k].start, b[k].count, buf, local, b[k].local_start);
+    free(b);
+    if (st != CX_OK) {
+        free(buf);
+        return st;
+    }
+    cx_tensor *v = cx_from_local_shard(buf, e->shape, e->ndim, e->dtype, it->mesh, it->spec, it->nspec);
+    free(buf);
+    cx_tensor *c = e->dtype == cx_dtype_of(it->t) ? v : cx_cast(v, cx_dtype_of(it->t));
+    st = cx_assign(it->t, c);
+    if (c != v) cx_free(c);
+    cx_free(v);
+    return finish_assign(it->t, st, what);
+}
+
 static cx_status load_item_now(ckpt_src *s, const ckpt_view *v, const load_item *it)
 {
     char what[1200];
@@ -276,6 +379,7 @@ static cx_status load_item_now(ckpt_src *s, const ckpt_view *v, const load_item 
     }
     const ckpt_entry *e = it->e;
     ckpt_label(what, sizeof what, e->key, it->state);
+    if (it->mesh) return load_shard(s, it, what);
     if (e->dtype == cx_dtype_of(it->t)) return assign_read(it->t, s, e, what);
     size_t bytes = (size_t)e->numel * cx_dtype_size(e->dtype);
     void *buf = malloc(bytes ? bytes : 1);
@@ -286,32 +390,55 @@ static cx_status load_item_now(ckpt_src *s, const ckpt_view *v, const load_item 
     return st;
 }
 
-static cx_status load_into(ckpt_src *s, const ckpt_view *v, cx_optimizer *opt, cx_ckpt_opts opts)
+/* A load in two halves: everything checked (prepare), then everything
+ * read into place (apply). Between them the ranks of a collective load
+ * agree, so that no rank modifies its model unless every rank's check
+ * passed. */
+typedef struct {
+    ckpt_src s;
+    bool open;
+    load_plan p;
+    cx_named_tensor *sd, *state, *params;
+} load_job;
+
+static void load_job_free(load_job *j)
 {
-    int n = 0, ns = 0;
+    if (j->open) ckpt_src_close(&j->s);
+    free(j->p.items);
+    free(j->sd);
+    free(j->state);
+    free(j->params);
+    memset(j, 0, sizeof *j);
+}
+
+/* Plans every tensor against the model and verifies the files it reads. */
+static cx_status plan_all(load_job *j, const ckpt_view *v, cx_optimizer *opt, cx_ckpt_opts opts)
+{
+    ckpt_src *s = &j->s;
+    int n = 0, ns = 0, np = 0;
     bool with_opt = opt && opts.with_optimizer;
-    cx_named_tensor *sd = v->sharded ? cx_module_buffers(v->module, &n) : cx_module_state_dict(v->module, &n);
-    cx_named_tensor *state = with_opt ? cx_optim_state(opt, &ns) : NULL;
-    load_plan p = { s, v, NULL, 0 };
-    if (sd && (state || !with_opt)) p.items = calloc((size_t)(n + ns + v->nunits + 1), sizeof *p.items);
-    cx_status st = p.items ? CX_OK : oom(s);
-    if (st == CX_OK) st = plan_model(&p, sd, n);
-    if (st == CX_OK && v->sharded) st = plan_flat_params(&p);
-    if (st == CX_OK) st = check_extra_keys(s, v, sd, n);
-    if (st == CX_OK) st = plan_state(&p, state, ns);
-    if (st == CX_OK) st = verify_files(s, v);
-    for (int i = 0; i < p.nitems && st == CX_OK; i++) st = load_item_now(s, v, &p.items[i]);
-    free(p.items);
-    free(sd);
-    free(state);
+    j->sd = v->sharded ? cx_module_buffers(v->module, &n) : cx_module_state_dict(v->module, &n);
+    j->state = with_opt ? cx_optim_state(opt, &ns) : NULL;
+    j->params = with_opt ? cx_optim_params(opt, &np) : NULL;
+    load_plan *p = &j->p;
+    *p = (load_plan){ .s = s, .v = v, .params = j->params, .nparams = np };
+    if (j->sd && ((j->state && j->params) || !with_opt))
+        p->items = calloc((size_t)(n + ns + v->nunits + 1), sizeof *p->items);
+    cx_status st = p->items ? CX_OK : oom(s);
+    if (st == CX_OK) st = plan_model(p, j->sd, n);
+    if (st == CX_OK && v->sharded) st = plan_flat_params(p);
+    if (st == CX_OK) st = check_extra_keys(s, v, j->sd, n);
+    if (st == CX_OK) st = plan_state(p, j->state, ns);
+    if (st == CX_OK) st = verify_files(p);
     return st;
 }
 
 /* Asks the kernel to stream the files in: tensors are then read from the
- * page cache while the disk keeps going. */
+ * page cache while the disk keeps going. (Not for an SPMD checkpoint, of
+ * which a rank reads only the parts its shards need.) */
 static void read_ahead(const ckpt_src *s)
 {
-    for (int r = 0; r < s->nfiles; r++) {
+    for (int r = 0; r < s->nfiles && !s->spmd; r++) {
         int fd = open(s->files[r].path, O_RDONLY);
         if (fd < 0) continue;
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -320,33 +447,40 @@ static void read_ahead(const ckpt_src *s)
     }
 }
 
-static cx_status load_view(const char *prefix, const char *single_file, const ckpt_view *v, cx_optimizer *opt,
-                           cx_ckpt_extra *extra, cx_ckpt_opts opts)
+static cx_status load_prepare(load_job *j, const char *prefix, const char *single_file, const ckpt_view *v,
+                              cx_optimizer *opt, cx_ckpt_opts opts)
 {
-    ckpt_src s;
-    cx_status st = ckpt_src_open(&s, prefix, NULL, single_file, false, v->sharded ? cx_global_ordinal() : 0);
+    ckpt_src *s = &j->s;
+    cx_status st = ckpt_src_open(s, prefix, NULL, single_file, false, v->sharded ? cx_global_ordinal() : 0);
     if (st != CX_OK) return st;
-    read_ahead(&s);
+    j->open = true;
+    read_ahead(s);
     if (!opts.verify)
-        for (int r = 0; r < s.nfiles; r++) s.files[r].verified = true;
+        for (int r = 0; r < s->nfiles; r++) s->files[r].verified = true;
     bool any_state = false;
-    for (int i = 0; i < s.nentries && !any_state; i++) any_state = s.entries[i].state != NULL;
+    for (int i = 0; i < s->nentries && !any_state; i++) any_state = s->entries[i].state != NULL;
     /* an optimizer without state tensors (SGD without momentum) needs none */
     int wants = 0;
     if (opt && opts.with_optimizer) free(cx_optim_state(opt, &wants));
     if (wants > 0 && !any_state) {
         cx_set_last_error("checkpoint %s has no optimizer state (load without an optimizer, or consolidate "
                           "with --with-optimizer)",
-                          s.prefix);
-        st = CX_ERR_SHAPE;
+                          s->prefix);
+        return CX_ERR_SHAPE;
     }
-    if (st == CX_OK) st = load_into(&s, v, opt, opts);
+    return plan_all(j, v, opt, opts);
+}
+
+static cx_status load_apply(load_job *j, cx_optimizer *opt, cx_ckpt_extra *extra, cx_ckpt_opts opts)
+{
+    ckpt_src *s = &j->s;
+    cx_status st = CX_OK;
+    for (int i = 0; i < j->p.nitems && st == CX_OK; i++) st = load_item_now(s, j->p.v, &j->p.items[i]);
     if (st == CX_OK) {
-        cx_set_rng_state((cx_rng_state){ s.root.rng_seed, s.root.rng_offset });
-        if (opt && opts.with_optimizer) cx_optim_set_step_count(opt, s.root.optimizer_steps);
-        if (extra) *extra = (cx_ckpt_extra){ s.root.step, s.root.epoch, s.root.sampler_position };
+        cx_set_rng_state((cx_rng_state){ s->root.rng_seed, s->root.rng_offset });
+        if (opt && opts.with_optimizer) cx_optim_set_step_count(opt, s->root.optimizer_steps);
+        if (extra) *extra = (cx_ckpt_extra){ s->root.step, s->root.epoch, s->root.sampler_position };
     }
-    ckpt_src_close(&s);
     return st;
 }
 
@@ -360,14 +494,24 @@ cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_optimize
         st = CX_ERR_ARG;
     }
     double t0 = cx_now();
-    if (st == CX_OK) st = load_view(prefix, NULL, &v, opt, extra, opts);
-    ckpt_view_release(&v);
+    load_job j;
+    memset(&j, 0, sizeof j);
+    if (st == CX_OK) st = load_prepare(&j, prefix, NULL, &v, opt, opts);
     ckpt_report rep;
     memset(&rep, 0, sizeof rep);
-    st = ckpt_agree("cx_ckpt_load", st, &rep, NULL);
+    /* a failed check anywhere is the same error on every rank, before any
+     * rank has modified anything */
+    cx_status checked = ckpt_agree("cx_ckpt_load_check", st, &rep, NULL);
+    if (checked == CX_OK) {
+        st = load_apply(&j, opt, extra, opts);
+        memset(&rep, 0, sizeof rep);
+        checked = ckpt_agree("cx_ckpt_load", st, &rep, NULL);
+    }
+    load_job_free(&j);
+    ckpt_view_release(&v);
     /* xla-launch's recovery figure splits a restart's time by this */
-    if (st == CX_OK) cx_metric_add("CheckpointLoadTime", cx_now() - t0);
-    return st;
+    if (checked == CX_OK) cx_metric_add("CheckpointLoadTime", cx_now() - t0);
+    return checked;
 }
 
 cx_status cx_ckpt_load(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra)
@@ -386,7 +530,11 @@ cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer 
     if (st != CX_OK) return st;
     cx_ckpt_opts o = cx_ckpt_default_opts();
     o.with_optimizer = opt != NULL;
-    st = load_view(NULL, path, &v, opt, extra, o);
+    load_job j;
+    memset(&j, 0, sizeof j);
+    st = load_prepare(&j, NULL, path, &v, opt, o);
+    if (st == CX_OK) st = load_apply(&j, opt, extra, o);
+    load_job_free(&j);
     ckpt_view_release(&v);
     return st;
 }

@@ -223,6 +223,7 @@ cx_status ckpt_src_read(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, 
         cx_set_last_error("checkpoint %s: %s: bad range", s->prefix, e->key);
         return CX_ERR_ARG;
     }
+    if (e->npieces) return ckpt_src_read_spmd(s, e, a, b, buf);
     /* files without a whole-file checksum (a single consolidated file) are
      * checked per dataset */
     bool per_dataset = !s->files[s->home].have_marker_hash || s->per_dataset;

@@ -8,15 +8,25 @@
 #include <string.h>
 #include <unistd.h>
 
-static cx_status write_tensor(hid_t parent, const char *name, cx_tensor *t, const char *kind, int level,
-                              const char *path)
+/* How one rank's file is being written. */
+typedef struct {
+    int level;            /* compression */
+    const char *path;     /* the temporary file, for messages */
+    bool spmd;            /* each rank writes its own shards (ckpt_spmd_save.c) */
+    int64_t written;      /* SPMD: datasets written */
+} save_ctx;
+
+static cx_status write_tensor(hid_t parent, const char *name, cx_tensor *t, const char *kind, save_ctx *c)
 {
+    if (c->spmd) return ckpt_spmd_write_tensor(parent, name, t, kind, c->level, c->path, &c->written);
+    int level = c->level;
+    const char *path = c->path;
     char spec[256];
     if (strcmp(cx_sharding_spec(t, spec, sizeof spec), "replicated")) {
         /* reading it would gather over every rank while only this one writes:
-         * refuse instead of hanging */
-        cx_set_last_error("%s: %s is SPMD-sharded %s; checkpoints of SPMD shardings are not supported yet "
-                          "(cx_clear_sharding first, on every rank)", path, name, spec);
+         * refuse instead of hanging (single and DDP models switch to the
+         * SPMD layout by themselves; an FSDP wrapper holds no such tensor) */
+        cx_set_last_error("%s: %s is SPMD-sharded %s; save the model with cx_ckpt_model_spmd", path, name, spec);
         return CX_ERR_ARG;
     }
     cx_dtype dt = cx_dtype_of(t);
@@ -46,8 +56,9 @@ static cx_status write_tensor(hid_t parent, const char *name, cx_tensor *t, cons
     return st;
 }
 
-static cx_status write_optimizer(hid_t fid, cx_optimizer *opt, int level, const char *path)
+static cx_status write_optimizer(hid_t fid, cx_optimizer *opt, save_ctx *c)
 {
+    const char *path = c->path;
     hid_t og = ckpt_group_at(fid, "optimizer", path, "/optimizer");
     if (og < 0) return CX_ERR_IO;
     int ns = 0;
@@ -68,7 +79,7 @@ static cx_status write_optimizer(hid_t fid, cx_optimizer *opt, int level, const 
             st = CX_ERR_IO;
             break;
         }
-        st = write_tensor(g, sname, state[i].tensor, "state", level, path);
+        st = write_tensor(g, sname, state[i].tensor, "state", c);
         H5Gclose(g);
     }
     free(state);
@@ -77,8 +88,9 @@ static cx_status write_optimizer(hid_t fid, cx_optimizer *opt, int level, const 
 }
 
 /* The unsharded state dict, each tensor marked parameter or buffer. */
-static cx_status write_state_dict(hid_t mg, cx_module *m, int level, const char *path)
+static cx_status write_state_dict(hid_t mg, cx_module *m, save_ctx *c)
 {
+    const char *path = c->path;
     int n = 0, np = 0;
     cx_named_tensor *sd = cx_module_state_dict(m, &n);
     cx_named_tensor *ps = cx_module_parameters(m, &np);
@@ -90,7 +102,7 @@ static cx_status write_state_dict(hid_t mg, cx_module *m, int level, const char 
     for (int i = 0; i < n && st == CX_OK; i++) {
         bool is_param = false;
         for (int k = 0; k < np && !is_param; k++) is_param = ps[k].tensor == sd[i].tensor;
-        st = write_tensor(mg, sd[i].name, sd[i].tensor, is_param ? "param" : "buffer", level, path);
+        st = write_tensor(mg, sd[i].name, sd[i].tensor, is_param ? "param" : "buffer", c);
     }
     free(sd);
     free(ps);
@@ -98,18 +110,19 @@ static cx_status write_state_dict(hid_t mg, cx_module *m, int level, const char 
 }
 
 /* This rank's flat shards, the (replicated) buffers and the shard metadata. */
-static cx_status write_shards(hid_t fid, hid_t mg, const ckpt_view *v, int level, const char *path)
+static cx_status write_shards(hid_t fid, hid_t mg, const ckpt_view *v, save_ctx *c)
 {
+    const char *path = c->path;
     cx_status st = CX_OK;
     for (int i = 0; i < v->nunits && st == CX_OK; i++)
-        st = write_tensor(mg, v->units[i].flat_name, v->flat[i], "flat_param", level, path);
+        st = write_tensor(mg, v->units[i].flat_name, v->flat[i], "flat_param", c);
     int nb = 0;
     cx_named_tensor *bs = cx_module_buffers(v->module, &nb);
     if (st == CX_OK && !bs) {
         cx_set_last_error("%s: out of memory listing the buffers", path);
         st = CX_ERR_OOM;
     }
-    for (int i = 0; i < nb && st == CX_OK; i++) st = write_tensor(mg, bs[i].name, bs[i].tensor, "buffer", level, path);
+    for (int i = 0; i < nb && st == CX_OK; i++) st = write_tensor(mg, bs[i].name, bs[i].tensor, "buffer", c);
     free(bs);
     if (st == CX_OK) st = ckpt_units_write(fid, v->units, v->nunits);
     return st;
@@ -127,10 +140,11 @@ static cx_status write_rank_file(const char *tmp, const ckpt_view *v, cx_optimiz
     hid_t fid, mg;
     cx_status st = ckpt_file_begin(tmp, &root, opts.compress_level, &fid, &mg);
     if (st != CX_OK) return st;
-    st = v->sharded ? write_shards(fid, mg, v, opts.compress_level, tmp)
-                    : write_state_dict(mg, v->module, opts.compress_level, tmp);
+    save_ctx c = { .level = opts.compress_level, .path = tmp, .spmd = v->spmd, .written = 0 };
+    st = v->sharded ? write_shards(fid, mg, v, &c) : write_state_dict(mg, v->module, &c);
     H5Gclose(mg);
-    if (st == CX_OK && opt && opts.with_optimizer) st = write_optimizer(fid, opt, opts.compress_level, tmp);
+    if (st == CX_OK && opt && opts.with_optimizer) st = write_optimizer(fid, opt, &c);
+    if (st == CX_OK && v->spmd) st = ckpt_spmd_write_meta(fid, tmp, rank, nfiles, c.written);
     if (st != CX_OK) {
         ckpt_h5_discard_close(fid);
         return st;
@@ -185,8 +199,9 @@ static cx_status save_view(const char *prefix, const ckpt_view *v, cx_optimizer 
                            cx_ckpt_opts opts)
 {
     int rank = cx_global_ordinal();
-    int nfiles = v->sharded ? cx_world_size() : 1;
-    bool writes = v->sharded || rank == 0;
+    bool per_rank = v->sharded || v->spmd;
+    int nfiles = per_rank ? cx_world_size() : 1;
+    bool writes = per_rank || rank == 0;
     cx_ckpt_extra ex = { opt ? cx_optim_step_count(opt) : 0, 0, 0 };
     if (extra) ex = *extra;
     cx_status st = check_save_args(prefix, opts);
@@ -198,9 +213,9 @@ static cx_status save_view(const char *prefix, const ckpt_view *v, cx_optimizer 
     ckpt_report rep;
     memset(&rep, 0, sizeof rep);
     if (st == CX_OK && writes) {
-        ckpt_file_name(final, sizeof final, prefix, v->sharded ? rank : 0, nfiles);
+        ckpt_file_name(final, sizeof final, prefix, per_rank ? rank : 0, nfiles);
         snprintf(tmp, sizeof tmp, "%s.tmp-%ld", final, (long)getpid());
-        st = write_rank_file(tmp, v, opt, &ex, opts, v->sharded ? rank : 0, nfiles);
+        st = write_rank_file(tmp, v, opt, &ex, opts, per_rank ? rank : 0, nfiles);
         if (st == CX_OK) ckpt_hook("file-written");
         if (st == CX_OK) st = ckpt_publish(tmp, final, &rep.hash, &rep.size);
         else unlink(tmp);
@@ -217,11 +232,48 @@ static cx_status save_view(const char *prefix, const ckpt_view *v, cx_optimizer 
     return st;
 }
 
+/* Under SPMD every rank first syncs the tensors the save reads (a pending
+ * sharded value is one program over all ranks; then each tensor's sharding
+ * is settled and its shard is local). A single or DDP model holding a
+ * sharded tensor is saved in the SPMD layout: gathering it for rank 0's one
+ * file would need every rank. */
+static cx_status spmd_prepare(ckpt_view *v, cx_optimizer *opt, cx_ckpt_opts opts)
+{
+    if (v->sharded || (!v->spmd && !cx_is_spmd())) return CX_OK;
+    int n = 0, ns = 0;
+    cx_named_tensor *sd = cx_module_state_dict(v->module, &n);
+    cx_named_tensor *state = opt && opts.with_optimizer ? cx_optim_state(opt, &ns) : NULL;
+    cx_tensor **ts = calloc((size_t)(n + ns + 1), sizeof *ts);
+    cx_status st = sd && ts && (state || !(opt && opts.with_optimizer)) ? CX_OK : CX_ERR_OOM;
+    if (st != CX_OK) cx_set_last_error("cx_ckpt_save: out of memory listing the tensors");
+    for (int i = 0; i < n && ts; i++) ts[i] = sd[i].tensor;
+    for (int i = 0; i < ns && ts; i++) ts[n + i] = state[i].tensor;
+    if (st == CX_OK) st = cx_sync_tensors(ts, n + ns);
+    bool any = false;
+    for (int i = 0; i < n + ns && st == CX_OK && !any; i++) {
+        const cx_mesh *mesh;
+        cx_spec_entry spec[CX_MAX_DIMS];
+        any = cx_get_sharding(ts[i], &mesh, spec, CX_MAX_DIMS) > 0;
+    }
+    if (any) {
+        v->spmd = true;
+        v->strategy = CX_CKPT_SPMD;
+    }
+    free(ts);
+    free(sd);
+    free(state);
+    return st;
+}
+
 cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, const cx_ckpt_extra *extra,
                             cx_ckpt_opts opts)
 {
     ckpt_view v;
     cx_status st = ckpt_view_of(model, &v);
+    if (st == CX_OK) {
+        st = spmd_prepare(&v, opt, opts);
+        if (st != CX_OK) ckpt_view_release(&v);
+    }
     /* every rank takes part in the agreement even when its own view failed */
     if (st != CX_OK) {
         ckpt_report rep;

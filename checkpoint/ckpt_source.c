@@ -286,11 +286,31 @@ static cx_status check_flat_datasets(const ckpt_src *s, int r)
     return CX_OK;
 }
 
+/* An SPMD checkpoint: every file has /spmd_metadata naming its rank of
+ * this world (its tensors are checked as they are listed). */
+static cx_status check_spmd_meta(ckpt_src *s)
+{
+    for (int r = 0; r < s->nfiles; r++) {
+        hid_t fid = s->files[r].fid;
+        int64_t w = -1, rk = -1;
+        hid_t g = H5Lexists(fid, "/spmd_metadata", H5P_DEFAULT) > 0 ? H5Gopen2(fid, "/spmd_metadata", H5P_DEFAULT) : -1;
+        bool ok = g >= 0 && ckpt_attr_read_i64(g, "world_size", &w) == 0 && ckpt_attr_read_i64(g, "rank", &rk) == 0 &&
+                  w == s->world && rk == r;
+        if (g >= 0) H5Gclose(g);
+        if (!ok)
+            return bad(CX_ERR_IO, "%s: missing or inconsistent /spmd_metadata (rank %lld of %lld; the file is rank %d of %d)",
+                       s->files[r].path, (long long)rk, (long long)w, r, s->world);
+    }
+    return CX_OK;
+}
+
 /* A sharded checkpoint's layout: rank 0's shard metadata, the same (for
  * its own rank) on every file, and every file's flat datasets of that
- * size. An unsharded one is a single file. */
+ * size; or SPMD shards. An unsharded one is a single file. */
 static cx_status read_layout(ckpt_src *s)
 {
+    s->spmd = H5Lexists(s->files[0].fid, "/spmd_metadata", H5P_DEFAULT) > 0;
+    if (s->spmd) return check_spmd_meta(s);
     s->sharded = H5Lexists(s->files[0].fid, "/shard_metadata", H5P_DEFAULT) > 0;
     if (!s->sharded)
         return s->world == 1 ? CX_OK

@@ -12,6 +12,7 @@ cx_ckpt_opts cx_ckpt_default_opts(void)
 
 cx_ckpt_model cx_ckpt_model_single(cx_module *m) { return (cx_ckpt_model){ CX_CKPT_SINGLE, m, NULL }; }
 cx_ckpt_model cx_ckpt_model_ddp(cx_module *m) { return (cx_ckpt_model){ CX_CKPT_DDP, m, NULL }; }
+cx_ckpt_model cx_ckpt_model_spmd(cx_module *m) { return (cx_ckpt_model){ CX_CKPT_SPMD, m, NULL }; }
 cx_ckpt_model cx_ckpt_model_fsdp(cx_fsdp *f, bool zero3)
 {
     return (cx_ckpt_model){ zero3 ? CX_CKPT_FSDP_ZERO3 : CX_CKPT_FSDP_ZERO2, NULL, f };
@@ -24,6 +25,7 @@ const char *cx_ckpt_strategy_name(cx_ckpt_strategy s)
     case CX_CKPT_DDP: return "ddp";
     case CX_CKPT_FSDP_ZERO2: return "fsdp-zero2";
     case CX_CKPT_FSDP_ZERO3: return "fsdp-zero3";
+    case CX_CKPT_SPMD: return "spmd";
     }
     return "unknown";
 }
@@ -106,12 +108,13 @@ cx_status ckpt_view_of(cx_ckpt_model m, ckpt_view *v)
 {
     memset(v, 0, sizeof *v);
     v->strategy = m.strategy;
-    if (m.strategy == CX_CKPT_SINGLE || m.strategy == CX_CKPT_DDP) {
+    if (m.strategy == CX_CKPT_SINGLE || m.strategy == CX_CKPT_DDP || m.strategy == CX_CKPT_SPMD) {
         if (!m.module) {
             cx_set_last_error("checkpoint: no module given");
             return CX_ERR_ARG;
         }
         v->module = m.module;
+        v->spmd = m.strategy == CX_CKPT_SPMD;
         return CX_OK;
     }
     if (m.strategy != CX_CKPT_FSDP_ZERO2 && m.strategy != CX_CKPT_FSDP_ZERO3) {

@@ -240,10 +240,13 @@ typedef struct {
 /* ---- checkpoints ------------------------------------------------------------------ */
 
 /* What a checkpoint saves for this run's wrapping (FSDP: the wrapper's
- * shards and metadata; DDP/xm: the replicated module, from rank 0). */
+ * shards and metadata; DDP/xm: the replicated module, from rank 0; SPMD:
+ * each rank's shards of the module, loaded into the shardings spmd_setup
+ * marked). */
 static cx_ckpt_model ckpt_model_of(const config *c, const parallel_mode *par, cx_module *model)
 {
     if (par->fsdp) return cx_ckpt_model_fsdp(par->fsdp, c->zero != 2);
+    if (par->conv_mesh) return cx_ckpt_model_spmd(model);
     if (par->ddp) return cx_ckpt_model_ddp(cx_ddp_module(par->ddp));
     if (par->xm) return cx_ckpt_model_ddp(model);
     return cx_ckpt_model_single(model);
@@ -442,9 +445,9 @@ static double evaluate(cx_module *model, cx_loader *loader) { return evaluate_on
 static cx_mesh *spmd_setup(const config *c, cx_module *model)
 {
     int world = cx_world_size();
-    if (strcmp(c->model, "cnn") || world % 2 || c->ckpt_dir || c->resume) {
-        fprintf(stderr, "train: --parallel spmd runs the seed's cnn on an even number of ranks without checkpoints "
-                        "(got --model %s on %d rank(s)%s)\n", c->model, world, c->ckpt_dir || c->resume ? " with --ckpt-dir/--resume" : "");
+    if (strcmp(c->model, "cnn") || world % 2) {
+        fprintf(stderr, "train: --parallel spmd runs the seed's cnn on an even number of ranks (got --model %s on %d rank(s))\n",
+                c->model, world);
         return NULL;
     }
     cx_use_spmd();

@@ -11,8 +11,10 @@
  *
  * Unsharded runs (single process, DDP, xm) write one full file from rank 0
  * (w = 1); FSDP writes one file per rank holding that rank's flat shards
- * plus the shard metadata. Any checkpoint loads into any wrapping: a sharded
- * one is stitched (or re-sliced) tensor by tensor on the fly.
+ * plus the shard metadata; SPMD writes one file per rank holding the shards
+ * that rank holds of each tensor, with their global boxes. Any checkpoint
+ * loads into any wrapping: a sharded one is stitched (or re-sliced) tensor
+ * by tensor on the fly.
  */
 #ifndef CXLA_CHECKPOINT_H
 #define CXLA_CHECKPOINT_H
@@ -39,9 +41,10 @@ typedef enum {
     CX_CKPT_DDP,          /* "ddp": replicated parameters (DDP or xm.optimizer_step) */
     CX_CKPT_FSDP_ZERO2,   /* "fsdp-zero2" */
     CX_CKPT_FSDP_ZERO3,   /* "fsdp-zero3" */
+    CX_CKPT_SPMD,         /* "spmd": SPMD-sharded tensors (cxla/spmd.h), each rank its own shards */
 } cx_ckpt_strategy;
 
-/* "none", "ddp", "fsdp-zero2", "fsdp-zero3". */
+/* "none", "ddp", "fsdp-zero2", "fsdp-zero3", "spmd". */
 CX_API const char *cx_ckpt_strategy_name(cx_ckpt_strategy s);
 
 /* What is saved or loaded: a plain module (single, DDP: the wrapped module)
@@ -58,6 +61,20 @@ CX_API cx_ckpt_model cx_ckpt_model_single(cx_module *m);
 CX_API cx_ckpt_model cx_ckpt_model_ddp(cx_module *m);
 /* `zero3`: the wrapper reshards after forward (recorded in the files). */
 CX_API cx_ckpt_model cx_ckpt_model_fsdp(cx_fsdp *f, bool zero3);
+/* A module whose tensors may be SPMD-sharded (cx_mark_sharding; an FSDPv2
+ * wrapper's cx_spmd_fsdp_module). A save is collective: every rank writes
+ * <prefix>_rank-<r>-of-<w>.h5 holding, for each parameter, buffer and
+ * optimizer state, the shard it holds with the tensor's global shape and
+ * the global boxes the shard covers (a shard several ranks hold is written
+ * by the lowest of them, a replicated tensor by rank 0). A load, into any
+ * mesh and world size or into one process without SPMD, gives each tensor
+ * of the model the sharding it has when cx_ckpt_load is called (mark the
+ * model's shardings first, as in PyTorch/XLA; an optimizer state takes its
+ * parameter's) and reads only the parts of the files this rank's shards
+ * cover. A single or DDP model that holds an SPMD-sharded tensor is saved
+ * this way too. @return the handle (a NULL module is refused by the save or
+ * load it is given to). */
+CX_API cx_ckpt_model cx_ckpt_model_spmd(cx_module *m);
 
 /* Training progress stored with the state. The RNG state is not here: a
  * save records cx_get_rng_state() and a load restores it with
@@ -94,8 +111,10 @@ CX_API cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_o
 /* Loads the committed checkpoint `prefix` (any strategy, any world size)
  * into `model` and `opt` (may be NULL), restores the RNG state and the
  * optimizer's step count, and fills `extra` (may be NULL). Collective.
- * Nothing is modified unless every file verifies and every tensor matches
- * the model's names and shapes.
+ * Nothing is modified, on any rank, unless every file a rank reads verifies
+ * and every tensor matches the model's names and (global) shapes. An
+ * SPMD-sharded tensor of the model keeps its sharding: each rank reads only
+ * the boxes its shard covers (cx_ckpt_model_spmd).
  * @return CX_OK, CX_ERR_IO (not committed, missing/corrupt file, checksum),
  * CX_ERR_SHAPE (a key missing or of another shape), CX_ERR_OOM. */
 CX_API cx_status cx_ckpt_load(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
@@ -104,8 +123,11 @@ CX_API cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_o
 
 /* Loads one full (consolidated) file, e.g. consolidate_ckpts' output, into
  * a model of any wrapping; `opt` may be NULL (the file's optimizer state,
- * if any, is then ignored). Per-tensor checksums are verified.
- * Not collective: each rank reads the file itself. */
+ * if any, is then ignored). Per-tensor checksums are verified for every
+ * tensor read whole; an FSDP or SPMD-sharded target reads only its own
+ * ranges of a tensor, which HDF5 cannot checksum alone (its metadata is
+ * checksummed). Not collective: each rank reads the file itself.
+ * @return as cx_ckpt_load. */
 CX_API cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
 
 /* @return true when `prefix` has a commit marker whose files all exist with

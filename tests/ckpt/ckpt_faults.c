@@ -459,3 +459,66 @@ Test(ckpt_faults, version1_checksums_are_checked)
     cr_assert(strstr(cx_last_error(), "/model/0.weight: checksum mismatch"), "%s", cx_last_error());
     cx_module_free(m);
 }
+
+/* ---- SPMD checkpoints: the boxes of each tensor are checked ---------------- */
+
+/* A committed 1-rank SPMD checkpoint <dir>/<name> whose 0.weight (32, 16)
+ * is rewritten to say it holds only the given boxes (start, count,
+ * local_start per box) of a tensor of global shape g0 x 16; the marker is
+ * updated, so only the box checks can refuse it. */
+static void make_spmd_boxes(const char *name, int64_t g0, const int64_t *boxes, int nboxes)
+{
+    char prefix[512], path[600];
+    snprintf(prefix, sizeof prefix, "%s/%s", g_dir, name);
+    cx_module *m = mlp(1);
+    cr_assert_eq(cx_ckpt_save(prefix, cx_ckpt_model_spmd(m), NULL, NULL), CX_OK, "%s", cx_last_error());
+    cx_module_free(m);
+    snprintf(path, sizeof path, "%s_rank-0-of-1.h5", prefix);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    cr_assert(f >= 0);
+    cr_assert(H5Lexists(f, "/spmd_metadata", H5P_DEFAULT) > 0, "an SPMD save has no /spmd_metadata");
+    hid_t d = H5Dopen2(f, "/model/0.weight", H5P_DEFAULT);
+    int64_t gshape[2] = { g0, 16 }, dims[3] = { nboxes, 3, 2 };
+    cr_assert(d >= 0 && ckpt_attr_write_i64s(d, "global_shape", gshape, 2) == 0 &&
+              ckpt_attr_write_i64_array(d, "shard_boxes", boxes, 3, dims) == 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    recommit(name, 0);
+}
+
+Test(ckpt_faults, spmd_boxes_checked)
+{
+    /* the whole tensor as one box: fine (the forged attributes say what the dataset is) */
+    const int64_t whole[] = { 0, 0, 32, 16, 0, 0 };
+    make_spmd_boxes("whole", 32, whole, 1);
+    cr_assert_eq(consolidate("whole"), 0, "%s", g_out);
+    sh("rm %s/out.h5%s", g_dir, "");
+    /* half of it: the other half is in no file */
+    const int64_t half[] = { 0, 0, 16, 16, 0, 0 };
+    make_spmd_boxes("half", 32, half, 1);
+    expect_refused("half", "0.weight in its 1 files do not cover the tensor exactly once");
+    /* two boxes overlapping by 4 rows */
+    const int64_t overlap[] = { 0, 0, 20, 16, 0, 0, 16, 0, 16, 16, 16, 0 };
+    make_spmd_boxes("overlap", 32, overlap, 2);
+    expect_refused("overlap", "do not cover the tensor exactly once");
+    /* the same box twice */
+    const int64_t twice[] = { 0, 0, 16, 16, 0, 0, 0, 0, 16, 16, 0, 0 };
+    make_spmd_boxes("twice", 16, twice, 2);
+    expect_refused("twice", "do not cover the tensor exactly once");
+    /* a box beyond the dataset, and one beyond the global shape */
+    const int64_t beyond_data[] = { 0, 0, 32, 16, 8, 0 };
+    make_spmd_boxes("beyond_data", 32, beyond_data, 1);
+    expect_refused("beyond_data", "/model/0.weight: a shard box lies outside the global shape or the dataset");
+    const int64_t beyond_global[] = { 8, 0, 32, 16, 0, 0 };
+    make_spmd_boxes("beyond_global", 32, beyond_global, 1);
+    expect_refused("beyond_global", "a shard box lies outside");
+    /* a model of another shape is refused before anything is read */
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s/whole", g_dir);
+    cx_manual_seed(2);
+    cx_module *l[3] = { cx_nn_linear(16, 30, true), cx_nn_relu(), cx_nn_linear(30, 4, true) };
+    cx_module *m = cx_nn_sequential(l, 3);
+    cr_assert_neq(cx_ckpt_load(prefix, cx_ckpt_model_spmd(m), NULL, NULL), CX_OK);
+    cr_assert(strstr(cx_last_error(), "0.weight has shape (32, 16), the model expects (30, 16)"), "%s", cx_last_error());
+    cx_module_free(m);
+}

@@ -4,9 +4,11 @@
 # usage: train_resume.sh LAUNCHER TRAIN NPROC PARALLEL [EXTRA FLAGS...]
 set -eu
 launch=$1; train=$2; np=$3; par=$4; shift 4
+extra="$*"   # the script's flags (run's own "$@" would hide them): words without spaces
 dir=$(mktemp -d /tmp/cx_train_resume_XXXXXX)
 trap 'rm -rf "$dir"' EXIT
-run() { "$launch" --nproc "$np" "$train" --data fake --model mlp --width 32 --steps 6 --parallel "$par" "$@" > "$dir/log" 2>&1 || { cat "$dir/log"; exit 1; }; }
+# shellcheck disable=SC2086
+run() { "$launch" --nproc "$np" "$train" --data fake --model mlp --width 32 --steps 6 --parallel "$par" $extra "$@" > "$dir/log" 2>&1 || { cat "$dir/log"; exit 1; }; }
 run --ckpt-every 3 --ckpt-dir "$dir/a"
 run --ckpt-dir "$dir/b" --resume "$dir/a/ckpt-step-3"
 grep -q "Resumed from" "$dir/log" || { cat "$dir/log"; exit 1; }
@@ -14,4 +16,4 @@ consolidate=$(dirname "$train")/../tools/consolidate_ckpts
 for x in a b; do "$consolidate" --ckpt-prefix "$dir/$x/ckpt-step-6" --with-optimizer > /dev/null; done
 h5diff "$dir/a/ckpt-step-6_consolidated.h5" "$dir/b/ckpt-step-6_consolidated.h5" /model
 h5diff "$dir/a/ckpt-step-6_consolidated.h5" "$dir/b/ckpt-step-6_consolidated.h5" /optimizer
-echo "train_resume $par np$np: bit-exact"
+echo "train_resume $par $extra np$np: bit-exact"

@@ -6,11 +6,13 @@
  * partitioner's collectives are counted: data parallelism and the column
  * and row splits must not fall back to gathering, FSDPv2 must
  * reduce-scatter every gradient. A deferred layer marked sharded holds only
- * its shard, equal to the eager init. Bad specs and meshes that differ
+ * its shard, equal to the eager init; the FSDPv2 model saves (in the SPMD
+ * layout) and loads back bit for bit. Bad specs and meshes that differ
  * between ranks are one clear error on every rank. */
 #include "dist_check.h"
 
 #include <string.h>
+#include <unistd.h>
 
 enum { B = 8, K = 12 };
 
@@ -262,14 +264,46 @@ static void fsdpv2_equals_unwrapped(void)
     cx_module *m = fsdp_mlp(false);
     CHECK(cx_spmd_fsdp_wrap(m, g_mesh1, NULL, NULL) == NULL && strstr(cx_last_error(), "'fsdp'"),
           "a mesh without an fsdp axis: %s", cx_last_error());
-    /* checkpoints of SPMD shardings do not exist yet: a save says so on
-     * every rank instead of hanging in a gather only rank 0 would join */
+    /* an FSDPv2 model saved as a DDP one is saved in the SPMD layout (each
+     * rank writes its own shards; nothing is gathered) and loads back into
+     * the same wrapper, which keeps its shardings */
     cx_spmd_fsdp *f = cx_spmd_fsdp_wrap(m, mesh, NULL, NULL);
-    char prefix[64];
+    char prefix[64], path[128];
     const char *job = getenv("MASTER_PORT");   /* the same on every rank of one launch */
     snprintf(prefix, sizeof prefix, "/tmp/cx_dist_spmd_ckpt_%s", job ? job : "0");
-    CHECK(f && cx_ckpt_save(prefix, cx_ckpt_model_ddp(m), NULL, NULL) != CX_OK && strstr(cx_last_error(), "SPMD-sharded"),
-          "saving a sharded model: %s", cx_last_error());
+    int nps = 0;
+    cx_named_tensor *ps = cx_module_parameters(m, &nps);
+    static float saved[NP], loaded[NP];
+    int64_t off = 0;
+    for (int i = 0; i < nps; i++) {
+        CHECK(cx_to_host(ps[i].tensor, saved + off, CX_F32) == CX_OK, "read %s: %s", ps[i].name, cx_last_error());
+        off += cx_numel(ps[i].tensor);
+    }
+    CHECK(f && cx_ckpt_save(prefix, cx_ckpt_model_ddp(m), NULL, NULL) == CX_OK, "saving a sharded model: %s",
+          cx_last_error());
+    for (int i = 0; i < nps; i++) {
+        CHECK(cx_assign(ps[i].tensor, cx_mul_scalar(ps[i].tensor, 2.0)) == CX_OK, "assign: %s", cx_last_error());
+        CHECK(cx_sync_tensors(&ps[i].tensor, 1) == CX_OK, "sync: %s", cx_last_error());
+    }
+    CHECK(cx_ckpt_load(prefix, cx_ckpt_model_spmd(m), NULL, NULL) == CX_OK, "loading it back: %s", cx_last_error());
+    off = 0;
+    for (int i = 0; i < nps; i++) {
+        char spec[256];
+        CHECK(strcmp(cx_sharding_spec(ps[i].tensor, spec, sizeof spec), "replicated"), "%s lost its sharding",
+              ps[i].name);
+        CHECK(cx_to_host(ps[i].tensor, loaded + off, CX_F32) == CX_OK, "read %s: %s", ps[i].name, cx_last_error());
+        off += cx_numel(ps[i].tensor);
+    }
+    CHECK(!memcmp(saved, loaded, sizeof(float) * (size_t)off), "the loaded parameters differ from the saved ones");
+    free(ps);
+    if (cx_global_ordinal() == 0) {
+        for (int r = 0; r < cx_world_size(); r++) {
+            snprintf(path, sizeof path, "%s_rank-%d-of-%d.h5", prefix, r, cx_world_size());
+            unlink(path);
+        }
+        snprintf(path, sizeof path, "%s.commit", prefix);
+        unlink(path);
+    }
     cx_spmd_fsdp_free(f);
     cx_module_free(m);
 }
