@@ -435,6 +435,7 @@ static cx_ckpt_model ckpt_model(const trainer *t, const config *c)
 {
     if (t->fsdp) return cx_ckpt_model_fsdp(t->fsdp, c->zero == 3);
     if (t->ddp) return cx_ckpt_model_ddp(cx_ddp_module(t->ddp));
+    if (cx_is_spmd()) return cx_ckpt_model_spmd(t->model);   /* each rank writes its shards */
     return cx_world_size() > 1 ? cx_ckpt_model_ddp(t->model) : cx_ckpt_model_single(t->model);
 }
 

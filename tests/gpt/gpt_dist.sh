@@ -7,8 +7,10 @@
 # over the mesh's data axis by the loader, the compiler partitioning the
 # step) prints the losses and val loss of one process with the same global
 # batch, and so does Megatron-style tensor parallelism (--mesh
-# data=1,model=2: the blocks split over the model axis); heads that do not
-# split over the model axis are a one-line error.
+# data=1,model=2: the blocks split over the model axis), whose per-rank
+# checkpoints consolidate into a model with the run's val loss and resume
+# to the same end; heads that do not split over the model axis are a
+# one-line error.
 # usage: gpt_dist.sh XLA_LAUNCH GPT CONSOLIDATE_CKPTS
 set -eu
 LAUNCH=$1 GPT=$2 CONSOLIDATE=$3
@@ -41,10 +43,19 @@ sed -n 's/^step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^val loss: /val /
 sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/spmd.out" > "$W/spmd.l"
 [ "$(wc -l < "$W/one.l")" -ge 4 ] || { cat "$W/one.out"; fail "one process: no losses"; }
 cmp -s "$W/one.l" "$W/spmd.l" || { paste "$W/one.l" "$W/spmd.l"; fail "spmd's losses differ from one process's"; }
-"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd --mesh data=1,model=2 > "$W/tp.out" 2>&1 ||
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd --mesh data=1,model=2 --ckpt-dir "$W/tp" --ckpt-every 15 > "$W/tp.out" 2>&1 ||
     { cat "$W/tp.out"; fail "spmd tensor parallel"; }
 sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/tp.out" > "$W/tp.l"
 cmp -s "$W/one.l" "$W/tp.l" || { paste "$W/one.l" "$W/tp.l"; fail "tensor parallelism's losses differ from one process's"; }
+# its checkpoints hold each rank's shards: consolidated, the model evaluates
+# as the run did; resumed from step 15, the run ends where it ended
+"$CONSOLIDATE" --ckpt-prefix "$W/tp/ckpt-step-30" --save-path "$W/tp_full.h5" > /dev/null || fail "consolidate the tp checkpoint"
+TPEVAL=$("$GPT" eval --data "$W/corpus.txt" $MODEL --ckpt "$W/tp_full.h5" | sed -n 's/^val loss: //p')
+[ "$TPEVAL" = "$(sed -n 's/^val //p' "$W/tp.l")" ] || fail "the consolidated tp model's val loss '$TPEVAL' differs from the run's"
+mkdir "$W/tp15" && cp "$W/tp/ckpt-step-15"* "$W/tp15/"
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel spmd --mesh data=1,model=2 --ckpt-dir "$W/tp15" --resume auto > "$W/tpr.out" 2>&1 ||
+    { cat "$W/tpr.out"; fail "tp resume"; }
+[ "$(sed -n 's/^\[rank 0\] val loss: //p' "$W/tpr.out")" = "$TPEVAL" ] || { cat "$W/tpr.out"; fail "the resumed tp run ends elsewhere"; }
 if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --n-head 3 --n-embd 48 --parallel spmd --mesh data=1,model=2 > "$W/tp3.out" 2>&1; then
     fail "3 heads over a model axis of 2 were accepted"
 fi
