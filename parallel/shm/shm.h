@@ -5,7 +5,8 @@
  * 1-3 GB/s; a memory copy runs several times faster. Here every rank maps
  * one segment: each copies its input into its own slot, each reduces one
  * slice of every slot (the ranks work in parallel), and each copies the
- * result out. Buffers go through in chunks that stay in cache, and two
+ * result out. Buffers go through in chunks that stay in cache (large
+ * messages may write their slots past the caches: shm_tune.h), and two
  * sets of slots alternate, so one barrier (two for an all-reduce) orders a
  * chunk: a slot is rewritten only after every rank has passed the barrier
  * that follows its last read.
@@ -78,8 +79,13 @@ void cx_shm_reduce(void *dst, const void *const *src, int n, int64_t m, cx_dtype
  * caches (a large message, whose result would not stay in them). */
 void cx_shm_copy_out(void *out, const void *res, int64_t m, cx_dtype dt, double scale, bool stream);
 /* memmove, with streaming stores past the caches when n is large and the
- * buffers do not overlap. */
+ * buffers do not overlap; fenced, so the bytes are visible before any
+ * store that follows (a barrier's arrival). */
 void cx_shm_copy_stream(void *dst, const void *src, size_t n);
+/* The same without the fence, for many small copies that end in one
+ * cx_shm_stream_fence() (each fence waits for the stores to drain). */
+void cx_shm_copy_stream_unfenced(void *dst, const void *src, size_t n);
+void cx_shm_stream_fence(void);
 /* Bytes of one reduced element as the kernels keep it (f32 for bf16). */
 size_t cx_shm_result_size(cx_dtype dt);
 

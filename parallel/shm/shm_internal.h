@@ -3,6 +3,7 @@
 #define CX_PARALLEL_SHM_INTERNAL_H
 
 #include "shm.h"
+#include "shm_tune.h"
 
 #include <stdatomic.h>
 
@@ -12,6 +13,11 @@ typedef struct {
     _Atomic uint64_t arrived;
     char pad[64 - sizeof(uint64_t)];
 } shm_flag;
+
+/* The collectives and message sizes that keep tuners of their own: the
+ * cost of a byte differs between them. */
+enum { SHM_ALL_REDUCE, SHM_REDUCE_SCATTER, SHM_ALL_GATHER, SHM_BROADCAST, SHM_KINDS };
+#define SHM_SIZE_CLASSES 3
 
 struct cx_shm {
     int rank, size;
@@ -26,10 +32,15 @@ struct cx_shm {
     uint64_t chunks;      /* chunks so far: picks the set */
     double timeout;       /* seconds, 0: none */
     size_t stream_min;    /* results of at least this many bytes are written past the caches */
+    int slot_writes;      /* CX_SHM_SLOT_WRITES: a cx_shm_way, or -1 to time both (shm_tune.h) */
+    cx_shm_tuner tune[SHM_KINDS][SHM_SIZE_CLASSES];
 };
 
 /* Slot r of buffer set `set`. */
 static inline uint8_t *shm_slot(const cx_shm *s, int set, int r) { return s->slots[set] + (size_t)r * s->chunk; }
+
+/* CLOCK_MONOTONIC in seconds. */
+double cx_shm_now(void);
 
 /* Waits until every rank has arrived as often as this one.
  * @return CX_OK; CX_ERR_COMM naming the missing rank after the timeout. */

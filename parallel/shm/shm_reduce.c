@@ -119,10 +119,11 @@ static void scale_ints(void *out, const void *res, int64_t m, cx_dtype dt, doubl
 }
 
 /* Copies n bytes past the caches: the destination is the caller's buffer,
- * usually larger than the caches and not read again soon, and a normal
- * store would first read every line it writes. SSE2's streaming stores are
- * in every x86-64; the store width matters little once they combine. */
-void cx_shm_copy_stream(void *dst, const void *src, size_t n)
+ * usually larger than the caches and not read again soon, or a part of the
+ * segment that another core will read, and a normal store would first read
+ * every line it writes. SSE2's streaming stores are in every x86-64; the
+ * store width matters little once they combine. */
+void cx_shm_copy_stream_unfenced(void *dst, const void *src, size_t n)
 {
 #if defined(__x86_64__)
     uint8_t *d = dst;
@@ -141,10 +142,22 @@ void cx_shm_copy_stream(void *dst, const void *src, size_t n)
         _mm_stream_si128((__m128i *)(d + i + 48), e);
     }
     memcpy(d + body, s + body, n - body);
-    _mm_sfence();   /* the stores are weakly ordered: done before the caller's barrier */
 #else
     memmove(dst, src, n);
 #endif
+}
+
+void cx_shm_stream_fence(void)
+{
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
+}
+
+void cx_shm_copy_stream(void *dst, const void *src, size_t n)
+{
+    cx_shm_copy_stream_unfenced(dst, src, n);
+    cx_shm_stream_fence();   /* the stores are weakly ordered: done before the caller's barrier */
 }
 
 void cx_shm_copy_out(void *out, const void *res, int64_t m, cx_dtype dt, double scale, bool stream)

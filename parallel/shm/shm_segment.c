@@ -13,7 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_CHUNK_KIB 256
+/* Measured on a 2-vCPU Zen 4 VM, 16 MiB all-reduces: 1 MiB chunks moved
+ * 7.1-7.7 GB/s against 6.8-7.6 with 256 KiB ones (vCPUs in one core
+ * complex), 2.9 against 2.3 (in two); 4 MiB ones lost again. */
+#define DEFAULT_CHUNK_KIB 1024
 
 /* What rank 0 of the communicator tells the others about the segment. */
 typedef struct {
@@ -48,6 +51,16 @@ static size_t stream_min_bytes(void)
     double mib = e ? strtod(e, &end) : 32;
     if (e && (*end || !(mib >= 0) || mib > 1e6)) mib = 32;
     return (size_t)(mib * 1048576.0);
+}
+
+/* CX_SHM_SLOT_WRITES=cached or streamed fixes the way large collectives
+ * write their slots; anything else leaves it to the timing (shm_tune.h). */
+static int slot_writes_setting(void)
+{
+    const char *e = getenv("CX_SHM_SLOT_WRITES");
+    if (e && !strcmp(e, "cached")) return CX_SHM_CACHED;
+    if (e && !strcmp(e, "streamed")) return CX_SHM_STREAMED;
+    return -1;
 }
 
 static double collective_timeout(void)
@@ -170,6 +183,7 @@ cx_shm *cx_shm_open(MPI_Comm c, char *err, size_t errn)
     s->bytes = (size_t)si.bytes;
     s->timeout = collective_timeout();
     s->stream_min = stream_min_bytes();
+    s->slot_writes = slot_writes_setting();
     lay_out(s, base, (size_t)si.chunk);
     return s;
 }
@@ -183,7 +197,7 @@ void cx_shm_close(cx_shm *s)
     free(s);
 }
 
-static double now_s(void)
+double cx_shm_now(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -215,8 +229,8 @@ cx_status cx_shm_barrier(cx_shm *s, const char *what, char *err, size_t errn)
         for (unsigned spins = 0; atomic_load_explicit(&s->flags[r].arrived, memory_order_acquire) < target; spins++) {
             back_off(spins);
             if (s->timeout <= 0 || (spins & 255) != 255) continue;
-            if (t0 == 0) t0 = now_s();
-            else if (now_s() - t0 > s->timeout) {
+            if (t0 == 0) t0 = cx_shm_now();
+            else if (cx_shm_now() - t0 > s->timeout) {
                 snprintf(err, errn, "shared-memory %s: rank %d of this node's group did not arrive within %g s "
                          "(CX_COLLECTIVE_TIMEOUT)", what, r, s->timeout);
                 return CX_ERR_COMM;

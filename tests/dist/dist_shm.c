@@ -37,8 +37,9 @@ static const char *const DT_NAME[] = { "f32", "bf16", "i32", "i64", "u8", "bool"
 static const cx_reduce_op REDS[] = { CX_RED_SUM, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN };
 static const char *const RED_NAME[] = { "sum", "mean", "max", "min" };
 /* 1, primes, one that no rank count divides, and several chunks' worth
- * (the default chunk is 256 KiB: 65,536 f32) */
-static const int64_t SIZES[] = { 1, 2, 7, 13, 127, 1021, 4099, 65537, 300007 };
+ * (the default chunk is 1 MiB: 262,144 f32; messages from 512 KiB up take
+ * the timed slot writes, both ways in turn) */
+static const int64_t SIZES[] = { 1, 2, 7, 13, 127, 1021, 4099, 65537, 300007, 1000003 };
 
 static float bf16_to_f32(uint16_t h)
 {
@@ -294,8 +295,8 @@ static void check_group(const group *g)
     for (int d = 0; d < (int)(sizeof DTYPES / sizeof *DTYPES); d++) {
         for (size_t s = 0; s < sizeof SIZES / sizeof *SIZES; s++) {
             int64_t n = SIZES[s];
-            /* the largest sizes for f32 only: the rest covers every dtype's
-             * multi-chunk path at 65,537 elements */
+            /* the largest sizes for f32 only: dist_shm_small_chunks_np4
+             * (4 KiB chunks) covers every dtype's multi-chunk path */
             if (n > 70000 && DTYPES[d] != CX_F32) continue;
             check_all_reduce(g, d, n, s % 2 == 1);
             check_reduce_scatter(g, d, n, s % 2 == 0);
