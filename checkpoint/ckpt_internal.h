@@ -19,6 +19,12 @@
 /* Elements moved per read/write when streaming: bounds the tool's buffers. */
 #define CKPT_STREAM_ELEMS ((int64_t)4 << 20)
 
+/* ---- errors (ckpt_error.c) ------------------------------------------------------ */
+
+/* Sets this thread's one-line error from fmt, which may quote the previous
+ * error (cx_last_error()) among its arguments. @return st */
+cx_status ckpt_fail(cx_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ---- checksums (ckpt_hash.c) --------------------------------------------------
  * XXH3-64 since format version 2. Version-1 files carry cxh64, a 4-lane
  * multiply-rotate hash kept only to read them (ckpt_hash_v1.c). */

@@ -26,19 +26,6 @@ void ckpt_src_close(ckpt_src *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Sets a one-line error. @return st */
-static cx_status bad(cx_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static cx_status bad(cx_status st, const char *fmt, ...)
-{
-    char msg[9000];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cx_set_last_error("%s", msg);
-    return st;
-}
-
 /* @return 0, or -1 when out of memory. */
 static int add_file(ckpt_src *s, const char *path)
 {
@@ -55,9 +42,9 @@ static int add_file(ckpt_src *s, const char *path)
 static cx_status find_single(ckpt_src *s, const char *path)
 {
     s->files = calloc(1, sizeof *s->files);
-    if (!s->files || add_file(s, path) < 0) return bad(CX_ERR_OOM, "%s: out of memory", path);
+    if (!s->files || add_file(s, path) < 0) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", path);
     struct stat sb;
-    if (stat(path, &sb) != 0) return bad(CX_ERR_IO, "%s: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return ckpt_fail(CX_ERR_IO, "%s: %s", path, strerror(errno));
     s->files[0].size = sb.st_size;
     return CX_OK;
 }
@@ -69,7 +56,7 @@ static cx_status find_files(ckpt_src *s, const char *prefix, const char *suffix)
     glob_t gl = { 0 };
     if (glob(pattern, 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
         globfree(&gl);
-        return bad(CX_ERR_IO, "checkpoint %s is not committed: no files match its pattern %s", prefix,
+        return ckpt_fail(CX_ERR_IO, "checkpoint %s is not committed: no files match its pattern %s", prefix,
                    suffix ? suffix : CX_CKPT_DEFAULT_SUFFIX);
     }
     s->files = calloc(gl.gl_pathc, sizeof *s->files);
@@ -77,7 +64,7 @@ static cx_status find_files(ckpt_src *s, const char *prefix, const char *suffix)
     for (size_t i = 0; i < gl.gl_pathc && st == CX_OK; i++)
         if (add_file(s, gl.gl_pathv[i]) < 0) st = CX_ERR_OOM;
     globfree(&gl);
-    return st == CX_OK ? st : bad(st, "%s: out of memory", prefix);
+    return st == CX_OK ? st : ckpt_fail(st, "%s: out of memory", prefix);
 }
 
 /* File f is listed in the marker, with its size; it takes the marker's
@@ -87,12 +74,12 @@ static cx_status match_file(ckpt_file *f, const ckpt_marker *m, const char *pref
     int k = 0;
     while (k < m->nfiles && strcmp(m->files[k].name, ckpt_base_name(f->path))) k++;
     if (k == m->nfiles)
-        return bad(CX_ERR_IO, "%s: not listed in the commit marker %s.commit (stale or foreign file)", f->path, prefix);
+        return ckpt_fail(CX_ERR_IO, "%s: not listed in the commit marker %s.commit (stale or foreign file)", f->path, prefix);
     struct stat sb;
-    if (stat(f->path, &sb) != 0) return bad(CX_ERR_IO, "%s: %s", f->path, strerror(errno));
+    if (stat(f->path, &sb) != 0) return ckpt_fail(CX_ERR_IO, "%s: %s", f->path, strerror(errno));
     f->size = sb.st_size;
     if (f->size != m->files[k].size)
-        return bad(CX_ERR_IO, "%s: has %lld bytes, the commit marker says %lld (truncated or modified)", f->path,
+        return ckpt_fail(CX_ERR_IO, "%s: has %lld bytes, the commit marker says %lld (truncated or modified)", f->path,
                    (long long)f->size, (long long)m->files[k].size);
     f->marker_hash = m->files[k].hash;
     f->have_marker_hash = true;
@@ -112,10 +99,10 @@ static cx_status match_marker(ckpt_src *s, const char *prefix)
         int i = 0;
         while (i < s->nfiles && strcmp(m.files[k].name, ckpt_base_name(s->files[i].path))) i++;
         if (i == s->nfiles)
-            st = bad(CX_ERR_IO, "checkpoint %s: %s listed in the commit marker is missing", prefix, m.files[k].name);
+            st = ckpt_fail(CX_ERR_IO, "checkpoint %s: %s listed in the commit marker is missing", prefix, m.files[k].name);
     }
     if (st == CX_OK && m.nfiles != s->nfiles)
-        st = bad(CX_ERR_IO, "checkpoint %s: the commit marker lists %d files, %d are there", prefix, m.nfiles,
+        st = ckpt_fail(CX_ERR_IO, "checkpoint %s: the commit marker lists %d files, %d are there", prefix, m.nfiles,
                  s->nfiles);
     ckpt_marker_release(&m);
     return st;
@@ -129,23 +116,23 @@ static cx_status open_files(ckpt_src *s, const char *name_prefix)
     for (int i = 0; i < s->nfiles; i++) {
         ckpt_file *f = &s->files[i];
         f->fid = H5Fopen(f->path, H5F_ACC_RDONLY, H5P_DEFAULT);
-        if (f->fid < 0) return bad(CX_ERR_IO, "%s: not a readable HDF5 file (%s)", f->path, ckpt_h5_msg());
+        if (f->fid < 0) return ckpt_fail(CX_ERR_IO, "%s: not a readable HDF5 file (%s)", f->path, ckpt_h5_msg());
         cx_status st = ckpt_root_read(f->fid, f->path, &f->root);
         if (st != CX_OK) return st;
         int64_t w = f->root.world_size, r = f->root.rank, w0 = s->files[0].root.world_size;
         if (w != w0)
-            return bad(CX_ERR_IO, "checkpoint %s: mixed world sizes: %s says world size %lld, %s says %lld", s->prefix,
+            return ckpt_fail(CX_ERR_IO, "checkpoint %s: mixed world sizes: %s says world size %lld, %s says %lld", s->prefix,
                        ckpt_base_name(s->files[0].path), (long long)w0, ckpt_base_name(f->path), (long long)w);
         if (!name_prefix) s->version = (int)f->root.format_version;
         if (f->root.format_version != s->version)
-            return bad(CX_ERR_IO, "%s: format version %lld, but its commit marker is of version %d", f->path,
+            return ckpt_fail(CX_ERR_IO, "%s: format version %lld, but its commit marker is of version %d", f->path,
                        (long long)f->root.format_version, s->version);
         f->rank = (int)r;
         int fr = -1, fw = -1;
         if (name_prefix &&
             sscanf(ckpt_base_name(f->path) + strlen(ckpt_base_name(name_prefix)), "_rank-%d-of-%d.h5", &fr, &fw) == 2 &&
             (fr != r || fw != w))
-            return bad(CX_ERR_IO, "%s: rank %lld of %lld inside, rank %d of %d in its name", f->path, (long long)r,
+            return ckpt_fail(CX_ERR_IO, "%s: rank %lld of %lld inside, rank %d of %d in its name", f->path, (long long)r,
                        (long long)w, fr, fw);
     }
     return CX_OK;
@@ -167,17 +154,17 @@ static cx_status order_by_rank(ckpt_src *s, const char *single_file)
 {
     s->world = (int)s->files[0].root.world_size;
     if (single_file && s->world != 1)
-        return bad(CX_ERR_IO, "%s: a shard of a %d-rank checkpoint, not a full file (consolidate it first)",
+        return ckpt_fail(CX_ERR_IO, "%s: a shard of a %d-rank checkpoint, not a full file (consolidate it first)",
                    single_file, s->world);
     int missing = missing_rank(s);
     if (s->nfiles != s->world && missing >= 0)
-        return bad(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d: rank %d is missing", s->prefix,
+        return ckpt_fail(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d: rank %d is missing", s->prefix,
                    s->nfiles, s->world, missing);
     if (s->nfiles != s->world)
-        return bad(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d", s->prefix, s->nfiles, s->world);
+        return ckpt_fail(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d", s->prefix, s->nfiles, s->world);
     /* as many files as ranks: a missing rank means a duplicate one */
     if (missing >= 0)
-        return bad(CX_ERR_IO, "checkpoint %s: no file holds rank %d (duplicate ranks)", s->prefix, missing);
+        return ckpt_fail(CX_ERR_IO, "checkpoint %s: no file holds rank %d (duplicate ranks)", s->prefix, missing);
     for (int r = 0; r < s->world; r++) {
         int i = r;
         while (s->files[i].rank != r) i++;
@@ -195,27 +182,27 @@ static cx_status check_progress(ckpt_src *s)
     for (int r = 1; r < s->nfiles; r++) {
         const ckpt_root *x = &s->files[r].root;
         if (strcmp(x->strategy, s->root.strategy) || x->step != s->root.step)
-            return bad(CX_ERR_IO, "%s: strategy or step differs from %s", s->files[r].path, s->files[0].path);
+            return ckpt_fail(CX_ERR_IO, "%s: strategy or step differs from %s", s->files[r].path, s->files[0].path);
     }
     return CX_OK;
 }
 
 static cx_status units_equal(const ckpt_unit *a, int na, const ckpt_unit *b, int nb, const char *path)
 {
-    if (na != nb) return bad(CX_ERR_IO, "%s: inconsistent shard metadata: %d units where rank 0 has %d", path, nb, na);
+    if (na != nb) return ckpt_fail(CX_ERR_IO, "%s: inconsistent shard metadata: %d units where rank 0 has %d", path, nb, na);
     for (int i = 0; i < na; i++) {
         const ckpt_unit *x = &a[i], *y = &b[i];
         if (strcmp(x->path, y->path) || strcmp(x->flat_name, y->flat_name) || x->nparams != y->nparams ||
             x->flat_numel != y->flat_numel || x->padded_numel != y->padded_numel || x->shard_numel != y->shard_numel ||
             x->padding != y->padding || x->world != y->world)
-            return bad(CX_ERR_IO, "%s: inconsistent shard metadata: unit %d (%s) has another layout than on rank 0",
+            return ckpt_fail(CX_ERR_IO, "%s: inconsistent shard metadata: unit %d (%s) has another layout than on rank 0",
                        path, i, y->flat_name);
         for (int p = 0; p < x->nparams; p++) {
             const ckpt_pinfo *P = &x->params[p], *Q = &y->params[p];
             bool same = !strcmp(P->name, Q->name) && P->ndim == Q->ndim && P->numel == Q->numel && P->offset == Q->offset;
             for (int d = 0; same && d < P->ndim; d++) same = P->shape[d] == Q->shape[d];
             if (!same)
-                return bad(CX_ERR_IO,
+                return ckpt_fail(CX_ERR_IO,
                            "%s: inconsistent shard metadata: parameter %s has another shape or offset than on rank 0",
                            path, Q->name);
         }
@@ -235,7 +222,7 @@ static cx_status check_units(const ckpt_src *s, const ckpt_unit *u, int n, int r
         if (end < 0 || end > x->flat_numel || x->world != s->world || x->rank != r || x->shard_numel < 0 ||
             x->padded_numel != x->shard_numel * x->world || x->padded_numel < x->flat_numel ||
             x->padding != x->padded_numel - x->flat_numel || x->shard_offset != (int64_t)r * x->shard_numel)
-            return bad(CX_ERR_IO, "%s: shard metadata of unit %s is inconsistent (world %d, rank %d, offsets, sizes)",
+            return ckpt_fail(CX_ERR_IO, "%s: shard metadata of unit %s is inconsistent (world %d, rank %d, offsets, sizes)",
                        path, x->flat_name, x->world, x->rank);
     }
     return CX_OK;
@@ -252,7 +239,7 @@ static cx_status check_flat(const ckpt_src *s, int r, const ckpt_unit *x, const 
     hid_t d = H5Lexists(fid, group, H5P_DEFAULT) > 0 && H5Lexists(fid, dpath, H5P_DEFAULT) > 0
                   ? H5Dopen2(fid, dpath, H5P_DEFAULT)
                   : -1;
-    if (d < 0) return bad(CX_ERR_SHAPE, "%s: missing dataset %s", s->files[r].path, dpath);
+    if (d < 0) return ckpt_fail(CX_ERR_SHAPE, "%s: missing dataset %s", s->files[r].path, dpath);
     int nd = -1;
     int64_t shape[CX_MAX_DIMS], numel = 0;
     cx_dtype dt = CX_F32;
@@ -260,7 +247,7 @@ static cx_status check_flat(const ckpt_src *s, int r, const ckpt_unit *x, const 
               ((scalar_ok && nd == 0) || (nd == 1 && numel == x->shard_numel));
     H5Dclose(d);
     if (ok) return CX_OK;
-    return bad(CX_ERR_SHAPE,
+    return ckpt_fail(CX_ERR_SHAPE,
                "%s: dataset %s has the wrong shape or dtype (%lld elements, %d dims; the shard metadata says (%lld) "
                "f32)",
                s->files[r].path, dpath, (long long)numel, nd, (long long)x->shard_numel);
@@ -278,7 +265,7 @@ static cx_status check_flat_datasets(const ckpt_src *s, int r)
         snprintf(opath, sizeof opath, "/optimizer/%s", x->flat_name);
         ckpt_name_list states;
         if (ckpt_list_group(s->files[r].fid, opath, &states) < 0)
-            return bad(CX_ERR_IO, "%s: cannot list %s: %s", s->files[r].path, opath, ckpt_h5_msg());
+            return ckpt_fail(CX_ERR_IO, "%s: cannot list %s: %s", s->files[r].path, opath, ckpt_h5_msg());
         for (int k = 0; k < states.n && st == CX_OK; k++) st = check_flat(s, r, x, opath, states.names[k], true);
         ckpt_name_list_free(&states);
         if (st != CX_OK) return st;
@@ -298,7 +285,7 @@ static cx_status check_spmd_meta(ckpt_src *s)
                   w == s->world && rk == r;
         if (g >= 0) H5Gclose(g);
         if (!ok)
-            return bad(CX_ERR_IO, "%s: missing or inconsistent /spmd_metadata (rank %lld of %lld; the file is rank %d of %d)",
+            return ckpt_fail(CX_ERR_IO, "%s: missing or inconsistent /spmd_metadata (rank %lld of %lld; the file is rank %d of %d)",
                        s->files[r].path, (long long)rk, (long long)w, r, s->world);
     }
     return CX_OK;
@@ -314,7 +301,7 @@ static cx_status read_layout(ckpt_src *s)
     s->sharded = H5Lexists(s->files[0].fid, "/shard_metadata", H5P_DEFAULT) > 0;
     if (!s->sharded)
         return s->world == 1 ? CX_OK
-                             : bad(CX_ERR_IO, "checkpoint %s: several files but no /shard_metadata", s->prefix);
+                             : ckpt_fail(CX_ERR_IO, "checkpoint %s: several files but no /shard_metadata", s->prefix);
     cx_status st = ckpt_units_read(s->files[0].fid, s->files[0].path, &s->units, &s->nunits);
     if (st == CX_OK) st = check_units(s, s->units, s->nunits, 0, s->files[0].path);
     for (int r = 0; r < s->nfiles && st == CX_OK; r++) {

@@ -14,18 +14,6 @@
 /* Boxes per dataset at most: the blocks' combinations of one shard. */
 #define SPMD_MAX_BOXES 4096
 
-static cx_status bad(cx_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static cx_status bad(cx_status st, const char *fmt, ...)
-{
-    char msg[9000];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cx_set_last_error("%s", msg);
-    return st;
-}
-
 /* A dataset as read from one file, before it joins its entry. */
 typedef struct {
     const char *key, *state, *h5;
@@ -46,7 +34,7 @@ static cx_status read_boxes(hid_t d, spmd_dataset *x)
     if (H5Aexists(d, "global_shape") <= 0) {
         memcpy(x->global, p->local_shape, sizeof x->global);
         p->nboxes = 1;
-        if (!(p->boxes = calloc(1, sizeof *p->boxes))) return bad(CX_ERR_OOM, "%s: out of memory", x->fpath);
+        if (!(p->boxes = calloc(1, sizeof *p->boxes))) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", x->fpath);
         memcpy(p->boxes[0].count, p->local_shape, sizeof p->boxes[0].count);
         return CX_OK;
     }
@@ -54,19 +42,19 @@ static cx_status read_boxes(hid_t d, spmd_dataset *x)
     bool fits = ckpt_attr_read_i64s(d, "global_shape", x->global, CX_MAX_DIMS, &n) == 0 && n == x->nd;
     for (int i = 0; fits && i < x->nd; i++) fits = x->global[i] >= 0 && !__builtin_mul_overflow(numel, x->global[i], &numel);
     if (!fits)
-        return bad(CX_ERR_IO, "%s: %s: bad global_shape attribute (want %d sizes whose product fits in 64 bits)",
+        return ckpt_fail(CX_ERR_IO, "%s: %s: bad global_shape attribute (want %d sizes whose product fits in 64 bits)",
                    x->fpath, x->h5, x->nd);
     int64_t per = 3 * (int64_t)x->nd, cap = per * SPMD_MAX_BOXES;
     int64_t *flat = malloc(sizeof(int64_t) * (size_t)cap);
-    if (!flat) return bad(CX_ERR_OOM, "%s: out of memory", x->fpath);
+    if (!flat) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", x->fpath);
     if (x->nd == 0 || ckpt_attr_read_i64s(d, "shard_boxes", flat, cap, &n) < 0 || n == 0 || n % per) {
         free(flat);
-        return bad(CX_ERR_IO, "%s: %s: bad shard_boxes attribute (want boxes of 3 x %d values)", x->fpath, x->h5, x->nd);
+        return ckpt_fail(CX_ERR_IO, "%s: %s: bad shard_boxes attribute (want boxes of 3 x %d values)", x->fpath, x->h5, x->nd);
     }
     p->nboxes = (int)(n / per);
     if (!(p->boxes = calloc((size_t)p->nboxes, sizeof *p->boxes))) {
         free(flat);
-        return bad(CX_ERR_OOM, "%s: out of memory", x->fpath);
+        return ckpt_fail(CX_ERR_OOM, "%s: out of memory", x->fpath);
     }
     bool ok = true;
     for (int k = 0; k < p->nboxes; k++)
@@ -80,7 +68,7 @@ static cx_status read_boxes(hid_t d, spmd_dataset *x)
         }
     free(flat);
     return ok ? CX_OK
-              : bad(CX_ERR_IO, "%s: %s: a shard box lies outside the global shape or the dataset", x->fpath, x->h5);
+              : ckpt_fail(CX_ERR_IO, "%s: %s: a shard box lies outside the global shape or the dataset", x->fpath, x->h5);
 }
 
 static cx_status probe(hid_t fid, spmd_dataset *x)
@@ -92,7 +80,7 @@ static cx_status probe(hid_t fid, spmd_dataset *x)
               ckpt_dataset_dtype(d, &x->dt) == 0 && ckpt_h5_type(x->dt) >= 0;
     if (ok) ckpt_attr_read_str(d, "kind", kind, sizeof kind);
     x->is_param = !x->state && strcmp(kind, "buffer") != 0;
-    cx_status st = ok ? read_boxes(d, x) : bad(CX_ERR_IO, "%s: %s is not a readable tensor dataset", x->fpath, x->h5);
+    cx_status st = ok ? read_boxes(d, x) : ckpt_fail(CX_ERR_IO, "%s: %s is not a readable tensor dataset", x->fpath, x->h5);
     if (d >= 0) H5Dclose(d);
     return st;
 }
@@ -104,7 +92,7 @@ static ckpt_entry *find_entry(ckpt_src *s, const char *key, const char *state)
 
 static cx_status new_entry(ckpt_src *s, const spmd_dataset *x)
 {
-    if (!CX_GROW(s->entries, s->entries_cap, s->nentries + 1)) return bad(CX_ERR_OOM, "%s: out of memory", s->prefix);
+    if (!CX_GROW(s->entries, s->entries_cap, s->nentries + 1)) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
     ckpt_entry *e = &s->entries[s->nentries];
     memset(e, 0, sizeof *e);
     e->key = strdup(x->key);
@@ -112,7 +100,7 @@ static cx_status new_entry(ckpt_src *s, const spmd_dataset *x)
     e->h5path = strdup(x->h5);
     if (!e->key || (x->state && !e->state) || !e->h5path) {
         ckpt_entry_free(e);
-        return bad(CX_ERR_OOM, "%s: out of memory", s->prefix);
+        return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
     }
     e->is_param = x->is_param;
     e->ndim = x->nd;
@@ -139,12 +127,12 @@ static cx_status add_piece(ckpt_src *s, int r, spmd_dataset *x)
     for (int i = 0; same && i < x->nd; i++) same = e->shape[i] == x->global[i];
     char what[1200];
     ckpt_label(what, sizeof what, x->key, x->state);
-    if (!same) return bad(CX_ERR_IO, "%s: %s has another global shape, dtype or kind than in the other files", x->fpath, what);
+    if (!same) return ckpt_fail(CX_ERR_IO, "%s: %s has another global shape, dtype or kind than in the other files", x->fpath, what);
     ckpt_piece *grown = realloc(e->pieces, sizeof *grown * (size_t)(e->npieces + 1));
-    if (!grown) return bad(CX_ERR_OOM, "%s: out of memory", s->prefix);
+    if (!grown) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
     e->pieces = grown;
     x->piece.file = r;
-    if (!(x->piece.h5path = strdup(x->h5))) return bad(CX_ERR_OOM, "%s: out of memory", s->prefix);
+    if (!(x->piece.h5path = strdup(x->h5))) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
     e->pieces[e->npieces++] = x->piece;
     memset(&x->piece, 0, sizeof x->piece);
     return CX_OK;
@@ -157,7 +145,7 @@ static cx_status list_group(ckpt_src *s, int r, const char *g, const char *key)
     ckpt_name_list names;
     const ckpt_file *f = &s->files[r];
     if (ckpt_list_group(f->fid, g, &names) < 0)
-        return bad(CX_ERR_IO, "%s: cannot list %s: %s", f->path, g, ckpt_h5_msg());
+        return ckpt_fail(CX_ERR_IO, "%s: cannot list %s: %s", f->path, g, ckpt_h5_msg());
     cx_status st = CX_OK;
     for (int k = 0; k < names.n && st == CX_OK; k++) {
         char h5[2400];
@@ -247,7 +235,7 @@ cx_status ckpt_spmd_list(ckpt_src *s)
     for (int r = 0; r < s->nfiles && st == CX_OK; r++) {
         ckpt_name_list groups;
         if (ckpt_list_group(s->files[r].fid, "/optimizer", &groups) < 0)
-            return bad(CX_ERR_IO, "%s: cannot list /optimizer: %s", s->files[r].path, ckpt_h5_msg());
+            return ckpt_fail(CX_ERR_IO, "%s: cannot list /optimizer: %s", s->files[r].path, ckpt_h5_msg());
         for (int g = 0; g < groups.n && st == CX_OK; g++) {
             char path[1200];
             snprintf(path, sizeof path, "/optimizer/%s", groups.names[g]);
@@ -259,7 +247,7 @@ cx_status ckpt_spmd_list(ckpt_src *s)
         char what[1200];
         ckpt_label(what, sizeof what, s->entries[i].key, s->entries[i].state);
         if (!covers_exactly(&s->entries[i]))
-            st = bad(CX_ERR_IO,
+            st = ckpt_fail(CX_ERR_IO,
                      "checkpoint %s: the shards of %s in its %d files do not cover the tensor exactly once (a file "
                      "lacks a shard or two overlap)",
                      s->prefix, what, s->nfiles);
@@ -339,5 +327,5 @@ cx_status ckpt_spmd_read_piece(ckpt_src *s, const ckpt_entry *e, const ckpt_piec
     if (ok) return CX_OK;
     char what[1200];
     ckpt_label(what, sizeof what, e->key, e->state);
-    return bad(CX_ERR_IO, "%s: cannot read %s (%s): %s", f->path, what, p->h5path, ckpt_h5_msg());
+    return ckpt_fail(CX_ERR_IO, "%s: cannot read %s (%s): %s", f->path, what, p->h5path, ckpt_h5_msg());
 }
