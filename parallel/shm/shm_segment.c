@@ -53,8 +53,9 @@ static size_t stream_min_bytes(void)
     return (size_t)(mib * 1048576.0);
 }
 
-/* CX_SHM_SLOT_WRITES=cached or streamed fixes the way large collectives
- * write their slots; anything else leaves it to the timing (shm_tune.h). */
+/* CX_SHM_SLOT_WRITES=cached or streamed fixes the way every collective
+ * writes its slots (tests use it to reach the streamed path with small
+ * messages); anything else leaves it to the timing (shm_tune.h). */
 static int slot_writes_setting(void)
 {
     const char *e = getenv("CX_SHM_SLOT_WRITES");

@@ -17,6 +17,7 @@
 #ifndef CX_PARALLEL_SHM_TUNE_H
 #define CX_PARALLEL_SHM_TUNE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,13 +28,16 @@ typedef enum { CX_SHM_CACHED = 0, CX_SHM_STREAMED = 1 } cx_shm_way;
 typedef struct {
     double cost[2];    /* per way: seconds per byte, a moving average; 0 until timed */
     uint64_t calls;
+    bool looking;      /* the last pick was the look at the other way */
 } cx_shm_tuner;
 
 /* The way for the next call: each untimed way first, then the cheaper,
  * and the other one every CX_SHM_TUNE_EVERY calls. */
 cx_shm_way cx_shm_tuner_pick(cx_shm_tuner *t);
-/* Folds one call's time into its way's average. Calls of no bytes or no
- * measurable time are ignored. */
+/* Folds one call's time into its way's average; a look at the other way
+ * replaces that way's figure instead, so one slow look (a rank descheduled
+ * mid-call) is forgotten at the next. Calls of no bytes or no measurable
+ * time are ignored. */
 void cx_shm_tuner_record(cx_shm_tuner *t, cx_shm_way way, double seconds, size_t bytes);
 
 #endif

@@ -56,3 +56,30 @@ Test(shm_tune, ignores_empty_and_untimed_calls)
     cr_expect_eq(t.cost[CX_SHM_CACHED], 0);
     cr_expect_eq(t.cost[CX_SHM_STREAMED], 0);
 }
+
+Test(shm_tune, compares_cost_per_byte_not_per_call)
+{
+    cx_shm_tuner t = { 0 };
+    /* streamed takes twice as long, for four times the bytes */
+    cx_shm_tuner_record(&t, cx_shm_tuner_pick(&t), 1e-3, 1000000);   /* cached: 1e-9 s/byte */
+    cx_shm_tuner_record(&t, cx_shm_tuner_pick(&t), 2e-3, 4000000);   /* streamed: 5e-10 s/byte */
+    cr_expect_eq(cx_shm_tuner_pick(&t), CX_SHM_STREAMED);
+}
+
+Test(shm_tune, one_slow_look_is_forgotten_at_the_next)
+{
+    cx_shm_tuner t = { 0 };
+    const double streamed_cheaper[2] = { 2e-10, 1e-10 };
+    int taken[2] = { 0, 0 };
+    run(&t, CX_SHM_TUNE_EVERY, streamed_cheaper, taken);
+    /* a look at cached that a descheduled rank made 100x slow */
+    while (cx_shm_tuner_pick(&t) != CX_SHM_CACHED) cx_shm_tuner_record(&t, CX_SHM_STREAMED, 1e-4, 1000000);
+    cx_shm_tuner_record(&t, CX_SHM_CACHED, 2e-2, 1000000);
+    /* then the costs swap: cached is the cheaper way from here on */
+    const double cached_cheaper[2] = { 1e-10, 3e-10 };
+    int after[2] = { 0, 0 };
+    run(&t, CX_SHM_TUNE_EVERY, cached_cheaper, (int[2]){ 0, 0 });   /* the next look */
+    run(&t, 4 * CX_SHM_TUNE_EVERY, cached_cheaper, after);
+    cr_expect_geq(after[CX_SHM_CACHED], 4 * CX_SHM_TUNE_EVERY - 4, "cached %d of %d after one good look",
+                  after[CX_SHM_CACHED], 4 * CX_SHM_TUNE_EVERY);
+}
