@@ -57,7 +57,7 @@ static cx_status find_files(ckpt_src *s, const char *prefix, const char *suffix)
     if (glob(pattern, 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
         globfree(&gl);
         return ckpt_fail(CX_ERR_IO, "checkpoint %s is not committed: no files match its pattern %s", prefix,
-                   suffix ? suffix : CX_CKPT_DEFAULT_SUFFIX);
+                         suffix ? suffix : CX_CKPT_DEFAULT_SUFFIX);
     }
     s->files = calloc(gl.gl_pathc, sizeof *s->files);
     cx_status st = s->files ? CX_OK : CX_ERR_OOM;
@@ -74,13 +74,14 @@ static cx_status match_file(ckpt_file *f, const ckpt_marker *m, const char *pref
     int k = 0;
     while (k < m->nfiles && strcmp(m->files[k].name, ckpt_base_name(f->path))) k++;
     if (k == m->nfiles)
-        return ckpt_fail(CX_ERR_IO, "%s: not listed in the commit marker %s.commit (stale or foreign file)", f->path, prefix);
+        return ckpt_fail(CX_ERR_IO, "%s: not listed in the commit marker %s.commit (stale or foreign file)", f->path,
+                         prefix);
     struct stat sb;
     if (stat(f->path, &sb) != 0) return ckpt_fail(CX_ERR_IO, "%s: %s", f->path, strerror(errno));
     f->size = sb.st_size;
     if (f->size != m->files[k].size)
         return ckpt_fail(CX_ERR_IO, "%s: has %lld bytes, the commit marker says %lld (truncated or modified)", f->path,
-                   (long long)f->size, (long long)m->files[k].size);
+                         (long long)f->size, (long long)m->files[k].size);
     f->marker_hash = m->files[k].hash;
     f->have_marker_hash = true;
     return CX_OK;
@@ -99,11 +100,12 @@ static cx_status match_marker(ckpt_src *s, const char *prefix)
         int i = 0;
         while (i < s->nfiles && strcmp(m.files[k].name, ckpt_base_name(s->files[i].path))) i++;
         if (i == s->nfiles)
-            st = ckpt_fail(CX_ERR_IO, "checkpoint %s: %s listed in the commit marker is missing", prefix, m.files[k].name);
+            st = ckpt_fail(CX_ERR_IO, "checkpoint %s: %s listed in the commit marker is missing", prefix,
+                           m.files[k].name);
     }
     if (st == CX_OK && m.nfiles != s->nfiles)
         st = ckpt_fail(CX_ERR_IO, "checkpoint %s: the commit marker lists %d files, %d are there", prefix, m.nfiles,
-                 s->nfiles);
+                       s->nfiles);
     ckpt_marker_release(&m);
     return st;
 }
@@ -121,19 +123,20 @@ static cx_status open_files(ckpt_src *s, const char *name_prefix)
         if (st != CX_OK) return st;
         int64_t w = f->root.world_size, r = f->root.rank, w0 = s->files[0].root.world_size;
         if (w != w0)
-            return ckpt_fail(CX_ERR_IO, "checkpoint %s: mixed world sizes: %s says world size %lld, %s says %lld", s->prefix,
-                       ckpt_base_name(s->files[0].path), (long long)w0, ckpt_base_name(f->path), (long long)w);
+            return ckpt_fail(CX_ERR_IO, "checkpoint %s: mixed world sizes: %s says world size %lld, %s says %lld",
+                             s->prefix, ckpt_base_name(s->files[0].path), (long long)w0, ckpt_base_name(f->path),
+                             (long long)w);
         if (!name_prefix) s->version = (int)f->root.format_version;
         if (f->root.format_version != s->version)
             return ckpt_fail(CX_ERR_IO, "%s: format version %lld, but its commit marker is of version %d", f->path,
-                       (long long)f->root.format_version, s->version);
+                             (long long)f->root.format_version, s->version);
         f->rank = (int)r;
         int fr = -1, fw = -1;
         if (name_prefix &&
             sscanf(ckpt_base_name(f->path) + strlen(ckpt_base_name(name_prefix)), "_rank-%d-of-%d.h5", &fr, &fw) == 2 &&
             (fr != r || fw != w))
-            return ckpt_fail(CX_ERR_IO, "%s: rank %lld of %lld inside, rank %d of %d in its name", f->path, (long long)r,
-                       (long long)w, fr, fw);
+            return ckpt_fail(CX_ERR_IO, "%s: rank %lld of %lld inside, rank %d of %d in its name", f->path,
+                             (long long)r, (long long)w, fr, fw);
     }
     return CX_OK;
 }
@@ -155,13 +158,14 @@ static cx_status order_by_rank(ckpt_src *s, const char *single_file)
     s->world = (int)s->files[0].root.world_size;
     if (single_file && s->world != 1)
         return ckpt_fail(CX_ERR_IO, "%s: a shard of a %d-rank checkpoint, not a full file (consolidate it first)",
-                   single_file, s->world);
+                         single_file, s->world);
     int missing = missing_rank(s);
     if (s->nfiles != s->world && missing >= 0)
         return ckpt_fail(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d: rank %d is missing", s->prefix,
-                   s->nfiles, s->world, missing);
+                         s->nfiles, s->world, missing);
     if (s->nfiles != s->world)
-        return ckpt_fail(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d", s->prefix, s->nfiles, s->world);
+        return ckpt_fail(CX_ERR_IO, "checkpoint %s: found %d file(s) for world size %d", s->prefix, s->nfiles,
+                         s->world);
     /* as many files as ranks: a missing rank means a duplicate one */
     if (missing >= 0)
         return ckpt_fail(CX_ERR_IO, "checkpoint %s: no file holds rank %d (duplicate ranks)", s->prefix, missing);
@@ -189,22 +193,24 @@ static cx_status check_progress(ckpt_src *s)
 
 static cx_status units_equal(const ckpt_unit *a, int na, const ckpt_unit *b, int nb, const char *path)
 {
-    if (na != nb) return ckpt_fail(CX_ERR_IO, "%s: inconsistent shard metadata: %d units where rank 0 has %d", path, nb, na);
+    if (na != nb) return ckpt_fail(CX_ERR_IO, "%s: inconsistent shard metadata: %d units where rank 0 has %d", path, nb,
+                                   na);
     for (int i = 0; i < na; i++) {
         const ckpt_unit *x = &a[i], *y = &b[i];
         if (strcmp(x->path, y->path) || strcmp(x->flat_name, y->flat_name) || x->nparams != y->nparams ||
             x->flat_numel != y->flat_numel || x->padded_numel != y->padded_numel || x->shard_numel != y->shard_numel ||
             x->padding != y->padding || x->world != y->world)
-            return ckpt_fail(CX_ERR_IO, "%s: inconsistent shard metadata: unit %d (%s) has another layout than on rank 0",
-                       path, i, y->flat_name);
+            return ckpt_fail(CX_ERR_IO,
+                             "%s: inconsistent shard metadata: unit %d (%s) has another layout than on rank 0", path, i,
+                             y->flat_name);
         for (int p = 0; p < x->nparams; p++) {
             const ckpt_pinfo *P = &x->params[p], *Q = &y->params[p];
             bool same = !strcmp(P->name, Q->name) && P->ndim == Q->ndim && P->numel == Q->numel && P->offset == Q->offset;
             for (int d = 0; same && d < P->ndim; d++) same = P->shape[d] == Q->shape[d];
             if (!same)
                 return ckpt_fail(CX_ERR_IO,
-                           "%s: inconsistent shard metadata: parameter %s has another shape or offset than on rank 0",
-                           path, Q->name);
+                                 "%s: inconsistent shard metadata: parameter %s has another shape or offset than on rank 0",
+                                 path, Q->name);
         }
     }
     return CX_OK;
@@ -222,8 +228,9 @@ static cx_status check_units(const ckpt_src *s, const ckpt_unit *u, int n, int r
         if (end < 0 || end > x->flat_numel || x->world != s->world || x->rank != r || x->shard_numel < 0 ||
             x->padded_numel != x->shard_numel * x->world || x->padded_numel < x->flat_numel ||
             x->padding != x->padded_numel - x->flat_numel || x->shard_offset != (int64_t)r * x->shard_numel)
-            return ckpt_fail(CX_ERR_IO, "%s: shard metadata of unit %s is inconsistent (world %d, rank %d, offsets, sizes)",
-                       path, x->flat_name, x->world, x->rank);
+            return ckpt_fail(CX_ERR_IO,
+                             "%s: shard metadata of unit %s is inconsistent (world %d, rank %d, offsets, sizes)", path,
+                             x->flat_name, x->world, x->rank);
     }
     return CX_OK;
 }
@@ -248,9 +255,9 @@ static cx_status check_flat(const ckpt_src *s, int r, const ckpt_unit *x, const 
     H5Dclose(d);
     if (ok) return CX_OK;
     return ckpt_fail(CX_ERR_SHAPE,
-               "%s: dataset %s has the wrong shape or dtype (%lld elements, %d dims; the shard metadata says (%lld) "
-               "f32)",
-               s->files[r].path, dpath, (long long)numel, nd, (long long)x->shard_numel);
+                     "%s: dataset %s has the wrong shape or dtype (%lld elements, %d dims; the shard metadata says (%lld) "
+                     "f32)",
+                     s->files[r].path, dpath, (long long)numel, nd, (long long)x->shard_numel);
 }
 
 /* Every flat dataset (parameter and optimizer state) of file r has the
@@ -285,8 +292,9 @@ static cx_status check_spmd_meta(ckpt_src *s)
                   w == s->world && rk == r;
         if (g >= 0) H5Gclose(g);
         if (!ok)
-            return ckpt_fail(CX_ERR_IO, "%s: missing or inconsistent /spmd_metadata (rank %lld of %lld; the file is rank %d of %d)",
-                       s->files[r].path, (long long)rk, (long long)w, r, s->world);
+            return ckpt_fail(CX_ERR_IO,
+                             "%s: missing or inconsistent /spmd_metadata (rank %lld of %lld; the file is rank %d of %d)",
+                             s->files[r].path, (long long)rk, (long long)w, r, s->world);
     }
     return CX_OK;
 }

@@ -43,13 +43,14 @@ static cx_status read_boxes(hid_t d, spmd_dataset *x)
     for (int i = 0; fits && i < x->nd; i++) fits = x->global[i] >= 0 && !__builtin_mul_overflow(numel, x->global[i], &numel);
     if (!fits)
         return ckpt_fail(CX_ERR_IO, "%s: %s: bad global_shape attribute (want %d sizes whose product fits in 64 bits)",
-                   x->fpath, x->h5, x->nd);
+                         x->fpath, x->h5, x->nd);
     int64_t per = 3 * (int64_t)x->nd, cap = per * SPMD_MAX_BOXES;
     int64_t *flat = malloc(sizeof(int64_t) * (size_t)cap);
     if (!flat) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", x->fpath);
     if (x->nd == 0 || ckpt_attr_read_i64s(d, "shard_boxes", flat, cap, &n) < 0 || n == 0 || n % per) {
         free(flat);
-        return ckpt_fail(CX_ERR_IO, "%s: %s: bad shard_boxes attribute (want boxes of 3 x %d values)", x->fpath, x->h5, x->nd);
+        return ckpt_fail(CX_ERR_IO, "%s: %s: bad shard_boxes attribute (want boxes of 3 x %d values)", x->fpath, x->h5,
+                         x->nd);
     }
     p->nboxes = (int)(n / per);
     if (!(p->boxes = calloc((size_t)p->nboxes, sizeof *p->boxes))) {
@@ -68,7 +69,8 @@ static cx_status read_boxes(hid_t d, spmd_dataset *x)
         }
     free(flat);
     return ok ? CX_OK
-              : ckpt_fail(CX_ERR_IO, "%s: %s: a shard box lies outside the global shape or the dataset", x->fpath, x->h5);
+              : ckpt_fail(CX_ERR_IO, "%s: %s: a shard box lies outside the global shape or the dataset", x->fpath,
+                          x->h5);
 }
 
 static cx_status probe(hid_t fid, spmd_dataset *x)
@@ -80,7 +82,8 @@ static cx_status probe(hid_t fid, spmd_dataset *x)
               ckpt_dataset_dtype(d, &x->dt) == 0 && ckpt_h5_type(x->dt) >= 0;
     if (ok) ckpt_attr_read_str(d, "kind", kind, sizeof kind);
     x->is_param = !x->state && strcmp(kind, "buffer") != 0;
-    cx_status st = ok ? read_boxes(d, x) : ckpt_fail(CX_ERR_IO, "%s: %s is not a readable tensor dataset", x->fpath, x->h5);
+    cx_status st = ok ? read_boxes(d, x)
+                      : ckpt_fail(CX_ERR_IO, "%s: %s is not a readable tensor dataset", x->fpath, x->h5);
     if (d >= 0) H5Dclose(d);
     return st;
 }
@@ -92,7 +95,8 @@ static ckpt_entry *find_entry(ckpt_src *s, const char *key, const char *state)
 
 static cx_status new_entry(ckpt_src *s, const spmd_dataset *x)
 {
-    if (!CX_GROW(s->entries, s->entries_cap, s->nentries + 1)) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
+    if (!CX_GROW(s->entries, s->entries_cap, s->nentries + 1))
+        return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
     ckpt_entry *e = &s->entries[s->nentries];
     memset(e, 0, sizeof *e);
     e->key = strdup(x->key);
@@ -127,7 +131,8 @@ static cx_status add_piece(ckpt_src *s, int r, spmd_dataset *x)
     for (int i = 0; same && i < x->nd; i++) same = e->shape[i] == x->global[i];
     char what[1200];
     ckpt_label(what, sizeof what, x->key, x->state);
-    if (!same) return ckpt_fail(CX_ERR_IO, "%s: %s has another global shape, dtype or kind than in the other files", x->fpath, what);
+    if (!same) return ckpt_fail(CX_ERR_IO, "%s: %s has another global shape, dtype or kind than in the other files",
+                                x->fpath, what);
     ckpt_piece *grown = realloc(e->pieces, sizeof *grown * (size_t)(e->npieces + 1));
     if (!grown) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
     e->pieces = grown;
@@ -248,9 +253,9 @@ cx_status ckpt_spmd_list(ckpt_src *s)
         ckpt_label(what, sizeof what, s->entries[i].key, s->entries[i].state);
         if (!covers_exactly(&s->entries[i]))
             st = ckpt_fail(CX_ERR_IO,
-                     "checkpoint %s: the shards of %s in its %d files do not cover the tensor exactly once (a file "
-                     "lacks a shard or two overlap)",
-                     s->prefix, what, s->nfiles);
+                           "checkpoint %s: the shards of %s in its %d files do not cover the tensor exactly once (a file "
+                           "lacks a shard or two overlap)",
+                           s->prefix, what, s->nfiles);
     }
     return st;
 }
