@@ -43,11 +43,13 @@ static void slots_done(const slot_plan *p)
     if (p->tuner) cx_shm_tuner_record(p->tuner, p->way, cx_shm_now() - p->t0, p->bytes);
 }
 
-/* The barrier after a chunk's slot writes. The first one's wait is left out
- * of the call's time: it measures how late the other ranks came to the
+/* The barrier after a chunk's slot writes, which fences streamed ones once
+ * for all of the chunk's pieces. The first one's wait is left out of the
+ * call's time: it measures how late the other ranks came to the
  * collective, which neither way changes, and would drown the difference. */
 static cx_status slot_barrier(cx_shm *s, slot_plan *p, const char *what, char *err, size_t errn)
 {
+    if (p->way == CX_SHM_STREAMED) cx_shm_stream_fence();
     double before = p->tuner && !p->arrived ? cx_shm_now() : 0;
     cx_status st = cx_shm_barrier(s, what, err, errn);
     if (before > 0) p->t0 += cx_shm_now() - before;
@@ -55,9 +57,10 @@ static cx_status slot_barrier(cx_shm *s, slot_plan *p, const char *what, char *e
     return st;
 }
 
+/* Streamed writes are left unfenced: slot_barrier fences them. */
 static void slot_write(void *slot, const void *src, size_t n, cx_shm_way way)
 {
-    if (way == CX_SHM_STREAMED) cx_shm_copy_stream(slot, src, n);
+    if (way == CX_SHM_STREAMED) cx_shm_copy_stream_unfenced(slot, src, n);
     else memcpy(slot, src, n);
 }
 
