@@ -170,6 +170,27 @@ cx_buffer *cx_buffer_new(size_t bytes)
     }
     b->bytes = bytes;
     b->refs = 1;
+    b->shared = false;
+    cx_mem_account((int64_t)bytes);
+    return b;
+}
+
+/* Below this a collective's output stays in ordinary memory: small
+ * messages gain nothing from in-place writes (the shared-memory
+ * all-reduce looks for its buffers from the same size up). */
+#define CX_COLLECTIVE_SHARED_MIN ((size_t)256 << 10)
+
+cx_buffer *cx_buffer_new_collective(size_t bytes)
+{
+    if (bytes < CX_COLLECTIVE_SHARED_MIN) return cx_buffer_new(bytes);
+    if (cx_mem_check((int64_t)bytes, "a collective's output") != CX_OK) return NULL;
+    cx_buffer *b = malloc(sizeof *b);
+    void *data = b ? cx_comm_alloc_shared(bytes) : NULL;
+    if (!data) {
+        free(b);
+        return cx_buffer_new(bytes);
+    }
+    *b = (cx_buffer){ .data = data, .bytes = bytes, .refs = 1, .shared = true };
     cx_mem_account((int64_t)bytes);
     return b;
 }
@@ -181,6 +202,7 @@ void cx_buffer_unref(cx_buffer *b)
     if (!b || --b->refs > 0) return;
     cx_mem_account(-(int64_t)b->bytes);
     size_t cap = buffer_cap(b->bytes);
-    if (!cache_put(b->data, cap)) free(b->data);
+    if (b->shared) cx_comm_free(b->data);
+    else if (!cache_put(b->data, cap)) free(b->data);
     free(b);
 }

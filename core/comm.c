@@ -2,6 +2,7 @@
  * registry (world of one unless parallel/ registers MPI). */
 #include "internal.h"
 #include "cx_vec.h"
+#include "exec.h"
 #include "spmd_internal.h"
 
 /* ---- world of one ----------------------------------------------------------- */
@@ -28,10 +29,45 @@ static void *one_start(void *ctx, const cx_comm_op *op)
 
 static cx_status one_wait(void *ctx, void *req) { (void)ctx; (void)req; return CX_OK; }
 
-static const cx_comm_backend g_world_of_one = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait, NULL };
-static cx_comm_backend g_backend = { "world-of-one", NULL, one_size, one_rank, one_start, one_wait, NULL };
+static const cx_comm_backend g_world_of_one = { .name = "world-of-one", .world_size = one_size, .rank = one_rank,
+                                                .start = one_start, .wait = one_wait };
+static cx_comm_backend g_backend = { .name = "world-of-one", .world_size = one_size, .rank = one_rank,
+                                     .start = one_start, .wait = one_wait };
 
-void cx_comm_register(const cx_comm_backend *b) { g_backend = b ? *b : g_world_of_one; }
+/* The last backend that could give shared memory: its blocks are freed
+ * through it also after it is unregistered (tensors outlive the world). */
+static bool (*g_free_shared)(void *ctx, void *p);
+static void *g_free_shared_ctx;
+
+void cx_comm_register(const cx_comm_backend *b)
+{
+    g_backend = b ? *b : g_world_of_one;
+    /* the arena is made again from the new backend's memory */
+    cx_arena_release();
+    if (b && b->free_shared) {
+        g_free_shared = b->free_shared;
+        g_free_shared_ctx = b->ctx;
+    }
+}
+
+void *cx_comm_alloc_shared(size_t bytes)
+{
+    return g_backend.alloc_shared ? g_backend.alloc_shared(g_backend.ctx, bytes) : NULL;
+}
+
+void *cx_comm_alloc(size_t bytes)
+{
+    void *p = cx_comm_alloc_shared(bytes);
+    size_t cap = (bytes + 63) & ~(size_t)63;
+    if (!p) p = aligned_alloc(64, cap ? cap : 64);
+    if (!p) cx_set_last_error("out of memory: a collective buffer of %zu bytes", bytes);
+    return p;
+}
+
+void cx_comm_free(void *p)
+{
+    if (p && !(g_free_shared && g_free_shared(g_free_shared_ctx, p))) free(p);
+}
 const cx_comm_backend *cx_comm_get(void) { return &g_backend; }
 int cx_comm_world_size(void) { return g_backend.world_size(g_backend.ctx); }
 int cx_comm_rank(void) { return g_backend.rank(g_backend.ctx); }

@@ -28,10 +28,12 @@ void *cx_arena_get(int64_t bytes)
 {
     if (bytes <= g_arena_bytes) return g_arena;
     if (cx_mem_check(bytes - g_arena_bytes, "the intermediate arena") != CX_OK) return NULL;
-    free(g_arena);
+    cx_comm_free(g_arena);
     cx_mem_account(-g_arena_bytes);
     g_arena_bytes = 0;
-    g_arena = aligned_alloc(64, (size_t)((bytes + 63) & ~(int64_t)63));
+    /* from the backend: a collective whose buffers lie in the arena is then
+     * read and written in place by the node's other ranks */
+    g_arena = cx_comm_alloc((size_t)bytes);
     if (!g_arena) { cx_set_last_error("out of memory: arena of %lld bytes", (long long)bytes); return NULL; }
     g_arena_bytes = bytes;
     cx_mem_account(bytes);
@@ -40,7 +42,7 @@ void *cx_arena_get(int64_t bytes)
 
 void cx_arena_release(void)
 {
-    free(g_arena);
+    cx_comm_free(g_arena);
     cx_mem_account(-g_arena_bytes);
     g_arena = NULL;
     g_arena_bytes = 0;

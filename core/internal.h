@@ -77,6 +77,7 @@ typedef struct cx_buffer {
     void *data;
     size_t bytes;
     int refs;
+    bool shared;    /* from cx_comm_alloc: a collective's output */
 } cx_buffer;
 
 struct cx_node {
@@ -169,6 +170,10 @@ bool cx_node_postorder(cx_node *const *roots, int nroots, bool (*follow)(const c
                        bool (*visit)(void *ctx, cx_node *x), void *ctx);
 
 cx_buffer *cx_buffer_new(size_t bytes);
+/* The same for a collective's output: from the backend's shared memory
+ * when it is large enough for in-place writes to pay and the backend has
+ * some to give, else as cx_buffer_new. */
+cx_buffer *cx_buffer_new_collective(size_t bytes);
 void cx_buffer_ref(cx_buffer *b);
 void cx_buffer_unref(cx_buffer *b);
 /* Device memory accounting (live buffers + arena). */
@@ -266,6 +271,10 @@ uint64_t cx_remat_region(void);
 /* ---- comm backend (registered by parallel/) --------------------------------------- */
 
 const cx_comm_backend *cx_comm_get(void);
+/* Memory from the backend's alloc_shared only (cx_comm_alloc without the
+ * fallback). @return NULL when the backend has none to give; free it with
+ * cx_comm_free. */
+void *cx_comm_alloc_shared(size_t bytes);
 /* The replica group `rank` is in, for interned group id `id` (0: all
  * ranks): its ranks in order (*size of them), or NULL. */
 const int *cx_groups_lookup(int64_t id, int rank, int *size);

@@ -205,6 +205,18 @@ static cx_status find_or_compile(sync_job *j)
     return compile_graph(j);
 }
 
+/* Marks in by_all_reduce[nouts] the outputs an all-reduce writes: their
+ * buffers come from memory the node's other ranks write their shares of
+ * the result into. */
+static void all_reduce_outputs(const cx_executable *e, bool *by_all_reduce)
+{
+    for (int k = 0; k < e->nkernels; k++) {
+        const cx_kernel *kk = &e->kernels[k];
+        if (kk->kind == K_COLL && kk->coll_op == OP_ALL_REDUCE && e->slots[kk->out_slot].kind == SLOT_OUTPUT)
+            by_all_reduce[e->slots[kk->out_slot].index] = true;
+    }
+}
+
 /* Phase 7: input and output buffers, runtime scalars, and the run. */
 static cx_status bind_and_run(sync_job *j)
 {
@@ -215,8 +227,14 @@ static cx_status bind_and_run(sync_job *j)
     int64_t *rt_i = malloc(sizeof(int64_t) * (size_t)(cp->n_rts + 1));
     void **optr = malloc(sizeof(void *) * (size_t)(j->nouts + 1));
     j->obufs = calloc((size_t)j->nouts + 1, sizeof *j->obufs);
+    bool *by_all_reduce = calloc((size_t)j->nouts + 1, sizeof *by_all_reduce);
     cx_status st = CX_OK;
-    if (!inputs || !rt_f || !rt_i || !j->obufs || !optr) { st = CX_ERR_OOM; cx_set_last_error("sync: out of memory"); }
+    if (!inputs || !rt_f || !rt_i || !j->obufs || !optr || !by_all_reduce) {
+        st = CX_ERR_OOM;
+        cx_set_last_error("sync: out of memory");
+    } else {
+        all_reduce_outputs(e, by_all_reduce);
+    }
     for (int i = 0; st == CX_OK && i < cp->n_inputs; i++) {
         if (!cp->inputs[i]->buf) {
             char b[160];
@@ -237,7 +255,8 @@ static cx_status bind_and_run(sync_job *j)
         if (j->out_alias[o] >= 0) {
             j->obufs[o] = cp->inputs[j->out_alias[o]]->buf;
             cx_buffer_ref(j->obufs[o]);
-        } else if (!(j->obufs[o] = cx_buffer_new((size_t)e->out_bytes[o]))) {
+        } else if (!(j->obufs[o] = by_all_reduce[o] ? cx_buffer_new_collective((size_t)e->out_bytes[o])
+                                                    : cx_buffer_new((size_t)e->out_bytes[o]))) {
             st = CX_ERR_OOM;
             break;
         }
@@ -255,7 +274,7 @@ static cx_status bind_and_run(sync_job *j)
             cx_obs_trace("execute", "execute", te, te1, args);
         }
     }
-    free(inputs); free(rt_f); free(rt_i); free(optr);
+    free(inputs); free(rt_f); free(rt_i); free(optr); free(by_all_reduce);
     return st;
 }
 

@@ -13,6 +13,7 @@
 #include "parallel_internal.h"
 #include "shm/hier.h"
 #include "shm/shm.h"
+#include "shm/shm_heap.h"
 
 #include <mpi.h>
 #include <pthread.h>
@@ -57,6 +58,7 @@ static struct {
     MPI_Comm world;
     cx_shm *world_shm;
     cx_hier *world_hier;
+    cx_shm_heap *heap;    /* this node's mutually mapped heaps, or NULL */
     MPI_Op byte_sum;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -102,24 +104,39 @@ static MPI_Op mpi_op(cx_reduce_op r, cx_dtype dt)
 
 /* The shared-memory context of a new communicator (collective over c); a
  * segment that could not be made is said once, and MPI carries on. */
-static void notice_once(const char *why)
+static void notice_once(bool *told, const char *why)
 {
-    static bool told;
-    if (why[0] && !told && R.rank == 0) fprintf(stderr, "cxla: notice: %s\n", why);
-    told = told || why[0];
+    if (why[0] && !*told && R.rank == 0) fprintf(stderr, "cxla: notice: %s\n", why);
+    *told = *told || why[0];
 }
 
 /* The shared-memory contexts of a communicator (collective over c): the
  * flat one when c lies on one node, else the hierarchical one. */
 static void shm_for(MPI_Comm c, cx_shm **shm, cx_hier **hier)
 {
+    static bool told;
     char why[256];
     *shm = cx_shm_open(c, why, sizeof why);
-    notice_once(why);
+    notice_once(&told, why);
     *hier = NULL;
     if (*shm || why[0]) return;
     *hier = cx_hier_open(c, why, sizeof why);
-    notice_once(why);
+    notice_once(&told, why);
+}
+
+/* The node's heaps (collective over the world), before any shared-memory
+ * context is opened: those find their ranks' heaps as they open. */
+static void open_heaps(void)
+{
+    int want = cx_shm_wanted();
+    MPI_Bcast(&want, 1, MPI_INT, 0, R.world);
+    MPI_Comm node;
+    if (!want || cx_shm_split_node(R.world, &node) != MPI_SUCCESS) return;
+    static bool told;
+    char why[256];
+    R.heap = cx_shm_heap_open(node, why, sizeof why);
+    notice_once(&told, why);
+    MPI_Comm_free(&node);
 }
 
 static MPI_Comm comm_for(const cx_comm_op *op, cx_shm **shm, cx_hier **hier, char *err, size_t errn)
@@ -407,6 +424,20 @@ static cx_status be_wait(void *ctx, void *req)
     return st;
 }
 
+/* Memory the node's other ranks write in place (shm_heap.h); NULL: the
+ * caller takes ordinary memory. */
+static void *be_alloc_shared(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return cx_shm_heap_alloc(bytes);
+}
+
+static bool be_free_shared(void *ctx, void *p)
+{
+    (void)ctx;
+    return cx_shm_heap_free(p);
+}
+
 /* A collective whose result is needed at once: with nothing queued, run it
  * right here (only this thread queues work, so the order every rank shares
  * is kept); otherwise queue it behind the others and wait. */
@@ -496,17 +527,21 @@ cx_status cx_dist_init(int *argc, char ***argv)
         MPI_Comm_rank(local, &R.local_rank);
         MPI_Comm_size(local, &R.local_size);
         MPI_Comm_free(&local);
+        open_heaps();
         shm_for(R.world, &R.world_shm, &R.world_hier);
         MPI_Op_create(wrapping_byte_sum, 1, &R.byte_sum);
         R.mpi = true;
         R.stop = false;
         if (pthread_create(&R.thread, NULL, progress_main, NULL) != 0) {
             cx_set_last_error("dist_init: cannot start the progress thread");
+            cx_shm_heap_detach(R.heap);
+            R.heap = NULL;
             MPI_Finalize();
             R.mpi = false;
             return CX_ERR_COMM;
         }
-        cx_comm_backend be = { "mpi", NULL, be_size, be_rank, be_start, be_wait, be_run };
+        cx_comm_backend be = { "mpi", NULL, be_size, be_rank, be_start, be_wait, be_run, be_alloc_shared,
+                               be_free_shared };
         cx_comm_register(&be);
     }
     /* ranks on one host share its cores */
@@ -543,6 +578,8 @@ void cx_dist_finalize(void)
         cx_hier_close(R.world_hier);
         R.world_shm = NULL;
         R.world_hier = NULL;
+        cx_shm_heap_detach(R.heap);
+        R.heap = NULL;
         MPI_Op_free(&R.byte_sum);
         cx_watch_page_close();
         MPI_Comm_free(&R.world);

@@ -54,12 +54,29 @@ typedef struct cx_comm_backend {
      * when the very next instruction needs its result (no overlap to win,
      * and a thread hand-off to save). NULL: start + wait. */
     cx_status (*run)(void *ctx, const cx_comm_op *op);
+    /* Optional: memory the other ranks of this node can write in place, for
+     * collective outputs (cx_comm_alloc). @return NULL when there is none
+     * to give; the caller then takes ordinary memory. */
+    void *(*alloc_shared)(void *ctx, size_t bytes);
+    /* Takes back what alloc_shared gave, even after the backend is
+     * unregistered. @return false when p is not its memory. */
+    bool (*free_shared)(void *ctx, void *p);
 } cx_comm_backend;
 
 /* all_gather whose gradient (a sum reduce-scatter) is multiplied by
  * grad_scale: FSDP's gather, where the gradient is the mean over ranks. */
 CX_API cx_tensor *cx_all_gather_grad_scaled(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin,
                                      double grad_scale);
+
+/* Memory for a collective's output that the backend can write from every
+ * rank of the node in place: an all-reduce into it moves each byte fewer
+ * times (the MPI backend's shared-memory heaps, CX_SHM_HEAP_MIB). Ordinary
+ * memory when the backend has none to give, so it is always usable.
+ * @return 64-byte-aligned memory of at least `bytes`; NULL when out of
+ * memory (cx_last_error says so). Free it with cx_comm_free only. */
+CX_API void *cx_comm_alloc(size_t bytes);
+/* Frees what cx_comm_alloc gave, also after cx_dist_finalize. NULL is a no-op. */
+CX_API void cx_comm_free(void *p);
 
 /* Registers a backend (the struct is copied). NULL restores the world of one. */
 CX_API void cx_comm_register(const cx_comm_backend *backend);

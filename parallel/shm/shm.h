@@ -86,6 +86,10 @@ void cx_shm_copy_stream(void *dst, const void *src, size_t n);
  * cx_shm_stream_fence() (each fence waits for the stores to drain). */
 void cx_shm_copy_stream_unfenced(void *dst, const void *src, size_t n);
 void cx_shm_stream_fence(void);
+/* dst[d][m] = scale * sum over src[0..nsrc)[m] for every d, in one pass,
+ * stored past the caches (unfenced: the caller fences); summed and scaled
+ * as cx_shm_reduce and cx_shm_copy_out do, so the results are the same bits. */
+void cx_shm_sum_f32_stream(float *const *dst, int ndst, const float *const *src, int nsrc, int64_t m, float scale);
 /* Bytes of one reduced element as the kernels keep it (f32 for bf16). */
 size_t cx_shm_result_size(cx_dtype dt);
 

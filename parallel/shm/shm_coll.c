@@ -2,6 +2,9 @@
  * slot may be rewritten after one barrier). */
 #include "shm_internal.h"
 
+#include <cxla/metrics.h>
+
+#include <stdatomic.h>
 #include <string.h>
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -104,10 +107,127 @@ static void share_of(int64_t m, size_t res_size, int size, int r, int64_t *lo, i
     *hi = min64(*lo + per, m);
 }
 
+/* All-reduces from this size up look for their buffers in the heaps; the
+ * exchange costs one barrier. */
+#define IN_HEAPS_MIN_BYTES ((size_t)256 << 10)
+
+/* Where every rank's input and output lie (NULL: not in its heap), told by
+ * each rank and read after one barrier, so every rank reads the same. An
+ * output that overlaps its input without being it is not offered: the
+ * others would overwrite input its rank has not read yet. */
+typedef struct {
+    bool all_in, all_out;
+    const uint8_t **ins;
+    uint8_t **outs;
+} heap_places;
+
+static cx_status exchange_places(cx_shm *s, const void *in, void *out, size_t bytes, heap_places *hp, char *err,
+                                 size_t errn)
+{
+    uintptr_t o = (uintptr_t)out, i = (uintptr_t)in;
+    bool partial = o != i && o < i + bytes && i < o + bytes;
+    int64_t in_at = cx_shm_heap_offset(s->heap, in, bytes), out_at = partial ? -1 : cx_shm_heap_offset(s->heap, out, bytes);
+    atomic_store_explicit(&s->flags[s->rank].in_at, in_at, memory_order_relaxed);
+    atomic_store_explicit(&s->flags[s->rank].out_at, out_at, memory_order_relaxed);
+    if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
+    hp->all_in = hp->all_out = true;
+    for (int r = 0; r < s->size; r++) {
+        uint8_t *base = cx_shm_heap_base(s->heap, s->heap_rank[r]);
+        int64_t at_in = atomic_load_explicit(&s->flags[r].in_at, memory_order_relaxed);
+        int64_t at_out = atomic_load_explicit(&s->flags[r].out_at, memory_order_relaxed);
+        hp->ins[r] = at_in < 0 ? NULL : base + at_in;
+        hp->outs[r] = at_out < 0 ? NULL : base + at_out;
+        hp->all_in = hp->all_in && hp->ins[r];
+        hp->all_out = hp->all_out && hp->outs[r];
+    }
+    return CX_OK;
+}
+
+/* Writes e reduced elements into every rank's output, the others' first
+ * (this rank's own is read soonest, so it goes last). Streamed stores are
+ * left unfenced for the caller to fence once. */
+static void write_everywhere(uint8_t *const *outs, int n, int rank, size_t at, const void *res, int64_t e, cx_dtype dt,
+                             double scale, bool stream)
+{
+    for (int k = 1; k <= n; k++) {
+        uint8_t *dst = outs[(rank + k) % n] + at;
+        if (stream && dt != CX_BF16 && scale == 1.0) cx_shm_copy_stream_unfenced(dst, res, (size_t)e * cx_dtype_size(dt));
+        else cx_shm_copy_out(dst, res, e, dt, scale, false);
+    }
+}
+
+/* An f32 sum of m elements at element lo of every rank's output, streamed
+ * in one pass from the sources (the others' outputs first). */
+static void sum_everywhere(const cx_shm *s, uint8_t *const *outs, int64_t lo, const float *const *src, int64_t m,
+                           double scale)
+{
+    float *dst[s->size];
+    for (int k = 1; k <= s->size; k++) dst[k - 1] = (float *)outs[(s->rank + k) % s->size] + lo;
+    cx_shm_sum_f32_stream(dst, s->size, src, s->size, m, (float)scale);
+}
+
+/* The others write into this rank's output until they arrive here; the
+ * wait counts against the way, which the others use too. */
+static cx_status finish_in_heaps(cx_shm *s, slot_plan *plan, char *err, size_t errn)
+{
+    if (plan->way == CX_SHM_STREAMED) cx_shm_stream_fence();
+    if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
+    cx_counter_add("ShmHeapAllReduceCount", 1);
+    slots_done(plan);
+    return CX_OK;
+}
+
+/* Every input and output in the heaps: each rank reduces its share of the
+ * whole message straight from the others' inputs into every output, a
+ * block at a time through L1, and nothing is copied into the segment. Each
+ * rank reads and writes only its own share of every buffer, so an input
+ * that is its own output is read before it is overwritten. */
+static cx_status all_reduce_in_heaps(cx_shm *s, const heap_places *hp, int64_t count, cx_dtype dt, cx_reduce_op red,
+                                     double scale, char *err, size_t errn)
+{
+    size_t es = cx_dtype_size(dt), rs = cx_shm_result_size(dt);
+    slot_plan plan = plan_slots(s, SHM_ALL_REDUCE_IN_HEAPS, (size_t)count * es);
+    bool stream = plan.way == CX_SHM_STREAMED;
+    int64_t lo, hi;
+    share_of(count, rs, s->size, s->rank, &lo, &hi);
+    if (stream && dt == CX_F32 && red == CX_RED_SUM) {
+        const float *src[s->size];
+        for (int r = 0; r < s->size; r++) src[r] = (const float *)hp->ins[r] + lo;
+        sum_everywhere(s, hp->outs, lo, src, hi - lo, scale);
+        return finish_in_heaps(s, &plan, err, errn);
+    }
+    _Alignas(64) uint8_t scratch[16384];
+    int64_t per = (int64_t)(sizeof scratch / rs);
+    const void *src[s->size];
+    for (int64_t b = lo; b < hi; b += per) {
+        int64_t e = min64(per, hi - b);
+        for (int r = 0; r < s->size; r++) src[r] = hp->ins[r] + (size_t)b * es;
+        cx_shm_reduce(scratch, src, s->size, e, dt, red);
+        write_everywhere(hp->outs, s->size, s->rank, (size_t)b * es, scratch, e, dt, scale, stream);
+    }
+    return finish_in_heaps(s, &plan, err, errn);
+}
+
+/* This rank's share of a chunk, m elements from element `at`, reduced
+ * from src straight into every rank's output (res: its part of the result
+ * area, for the ways that go through it). */
+static void share_to_outputs(const cx_shm *s, uint8_t *const *outs, int64_t at, uint8_t *res, const void *const *src,
+                             int64_t m, cx_dtype dt, cx_reduce_op red, double scale, bool streamed)
+{
+    if (streamed && dt == CX_F32 && red == CX_RED_SUM) {
+        sum_everywhere(s, outs, at, (const float *const *)src, m, scale);
+        return;
+    }
+    cx_shm_reduce(res, src, s->size, m, dt, red);
+    write_everywhere(outs, s->size, s->rank, (size_t)at * cx_dtype_size(dt), res, m, dt, scale, streamed);
+}
+
 /* Each rank reduces its own share of every chunk, reading that share of
  * its own input where it lies (only the shares the others reduce are
- * copied into its slot), and writes its share of the result out while it
- * is still in cache; after the second barrier it copies the others'. */
+ * copied into its slot). When every rank's output lies in the node's heaps
+ * it writes its share of the result into all of them and a chunk takes one
+ * barrier; otherwise it writes its share out while it is still in cache,
+ * and after a second barrier copies the others' from the result area. */
 cx_status cx_shm_all_reduce(cx_shm *s, void *out, const void *in, int64_t count, cx_dtype dt, cx_reduce_op red,
                             double scale, char *err, size_t errn)
 {
@@ -115,6 +235,13 @@ cx_status cx_shm_all_reduce(cx_shm *s, void *out, const void *in, int64_t count,
     bool stream = (size_t)count * es >= s->stream_min;
     int64_t per_chunk = (int64_t)(s->chunk / es);
     const void *src[s->size];
+    const uint8_t *ins[s->size];
+    uint8_t *outs[s->size];
+    heap_places hp = { .ins = ins, .outs = outs };
+    if (s->heap && (size_t)count * es >= IN_HEAPS_MIN_BYTES &&
+        exchange_places(s, in, out, (size_t)count * es, &hp, err, errn) != CX_OK)
+        return CX_ERR_COMM;
+    if (hp.all_in && hp.all_out) return all_reduce_in_heaps(s, &hp, count, dt, red, scale, err, errn);
     slot_plan plan = plan_slots(s, SHM_ALL_REDUCE, (size_t)count * es);
     uintptr_t in_at = (uintptr_t)in, out_at = (uintptr_t)out, span = (uintptr_t)count * es;
     bool in_place = in_at < out_at + span && out_at < in_at + span;
@@ -128,16 +255,25 @@ cx_status cx_shm_all_reduce(cx_shm *s, void *out, const void *in, int64_t count,
         slot_write(slot + (size_t)hi * es, mine + (size_t)hi * es, (size_t)(m - hi) * es, plan.way);
         if (slot_barrier(s, &plan, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
         for (int r = 0; r < s->size; r++) src[r] = (r == s->rank ? mine : shm_slot(s, set, r)) + (size_t)lo * es;
+        uint8_t *res = s->result[set] + (size_t)lo * rs;
+        if (hp.all_out) {
+            share_to_outputs(s, outs, off + lo, res, src, hi - lo, dt, red, scale, plan.way == CX_SHM_STREAMED);
+            continue;
+        }
         if (plan.way == CX_SHM_STREAMED) {
-            reduce_share_streamed(s->size, dst + (size_t)lo * es, s->result[set] + (size_t)lo * rs, src, hi - lo, dt,
-                                  red, scale, in_place);
+            reduce_share_streamed(s->size, dst + (size_t)lo * es, res, src, hi - lo, dt, red, scale, in_place);
         } else {
-            cx_shm_reduce(s->result[set] + (size_t)lo * rs, src, s->size, hi - lo, dt, red);
-            cx_shm_copy_out(dst + (size_t)lo * es, s->result[set] + (size_t)lo * rs, hi - lo, dt, scale, stream);
+            cx_shm_reduce(res, src, s->size, hi - lo, dt, red);
+            cx_shm_copy_out(dst + (size_t)lo * es, res, hi - lo, dt, scale, stream);
         }
         if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
         cx_shm_copy_out(dst, s->result[set], lo, dt, scale, stream);
         cx_shm_copy_out(dst + (size_t)hi * es, s->result[set] + (size_t)hi * rs, m - hi, dt, scale, stream);
+    }
+    /* the others write into this rank's output until they arrive here */
+    if (hp.all_out) {
+        cx_shm_stream_fence();
+        if (cx_shm_barrier(s, "all_reduce", err, errn) != CX_OK) return CX_ERR_COMM;
     }
     slots_done(&plan);
     return CX_OK;

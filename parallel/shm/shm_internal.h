@@ -3,20 +3,23 @@
 #define CX_PARALLEL_SHM_INTERNAL_H
 
 #include "shm.h"
+#include "shm_heap.h"
 #include "shm_tune.h"
 
 #include <stdatomic.h>
 
-/* One cache line per rank: its arrival count, so ranks never share a line
- * they write. */
+/* One cache line per rank: its arrival count, and where its all-reduce
+ * input and output lie in its heap (-1: elsewhere), published by the
+ * release of an arrival; ranks never share a line they write. */
 typedef struct {
     _Atomic uint64_t arrived;
-    char pad[64 - sizeof(uint64_t)];
+    _Atomic int64_t in_at, out_at;
+    char pad[64 - 3 * sizeof(uint64_t)];
 } shm_flag;
 
 /* The collectives and message sizes that keep tuners of their own: the
  * cost of a byte differs between them. */
-enum { SHM_ALL_REDUCE, SHM_REDUCE_SCATTER, SHM_ALL_GATHER, SHM_BROADCAST, SHM_KINDS };
+enum { SHM_ALL_REDUCE, SHM_REDUCE_SCATTER, SHM_ALL_GATHER, SHM_BROADCAST, SHM_ALL_REDUCE_IN_HEAPS, SHM_KINDS };
 #define SHM_SIZE_CLASSES 3
 
 struct cx_shm {
@@ -34,6 +37,8 @@ struct cx_shm {
     size_t stream_min;    /* results of at least this many bytes are written past the caches */
     int slot_writes;      /* CX_SHM_SLOT_WRITES: a cx_shm_way, or -1 to time both (shm_tune.h) */
     cx_shm_tuner tune[SHM_KINDS][SHM_SIZE_CLASSES];
+    cx_shm_heap *heap;    /* the node's heaps, or NULL */
+    int *heap_rank;       /* [size]: each rank's rank among the heap's; NULL without heaps */
 };
 
 /* Slot r of buffer set `set`. */

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 /* Same policy as the kernels' CX_HOT (core/kernels/kernels.h, which this
@@ -158,6 +158,52 @@ void cx_shm_copy_stream(void *dst, const void *src, size_t n)
 {
     cx_shm_copy_stream_unfenced(dst, src, n);
     cx_shm_stream_fence();   /* the stores are weakly ordered: done before the caller's barrier */
+}
+
+/* One pass: each vector of floats is summed from every source (in source
+ * order, as cx_shm_reduce sums) and stored past the caches into every
+ * destination. Written with intrinsics per ISA: the compiler has no
+ * portable streaming store to vectorize into. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SUM_STREAM(name, attr, W, VT, LOAD, ADD, MUL, SET1, STREAM)                                        \
+    static attr int64_t name(float *const *dst, int ndst, const float *const *src, int nsrc, int64_t m,   \
+                             float scale)                                                              \
+    {                                                                                                  \
+        int64_t i = 0;                                                                                 \
+        VT s = SET1(scale);                                                                            \
+        for (; i + W <= m; i += W) {                                                                   \
+            VT acc = LOAD(src[0] + i);                                                                 \
+            for (int r = 1; r < nsrc; r++) acc = ADD(acc, LOAD(src[r] + i));                           \
+            if (scale != 1.0f) acc = MUL(acc, s);                                                      \
+            for (int d = 0; d < ndst; d++) STREAM(dst[d] + i, acc);                                    \
+        }                                                                                              \
+        return i;                                                                                      \
+    }
+SUM_STREAM(sum_stream_avx512, __attribute__((target("avx512f"))), 16, __m512, _mm512_loadu_ps, _mm512_add_ps,
+           _mm512_mul_ps, _mm512_set1_ps, _mm512_stream_ps)
+SUM_STREAM(sum_stream_avx, __attribute__((target("avx"))), 8, __m256, _mm256_loadu_ps, _mm256_add_ps, _mm256_mul_ps,
+           _mm256_set1_ps, _mm256_stream_ps)
+SUM_STREAM(sum_stream_sse2, , 4, __m128, _mm_loadu_ps, _mm_add_ps, _mm_mul_ps, _mm_set1_ps, _mm_stream_ps)
+#undef SUM_STREAM
+#endif
+
+void cx_shm_sum_f32_stream(float *const *dst, int ndst, const float *const *src, int nsrc, int64_t m, float scale)
+{
+    int64_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    /* streaming stores need destinations aligned to their width */
+    uintptr_t any = 0;
+    for (int d = 0; d < ndst; d++) any |= (uintptr_t)dst[d];
+    if (!(any & 63) && __builtin_cpu_supports("avx512f")) i = sum_stream_avx512(dst, ndst, src, nsrc, m, scale);
+    else if (!(any & 31) && __builtin_cpu_supports("avx")) i = sum_stream_avx(dst, ndst, src, nsrc, m, scale);
+    else if (!(any & 15)) i = sum_stream_sse2(dst, ndst, src, nsrc, m, scale);
+#endif
+    for (; i < m; i++) {
+        float acc = src[0][i];
+        for (int r = 1; r < nsrc; r++) acc += src[r][i];
+        if (scale != 1.0f) acc *= scale;
+        for (int d = 0; d < ndst; d++) dst[d][i] = acc;
+    }
 }
 
 void cx_shm_copy_out(void *out, const void *res, int64_t m, cx_dtype dt, double scale, bool stream)

@@ -147,6 +147,26 @@ static bool one_node(MPI_Comm c, int size)
     return all;
 }
 
+/* Each rank's place among the node's heaps, so an all-reduce can find the
+ * others' outputs (collective over c, every rank of which is in the heaps'
+ * node). Without heaps on every rank, or memory for the table, s gets none. */
+static void heap_ranks(cx_shm *s, MPI_Comm c, int size)
+{
+    cx_shm_heap *heap = cx_shm_heap_get();
+    int mine = heap ? cx_shm_heap_rank(heap) : -1;
+    int *ranks = malloc(sizeof(int) * (size_t)size);
+    int have = ranks != NULL && s != NULL, all = 0;
+    MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, c);
+    if (all) MPI_Allgather(&mine, 1, MPI_INT, ranks, 1, MPI_INT, c);
+    for (int r = 0; all && r < size; r++) all = ranks[r] >= 0;
+    if (!all) {
+        free(ranks);
+        return;
+    }
+    s->heap = heap;
+    s->heap_rank = ranks;
+}
+
 cx_shm *cx_shm_open(MPI_Comm c, char *err, size_t errn)
 {
     err[0] = 0;
@@ -172,6 +192,7 @@ cx_shm *cx_shm_open(MPI_Comm c, char *err, size_t errn)
     /* every rank has it mapped (or has given up): the name can go */
     if (rank == 0 && si.ok) shm_unlink(si.name);
     cx_shm *s = all && si.ok ? calloc(1, sizeof *s) : NULL;
+    if (si.ok && all) heap_ranks(s, c, size);
     if (!s) {
         if (base) munmap(base, (size_t)si.bytes);
         snprintf(err, errn, "shared-memory collectives off, using MPI: %s",
@@ -195,6 +216,7 @@ void cx_shm_close(cx_shm *s)
 {
     if (!s) return;
     munmap(s->base, s->bytes);
+    free(s->heap_rank);
     free(s);
 }
 

@@ -17,7 +17,8 @@
  *          broadcasts too, 0: none), or the hierarchical one none although
  *          the ranks span nodes (really, or as CX_SHM_NODE_RANKS says) and
  *          CX_SHM_HIERARCHICAL=1 asks for it (or some without it).
- *   die:   all-reduces of 16 MiB in a loop; writes "pid" files into
+ *   die:   all-reduces of 16 MiB in a loop (in place, in the heaps, so
+ *          the others write into every rank's buffer); writes "pid" files into
  *          $DIST_SHM_DIR so a test can kill a rank in the middle. */
 #include "dist_check.h"
 
@@ -182,12 +183,31 @@ static cx_comm_op base_op(const group *g, cx_coll_kind kind, cx_dtype dt, int64_
                          .group = g->members, .group_size = g->members ? g->gsize : 0 };
 }
 
-static void check_all_reduce(const group *g, int d, int64_t n, bool in_place)
+/* Where an all-reduce's buffers lie: ordinary memory, or cx_comm_alloc's
+ * (the node's heaps, which the others write into): the output only, input
+ * and output, the same buffer, or on rank 0 only (every rank must then keep
+ * to the slots). */
+typedef enum { PLAIN, OUT_SHARED, BOTH_SHARED, IN_PLACE_SHARED, ONE_RANK_SHARED, PLACEMENTS } placement;
+static const char *const PLACE_NAME[] = { "", " (output shared)", " (input and output shared)", " in place (shared)",
+                                          " (rank 0's buffers shared)" };
+
+static void *place_alloc(size_t bytes, bool shared) { return shared ? cx_comm_alloc(bytes) : malloc(bytes); }
+static void place_free(void *p, bool shared)
+{
+    if (shared) cx_comm_free(p);
+    else free(p);
+}
+
+static void check_all_reduce(const group *g, int d, int64_t n, bool in_place, placement place)
 {
     cx_dtype dt = DTYPES[d];
     size_t es = cx_dtype_size(dt);
     int rank = cx_global_ordinal();
-    void *in = malloc(es * (size_t)n), *out = malloc(es * (size_t)n), *ref = malloc(es * (size_t)n);
+    bool out_shared = place != PLAIN && (place != ONE_RANK_SHARED || rank == 0);
+    bool in_shared = out_shared && place != OUT_SHARED;
+    in_place = in_place || place == IN_PLACE_SHARED;
+    void *in = place_alloc(es * (size_t)n, in_shared), *out = place_alloc(es * (size_t)n, out_shared);
+    void *ref = malloc(es * (size_t)n);
     for (int k = 0; k < 4; k++) {
         cx_reduce_op red = REDS[k];
         if ((dt == CX_U8 || dt == CX_BOOL) && red == CX_RED_MEAN) continue;
@@ -207,12 +227,12 @@ static void check_all_reduce(const group *g, int d, int64_t n, bool in_place)
         CHECK(st == CX_OK, "all_reduce: %s", cx_last_error());
         bool float_sum = red == CX_RED_SUM || red == CX_RED_MEAN;
         CHECK(st != CX_OK || same(out, ref, as, n, dt, float_sum, &bad),
-              "all_reduce %s %s n=%lld group %s%s: element %lld differs from MPI's", RED_NAME[k], DT_NAME[d],
-              (long long)n, g->name, in_place ? " in place" : "", (long long)bad);
+              "all_reduce %s %s n=%lld group %s%s%s: element %lld differs from MPI's", RED_NAME[k], DT_NAME[d],
+              (long long)n, g->name, in_place ? " in place" : "", PLACE_NAME[place], (long long)bad);
         free(as);
     }
-    free(in);
-    free(out);
+    place_free(in, in_shared);
+    place_free(out, out_shared);
     free(ref);
 }
 
@@ -298,10 +318,24 @@ static void check_group(const group *g)
             /* the largest sizes for f32 only: dist_shm_small_chunks_np4
              * (4 KiB chunks) covers every dtype's multi-chunk path */
             if (n > 70000 && DTYPES[d] != CX_F32) continue;
-            check_all_reduce(g, d, n, s % 2 == 1);
+            check_all_reduce(g, d, n, s % 2 == 1, PLAIN);
             check_reduce_scatter(g, d, n, s % 2 == 0);
             check_gather_and_broadcast(g, d, n);
         }
+    }
+}
+
+/* All-reduces whose buffers lie in the heaps, for every dtype: one size
+ * just past the 256 KiB from which the heaps are looked at, one of several
+ * chunks (f32 only, as above), and one below, which keeps to the slots. */
+static void check_shared_buffers(const group *g)
+{
+    for (int d = 0; d < (int)(sizeof DTYPES / sizeof *DTYPES); d++) {
+        int64_t just_past = (int64_t)((256 << 10) / cx_dtype_size(DTYPES[d])) + 13;
+        const int64_t sizes[] = { 4099, just_past, DTYPES[d] == CX_F32 ? 1000003 : 0 };
+        for (int p = OUT_SHARED; p < PLACEMENTS; p++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                if (sizes[s]) check_all_reduce(g, d, sizes[s], false, (placement)p);
     }
 }
 
@@ -311,8 +345,10 @@ static int run_checks(void)
     int64_t shm_before = cx_counter_value("ShmCollectiveCount");
     int64_t hier_before = cx_counter_value("HierarchicalAllReduceCount");
 
+    int64_t heap_before = cx_counter_value("ShmHeapAllReduceCount");
     group all = { .members = NULL, .gsize = world, .me = rank, .comm = MPI_COMM_WORLD, .name = "world" };
     check_group(&all);
+    check_shared_buffers(&all);
 
     /* strided pairs {0,2}, {1,3} (4 ranks) or singletons (2 ranks): a
      * group's members are not the node's first ranks */
@@ -325,6 +361,7 @@ static int run_checks(void)
     MPI_Comm_split(MPI_COMM_WORLD, mine, me, &sub);
     group strided = { .members = stride_ranks + mine * gs, .gsize = gs, .me = me, .comm = sub, .name = "strided" };
     check_group(&strided);
+    check_shared_buffers(&strided);
     MPI_Comm_free(&sub);
 
     int64_t used = cx_counter_value("ShmCollectiveCount") - shm_before;
@@ -347,9 +384,16 @@ static int run_checks(void)
     CHECK(split && !off && hier_on ? hier > 0 : hier == 0,
           "hierarchical path taken %lld times with CX_SHM_NODE_RANKS=%s, CX_SHM_HIERARCHICAL=%s", (long long)hier,
           nodes ? nodes : "(unset)", hier_env ? hier_env : "(unset)");
+    /* on one node, with the heaps on, the all-reduces with every buffer in
+     * them go through them (the output alone may lie there too: not counted) */
+    int64_t heap = cx_counter_value("ShmHeapAllReduceCount") - heap_before;
+    const char *heap_env = getenv("CX_SHM_HEAP_MIB");
+    bool heap_on = !off && !split && world > 1 && !(heap_env && !strcmp(heap_env, "0"));
+    CHECK(split ? heap >= 0 : heap_on ? heap > 0 : heap == 0, "all-reduces through the heaps: %lld (CX_SHM_HEAP_MIB=%s)", (long long)heap,
+          heap_env ? heap_env : "(unset)");
     if (rank == 0)
-        printf("dist_shm: %lld collectives through shared memory, %lld hierarchical all-reduces\n", (long long)used,
-               (long long)hier);
+        printf("dist_shm: %lld collectives through shared memory, %lld hierarchical all-reduces, %lld all-reduces "
+               "within the heaps\n", (long long)used, (long long)hier, (long long)heap);
     return 0;
 }
 
@@ -358,12 +402,14 @@ static int run_die(void)
 {
     const char *dir = getenv("DIST_SHM_DIR");
     if (!dir) { fprintf(stderr, "dist_shm die: set DIST_SHM_DIR\n"); return 2; }
-    int64_t n = 4 << 20;   /* 16 MiB of f32 */
-    float *buf = calloc((size_t)n, sizeof *buf);
+    int64_t n = 4 << 20;   /* 16 MiB of f32, in the heaps: the others write into it */
+    float *buf = cx_comm_alloc((size_t)n * sizeof *buf);
+    if (buf) memset(buf, 0, (size_t)n * sizeof *buf);
     char path[512];
     snprintf(path, sizeof path, "%s/rank-%d.pid", dir, cx_global_ordinal());
     FILE *f = fopen(path, "w");
-    if (!f || !buf) { fprintf(stderr, "dist_shm die: cannot write %s\n", path); return 2; }
+    if (!buf) { fprintf(stderr, "dist_shm die: %s\n", cx_last_error()); return 2; }
+    if (!f) { fprintf(stderr, "dist_shm die: cannot write %s\n", path); return 2; }
     fprintf(f, "%d\n", (int)getpid());
     fclose(f);
     for (int it = 0; it < 1000000; it++) {
@@ -371,7 +417,7 @@ static int run_die(void)
                           .in = buf, .out = buf, .count = n };
         if (cx_comm_run(&op) != CX_OK) { fprintf(stderr, "all_reduce: %s\n", cx_last_error()); return 1; }
     }
-    free(buf);
+    cx_comm_free(buf);
     return 0;
 }
 

@@ -2,9 +2,9 @@
 # A rank SIGKILLed while the ranks run 16 MiB all-reduces through shared
 # memory (so the other rank waits inside one): the job ends within a few
 # seconds, the launcher names the killed rank and exits non-zero, no
-# process of the job survives, and nothing of the segment is left in
-# /dev/shm (it was unlinked as soon as both ranks had mapped it, so it is
-# not there even while the job runs).
+# process of the job survives, and nothing of the segment or of the heaps
+# the all-reduces run in is left in /dev/shm (each was unlinked as soon as
+# both ranks had mapped it, so none is there even while the job runs).
 # usage: shm_rank_dies.sh XLA_LAUNCH DIST_SHM
 set -eu
 LAUNCH=$1 PROG=$2
@@ -23,7 +23,8 @@ while [ ! -s "$W/rank-0.pid" ] || [ ! -s "$W/rank-1.pid" ]; do
 done
 p0=$(cat "$W/rank-0.pid") p1=$(cat "$W/rank-1.pid")
 sleep 1   # well inside the loop of all-reduces
-if ls /dev/shm/cxla-shm-"$p0"-* > /dev/null 2>&1; then fail "the segment is still named in /dev/shm while the job runs"; fi
+named() { ls /dev/shm/cxla-shm-"$p0"-* > /dev/null 2>&1 || ls /dev/shm/cxla-heap-"$p0"-* > /dev/null 2>&1; }
+if named; then fail "the segment or a heap is still named in /dev/shm while the job runs"; fi
 start=$(date +%s)
 kill -9 "$p1"
 if wait "$lpid"; then fail "the launcher exited 0 after a rank was killed"; fi
@@ -32,5 +33,5 @@ took=$(( $(date +%s) - start ))
 grep -q "rank 1 killed by signal 9" "$W/out" || fail "the launcher does not name rank 1 as killed"
 sleep 0.5
 if kill -0 "$p0" 2>/dev/null; then fail "rank 0 (pid $p0) survived"; fi
-if ls /dev/shm/cxla-shm-"$p0"-* > /dev/null 2>&1; then fail "a segment of the job is left in /dev/shm"; fi
+if named; then fail "a segment or heap of the job is left in /dev/shm"; fi
 echo "shm_rank_dies: ok (ended in $took s)"

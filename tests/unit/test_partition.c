@@ -30,7 +30,8 @@ static const cx_mesh *g_mesh;
 
 static void setup(void)
 {
-    static const cx_comm_backend be = { "echo-of-4", NULL, four, rank_of, echo_start, echo_wait, NULL };
+    static const cx_comm_backend be = { .name = "echo-of-4", .world_size = four, .rank = rank_of,
+                                        .start = echo_start, .wait = echo_wait };
     cx_comm_register(&be);
     cx_use_spmd();
     int shape[2] = { 2, 2 };
