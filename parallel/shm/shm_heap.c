@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,7 +33,7 @@ struct cx_shm_heap {
     bool detached;
     pthread_mutex_t mu;
     size_t top;           /* blocks are cut from [top, reserve) */
-    size_t used_bytes, spare_bytes;   /* spare_bytes: spares still backed */
+    size_t used_bytes, peak_bytes, spare_bytes;   /* spare_bytes: spares still backed */
     heap_block *used, *spare;
     int nused, nspare, used_cap, spare_cap;
 };
@@ -168,20 +169,20 @@ cx_shm_heap *cx_shm_heap_open(MPI_Comm node, char *err, size_t errn)
 
 cx_shm_heap *cx_shm_heap_get(void) { return g_attached ? g_heap : NULL; }
 
-/* Spares keep their pages up to as much as the blocks in use hold (a step
- * frees its buffers and asks for the same ones again), and 64 MiB at least;
- * beyond that, and all of them once detached, the largest give their pages
- * back to the system. A spare whose pages cannot be given back keeps them. */
+/* Spares keep their pages up to as many bytes as the heap has had in use
+ * at once (64 MiB at least): a step frees its buffers and asks for the same
+ * ones again, so the heap holds at most twice its peak. Beyond that, and all
+ * of them once detached, the spares freed longest ago give their pages back
+ * to the system (the newest are the likeliest to be asked for again). A
+ * spare whose pages cannot be given back keeps them. */
 static void trim_spares(cx_shm_heap *h)
 {
-    size_t budget = h->detached ? 0 : h->used_bytes > SPARE_MIN ? h->used_bytes : SPARE_MIN;
-    while (h->spare_bytes > budget) {
-        int big = -1;
-        for (int i = 0; i < h->nspare; i++)
-            if (h->spare[i].backed && (big < 0 || h->spare[i].cap > h->spare[big].cap)) big = i;
-        if (big < 0) return;
-        heap_block *b = &h->spare[big];
-        if (fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)b->off, (off_t)b->cap) != 0) return;
+    size_t budget = h->detached ? 0 : h->peak_bytes > SPARE_MIN ? h->peak_bytes : SPARE_MIN;
+    for (int i = 0; i < h->nspare && h->spare_bytes > budget; i++) {
+        heap_block *b = &h->spare[i];
+        if (!b->backed ||
+            fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)b->off, (off_t)b->cap) != 0)
+            continue;
         b->backed = false;
         h->spare_bytes -= b->cap;
     }
@@ -220,7 +221,9 @@ static void *take_block(cx_shm_heap *h, size_t bytes)
         if (!b.backed && posix_fallocate(h->fd, (off_t)b.off, (off_t)b.cap) != 0) return NULL;
         if (b.backed) h->spare_bytes -= b.cap;
         b.backed = true;
-        h->spare[i] = h->spare[--h->nspare];
+        /* spares stay in the order they were freed (trim_spares) */
+        memmove(&h->spare[i], &h->spare[i + 1], sizeof *h->spare * (size_t)(h->nspare - i - 1));
+        h->nspare--;
     } else {
         if (cap > h->reserve - h->top) return NULL;
         /* pages now, or a clean refusal: tmpfs would otherwise hand them out
@@ -231,6 +234,7 @@ static void *take_block(cx_shm_heap *h, size_t bytes)
     }
     h->used[h->nused++] = b;
     h->used_bytes += b.cap;
+    if (h->used_bytes > h->peak_bytes) h->peak_bytes = h->used_bytes;
     return h->base[h->rank] + b.off;
 }
 
@@ -279,3 +283,9 @@ int64_t cx_shm_heap_offset(const cx_shm_heap *h, const void *p, size_t n)
 }
 
 uint8_t *cx_shm_heap_base(const cx_shm_heap *h, int node_rank) { return h->base[node_rank]; }
+
+size_t cx_shm_heap_resident(const cx_shm_heap *h)
+{
+    struct stat st;
+    return fstat(h->fd, &st) == 0 ? (size_t)st.st_blocks * 512 : 0;
+}

@@ -8,9 +8,10 @@
  * (posix_fallocate), so a full /dev/shm refuses a block instead of killing
  * a rank with SIGBUS later. Freed blocks are kept, with their pages, for
  * buffers of about their size (a training step asks for the same ones each
- * time), up to as many bytes as the blocks in use hold (64 MiB at least);
- * beyond that a freed block's pages go back to the system. A request the
- * heap cannot serve gets NULL and the caller takes ordinary memory.
+ * time), up to as many bytes as the heap has had in use at once (64 MiB at
+ * least); beyond that the pages of those freed longest ago go back to the
+ * system. A request the heap cannot serve gets NULL and the caller takes
+ * ordinary memory.
  *
  * The heap outlives cx_dist_finalize: tensors made before it may still hold
  * blocks. Finalize only unmaps the other ranks' heaps. */
@@ -53,5 +54,8 @@ int cx_shm_heap_rank(const cx_shm_heap *h);
 int64_t cx_shm_heap_offset(const cx_shm_heap *h, const void *p, size_t n);
 /* Node rank r's heap as mapped in this process (r may be this rank). */
 uint8_t *cx_shm_heap_base(const cx_shm_heap *h, int node_rank);
+/* Bytes of /dev/shm this rank's heap holds pages for (blocks in use and
+ * the spares that kept theirs), as the file system counts them. */
+size_t cx_shm_heap_resident(const cx_shm_heap *h);
 
 #endif
