@@ -9,7 +9,10 @@
  * messages may write their slots past the caches: shm_tune.h), and two
  * sets of slots alternate, so one barrier (two for an all-reduce) orders a
  * chunk: a slot is rewritten only after every rank has passed the barrier
- * that follows its last read.
+ * that follows its last read. An all-reduce whose outputs (and inputs)
+ * lie in the node's heaps (shm_heap.h) writes each rank's share of the
+ * result straight into every output instead (and reads the inputs where
+ * they lie).
  *
  * Every rank of the communicator must make the same calls with the same
  * sizes in the same order (the desync check holds them to it). */
