@@ -149,20 +149,42 @@ static void *buffer_alloc(size_t cap)
     return p;
 }
 
-cx_buffer *cx_buffer_new(size_t bytes)
+/* Below this a collective's output stays in ordinary memory: small
+ * messages gain nothing from in-place writes (the shared-memory
+ * all-reduce looks for its buffers from the same size up). */
+#define CX_COLLECTIVE_SHARED_MIN ((size_t)256 << 10)
+
+/* Memory for a buffer: from the backend's shared memory when the buffer is
+ * a large enough collective output and there is some (*shared set), else
+ * from the cache or the allocator. */
+static void *buffer_data(size_t bytes, bool collective, bool *shared)
+{
+    *shared = false;
+    if (collective && bytes >= CX_COLLECTIVE_SHARED_MIN) {
+        void *p = cx_comm_alloc_shared(bytes);
+        if (p) {
+            *shared = true;
+            return p;
+        }
+    }
+    /* 64-byte alignment keeps vector loads and OpenBLAS happy */
+    size_t cap = buffer_cap(bytes);
+    void *p = cache_take(cap);
+    if (!p) p = buffer_alloc(cap);
+    if (!p) {
+        /* the cache may hold what we need in other sizes */
+        cx_buffer_cache_release();
+        p = buffer_alloc(cap);
+    }
+    return p;
+}
+
+static cx_buffer *buffer_new(size_t bytes, bool collective)
 {
     if (cx_mem_check((int64_t)bytes, "a device buffer") != CX_OK) return NULL;
     cx_buffer *b = malloc(sizeof *b);
     if (!b) { cx_set_last_error("out of memory: a buffer header"); return NULL; }
-    /* 64-byte alignment keeps vector loads and OpenBLAS happy */
-    size_t cap = buffer_cap(bytes);
-    b->data = cache_take(cap);
-    if (!b->data) b->data = buffer_alloc(cap);
-    if (!b->data) {
-        /* the cache may hold what we need in other sizes */
-        cx_buffer_cache_release();
-        b->data = buffer_alloc(cap);
-    }
+    b->data = buffer_data(bytes, collective, &b->shared);
     if (!b->data) {
         cx_set_last_error("out of memory: device buffer of %zu bytes", bytes);
         free(b);
@@ -170,30 +192,13 @@ cx_buffer *cx_buffer_new(size_t bytes)
     }
     b->bytes = bytes;
     b->refs = 1;
-    b->shared = false;
     cx_mem_account((int64_t)bytes);
     return b;
 }
 
-/* Below this a collective's output stays in ordinary memory: small
- * messages gain nothing from in-place writes (the shared-memory
- * all-reduce looks for its buffers from the same size up). */
-#define CX_COLLECTIVE_SHARED_MIN ((size_t)256 << 10)
+cx_buffer *cx_buffer_new(size_t bytes) { return buffer_new(bytes, false); }
 
-cx_buffer *cx_buffer_new_collective(size_t bytes)
-{
-    if (bytes < CX_COLLECTIVE_SHARED_MIN) return cx_buffer_new(bytes);
-    if (cx_mem_check((int64_t)bytes, "a collective's output") != CX_OK) return NULL;
-    cx_buffer *b = malloc(sizeof *b);
-    void *data = b ? cx_comm_alloc_shared(bytes) : NULL;
-    if (!data) {
-        free(b);
-        return cx_buffer_new(bytes);
-    }
-    *b = (cx_buffer){ .data = data, .bytes = bytes, .refs = 1, .shared = true };
-    cx_mem_account((int64_t)bytes);
-    return b;
-}
+cx_buffer *cx_buffer_new_collective(size_t bytes) { return buffer_new(bytes, true); }
 
 void cx_buffer_ref(cx_buffer *b) { if (b) b->refs++; }
 

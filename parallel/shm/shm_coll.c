@@ -177,6 +177,20 @@ static cx_status finish_in_heaps(cx_shm *s, slot_plan *plan, char *err, size_t e
     return CX_OK;
 }
 
+/* This rank's share of a chunk, m elements from element `at`, reduced
+ * from src straight into every rank's output (res: room for m results, for
+ * the ways that go through it). */
+static void share_to_outputs(const cx_shm *s, uint8_t *const *outs, int64_t at, uint8_t *res, const void *const *src,
+                             int64_t m, cx_dtype dt, cx_reduce_op red, double scale, bool streamed)
+{
+    if (streamed && dt == CX_F32 && red == CX_RED_SUM) {
+        sum_everywhere(s, outs, at, (const float *const *)src, m, scale);
+        return;
+    }
+    cx_shm_reduce(res, src, s->size, m, dt, red);
+    write_everywhere(outs, s->size, s->rank, (size_t)at * cx_dtype_size(dt), res, m, dt, scale, streamed);
+}
+
 /* Every input and output in the heaps: each rank reduces its share of the
  * whole message straight from the others' inputs into every output, a
  * block at a time through L1, and nothing is copied into the segment. Each
@@ -187,39 +201,17 @@ static cx_status all_reduce_in_heaps(cx_shm *s, const heap_places *hp, int64_t c
 {
     size_t es = cx_dtype_size(dt), rs = cx_shm_result_size(dt);
     slot_plan plan = plan_slots(s, SHM_ALL_REDUCE_IN_HEAPS, (size_t)count * es);
-    bool stream = plan.way == CX_SHM_STREAMED;
     int64_t lo, hi;
     share_of(count, rs, s->size, s->rank, &lo, &hi);
-    if (stream && dt == CX_F32 && red == CX_RED_SUM) {
-        const float *src[s->size];
-        for (int r = 0; r < s->size; r++) src[r] = (const float *)hp->ins[r] + lo;
-        sum_everywhere(s, hp->outs, lo, src, hi - lo, scale);
-        return finish_in_heaps(s, &plan, err, errn);
-    }
     _Alignas(64) uint8_t scratch[16384];
     int64_t per = (int64_t)(sizeof scratch / rs);
     const void *src[s->size];
     for (int64_t b = lo; b < hi; b += per) {
         int64_t e = min64(per, hi - b);
         for (int r = 0; r < s->size; r++) src[r] = hp->ins[r] + (size_t)b * es;
-        cx_shm_reduce(scratch, src, s->size, e, dt, red);
-        write_everywhere(hp->outs, s->size, s->rank, (size_t)b * es, scratch, e, dt, scale, stream);
+        share_to_outputs(s, hp->outs, b, scratch, src, e, dt, red, scale, plan.way == CX_SHM_STREAMED);
     }
     return finish_in_heaps(s, &plan, err, errn);
-}
-
-/* This rank's share of a chunk, m elements from element `at`, reduced
- * from src straight into every rank's output (res: its part of the result
- * area, for the ways that go through it). */
-static void share_to_outputs(const cx_shm *s, uint8_t *const *outs, int64_t at, uint8_t *res, const void *const *src,
-                             int64_t m, cx_dtype dt, cx_reduce_op red, double scale, bool streamed)
-{
-    if (streamed && dt == CX_F32 && red == CX_RED_SUM) {
-        sum_everywhere(s, outs, at, (const float *const *)src, m, scale);
-        return;
-    }
-    cx_shm_reduce(res, src, s->size, m, dt, red);
-    write_everywhere(outs, s->size, s->rank, (size_t)at * cx_dtype_size(dt), res, m, dt, scale, streamed);
 }
 
 /* Each rank reduces its own share of every chunk, reading that share of
