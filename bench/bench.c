@@ -5,7 +5,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 double bench_now(void)
@@ -43,14 +42,59 @@ double bench_repeat(const bench_cfg *cfg, double (*unit)(void *), void *ctx)
     return total / (double)units;
 }
 
+/* How many slices a round of cfg's is cut into: about BENCH_SLICE_S each
+ * per side, at least 1, at most BENCH_MAX_SLICES; 1 when a unit is a whole
+ * round or the round is one unit. */
+static int round_slices(const bench_cfg *cfg, const bench_side *sides, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (sides[i].whole_round) return 1;
+    if (cfg->min_time <= 0) return 1;
+    int k = (int)(cfg->min_time / BENCH_SLICE_S + 0.5);
+    return k < 1 ? 1 : k > BENCH_MAX_SLICES ? BENCH_MAX_SLICES : k;
+}
+
+/* Runs side s's units until its seconds reach `target` (at least one unit
+ * in all, so a side whose unit outlasts the round still counts). Every rank
+ * takes the same decisions through cfg->agree. false if a unit failed. */
+static bool run_until(const bench_cfg *cfg, const bench_side *s, double target, double *total, long *units)
+{
+    for (;;) {
+        bool enough = *units > 0 && *total >= target;
+        if (cfg->agree) enough = cfg->agree(enough);
+        if (enough) return true;
+        double sec = s->unit(s->ctx);
+        if (sec < 0) return false;
+        *total += sec;
+        (*units)++;
+    }
+}
+
 bool bench_round(const bench_cfg *cfg, int round, const bench_side *sides, int n, double *sec)
 {
-    for (int k = 0; k < n; k++) {
-        int i = round % 2 ? n - 1 - k : k;
-        const bench_side *s = &sides[i];
-        sec[i] = s->whole_round ? s->whole_round(s->ctx, cfg) : bench_repeat(cfg, s->unit, s->ctx);
-        if (sec[i] < 0) return false;
+    int slices = round_slices(cfg, sides, n);
+    if (slices == 1) {
+        for (int k = 0; k < n; k++) {
+            int i = round % 2 ? n - 1 - k : k;
+            const bench_side *s = &sides[i];
+            sec[i] = s->whole_round ? s->whole_round(s->ctx, cfg) : bench_repeat(cfg, s->unit, s->ctx);
+            if (sec[i] < 0) return false;
+        }
+        return true;
     }
+    double total[BENCH_MAX_SIDES] = { 0 };
+    long units[BENCH_MAX_SIDES] = { 0 };
+    if (n > BENCH_MAX_SIDES) return false;
+    for (int slice = 0; slice < slices; slice++) {
+        /* A B, B A, A B, ...: each side in turn first, across slices and rounds */
+        bool reverse = (round * slices + slice) % 2;
+        double target = cfg->min_time * (slice + 1) / slices;
+        for (int k = 0; k < n; k++) {
+            int i = reverse ? n - 1 - k : k;
+            if (!run_until(cfg, &sides[i], target, &total[i], &units[i])) return false;
+        }
+    }
+    for (int i = 0; i < n; i++) sec[i] = total[i] / (double)units[i];
     return true;
 }
 
@@ -92,42 +136,4 @@ void bench_emit(const char *name, const char *unit, const bench_series *s)
     put_num("ratio_max", nq ? q[nq - 1] : NAN, "%.4f");
     printf("}\n");
     fflush(stdout);
-}
-
-int bench_common_flags(bench_cfg *cfg, cli_flag *out)
-{
-    out[0] = (cli_flag){ .name = "rounds", .kind = CLI_INT, .dest = &cfg->rounds,
-                         .help = "rounds; each times every side in turn (default 5, ckpt 11)", .min = 1,
-                         .max = BENCH_MAX_ROUNDS };
-    out[1] = (cli_flag){ .name = "min-time", .kind = CLI_DOUBLE, .dest = &cfg->min_time, .metavar = "SECONDS",
-                         .help = "time each side for at least this long per round (0: one unit of work)",
-                         .min = 0, .max = 3600 };
-    return 2;
-}
-
-int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg)
-{
-    cli_flag flags[16];
-    int n = bench_common_flags(cfg, flags);
-    for (int i = 0; i < nextra && n < (int)(sizeof flags / sizeof *flags); i++) flags[n++] = extra[i];
-    char prog[64];
-    snprintf(prog, sizeof prog, "cxla-bench %s", sub);
-    cli_spec spec = { .prog = prog, .args = "[flags]", .summary = bench_summary(sub), .flags = flags, .nflags = n };
-    switch (cli_parse(&spec, argc, argv, NULL)) {
-    case CLI_OK:
-        if (cfg->rounds == 0) cfg->rounds = bench_default_rounds(sub);
-        return -1;
-    case CLI_HELP: return 0;
-    default: return 2;
-    }
-}
-
-bool bench_in_launched_rank(void)
-{
-    /* mpirun's (Open MPI, PMIx, Hydra) and xla-launch's own, which it
-     * exports to every rank */
-    static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "XLA_LAUNCH_RESTART_COUNT" };
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
-        if (getenv(vars[i])) return true;
-    return false;
 }

@@ -2,11 +2,14 @@
  *
  * Every figure compares a measured side with a reference measured in the
  * same run. A run is `rounds` rounds; in each round every side is timed for
- * at least `min_time` seconds (its unit of work repeated as needed), the
- * sides in forward order on even rounds and in reverse order on odd ones,
- * so that drift (thermal, a neighbour's load, the disk) hits both alike.
- * A figure's JSON line carries the medians over rounds of the value and the
- * reference, the median of the per-round ratios, and their min and max. */
+ * at least `min_time` seconds (its unit of work repeated as needed). A round
+ * is cut into slices of about BENCH_SLICE_S per side, and the sides take
+ * turns slice by slice, in forward order in one slice and reverse order in
+ * the next (A B, B A, ...), so that drift (a neighbour's load, the host
+ * moving a virtual CPU, the disk) hits both alike even when it comes and
+ * goes within a round. A figure's JSON line carries the medians over rounds
+ * of the value and the reference, the median of the per-round ratios, and
+ * their min and max. */
 #ifndef CX_BENCH_H
 #define CX_BENCH_H
 
@@ -18,6 +21,13 @@
 #include <cxla/gpt.h>
 
 #define BENCH_MAX_ROUNDS 100
+#define BENCH_MAX_SIDES 8
+/* Seconds per side per slice of a round. (In whole 2 s turns, five of the
+ * nine 2-rank comm figures of three runs in a row moved more than +-10 %
+ * from their median on a 2-vCPU AMD EPYC VM whose host moves the vCPUs;
+ * in slices, two did.) */
+#define BENCH_SLICE_S 0.25
+#define BENCH_MAX_SLICES 16
 
 typedef struct {
     int rounds;
@@ -53,8 +63,10 @@ double bench_median(double *v, int n);
 /* Repeats `unit` until the seconds it reports add up to at least
  * cfg->min_time; returns seconds per unit, negative if a unit failed. */
 double bench_repeat(const bench_cfg *cfg, double (*unit)(void *), void *ctx);
-/* Round `round` of n sides (alternating order); sec[i] = seconds per unit
- * of sides[i]. false if a side failed (it said why). */
+/* Round `round` of n <= BENCH_MAX_SIDES sides, in slices (alternating
+ * order); sec[i] = seconds per unit of sides[i] over the round. A round
+ * with a whole_round side, or with min_time 0, is one slice. false if a
+ * side failed (it said why) or n is too large. */
 bool bench_round(const bench_cfg *cfg, int round, const bench_side *sides, int n, double *sec);
 
 void bench_add(bench_series *s, double value, double ref);
@@ -77,6 +89,11 @@ int bench_default_rounds(const char *sub);
 
 /* True inside a rank started by mpirun or xla-launch. */
 bool bench_in_launched_rank(void);
+/* One line on stderr (rank 0's only): when ("start", "end"), the CPU model,
+ * its widest vector extension, the CPU count, and the cache-line round trip
+ * between the first two CPUs now, which on a VM says where the host has put
+ * them (bench_machine.c). */
+void bench_describe_machine(const char *when);
 
 /* ---- shared pieces of work -------------------------------------------------------- */
 

@@ -127,9 +127,10 @@ int main(int argc, char **argv)
         .args = "[--rounds N] [--min-time SECONDS] SUBCOMMAND [flags]",
         .summary = "One JSON line per figure: {bench, value, unit, ref, ratio, rounds, ratio_min, ratio_max}.\n"
                    "Each figure compares a measured side with a reference measured in the same run. Every round\n"
-                   "times each side for at least --min-time seconds, in alternating order (A B, then B A, ...);\n"
-                   "value and ref are medians over rounds, ratio the median of the per-round value/ref, and\n"
-                   "ratio_min, ratio_max its range. --rounds and --min-time go before or after SUBCOMMAND.\n"
+                   "times each side for at least --min-time seconds, the sides taking turns in slices of about\n"
+                   "0.25 s in alternating order (A B, then B A, ...); value and ref are medians over rounds,\n"
+                   "ratio the median of the per-round value/ref, and ratio_min, ratio_max its range. --rounds\n"
+                   "and --min-time go before or after SUBCOMMAND.\n"
                    "Under xla-launch the lines carry its \"[rank 0] \" prefix (sed 's/^\\[rank 0\\] //').",
         .epilog = list,
         .flags = flags,
@@ -149,7 +150,14 @@ int main(int argc, char **argv)
         else {
             free(list);
             if (cfg.min_time < 0) cfg.min_time = sub->min_time > 0 ? sub->min_time : 2.0;
-            return sub->run(argc - first, argv + first, cfg);
+            /* ddp's workers are ranks of a run that already said so */
+            bool worker = first + 1 < argc && !strcmp(argv[first + 1], "--worker");
+            bool help = false;
+            for (int i = first + 1; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            if (!worker && !help) bench_describe_machine("start");
+            rc = sub->run(argc - first, argv + first, cfg);
+            if (!worker && !help && rc == 0) bench_describe_machine("end");
+            return rc;
         }
     }
     free(list);

@@ -1,0 +1,44 @@
+/* The flags every cxla-bench subcommand shares (--rounds, --min-time) and
+ * how a subcommand parses its own next to them. */
+#include "bench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int bench_common_flags(bench_cfg *cfg, cli_flag *out)
+{
+    out[0] = (cli_flag){ .name = "rounds", .kind = CLI_INT, .dest = &cfg->rounds,
+                         .help = "rounds; each times every side in turn (default 5, ckpt 11)", .min = 1,
+                         .max = BENCH_MAX_ROUNDS };
+    out[1] = (cli_flag){ .name = "min-time", .kind = CLI_DOUBLE, .dest = &cfg->min_time, .metavar = "SECONDS",
+                         .help = "time each side for at least this long per round (0: one unit of work)",
+                         .min = 0, .max = 3600 };
+    return 2;
+}
+
+int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg)
+{
+    cli_flag flags[16];
+    int n = bench_common_flags(cfg, flags);
+    for (int i = 0; i < nextra && n < (int)(sizeof flags / sizeof *flags); i++) flags[n++] = extra[i];
+    char prog[64];
+    snprintf(prog, sizeof prog, "cxla-bench %s", sub);
+    cli_spec spec = { .prog = prog, .args = "[flags]", .summary = bench_summary(sub), .flags = flags, .nflags = n };
+    switch (cli_parse(&spec, argc, argv, NULL)) {
+    case CLI_OK:
+        if (cfg->rounds == 0) cfg->rounds = bench_default_rounds(sub);
+        return -1;
+    case CLI_HELP: return 0;
+    default: return 2;
+    }
+}
+
+bool bench_in_launched_rank(void)
+{
+    /* mpirun's (Open MPI, PMIx, Hydra) and xla-launch's own, which it
+     * exports to every rank */
+    static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "XLA_LAUNCH_RESTART_COUNT" };
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i])) return true;
+    return false;
+}
