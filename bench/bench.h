@@ -90,9 +90,9 @@ int bench_default_rounds(const char *sub);
 /* True inside a rank started by mpirun or xla-launch. */
 bool bench_in_launched_rank(void);
 /* One line on stderr (rank 0's only): when ("start", "end"), the CPU model,
- * its widest vector extension, the CPU count, and the cache-line round trip
- * between the first two CPUs now, which on a VM says where the host has put
- * them (bench_machine.c). */
+ * its widest vector extension, the CPU count, and, outside launched ranks,
+ * the cache-line round trip between the first two CPUs now, which on a VM
+ * says where the host has put them (bench_machine.c). */
 void bench_describe_machine(const char *when);
 
 /* ---- shared pieces of work -------------------------------------------------------- */

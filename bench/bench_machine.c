@@ -119,10 +119,13 @@ void bench_describe_machine(const char *when)
     char name[256];
     const char *isa;
     cpu_model(name, sizeof name, &isa);
-    double rtt = core_round_trip_ns();
+    /* under a launcher the other ranks share the CPUs, and the round trip
+     * would time their scheduling, not where the CPUs are */
+    double rtt = bench_in_launched_rank() ? -1 : core_round_trip_ns();
     if (rtt > 0)
         fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs; cache-line round trip between two CPUs %.0f ns\n", when, name,
                 isa, sysconf(_SC_NPROCESSORS_ONLN), rtt);
     else
-        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN));
+        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs%s\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN),
+                bench_in_launched_rank() ? " (no round trip: the ranks share the CPUs)" : "");
 }

@@ -46,14 +46,20 @@ static int stretch_starts(int *first, int max)
     return n;
 }
 
-Test(bench_round, every_side_gets_min_time_in_alternating_slices)
+/* Round `round` of two unit sides a and b, from an empty log. */
+static bool run_two(fake_side *a, fake_side *b, double min_time, int round, double sec[2])
 {
     g_nlog = 0;
+    bench_side sides[2] = { { .unit = fake_unit, .ctx = a }, { .unit = fake_unit, .ctx = b } };
+    bench_cfg cfg = { .rounds = round + 1, .min_time = min_time };
+    return bench_round(&cfg, round, sides, 2, sec);
+}
+
+Test(bench_round, every_side_gets_min_time_in_alternating_slices)
+{
     fake_side a = { .id = 0, .sec = 0.05 }, b = { .id = 1, .sec = 0.125 };
-    bench_side sides[2] = { { .unit = fake_unit, .ctx = &a }, { .unit = fake_unit, .ctx = &b } };
-    bench_cfg cfg = { .rounds = 1, .min_time = 2.0 };
     double sec[2];
-    cr_assert(bench_round(&cfg, 0, sides, 2, sec));
+    cr_assert(run_two(&a, &b, 2.0, 0, sec));
     cr_expect_float_eq(sec[0], 0.05, 1e-12);
     cr_expect_float_eq(sec[1], 0.125, 1e-12);
     /* at least min_time each, and not a slice more */
@@ -70,24 +76,18 @@ Test(bench_round, every_side_gets_min_time_in_alternating_slices)
 
 Test(bench_round, odd_rounds_start_with_the_other_side)
 {
-    g_nlog = 0;
     fake_side a = { .id = 0, .sec = 0.05 }, b = { .id = 1, .sec = 0.05 };
-    bench_side sides[2] = { { .unit = fake_unit, .ctx = &a }, { .unit = fake_unit, .ctx = &b } };
-    /* three slices: round 1 starts at slice 3 of the alternation, B first */
-    bench_cfg cfg = { .rounds = 2, .min_time = 3 * BENCH_SLICE_S };
     double sec[2];
-    cr_assert(bench_round(&cfg, 1, sides, 2, sec));
+    /* three slices: round 1 starts at slice 3 of the alternation, B first */
+    cr_assert(run_two(&a, &b, 3 * BENCH_SLICE_S, 1, sec));
     cr_expect_eq(g_log[0], 1);
 }
 
 Test(bench_round, a_unit_longer_than_a_slice_still_runs_once_per_round)
 {
-    g_nlog = 0;
     fake_side a = { .id = 0, .sec = 5.0 }, b = { .id = 1, .sec = 0.01 };
-    bench_side sides[2] = { { .unit = fake_unit, .ctx = &a }, { .unit = fake_unit, .ctx = &b } };
-    bench_cfg cfg = { .rounds = 1, .min_time = 2.0 };
     double sec[2];
-    cr_assert(bench_round(&cfg, 0, sides, 2, sec));
+    cr_assert(run_two(&a, &b, 2.0, 0, sec));
     cr_expect_eq(a.runs, 1);
     cr_expect_float_eq(sec[0], 5.0, 1e-12);
     cr_expect_float_eq(b.runs * b.sec, 2.0, 0.011);
@@ -95,12 +95,9 @@ Test(bench_round, a_unit_longer_than_a_slice_still_runs_once_per_round)
 
 Test(bench_round, min_time_zero_is_one_unit_each)
 {
-    g_nlog = 0;
     fake_side a = { .id = 0, .sec = 0.5 }, b = { .id = 1, .sec = 0.5 };
-    bench_side sides[2] = { { .unit = fake_unit, .ctx = &a }, { .unit = fake_unit, .ctx = &b } };
-    bench_cfg cfg = { .rounds = 2, .min_time = 0 };
     double sec[2];
-    cr_assert(bench_round(&cfg, 1, sides, 2, sec));
+    cr_assert(run_two(&a, &b, 0, 1, sec));
     cr_expect_eq(a.runs, 1);
     cr_expect_eq(b.runs, 1);
     cr_expect_eq(g_log[0], 1, "odd rounds go B A");
@@ -152,12 +149,9 @@ Test(bench_round, ranks_follow_the_agreed_decisions)
 
 Test(bench_round, a_failing_unit_fails_the_round)
 {
-    g_nlog = 0;
     fake_side a = { .id = 0, .sec = 0.05, .fail_after = 7 }, b = { .id = 1, .sec = 0.05 };
-    bench_side sides[2] = { { .unit = fake_unit, .ctx = &a }, { .unit = fake_unit, .ctx = &b } };
-    bench_cfg cfg = { .rounds = 1, .min_time = 2.0 };
     double sec[2];
-    cr_expect_not(bench_round(&cfg, 0, sides, 2, sec));
+    cr_expect_not(run_two(&a, &b, 2.0, 0, sec));
     cr_expect_eq(a.runs, 7, "no unit after the failure");
 }
 
