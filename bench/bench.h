@@ -89,11 +89,15 @@ int bench_default_rounds(const char *sub);
 
 /* True inside a rank started by mpirun or xla-launch. */
 bool bench_in_launched_rank(void);
-/* One line on stderr (rank 0's only): when ("start", "end"), the CPU model,
- * its widest vector extension, the CPU count, and, outside launched ranks,
- * the cache-line round trip between the first two CPUs now, which on a VM
- * says where the host has put them (bench_machine.c). */
-void bench_describe_machine(const char *when);
+/* One line on stderr (rank 0's only): the CPU model, its widest vector
+ * extension, the CPU count, and, outside launched ranks, the cache-line
+ * round trip between the first two CPUs now, which on a VM says where the
+ * host has put them (bench_machine.c). bench_parse says it at the start of
+ * a run, once the flags are good (so not for --help, a bad flag, cache's
+ * children or ddp's workers); main says it again at the end of a run that
+ * said it at the start and succeeded. */
+void bench_machine_start(void);
+void bench_machine_end(void);
 
 /* ---- shared pieces of work -------------------------------------------------------- */
 

@@ -27,6 +27,7 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
     switch (cli_parse(&spec, argc, argv, NULL)) {
     case CLI_OK:
         if (cfg->rounds == 0) cfg->rounds = bench_default_rounds(sub);
+        bench_machine_start();
         return -1;
     case CLI_HELP: return 0;
     default: return 2;

@@ -111,7 +111,9 @@ static void cpu_model(char *name, size_t n, const char **isa)
     fclose(f);
 }
 
-void bench_describe_machine(const char *when)
+static bool g_said_start;
+
+static void describe(const char *when)
 {
     /* one line per job: ranks other than 0 stay quiet */
     const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
@@ -128,4 +130,15 @@ void bench_describe_machine(const char *when)
     else
         fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs%s\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN),
                 bench_in_launched_rank() ? " (no round trip: the ranks share the CPUs)" : "");
+}
+
+void bench_machine_start(void)
+{
+    g_said_start = true;
+    describe("start");
+}
+
+void bench_machine_end(void)
+{
+    if (g_said_start) describe("end");
 }

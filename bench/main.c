@@ -150,15 +150,8 @@ int main(int argc, char **argv)
         else {
             free(list);
             if (cfg.min_time < 0) cfg.min_time = sub->min_time > 0 ? sub->min_time : 2.0;
-            /* ddp's workers and cache's children are parts of a run that
-             * already said so (and a child's start-up is what cache times) */
-            bool worker = first + 1 < argc && (!strcmp(argv[first + 1], "--worker") ||
-                                               !strcmp(argv[first + 1], "--child"));
-            bool help = false;
-            for (int i = first + 1; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            if (!worker && !help) bench_describe_machine("start");
             rc = sub->run(argc - first, argv + first, cfg);
-            if (!worker && !help && rc == 0) bench_describe_machine("end");
+            if (rc == 0) bench_machine_end();
             return rc;
         }
     }
