@@ -26,22 +26,6 @@ double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double bench_repeat(const bench_cfg *cfg, double (*unit)(void *), void *ctx)
-{
-    double total = 0;
-    long units = 0;
-    for (;;) {
-        double s = unit(ctx);
-        if (s < 0) return -1;
-        total += s;
-        units++;
-        bool enough = total >= cfg->min_time;
-        if (cfg->agree) enough = cfg->agree(enough);
-        if (enough) break;
-    }
-    return total / (double)units;
-}
-
 /* How many slices a round of cfg's is cut into: about BENCH_SLICE_S each
  * per side, at least 1, at most BENCH_MAX_SLICES; 1 when a unit is a whole
  * round or the round is one unit. */
@@ -54,44 +38,54 @@ static int round_slices(const bench_cfg *cfg, const bench_side *sides, int n)
     return k < 1 ? 1 : k > BENCH_MAX_SLICES ? BENCH_MAX_SLICES : k;
 }
 
-/* Runs side s's units until its seconds reach `target` (at least one unit
- * in all, so a side whose unit outlasts the round still counts). Every rank
- * takes the same decisions through cfg->agree. false if a unit failed. */
-static bool run_until(const bench_cfg *cfg, const bench_side *s, double target, double *total, long *units)
+/* Runs `unit` until its seconds reach `target` (at least one unit in all,
+ * so a side whose unit outlasts the round still counts). Every rank takes
+ * the same decisions through cfg->agree. false if a unit failed. */
+static bool run_until(const bench_cfg *cfg, double (*unit)(void *), void *ctx, double target, double *total,
+                      long *units)
 {
     for (;;) {
         bool enough = *units > 0 && *total >= target;
         if (cfg->agree) enough = cfg->agree(enough);
         if (enough) return true;
-        double sec = s->unit(s->ctx);
+        double sec = unit(ctx);
         if (sec < 0) return false;
         *total += sec;
         (*units)++;
     }
 }
 
+double bench_repeat(const bench_cfg *cfg, double (*unit)(void *), void *ctx)
+{
+    double total = 0;
+    long units = 0;
+    return run_until(cfg, unit, ctx, cfg->min_time, &total, &units) ? total / (double)units : -1;
+}
+
+/* Side s's turn in slice `slice`: its units up to `target` seconds in all,
+ * or, for a whole-round side, its one run in the first slice. */
+static bool take_turn(const bench_cfg *cfg, const bench_side *s, int slice, double target, double *total, long *units)
+{
+    if (!s->whole_round) return run_until(cfg, s->unit, s->ctx, target, total, units);
+    if (slice > 0) return true;
+    *total = s->whole_round(s->ctx, cfg);
+    *units = 1;
+    return *total >= 0;
+}
+
 bool bench_round(const bench_cfg *cfg, int round, const bench_side *sides, int n, double *sec)
 {
+    if (n > BENCH_MAX_SIDES) return false;
     int slices = round_slices(cfg, sides, n);
-    if (slices == 1) {
-        for (int k = 0; k < n; k++) {
-            int i = round % 2 ? n - 1 - k : k;
-            const bench_side *s = &sides[i];
-            sec[i] = s->whole_round ? s->whole_round(s->ctx, cfg) : bench_repeat(cfg, s->unit, s->ctx);
-            if (sec[i] < 0) return false;
-        }
-        return true;
-    }
     double total[BENCH_MAX_SIDES] = { 0 };
     long units[BENCH_MAX_SIDES] = { 0 };
-    if (n > BENCH_MAX_SIDES) return false;
     for (int slice = 0; slice < slices; slice++) {
         /* A B, B A, A B, ...: each side in turn first, across slices and rounds */
         bool reverse = (round * slices + slice) % 2;
         double target = cfg->min_time * (slice + 1) / slices;
         for (int k = 0; k < n; k++) {
             int i = reverse ? n - 1 - k : k;
-            if (!run_until(cfg, &sides[i], target, &total[i], &units[i])) return false;
+            if (!take_turn(cfg, &sides[i], slice, target, &total[i], &units[i])) return false;
         }
     }
     for (int i = 0; i < n; i++) sec[i] = total[i] / (double)units[i];

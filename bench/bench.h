@@ -89,6 +89,9 @@ int bench_default_rounds(const char *sub);
 
 /* True inside a rank started by mpirun or xla-launch. */
 bool bench_in_launched_rank(void);
+/* True unless this is a launched rank other than rank 0 (read from the
+ * environment, so it works before MPI is up). */
+bool bench_is_rank0(void);
 /* One line on stderr (rank 0's only): the CPU model, its widest vector
  * extension, the CPU count, and, outside launched ranks, the cache-line
  * round trip between the first two CPUs now, which on a VM says where the

@@ -341,8 +341,7 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
     /* mpirun refuses to be started from inside one of its own ranks */
     if (bench_in_launched_rank()) {
         /* one line for the job, not one per rank */
-        const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
-        if (!rank || !strcmp(rank, "0"))
+        if (bench_is_rank0())
             fprintf(stderr, "cxla-bench ddp: this subcommand starts its own ranks (it runs xla-launch itself); "
                             "run it directly, not under xla-launch or mpirun\n");
         return 2;

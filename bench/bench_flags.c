@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int bench_common_flags(bench_cfg *cfg, cli_flag *out)
 {
@@ -42,4 +43,11 @@ bool bench_in_launched_rank(void)
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
         if (getenv(vars[i])) return true;
     return false;
+}
+
+bool bench_is_rank0(void)
+{
+    /* xla-launch's RANK, else mpirun's own */
+    const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
+    return !rank || !strcmp(rank, "0");
 }

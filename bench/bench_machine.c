@@ -12,7 +12,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -116,20 +115,20 @@ static bool g_said_start;
 static void describe(const char *when)
 {
     /* one line per job: ranks other than 0 stay quiet */
-    const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
-    if (rank && strcmp(rank, "0")) return;
+    if (!bench_is_rank0()) return;
     char name[256];
     const char *isa;
     cpu_model(name, sizeof name, &isa);
     /* under a launcher the other ranks share the CPUs, and the round trip
      * would time their scheduling, not where the CPUs are */
-    double rtt = bench_in_launched_rank() ? -1 : core_round_trip_ns();
+    bool launched = bench_in_launched_rank();
+    double rtt = launched ? -1 : core_round_trip_ns();
     if (rtt > 0)
         fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs; cache-line round trip between two CPUs %.0f ns\n", when, name,
                 isa, sysconf(_SC_NPROCESSORS_ONLN), rtt);
     else
         fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs%s\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN),
-                bench_in_launched_rank() ? " (no round trip: the ranks share the CPUs)" : "");
+                launched ? " (no round trip: the ranks share the CPUs)" : "");
 }
 
 void bench_machine_start(void)
