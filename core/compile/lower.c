@@ -2,7 +2,7 @@
  * passes of passes.h in order. A view that cannot be expressed affinely
  * makes its input a root, and the lowering restarts (rare). */
 #include "passes.h"
-#include "spmd_internal.h"
+#include "sharding.h"
 
 bool cx_uses_build(const cx_graph *g, cx_uses *u)
 {
@@ -34,32 +34,6 @@ void cx_uses_free(const cx_graph *g, cx_uses *u)
     free(u->count);
     free(u->is_output);
     *u = (cx_uses){ 0 };
-}
-
-static void free_kernels(cx_executable *e)
-{
-    for (int k = 0; k < e->nkernels; k++) {
-        free(e->kernels[k].prog.ins);
-        free(e->kernels[k].prog.views);
-    }
-    free(e->kernels);
-    free(e->slots);
-    e->kernels = NULL;
-    e->slots = NULL;
-    e->nkernels = e->nslots = e->kernels_cap = e->slots_cap = 0;
-}
-
-void cx_executable_free(cx_executable *e)
-{
-    if (!e) return;
-    free_kernels(e);
-    free(e->out_dtypes);
-    free(e->out_bytes);
-    free(e->out_alias);
-    free(e->out_slot);
-    free(e->out_sharding);
-    cx_spmd_notes_free(e->spmd_notes);
-    free(e);
 }
 
 /* Passes 3-6 on a freshly generated executable. */
@@ -110,7 +84,7 @@ static cx_status group_and_generate(const cx_graph *g, cx_executable *e)
     }
     cx_status st = CX_OK;
     for (int attempt = 0;; attempt++) {
-        free_kernels(e);
+        cx_exec_clear_kernels(e);
         bool oom = !cx_pass_group(g, &u, force_root, root);
         int fail = oom ? -1 : cx_pass_codegen(g, root, e, &oom);
         if (oom) { st = CX_ERR_OOM; cx_set_last_error("compile: out of memory"); break; }

@@ -16,7 +16,7 @@
  * mixes elements along it (reductions, contractions, reshapes). */
 #include "passes.h"
 #include "capture.h"
-#include "spmd_internal.h"
+#include "sharding.h"
 #include "cx_vec.h"
 
 typedef struct {

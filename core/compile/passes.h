@@ -12,13 +12,14 @@
  *   5. alias     (alias.c)     outputs that may take their donor input's buffer
  *   6. memory    (memory.c)    liveness and the arena plan
  *
- * Passes 3-6 work on the executable alone (exec.h), so each can be tested on
+ * Passes 3-6 work on the executable alone (executable/executable.h), so each can be tested on
  * a hand-built one; passes 1-2 on a hand-built cx_graph. Helpers every pass
- * shares to read and edit an executable live in executable.c. */
+ * shares to read and edit an executable live with the format
+ * (executable/executable.c). */
 #ifndef CX_COMPILE_PASSES_H
 #define CX_COMPILE_PASSES_H
 
-#include "exec.h"
+#include "graph.h"
 
 /* ---- the graph's readers (lower.c) ---------------------------------------- */
 
@@ -125,28 +126,5 @@ void cx_pass_liveness(cx_executable *e);
 /* Packs arena slots by lifetime, largest first, each at the lowest offset
  * free for its lifetime. @return false when out of memory. */
 bool cx_pass_plan_memory(cx_executable *e);
-
-/* ---- editing an executable (executable.c) ------------------------------------------------ */
-
-/* @return the new slot's index, -1 when out of memory. */
-int cx_exec_add_slot(cx_executable *e, cx_slot_kind kind, int index, int64_t bytes);
-/* @return the new zeroed kernel (no scratch, no wait), NULL when out of memory.
- * Pointers to earlier kernels may move. */
-cx_kernel *cx_exec_add_kernel(cx_executable *e);
-/* Calls fn for every slot kernel k reads: program loads, inputs, scratch. */
-void cx_kernel_each_read(const cx_kernel *k, void (*fn)(void *ctx, int slot), void *ctx);
-bool cx_kernel_reads(const cx_kernel *k, int slot);
-/* @return how many kernels read `slot`; *only = the last of them. */
-int cx_exec_count_readers(const cx_executable *e, int slot, int *only);
-/* @return the first kernel after `after` that reads slot (nkernels if none). */
-int cx_exec_first_reader(const cx_executable *e, int slot, int after);
-/* @return the first kernel writing slot, -1 if none. */
-int cx_exec_first_writer(const cx_executable *e, int slot);
-/* Every write and read of slot `from` goes to `to` instead. */
-void cx_exec_rename_slot(cx_executable *e, int from, int to);
-void cx_prog_rename_loads(cx_program *p, int from, int to);
-/* A view that reads its buffer in the iteration's own element order. */
-bool cx_view_is_identity(const cx_view *v, const int64_t *shape, int nd);
-void cx_contiguous_strides(const int64_t *shape, int nd, int64_t *strides);
 
 #endif

@@ -4,7 +4,7 @@
  * (cx_sync_at & co.) that name the user's line. */
 #define _GNU_SOURCE   /* dladdr */
 #define CX_NO_CALLSITE_MACROS
-#include "obs/obs_internal.h"
+#include "obs_internal.h"
 
 #include <cxla/cxla.h>
 

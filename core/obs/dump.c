@@ -1,8 +1,7 @@
 /* The IR as text or Graphviz: cx_ir_text / cx_ir_dot for pending tensors,
  * and the XLA_SAVE_TENSORS_FILE record of every executed graph. */
-#include "obs/obs_internal.h"
+#include "obs_internal.h"
 #include "cx_vec.h"
-#include "spmd_internal.h"
 
 #include <cxla/cxla.h>
 

@@ -1,7 +1,7 @@
 /* The environment switches of debug.h (PT_XLA_DEBUG_LEVEL, XLA_SAVE_TENSORS_FILE,
  * XLA_METRICS_FILE, XLA_USE_EAGER_DEBUG_MODE, CX_CACHE_DIR), read at the
  * first sync through the registry's env hook. */
-#include "obs/obs_internal.h"
+#include "obs_internal.h"
 #include "cx_fs.h"
 
 #include <cxla/cxla.h>

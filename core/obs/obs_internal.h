@@ -3,7 +3,7 @@
 #ifndef CX_OBS_INTERNAL_H
 #define CX_OBS_INTERNAL_H
 
-#include "obs.h"
+#include "api.h"
 #include "cx_sbuf.h"
 
 typedef struct {

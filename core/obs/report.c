@@ -13,7 +13,7 @@
  * Metrics whose name ends in "Time" are seconds and print as d/h/m/s/ms/us;
  * names containing "Bytes" print as B/KB/MB/...; others as plain numbers.
  * Percentiles and rates come from the last CX_METRIC_SAMPLES samples. */
-#include "obs/obs_internal.h"
+#include "obs_internal.h"
 
 #include <cxla/cxla.h>
 

@@ -8,7 +8,7 @@
  * integer nanoseconds from the trace start, printed as microseconds with
  * three decimals, so a child's [ts, ts + dur] never leaks out of its parent
  * through rounding. */
-#include "obs/obs_internal.h"
+#include "obs_internal.h"
 #include "cx_vec.h"
 
 #include <cxla/cxla.h>

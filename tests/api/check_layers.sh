@@ -31,7 +31,7 @@ while read -r file incs; do
     case $layer in util|core|nn|optim|parallel|checkpoint) ;; *) continue ;; esac
     case "$incs" in *openmpi*|*mpich*) [ "$layer" = parallel ] || { echo "$file: MPI on the include path of layer $layer"; status=1; } ;; esac
     case "$incs" in *hdf5*) [ "$layer" = checkpoint ] || { echo "$file: HDF5 on the include path of layer $layer"; status=1; } ;; esac
-    case " $incs " in *"-I$src/core "*) [ "$layer" = core ] || { echo "$file: core/ private headers visible to layer $layer"; status=1; } ;; esac
+    case " $incs " in *"-I$src/core/"*) [ "$layer" = core ] || { echo "$file: core/ private headers visible to layer $layer"; status=1; } ;; esac
 done < "$build/layers.txt"
 
 for d in util core nn optim parallel checkpoint launch examples bench tools; do

@@ -2,7 +2,7 @@
 #ifndef CX_TEST_GRAPH_BUILDER_H
 #define CX_TEST_GRAPH_BUILDER_H
 
-#include "compile/passes.h"
+#include "passes.h"
 
 #include <string.h>
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "kernels.h"
 #include <cxla/core.h>
 
 #define REL_TOL 1e-4
@@ -838,7 +838,7 @@ Test(gather, reports_every_bad_index)
 
 /* ---- the vectorizable exp and erf (kernels/vmath.h) ------------------------------------ */
 
-#include "kernels/vmath.h"
+#include "vmath.h"
 
 static double ulp_err(float got, double ref)
 {

@@ -205,7 +205,7 @@ Test(obs_cache, init_after_computation_is_an_error)
     cr_expect_eq(st[0], CX_ERR_STATE);
 }
 
-#include "obs/obs_internal.h"   /* white-box: the loader's robustness hook */
+#include "obs_internal.h"   /* white-box: the loader's robustness hook */
 
 static void fill_cache(void *res, void *arg)
 {

@@ -7,7 +7,7 @@
 
 #include "capture.h"
 #include "graph_builder.h"
-#include "spmd_internal.h"
+#include "sharding.h"
 
 /* ---- a world of 4 in which every rank sends what this one does ---------------------------- */
 

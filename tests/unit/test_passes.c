@@ -4,7 +4,7 @@
  * arena plan. (End-to-end checks through real steps live in test_compile.c.) */
 #include <criterion/criterion.h>
 
-#include "compile/passes.h"
+#include "passes.h"
 #include "graph_builder.h"
 
 static void group(const gbuild *b, char *root)

@@ -1,0 +1,69 @@
+/* Gradient rules of matmul, convolution, pooling and gather. */
+#include "autograd.h"
+
+cx_tensor *cx_vjp_matmul(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)n; (void)out;
+    /* dA = g @ B^T, dB = A^T @ g; batch dims are equal (views did the broadcast) */
+    if (i == 0) {
+        cx_tensor *bt = cx_transpose(in[1], -1, -2);
+        cx_tensor *r = cx_matmul_prim(g, bt);
+        cx_drop(bt);
+        return r;
+    }
+    cx_tensor *at = cx_transpose(in[0], -1, -2);
+    cx_tensor *r = cx_matmul_prim(at, g);
+    cx_drop(at);
+    return r;
+}
+
+cx_tensor *cx_vjp_conv(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)out;
+    /* the backward ops also carry the shape they cannot see from their inputs */
+    int64_t attrs[CX_AT_CONV_BWD_COUNT];
+    CX_ASSERT(n->nattrs == CX_AT_CONV_COUNT);
+    memcpy(attrs, n->attrs, CX_AT_CONV_COUNT * sizeof(int64_t));
+    if (i == 0) {
+        cx_node *x = in[0]->node;
+        memcpy(attrs + CX_AT_CONV_SHAPE, x->shape, 4 * sizeof(int64_t));
+        cx_tensor *ins[2] = { g, in[1] };
+        return cx_make_op(OP_CONV2D_BWD_INPUT, CX_F32, x->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
+    }
+    cx_node *w = in[1]->node;
+    memcpy(attrs + CX_AT_CONV_SHAPE, w->shape, 4 * sizeof(int64_t));
+    cx_tensor *ins[2] = { in[0], g };
+    return cx_make_op(OP_CONV2D_BWD_WEIGHT, CX_F32, w->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
+}
+
+cx_tensor *cx_vjp_pool(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)out; (void)i;
+    cx_node *x = in[0]->node;
+    if (n->op == OP_MAXPOOL) {
+        cx_tensor *ins[2] = { in[0], g };
+        return cx_make_op(OP_MAXPOOL_BWD, CX_F32, x->shape, 4, ins, 2, n->attrs, CX_AT_POOL_COUNT, 0);
+    }
+    /* dy is the gradient's only input: the input shape rides along */
+    int64_t attrs[CX_AT_POOL_BWD_COUNT];
+    memcpy(attrs, n->attrs, CX_AT_POOL_COUNT * sizeof(int64_t));
+    memcpy(attrs + CX_AT_POOL_SHAPE, x->shape, 4 * sizeof(int64_t));
+    return cx_make_op(OP_AVGPOOL_BWD, CX_F32, x->shape, 4, &g, 1, attrs, CX_AT_POOL_BWD_COUNT, 0);
+}
+
+cx_tensor *cx_vjp_gather(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
+{
+    (void)out;
+    int ax = (int)CX_ATTR(n, CX_AT_AXIS);
+    if (n->op == OP_GATHER) {
+        if (i != 0) return NULL;
+        cx_tensor *z = cx_zeros(in[0]->node->shape, in[0]->node->ndim, CX_F32);
+        cx_tensor *r = cx_scatter_add(z, ax, in[1], g);
+        cx_drop(z);
+        return r;
+    }
+    /* scatter_add(base, index, src) */
+    if (i == 0) return cx_alias(g);
+    if (i == 2) return cx_gather(g, ax, in[1]);
+    return NULL;
+}

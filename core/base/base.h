@@ -1,0 +1,53 @@
+/* The core's base layer: what every other folder of core/ may use. Nothing
+ * here knows of nodes, tensors, executables or the compiler: dtypes and
+ * shapes, the last error, the thread's recording context, a spin lock. The
+ * op set, buffers, the comm backend registry, the worker pool, the counter
+ * RNG and the observer hooks have headers of their own beside this one. */
+#ifndef CX_BASE_H
+#define CX_BASE_H
+
+#include <cxla/core.h>
+#include <cxla/comm.h>
+#include <cxla/metrics.h>
+
+#include <assert.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cx_assert.h"
+#include "cx_bf16.h"
+#include "cx_time.h"
+
+/* ---- dtypes and shapes (dtype.c) ---- */
+
+int64_t cx_shape_numel(const int64_t *shape, int ndim);
+/* Formats a shape as "(2, 3)" into buf. @return buf. */
+const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
+/* Converts n values between dtypes (a copy when equal). */
+void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n);
+
+/* ---- what this thread records into (record.c) ---- */
+
+typedef struct {
+    int step_depth;          /* open steps: new handles belong to the innermost */
+    int no_grad;             /* open no_grad regions */
+    int remat_depth;         /* open remat regions ... */
+    uint64_t remat_region;   /* ... and the tag their nodes carry */
+    const char *site_file;   /* the user's line that syncs (cx_sync_at & co.), or NULL */
+    int site_line;
+} cx_record_ctx;
+
+cx_record_ctx *cx_record(void);
+/* The tag of the open rematerialization region, 0 outside one. */
+uint64_t cx_remat_region(void);
+
+/* ---- a tiny lock for the core's shared lists (uncontended almost always) ---- */
+
+typedef atomic_flag cx_spinlock;
+#define CX_SPINLOCK_INIT ATOMIC_FLAG_INIT
+static inline void cx_spin_lock(cx_spinlock *l) { while (atomic_flag_test_and_set_explicit(l, memory_order_acquire)) {} }
+static inline void cx_spin_unlock(cx_spinlock *l) { atomic_flag_clear_explicit(l, memory_order_release); }
+
+#endif

@@ -1,0 +1,56 @@
+/* The ops layer: what records nodes. Every public op (core.h) lives here,
+ * with the helpers the op files share and creation and assignment, which
+ * record too. Gradient rules are one layer up (autograd/). */
+#ifndef CX_OPS_H
+#define CX_OPS_H
+
+#include "ir.h"
+
+/* Creates an op node from tensors, propagating poison and requires-grad. */
+cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
+                      cx_tensor *const *ins, int nin, const int64_t *attrs, int nattrs,
+                      double fval);
+cx_tensor *cx_expand_to(cx_tensor *a, const int64_t *shape, int ndim);
+/* (A @ B)^T recorded as B^T @ A^T for a matmul node `mm`: the product
+ * comes out in the transposed layout, with no copy afterwards. */
+cx_tensor *cx_matmul_transposed(cx_node *mm);
+/* The matmul primitive without broadcasting or checks (batch dims equal). */
+cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b);
+/* Pad with interior padding (the slice's gradient). */
+cx_tensor *cx_pad_interior(cx_tensor *a, const int64_t *lo, const int64_t *hi, const int64_t *interior, double value);
+cx_tensor *cx_scalar_like(cx_tensor *a, double v);
+/* Layer norm over the last dim with weight and bias, all f32, as one kernel
+ * (ops_fused.c; cx_layer_norm picks it). */
+cx_tensor *cx_layer_norm_fused(cx_tensor *x, cx_tensor *w, cx_tensor *b, double eps);
+bool cx_same_shape(const int64_t *a, int na, const int64_t *b, int nb);
+/* n is the constant v, seen through expands and reshapes. */
+bool cx_is_constant(const cx_node *n, double v);
+cx_dtype cx_promote(cx_dtype a, cx_dtype b);
+int cx_norm_axis(int axis, int ndim);
+
+/* The RNG op chains cx_rand/cx_randn record, drawn at counter `offset` of
+ * stream `seed`: one definition for the eager draws and deferred ranges,
+ * so both give the same bits. */
+cx_tensor *cx_rng_uniform_at(const int64_t *shape, int ndim, double lo, double hi, cx_dtype dtype, uint64_t seed,
+                             uint64_t offset);
+cx_tensor *cx_rng_normal_at(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype, uint64_t seed,
+                            uint64_t offset);
+/* The lazy whole value of a deferred tensor (its recipe as a graph), or
+ * NULL when t is not deferred (deferred.c). */
+cx_tensor *cx_deferred_values(const cx_tensor *t);
+
+/* ---- shardings on tensors (sharding_ops.c) ---- */
+
+struct cx_sharding;
+/* Replaces t's node by an identity carrying the annotation s (the
+ * gradient of a sharded leaf, the value assigned to one, mark_sharding of
+ * a pending value). @return CX_OK (also for a poisoned t) or CX_ERR_OOM. */
+cx_status cx_spmd_annotate(cx_tensor *t, const struct cx_sharding *s);
+/* A host value keeps only this rank's shard: t gets a new data leaf.
+ * @return CX_OK or CX_ERR_OOM. */
+cx_status cx_shard_data_leaf(cx_tensor *t, const struct cx_sharding *s);
+/* Copies a sharded data node's shards from every rank into the global
+ * value at out (the node's dtype). Collective. @return CX_OK or an error. */
+cx_status cx_spmd_gather_value(const cx_node *x, void *out);
+
+#endif
