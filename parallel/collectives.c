@@ -3,6 +3,8 @@
  * xm.optimizer_step and DDP. */
 #include "parallel_internal.h"
 
+#include <cxla/metrics.h>
+
 #include "cx_hash.h"
 #include "cx_sbuf.h"
 

@@ -2,7 +2,7 @@
 #ifndef CX_PARALLEL_INTERNAL_H
 #define CX_PARALLEL_INTERNAL_H
 
-#include <cxla/cxla.h>
+#include <cxla/comm.h>
 #include <cxla/parallel.h>
 #include <mpi.h>
 

@@ -6,7 +6,8 @@
  * until it needs a result. A collective needed at once runs on the caller
  * instead, but only when nothing is queued, so every rank's MPI call order
  * stays its program order. */
-#include <cxla/cxla.h>
+#include <cxla/comm.h>
+#include <cxla/metrics.h>
 #include <cxla/parallel.h>
 
 #include "cx_bf16.h"

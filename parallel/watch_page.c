@@ -16,6 +16,8 @@
  * queued), so one writer at a time. Without CX_STATUS_DIR it does nothing. */
 #include "parallel_internal.h"
 
+#include <cxla/metrics.h>
+
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>

@@ -99,7 +99,4 @@ typedef struct {
 int cx_metrics_snapshot(cx_metric_snap **out);
 void cx_metrics_snapshot_free(cx_metric_snap *s, int n);
 
-/* The call site given by a *_at entry point on this thread (NULL if none). */
-const char *cx_obs_site_file(int *line);
-
 #endif

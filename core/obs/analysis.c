@@ -3,10 +3,11 @@
  * frequent" warnings after each step, and the call-site entry points
  * (cx_sync_at & co.) that name the user's line. */
 #define _GNU_SOURCE   /* dladdr */
-#define CX_NO_CALLSITE_MACROS
 #include "obs_internal.h"
 
-#include <cxla/cxla.h>
+#include <cxla/comm.h>
+#include <cxla/debug.h>
+#include <cxla/metrics.h>
 
 #include <dlfcn.h>
 #include <execinfo.h>

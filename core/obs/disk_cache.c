@@ -23,7 +23,8 @@
 #define _GNU_SOURCE
 #include "obs_internal.h"
 
-#include <cxla/cxla.h>
+#include <cxla/cache.h>
+#include <cxla/metrics.h>
 
 #include <dlfcn.h>
 #include <errno.h>

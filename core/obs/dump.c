@@ -3,7 +3,8 @@
 #include "obs_internal.h"
 #include "cx_vec.h"
 
-#include <cxla/cxla.h>
+#include <cxla/comm.h>
+#include <cxla/debug.h>
 
 static bool is_leaf_value(const cx_node *x) { return x->op == OP_DATA || x->buf != NULL; }
 

@@ -4,7 +4,9 @@
 #include "obs_internal.h"
 #include "cx_fs.h"
 
-#include <cxla/cxla.h>
+#include <cxla/cache.h>
+#include <cxla/comm.h>
+#include <cxla/debug.h>
 
 #include <pthread.h>
 

@@ -15,7 +15,7 @@
  * Percentiles and rates come from the last CX_METRIC_SAMPLES samples. */
 #include "obs_internal.h"
 
-#include <cxla/cxla.h>
+#include <cxla/metrics.h>
 
 #include <math.h>
 #include <stdarg.h>

@@ -11,7 +11,8 @@
 #include "obs_internal.h"
 #include "cx_vec.h"
 
-#include <cxla/cxla.h>
+#include <cxla/comm.h>
+#include <cxla/profiler.h>
 
 #include <errno.h>
 #include <math.h>

@@ -2,7 +2,7 @@
  * (CachedCompile). The persistent cache behind it is core/obs/disk_cache.c. */
 #include "runtime.h"
 
-#include <cxla/cxla.h>
+#include <cxla/cache.h>
 
 #define CX_CACHE_CAP 256
 

@@ -23,7 +23,10 @@
  * CX_NO_CALLSITE_MACROS before including to get the plain functions; the
  * analysis then names the calling function from the C stack (dladdr, which
  * sees exported symbols; other frames print as module+offset, resolvable
- * with addr2line).
+ * with addr2line). libcxla's own sources never get the macros (its build
+ * defines CX_BUILDING_LIBRARY): a sync inside the library, in the DDP wrap
+ * say, must not be named as the user's line, nor overwrite the line of the
+ * user's call it happens within.
  */
 #ifndef CXLA_DEBUG_H
 #define CXLA_DEBUG_H
@@ -57,7 +60,7 @@ CX_API cx_status cx_sync_at(const char *file, int line);
 CX_API cx_status cx_step_end_at(const char *file, int line);
 CX_API double cx_item_at(cx_tensor *t, const char *file, int line);
 
-#ifndef CX_NO_CALLSITE_MACROS
+#if !defined(CX_NO_CALLSITE_MACROS) && !defined(CX_BUILDING_LIBRARY)
 #define cx_sync() cx_sync_at(__FILE__, __LINE__)
 #define cx_step_end() cx_step_end_at(__FILE__, __LINE__)
 #define cx_item(t) cx_item_at((t), __FILE__, __LINE__)

@@ -19,7 +19,7 @@
 #ifndef CX_PARALLEL_SHM_H
 #define CX_PARALLEL_SHM_H
 
-#include <cxla/cxla.h>
+#include <cxla/core.h>
 #include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
