@@ -10,6 +10,7 @@
 #include "exec.h"
 #include "obs.h"
 #include "cx_hash.h"
+#include "cx_settings.h"
 #include "cx_sbuf.h"
 #include "cx_time.h"
 
@@ -24,8 +25,7 @@ static bool check_enabled(void)
     static _Atomic int enabled = -1;
     int e = atomic_load_explicit(&enabled, memory_order_relaxed);
     if (e < 0) {
-        const char *v = getenv("CX_DESYNC_CHECK");
-        e = !(v && (!strcmp(v, "0") || !strcmp(v, "false")));
+        e = cx_setting_bool("CX_DESYNC_CHECK");
         atomic_store_explicit(&enabled, e, memory_order_relaxed);
     }
     return e != 0;
