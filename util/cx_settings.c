@@ -26,7 +26,7 @@ static const cx_setting g_table[] = {
       "freed buffers kept for reuse, at most this many bytes" },
     { "CX_DESYNC_CHECK", CX_SET_BOOL, "1", 0, 0, NULL, false, NULL, NULL,
       "the check that the ranks run the same collectives, before each graph's first one (about 5 µs per step)" },
-    { "CX_COLLECTIVE_TIMEOUT", CX_SET_DOUBLE, "300", 0, 1e9, NULL, false, NULL, NULL,
+    { "CX_COLLECTIVE_TIMEOUT", CX_SET_DOUBLE, "300", 0, BIG, NULL, false, NULL, NULL,
       "seconds a rank may wait inside one collective before `xla-launch` ends the job, and a shared-memory "
       "collective gives up; 0: no limit" },
     { "CX_SHM_COLLECTIVES", CX_SET_ENUM, "1", 0, 0, "0|1|all", false, NULL, NULL,
@@ -182,8 +182,8 @@ static bool parse_value(const cx_setting *st, const char *s, cx_setting_value *v
 
 static void describe_range(char *buf, size_t cap, const char *what, const cx_setting *st)
 {
-    if (st->max >= BIG) snprintf(buf, cap, "%s >= %g", what, st->min);
-    else snprintf(buf, cap, "%s from %g to %g", what, st->min, st->max);
+    if (st->max >= BIG) snprintf(buf, cap, "%s >= %.15g", what, st->min);
+    else snprintf(buf, cap, "%s from %.15g to %.15g", what, st->min, st->max);
 }
 
 static void describe(const cx_setting *st, char *buf, size_t cap)
@@ -196,12 +196,13 @@ static void describe(const cx_setting *st, char *buf, size_t cap)
     case CX_SET_STRING: snprintf(buf, cap, "%s", st->want ? st->want : "any text"); break;
     case CX_SET_ENUM: {
         size_t at = (size_t)snprintf(buf, cap, "one of ");
-        for (const char *c = st->choices; *c && at < cap;) {
+        int n = 0;
+        for (const char *c = st->choices; *c && at < cap; n++) {
             size_t len = strcspn(c, "|");
             at += (size_t)snprintf(buf + at, cap - at, "%s%.*s", c == st->choices ? "" : ", ", (int)len, c);
             c += len + (c[len] == '|');
         }
-        if (st->numbered && at < cap) snprintf(buf + at, cap - at, " (or their number, from 0)");
+        if (st->numbered && at < cap) snprintf(buf + at, cap - at, " or 0-%d", n - 1);
         break;
     }
     }
