@@ -20,7 +20,7 @@ typedef struct {
     const char *choices;  /* ENUM: "a|b|c"; the getter returns the index */
     bool numbered;        /* ENUM: 0, 1, ... also name the choices in order */
     bool (*valid)(const char *text);  /* STRING with a syntax of its own, else NULL */
-    const char *want;     /* STRING with `valid`: what is expected */
+    const char *want;     /* STRING: what is expected, else "any text" */
     const char *doc;      /* one line for the README */
 } cx_setting;
 
