@@ -11,6 +11,8 @@
 #define _GNU_SOURCE
 #include "launcher.h"
 
+#include "cx_settings.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -33,14 +35,10 @@ struct rank_view {
 void xl_watch_init(struct xl_watch *w, bool for_restarts)
 {
     memset(w, 0, sizeof *w);
-    const char *t = getenv("CX_COLLECTIVE_TIMEOUT");
-    w->timeout = 300;
-    if (t && *t) {
-        char *end;
-        double v = strtod(t, &end);
-        if (*end || !(v >= 0)) xl_die("bad CX_COLLECTIVE_TIMEOUT '%s' (want seconds, 0 = off)", t);
-        w->timeout = v;
-    }
+    cx_setting_value t;
+    char bad[512];
+    if (cx_setting_read("CX_COLLECTIVE_TIMEOUT", &t, bad, sizeof bad) < 0) xl_die("%s", bad);
+    w->timeout = t.d;
     if (w->timeout == 0 && !for_restarts) return;
     snprintf(w->dir, sizeof w->dir, "/dev/shm/xla-launch.%d.XXXXXX", (int)getpid());
     if (!mkdtemp(w->dir)) {

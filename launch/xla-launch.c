@@ -14,6 +14,8 @@
 #define _GNU_SOURCE
 #include "launcher.h"
 
+#include <cxla/logging.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -124,6 +126,9 @@ int main(int argc, char **argv)
 
     char *mpirun = xl_find_mpirun(&o);
     xl_check_program(o.prog[0]);
+    /* the ranks would each report a bad value and carry on with the default */
+    char bad[512];
+    if (!cx_settings_check(bad, sizeof bad)) xl_die("%s", bad);
 
     char *first_host = NULL;
     int n_hosts = o.hostfile ? xl_read_hostfile(o.hostfile, &first_host) : 1;

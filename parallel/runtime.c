@@ -11,6 +11,8 @@
 #include <cxla/parallel.h>
 
 #include "cx_bf16.h"
+#include "cx_log.h"
+#include "cx_settings.h"
 #include "parallel_internal.h"
 #include "shm/hier.h"
 #include "shm/shm.h"
@@ -107,7 +109,7 @@ static MPI_Op mpi_op(cx_reduce_op r, cx_dtype dt)
  * segment that could not be made is said once, and MPI carries on. */
 static void notice_once(bool *told, const char *why)
 {
-    if (why[0] && !*told && R.rank == 0) fprintf(stderr, "cxla: notice: %s\n", why);
+    if (why[0] && !*told && R.rank == 0) cx_logf(CX_LOG_INFO, "shm", "%s", why);
     *told = *told || why[0];
 }
 
@@ -546,7 +548,7 @@ cx_status cx_dist_init(int *argc, char ***argv)
         cx_comm_register(&be);
     }
     /* ranks on one host share its cores */
-    if (!getenv("CX_NUM_THREADS")) {
+    if (cx_setting_int("CX_NUM_THREADS") == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int t = (int)(cores / R.local_size);
         cx_set_num_threads(t > 0 ? t : 1);

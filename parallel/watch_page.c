@@ -18,6 +18,9 @@
 
 #include <cxla/metrics.h>
 
+#include "cx_log.h"
+#include "cx_settings.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -99,7 +102,7 @@ static void on_step(void *arg, int64_t steps)
 
 void cx_watch_page_open(int rank)
 {
-    const char *dir = getenv("CX_STATUS_DIR");
+    const char *dir = cx_setting_str("CX_STATUS_DIR");
     if (!dir || !*dir || S.page) return;
     char path[4096];
     snprintf(path, sizeof path, "%s/rank-%d.status", dir, rank);
@@ -110,7 +113,7 @@ void cx_watch_page_open(int rank)
     if (fd >= 0) close(fd);
     if (m == MAP_FAILED) {
         /* the job runs on without the watchdog's view of this rank */
-        fprintf(stderr, "cxla: notice: no collective status page at %s: %s\n", path, strerror(errno));
+        cx_logf(CX_LOG_INFO, "watch", "no collective status page at %s: %s", path, strerror(errno));
         return;
     }
     S.page = m;

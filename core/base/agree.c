@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "cx_hash.h"
 #include "cx_sbuf.h"
+#include "cx_settings.h"
 
 #include <stdatomic.h>
 
@@ -20,8 +21,7 @@ bool cx_desync_enabled(void)
     static _Atomic int enabled = -1;
     int e = atomic_load_explicit(&enabled, memory_order_relaxed);
     if (e < 0) {
-        const char *v = getenv("CX_DESYNC_CHECK");
-        e = !(v && (!strcmp(v, "0") || !strcmp(v, "false")));
+        e = cx_setting_bool("CX_DESYNC_CHECK");
         atomic_store_explicit(&enabled, e, memory_order_relaxed);
     }
     return e != 0;

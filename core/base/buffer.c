@@ -3,9 +3,9 @@
  * cx_memory_peak and CX_MEMORY_LIMIT. */
 #include "buffer.h"
 #include "backend.h"
+#include "cx_settings.h"
 
 #include <errno.h>
-#include <strings.h>
 #include <stdatomic.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -16,27 +16,9 @@ static _Atomic int64_t g_mem_in_use;
 static _Atomic int64_t g_mem_peak;
 static int64_t g_mem_limit = -1; /* -1: not parsed yet; 0: none */
 
-static int64_t parse_limit(const char *s)
-{
-    if (!s || !*s) return 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0) return 0;
-    while (*end == ' ') end++;
-    double mult = 1;
-    if (!strcasecmp(end, "k") || !strcasecmp(end, "kb")) mult = 1e3;
-    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mb")) mult = 1e6;
-    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gb")) mult = 1e9;
-    else if (!strcasecmp(end, "kib")) mult = 1024.0;
-    else if (!strcasecmp(end, "mib")) mult = 1024.0 * 1024;
-    else if (!strcasecmp(end, "gib")) mult = 1024.0 * 1024 * 1024;
-    else if (*end) return 0;
-    return (int64_t)(v * mult);
-}
-
 static int64_t mem_limit(void)
 {
-    if (g_mem_limit < 0) g_mem_limit = parse_limit(getenv("CX_MEMORY_LIMIT"));
+    if (g_mem_limit < 0) g_mem_limit = cx_setting_int("CX_MEMORY_LIMIT");
     return g_mem_limit;
 }
 
@@ -77,8 +59,7 @@ static size_t cache_limit(void)
 {
     static size_t lim;
     if (!lim) {
-        const char *e = getenv("CX_BUFFER_CACHE_BYTES");
-        lim = e ? (size_t)strtoull(e, NULL, 10) : (size_t)2 << 30;
+        lim = (size_t)cx_setting_int("CX_BUFFER_CACHE_BYTES");
         if (!lim) lim = 1;
     }
     return lim;

@@ -1,5 +1,6 @@
 /* Runtime configuration: compute threads. */
 #include "base.h"
+#include "cx_settings.h"
 
 #include <unistd.h>
 
@@ -13,8 +14,7 @@ static int g_threads;
 int cx_get_num_threads(void)
 {
     if (g_threads <= 0) {
-        const char *env = getenv("CX_NUM_THREADS");
-        int n = env ? atoi(env) : 0;
+        int n = (int)cx_setting_int("CX_NUM_THREADS");
         if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
         if (n <= 0) n = 1;
         g_threads = n;

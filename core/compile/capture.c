@@ -3,6 +3,7 @@
 #include "capture.h"
 #include "cx_vec.h"
 #include "sharding.h"
+#include "cx_settings.h"
 
 #include <cxla/cache.h>
 
@@ -190,7 +191,7 @@ const char *cx_compile_options(void)
     if (!g_opts_set) {
         pthread_mutex_lock(&g_opts_mu);
         if (!g_opts_set) {
-            const char *a = getenv("XLA_FLAGS"), *b = getenv("CX_COMPILE_OPTIONS");
+            const char *a = cx_setting_str("XLA_FLAGS"), *b = cx_setting_str("CX_COMPILE_OPTIONS");
             char buf[4096];
             snprintf(buf, sizeof buf, "%s%s%s%s", a && *a ? "XLA_FLAGS=" : "", a && *a ? a : "",
                      b && *b ? ";CX_COMPILE_OPTIONS=" : "", b && *b ? b : "");

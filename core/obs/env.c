@@ -3,6 +3,8 @@
  * first sync through the registry's env hook. */
 #include "obs_internal.h"
 #include "cx_fs.h"
+#include "cx_log.h"
+#include "cx_settings.h"
 
 #include <cxla/cache.h>
 #include <cxla/comm.h>
@@ -15,14 +17,8 @@ static pthread_mutex_t g_cfg_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static char *env_dup(const char *name)
 {
-    const char *v = getenv(name);
+    const char *v = cx_setting_str(name);
     return v && *v ? strdup(v) : NULL;
-}
-
-static bool env_true(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0 && strcmp(v, "false") != 0;
 }
 
 static void read_env_locked(void)
@@ -32,21 +28,16 @@ static void read_env_locked(void)
     free(c->dump_path);
     free(c->metrics_path);
     memset(c, 0, sizeof *c);
-    const char *lv = getenv("PT_XLA_DEBUG_LEVEL");
-    c->debug_level = lv ? atoi(lv) : 0;
-    if (c->debug_level < 0) c->debug_level = 0;
-    c->all_ranks = env_true("CX_DEBUG_ALL_RANKS");
+    c->debug_level = (int)cx_setting_int("PT_XLA_DEBUG_LEVEL");
+    c->all_ranks = cx_setting_bool("CX_DEBUG_ALL_RANKS");
     c->debug_file = env_dup("PT_XLA_DEBUG_FILE");
     c->dump_path = env_dup("XLA_SAVE_TENSORS_FILE");
-    const char *fmt = getenv("XLA_SAVE_TENSORS_FMT");
-    c->dump_dot = fmt && !strcmp(fmt, "dot");
-    if (fmt && *fmt && strcmp(fmt, "text") && strcmp(fmt, "dot"))
-        fprintf(stderr, "cxla: XLA_SAVE_TENSORS_FMT=%s is not supported (text or dot); using text\n", fmt);
+    c->dump_dot = cx_setting_enum("XLA_SAVE_TENSORS_FMT") == 1;   /* text|dot */
     c->metrics_path = env_dup("XLA_METRICS_FILE");
     cx_obs_set(OBS_DEBUG, c->debug_level > 0);
     cx_obs_set(OBS_DUMP, c->dump_path != NULL);
     cx_obs_set(OBS_METRICS_FILE, c->metrics_path != NULL);
-    cx_obs_set(OBS_EAGER, env_true("XLA_USE_EAGER_DEBUG_MODE"));
+    cx_obs_set(OBS_EAGER, cx_setting_bool("XLA_USE_EAGER_DEBUG_MODE"));
 }
 
 static void read_env_once(void)
@@ -57,9 +48,9 @@ static void read_env_once(void)
     cx_obs_set(OBS_UNINIT, false);
     pthread_mutex_unlock(&g_cfg_mu);
     /* outside the lock: cx_cache_init may report through cx_set_error */
-    const char *dir = getenv("CX_CACHE_DIR");
-    if (dir && *dir && !cx_cache_dir() && cx_cache_init(dir, env_true("CX_CACHE_READONLY")) != CX_OK)
-        fprintf(stderr, "cxla: CX_CACHE_DIR=%s: %s\n", dir, cx_last_error());
+    const char *dir = cx_setting_str("CX_CACHE_DIR");
+    if (dir && *dir && !cx_cache_dir() && cx_cache_init(dir, cx_setting_bool("CX_CACHE_READONLY")) != CX_OK)
+        cx_logf(CX_LOG_ERROR, "cache", "CX_CACHE_DIR=%s: %s", dir, cx_last_error());
 }
 
 __attribute__((constructor)) static void register_env(void) { cx_obs_hooks.env = read_env_once; }

@@ -16,5 +16,6 @@
 #include <cxla/cache.h>
 #include <cxla/fsdp.h>
 #include <cxla/spmd.h>
+#include <cxla/logging.h>
 
 #endif

@@ -1,6 +1,8 @@
 /* The hierarchical all-reduce (hier.h). */
 #include "hier.h"
 
+#include "cx_settings.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +22,7 @@ cx_hier *cx_hier_open(MPI_Comm c, char *err, size_t errn)
     MPI_Comm_size(c, &size);
     /* opt-in: on the 2-host test cluster (4 ranks on 2 cores, TCP over
      * veth at 0.4 GB/s) it measured 0.2-0.7x of a flat MPI_Allreduce */
-    const char *e = getenv("CX_SHM_HIERARCHICAL");
-    int on = cx_shm_wanted() && e && !strcmp(e, "1");
+    int on = cx_shm_wanted() && cx_setting_bool("CX_SHM_HIERARCHICAL");
     MPI_Bcast(&on, 1, MPI_INT, 0, c);
     if (!on) return NULL;
     MPI_Comm node;

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE   /* fallocate's hole punching */
 #include "shm_heap.h"
 
+#include "cx_settings.h"
 #include "cx_vec.h"
 
 #include <errno.h>
@@ -16,7 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_HEAP_MIB 4096
 #define BLOCK_ALIGN ((size_t)4096)
 #define SPARE_MIN ((size_t)64 << 20)
 
@@ -44,11 +44,7 @@ static bool g_attached;
 
 static size_t reserve_bytes(void)
 {
-    const char *e = getenv("CX_SHM_HEAP_MIB");
-    char *end = NULL;
-    long long mib = e ? strtoll(e, &end, 10) : DEFAULT_HEAP_MIB;
-    if (e && (*end || mib < 0 || mib > ((long long)1 << 30))) mib = DEFAULT_HEAP_MIB;
-    return (size_t)mib << 20;
+    return (size_t)cx_setting_int("CX_SHM_HEAP_MIB") << 20;
 }
 
 /* This rank's file: made empty, sized sparse (tmpfs charges pages only when

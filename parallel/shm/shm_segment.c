@@ -2,6 +2,8 @@
  * unlinked at once; and the barrier the collectives order their chunks by. */
 #include "shm_internal.h"
 
+#include "cx_settings.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -12,11 +14,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-/* Measured on a 2-vCPU Zen 4 VM, 16 MiB all-reduces: 1 MiB chunks moved
- * 7.1-7.7 GB/s against 6.8-7.6 with 256 KiB ones (vCPUs in one core
- * complex), 2.9 against 2.3 (in two); 4 MiB ones lost again. */
-#define DEFAULT_CHUNK_KIB 1024
 
 /* What rank 0 of the communicator tells the others about the segment. */
 typedef struct {
@@ -29,16 +26,12 @@ typedef struct {
 
 bool cx_shm_wanted(void)
 {
-    const char *e = getenv("CX_SHM_COLLECTIVES");
-    return !e || strcmp(e, "0") != 0;
+    return cx_setting_enum("CX_SHM_COLLECTIVES") != 0;   /* 0|1|all */
 }
 
 static size_t chunk_bytes(void)
 {
-    const char *e = getenv("CX_SHM_CHUNK_KIB");
-    long kib = e ? strtol(e, NULL, 10) : DEFAULT_CHUNK_KIB;
-    if (kib < 4 || kib > 65536) kib = DEFAULT_CHUNK_KIB;
-    return (size_t)kib << 10;
+    return (size_t)cx_setting_int("CX_SHM_CHUNK_KIB") << 10;
 }
 
 /* Results from this size up are written with streaming stores: measured on
@@ -46,11 +39,7 @@ static size_t chunk_bytes(void)
  * ones lost 4 %, so the default sits between. */
 static size_t stream_min_bytes(void)
 {
-    const char *e = getenv("CX_SHM_STREAM_MIB");
-    char *end = NULL;
-    double mib = e ? strtod(e, &end) : 32;
-    if (e && (*end || !(mib >= 0) || mib > 1e6)) mib = 32;
-    return (size_t)(mib * 1048576.0);
+    return (size_t)(cx_setting_double("CX_SHM_STREAM_MIB") * 1048576.0);
 }
 
 /* CX_SHM_SLOT_WRITES=cached or streamed fixes the way every collective
@@ -58,18 +47,16 @@ static size_t stream_min_bytes(void)
  * messages); anything else leaves it to the timing (shm_tune.h). */
 static int slot_writes_setting(void)
 {
-    const char *e = getenv("CX_SHM_SLOT_WRITES");
-    if (e && !strcmp(e, "cached")) return CX_SHM_CACHED;
-    if (e && !strcmp(e, "streamed")) return CX_SHM_STREAMED;
-    return -1;
+    switch (cx_setting_enum("CX_SHM_SLOT_WRITES")) {   /* auto|cached|streamed */
+    case 1: return CX_SHM_CACHED;
+    case 2: return CX_SHM_STREAMED;
+    default: return -1;
+    }
 }
 
 static double collective_timeout(void)
 {
-    const char *e = getenv("CX_COLLECTIVE_TIMEOUT");
-    char *end = NULL;
-    double t = e ? strtod(e, &end) : 300;
-    return e && (*end || !(t >= 0)) ? 300 : t;
+    return cx_setting_double("CX_COLLECTIVE_TIMEOUT");
 }
 
 static size_t flags_bytes(int size) { return ((size_t)size * sizeof(shm_flag) + 4095) & ~(size_t)4095; }
@@ -128,8 +115,7 @@ int cx_shm_split_node(MPI_Comm c, MPI_Comm *node)
     int rank, world_rank;
     MPI_Comm_rank(c, &rank);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    const char *e = getenv("CX_SHM_NODE_RANKS");
-    long per = e ? strtol(e, NULL, 10) : 0;
+    long per = (long)cx_setting_int("CX_SHM_NODE_RANKS");
     if (per > 0) return MPI_Comm_split(c, (int)(world_rank / per), rank, node);
     return MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node);
 }
@@ -174,8 +160,7 @@ cx_shm *cx_shm_open(MPI_Comm c, char *err, size_t errn)
     MPI_Comm_rank(c, &rank);
     MPI_Comm_size(c, &size);
     /* the decision is rank 0's, so ranks whose settings differ still agree */
-    const char *mode = getenv("CX_SHM_COLLECTIVES");
-    seg_info si = { .ok = cx_shm_wanted(), .gathers = mode && !strcmp(mode, "all") };
+    seg_info si = { .ok = cx_shm_wanted(), .gathers = cx_setting_enum("CX_SHM_COLLECTIVES") == 2 };
     if (!one_node(c, size)) return NULL;
     /* a reduce-scatter chunk holds a piece for every rank */
     si.chunk = (int64_t)chunk_bytes();

@@ -22,13 +22,16 @@ hits=$(cd "$src" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]
 # "<source path relative to SOURCE_DIR> <1 if compiled with CX_BUILDING_LIBRARY>"
 awk -v src="$src/" '
     /"command":/ {
-        n = split($0, w, " "); file = ""; lib = 0
+        n = split($0, w, " "); file = ""; obj = ""; lib = 0
         for (i = 1; i <= n; i++) {
             if (w[i] == "-DCX_BUILDING_LIBRARY" || w[i] ~ /^-DCX_BUILDING_LIBRARY=/) lib = 1
             if (w[i] == "-c") file = w[i+1]
+            if (w[i] == "-o") obj = w[i+1]
         }
         gsub(/[",]/, "", file)
-        if (index(file, src) == 1) print substr(file, length(src) + 1), lib
+        # the library layers only (object libraries cx_*): a program may
+        # compile a util/ source into itself (xla-launch does)
+        if (index(file, src) == 1 && obj ~ /CMakeFiles\/cx_/) print substr(file, length(src) + 1), lib
     }' "$db" > "$build/callsites.txt"
 nlib=0
 while read -r file lib; do
