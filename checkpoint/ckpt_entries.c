@@ -1,64 +1,12 @@
-/* The tensors of a checkpoint as full, PyTorch-shaped entries: the home
- * file's datasets, with a sharded file's flat parameters and states listed
- * per parameter of their unit. */
+/* The tensors of a full or FSDP checkpoint as full, PyTorch-shaped
+ * entries: the home file's datasets, with a sharded file's flat parameters
+ * and states listed per parameter of their unit. An SPMD checkpoint is
+ * listed by its sibling ckpt_spmd_src.c; both fill the entry table of
+ * ckpt_table.c and neither calls the other (ckpt_source.c picks one). */
 #include "ckpt_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#include "cx_vec.h"
-
-void ckpt_entry_free(ckpt_entry *e)
-{
-    free(e->key);
-    free(e->state);
-    free(e->h5path);
-    for (int i = 0; i < e->npieces; i++) {
-        free(e->pieces[i].h5path);
-        free(e->pieces[i].boxes);
-    }
-    free(e->pieces);
-}
-
-typedef struct {
-    const char *key, *state, *h5path;
-    bool is_param;
-    int ndim;
-    const int64_t *shape;
-    cx_dtype dtype;
-    int unit, pidx;
-    bool replicated;
-} entry_spec;
-
-static cx_status add_entry(ckpt_src *s, entry_spec x)
-{
-    if (!CX_GROW(s->entries, s->entries_cap, s->nentries + 1)) goto oom;
-    ckpt_entry *e = &s->entries[s->nentries];
-    memset(e, 0, sizeof *e);
-    e->key = strdup(x.key);
-    e->state = x.state ? strdup(x.state) : NULL;
-    e->h5path = strdup(x.h5path);
-    if (!e->key || (x.state && !e->state) || !e->h5path) {
-        ckpt_entry_free(e);
-        goto oom;
-    }
-    e->is_param = x.is_param;
-    e->ndim = x.ndim;
-    e->numel = 1;
-    for (int i = 0; i < x.ndim; i++) {
-        e->shape[i] = x.shape[i];
-        e->numel *= x.shape[i];
-    }
-    e->dtype = x.dtype;
-    e->unit = x.unit;
-    e->pidx = x.pidx;
-    e->replicated = x.replicated;
-    s->nentries++;
-    return CX_OK;
-oom:
-    cx_set_last_error("checkpoint %s: out of memory listing tensors", s->prefix);
-    return CX_ERR_OOM;
-}
 
 /* Rank, shape, dtype (and optionally the "kind" attribute) of a tensor
  * dataset. @return CX_OK, or CX_ERR_IO naming the dataset. */
@@ -87,7 +35,8 @@ static cx_status list_model(ckpt_src *s, hid_t fid, const char *fpath)
         snprintf(h5, sizeof h5, "/model/%s", s->units[i].flat_name);
         for (int p = 0; p < s->units[i].nparams && st == CX_OK; p++) {
             const ckpt_pinfo *pi = &s->units[i].params[p];
-            st = add_entry(s, (entry_spec){ pi->name, NULL, h5, true, pi->ndim, pi->shape, CX_F32, i, p, false });
+            ckpt_entry_spec x = { pi->name, NULL, h5, true, pi->ndim, pi->shape, CX_F32, i, p, false };
+            st = ckpt_src_add_entry(s, &x);
         }
     }
     ckpt_name_list model;
@@ -105,7 +54,8 @@ static cx_status list_model(ckpt_src *s, hid_t fid, const char *fpath)
         if (!strcmp(kind, "flat_param")) continue;      /* listed per parameter above */
         if (s->sharded && strcmp(kind, "buffer")) continue;
         bool is_param = strcmp(kind, "buffer") != 0;
-        st = add_entry(s, (entry_spec){ model.names[k], NULL, h5, is_param, nd, shape, dt, -1, -1, true });
+        ckpt_entry_spec x = { model.names[k], NULL, h5, is_param, nd, shape, dt, -1, -1, true };
+        st = ckpt_src_add_entry(s, &x);
     }
     ckpt_name_list_free(&model);
     return st;
@@ -135,7 +85,8 @@ static cx_status list_states(ckpt_src *s, hid_t fid, const char *fpath, const ch
         cx_dtype dt = CX_F32;
         if ((st = probe_dataset(fid, fpath, h5, &nd, shape, &dt, NULL, 0)) != CX_OK) break;
         if (!s->sharded) {
-            st = add_entry(s, (entry_spec){ group, states.names[k], h5, false, nd, shape, dt, -1, -1, true });
+            ckpt_entry_spec x = { group, states.names[k], h5, false, nd, shape, dt, -1, -1, true };
+            st = ckpt_src_add_entry(s, &x);
             continue;
         }
         if (unit < 0) {
@@ -146,12 +97,12 @@ static cx_status list_states(ckpt_src *s, hid_t fid, const char *fpath, const ch
         const ckpt_unit *u = &s->units[unit];
         for (int p = 0; p < u->nparams && st == CX_OK; p++) {
             const ckpt_pinfo *pi = &u->params[p];
-            entry_spec x = { pi->name, states.names[k], h5, false, pi->ndim, pi->shape, dt, unit, p, false };
+            ckpt_entry_spec x = { pi->name, states.names[k], h5, false, pi->ndim, pi->shape, dt, unit, p, false };
             if (nd == 0) {
                 x.ndim = 0;
                 x.replicated = true;
             }
-            st = add_entry(s, x);
+            st = ckpt_src_add_entry(s, &x);
         }
     }
     ckpt_name_list_free(&states);
@@ -160,7 +111,6 @@ static cx_status list_states(ckpt_src *s, hid_t fid, const char *fpath, const ch
 
 cx_status ckpt_src_list(ckpt_src *s)
 {
-    if (s->spmd) return ckpt_spmd_list(s);
     hid_t fid = s->files[s->home].fid;
     const char *fpath = s->files[s->home].path;
     cx_status st = list_model(s, fid, fpath);

@@ -256,8 +256,12 @@ typedef struct {
 cx_status ckpt_view_of(cx_ckpt_model m, ckpt_view *v);
 void ckpt_view_release(ckpt_view *v);
 
-/* ---- reading: any committed checkpoint as full tensors (ckpt_source.c,
- * ckpt_entries.c, ckpt_read.c) ------------------------------------------------------- */
+/* ---- reading: any committed checkpoint as full tensors ------------------------------
+ * From the bottom up, each file calling only those before it: the entry
+ * table (ckpt_table.c); the listers of the full/FSDP (ckpt_entries.c) and
+ * SPMD (ckpt_spmd_src.c) layouts, which fill it; the opener with the file
+ * checks (ckpt_source.c); SPMD piece reads (ckpt_spmd_read.c); element
+ * ranges of any entry (ckpt_read.c); boxes of any entry (ckpt_box.c). */
 
 typedef struct {
     char *path;
@@ -319,12 +323,31 @@ typedef struct {
 cx_status ckpt_src_open(ckpt_src *s, const char *prefix, const char *suffix, const char *single_file,
                         bool verify_all, int home_rank);
 void ckpt_src_close(ckpt_src *s);
-/* Lists the tensors of the home file as entries (ckpt_entries.c). */
-cx_status ckpt_src_list(ckpt_src *s);
-void ckpt_entry_free(ckpt_entry *e);
-/* Checks file r against the marker's checksum (once). */
+/* Checks file r against the marker's checksum (once; ckpt_source.c).
+ * @return CX_OK, or CX_ERR_IO naming the file. */
 cx_status ckpt_src_verify(ckpt_src *s, int r);
+/* Lists the tensors of the home file of a full or FSDP checkpoint as
+ * entries (ckpt_entries.c). @return CX_OK, or the error naming the file
+ * and dataset. */
+cx_status ckpt_src_list(ckpt_src *s);
+
+/* What an entry is made from (ckpt_src_add_entry copies the strings). */
+typedef struct {
+    const char *key, *state, *h5path;
+    bool is_param;
+    int ndim;
+    const int64_t *shape;
+    cx_dtype dtype;
+    int unit, pidx;        /* -1 when not in a flat layout */
+    bool replicated;
+} ckpt_entry_spec;
+
+/* The entry table (ckpt_table.c). Appends an entry without pieces.
+ * @return CX_OK, or CX_ERR_OOM (error set; s unchanged). */
+cx_status ckpt_src_add_entry(ckpt_src *s, const ckpt_entry_spec *x);
+/* The entry of key and state (NULL: a /model tensor), NULL if none. */
 const ckpt_entry *ckpt_src_find(const ckpt_src *s, const char *key, const char *state);
+void ckpt_entry_free(ckpt_entry *e);
 /* Reads the row-major elements [a, b) of an entry (its dtype) into buf. */
 cx_status ckpt_src_read(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, void *buf);
 /* Reads the global box [start, start + count) of an entry (its dtype) into
@@ -334,7 +357,7 @@ cx_status ckpt_src_read(ckpt_src *s, const ckpt_entry *e, int64_t a, int64_t b, 
 cx_status ckpt_src_read_box(ckpt_src *s, const ckpt_entry *e, const int64_t *start, const int64_t *count, void *mem,
                             const int64_t *mem_shape, const int64_t *mem_off);
 
-/* ---- the SPMD layout (ckpt_spmd_save.c, ckpt_spmd_src.c) ---------------------------- */
+/* ---- the SPMD layout (ckpt_spmd_save.c, ckpt_spmd_src.c, ckpt_spmd_read.c) --------- */
 
 /* Writes this rank's part of tensor t under parent/name: its shard with
  * the global shape, boxes and sharding when t is SPMD-sharded and no lower

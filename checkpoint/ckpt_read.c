@@ -1,6 +1,8 @@
 /* Reading tensors of an open checkpoint: any element range of an entry,
  * taken from whichever rank files hold it, with the checksums of the
- * file's format version checked on the way. */
+ * file's format version checked on the way. Whole-file checks are the
+ * opener's (ckpt_source.c) and an SPMD entry's pieces are
+ * ckpt_spmd_read.c's; this file calls both and neither calls it. */
 #include "ckpt_internal.h"
 
 #include <pthread.h>
@@ -9,45 +11,6 @@
 #include <sys/stat.h>
 
 #include "cx_assert.h"
-
-cx_status ckpt_src_verify(ckpt_src *s, int r)
-{
-    ckpt_file *f = &s->files[r];
-    if (f->verified || !f->have_marker_hash) return CX_OK;
-    if (s->per_dataset) {
-        /* each tensor is checked as it is read; here only the size, which
-         * catches a truncated file before anything is loaded */
-        struct stat sb;
-        if (stat(f->path, &sb) != 0 || (int64_t)sb.st_size != f->size) {
-            cx_set_last_error("%s: size differs from the commit marker (the file is truncated or corrupt)", f->path);
-            return CX_ERR_IO;
-        }
-        f->verified = true;
-        return CX_OK;
-    }
-    uint64_t h;
-    int64_t size;
-    cx_status st = ckpt_hash_file(f->path, s->version, false, &h, &size);
-    if (st != CX_OK) return st;
-    if (h != f->marker_hash || size != f->size) {
-        cx_set_last_error("%s: checksum mismatch with the commit marker (the file is corrupt)", f->path);
-        return CX_ERR_IO;
-    }
-    f->verified = true;
-    return CX_OK;
-}
-
-const ckpt_entry *ckpt_src_find(const ckpt_src *s, const char *key, const char *state)
-{
-    for (int i = 0; i < s->nentries; i++) {
-        const ckpt_entry *e = &s->entries[i];
-        if (strcmp(e->key, key)) continue;
-        if ((state == NULL) != (e->state == NULL)) continue;
-        if (state && strcmp(state, e->state)) continue;
-        return e;
-    }
-    return NULL;
-}
 
 /* Hashes the pieces of a dataset on a second thread while the next piece
  * is read, so the checksum costs no time beyond the read itself. Only the

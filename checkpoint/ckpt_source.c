@@ -1,8 +1,11 @@
 /* Opening a checkpoint for reading: find its files, match them against the
- * commit marker, open each one and check what it says about itself (format,
- * version, world, rank, progress, shard metadata), then list its tensors.
- * Loads, consolidation and resharding all open checkpoints here, so they
- * validate the same way. */
+ * commit marker (and check their checksums, now or on first read), open
+ * each one and check what it says about itself (format, version, world,
+ * rank, progress, shard metadata), then list its tensors with the lister
+ * of its layout. Loads, consolidation and resharding all open checkpoints
+ * here, so they validate the same way. The listers below it fill the entry
+ * table; the readers above it call back only for the file checks, which
+ * is why those live here with the marker they check against. */
 #include "ckpt_internal.h"
 
 #include <errno.h>
@@ -24,6 +27,33 @@ void ckpt_src_close(ckpt_src *s)
     free(s->entries);
     ckpt_units_free(s->units, s->nunits);
     memset(s, 0, sizeof *s);
+}
+
+cx_status ckpt_src_verify(ckpt_src *s, int r)
+{
+    ckpt_file *f = &s->files[r];
+    if (f->verified || !f->have_marker_hash) return CX_OK;
+    if (s->per_dataset) {
+        /* each tensor is checked as it is read; here only the size, which
+         * catches a truncated file before anything is loaded */
+        struct stat sb;
+        if (stat(f->path, &sb) != 0 || (int64_t)sb.st_size != f->size) {
+            cx_set_last_error("%s: size differs from the commit marker (the file is truncated or corrupt)", f->path);
+            return CX_ERR_IO;
+        }
+        f->verified = true;
+        return CX_OK;
+    }
+    uint64_t h;
+    int64_t size;
+    cx_status st = ckpt_hash_file(f->path, s->version, false, &h, &size);
+    if (st != CX_OK) return st;
+    if (h != f->marker_hash || size != f->size) {
+        cx_set_last_error("%s: checksum mismatch with the commit marker (the file is corrupt)", f->path);
+        return CX_ERR_IO;
+    }
+    f->verified = true;
+    return CX_OK;
 }
 
 /* @return 0, or -1 when out of memory. */
@@ -341,7 +371,7 @@ cx_status ckpt_src_open(ckpt_src *s, const char *prefix, const char *suffix, con
     if (st == CX_OK) st = check_progress(s);
     s->home = home_rank >= 0 && home_rank < s->nfiles ? home_rank : 0;
     if (st == CX_OK) st = read_layout(s);
-    if (st == CX_OK) st = ckpt_src_list(s);
+    if (st == CX_OK) st = s->spmd ? ckpt_spmd_list(s) : ckpt_src_list(s);
     if (st != CX_OK) ckpt_src_close(s);
     return st;
 }

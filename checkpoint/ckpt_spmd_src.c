@@ -1,15 +1,13 @@
-/* Reading an SPMD checkpoint: every rank file's datasets become pieces of
+/* Listing an SPMD checkpoint: every rank file's datasets become pieces of
  * global tensors (the boxes each holds, from its attributes), checked to
- * cover each tensor exactly once; reads take the intersection of a wanted
- * box with each piece through HDF5 hyperslab selections, so a rank reads
- * only what its shard needs. */
+ * cover each tensor exactly once. This file only builds the entry table
+ * (ckpt_table.c); reading the pieces is ckpt_spmd_read.c's, which sits
+ * above the opener (ckpt_source.c) that calls this lister, so listing and
+ * reading never depend on each other both ways. */
 #include "ckpt_internal.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "cx_vec.h"
 
 /* Boxes per dataset at most: the blocks' combinations of one shard. */
 #define SPMD_MAX_BOXES 4096
@@ -95,28 +93,8 @@ static ckpt_entry *find_entry(ckpt_src *s, const char *key, const char *state)
 
 static cx_status new_entry(ckpt_src *s, const spmd_dataset *x)
 {
-    if (!CX_GROW(s->entries, s->entries_cap, s->nentries + 1))
-        return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
-    ckpt_entry *e = &s->entries[s->nentries];
-    memset(e, 0, sizeof *e);
-    e->key = strdup(x->key);
-    e->state = x->state ? strdup(x->state) : NULL;
-    e->h5path = strdup(x->h5);
-    if (!e->key || (x->state && !e->state) || !e->h5path) {
-        ckpt_entry_free(e);
-        return ckpt_fail(CX_ERR_OOM, "%s: out of memory", s->prefix);
-    }
-    e->is_param = x->is_param;
-    e->ndim = x->nd;
-    e->numel = 1;
-    for (int i = 0; i < x->nd; i++) {
-        e->shape[i] = x->global[i];
-        e->numel *= x->global[i];
-    }
-    e->dtype = x->dt;
-    e->unit = e->pidx = -1;
-    s->nentries++;
-    return CX_OK;
+    ckpt_entry_spec spec = { x->key, x->state, x->h5, x->is_param, x->nd, x->global, x->dt, -1, -1, false };
+    return ckpt_src_add_entry(s, &spec);
 }
 
 /* Adds dataset x of file r to its entry (made on first sight), which must
@@ -258,79 +236,4 @@ cx_status ckpt_spmd_list(ckpt_src *s)
                            s->prefix, what, s->nfiles);
     }
     return st;
-}
-
-/* ---- reads ----------------------------------------------------------------------------- */
-
-/* The intersection of the box [a, a + n) with box b: *lo and *cnt.
- * @return false when empty. */
-static bool intersect(int nd, const int64_t *a, const int64_t *n, const cx_shard_box *b, int64_t *lo, int64_t *cnt)
-{
-    for (int d = 0; d < nd; d++) {
-        int64_t s = a[d] > b->start[d] ? a[d] : b->start[d];
-        int64_t e = a[d] + n[d] < b->start[d] + b->count[d] ? a[d] + n[d] : b->start[d] + b->count[d];
-        if (e <= s) return false;
-        lo[d] = s;
-        cnt[d] = e - s;
-    }
-    return true;
-}
-
-bool ckpt_piece_hits(const ckpt_piece *p, int ndim, const int64_t *start, const int64_t *count)
-{
-    int64_t lo[CX_MAX_DIMS], cnt[CX_MAX_DIMS];
-    for (int k = 0; k < p->nboxes; k++)
-        if (intersect(ndim, start, count, &p->boxes[k], lo, cnt)) return true;
-    return false;
-}
-
-/* One hyperslab read: cnt elements from the dataset at `from` into the
- * memory array of mem_shape at `to`. */
-static int read_slab(hid_t d, hid_t fs, hid_t type, int nd, const int64_t *from, const int64_t *to,
-                     const int64_t *cnt, void *mem, const int64_t *mem_shape)
-{
-    hsize_t f0[CX_MAX_DIMS], m0[CX_MAX_DIMS], c[CX_MAX_DIMS], mdims[CX_MAX_DIMS];
-    for (int i = 0; i < nd; i++) {
-        f0[i] = (hsize_t)from[i];
-        m0[i] = (hsize_t)to[i];
-        c[i] = (hsize_t)cnt[i];
-        mdims[i] = (hsize_t)mem_shape[i];
-    }
-    hid_t ms = H5Screate_simple(nd, mdims, NULL);
-    int rc = ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, f0, NULL, c, NULL) >= 0 &&
-                     H5Sselect_hyperslab(ms, H5S_SELECT_SET, m0, NULL, c, NULL) >= 0 &&
-                     H5Dread(d, type, ms, fs, H5P_DEFAULT, mem) >= 0
-                 ? 0
-                 : -1;
-    if (ms >= 0) H5Sclose(ms);
-    return rc;
-}
-
-cx_status ckpt_spmd_read_piece(ckpt_src *s, const ckpt_entry *e, const ckpt_piece *p, const int64_t *start,
-                               const int64_t *count, void *mem, const int64_t *mem_shape, const int64_t *mem_off)
-{
-    if (e->ndim > 0 && !ckpt_piece_hits(p, e->ndim, start, count)) return CX_OK;
-    cx_status st = ckpt_src_verify(s, p->file);
-    if (st != CX_OK) return st;
-    const ckpt_file *f = &s->files[p->file];
-    hid_t d = H5Dopen2(f->fid, p->h5path, H5P_DEFAULT), fs = d >= 0 ? H5Dget_space(d) : -1;
-    hid_t type = ckpt_h5_type(e->dtype);
-    bool ok = fs >= 0;
-    if (ok && e->ndim == 0) ok = H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, mem) >= 0;
-    for (int k = 0; ok && e->ndim > 0 && k < p->nboxes; k++) {
-        const cx_shard_box *b = &p->boxes[k];
-        int64_t lo[CX_MAX_DIMS], cnt[CX_MAX_DIMS], from[CX_MAX_DIMS], to[CX_MAX_DIMS];
-        if (!intersect(e->ndim, start, count, b, lo, cnt)) continue;
-        for (int i = 0; i < e->ndim; i++) {
-            from[i] = b->local_start[i] + lo[i] - b->start[i];
-            to[i] = mem_off[i] + lo[i] - start[i];
-        }
-        ok = read_slab(d, fs, type, e->ndim, from, to, cnt, mem, mem_shape) == 0;
-    }
-    if (fs >= 0) H5Sclose(fs);
-    if (d >= 0) H5Dclose(d);
-    if (ok) return CX_OK;
-    char what[1200];
-    ckpt_label(what, sizeof what, e->key, e->state);
-    return ckpt_fail(CX_ERR_IO, "%s: cannot read %s (%s): %s", f->path, what, p->h5path, ckpt_h5_msg());
 }

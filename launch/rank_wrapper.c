@@ -334,6 +334,111 @@ static pid_t spawn_program(struct wrapper *w, char **argv, int out_w, int err_w)
     return pid;
 }
 
+/* Pipes for PROGRAM's stdout and stderr, then PROGRAM; fds gets the read ends, made
+ * non-blocking because one loop serves both of them, the signals and the launcher. */
+static void start_program(struct wrapper *w, char **argv, int fds[2])
+{
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+        xl_die("pipe: %s", strerror(errno));
+    w->child = spawn_program(w, argv, out[1], err[1]);
+    close(out[1]);
+    close(err[1]);
+    if (w->child < 0) {
+        w->child_done = true;
+        w->child_wstatus = 127 << 8;
+    }
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    fds[0] = out[0];
+    fds[1] = err[0];
+}
+
+/* What poll found ready: p[0] the signal pipe, p[1] and p[2] PROGRAM's stdout and
+ * stderr (fds, closed here at EOF), p[3] the launcher's socket. */
+static void serve_ready(struct wrapper *w, int sigfd, const struct pollfd *p, int fds[2],
+                        struct xl_linebuf lb[2])
+{
+    static char buf[65536];
+    if (p[0].revents) {
+        int sig;
+        while ((sig = xl_sigpipe_read(sigfd)) != 0) {
+            if (sig == SIGCHLD) reap(w);
+            else begin_teardown(w, SIGTERM);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (fds[i] < 0 || !p[1 + i].revents) continue;
+        ssize_t n = read(fds[i], buf, sizeof buf);
+        if (n > 0) {
+            xl_linebuf_feed(&lb[i], buf, (size_t)n, sink_line, w);
+        } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+    }
+    if (w->sock >= 0 && p[3].revents) {
+        /* the launcher never sends more than the ack: EOF or an error means it is gone */
+        char b[16];
+        ssize_t n = recv(w->sock, b, sizeof b, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) launcher_lost(w);
+    }
+}
+
+/* Forwards PROGRAM's output until PROGRAM has ended and its pipes are drained (at most
+ * DRAIN_GRACE after its end: a grandchild may hold them open), passing stops on to it
+ * and killing its group once the grace of a stop is over. */
+static void forward_until_done(struct wrapper *w, int sigfd, int fds[2], struct xl_linebuf lb[2])
+{
+    double drain_until = 0;
+    for (;;) {
+        double now = xl_now();
+        if (w->child_done) {
+            if (drain_until == 0) drain_until = now + DRAIN_GRACE;
+            if ((fds[0] < 0 && fds[1] < 0) || now >= drain_until) break;
+        }
+        if (w->kill_at > 0 && !w->child_done && now >= w->kill_at) {
+            kill(-w->child, SIGKILL);
+            w->kill_at = 0;
+        }
+        double next = w->child_done ? drain_until : (w->kill_at > 0 ? w->kill_at : now + 3600);
+        int timeout = (int)((next - now) * 1000) + 1;
+        if (timeout < 0) timeout = 0;
+
+        struct pollfd p[4];
+        int np = 0;
+        p[np++] = (struct pollfd){ sigfd, POLLIN, 0 };
+        for (int i = 0; i < 2; i++) p[np++] = (struct pollfd){ fds[i], POLLIN, 0 };
+        /* the ack is long read: readable or hung up now means the launcher is gone */
+        p[np++] = (struct pollfd){ w->sock, POLLIN, 0 };
+        if (poll(p, (nfds_t)np, timeout) < 0) {
+            if (errno == EINTR) continue;
+            xl_die("poll: %s", strerror(errno));
+        }
+        serve_ready(w, sigfd, p, fds, lb);
+    }
+}
+
+/* Tells the launcher how PROGRAM ended. @return the wrapper's exit code: PROGRAM's, or
+ * 128 + the signal that killed it, as a shell would report it. */
+static int report_end(struct wrapper *w)
+{
+    struct xl_status st = { .rank = w->rank, .torn_down = w->torn_down };
+    int code;
+    if (WIFSIGNALED(w->child_wstatus)) {
+        st.how = XL_SIGNALED;
+        st.code = WTERMSIG(w->child_wstatus);
+        code = 128 + st.code;
+    } else {
+        st.how = XL_EXITED;
+        st.code = WEXITSTATUS(w->child_wstatus);
+        code = st.code;
+    }
+    send_status(w, &st);
+    if (w->sock >= 0) close(w->sock);
+    return code;
+}
+
 int xl_rank_wrapper_main(int argc, char **argv)
 {
     if (argc < 1) xl_die("--rank-wrapper needs a program");
@@ -362,93 +467,17 @@ int xl_rank_wrapper_main(int argc, char **argv)
         return 128 + SIGTERM;
     }
 
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
-        xl_die("pipe: %s", strerror(errno));
-    w.child = spawn_program(&w, argv, out[1], err[1]);
-    close(out[1]);
-    close(err[1]);
-    if (w.child < 0) {
-        w.child_done = true;
-        w.child_wstatus = 127 << 8;
-    }
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
-
+    int fds[2];
+    start_program(&w, argv, fds);
     struct xl_linebuf lb[2];
     xl_linebuf_init(&lb[0], 1);
     xl_linebuf_init(&lb[1], 2);
-    int fds[2] = { out[0], err[0] };
-    double drain_until = 0;
-    static char buf[65536];
-
-    for (;;) {
-        double now = xl_now();
-        if (w.child_done) {
-            if (drain_until == 0) drain_until = now + DRAIN_GRACE;
-            if ((fds[0] < 0 && fds[1] < 0) || now >= drain_until) break;
-        }
-        if (w.kill_at > 0 && !w.child_done && now >= w.kill_at) {
-            kill(-w.child, SIGKILL);
-            w.kill_at = 0;
-        }
-        double next = w.child_done ? drain_until : (w.kill_at > 0 ? w.kill_at : now + 3600);
-        int timeout = (int)((next - now) * 1000) + 1;
-        if (timeout < 0) timeout = 0;
-
-        struct pollfd p[4];
-        int np = 0;
-        p[np++] = (struct pollfd){ sigfd, POLLIN, 0 };
-        for (int i = 0; i < 2; i++) p[np++] = (struct pollfd){ fds[i], POLLIN, 0 };
-        /* the ack is long read: readable or hung up now means the launcher is gone */
-        p[np++] = (struct pollfd){ w.sock, POLLIN, 0 };
-        if (poll(p, (nfds_t)np, timeout) < 0) {
-            if (errno == EINTR) continue;
-            xl_die("poll: %s", strerror(errno));
-        }
-        if (p[0].revents) {
-            int sig;
-            while ((sig = xl_sigpipe_read(sigfd)) != 0) {
-                if (sig == SIGCHLD) reap(&w);
-                else begin_teardown(&w, SIGTERM);
-            }
-        }
-        for (int i = 0; i < 2; i++) {
-            if (fds[i] < 0 || !p[1 + i].revents) continue;
-            ssize_t n = read(fds[i], buf, sizeof buf);
-            if (n > 0) {
-                xl_linebuf_feed(&lb[i], buf, (size_t)n, sink_line, &w);
-            } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-                close(fds[i]);
-                fds[i] = -1;
-            }
-        }
-        if (w.sock >= 0 && p[3].revents) {
-            /* the launcher never sends more than the ack: EOF or an error means it is gone */
-            char b[16];
-            ssize_t n = recv(w.sock, b, sizeof b, MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) launcher_lost(&w);
-        }
-    }
+    forward_until_done(&w, sigfd, fds, lb);
     reap(&w);
     for (int i = 0; i < 2; i++) {
         xl_linebuf_flush(&lb[i], sink_line, &w);
         xl_linebuf_free(&lb[i]);
         if (fds[i] >= 0) close(fds[i]);
     }
-
-    struct xl_status st = { .rank = w.rank, .torn_down = w.torn_down };
-    int code;
-    if (WIFSIGNALED(w.child_wstatus)) {
-        st.how = XL_SIGNALED;
-        st.code = WTERMSIG(w.child_wstatus);
-        code = 128 + st.code;
-    } else {
-        st.how = XL_EXITED;
-        st.code = WEXITSTATUS(w.child_wstatus);
-        code = st.code;
-    }
-    send_status(&w, &st);
-    if (w.sock >= 0) close(w.sock);
-    return code;
+    return report_end(&w);
 }

@@ -1,5 +1,6 @@
 /* The collective watchdog. Each rank keeps a status page in a directory the
- * launcher makes (CX_STATUS_DIR; parallel/watch_page.c writes it): which
+ * launcher makes (CX_STATUS_DIR; parallel/watch_page.c writes it, both
+ * sides with the format of proto/cx_status_page.h): which
  * collective it is in and since when, and its last 64 collectives. Once a
  * second the launcher reads the pages; when a rank has been inside one
  * collective for CX_COLLECTIVE_TIMEOUT seconds (default 300, 0 = off) it
@@ -12,6 +13,7 @@
 #include "launcher.h"
 
 #include "cx_settings.h"
+#include "cx_status_page.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -21,9 +23,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define LINE 128
-#define RING 64
 
 struct rank_view {
     int rank;
@@ -49,7 +48,7 @@ void xl_watch_init(struct xl_watch *w, bool for_restarts)
             return;
         }
     }
-    setenv("CX_STATUS_DIR", w->dir, 1);
+    setenv(CX_STATUS_DIR_ENV, w->dir, 1);
 }
 
 void xl_watch_cleanup(struct xl_watch *w)
@@ -76,18 +75,19 @@ static bool read_page(const char *path, struct rank_view *v, char *page, size_t 
     size_t n = fread(page, 1, cap - 1, f);
     fclose(f);
     page[n] = '\0';
-    char state[8];
+    char state[CX_STATUS_STATE_MAX + 1];
     int pid;
-    if (n < LINE || sscanf(page, "cxla-status 1 rank %d pid %d seq %lld state %7s since %lld", &v->rank, &pid,
-                           &v->seq, state, &v->since) != 5)
+    if (n < CX_STATUS_LINE || sscanf(page, CX_STATUS_HEADER_SCAN, &v->rank, &pid, &v->seq, state, &v->since) !=
+                                  CX_STATUS_HEADER_FIELDS)
         return false;
-    v->in = !strcmp(state, "in");
+    v->in = !strcmp(state, CX_STATUS_STATE_IN);
     snprintf(v->desc, sizeof v->desc, "no collective yet");
-    if (v->seq > 0 && n >= (size_t)(1 + RING) * LINE) {
-        const char *l = page + (size_t)(1 + (v->seq - 1) % RING) * LINE;
-        char what[LINE];
+    if (v->seq > 0 && n >= (size_t)(CX_STATUS_RING_LINE(v->seq) + 1) * CX_STATUS_LINE) {
+        const char *l = page + (size_t)CX_STATUS_RING_LINE(v->seq) * CX_STATUS_LINE;
+        char what[CX_STATUS_DESC_MAX + 1];
         long long s;
-        if (sscanf(l, "#%lld|%127[^|]|", &s, what) == 2) snprintf(v->desc, sizeof v->desc, "#%lld %s", s, what);
+        if (sscanf(l, CX_STATUS_RING_SCAN, &s, what) == CX_STATUS_RING_SCAN_FIELDS)
+            snprintf(v->desc, sizeof v->desc, "#%lld %s", s, what);
     }
     return true;
 }
@@ -130,7 +130,7 @@ static void report(const struct xl_watch *w, struct rank_view *v, int n, double 
     xl_err("%s", line);
 }
 
-/* Copies every page to DIR/flight/rank-<r>.txt: each rank's last 64 collectives. */
+/* Copies every page to DIR/flight/rank-<r>.txt: each rank's last collectives. */
 static void dump_flight(const struct xl_watch *w, const char *log_dir)
 {
     char out[4200];
@@ -142,11 +142,11 @@ static void dump_flight(const struct xl_watch *w, const char *log_dir)
     }
     DIR *d = opendir(w->dir);
     struct dirent *e;
-    static char page[(1 + RING) * LINE + 1];
+    static char page[CX_STATUS_BYTES + 1];
     int copied = 0;
     while (d && (e = readdir(d))) {
         int r;
-        if (sscanf(e->d_name, "rank-%d.status", &r) != 1) continue;
+        if (sscanf(e->d_name, CX_STATUS_FILE_FMT, &r) != 1) continue;
         char src[sizeof w->dir + 300], dst[4400];
         snprintf(src, sizeof src, "%s/%s", w->dir, e->d_name);
         snprintf(dst, sizeof dst, "%s/rank-%d.txt", out, r);
@@ -160,7 +160,7 @@ static void dump_flight(const struct xl_watch *w, const char *log_dir)
         if (o) fclose(o);
     }
     if (d) closedir(d);
-    xl_err("flight recorder: the last %d collectives of %d rank(s) in %s/", RING, copied, out);
+    xl_err("flight recorder: the last %d collectives of %d rank(s) in %s/", CX_STATUS_RING, copied, out);
 }
 
 bool xl_watch_check(struct xl_watch *w, const char *log_dir)
@@ -174,10 +174,10 @@ bool xl_watch_check(struct xl_watch *w, const char *log_dir)
     struct rank_view v[1024];
     int n = 0;
     bool stalled = false;
-    static char page[(1 + RING) * LINE + 1];
+    static char page[CX_STATUS_BYTES + 1];
     struct dirent *e;
     while ((e = readdir(d)) && n < 1024) {
-        if (strncmp(e->d_name, "rank-", 5)) continue;
+        if (strncmp(e->d_name, CX_STATUS_FILE_PREFIX, strlen(CX_STATUS_FILE_PREFIX))) continue;
         char path[sizeof w->dir + 300];
         snprintf(path, sizeof path, "%s/%s", w->dir, e->d_name);
         if (!read_page(path, &v[n], page, sizeof page)) continue;
@@ -198,10 +198,10 @@ static bool read_progress(const char *path, long long *steps, long long *open_ns
 {
     FILE *f = fopen(path, "r");
     if (!f) return false;
-    char line[LINE + 1];
-    bool ok = fseek(f, (long)(1 + RING) * LINE, SEEK_SET) == 0 && fgets(line, sizeof line, f) &&
-              sscanf(line, "progress steps %lld open %lld first %lld compile %lf hits %lld load %lf", steps, open_ns,
-                     first_ns, compile_s, hits, load_s) == 6;
+    char line[CX_STATUS_LINE + 1];
+    bool ok = fseek(f, (long)CX_STATUS_PROGRESS_LINE * CX_STATUS_LINE, SEEK_SET) == 0 && fgets(line, sizeof line, f) &&
+              sscanf(line, CX_STATUS_PROGRESS_SCAN, steps, open_ns, first_ns, compile_s, hits, load_s) ==
+                  CX_STATUS_PROGRESS_FIELDS;
     fclose(f);
     return ok;
 }
@@ -215,7 +215,7 @@ bool xl_watch_progress(const struct xl_watch *w, struct xl_progress *p)
     struct dirent *e;
     double first = 0;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "rank-", 5)) continue;
+        if (strncmp(e->d_name, CX_STATUS_FILE_PREFIX, strlen(CX_STATUS_FILE_PREFIX))) continue;
         char path[sizeof w->dir + 300];
         snprintf(path, sizeof path, "%s/%s", w->dir, e->d_name);
         long long steps, open_ns, first_ns, hits;

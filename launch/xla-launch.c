@@ -116,6 +116,92 @@ static char **forward_settings(char ***v, int *n)
     return names;
 }
 
+/* --nnodes and --node-rank against the hostfile: one xla-launch, on node 0, starts the
+ * ranks of every node, so anything else is a mistake to name before mpirun runs. */
+static void check_nodes(const struct options *o, int n_hosts)
+{
+    if (o->nnodes > 1 && !o->hostfile)
+        xl_die("--nnodes %d needs --hostfile: Open MPI starts the ranks of every node from "
+               "this one command, so run xla-launch once, on one node, with a hostfile listing "
+               "all nodes", o->nnodes);
+    if (o->nnodes > 0 && o->node_rank >= o->nnodes)
+        xl_die("--node-rank %d must be less than --nnodes %d", o->node_rank, o->nnodes);
+    if (o->node_rank > 0)
+        xl_die("--node-rank %d: run xla-launch once, on node 0 only; with a hostfile it starts "
+               "the ranks of every node itself", o->node_rank);
+    if (o->nnodes > n_hosts)
+        xl_die("hostfile '%s' lists %d host(s), fewer than --nnodes %d", o->hostfile, n_hosts,
+               o->nnodes);
+}
+
+/* mpirun's own flags: the ones users would otherwise need to know. */
+static void add_mpirun_flags(char ***av, int *ac, const struct options *o, int nproc, bool cma_off)
+{
+    static char nbuf[16];   /* an argument of the command line, which outlives this call */
+    add_arg(av, ac, "--allow-run-as-root"); /* containers often run as root */
+    add_arg(av, ac, "--oversubscribe");     /* more ranks than cores is allowed */
+    add_arg(av, ac, "--bind-to");           /* ranks share cores via CX_NUM_THREADS */
+    add_arg(av, ac, "none");
+    if (nproc > 0) {
+        snprintf(nbuf, sizeof nbuf, "%d", nproc);
+        add_arg(av, ac, "-np");
+        add_arg(av, ac, nbuf);
+    }
+    if (o->hostfile) {
+        add_arg(av, ac, "--hostfile");
+        add_arg(av, ac, o->hostfile);
+    }
+    if (cma_off) {
+        add_arg(av, ac, "--mca");
+        add_arg(av, ac, "btl_vader_single_copy_mechanism");
+        add_arg(av, ac, "none");
+    }
+}
+
+/* What every rank is told: the torchrun rendezvous and restart variables, and how to
+ * reach this launcher (tcp_env NULL: only over the Unix socket). */
+static void export_job_env(char ***av, int *ac, const struct options *o, const char *first_host,
+                           int n_hosts, const char *sockname, const char *tcp_env)
+{
+    const char *maddr = o->master_addr ? o->master_addr : getenv("MASTER_ADDR");
+    if (!maddr || !*maddr) maddr = first_host ? first_host : "127.0.0.1";
+    char port[16];
+    if (o->master_port) snprintf(port, sizeof port, "%d", o->master_port);
+    const char *mport = o->master_port ? port : getenv("MASTER_PORT");
+    if (!mport || !*mport) mport = "29500";
+    char nnodes[16];
+    snprintf(nnodes, sizeof nnodes, "%d", o->nnodes ? o->nnodes : n_hosts);
+    char restarts[16];
+    snprintf(restarts, sizeof restarts, "%d", o->max_restarts);
+    export_var(av, ac, "MASTER_ADDR", maddr);
+    export_var(av, ac, "MASTER_PORT", mport);
+    export_var(av, ac, XL_ENV_NNODES, nnodes);
+    export_var(av, ac, XL_ENV_NODE_RANK, "0");
+    export_var(av, ac, XL_ENV_SOCKET, sockname);
+    export_var(av, ac, XL_ENV_TOKEN, NULL); /* set by each attempt */
+    if (tcp_env) export_var(av, ac, XL_ENV_TCP, tcp_env);
+    export_var(av, ac, "XLA_LAUNCH_RESTART_COUNT", "0");
+    export_var(av, ac, "TORCHELASTIC_RESTART_COUNT", "0");
+    export_var(av, ac, "XLA_LAUNCH_MAX_RESTARTS", restarts);
+    export_var(av, ac, "TORCHELASTIC_MAX_RESTARTS", restarts);
+}
+
+/* --verbose: the whole mpirun command line, on one line. */
+static void print_command(char **av, int ac)
+{
+    size_t len = 0;
+    for (int i = 0; i < ac; i++) len += strlen(av[i]) + 1;
+    char *cmd = malloc(len + 1);
+    if (!cmd) xl_die("out of memory");
+    cmd[0] = 0;
+    for (int i = 0; i < ac; i++) {
+        strcat(cmd, av[i]);
+        if (i + 1 < ac) strcat(cmd, " ");
+    }
+    xl_err("running: %s", cmd);
+    free(cmd);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "--rank-wrapper") == 0)
@@ -132,18 +218,7 @@ int main(int argc, char **argv)
 
     char *first_host = NULL;
     int n_hosts = o.hostfile ? xl_read_hostfile(o.hostfile, &first_host) : 1;
-    if (o.nnodes > 1 && !o.hostfile)
-        xl_die("--nnodes %d needs --hostfile: Open MPI starts the ranks of every node from "
-               "this one command, so run xla-launch once, on one node, with a hostfile listing "
-               "all nodes", o.nnodes);
-    if (o.nnodes > 0 && o.node_rank >= o.nnodes)
-        xl_die("--node-rank %d must be less than --nnodes %d", o.node_rank, o.nnodes);
-    if (o.node_rank > 0)
-        xl_die("--node-rank %d: run xla-launch once, on node 0 only; with a hostfile it starts "
-               "the ranks of every node itself", o.node_rank);
-    if (o.nnodes > n_hosts)
-        xl_die("hostfile '%s' lists %d host(s), fewer than --nnodes %d", o.hostfile, n_hosts,
-               o.nnodes);
+    check_nodes(&o, n_hosts);
     if (o.log_dir) xl_make_log_dir(o.log_dir);
 
     char self[4096];
@@ -168,69 +243,17 @@ int main(int argc, char **argv)
     /* a hostfile may place ranks on other nodes: they report over TCP */
     if (o.hostfile) l.tcp_fd = xl_listen_tcp(tcp_env, sizeof tcp_env);
 
-    /* mpirun command line */
     char **av = NULL;
     int ac = 0;
-    char nbuf[16];
     add_arg(&av, &ac, mpirun);
-    add_arg(&av, &ac, "--allow-run-as-root"); /* containers often run as root */
-    add_arg(&av, &ac, "--oversubscribe");     /* more ranks than cores is allowed */
-    add_arg(&av, &ac, "--bind-to");           /* ranks share cores via CX_NUM_THREADS */
-    add_arg(&av, &ac, "none");
-    if (nproc > 0) {
-        snprintf(nbuf, sizeof nbuf, "%d", nproc);
-        add_arg(&av, &ac, "-np");
-        add_arg(&av, &ac, nbuf);
-    }
-    if (o.hostfile) {
-        add_arg(&av, &ac, "--hostfile");
-        add_arg(&av, &ac, o.hostfile);
-    }
-    if (cma_off) {
-        add_arg(&av, &ac, "--mca");
-        add_arg(&av, &ac, "btl_vader_single_copy_mechanism");
-        add_arg(&av, &ac, "none");
-    }
-    const char *maddr = o.master_addr ? o.master_addr : getenv("MASTER_ADDR");
-    if (!maddr || !*maddr) maddr = first_host ? first_host : "127.0.0.1";
-    char port[16];
-    if (o.master_port) snprintf(port, sizeof port, "%d", o.master_port);
-    const char *mport = o.master_port ? port : getenv("MASTER_PORT");
-    if (!mport || !*mport) mport = "29500";
-    char nnodes[16];
-    snprintf(nnodes, sizeof nnodes, "%d", o.nnodes ? o.nnodes : n_hosts);
-    char restarts[16];
-    snprintf(restarts, sizeof restarts, "%d", o.max_restarts);
-    export_var(&av, &ac, "MASTER_ADDR", maddr);
-    export_var(&av, &ac, "MASTER_PORT", mport);
-    export_var(&av, &ac, XL_ENV_NNODES, nnodes);
-    export_var(&av, &ac, XL_ENV_NODE_RANK, "0");
-    export_var(&av, &ac, XL_ENV_SOCKET, sockname);
-    export_var(&av, &ac, XL_ENV_TOKEN, NULL); /* set by each attempt */
-    if (l.tcp_fd >= 0) export_var(&av, &ac, XL_ENV_TCP, tcp_env);
-    export_var(&av, &ac, "XLA_LAUNCH_RESTART_COUNT", "0");
-    export_var(&av, &ac, "TORCHELASTIC_RESTART_COUNT", "0");
-    export_var(&av, &ac, "XLA_LAUNCH_MAX_RESTARTS", restarts);
-    export_var(&av, &ac, "TORCHELASTIC_MAX_RESTARTS", restarts);
+    add_mpirun_flags(&av, &ac, &o, nproc, cma_off);
+    export_job_env(&av, &ac, &o, first_host, n_hosts, sockname, l.tcp_fd >= 0 ? tcp_env : NULL);
     char **forwarded = forward_settings(&av, &ac);
     for (int i = 0; i < o.mpirun_args.n; i++) add_arg(&av, &ac, o.mpirun_args.v[i]);
     add_arg(&av, &ac, self);
     add_arg(&av, &ac, "--rank-wrapper");
     for (int i = 0; i < o.nprog; i++) add_arg(&av, &ac, o.prog[i]);
-
-    if (o.verbose) {
-        size_t len = 0;
-        for (int i = 0; i < ac; i++) len += strlen(av[i]) + 1;
-        char *cmd = malloc(len + 1);
-        if (!cmd) xl_die("out of memory");
-        cmd[0] = 0;
-        for (int i = 0; i < ac; i++) {
-            strcat(cmd, av[i]);
-            if (i + 1 < ac) strcat(cmd, " ");
-        }
-        xl_err("running: %s", cmd);
-        free(cmd);
-    }
+    if (o.verbose) print_command(av, ac);
 
     l.mpirun_argv = av;
     int rc = xl_run_attempts(&l);

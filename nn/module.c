@@ -1,5 +1,9 @@
-/* Modules: named parameters, buffers and children, ties, forward with
- * hooks. Full names, lists and signatures are in module_walk.c. */
+/* Modules: named parameters, buffers and children, lookups by full name,
+ * ties, forward with hooks. Full names, lists and signatures are in
+ * module_walk.c, which reads the tree this file builds: the dependency
+ * runs from module_walk.c to here, never back, so everything that edits a
+ * module or finds one slot by name lives here, and module_walk.c only
+ * walks. */
 #include "module_internal.h"
 
 #include "cx_vec.h"
@@ -170,7 +174,7 @@ void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t)
     cell_set(m->buffers[slot].c, t);
 }
 
-/* ---- ties -------------------------------------------------------------------- */
+/* ---- lookups by full name ------------------------------------------------------ */
 
 cx_module *cx_module_find(cx_module *m, const char *path)
 {
@@ -190,7 +194,10 @@ cx_module *cx_module_find(cx_module *m, const char *path)
     return m;
 }
 
-cx_module *cx_mod_owner(const cx_module *m, const char *key, const char **leaf)
+/* The module holding the last component of the full name `key` under m
+ * ("a.b.weight": the module "a.b", *leaf = "weight"). @return NULL when no
+ * such module exists. */
+static cx_module *mod_owner(const cx_module *m, const char *key, const char **leaf)
 {
     if (!m || !key) return NULL;
     const char *dot = strrchr(key, '.');
@@ -204,10 +211,11 @@ cx_module *cx_mod_owner(const cx_module *m, const char *key, const char **leaf)
     return cx_module_find((cx_module *)m, path);
 }
 
-cx_mod_entry *cx_mod_lookup(const cx_module *m, const char *key, bool *param)
+/* The parameter (*param = true) or buffer named `key` under m, NULL if none. */
+static cx_mod_entry *mod_lookup(const cx_module *m, const char *key, bool *param)
 {
     const char *leaf;
-    cx_module *owner = cx_mod_owner(m, key, &leaf);
+    cx_module *owner = mod_owner(m, key, &leaf);
     if (!owner) return NULL;
     for (int i = 0; i < owner->nparams; i++)
         if (!strcmp(owner->params[i].name, leaf)) { *param = true; return &owner->params[i]; }
@@ -215,6 +223,15 @@ cx_mod_entry *cx_mod_lookup(const cx_module *m, const char *key, bool *param)
         if (!strcmp(owner->buffers[i].name, leaf)) { *param = false; return &owner->buffers[i]; }
     return NULL;
 }
+
+cx_tensor *cx_module_get(const cx_module *m, const char *key)
+{
+    bool param;
+    cx_mod_entry *e = mod_lookup(m, key, &param);
+    return e ? e->c->t : NULL;
+}
+
+/* ---- ties -------------------------------------------------------------------- */
 
 static bool same_layout(const cx_tensor *a, const cx_tensor *b)
 {
@@ -273,14 +290,14 @@ cx_status cx_module_tie(cx_module *m, const char *key, const char *source_key)
         return CX_ERR_ARG;
     }
     bool param = false;
-    cx_mod_entry *src = cx_mod_lookup(m, source_key, &param);
+    cx_mod_entry *src = mod_lookup(m, source_key, &param);
     if (!src || !param) {
         cx_set_last_error("cx_module_tie: %s has no parameter %s to tie %s to", cx_module_type_name(m), source_key,
                           key);
         return CX_ERR_ARG;
     }
     const char *leaf;
-    cx_module *owner = cx_mod_owner(m, key, &leaf);
+    cx_module *owner = mod_owner(m, key, &leaf);
     if (!owner) {
         cx_set_last_error("cx_module_tie: %s has no module to hold %s", cx_module_type_name(m), key);
         return CX_ERR_ARG;

@@ -1,6 +1,9 @@
-/* The module object, shared by module.c (building, slots, forward, ties)
- * and module_walk.c (full names, lists, signature). Only these two include
- * it; layers go through the public calls. Not installed. */
+/* The module object, shared by module.c (building, slots, lookups, forward,
+ * ties) and module_walk.c (full names, lists, signature). Only these two
+ * include it; layers go through the public calls. Not installed. The walk
+ * reads these fields directly and calls module.c's public functions, while
+ * module.c calls nothing of the walk's, so the two files never depend on
+ * each other both ways. */
 #ifndef CX_NN_MODULE_INTERNAL_H
 #define CX_NN_MODULE_INTERNAL_H
 
@@ -38,12 +41,5 @@ struct cx_module {
     cx_module_hooks hooks[CX_MODULE_MAX_HOOKS];
     int nhooks;
 };
-
-/* The module holding the last component of the full name `key` under m
- * ("a.b.weight": the module "a.b", *leaf = "weight"). @return NULL when no
- * such module exists. */
-cx_module *cx_mod_owner(const cx_module *m, const char *key, const char **leaf);
-/* The parameter (*param = true) or buffer named `key` under m, NULL if none. */
-cx_mod_entry *cx_mod_lookup(const cx_module *m, const char *key, bool *param);
 
 #endif

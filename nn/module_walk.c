@@ -2,7 +2,9 @@
  * buffer and state-dict lists, ties, the structural signature. A tied
  * parameter is visited at every name it has, but only its first visit
  * (in this order, as PyTorch's named_parameters) lists it; later ones are
- * ties to that first name. */
+ * ties to that first name. This file only reads a tree; finding one slot
+ * by its full name (cx_module_get) is module.c's, next to the lookup that
+ * ties use, so module.c never calls back into the walk. */
 #include "module_internal.h"
 
 #include "cx_sbuf.h"
@@ -200,15 +202,6 @@ cx_tied_param *cx_module_tied_params(const cx_module *m, int *n)
 oom:
     cx_set_last_error("cx_module_tied_params of %s: out of memory", cx_module_type_name(m));
     return NULL;
-}
-
-/* ---- lookups ----------------------------------------------------------------- */
-
-cx_tensor *cx_module_get(const cx_module *m, const char *key)
-{
-    bool param;
-    cx_mod_entry *e = cx_mod_lookup(m, key, &param);
-    return e ? e->c->t : NULL;
 }
 
 static void numel_visit(void *ctx, const char *prefix, size_t plen, const cx_mod_entry *e, bool param,

@@ -1,18 +1,9 @@
 /* The rank's collective status page, for xla-launch's watchdog: when the
- * launcher sets CX_STATUS_DIR, each rank keeps DIR/rank-<r>.status, a
- * shared mapping of fixed 128-byte text lines that the launcher reads
- * while the job runs:
- *   line 0       "cxla-status 1 rank R pid P seq S state in|idle since NS"
- *   lines 1..64  the last 64 collectives, a ring by sequence number:
- *                "#S|all_reduce f32[1024]|group G|running|done|failed|start NS|end NS"
- *   line 65      "progress steps N open NS first NS compile S hits H load S": steps
- *                ended, when the page opened (after MPI_Init) and when the first
- *                step ended, and by then the compile seconds, persistent-cache
- *                hits and checkpoint-load seconds (the launcher's restart
- *                decision and recovery figures)
- * (NS: CLOCK_MONOTONIC nanoseconds, comparable on one node). Writing is
- * plain stores into the page, no system call; collectives run one at a
- * time (on the progress thread, or on the caller's when nothing is
+ * launcher sets CX_STATUS_DIR, each rank keeps a page there that the
+ * launcher reads while the job runs; its format is
+ * proto/cx_status_page.h's, which launch/watch.c reads with. Writing is
+ * plain stores into a shared mapping, no system call; collectives run one
+ * at a time (on the progress thread, or on the caller's when nothing is
  * queued), so one writer at a time. Without CX_STATUS_DIR it does nothing. */
 #include "parallel_internal.h"
 
@@ -20,6 +11,7 @@
 
 #include "cx_log.h"
 #include "cx_settings.h"
+#include "cx_status_page.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -31,13 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LINE 128
-#define RING 64
-#define PROGRESS (1 + RING)   /* the progress line's index */
-#define PAGE_LINES (2 + RING)
-
 static struct {
-    char *page;       /* (1 + RING) lines, NULL when off */
+    char *page;       /* CX_STATUS_LINES lines, NULL when off */
     int rank;
     long long seq;
     long long opened, first_step;   /* CLOCK_MONOTONIC ns */
@@ -56,22 +43,21 @@ static long long mono_ns(void)
 static void put_line(int i, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put_line(int i, const char *fmt, ...)
 {
-    char buf[LINE];
+    char buf[CX_STATUS_LINE];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     if (n < 0) n = 0;
-    if (n > LINE - 1) n = LINE - 1;
-    memset(buf + n, ' ', (size_t)(LINE - 1 - n));
-    buf[LINE - 1] = '\n';
-    memcpy(S.page + (size_t)i * LINE, buf, LINE);
+    if (n > CX_STATUS_LINE - 1) n = CX_STATUS_LINE - 1;
+    memset(buf + n, ' ', (size_t)(CX_STATUS_LINE - 1 - n));
+    buf[CX_STATUS_LINE - 1] = '\n';
+    memcpy(S.page + (size_t)i * CX_STATUS_LINE, buf, CX_STATUS_LINE);
 }
 
 static void put_header(const char *state, long long since)
 {
-    put_line(0, "cxla-status 1 rank %d pid %d seq %lld state %s since %lld", S.rank, (int)getpid(), S.seq, state,
-             since);
+    put_line(CX_STATUS_HEADER_LINE, CX_STATUS_HEADER_FMT, S.rank, (int)getpid(), S.seq, state, since);
 }
 
 static double metric_sum(const char *name)
@@ -82,8 +68,8 @@ static double metric_sum(const char *name)
 
 static void put_progress(int64_t steps)
 {
-    put_line(PROGRESS, "progress steps %lld open %lld first %lld compile %.6f hits %lld load %.6f", (long long)steps,
-             S.opened, S.first_step, S.compile_s, S.cache_hits, S.load_s);
+    put_line(CX_STATUS_PROGRESS_LINE, CX_STATUS_PROGRESS_FMT, (long long)steps, S.opened, S.first_step, S.compile_s,
+             S.cache_hits, S.load_s);
 }
 
 /* The step observer (training thread; the progress line is its alone). */
@@ -102,12 +88,13 @@ static void on_step(void *arg, int64_t steps)
 
 void cx_watch_page_open(int rank)
 {
-    const char *dir = cx_setting_str("CX_STATUS_DIR");
+    const char *dir = cx_setting_str(CX_STATUS_DIR_ENV);
     if (!dir || !*dir || S.page) return;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/rank-%d.status", dir, rank);
+    char path[4096], name[64];
+    snprintf(name, sizeof name, CX_STATUS_FILE_FMT, rank);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    size_t bytes = (size_t)PAGE_LINES * LINE;
+    size_t bytes = CX_STATUS_BYTES;
     void *m = MAP_FAILED;
     if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0) m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd >= 0) close(fd);
@@ -120,9 +107,9 @@ void cx_watch_page_open(int rank)
     S.rank = rank;
     S.seq = 0;
     memset(S.page, ' ', bytes);
-    for (int i = 0; i < PAGE_LINES; i++) S.page[(size_t)i * LINE + LINE - 1] = '\n';
+    for (int i = 0; i < CX_STATUS_LINES; i++) S.page[(size_t)i * CX_STATUS_LINE + CX_STATUS_LINE - 1] = '\n';
     S.opened = mono_ns();
-    put_header("idle", S.opened);
+    put_header(CX_STATUS_STATE_IDLE, S.opened);
     put_progress(0);
     cx_set_step_observer(on_step, NULL);
 }
@@ -131,7 +118,7 @@ void cx_watch_page_close(void)
 {
     if (!S.page) return;
     cx_set_step_observer(NULL, NULL);
-    munmap(S.page, (size_t)PAGE_LINES * LINE);
+    munmap(S.page, CX_STATUS_BYTES);
     S.page = NULL;
 }
 
@@ -142,7 +129,7 @@ static const char *kind_name(cx_coll_kind k)
 }
 
 /* The ring line of the current collective, with its state and end. */
-static char g_desc[100];
+static char g_desc[CX_STATUS_DESC_MAX + 1];
 static long long g_start;
 static int g_group;
 
@@ -162,16 +149,15 @@ void cx_watch_enter(const cx_comm_op *op)
         snprintf(g_desc, sizeof g_desc, "host_exchange");
         g_group = -1;
     }
-    put_line(1 + (int)((S.seq - 1) % RING), "#%lld|%s|group %d|running|start %lld|end 0", S.seq, g_desc, g_group,
-             g_start);
-    put_header("in", g_start);
+    put_line(CX_STATUS_RING_LINE(S.seq), CX_STATUS_RING_FMT, S.seq, g_desc, g_group, CX_STATUS_RUNNING, g_start, 0LL);
+    put_header(CX_STATUS_STATE_IN, g_start);
 }
 
 void cx_watch_leave(cx_status st)
 {
     if (!S.page) return;
     long long end = mono_ns();
-    put_line(1 + (int)((S.seq - 1) % RING), "#%lld|%s|group %d|%s|start %lld|end %lld", S.seq, g_desc, g_group,
-             st == CX_OK ? "done" : "failed", g_start, end);
-    put_header("idle", end);
+    put_line(CX_STATUS_RING_LINE(S.seq), CX_STATUS_RING_FMT, S.seq, g_desc, g_group,
+             st == CX_OK ? CX_STATUS_DONE : CX_STATUS_FAILED, g_start, end);
+    put_header(CX_STATUS_STATE_IDLE, end);
 }

@@ -1,13 +1,14 @@
 #!/bin/sh
-# Library functions stay readable on one screen: none under the layer
-# folders is longer than the limit (lines from its opening to its closing
-# brace; the project's style puts both in column 0). Programs' main() may
-# be longer and are not checked.
+# Functions stay readable on one screen: none under the layer folders or
+# launch/ (the launcher, a program the library's users run on every job)
+# is longer than the limit (lines from its opening to its closing brace;
+# the project's style puts both in column 0). The other programs'
+# functions (examples, tools, bench) are not checked.
 # usage: check_function_length.sh SOURCE_DIR [LIMIT]
 set -eu
 src=$1 limit=${2:-100}
 status=0
-for d in util core nn optim parallel checkpoint; do
+for d in util core nn optim parallel checkpoint launch; do
     for f in $(find "$src/$d" -name '*.c' | sort); do
         awk -v limit="$limit" -v file="${f#$src/}" '
             /^[A-Za-z_].*\(/ { sig = $0 }
@@ -20,5 +21,5 @@ for d in util core nn optim parallel checkpoint; do
             END { exit bad }' "$f" || status=1
     done
 done
-[ $status -eq 0 ] && echo "check_function_length: every library function is at most $limit lines"
+[ $status -eq 0 ] && echo "check_function_length: every library and launcher function is at most $limit lines"
 exit $status
