@@ -1,0 +1,266 @@
+/* Code generation, epilogues, peephole and coalescing one pass at a time:
+ * codegen on hand-built graphs (grouped by the real group pass, as the
+ * driver does), the epilogue pass on what codegen made of them and on
+ * hand-built conv kernels, peephole and coalescing on hand-built programs.
+ * A structure is only right if it computes the right thing, so where a pass
+ * produces something runnable the executor runs it on host buffers and the
+ * values are compared with ones computed here. (test_passes.c covers the
+ * other passes; test_compile.c all of them end to end.) */
+#include <criterion/criterion.h>
+
+#include "compile/passes.h"
+#include "graph_builder.h"
+
+#include <math.h>
+
+static const int64_t V8[] = { 8 }, M44[] = { 4, 4 };
+
+/* ---- driving passes 1-2 and the executor ------------------------------------------ */
+
+static void group(const gbuild *b, const char *force_root, char *root)
+{
+    cx_uses u;
+    cr_assert(cx_uses_build(&b->g, &u));
+    cr_assert(cx_pass_group(&b->g, &u, force_root, root));
+    cx_uses_free(&b->g, &u);
+}
+
+/* What cx_lower sets up before codegen, then codegen over `root`.
+ * @return codegen's answer: -1 when done, else the node to make a root. */
+static int codegen(const gbuild *b, const char *root, cx_executable **out)
+{
+    cx_executable *e = calloc(1, sizeof *e);
+    cr_assert_not_null(e);
+    e->n_inputs = b->g.n_inputs;
+    e->n_outputs = b->g.n_outputs;
+    e->out_slot = calloc((size_t)b->g.n_outputs + 1, sizeof(int));
+    e->out_alias = calloc((size_t)b->g.n_outputs + 1, sizeof(int));
+    for (int o = 0; o < b->g.n_outputs; o++) e->out_alias[o] = b->g.out_alias[o];
+    bool oom;
+    int fail = cx_pass_codegen(&b->g, root, e, &oom);
+    cr_assert(!oom);
+    *out = e;
+    return fail;
+}
+
+/* Group and generate in one go, which must succeed. */
+static cx_executable *lower12(const gbuild *b, char *root)
+{
+    cx_executable *e;
+    group(b, NULL, root);
+    int fail = codegen(b, root, &e);
+    cr_assert_eq(fail, -1, "codegen asked for node %d to become a root", fail);
+    return e;
+}
+
+/* Plans the arena and runs e; inputs and outputs by ordinal. */
+static void run(cx_executable *e, void *const *in, void *const *out)
+{
+    cx_pass_liveness(e);
+    cr_assert(cx_pass_plan_memory(e));
+    cr_assert_eq(cx_execute(e, in, NULL, NULL, out), CX_OK, "%s", cx_last_error());
+}
+
+static void fill(float *x, int n, float scale)
+{
+    for (int i = 0; i < n; i++) x[i] = scale * (float)((i * 7) % 11 - 5);
+}
+
+static void assert_close(const float *got, const float *want, int n)
+{
+    for (int i = 0; i < n; i++)
+        cr_assert_float_eq(got[i], want[i], 1e-5f * (1.0f + fabsf(want[i])), "[%d]: got %g, expected %g", i,
+                           (double)got[i], (double)want[i]);
+}
+
+static int count_kind(const cx_program *p, cx_pkind kind)
+{
+    int c = 0;
+    for (int i = 0; i < p->n; i++) c += p->ins[i].kind == kind;
+    return c;
+}
+
+/* ---- codegen ------------------------------------------------------------------------ */
+
+Test(codegen, an_elementwise_chain_is_one_kernel_over_its_inputs_and_output)
+{
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 2, M44, 0, NULL), c = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int add = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ a, c });
+    int ex = gb_node(&b, OP_EXP, 2, M44, 1, &add);
+    int ng = gb_node(&b, OP_NEG, 2, M44, 1, &ex);
+    gb_output(&b, ng, -1);
+    char root[8];
+    cx_executable *e = lower12(&b, root);
+    cr_assert_eq(e->nslots, 3, "the two inputs and the output; the chain needs no arena slot (%d slots)", e->nslots);
+    cr_assert(e->slots[0].kind == SLOT_INPUT && e->slots[0].index == 0);
+    cr_assert(e->slots[1].kind == SLOT_INPUT && e->slots[1].index == 1);
+    cr_assert(e->slots[2].kind == SLOT_OUTPUT && e->slots[2].index == 0);
+    cr_assert_eq(e->out_slot[0], 2);
+    cr_assert_eq(e->nkernels, 1, "%d kernels for one chain", e->nkernels);
+    const cx_kernel *k = &e->kernels[0];
+    cr_assert_eq(k->kind, K_FUSED);
+    cr_assert_eq(k->out_slot, 2);
+    cr_assert_eq(k->prog.n, 5, "load, load, add, exp, neg: %d instructions", k->prog.n);
+    cr_assert_eq(count_kind(&k->prog, P_LOAD), 2);
+    cr_assert(k->prog.ins[0].slot != k->prog.ins[1].slot, "each input is loaded from its own slot");
+    cr_assert(k->prog.ins[k->prog.result].kind == P_UN && k->prog.ins[k->prog.result].op == OP_NEG);
+    cr_assert(k->ndim == 1 && k->shape[0] == 16, "a contiguous 4x4 loop is one loop of 16");
+
+    float x[16], y[16], out[16], want[16];
+    fill(x, 16, 0.1f);
+    fill(y, 16, -0.05f);
+    for (int i = 0; i < 16; i++) want[i] = -expf(x[i] + y[i]);
+    run(e, (void *[]){ x, y }, (void *[]){ out });
+    assert_close(out, want, 16);
+    cx_executable_free(e);
+}
+
+Test(codegen, a_value_used_twice_in_a_kernel_is_computed_once)
+{
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 1, V8, 0, NULL);
+    int ex = gb_node(&b, OP_EXP, 1, V8, 1, &a);
+    int sq = gb_node(&b, OP_MUL, 1, V8, 2, (int[]){ ex, ex });
+    gb_output(&b, sq, -1);
+    char root[4];
+    cx_executable *e = lower12(&b, root);
+    cr_assert_eq(e->nkernels, 1);
+    const cx_program *p = &e->kernels[0].prog;
+    cr_assert_eq(p->n, 3, "load, exp, mul: %d instructions", p->n);
+    cr_assert_eq(p->ins[2].a, p->ins[2].b, "both operands are the one exp");
+    cx_executable_free(e);
+}
+
+Test(codegen, views_become_index_maps_on_the_load_not_copies)
+{
+    /* out = -transpose(a): a permute is a load with swapped strides */
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int tr = gb_node(&b, OP_PERMUTE, 2, M44, 1, &a);
+    gb_attrs(&b, tr, 2, (int64_t[]){ 1, 0 });
+    int ng = gb_node(&b, OP_NEG, 2, M44, 1, &tr);
+    gb_output(&b, ng, -1);
+    char root[4];
+    cx_executable *e = lower12(&b, root);
+    cr_assert_eq(e->nkernels, 1, "the permute is not a kernel of its own (%d kernels)", e->nkernels);
+    const cx_program *p = &e->kernels[0].prog;
+    cr_assert_eq(p->n, 2);
+    const cx_view *v = &p->views[p->ins[0].view];
+    cr_assert_eq(p->ins[0].slot, 0);
+    cr_assert(v->offset == 0 && v->strides[0] == 1 && v->strides[1] == 4, "transposed load: strides (%lld, %lld)",
+              (long long)v->strides[0], (long long)v->strides[1]);
+    cr_assert_eq(e->kernels[0].ndim, 2, "a transposed read cannot be one flat loop");
+    float x[16], out[16], want[16];
+    fill(x, 16, 1.0f);
+    for (int i = 0; i < 4; i++) for (int j = 0; j < 4; j++) want[i * 4 + j] = -x[j * 4 + i];
+    run(e, (void *[]){ x }, (void *[]){ out });
+    assert_close(out, want, 16);
+    cx_executable_free(e);
+
+    /* out = -a[2::2] over 3 elements: an offset and a stride */
+    gb_init(&b);
+    a = gb_node(&b, OP_DATA, 1, V8, 0, NULL);
+    int sl = gb_node(&b, OP_SLICE, 1, (int64_t[]){ 3 }, 1, &a);
+    gb_attrs(&b, sl, 3, (int64_t[]){ 0, 2, 2 });
+    ng = gb_node(&b, OP_NEG, 1, (int64_t[]){ 3 }, 1, &sl);
+    gb_output(&b, ng, -1);
+    e = lower12(&b, root);
+    cr_assert_eq(e->nkernels, 1);
+    p = &e->kernels[0].prog;
+    v = &p->views[p->ins[0].view];
+    cr_assert(v->offset == 2 && v->strides[0] == 2, "slice load: offset %lld stride %lld", (long long)v->offset,
+              (long long)v->strides[0]);
+    float y[8], o3[3];
+    fill(y, 8, 1.0f);
+    run(e, (void *[]){ y }, (void *[]){ o3 });
+    assert_close(o3, (float[]){ -y[2], -y[4], -y[6] }, 3);
+    cx_executable_free(e);
+}
+
+Test(codegen, a_view_that_is_not_affine_names_its_input_and_the_retry_splits_the_kernel)
+{
+    /* -flatten(transpose(exp(a)))[3::5]: flattening a transpose carries
+     * across dims, so no one stride walks it */
+    gbuild b;
+    gb_init(&b);
+    int a = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int ex = gb_node(&b, OP_EXP, 2, M44, 1, &a);
+    int tr = gb_node(&b, OP_PERMUTE, 2, M44, 1, &ex);
+    gb_attrs(&b, tr, 2, (int64_t[]){ 1, 0 });
+    int rs = gb_node(&b, OP_RESHAPE, 1, (int64_t[]){ 16 }, 1, &tr);
+    int sl = gb_node(&b, OP_SLICE, 1, (int64_t[]){ 2 }, 1, &rs);
+    gb_attrs(&b, sl, 3, (int64_t[]){ 0, 3, 5 });
+    int ng = gb_node(&b, OP_NEG, 1, (int64_t[]){ 2 }, 1, &sl);
+    gb_output(&b, ng, -1);
+
+    char root[8], force[8] = { 0 };
+    group(&b, NULL, root);
+    cx_executable *e;
+    cr_assert_eq(codegen(&b, root, &e), tr, "the reshape's input is the node to materialize");
+    cx_executable_free(e);
+
+    force[tr] = 1;
+    group(&b, force, root);
+    cr_assert_eq(codegen(&b, root, &e), -1);
+    cr_assert_eq(e->nkernels, 2, "the transpose's kernel, then the reader's (%d kernels)", e->nkernels);
+    const cx_kernel *k0 = &e->kernels[0], *k1 = &e->kernels[1];
+    cr_assert_eq(e->slots[k0->out_slot].kind, SLOT_ARENA);
+    cr_assert_eq(k1->prog.ins[0].kind, P_LOAD);
+    cr_assert_eq(k1->prog.ins[0].slot, k0->out_slot, "the reader loads the materialized transpose");
+    const cx_view *v = &k1->prog.views[k1->prog.ins[0].view];
+    cr_assert(v->offset == 3 && v->strides[0] == 5, "over its flat buffer: offset %lld stride %lld",
+              (long long)v->offset, (long long)v->strides[0]);
+
+    float x[16], out[2], want[2];
+    fill(x, 16, 0.2f);
+    for (int j = 0; j < 2; j++) {
+        int l = 3 + 5 * j;   /* element l of the flattened transpose is a[l % 4][l / 4] */
+        want[j] = -expf(x[(l % 4) * 4 + l / 4]);
+    }
+    run(e, (void *[]){ x }, (void *[]){ out });
+    assert_close(out, want, 2);
+    cx_executable_free(e);
+}
+
+Test(codegen, a_matmul_is_a_kernel_of_its_own_reading_a_transposed_operand_in_place)
+{
+    /* x @ w^T + bias */
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int bias = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int wt = gb_node(&b, OP_PERMUTE, 2, M44, 1, &w);
+    gb_attrs(&b, wt, 2, (int64_t[]){ 1, 0 });
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ x, wt });
+    int add = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias });
+    gb_output(&b, add, -1);
+    char root[8];
+    cx_executable *e = lower12(&b, root);
+    cr_assert_eq(e->nkernels, 2, "matmul, then the add (%d kernels)", e->nkernels);
+    const cx_kernel *m = &e->kernels[0], *f = &e->kernels[1];
+    cr_assert_eq(m->kind, K_MATMUL);
+    cr_assert_eq(m->nin, 2);
+    cr_assert(m->in[0].slot == 0 && !m->in[0].trans);
+    cr_assert(m->in[1].slot == 1 && m->in[1].trans, "w^T is w's own buffer read transposed, not a copy");
+    cr_assert_eq(e->slots[m->out_slot].kind, SLOT_ARENA);
+    cr_assert_eq(f->kind, K_FUSED);
+    cr_assert(cx_kernel_reads(f, m->out_slot) && cx_kernel_reads(f, 2));
+
+    float xv[16], wv[16], bv[16], out[16], want[16];
+    fill(xv, 16, 0.1f);
+    fill(wv, 16, -0.3f);
+    fill(bv, 16, 0.5f);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = bv[i * 4 + j];
+            for (int t = 0; t < 4; t++) s += xv[i * 4 + t] * wv[j * 4 + t];
+            want[i * 4 + j] = s;
+        }
+    run(e, (void *[]){ xv, wv, bv }, (void *[]){ out });
+    assert_close(out, want, 16);
+    cx_executable_free(e);
+}
