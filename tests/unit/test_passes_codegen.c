@@ -264,3 +264,188 @@ Test(codegen, a_matmul_is_a_kernel_of_its_own_reading_a_transposed_operand_in_pl
     assert_close(out, want, 16);
     cx_executable_free(e);
 }
+
+/* ---- epilogue ----------------------------------------------------------------------- */
+
+/* relu as autograd records it: where(0 < v, v, 0) */
+static int relu_of(gbuild *b, int v, int nd, const int64_t *shape)
+{
+    int zero = gb_node(b, OP_CONST, nd, shape, 0, NULL);
+    int lt = gb_node(b, OP_LT, nd, shape, 2, (int[]){ zero, v });
+    b->nodes[lt].dtype = CX_BOOL;
+    return gb_node(b, OP_WHERE, nd, shape, 3, (int[]){ lt, v, zero });
+}
+
+Test(epilogue, bias_and_relu_after_a_matmul_run_in_place_in_its_kernel)
+{
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int bias = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ x, w });
+    int add = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias });
+    gb_output(&b, relu_of(&b, add, 2, M44), -1);
+    char root[12];
+    cx_executable *e = lower12(&b, root);
+    cr_assert_eq(e->nkernels, 2);
+    int mm_slot = e->kernels[0].out_slot, out = e->out_slot[0];
+    cr_assert_eq(count_kind(&e->kernels[1].prog, P_RELU), 1, "codegen's peephole made the where a relu");
+
+    cx_pass_fuse_epilogues(e);
+    cr_assert_eq(e->nkernels, 1, "the bias + relu kernel folds into the matmul (%d kernels)", e->nkernels);
+    const cx_kernel *k = &e->kernels[0];
+    cr_assert_eq(k->kind, K_MATMUL);
+    cr_assert(k->has_epilogue);
+    cr_assert_eq(k->epi, EPI_PROG, "BLAS cannot apply a bias itself: the program runs after it");
+    cr_assert_eq(k->out_slot, out, "the matmul writes the reader's output");
+    cr_assert(cx_kernel_reads(k, out), "and the program reads it there, in place");
+    cr_assert(!cx_kernel_reads(k, mm_slot), "nothing reads the matmul's old slot");
+    cr_assert_eq(e->slots[mm_slot].last, -1, "which takes no arena space");
+
+    float xv[16], wv[16], bv[16], o[16], want[16];
+    fill(xv, 16, 0.1f);
+    fill(wv, 16, 0.3f);
+    fill(bv, 16, -0.2f);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = bv[i * 4 + j];
+            for (int t = 0; t < 4; t++) s += xv[i * 4 + t] * wv[t * 4 + j];
+            want[i * 4 + j] = s > 0 ? s : 0;
+        }
+    run(e, (void *[]){ xv, wv, bv }, (void *[]){ o });
+    assert_close(o, want, 16);
+    cx_executable_free(e);
+}
+
+/* Codegen, then the epilogue pass, which must leave every kernel as it was. */
+static void assert_not_folded(const gbuild *b, const char *why)
+{
+    char root[16];
+    cx_executable *e = lower12(b, root);
+    int n = e->nkernels;
+    cx_pass_fuse_epilogues(e);
+    cr_assert_eq(e->nkernels, n, "%s: %d kernels became %d", why, n, e->nkernels);
+    for (int k = 0; k < e->nkernels; k++) cr_assert(!e->kernels[k].has_epilogue, "%s: kernel %d folded", why, k);
+    cx_executable_free(e);
+}
+
+/* x @ w with a bias beside it. @return the matmul */
+static int matmul_graph(gbuild *b, int *bias)
+{
+    gb_init(b);
+    int x = gb_node(b, OP_DATA, 2, M44, 0, NULL), w = gb_node(b, OP_DATA, 2, M44, 0, NULL);
+    *bias = gb_node(b, OP_DATA, 2, M44, 0, NULL);
+    return gb_node(b, OP_MATMUL, 2, M44, 2, (int[]){ x, w });
+}
+
+Test(epilogue, a_matmul_output_read_any_other_way_keeps_its_own_buffer)
+{
+    gbuild b;
+    int bias, mm = matmul_graph(&b, &bias);
+    gb_output(&b, gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias }), -1);
+    gb_output(&b, gb_node(&b, OP_EXP, 2, M44, 1, &mm), -1);
+    assert_not_folded(&b, "two kernels read the product");
+
+    mm = matmul_graph(&b, &bias);
+    int tr = gb_node(&b, OP_PERMUTE, 2, M44, 1, &mm);
+    gb_attrs(&b, tr, 2, (int64_t[]){ 1, 0 });
+    gb_output(&b, gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ tr, bias }), -1);
+    assert_not_folded(&b, "the reader reads the product transposed");
+
+    mm = matmul_graph(&b, &bias);
+    gb_output(&b, mm, -1);
+    gb_output(&b, gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias }), -1);
+    assert_not_folded(&b, "the product is an output itself");
+
+    /* the sum replaces the bias (cx_assign): written over it, the matmul
+     * would clobber the bias before the program reads it */
+    mm = matmul_graph(&b, &bias);
+    gb_output(&b, gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias }), b.nodes[bias].input_ordinal);
+    assert_not_folded(&b, "the reader's output may take an input's buffer");
+}
+
+/* A conv (or conv input gradient) writing slot 3 from slots 0 and 1, and an
+ * f32 kernel computing output slot 4 from it and slot 2 with `ins`; the
+ * kernels iterate (N, C, H*W) = (2, 3, 16) as codegen coalesces them. */
+static cx_executable *conv_then(cx_kkind heavy, int n, const cx_pinstr *ins)
+{
+    cx_executable *e = calloc(1, sizeof *e);
+    cx_exec_add_slot(e, SLOT_INPUT, 0, 4 * 96);
+    cx_exec_add_slot(e, SLOT_INPUT, 1, 4 * 27);
+    cx_exec_add_slot(e, SLOT_INPUT, 2, 4 * 96);
+    cx_exec_add_slot(e, SLOT_ARENA, -1, 4 * 96);
+    cx_exec_add_slot(e, SLOT_OUTPUT, 0, 4 * 96);
+    e->n_outputs = 1;
+    e->out_alias = malloc(sizeof(int));
+    e->out_alias[0] = -1;
+    cx_kernel *h = cx_exec_add_kernel(e);
+    *h = (cx_kernel){ .kind = heavy, .out_slot = 3, .out_dtype = CX_F32, .out_numel = 96, .ndim = 4,
+                      .shape = { 2, 3, 4, 4 }, .nin = 2, .scratch_slot = -1, .wait_at = -1 };
+    h->in[0].slot = 0;
+    h->in[1].slot = 1;
+    cx_kernel *f = cx_exec_add_kernel(e);
+    f->kind = K_FUSED;
+    f->out_slot = 4;
+    f->out_dtype = CX_F32;
+    f->out_numel = 96;
+    f->ndim = 3;
+    memcpy(f->shape, (int64_t[]){ 2, 3, 16 }, 3 * sizeof(int64_t));
+    /* view 0: the element's own place; view 1: its channel */
+    f->prog.views = calloc(2, sizeof(cx_view));
+    f->prog.views[0] = (cx_view){ .strides = { 48, 16, 1 } };
+    f->prog.views[1] = (cx_view){ .strides = { 0, 1, 0 } };
+    f->prog.nviews = f->prog.vcap = 2;
+    f->prog.ins = malloc(sizeof(cx_pinstr) * (size_t)n);
+    memcpy(f->prog.ins, ins, sizeof(cx_pinstr) * (size_t)n);
+    f->prog.n = f->prog.cap = n;
+    f->prog.result = n - 1;
+    return e;
+}
+
+#define LOAD(s, v) ((cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = (s), .view = (v) })
+#define BIN(o, x, y) ((cx_pinstr){ .kind = P_BIN, .op = (o), .dtype = CX_F32, .src_dtype = CX_F32, .a = (x), .b = (y) })
+#define UN(o, x) ((cx_pinstr){ .kind = P_UN, .op = (o), .dtype = CX_F32, .a = (x) })
+#define RELU(x) ((cx_pinstr){ .kind = P_RELU, .dtype = CX_F32, .a = (x) })
+#define POSMASK(m, g) ((cx_pinstr){ .kind = P_POSMASK, .dtype = CX_F32, .a = (m), .b = (g) })
+
+/* Folds and returns how the epilogue runs; *load = the bias or mask load. */
+static cx_epi fold_conv(cx_kkind heavy, int n, const cx_pinstr *ins, int *load)
+{
+    cx_executable *e = conv_then(heavy, n, ins);
+    cx_pass_fuse_epilogues(e);
+    cr_assert_eq(e->nkernels, 1, "the kernel after the conv folds into it");
+    const cx_kernel *k = &e->kernels[0];
+    cr_assert(k->kind == heavy && k->has_epilogue && k->out_slot == 4);
+    cr_assert(cx_kernel_reads(k, 4) && !cx_kernel_reads(k, 3), "the program reads the conv's output in place");
+    cx_epi epi = (cx_epi)k->epi;
+    *load = k->epi_load;
+    cx_executable_free(e);
+    return epi;
+}
+
+Test(epilogue, a_conv_applies_a_channel_bias_and_relu_itself)
+{
+    int load;
+    cr_assert_eq(fold_conv(K_CONV, 4, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1), RELU(2) }, &load),
+                 EPI_BIAS_RELU);
+    cr_assert_eq(load, 1, "the bias is the second load");
+    cr_assert_eq(fold_conv(K_CONV, 3, (cx_pinstr[]){ LOAD(2, 1), LOAD(3, 0), BIN(OP_ADD, 0, 1) }, &load), EPI_BIAS);
+    cr_assert_eq(load, 0, "bias + out: the bias is the first load");
+    /* a residual (one value per element) or another op is the program's */
+    cr_assert_eq(fold_conv(K_CONV, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 0), BIN(OP_ADD, 0, 1) }, &load), EPI_PROG);
+    cr_assert_eq(fold_conv(K_CONV, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_MUL, 0, 1) }, &load), EPI_PROG);
+    cr_assert_eq(fold_conv(K_CONV, 4, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1), UN(OP_TANH, 2) }, &load),
+                 EPI_PROG);
+}
+
+Test(epilogue, a_conv_input_gradient_applies_relus_gradient_mask_itself)
+{
+    int load;
+    /* where(0 < mask, grad, 0) */
+    cr_assert_eq(fold_conv(K_CONV_BI, 3, (cx_pinstr[]){ LOAD(2, 0), LOAD(3, 0), POSMASK(0, 1) }, &load), EPI_POSMASK);
+    cr_assert_eq(load, 0, "the mask is the first load");
+    /* where(0 < grad, mask, 0) keeps the mask's values: not the same thing */
+    cr_assert_eq(fold_conv(K_CONV_BI, 3, (cx_pinstr[]){ LOAD(2, 0), LOAD(3, 0), POSMASK(1, 0) }, &load), EPI_PROG);
+    /* a mask per channel is not in the output's layout */
+    cr_assert_eq(fold_conv(K_CONV_BI, 3, (cx_pinstr[]){ LOAD(2, 1), LOAD(3, 0), POSMASK(0, 1) }, &load), EPI_PROG);
+}
