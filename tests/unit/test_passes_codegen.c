@@ -449,3 +449,138 @@ Test(epilogue, a_conv_input_gradient_applies_relus_gradient_mask_itself)
     /* a mask per channel is not in the output's layout */
     cr_assert_eq(fold_conv(K_CONV_BI, 3, (cx_pinstr[]){ LOAD(2, 1), LOAD(3, 0), POSMASK(0, 1) }, &load), EPI_PROG);
 }
+
+/* ---- hand-built programs -------------------------------------------------------------- */
+
+#define ZERO ((cx_pinstr){ .kind = P_CONST, .dtype = CX_F32, .f = 0.0 })
+#define ONE ((cx_pinstr){ .kind = P_CONST, .dtype = CX_F32, .f = 1.0 })
+#define LESS(x, y) ((cx_pinstr){ .kind = P_BIN, .op = OP_LT, .dtype = CX_BOOL, .src_dtype = CX_F32, .a = (x), .b = (y) })
+#define WHERE(k, x, y) ((cx_pinstr){ .kind = P_WHERE, .dtype = CX_F32, .a = (k), .b = (x), .c = (y) })
+
+/* Owns copies of ins and views. */
+static cx_program prog_of(int n, const cx_pinstr *ins, int result, int nviews, const cx_view *views)
+{
+    cx_program p = { .n = n, .cap = n, .nviews = nviews, .vcap = nviews, .result = result };
+    p.ins = malloc(sizeof *ins * (size_t)n);
+    p.views = malloc(sizeof *views * (size_t)nviews);
+    memcpy(p.ins, ins, sizeof *ins * (size_t)n);
+    memcpy(p.views, views, sizeof *views * (size_t)nviews);
+    return p;
+}
+
+static void prog_free(cx_program *p)
+{
+    free(p->ins);
+    free(p->views);
+}
+
+/* Runs p as the one f32 kernel of an executable over `shape`, reading input
+ * ordinal i as slot i. */
+static void eval(const cx_program *p, int nd, const int64_t *shape, int nin, void *const *in, float *out)
+{
+    cx_executable *e = calloc(1, sizeof *e);
+    for (int i = 0; i < nin; i++) cx_exec_add_slot(e, SLOT_INPUT, i, 0);
+    cx_exec_add_slot(e, SLOT_OUTPUT, 0, 0);
+    e->n_inputs = nin;
+    e->n_outputs = 1;
+    cx_kernel *k = cx_exec_add_kernel(e);
+    k->kind = K_FUSED;
+    k->out_slot = nin;
+    k->out_dtype = CX_F32;
+    k->ndim = nd;
+    k->out_numel = 1;
+    for (int d = 0; d < nd; d++) { k->shape[d] = shape[d]; k->out_numel *= shape[d]; }
+    k->prog = prog_of(p->n, p->ins, p->result, p->nviews, p->views);
+    run(e, in, (void *[]){ out });
+    cx_executable_free(e);
+}
+
+static const cx_view FLAT = { .strides = { 1 } };
+
+/* Peephole p and check that it still computes what it did over 16 elements
+ * of inputs x and y. */
+static void peephole_keeps_values(cx_program *p, const float *want)
+{
+    float x[16], y[16], before[16], after[16];
+    fill(x, 16, 1.0f);   /* negatives, zeros and positives */
+    fill(y, 16, -0.5f);
+    eval(p, 1, (int64_t[]){ 16 }, 2, (void *[]){ x, y }, before);
+    cx_prog_peephole(p);
+    eval(p, 1, (int64_t[]){ 16 }, 2, (void *[]){ x, y }, after);
+    assert_close(after, before, 16);
+    if (want) assert_close(after, want, 16);
+}
+
+/* ---- peephole ------------------------------------------------------------------------- */
+
+Test(peephole, where_zero_less_than_x_x_else_zero_is_one_relu)
+{
+    cx_program p = prog_of(4, (cx_pinstr[]){ LOAD(0, 0), ZERO, LESS(1, 0), WHERE(2, 0, 1) }, 3, 1, &FLAT);
+    float x[16], want[16];
+    fill(x, 16, 1.0f);
+    for (int i = 0; i < 16; i++) want[i] = x[i] > 0 ? x[i] : 0;
+    peephole_keeps_values(&p, want);
+    cr_assert_eq(p.n, 2, "load, relu; the compare and the constant are dead (%d instructions)", p.n);
+    cr_assert_eq(p.result, 1);
+    cr_assert_eq(p.ins[1].kind, P_RELU);
+    cr_assert_eq(p.ins[1].a, 0);
+    prog_free(&p);
+}
+
+Test(peephole, where_zero_less_than_m_g_else_zero_is_one_posmask)
+{
+    /* relu's gradient: g where the forward input m was positive */
+    cx_program p = prog_of(5, (cx_pinstr[]){ LOAD(0, 0), LOAD(1, 0), ZERO, LESS(2, 0), WHERE(3, 1, 2) }, 4, 1, &FLAT);
+    float m[16], g[16], want[16];
+    fill(m, 16, 1.0f);
+    fill(g, 16, -0.5f);
+    for (int i = 0; i < 16; i++) want[i] = m[i] > 0 ? g[i] : 0;
+    peephole_keeps_values(&p, want);
+    cr_assert_eq(p.n, 3, "load, load, posmask (%d instructions)", p.n);
+    cr_assert_eq(p.ins[2].kind, P_POSMASK);
+    cr_assert(p.ins[2].a == 0 && p.ins[2].b == 1, "mask first, then the value kept");
+    prog_free(&p);
+}
+
+Test(peephole, wheres_that_are_not_relu_stay_wheres)
+{
+    /* where(0 < x, x, 1): the else is not zero */
+    cx_program p = prog_of(5, (cx_pinstr[]){ LOAD(0, 0), ZERO, ONE, LESS(1, 0), WHERE(3, 0, 2) }, 4, 1, &FLAT);
+    peephole_keeps_values(&p, NULL);
+    cr_assert_eq(p.n, 5);
+    cr_assert_eq(p.ins[4].kind, P_WHERE);
+    prog_free(&p);
+    /* where(x < 0, x, 0) is min(x, 0) */
+    p = prog_of(4, (cx_pinstr[]){ LOAD(0, 0), ZERO, LESS(0, 1), WHERE(2, 0, 1) }, 3, 1, &FLAT);
+    peephole_keeps_values(&p, NULL);
+    cr_assert_eq(p.n, 4);
+    cr_assert_eq(p.ins[3].kind, P_WHERE);
+    prog_free(&p);
+    /* where(0 < x, x, 0) computed in i32 and cast: relu is an f32 instruction */
+    cx_pinstr izero = ZERO, iwhere = WHERE(2, 0, 1);
+    izero.dtype = iwhere.dtype = CX_I32;
+    cx_pinstr iload = LOAD(0, 0), ilt = LESS(1, 0), cast = { .kind = P_CAST, .dtype = CX_F32, .a = 3 };
+    iload.dtype = ilt.src_dtype = CX_I32;
+    p = prog_of(5, (cx_pinstr[]){ iload, izero, ilt, iwhere, cast }, 4, 1, &FLAT);
+    cx_prog_peephole(&p);
+    cr_assert_eq(p.n, 5);
+    cr_assert_eq(p.ins[3].kind, P_WHERE);
+    prog_free(&p);
+}
+
+Test(peephole, dead_instructions_go_and_registers_are_renumbered)
+{
+    /* -(x + y), with an unused exp(x) in the middle and one after the result */
+    cx_program p = prog_of(6, (cx_pinstr[]){ LOAD(0, 0), LOAD(1, 0), UN(OP_EXP, 0), BIN(OP_ADD, 0, 1), UN(OP_NEG, 3),
+                                             UN(OP_EXP, 4) }, 4, 1, &FLAT);
+    float x[16], y[16], want[16];
+    fill(x, 16, 1.0f);
+    fill(y, 16, -0.5f);
+    for (int i = 0; i < 16; i++) want[i] = -(x[i] + y[i]);
+    peephole_keeps_values(&p, want);
+    cr_assert_eq(p.n, 4, "%d instructions", p.n);
+    cr_assert(p.ins[2].kind == P_BIN && p.ins[2].a == 0 && p.ins[2].b == 1);
+    cr_assert(p.ins[3].kind == P_UN && p.ins[3].op == OP_NEG && p.ins[3].a == 2, "the neg reads the add's new register");
+    cr_assert_eq(p.result, 3);
+    prog_free(&p);
+}
