@@ -584,3 +584,108 @@ Test(peephole, dead_instructions_go_and_registers_are_renumbered)
     cr_assert_eq(p.result, 3);
     prog_free(&p);
 }
+
+/* ---- coalesce ------------------------------------------------------------------------- */
+
+/* Coalesces a copy of the views over `shape`; the results come back
+ * through shape, views and split. @return the new rank */
+static int coalesce(int nd, int64_t *shape, int nviews, cx_view *views, int *split)
+{
+    cx_program p = prog_of(1, (cx_pinstr[]){ LOAD(0, 0) }, 0, nviews, views);
+    int r = cx_prog_coalesce(&p, shape, nd, split);
+    memcpy(views, p.views, sizeof *views * (size_t)nviews);
+    prog_free(&p);
+    return r;
+}
+
+Test(coalesce, dims_every_view_reads_linearly_merge_and_others_do_not)
+{
+    /* x (2, 3, 4) + y (3, 4) broadcast over the first dim: the last two
+     * dims are one run for both, the first is not (y does not move) */
+    cx_view v[2] = { { .strides = { 12, 4, 1 } }, { .strides = { 0, 4, 1 } } };
+    cx_program p = prog_of(3, (cx_pinstr[]){ LOAD(0, 0), LOAD(1, 1), BIN(OP_ADD, 0, 1) }, 2, 2, v);
+    float x[24], y[12], before[24], after[24];
+    fill(x, 24, 1.0f);
+    fill(y, 12, 0.25f);
+    int64_t shape[3] = { 2, 3, 4 };
+    eval(&p, 3, shape, 2, (void *[]){ x, y }, before);
+    int split = 0;
+    int nd = cx_prog_coalesce(&p, shape, 3, &split);
+    cr_assert_eq(nd, 2, "rank %d", nd);
+    cr_assert(shape[0] == 2 && shape[1] == 12);
+    cr_assert(p.views[0].strides[0] == 12 && p.views[0].strides[1] == 1);
+    cr_assert(p.views[1].strides[0] == 0 && p.views[1].strides[1] == 1);
+    eval(&p, nd, shape, 2, (void *[]){ x, y }, after);
+    assert_close(after, before, 24);
+    prog_free(&p);
+
+    /* alone, x is one run */
+    int64_t s2[3] = { 2, 3, 4 };
+    cr_assert_eq(coalesce(3, s2, 1, (cx_view[]){ { .strides = { 12, 4, 1 } } }, &split), 1);
+    cr_assert_eq(s2[0], 24);
+
+    /* a transposed read never merges */
+    int64_t s3[2] = { 4, 4 };
+    cx_view t[2] = { { .strides = { 4, 1 } }, { .strides = { 1, 4 } } };
+    cr_assert_eq(coalesce(2, s3, 2, t, &split), 2);
+    cr_assert(t[1].strides[0] == 1 && t[1].strides[1] == 4);
+}
+
+Test(coalesce, size_one_dims_drop_out)
+{
+    /* (3, 1, 4): without the middle dim, the rest is one run */
+    cx_view v = { .strides = { 4, 4, 1 } };
+    cx_program p = prog_of(2, (cx_pinstr[]){ LOAD(0, 0), UN(OP_NEG, 0) }, 1, 1, &v);
+    float x[12], before[12], after[12];
+    fill(x, 12, 1.0f);
+    int64_t shape[3] = { 3, 1, 4 };
+    eval(&p, 3, shape, 1, (void *[]){ x }, before);
+    int split = 0;
+    int nd = cx_prog_coalesce(&p, shape, 3, &split);
+    cr_assert_eq(nd, 1, "rank %d", nd);
+    cr_assert_eq(shape[0], 12);
+    cr_assert_eq(p.views[0].strides[0], 1);
+    eval(&p, nd, shape, 1, (void *[]){ x }, after);
+    assert_close(after, before, 12);
+    prog_free(&p);
+}
+
+Test(coalesce, a_reduction_keeps_its_kept_and_reduced_dims_apart)
+{
+    /* kept (4) | reduced (4), contiguous: merging them would reduce nothing */
+    int64_t shape[2] = { 4, 4 };
+    int split = 1;
+    cr_assert_eq(coalesce(2, shape, 1, (cx_view[]){ { .strides = { 4, 1 } } }, &split), 2);
+    cr_assert_eq(split, 1);
+    /* kept (1, 4) | reduced (4): the size-1 kept dim goes, the split follows */
+    int64_t s3[3] = { 1, 4, 4 };
+    split = 2;
+    int nd = coalesce(3, s3, 1, (cx_view[]){ { .strides = { 16, 4, 1 } } }, &split);
+    cr_assert_eq(nd, 2, "rank %d", nd);
+    cr_assert_eq(split, 1, "one kept dim left (split %d)", split);
+    cr_assert(s3[0] == 4 && s3[1] == 4);
+    /* kept (2) | reduced (3, 4): the reduced dims are one run */
+    int64_t s4[3] = { 2, 3, 4 };
+    split = 1;
+    nd = coalesce(3, s4, 1, (cx_view[]){ { .strides = { 12, 4, 1 } } }, &split);
+    cr_assert_eq(nd, 2, "rank %d", nd);
+    cr_assert(split == 1 && s4[0] == 2 && s4[1] == 12);
+}
+
+Test(coalesce, a_padded_read_merges_only_where_its_mask_spans_whole_dims)
+{
+    /* valid columns 1..3 of each row: the rows cannot become one run */
+    int64_t shape[2] = { 4, 4 };
+    int split = 0;
+    cx_view m = { .strides = { 4, 1 }, .masked = true, .lo = { 0, 1 }, .hi = { 4, 3 } };
+    cr_assert_eq(coalesce(2, shape, 1, &m, &split), 2);
+    /* valid everywhere: one run, its mask over the merged dim */
+    m = (cx_view){ .strides = { 4, 1 }, .masked = true, .lo = { 0, 0 }, .hi = { 4, 4 } };
+    cr_assert_eq(coalesce(2, shape, 1, &m, &split), 1);
+    cr_assert(shape[0] == 16 && m.lo[0] == 0 && m.hi[0] == 16, "mask [%lld, %lld)", (long long)m.lo[0],
+              (long long)m.hi[0]);
+    /* a size-1 dim with nothing valid in it is not dropped */
+    int64_t s2[2] = { 4, 1 };
+    m = (cx_view){ .strides = { 1, 1 }, .masked = true, .lo = { 0, 0 }, .hi = { 4, 0 } };
+    cr_assert_eq(coalesce(2, s2, 1, &m, &split), 2);
+}
