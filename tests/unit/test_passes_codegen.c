@@ -161,6 +161,30 @@ Test(codegen, views_become_index_maps_on_the_load_not_copies)
     assert_close(out, want, 16);
     cx_executable_free(e);
 
+    /* a rotation of 3 dims is not its own inverse: out[i][j][k] = a[j][k][i] */
+    gb_init(&b);
+    a = gb_node(&b, OP_DATA, 3, (int64_t[]){ 2, 3, 4 }, 0, NULL);
+    tr = gb_node(&b, OP_PERMUTE, 3, (int64_t[]){ 4, 2, 3 }, 1, &a);
+    gb_attrs(&b, tr, 3, (int64_t[]){ 2, 0, 1 });
+    ng = gb_node(&b, OP_NEG, 3, (int64_t[]){ 4, 2, 3 }, 1, &tr);
+    gb_output(&b, ng, -1);
+    e = lower12(&b, root);
+    cr_assert_eq(e->nkernels, 1);
+    p = &e->kernels[0].prog;
+    v = &p->views[p->ins[0].view];
+    /* strides (1, 12, 4); (j, k) walk a[j][k] in order, so they coalesce */
+    cr_assert_eq(e->kernels[0].ndim, 2);
+    cr_assert(v->strides[0] == 1 && v->strides[1] == 4, "rotated load: strides (%lld, %lld)", (long long)v->strides[0],
+              (long long)v->strides[1]);
+    float r[24], ro[24], rwant[24];
+    fill(r, 24, 1.0f);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 3; k++) rwant[(i * 2 + j) * 3 + k] = -r[(j * 3 + k) * 4 + i];
+    run(e, (void *[]){ r }, (void *[]){ ro });
+    assert_close(ro, rwant, 24);
+    cx_executable_free(e);
+
     /* out = -a[2::2] over 3 elements: an offset and a stride */
     gb_init(&b);
     a = gb_node(&b, OP_DATA, 1, V8, 0, NULL);
