@@ -657,8 +657,9 @@ Test(coalesce, dims_every_view_reads_linearly_merge_and_others_do_not)
 
 Test(coalesce, size_one_dims_drop_out)
 {
-    /* (3, 1, 4): without the middle dim, the rest is one run */
-    cx_view v = { .strides = { 4, 4, 1 } };
+    /* (3, 1, 4) read as a broadcast along the middle dim: without it, the
+     * rest is one run */
+    cx_view v = { .strides = { 4, 0, 1 } };
     cx_program p = prog_of(2, (cx_pinstr[]){ LOAD(0, 0), UN(OP_NEG, 0) }, 1, 1, &v);
     float x[12], before[12], after[12];
     fill(x, 12, 1.0f);
@@ -684,7 +685,7 @@ Test(coalesce, a_reduction_keeps_its_kept_and_reduced_dims_apart)
     /* kept (1, 4) | reduced (4): the size-1 kept dim goes, the split follows */
     int64_t s3[3] = { 1, 4, 4 };
     split = 2;
-    int nd = coalesce(3, s3, 1, (cx_view[]){ { .strides = { 16, 4, 1 } } }, &split);
+    int nd = coalesce(3, s3, 1, (cx_view[]){ { .strides = { 0, 4, 1 } } }, &split);
     cr_assert_eq(nd, 2, "rank %d", nd);
     cr_assert_eq(split, 1, "one kept dim left (split %d)", split);
     cr_assert(s3[0] == 4 && s3[1] == 4);
@@ -694,6 +695,13 @@ Test(coalesce, a_reduction_keeps_its_kept_and_reduced_dims_apart)
     nd = coalesce(3, s4, 1, (cx_view[]){ { .strides = { 12, 4, 1 } } }, &split);
     cr_assert_eq(nd, 2, "rank %d", nd);
     cr_assert(split == 1 && s4[0] == 2 && s4[1] == 12);
+    /* kept (2, 3) | reduced (4): the kept dims are one run, the split follows */
+    int64_t s5[3] = { 2, 3, 4 };
+    split = 2;
+    nd = coalesce(3, s5, 1, (cx_view[]){ { .strides = { 12, 4, 1 } } }, &split);
+    cr_assert_eq(nd, 2, "rank %d", nd);
+    cr_assert(split == 1 && s5[0] == 6 && s5[1] == 4, "split %d, shape (%lld, %lld)", split, (long long)s5[0],
+              (long long)s5[1]);
 }
 
 Test(coalesce, a_padded_read_merges_only_where_its_mask_spans_whole_dims)
