@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 
 #include "passes.h"
+#include "runtime.h"
 #include "graph_builder.h"
 
 #include <math.h>
