@@ -72,8 +72,26 @@ const cx_comm_backend *cx_comm_get(void) { return &g_backend; }
 int cx_comm_world_size(void) { return g_backend.world_size(g_backend.ctx); }
 int cx_comm_rank(void) { return g_backend.rank(g_backend.ctx); }
 
+/* The message for a reduction outside cx_reduce_op, naming a cx_reduction
+ * passed by mistake (the two enums once shared values). false: valid. */
+static bool bad_reduce_op(const char *op, cx_reduce_op red)
+{
+    static const char *const loss[] = { "CX_REDUCE_MEAN", "CX_REDUCE_SUM", "CX_REDUCE_NONE" };
+    if ((unsigned)red - CX_RED_SUM <= CX_RED_MIN - CX_RED_SUM) return false;
+    if ((unsigned)red <= CX_REDUCE_NONE)
+        cx_set_last_error("%s: reduction %s (%d) is a cx_reduction, for losses; a collective takes a cx_reduce_op "
+                          "(CX_RED_SUM, CX_RED_MEAN, CX_RED_MAX or CX_RED_MIN)", op, loss[red], (int)red);
+    else
+        cx_set_last_error("%s: reduction %d is not a cx_reduce_op (CX_RED_SUM, CX_RED_MEAN, CX_RED_MAX or CX_RED_MIN)",
+                          op, (int)red);
+    return true;
+}
+
 cx_status cx_comm_run(const cx_comm_op *op)
 {
+    if (!op) { cx_set_last_error("comm_run: op is NULL"); return CX_ERR_ARG; }
+    if ((op->kind == CX_COLL_ALL_REDUCE || op->kind == CX_COLL_REDUCE_SCATTER) && bad_reduce_op("comm_run", op->red))
+        return CX_ERR_ARG;
     void *req = g_backend.start(g_backend.ctx, op);
     if (!req) return CX_ERR_COMM;
     return g_backend.wait(g_backend.ctx, req);
@@ -192,7 +210,7 @@ cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op red, double scale, const cx_
     int gs;
     int64_t gid = cx_groups_intern(groups, "all_reduce", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
-    if ((unsigned)red > CX_RED_MIN) return cx_poisoned("all_reduce: unknown reduction %d", (int)red);
+    if (bad_reduce_op("all_reduce", red)) return cx_poisoned("%s", cx_last_error());
     return coll(OP_ALL_REDUCE, a, a->node->shape, gid, red, 0, 0, scale, pin);
 }
 
@@ -228,7 +246,8 @@ cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op red, double scale, int a
     if (a->node->shape[ax] % gs)
         return cx_poisoned("reduce_scatter: axis %d of size %lld is not divisible by the group size %d", ax,
                          (long long)a->node->shape[ax], gs);
-    if (red == CX_RED_MAX || red == CX_RED_MIN || (unsigned)red > CX_RED_MIN)
+    if (bad_reduce_op("reduce_scatter", red)) return cx_poisoned("%s", cx_last_error());
+    if (red == CX_RED_MAX || red == CX_RED_MIN)
         return cx_poisoned("reduce_scatter: only sum and mean reductions are supported");
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof shape);

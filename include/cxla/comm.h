@@ -23,7 +23,7 @@ typedef enum {
  * `scale` (1 = none); CX_RED_MEAN divides by the group size. */
 typedef struct {
     cx_coll_kind kind;
-    cx_reduce_op red;
+    cx_reduce_op red;    /* all-reduce and reduce-scatter only */
     double scale;
     cx_dtype dtype;
     const void *in;
@@ -80,7 +80,10 @@ CX_API void cx_comm_free(void *p);
 
 /* Registers a backend (the struct is copied). NULL restores the world of one. */
 CX_API void cx_comm_register(const cx_comm_backend *backend);
-/* Runs one collective synchronously through the registered backend. */
+/* Runs one collective synchronously through the registered backend.
+ * @return CX_OK; CX_ERR_ARG (cx_last_error set) for a NULL op or, for a
+ * reducing kind, a `red` that is not a cx_reduce_op; the backend's
+ * CX_ERR_COMM. */
 CX_API cx_status cx_comm_run(const cx_comm_op *op);
 CX_API int cx_comm_world_size(void);
 

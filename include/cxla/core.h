@@ -323,8 +323,15 @@ CX_API cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_t
 CX_API cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal,
                                                   double scale);
 
+/* How a loss reduces its per-sample terms. Its values and cx_reduce_op's
+ * (collectives) are disjoint, so a member of the wrong family is refused
+ * rather than read as some member of this one. */
 typedef enum { CX_REDUCE_MEAN = 0, CX_REDUCE_SUM, CX_REDUCE_NONE } cx_reduction;
-/* logp (N, C), target (N) integer. ignore_index < 0 and not -100: none. */
+/* The losses: logp (N, C), target (N) integer; ignore_index < 0 and not
+ * -100: none. @return the loss (0-d, or (N,) / a's shape for
+ * CX_REDUCE_NONE), or a poisoned tensor for bad shapes or dtypes, or a
+ * `red` that is not a cx_reduction (the message names the value and, for a
+ * cx_reduce_op, says so). */
 CX_API cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int64_t ignore_index);
 CX_API cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction red,
                             int64_t ignore_index, double label_smoothing);
@@ -332,7 +339,8 @@ CX_API cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red);
 
 /* ---- collectives (IR ops; run by the registered comm backend) ------- */
 
-typedef enum { CX_RED_SUM = 0, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN } cx_reduce_op;
+/* A collective's reduction. Starts at 0x100, away from cx_reduction. */
+typedef enum { CX_RED_SUM = 0x100, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN } cx_reduce_op;
 
 /* A replica group list: `ngroups` groups of `group_size` ranks each, row
  * major in `ranks`. NULL = one group of every rank. */
@@ -342,7 +350,11 @@ typedef struct {
     const int *ranks;
 } cx_replica_groups;
 
-/* `pin` makes the collective unique: CSE never merges it with another. */
+/* `pin` makes the collective unique: CSE never merges it with another.
+ * @return the collective's result, or a poisoned tensor for bad axes or
+ * groups, or an `op` that is not a cx_reduce_op (the message names the
+ * value and, for a cx_reduction, says so; reduce_scatter also refuses
+ * MAX and MIN). */
 CX_API cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op op, double scale,
                          const cx_replica_groups *groups, bool pin);
 CX_API cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin);
