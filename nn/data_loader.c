@@ -305,18 +305,22 @@ cx_status cx_loader_end_step(cx_loader *l)
     return st;
 }
 
-bool cx_loader_next(cx_loader *l, cx_batch *out)
+cx_loader_result cx_loader_next(cx_loader *l, cx_batch *out)
 {
     memset(out, 0, sizeof *out);
-    if (cx_loader_end_step(l) != CX_OK) { l->at_end = true; return false; }
-    if (l->at_end) return false;
+    bool was_at_end = l->at_end;
+    if (cx_loader_end_step(l) != CX_OK) {
+        l->at_end = true;
+        return was_at_end ? CX_LOADER_END : CX_LOADER_ERROR;   /* an error is reported once */
+    }
+    if (l->at_end) return CX_LOADER_END;
     while (post_one(l)) {}   /* keep the pipeline full */
 
     pthread_mutex_lock(&l->mu);
     if (l->taken == l->posted) {      /* nothing in flight: the epoch is over */
         pthread_mutex_unlock(&l->mu);
         l->at_end = true;
-        return false;
+        return CX_LOADER_END;
     }
     while (l->worked <= l->taken) pthread_cond_wait(&l->done_cv, &l->mu);
     slot *s = &l->slots[l->taken % l->nslots];
@@ -333,7 +337,7 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
         l->error = s->status;
         l->at_end = true;
         release_current(l);
-        return false;
+        return CX_LOADER_ERROR;
     }
     post_one(l);              /* refill the slot just freed (s is reused from here) */
     l->position += n;
@@ -346,7 +350,7 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
     out->size = n;
     out->index = index;
     out->dataset = l->ds;
-    return true;
+    return CX_LOADER_BATCH;
 }
 
 cx_tensor *cx_batch_field(const cx_batch *b, const char *name)

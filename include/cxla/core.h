@@ -50,14 +50,44 @@ typedef struct {
     cx_tensor *tensor;
 } cx_named_tensor;
 
-/* ---- errors --------------------------------------------------------- */
+/* ---- errors ---------------------------------------------------------
+ *
+ * How errors are reported. No function of the library ends the process on
+ * a failure; each reports it in one of these ways, and its comment says
+ * which:
+ *
+ *  - cx_status: CX_OK, or an error code, with the message in
+ *    cx_last_error(). Most calls that do something (sync, load, save, init).
+ *  - Ops and tensor constructors return a poisoned tensor, never NULL for
+ *    a bad argument: the message is in cx_tensor_error(t) and
+ *    cx_last_error(), poison flows through later ops, and cx_sync /
+ *    cx_step_end return the error. Free a poisoned tensor like any other.
+ *  - Other constructors (modules, optimizers, wrappers, loaders) return
+ *    NULL with cx_last_error set.
+ *  - Counts and slots (int) are -1 on error, with cx_last_error set.
+ *  - cx_item returns NaN on error with cx_last_error set; a NaN value is
+ *    also NaN, so to tell them apart read with cx_to_host (a cx_status).
+ *  - cx_loader_next tells a batch, the end of the epoch and an error apart
+ *    (cx_loader_result, data.h).
+ *
+ * The message is per thread, one line, and stays until the next failure
+ * or cx_clear_error: a success does not clear it, so read it only after a
+ * failure was reported. A function returning void either cannot fail or
+ * says what it does instead (most treat NULL as a no-op).
+ */
 
-/* @return the last error message of this thread ("" if none). */
+/* @return the last error message of this thread ("" if none). The pointer
+ * stays valid for the thread's life; the text changes with the next error. */
 CX_API const char *cx_last_error(void);
 CX_API void cx_clear_error(void);
 /* Sets this thread's last error (for modules and programs built on the
- * core: nn, optim, parallel, user layers). printf-style. */
+ * core: nn, optim, parallel, user layers). printf-style; the arguments may
+ * point into cx_last_error() itself ("%s: while loading", cx_last_error())
+ * and the message is cut at 1023 bytes. */
 CX_API void cx_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* @return the code's name ("CX_ERR_IO"), a static string; "CX_ERR_UNKNOWN"
+ * for a value that is no cx_status. Never NULL. */
+CX_API const char *cx_status_str(cx_status s);
 /* A poisoned tensor carrying a one-line message, also set as the last
  * error (for modules built on the core). printf-style. */
 CX_API cx_tensor *cx_poisoned(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -251,7 +251,8 @@ typedef struct {
     int prefetch;       /* batches prepared ahead of the one in use (>= 1) */
     /* Like MpDeviceLoader: cx_loader_next ends the step the loader began for
      * the previous batch and begins a new one; the last call (returning
-     * false) ends the last step. Off: the caller marks steps itself. */
+     * CX_LOADER_END or CX_LOADER_ERROR) ends the last step. Off: the caller
+     * marks steps itself. */
     bool mark_step;
     /* SPMD (MpDeviceLoader's input_sharding): each batch is global, and this
      * rank reads and uploads only its shard of it. input_spec applies to
@@ -302,11 +303,23 @@ CX_API int64_t cx_loader_len(const cx_loader *l);
 CX_API cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position);
 /* Samples handed out so far this epoch (prefetched ones excluded). */
 CX_API int64_t cx_loader_position(const cx_loader *l);
+/* What cx_loader_next handed out. Only a batch is > 0, so loop with
+ * `while ((r = cx_loader_next(l, &b)) > 0)` and test r < 0 after the loop:
+ * an error ends the epoch early and must not pass for its end. */
+typedef enum {
+    CX_LOADER_ERROR = -1,   /* cx_last_error and cx_loader_error say what failed */
+    CX_LOADER_END = 0,      /* the epoch is over: cx_loader_set_epoch starts the next */
+    CX_LOADER_BATCH = 1,    /* `out` holds the next batch */
+} cx_loader_result;
+
 /* Hands out the next batch. The previous batch's tensors are released here
  * (after its step ended, when mark_step is on), so a batch is valid until the
- * next call. @return true with `out` filled, false at the end of the epoch or
- * on an error (then cx_last_error is set: check cx_loader_error). */
-CX_API bool cx_loader_next(cx_loader *l, cx_batch *out);
+ * next call. @return CX_LOADER_BATCH with `out` filled; CX_LOADER_END at the
+ * end of the epoch (and at every call after it); CX_LOADER_ERROR when a
+ * gather, upload or the ended step failed (once: later calls give
+ * CX_LOADER_END, while cx_loader_error keeps the error). `out` is zeroed
+ * unless a batch is given. */
+CX_API cx_loader_result cx_loader_next(cx_loader *l, cx_batch *out);
 /* With mark_step: ends the step begun for the current batch and releases the
  * batch, e.g. when a loop stops before the end of the epoch (prefetched
  * batches stay; the next cx_loader_next continues with them). Harmless when

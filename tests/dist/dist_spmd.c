@@ -475,7 +475,7 @@ static void loader_reads_its_rows(void)
     int64_t k = cx_global_runtime_device_count(), want_reads = 0, batches = 0;
     cx_batch b;
     g_items_read = 0;
-    while (l && cx_loader_next(l, &b)) {
+    while (l && cx_loader_next(l, &b) == CX_LOADER_BATCH) {
         int64_t n = b.size, rows = (n + k - 1) / k, r0 = cx_global_ordinal() * rows;
         want_reads += r0 >= n ? 0 : (n - r0 < rows ? n - r0 : rows);
         float x[8 * 3];

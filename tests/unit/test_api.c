@@ -82,3 +82,88 @@ Test(api, all_reduce_refuses_a_loss_reduction)
     cx_free(bad2);
     cx_free(x);
 }
+
+Test(api, status_str_names_every_code)
+{
+    cr_expect_str_eq(cx_status_str(CX_OK), "CX_OK");
+    cr_expect_str_eq(cx_status_str(CX_ERR_SHAPE), "CX_ERR_SHAPE");
+    cr_expect_str_eq(cx_status_str(CX_ERR_ARG), "CX_ERR_ARG");
+    cr_expect_str_eq(cx_status_str(CX_ERR_OOM), "CX_ERR_OOM");
+    cr_expect_str_eq(cx_status_str(CX_ERR_IO), "CX_ERR_IO");
+    cr_expect_str_eq(cx_status_str(CX_ERR_COMM), "CX_ERR_COMM");
+    cr_expect_str_eq(cx_status_str(CX_ERR_STATE), "CX_ERR_STATE");
+    cr_expect_str_eq(cx_status_str((cx_status)99), "CX_ERR_UNKNOWN");
+    cr_expect_str_eq(cx_status_str((cx_status)-1), "CX_ERR_UNKNOWN");
+}
+
+Test(api, set_last_error_from_itself)
+{
+    cx_set_last_error("load %s", "w.h5");
+    cx_set_last_error("%s: more", cx_last_error());
+    cr_expect_str_eq(cx_last_error(), "load w.h5: more");
+    /* the argument starting inside the buffer, shifted by the format */
+    cx_set_last_error("abcdef");
+    cx_set_last_error("[%s]", cx_last_error() + 2);
+    cr_expect_str_eq(cx_last_error(), "[cdef]");
+    /* a message that fills the buffer is cut, not overrun */
+    char big[1500];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    cx_set_last_error("%s", big);
+    cx_set_last_error("%s%s", cx_last_error(), cx_last_error());
+    cr_expect_eq(strlen(cx_last_error()), 1023);
+    cx_clear_error();
+}
+
+/* Items fail from index 20 on: the second batch of 16 cannot be gathered. */
+static cx_status failing_get(void *ctx, int64_t index, void *const *item)
+{
+    (void)ctx;
+    if (index >= 20) {
+        cx_set_last_error("item %lld is unreadable", (long long)index);
+        return CX_ERR_IO;
+    }
+    *(float *)item[0] = (float)index;
+    return CX_OK;
+}
+
+Test(api, loader_tells_an_error_from_the_end)
+{
+    cx_field f = { .name = "v", .dtype = CX_F32, .ndim = 0 };
+    cx_dataset_desc d = { .size = 40, .nfields = 1, .fields = &f, .get = failing_get };
+    cx_dataset *ds = cx_dataset_new(&d);
+    cr_assert(ds, "%s", cx_last_error());
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.shuffle = false;
+    cx_sampler *s = cx_sampler_new(40, so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = 16;
+    cx_loader *l = cx_loader_new(ds, s, lo);
+    cr_assert(l, "%s", cx_last_error());
+    cx_batch b;
+    cr_assert_eq(cx_loader_next(l, &b), CX_LOADER_BATCH, "%s", cx_last_error());
+    cr_expect_eq(cx_loader_next(l, &b), CX_LOADER_ERROR);
+    cr_expect(strstr(cx_last_error(), "unreadable") != NULL, "%s", cx_last_error());
+    cr_expect_eq(b.nfields, 0, "no batch with an error");
+    cr_expect_eq(cx_loader_error(l), CX_ERR_IO);
+    cr_expect_eq(cx_loader_next(l, &b), CX_LOADER_END, "the error is reported once");
+    cr_expect_eq(cx_loader_error(l), CX_ERR_IO, "and kept");
+
+    /* a whole epoch that ends well ends with CX_LOADER_END */
+    cx_loader_opts lo2 = lo;
+    lo2.batch_size = 10;
+    cx_sampler *s2 = cx_sampler_new(20, so);
+    cx_loader *l2 = cx_loader_new(ds, s2, lo2);
+    cr_assert(l2, "%s", cx_last_error());
+    int n = 0;
+    cx_loader_result r;
+    while ((r = cx_loader_next(l2, &b)) == CX_LOADER_BATCH) n++;
+    cr_expect_eq(r, CX_LOADER_END);
+    cr_expect_eq(n, 2);
+    cr_expect_eq(cx_loader_error(l2), CX_OK);
+    cx_loader_free(l2);
+    cx_sampler_free(s2);
+    cx_loader_free(l);
+    cx_sampler_free(s);
+    cx_dataset_free(ds);
+}
