@@ -9,6 +9,7 @@
 #define CXLA_CORE_H
 
 #include <cxla/export.h>
+#include <cxla/version.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -18,7 +19,6 @@
 extern "C" {
 #endif
 
-#define CX_VERSION_STRING "0.1.0"
 #define CX_MAX_DIMS 8
 
 typedef enum {
@@ -49,6 +49,13 @@ typedef struct {
     const char *name;
     cx_tensor *tensor;
 } cx_named_tensor;
+
+/* ---- version ---------------------------------------------------------- */
+
+/* The version of the library running (cxla/version.h has the one compiled
+ * against: compare with CX_VERSION_NUMBER to catch a stale libcxla).
+ * @return MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0: 100). Never fails. */
+CX_API unsigned cx_version_number(void);
 
 /* ---- errors ---------------------------------------------------------
  *

@@ -5,6 +5,7 @@
 #include <cxla/cxla.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static cx_tensor *logits_2x3(void)
@@ -166,4 +167,14 @@ Test(api, loader_tells_an_error_from_the_end)
     cx_loader_free(l);
     cx_sampler_free(s);
     cx_dataset_free(ds);
+}
+
+Test(api, version_of_the_library_is_the_headers)
+{
+    cr_expect_eq(cx_version_number(), (unsigned)CX_VERSION_NUMBER);
+    cr_expect_eq(cx_version_number(),
+                 (unsigned)(CX_VERSION_MAJOR * 10000 + CX_VERSION_MINOR * 100 + CX_VERSION_PATCH));
+    char s[32];
+    snprintf(s, sizeof s, "%d.%d.%d", CX_VERSION_MAJOR, CX_VERSION_MINOR, CX_VERSION_PATCH);
+    cr_expect_str_eq(s, CX_VERSION_STRING);
 }
