@@ -1,6 +1,7 @@
 /* Collectives: IR builders, the replica-group table, and the backend
  * registry (world of one unless parallel/ registers MPI). */
 #include "internal.h"
+#include "cx_struct.h"
 #include "cx_vec.h"
 #include "exec.h"
 #include "spmd_internal.h"
@@ -29,9 +30,9 @@ static void *one_start(void *ctx, const cx_comm_op *op)
 
 static cx_status one_wait(void *ctx, void *req) { (void)ctx; (void)req; return CX_OK; }
 
-static const cx_comm_backend g_world_of_one = { .name = "world-of-one", .world_size = one_size, .rank = one_rank,
+static const cx_comm_backend g_world_of_one = { CX_STRUCT_SIZE(cx_comm_backend), .name = "world-of-one", .world_size = one_size, .rank = one_rank,
                                                 .start = one_start, .wait = one_wait };
-static cx_comm_backend g_backend = { .name = "world-of-one", .world_size = one_size, .rank = one_rank,
+static cx_comm_backend g_backend = { CX_STRUCT_SIZE(cx_comm_backend), .name = "world-of-one", .world_size = one_size, .rank = one_rank,
                                      .start = one_start, .wait = one_wait };
 
 /* The last backend that could give shared memory: its blocks are freed
@@ -39,15 +40,30 @@ static cx_comm_backend g_backend = { .name = "world-of-one", .world_size = one_s
 static bool (*g_free_shared)(void *ctx, void *p);
 static void *g_free_shared_ctx;
 
-void cx_comm_register(const cx_comm_backend *b)
+cx_status cx_comm_register(const cx_comm_backend *b)
 {
-    g_backend = b ? *b : g_world_of_one;
+    cx_comm_backend nb = g_world_of_one;
+    char err[256];
+    if (b) {
+        memset(&nb, 0, sizeof nb);   /* members past the caller's struct_size: none */
+        if (!cx_struct_take(&nb, sizeof nb, b, b->struct_size, CX_SIZE_THROUGH(cx_comm_backend, free_shared),
+                            "cx_comm_backend", err, sizeof err)) {
+            cx_set_last_error("comm_register: %s", err);
+            return CX_ERR_ARG;
+        }
+        if (!nb.world_size || !nb.rank || !nb.start || !nb.wait) {
+            cx_set_last_error("comm_register: backend %s lacks world_size, rank, start or wait", nb.name ? nb.name : "");
+            return CX_ERR_ARG;
+        }
+    }
+    g_backend = nb;
     /* the arena is made again from the new backend's memory */
     cx_arena_release();
-    if (b && b->free_shared) {
-        g_free_shared = b->free_shared;
-        g_free_shared_ctx = b->ctx;
+    if (b && nb.free_shared) {
+        g_free_shared = nb.free_shared;
+        g_free_shared_ctx = nb.ctx;
     }
+    return CX_OK;
 }
 
 void *cx_comm_alloc_shared(size_t bytes)

@@ -8,6 +8,8 @@
  * seq = taken++. Slot of seq is seq % nslots. */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 #include <cxla/data.h>
 
 #include <pthread.h>
@@ -47,7 +49,7 @@ struct cx_loader {
 
 cx_loader_opts cx_loader_default_opts(void)
 {
-    return (cx_loader_opts){ .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
+    return (cx_loader_opts){ CX_STRUCT_SIZE(cx_loader_opts), .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
 }
 
 static void free_tensors(cx_tensor **t, int n)
@@ -197,6 +199,14 @@ static void slot_release(cx_loader *l, slot *s)
 
 cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
 {
+    char serr[256];
+    cx_loader_opts own_o = cx_loader_default_opts();
+    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_loader_opts, input_nspec), "cx_loader_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("cx_loader_new: %s", serr);
+        return NULL;
+    }
+    o = own_o;
     if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
         cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
                      ds ? "set" : "NULL", sampler ? "set" : "NULL", (long long)o.batch_size, o.prefetch);

@@ -33,7 +33,7 @@ static cx_tensor *mlp_forward(cx_module *m, cx_tensor *x)   // x (B, 1, 28, 28)
     return cx_log_softmax(x, 1);
 }
 
-static const cx_module_type mlp_type = { .name = "TinyMlp", .forward = mlp_forward, .free = free };
+static const cx_module_type mlp_type = { CX_STRUCT_SIZE(cx_module_type), .name = "TinyMlp", .forward = mlp_forward, .free = free };
 
 static cx_module *mlp_new(int64_t in, int64_t hidden, int64_t out)
 {

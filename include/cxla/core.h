@@ -43,6 +43,17 @@ typedef enum {
 
 typedef struct cx_tensor cx_tensor;
 
+/* Structs the library reads from the caller's memory (option structs,
+ * descriptions, type tables) start with `size_t struct_size`, so they can
+ * gain members without breaking programs built against older headers: the
+ * library reads only the first struct_size bytes and takes defaults for
+ * the rest. Set it through the struct's default function
+ * (cx_ddp_default_opts(), ...) or, in a designated initializer, with
+ * CX_STRUCT_SIZE: { CX_STRUCT_SIZE(cx_module_type), .name = "Mine", ... }.
+ * A struct_size of 0 (a struct zeroed by hand) or below the struct's first
+ * version is refused with an error naming the struct (docs/api.md). */
+#define CX_STRUCT_SIZE(T) .struct_size = sizeof(T)
+
 /* A tensor with its state-dict name ("fc1.weight"): parameters, buffers,
  * optimizer state. The name is owned by whoever made the array. */
 typedef struct {

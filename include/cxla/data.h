@@ -48,6 +48,7 @@ typedef void (*cx_dataset_free_fn)(void *ctx);
  * one at a time; set_epoch runs on the caller's thread while no batch is
  * being filled. */
 typedef struct {
+    size_t struct_size;                /* CX_STRUCT_SIZE(cx_dataset_desc) */
     int64_t size;                      /* items, > 0 */
     int nfields;                       /* >= 1 */
     const cx_field *fields;            /* nfields, distinct non-empty names; copied */
@@ -60,7 +61,8 @@ typedef struct {
 
 /* A data set from a description. It owns desc->ctx from now on, also on
  * failure (then desc->free(ctx) has run).
- * @return the data set, or NULL with cx_last_error set: a size below 1, no
+ * @return the data set, or NULL with cx_last_error set: a struct_size
+ * below the first version's, a size below 1, no
  * field, a field without a name or with a repeated one, a bad dtype, ndim or
  * non-positive dim (the message names the field), neither get nor collate,
  * or out of memory. */
@@ -245,7 +247,9 @@ CX_API int64_t cx_sampler_take(cx_sampler *s, int64_t *out, int64_t n);
 
 /* ---- loader --------------------------------------------------------------- */
 
+/* Start from cx_loader_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     int64_t batch_size;
     bool drop_last;     /* drop the last, incomplete batch of an epoch */
     int prefetch;       /* batches prepared ahead of the one in use (>= 1) */
@@ -289,8 +293,8 @@ CX_API cx_tensor *cx_batch_field(const cx_batch *b, const char *name);
  * background thread gathers and uploads the next batches while the current
  * step runs. The data set's set_epoch is called here with the sampler's
  * epoch, and at each cx_loader_set_epoch.
- * @return a loader, or NULL with cx_last_error set (bad batch size, no
- * thread, out of memory). */
+ * @return a loader, or NULL with cx_last_error set (bad batch size, a
+ * struct_size below the first version's, no thread, out of memory). */
 CX_API cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
 /* Stops the background thread and frees the batches still held. NULL is fine. */
 CX_API void cx_loader_free(cx_loader *l);

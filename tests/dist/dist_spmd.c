@@ -457,7 +457,7 @@ static void loader_reads_its_rows(void)
 {
     const cx_field fields[2] = { { .name = "x", .dtype = CX_F32, .ndim = 1, .shape = { 3 } },
                                  { .name = "y", .dtype = CX_I64, .ndim = 0 } };
-    cx_dataset_desc dd = { .size = 20, .nfields = 2, .fields = fields, .get = count_get };
+    cx_dataset_desc dd = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 20, .nfields = 2, .fields = fields, .get = count_get };
     cx_dataset *ds = cx_dataset_new(&dd);
     cx_sampler_opts so = cx_sampler_default_opts();
     so.shuffle = false;

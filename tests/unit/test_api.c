@@ -131,7 +131,7 @@ static cx_status failing_get(void *ctx, int64_t index, void *const *item)
 Test(api, loader_tells_an_error_from_the_end)
 {
     cx_field f = { .name = "v", .dtype = CX_F32, .ndim = 0 };
-    cx_dataset_desc d = { .size = 40, .nfields = 1, .fields = &f, .get = failing_get };
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 40, .nfields = 1, .fields = &f, .get = failing_get };
     cx_dataset *ds = cx_dataset_new(&d);
     cr_assert(ds, "%s", cx_last_error());
     cx_sampler_opts so = cx_sampler_default_opts();
@@ -177,4 +177,59 @@ Test(api, version_of_the_library_is_the_headers)
     char s[32];
     snprintf(s, sizeof s, "%d.%d.%d", CX_VERSION_MAJOR, CX_VERSION_MINOR, CX_VERSION_PATCH);
     cr_expect_str_eq(s, CX_VERSION_STRING);
+}
+
+static cx_tensor *id_forward(cx_module *m, cx_tensor *x)
+{
+    (void)m;
+    return cx_alias(x);
+}
+
+static int g_freed;
+static void count_free(void *impl)
+{
+    (void)impl;
+    g_freed++;
+}
+
+Test(api, sized_structs_refuse_a_missing_size)
+{
+    /* a type zeroed by hand: refused by name, its impl still released */
+    cx_module_type bad = { .name = "NoSize", .forward = id_forward, .free = count_free };
+    g_freed = 0;
+    cr_expect_null(cx_module_new(&bad, &g_freed));
+    cr_expect(strstr(cx_last_error(), "cx_module_type.struct_size is 0") != NULL, "%s", cx_last_error());
+    cr_expect_eq(g_freed, 1);
+    cx_module_type good = { CX_STRUCT_SIZE(cx_module_type), .name = "Sized", .forward = id_forward };
+    cx_module *m = cx_module_new(&good, NULL);
+    cr_assert(m, "%s", cx_last_error());
+    cr_expect_str_eq(cx_module_type_name(m), "Sized");
+    cx_module_free(m);
+
+    cx_comm_backend be = { .name = "unsized" };
+    cr_expect_eq(cx_comm_register(&be), CX_ERR_ARG);
+    cr_expect(strstr(cx_last_error(), "cx_comm_backend.struct_size") != NULL, "%s", cx_last_error());
+    cr_expect_eq(cx_comm_world_size(), 1, "the world of one is kept");
+
+    cx_field f = { .name = "v", .dtype = CX_F32, .ndim = 0 };
+    cx_dataset_desc d = { .size = 4, .nfields = 1, .fields = &f, .get = failing_get };
+    cr_expect_null(cx_dataset_new(&d));
+    cr_expect(strstr(cx_last_error(), "cx_dataset_desc.struct_size") != NULL, "%s", cx_last_error());
+    d.struct_size = sizeof d;
+    cx_dataset *ds = cx_dataset_new(&d);
+    cr_assert(ds, "%s", cx_last_error());
+    cx_sampler *s = cx_sampler_new(4, cx_sampler_default_opts());
+    cx_loader_opts lo = { .batch_size = 2, .prefetch = 1 };
+    cr_expect_null(cx_loader_new(ds, s, lo));
+    cr_expect(strstr(cx_last_error(), "cx_loader_opts.struct_size") != NULL, "%s", cx_last_error());
+    cx_ddp_opts dd = { .bucket_bytes = 1 };
+    cx_module *lin = cx_nn_linear(2, 2, true);
+    cr_expect_null(cx_ddp_wrap(lin, dd));
+    cr_expect(strstr(cx_last_error(), "cx_ddp_opts.struct_size") != NULL, "%s", cx_last_error());
+    cx_ckpt_opts co = { .verify = true };
+    cr_expect_eq(cx_ckpt_save_opts("/tmp/cx-test-api-never", cx_ckpt_model_single(lin), NULL, NULL, co), CX_ERR_ARG);
+    cr_expect(strstr(cx_last_error(), "cx_ckpt_opts.struct_size") != NULL, "%s", cx_last_error());
+    cx_module_free(lin);
+    cx_sampler_free(s);
+    cx_dataset_free(ds);
 }
