@@ -4,6 +4,8 @@
  * validate every input file first, and leave nothing behind on failure. */
 #include "ckpt_internal.h"
 
+#include "cx_struct.h"
+
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,7 @@
 
 cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void)
 {
-    return (cx_ckpt_consolidate_opts){ .suffix = NULL, .with_optimizer = false, .compress_level = 0,
+    return (cx_ckpt_consolidate_opts){ CX_STRUCT_SIZE(cx_ckpt_consolidate_opts), .suffix = NULL, .with_optimizer = false, .compress_level = 0,
                                        .shard_size_multiple = 1 };
 }
 
@@ -145,6 +147,14 @@ static cx_status write_optimizer_copy(writer *w, hid_t fid)
 
 cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts)
 {
+    char serr[256];
+    cx_ckpt_consolidate_opts own_opts = cx_ckpt_consolidate_default_opts();
+    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_ckpt_consolidate_opts, shard_size_multiple), "cx_ckpt_consolidate_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("cx_ckpt_consolidate: %s", serr);
+        return CX_ERR_ARG;
+    }
+    opts = own_opts;
     if (!prefix || !out_path) {
         cx_set_last_error("cx_ckpt_consolidate: NULL prefix or output path");
         return CX_ERR_ARG;
@@ -362,6 +372,14 @@ static cx_status write_reshard_files(writer *w, const ckpt_unit *src_units, int 
 
 cx_status cx_ckpt_reshard(const char *prefix, const char *out_prefix, int world, cx_ckpt_consolidate_opts opts)
 {
+    char serr[256];
+    cx_ckpt_consolidate_opts own_opts = cx_ckpt_consolidate_default_opts();
+    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_ckpt_consolidate_opts, shard_size_multiple), "cx_ckpt_consolidate_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("cx_ckpt_reshard: %s", serr);
+        return CX_ERR_ARG;
+    }
+    opts = own_opts;
     if (!prefix || !out_prefix || world < 1 || world > 1 << 16) {
         cx_set_last_error("cx_ckpt_reshard: need a prefix, an output prefix and a world size in [1, 65536]");
         return CX_ERR_ARG;

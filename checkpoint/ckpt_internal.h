@@ -254,6 +254,10 @@ typedef struct {
 } ckpt_view;
 
 cx_status ckpt_view_of(cx_ckpt_model m, ckpt_view *v);
+/* Reads the caller's options as far as their struct_size goes, defaults for
+ * the rest. @return CX_OK, or CX_ERR_ARG (error set, naming fn) for a
+ * struct_size below the first version's. */
+cx_status ckpt_take_opts(cx_ckpt_opts *opts, const char *fn);
 void ckpt_view_release(ckpt_view *v);
 
 /* ---- reading: any committed checkpoint as full tensors ------------------------------

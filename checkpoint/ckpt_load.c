@@ -487,8 +487,10 @@ static cx_status load_apply(load_job *j, cx_optimizer *opt, cx_ckpt_extra *extra
 cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra,
                             cx_ckpt_opts opts)
 {
+    cx_status st = ckpt_take_opts(&opts, "cx_ckpt_load");
+    if (st != CX_OK) return st;
     ckpt_view v;
-    cx_status st = ckpt_view_of(model, &v);
+    st = ckpt_view_of(model, &v);
     if (st == CX_OK && !prefix) {
         cx_set_last_error("cx_ckpt_load: prefix is NULL");
         st = CX_ERR_ARG;

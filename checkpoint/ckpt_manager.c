@@ -6,6 +6,7 @@
 #include "ckpt_internal.h"
 
 #include "cx_fs.h"
+#include "cx_struct.h"
 
 #include <cxla/parallel.h>
 
@@ -31,11 +32,19 @@ static void on_sigterm(int sig)
 
 cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void)
 {
-    return (cx_ckpt_manager_opts){ .save_interval = 0, .max_to_keep = 0, .watch_sigterm = true };
+    return (cx_ckpt_manager_opts){ CX_STRUCT_SIZE(cx_ckpt_manager_opts), .save_interval = 0, .max_to_keep = 0, .watch_sigterm = true };
 }
 
 cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts o)
 {
+    char serr[256];
+    cx_ckpt_manager_opts own_o = cx_ckpt_manager_default_opts();
+    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_ckpt_manager_opts, watch_sigterm), "cx_ckpt_manager_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("cx_ckpt_manager_new: %s", serr);
+        return NULL;
+    }
+    o = own_o;
     if (!dir || !*dir || o.save_interval < 0 || o.max_to_keep < 0) {
         cx_set_last_error("cx_ckpt_manager_new: want a directory, save_interval >= 0 and max_to_keep >= 0 (got %s, "
                           "%lld, %d)", dir ? dir : "NULL", (long long)o.save_interval, o.max_to_keep);

@@ -268,8 +268,10 @@ static cx_status spmd_prepare(ckpt_view *v, cx_optimizer *opt, cx_ckpt_opts opts
 cx_status cx_ckpt_save_opts(const char *prefix, cx_ckpt_model model, cx_optimizer *opt, const cx_ckpt_extra *extra,
                             cx_ckpt_opts opts)
 {
+    cx_status st = ckpt_take_opts(&opts, "cx_ckpt_save");
+    if (st != CX_OK) return st;
     ckpt_view v;
-    cx_status st = ckpt_view_of(model, &v);
+    st = ckpt_view_of(model, &v);
     if (st == CX_OK) {
         st = spmd_prepare(&v, opt, opts);
         if (st != CX_OK) ckpt_view_release(&v);

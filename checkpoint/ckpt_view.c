@@ -2,12 +2,29 @@
  * FSDP wrapper) seen as one view, with an owned copy of the FSDP layout. */
 #include "ckpt_internal.h"
 
+#include "cx_struct.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 cx_ckpt_opts cx_ckpt_default_opts(void)
 {
-    return (cx_ckpt_opts){ .compress_level = 0, .with_optimizer = true, .verify = true };
+    return (cx_ckpt_opts){ CX_STRUCT_SIZE(cx_ckpt_opts), .compress_level = 0, .with_optimizer = true, .verify = true };
+}
+
+cx_status ckpt_take_opts(cx_ckpt_opts *opts, const char *fn)
+{
+    cx_ckpt_opts o = *opts;
+    char serr[256];
+    cx_ckpt_opts own_o = cx_ckpt_default_opts();
+    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_ckpt_opts, verify), "cx_ckpt_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("%s: %s", fn, serr);
+        return CX_ERR_ARG;
+    }
+    o = own_o;
+    *opts = o;
+    return CX_OK;
 }
 
 cx_ckpt_model cx_ckpt_model_single(cx_module *m) { return (cx_ckpt_model){ CX_CKPT_SINGLE, m, NULL }; }

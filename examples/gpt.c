@@ -357,7 +357,7 @@ static double val_loss(trainer *t, cx_dataset *val)
     cx_sync_tensors(&total, 1);
     int64_t windows = 0;
     cx_batch b;
-    while (cx_loader_next(loader, &b)) {
+    while (cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
         cx_tensor *in[2] = { cx_batch_field(&b, CX_FIELD_X), cx_batch_field(&b, CX_FIELD_Y) }, *out[2] = { 0 };
         if (t->fsdp) cx_fsdp_forward_many(t->fsdp, in, 2, out, 2);
         else cx_module_forward_many(t->model, in, 2, out, 2);
@@ -642,8 +642,9 @@ static int cmd_train(const config *c)
     cx_loader_set_epoch(d.loader, epoch, ex.sampler_position);
     while (!rc && step < c->steps) {
         cx_batch b;
-        if (!cx_loader_next(d.loader, &b)) {   /* the epoch is over (or failed) */
-            if (cx_loader_error(d.loader) != CX_OK) { fprintf(stderr, "gpt: %s\n", cx_last_error()); rc = EXIT_RUNTIME; }
+        cx_loader_result got = cx_loader_next(d.loader, &b);
+        if (got != CX_LOADER_BATCH) {
+            if (got == CX_LOADER_ERROR) { fprintf(stderr, "gpt: %s\n", cx_last_error()); rc = EXIT_RUNTIME; }
             else cx_loader_set_epoch(d.loader, ++epoch, 0);
             continue;
         }

@@ -21,7 +21,7 @@ static cx_tensor *cnn_forward(cx_module *m, cx_tensor *x)   // x (N, 1, 28, 28)
     return cx_log_softmax(x, 1);
 }
 
-static const cx_module_type cnn_type = { .name = "MnistCnn", .forward = cnn_forward, .free = free };
+static const cx_module_type cnn_type = { CX_STRUCT_SIZE(cx_module_type), .name = "MnistCnn", .forward = cnn_forward, .free = free };
 
 cx_module *model_cnn(void)
 {
@@ -59,7 +59,7 @@ static cx_tensor *lenet_forward(cx_module *m, cx_tensor *x)   // x (N, 1, 28, 28
     return cx_log_softmax(x, 1);
 }
 
-static const cx_module_type lenet_type = { .name = "MnistLenet", .forward = lenet_forward, .free = free };
+static const cx_module_type lenet_type = { CX_STRUCT_SIZE(cx_module_type), .name = "MnistLenet", .forward = lenet_forward, .free = free };
 
 cx_module *model_lenet(void)
 {

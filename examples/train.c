@@ -367,7 +367,7 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     double t0 = now_s();
     cx_batch b;
     /* a run resumed from a checkpoint of an epoch's last step has none left */
-    while ((c->steps == 0 || steps < c->steps) && cx_loader_next(loader, &b)) {
+    while ((c->steps == 0 || steps < c->steps) && cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
         flush_log(&log, epoch, c->batch_size, dataset_size, batches);
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
@@ -421,7 +421,7 @@ static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
     int64_t seen = 0;
     cx_no_grad_begin();
     cx_batch b;
-    while (cx_loader_next(loader, &b)) {
+    while (cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
         cx_tensor *pred = cx_argmax(cx_module_forward(model, cx_batch_field(&b, CX_FIELD_IMAGES)), 1, false);   // (B) i64
         cx_tensor *hits = cx_sum(cx_cast(cx_eq(pred, cx_batch_field(&b, CX_FIELD_LABELS)), CX_I64), NULL, 0, false);
         cx_assign(correct, cx_add(correct, hits));

@@ -7,10 +7,10 @@ static cx_tensor *silu_forward(cx_module *m, cx_tensor *x) { (void)m; return cx_
 static cx_tensor *tanh_forward(cx_module *m, cx_tensor *x) { (void)m; return cx_tanh(x); }
 static cx_tensor *sigmoid_forward(cx_module *m, cx_tensor *x) { (void)m; return cx_sigmoid(x); }
 
-static const cx_module_type relu_type = { .name = "ReLU", .forward = relu_forward };
-static const cx_module_type silu_type = { .name = "SiLU", .forward = silu_forward };
-static const cx_module_type tanh_type = { .name = "Tanh", .forward = tanh_forward };
-static const cx_module_type sigmoid_type = { .name = "Sigmoid", .forward = sigmoid_forward };
+static const cx_module_type relu_type = { CX_STRUCT_SIZE(cx_module_type), .name = "ReLU", .forward = relu_forward };
+static const cx_module_type silu_type = { CX_STRUCT_SIZE(cx_module_type), .name = "SiLU", .forward = silu_forward };
+static const cx_module_type tanh_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Tanh", .forward = tanh_forward };
+static const cx_module_type sigmoid_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Sigmoid", .forward = sigmoid_forward };
 
 cx_module *cx_nn_relu(void) { return cx_module_new(&relu_type, NULL); }
 cx_module *cx_nn_silu(void) { return cx_module_new(&silu_type, NULL); }
@@ -25,7 +25,7 @@ static cx_tensor *gelu_forward(cx_module *m, cx_tensor *x)
     return cx_gelu(x, *(const bool *)cx_module_impl(m));
 }
 
-static const cx_module_type gelu_type = { .name = "GELU", .forward = gelu_forward };
+static const cx_module_type gelu_type = { CX_STRUCT_SIZE(cx_module_type), .name = "GELU", .forward = gelu_forward };
 
 cx_module *cx_nn_gelu(bool tanh_approx)
 {
@@ -41,7 +41,7 @@ static cx_tensor *log_softmax_forward(cx_module *m, cx_tensor *x)
     return cx_log_softmax(x, ((const softmax_dim *)cx_module_impl(m))->dim);
 }
 
-static const cx_module_type log_softmax_type = { .name = "LogSoftmax", .forward = log_softmax_forward, .free = free };
+static const cx_module_type log_softmax_type = { CX_STRUCT_SIZE(cx_module_type), .name = "LogSoftmax", .forward = log_softmax_forward, .free = free };
 
 cx_module *cx_nn_log_softmax(int dim)
 {

@@ -79,7 +79,7 @@ static cx_tensor *batch_norm_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type batch_norm_type = { .name = "BatchNorm2d", .forward = batch_norm_forward, .free = free };
+static const cx_module_type batch_norm_type = { CX_STRUCT_SIZE(cx_module_type), .name = "BatchNorm2d", .forward = batch_norm_forward, .free = free };
 
 cx_module *cx_nn_batch_norm2d(int64_t c, cx_batch_norm_opts o)
 {

@@ -16,7 +16,7 @@ static cx_tensor *conv2d_forward(cx_module *m, cx_tensor *x)
                      o->stride, o->stride, o->padding, o->padding, o->dilation, o->dilation, o->groups);
 }
 
-static const cx_module_type conv2d_type = { .name = "Conv2d", .forward = conv2d_forward, .free = free };
+static const cx_module_type conv2d_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Conv2d", .forward = conv2d_forward, .free = free };
 
 cx_conv2d_opts cx_conv2d_default_opts(void)
 {

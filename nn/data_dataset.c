@@ -3,6 +3,8 @@
 
 #include <cxla/data.h>
 
+#include "cx_struct.h"
+
 struct cx_dataset {
     int64_t size;
     int nfields;
@@ -84,11 +86,19 @@ static bool copy_fields(cx_dataset *ds, const cx_dataset_desc *d)
     return true;
 }
 
-cx_dataset *cx_dataset_new(const cx_dataset_desc *d)
+cx_dataset *cx_dataset_new(const cx_dataset_desc *desc)
 {
-    if (!d) { cx_set_last_error("cx_dataset_new: desc is NULL"); return NULL; }
+    if (!desc) { cx_set_last_error("cx_dataset_new: desc is NULL"); return NULL; }
+    cx_dataset_desc own = { 0 }, *d = &own;
+    char err[256];
     cx_dataset *ds = NULL;
-    if (check_desc(d) == CX_OK) {
+    /* every header with struct_size has free and ctx: they release ctx even when refused */
+    if (!cx_struct_take(&own, sizeof own, desc, desc->struct_size, CX_SIZE_THROUGH(cx_dataset_desc, ctx),
+                        "cx_dataset_desc", err, sizeof err)) {
+        cx_set_last_error("cx_dataset_new: %s", err);
+        own.free = desc->free;
+        own.ctx = desc->ctx;
+    } else if (check_desc(d) == CX_OK) {
         ds = calloc(1, sizeof *ds);
         if (!ds || !copy_fields(ds, d)) {
             cx_dataset_free(ds);   /* its free_ctx is not set yet: ctx is freed below */
@@ -220,7 +230,7 @@ cx_dataset *cx_dataset_from_arrays(int64_t size, int nfields, const cx_field *fi
         return NULL;
     }
     a->nfields = nfields;
-    cx_dataset_desc d = { .size = size, .nfields = nfields, .fields = fields, .get = arrays_get,
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = size, .nfields = nfields, .fields = fields, .get = arrays_get,
                           .free = arrays_free, .ctx = a };
     cx_dataset *ds = cx_dataset_new(&d);   /* validates the fields; frees `a` on failure */
     if (!ds) return NULL;

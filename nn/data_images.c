@@ -49,7 +49,7 @@ static cx_dataset *images_dataset(images *im, float mean, float std)
         { .name = CX_FIELD_IMAGES, .dtype = CX_F32, .ndim = 3, .shape = { im->c, im->h, im->w } },
         { .name = CX_FIELD_LABELS, .dtype = CX_I64, .ndim = 0 },
     };
-    cx_dataset_desc d = { .size = im->n, .nfields = 2, .fields = fields, .collate = images_collate,
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = im->n, .nfields = 2, .fields = fields, .collate = images_collate,
                           .free = images_free, .ctx = im };
     return cx_dataset_new(&d);
 }

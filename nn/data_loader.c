@@ -8,6 +8,8 @@
  * seq = taken++. Slot of seq is seq % nslots. */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 #include <cxla/data.h>
 
 #include <pthread.h>
@@ -47,7 +49,7 @@ struct cx_loader {
 
 cx_loader_opts cx_loader_default_opts(void)
 {
-    return (cx_loader_opts){ .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
+    return (cx_loader_opts){ CX_STRUCT_SIZE(cx_loader_opts), .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
 }
 
 static void free_tensors(cx_tensor **t, int n)
@@ -197,6 +199,14 @@ static void slot_release(cx_loader *l, slot *s)
 
 cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
 {
+    char serr[256];
+    cx_loader_opts own_o = cx_loader_default_opts();
+    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_loader_opts, input_nspec), "cx_loader_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("cx_loader_new: %s", serr);
+        return NULL;
+    }
+    o = own_o;
     if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
         cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
                      ds ? "set" : "NULL", sampler ? "set" : "NULL", (long long)o.batch_size, o.prefetch);
@@ -305,18 +315,22 @@ cx_status cx_loader_end_step(cx_loader *l)
     return st;
 }
 
-bool cx_loader_next(cx_loader *l, cx_batch *out)
+cx_loader_result cx_loader_next(cx_loader *l, cx_batch *out)
 {
     memset(out, 0, sizeof *out);
-    if (cx_loader_end_step(l) != CX_OK) { l->at_end = true; return false; }
-    if (l->at_end) return false;
+    bool was_at_end = l->at_end;
+    if (cx_loader_end_step(l) != CX_OK) {
+        l->at_end = true;
+        return was_at_end ? CX_LOADER_END : CX_LOADER_ERROR;   /* an error is reported once */
+    }
+    if (l->at_end) return CX_LOADER_END;
     while (post_one(l)) {}   /* keep the pipeline full */
 
     pthread_mutex_lock(&l->mu);
     if (l->taken == l->posted) {      /* nothing in flight: the epoch is over */
         pthread_mutex_unlock(&l->mu);
         l->at_end = true;
-        return false;
+        return CX_LOADER_END;
     }
     while (l->worked <= l->taken) pthread_cond_wait(&l->done_cv, &l->mu);
     slot *s = &l->slots[l->taken % l->nslots];
@@ -333,7 +347,7 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
         l->error = s->status;
         l->at_end = true;
         release_current(l);
-        return false;
+        return CX_LOADER_ERROR;
     }
     post_one(l);              /* refill the slot just freed (s is reused from here) */
     l->position += n;
@@ -346,7 +360,7 @@ bool cx_loader_next(cx_loader *l, cx_batch *out)
     out->size = n;
     out->index = index;
     out->dataset = l->ds;
-    return true;
+    return CX_LOADER_BATCH;
 }
 
 cx_tensor *cx_batch_field(const cx_batch *b, const char *name)

@@ -184,7 +184,7 @@ cx_status cx_text_open(cx_text_opts o, cx_dataset **out)
         { .name = CX_FIELD_X, .dtype = CX_I64, .ndim = 1, .shape = { t->block } },
         { .name = CX_FIELD_Y, .dtype = CX_I64, .ndim = 1, .shape = { t->block } },
     };
-    cx_dataset_desc d = { .size = t->nwin, .nfields = 2, .fields = fields, .get = text_get,
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = t->nwin, .nfields = 2, .fields = fields, .get = text_get,
                           .set_epoch = text_set_epoch, .free = text_free, .ctx = t };
     *out = cx_dataset_new(&d);
     return *out ? CX_OK : CX_ERR_OOM;

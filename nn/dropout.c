@@ -20,7 +20,7 @@ static cx_tensor *dropout_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type dropout_type = { .name = "Dropout", .forward = dropout_forward, .free = free };
+static const cx_module_type dropout_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Dropout", .forward = dropout_forward, .free = free };
 
 cx_module *cx_nn_dropout(double p)
 {

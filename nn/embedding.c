@@ -11,7 +11,7 @@ static cx_tensor *embedding_forward(cx_module *m, cx_tensor *idx)
     return cx_embedding(cx_module_param(m, e->w), idx);
 }
 
-static const cx_module_type embedding_type = { .name = "Embedding", .forward = embedding_forward, .free = free };
+static const cx_module_type embedding_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Embedding", .forward = embedding_forward, .free = free };
 
 cx_module *cx_nn_embedding(int64_t num, int64_t dim)
 {

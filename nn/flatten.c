@@ -11,7 +11,7 @@ static cx_tensor *flatten_forward(cx_module *m, cx_tensor *x)
     return cx_flatten(x, f->start, f->end);
 }
 
-static const cx_module_type flatten_type = { .name = "Flatten", .forward = flatten_forward, .free = free };
+static const cx_module_type flatten_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Flatten", .forward = flatten_forward, .free = free };
 
 cx_module *cx_nn_flatten(int start_dim, int end_dim)
 {

@@ -94,7 +94,7 @@ static cx_tensor *attn_forward(cx_module *m, cx_tensor *x)
     return out;
 }
 
-static const cx_module_type attn_type = { .name = "CausalSelfAttention", .forward = attn_forward, .free = free };
+static const cx_module_type attn_type = { CX_STRUCT_SIZE(cx_module_type), .name = "CausalSelfAttention", .forward = attn_forward, .free = free };
 
 typedef struct {
     int kid[2];   /* c_fc, c_proj */
@@ -111,7 +111,7 @@ static cx_tensor *mlp_forward(cx_module *m, cx_tensor *x)
     return out;
 }
 
-static const cx_module_type mlp_type = { .name = "MLP", .forward = mlp_forward, .free = free };
+static const cx_module_type mlp_type = { CX_STRUCT_SIZE(cx_module_type), .name = "MLP", .forward = mlp_forward, .free = free };
 
 /* Makes a module of `type` over impl (taken) with the named children. */
 static cx_module *with_children(const cx_module_type *type, void *impl, const char *const *names, cx_module **kids,
@@ -159,7 +159,7 @@ static cx_tensor *block_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type block_type = { .name = "Block", .forward = block_forward, .free = free };
+static const cx_module_type block_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Block", .forward = block_forward, .free = free };
 
 static cx_module *gpt_block(const cx_gpt_config *c)
 {
@@ -197,7 +197,7 @@ static cx_tensor *trunk_forward(cx_module *m, cx_tensor *idx)
     return out;
 }
 
-static const cx_module_type trunk_type = { .name = "GPTTransformer", .forward = trunk_forward, .free = free };
+static const cx_module_type trunk_type = { CX_STRUCT_SIZE(cx_module_type), .name = "GPTTransformer", .forward = trunk_forward, .free = free };
 
 static cx_module *gpt_blocks(const cx_gpt_config *c)
 {
@@ -264,7 +264,7 @@ static cx_tensor *gpt_forward(cx_module *m, cx_tensor *idx)
     return logits;
 }
 
-static const cx_module_type gpt_type = {
+static const cx_module_type gpt_type = { CX_STRUCT_SIZE(cx_module_type),
     .name = "GPT", .forward = gpt_forward, .free = free, .forward_many = gpt_forward_many,
 };
 

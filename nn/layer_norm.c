@@ -13,7 +13,7 @@ static cx_tensor *layer_norm_forward(cx_module *m, cx_tensor *x)
                          ln->b < 0 ? NULL : cx_module_param(m, ln->b), ln->eps);
 }
 
-static const cx_module_type layer_norm_type = { .name = "LayerNorm", .forward = layer_norm_forward, .free = free };
+static const cx_module_type layer_norm_type = { CX_STRUCT_SIZE(cx_module_type), .name = "LayerNorm", .forward = layer_norm_forward, .free = free };
 
 cx_module *cx_nn_layer_norm(int64_t dim, double eps, bool affine)
 {

@@ -37,7 +37,7 @@ static cx_tensor *linear_forward(cx_module *m, cx_tensor *x)
     return out;
 }
 
-static const cx_module_type linear_type = { .name = "Linear", .forward = linear_forward, .free = free };
+static const cx_module_type linear_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Linear", .forward = linear_forward, .free = free };
 
 cx_module *cx_nn_linear(int64_t in_features, int64_t out_features, bool bias)
 {

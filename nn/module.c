@@ -6,6 +6,7 @@
  * walks. */
 #include "module_internal.h"
 
+#include "cx_struct.h"
 #include "cx_vec.h"
 
 cx_status cx_nn_persist(cx_tensor *t)
@@ -16,21 +17,39 @@ cx_status cx_nn_persist(cx_tensor *t)
 
 cx_module *cx_module_new(const cx_module_type *type, void *impl)
 {
-    CX_ASSERT(type && (type->forward || type->forward_many));
-    cx_module *m = calloc(1, sizeof *m);
-    if (!m) {
-        if (type->free) type->free(impl);
-        cx_set_last_error("cx_module_new: out of memory for a %s", type->name);
+    if (!type) {
+        cx_set_last_error("cx_module_new: type is NULL");
         return NULL;
     }
-    m->type = type;
+    cx_module_type t = { 0 };
+    char err[256];
+    /* every header with struct_size declares at least the first version's
+     * members, so type->free is there to release impl even when refused */
+    bool ok = cx_struct_take(&t, sizeof t, type, type->struct_size, CX_SIZE_THROUGH(cx_module_type, forward_many),
+                             "cx_module_type", err, sizeof err);
+    if (ok && !t.forward && !t.forward_many) {
+        snprintf(err, sizeof err, "%s has neither forward nor forward_many", t.name ? t.name : "the type");
+        ok = false;
+    }
+    if (!ok) {
+        if (type->free) type->free(impl);
+        cx_set_last_error("cx_module_new: %s", err);
+        return NULL;
+    }
+    cx_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        if (t.free) t.free(impl);
+        cx_set_last_error("cx_module_new: out of memory for a %s", t.name);
+        return NULL;
+    }
+    m->type = t;
     m->impl = impl;
     m->training = true;
     return m;
 }
 
 void *cx_module_impl(const cx_module *m) { return m->impl; }
-const char *cx_module_type_name(const cx_module *m) { return m ? m->type->name : "(null)"; }
+const char *cx_module_type_name(const cx_module *m) { return m ? m->type.name : "(null)"; }
 
 static bool valid_name(const char *name)
 {
@@ -315,11 +334,11 @@ static int run_forward(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor *
     for (int i = 0; i < m->nhooks; i++) if (m->hooks[i].pre) m->hooks[i].pre(m, m->hooks[i].ctx);
     int k;
     /* `forward` is the one-in/one-out path whenever the type has it */
-    if (m->type->forward && (!m->type->forward_many || (n_in == 1 && max_out == 1))) {
-        out[0] = m->type->forward(m, in[0]);
+    if (m->type.forward && (!m->type.forward_many || (n_in == 1 && max_out == 1))) {
+        out[0] = m->type.forward(m, in[0]);
         k = 1;
     } else {
-        k = m->type->forward_many(m, in, n_in, out, max_out);
+        k = m->type.forward_many(m, in, n_in, out, max_out);
         /* writing past max_out is a bug of the module type, not the caller */
         CX_ASSERT(k <= max_out);
     }
@@ -333,7 +352,7 @@ cx_tensor *cx_module_forward(cx_module *m, cx_tensor *x)
     cx_tensor *y = NULL;
     int k = run_forward(m, &x, 1, &y, 1);
     if (k == 1) return y;
-    if (k == 0) return cx_poisoned("cx_module_forward: %s produced no output for one input", m->type->name);
+    if (k == 0) return cx_poisoned("cx_module_forward: %s produced no output for one input", m->type.name);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", cx_last_error());
     return cx_poisoned("cx_module_forward: %s", msg);
@@ -344,7 +363,7 @@ int cx_module_forward_many(cx_module *m, cx_tensor *const *in, int n_in, cx_tens
     const char *err = NULL;
     if (!m) err = "module is NULL";
     else if (n_in < 0 || max_out < 0 || (n_in > 0 && !in) || (max_out > 0 && !out)) err = "bad input or output list";
-    else if (!m->type->forward_many && (n_in != 1 || max_out < 1)) err = "takes one input and gives one output";
+    else if (!m->type.forward_many && (n_in != 1 || max_out < 1)) err = "takes one input and gives one output";
     if (err) {
         cx_set_last_error("cx_module_forward_many: %s: %s (%d inputs, room for %d outputs)", cx_module_type_name(m),
                           err, n_in, max_out);
@@ -416,7 +435,7 @@ void cx_module_free(cx_module *m)
         cell_release(m->buffers[i].c, false);
         free(m->buffers[i].name);
     }
-    if (m->type->free) m->type->free(m->impl);
+    if (m->type.free) m->type.free(m->impl);
     free(m->children);
     free(m->params);
     free(m->buffers);

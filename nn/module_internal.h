@@ -29,7 +29,7 @@ typedef struct {
 } cx_mod_child;
 
 struct cx_module {
-    const cx_module_type *type;
+    cx_module_type type;   /* the caller's, members past its struct_size zeroed */
     void *impl;
     bool training;
     cx_mod_entry *params;

@@ -17,8 +17,8 @@ static cx_tensor *avg_pool_forward(cx_module *m, cx_tensor *x)
     return cx_avg_pool2d(x, p->k, p->k, p->s, p->s, p->p, p->p);
 }
 
-static const cx_module_type max_pool_type = { .name = "MaxPool2d", .forward = max_pool_forward, .free = free };
-static const cx_module_type avg_pool_type = { .name = "AvgPool2d", .forward = avg_pool_forward, .free = free };
+static const cx_module_type max_pool_type = { CX_STRUCT_SIZE(cx_module_type), .name = "MaxPool2d", .forward = max_pool_forward, .free = free };
+static const cx_module_type avg_pool_type = { CX_STRUCT_SIZE(cx_module_type), .name = "AvgPool2d", .forward = avg_pool_forward, .free = free };
 
 static cx_module *pool_new(const cx_module_type *type, int k, int s, int p)
 {
@@ -78,7 +78,7 @@ static cx_tensor *adaptive_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type adaptive_type = {
+static const cx_module_type adaptive_type = { CX_STRUCT_SIZE(cx_module_type),
     .name = "AdaptiveAvgPool2d",
     .forward = adaptive_forward,
     .free = free,

@@ -14,7 +14,7 @@ static cx_tensor *sequential_forward(cx_module *m, cx_tensor *x)
     return h;
 }
 
-static const cx_module_type sequential_type = { .name = "Sequential", .forward = sequential_forward };
+static const cx_module_type sequential_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Sequential", .forward = sequential_forward };
 
 int cx_nn_sequential_append(cx_module *seq, cx_module *c)
 {

@@ -48,7 +48,7 @@ static cx_tensor *attention_forward(cx_module *m, cx_tensor *x)
     return out;
 }
 
-static const cx_module_type attention_type = {
+static const cx_module_type attention_type = { CX_STRUCT_SIZE(cx_module_type),
     .name = "CausalSelfAttention",
     .forward = attention_forward,
     .free = free,
@@ -101,7 +101,7 @@ static cx_tensor *block_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type block_type = { .name = "TransformerBlock", .forward = block_forward, .free = free };
+static const cx_module_type block_type = { CX_STRUCT_SIZE(cx_module_type), .name = "TransformerBlock", .forward = block_forward, .free = free };
 
 cx_module *cx_nn_transformer_block(int64_t d, int heads)
 {

@@ -543,9 +543,10 @@ cx_status cx_dist_init(int *argc, char ***argv)
             R.mpi = false;
             return CX_ERR_COMM;
         }
-        cx_comm_backend be = { "mpi", NULL, be_size, be_rank, be_start, be_wait, be_run, be_alloc_shared,
-                               be_free_shared };
-        cx_comm_register(&be);
+        cx_comm_backend be = { CX_STRUCT_SIZE(cx_comm_backend), .name = "mpi", .world_size = be_size, .rank = be_rank,
+                               .start = be_start, .wait = be_wait, .run = be_run, .alloc_shared = be_alloc_shared,
+                               .free_shared = be_free_shared };
+        if (cx_comm_register(&be) != CX_OK) return CX_ERR_COMM;
     }
     /* ranks on one host share its cores */
     if (cx_setting_int("CX_NUM_THREADS") == 0) {

@@ -2,6 +2,7 @@
  * and the replica-group table. The ops that record collectives are
  * ops/collectives.c. */
 #include "backend.h"
+#include "cx_struct.h"
 #include "cx_vec.h"
 
 /* ---- world of one ----------------------------------------------------------- */
@@ -28,29 +29,57 @@ static void *one_start(void *ctx, const cx_comm_op *op)
 
 static cx_status one_wait(void *ctx, void *req) { (void)ctx; (void)req; return CX_OK; }
 
-static const cx_comm_backend g_world_of_one = { .name = "world-of-one", .world_size = one_size, .rank = one_rank,
-                                                .start = one_start, .wait = one_wait };
-static cx_comm_backend g_backend = { .name = "world-of-one", .world_size = one_size, .rank = one_rank,
-                                     .start = one_start, .wait = one_wait };
+static const cx_comm_backend g_world_of_one = { CX_STRUCT_SIZE(cx_comm_backend), .name = "world-of-one",
+                                                .world_size = one_size, .rank = one_rank, .start = one_start,
+                                                .wait = one_wait };
+static cx_comm_backend g_backend = { CX_STRUCT_SIZE(cx_comm_backend), .name = "world-of-one", .world_size = one_size,
+                                     .rank = one_rank, .start = one_start, .wait = one_wait };
 
-/* The last backend that could give shared memory: its blocks are freed
- * through it also after it is unregistered (tensors outlive the world). */
-static bool (*g_free_shared)(void *ctx, void *p);
+/* Every backend that could give shared memory, newest last: a block is
+ * freed through the one that owns it, also after that backend was
+ * unregistered or replaced (tensors and the arena outlive a world). */
+#define MAX_SHARED_OWNERS 16
+static struct { bool (*free_shared)(void *ctx, void *p); void *ctx; } g_owners[MAX_SHARED_OWNERS];
+static int g_nowners;
 static _Atomic uint64_t g_generation;
 
-uint64_t cx_comm_generation(void) { return atomic_load(&g_generation); }
-static void *g_free_shared_ctx;
-
-void cx_comm_register(const cx_comm_backend *b)
+static void remember_owner(bool (*fn)(void *ctx, void *p), void *ctx)
 {
-    g_backend = b ? *b : g_world_of_one;
+    for (int i = 0; i < g_nowners; i++)
+        if (g_owners[i].free_shared == fn && g_owners[i].ctx == ctx) return;
+    if (g_nowners == MAX_SHARED_OWNERS) {
+        /* the oldest can no longer be told its blocks: keep the newest */
+        memmove(g_owners, g_owners + 1, sizeof g_owners[0] * (MAX_SHARED_OWNERS - 1));
+        g_nowners--;
+    }
+    g_owners[g_nowners].free_shared = fn;
+    g_owners[g_nowners++].ctx = ctx;
+}
+
+uint64_t cx_comm_generation(void) { return atomic_load(&g_generation); }
+
+cx_status cx_comm_register(const cx_comm_backend *b)
+{
+    cx_comm_backend nb = g_world_of_one;
+    char err[256];
+    if (b) {
+        memset(&nb, 0, sizeof nb);   /* members past the caller's struct_size: none */
+        if (!cx_struct_take(&nb, sizeof nb, b, b->struct_size, CX_SIZE_THROUGH(cx_comm_backend, free_shared),
+                            "cx_comm_backend", err, sizeof err)) {
+            cx_set_last_error("comm_register: %s", err);
+            return CX_ERR_ARG;
+        }
+        if (!nb.world_size || !nb.rank || !nb.start || !nb.wait) {
+            cx_set_last_error("comm_register: backend %s lacks world_size, rank, start or wait", nb.name ? nb.name : "");
+            return CX_ERR_ARG;
+        }
+    }
+    g_backend = nb;
     /* memory held from the old backend (the executor's arena) is made again
      * from the new one's */
     atomic_fetch_add(&g_generation, 1);
-    if (b && b->free_shared) {
-        g_free_shared = b->free_shared;
-        g_free_shared_ctx = b->ctx;
-    }
+    if (b && nb.free_shared) remember_owner(nb.free_shared, nb.ctx);
+    return CX_OK;
 }
 
 void *cx_comm_alloc_shared(size_t bytes)
@@ -69,14 +98,33 @@ void *cx_comm_alloc(size_t bytes)
 
 void cx_comm_free(void *p)
 {
-    if (p && !(g_free_shared && g_free_shared(g_free_shared_ctx, p))) free(p);
+    if (!p) return;
+    for (int i = g_nowners - 1; i >= 0; i--)
+        if (g_owners[i].free_shared(g_owners[i].ctx, p)) return;
+    free(p);
 }
 const cx_comm_backend *cx_comm_get(void) { return &g_backend; }
 int cx_comm_world_size(void) { return g_backend.world_size(g_backend.ctx); }
 int cx_comm_rank(void) { return g_backend.rank(g_backend.ctx); }
 
+bool cx_bad_reduce_op(const char *op, cx_reduce_op red)
+{
+    static const char *const loss[] = { "CX_REDUCE_MEAN", "CX_REDUCE_SUM", "CX_REDUCE_NONE" };
+    if ((unsigned)red - CX_RED_SUM <= CX_RED_MIN - CX_RED_SUM) return false;
+    if ((unsigned)red <= CX_REDUCE_NONE)
+        cx_set_last_error("%s: reduction %s (%d) is a cx_reduction, for losses; a collective takes a cx_reduce_op "
+                          "(CX_RED_SUM, CX_RED_MEAN, CX_RED_MAX or CX_RED_MIN)", op, loss[red], (int)red);
+    else
+        cx_set_last_error("%s: reduction %d is not a cx_reduce_op (CX_RED_SUM, CX_RED_MEAN, CX_RED_MAX or CX_RED_MIN)",
+                          op, (int)red);
+    return true;
+}
+
 cx_status cx_comm_run(const cx_comm_op *op)
 {
+    if (!op) { cx_set_last_error("comm_run: op is NULL"); return CX_ERR_ARG; }
+    if ((op->kind == CX_COLL_ALL_REDUCE || op->kind == CX_COLL_REDUCE_SCATTER) && cx_bad_reduce_op("comm_run", op->red))
+        return CX_ERR_ARG;
     void *req = g_backend.start(g_backend.ctx, op);
     if (!req) return CX_ERR_COMM;
     return g_backend.wait(g_backend.ctx, req);

@@ -26,6 +26,11 @@ int cx_groups_describe(int64_t id, int *ngroups, int *group_size, const int **ra
  * @return the group id, 0 for all ranks (rg NULL), -1 with the error set. */
 int64_t cx_groups_intern(const cx_replica_groups *rg, const char *op, int *group_size);
 
+/* The message for a reduction outside cx_reduce_op, naming a cx_reduction
+ * passed by mistake (the two enums once shared values); op names the
+ * caller. @return true (error set) when red is not a cx_reduce_op. */
+bool cx_bad_reduce_op(const char *op, cx_reduce_op red);
+
 /* ---- the ranks agree (agree.c) ---- */
 
 /* CX_DESYNC_CHECK: false when the user turned the checks off. */

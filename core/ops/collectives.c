@@ -46,7 +46,7 @@ cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op red, double scale, const cx_
     int gs;
     int64_t gid = cx_groups_intern(groups, "all_reduce", &gs);
     if (gid < 0) return cx_poisoned("%s", cx_last_error());
-    if ((unsigned)red > CX_RED_MIN) return cx_poisoned("all_reduce: unknown reduction %d", (int)red);
+    if (cx_bad_reduce_op("all_reduce", red)) return cx_poisoned("%s", cx_last_error());
     return coll(OP_ALL_REDUCE, a, a->node->shape, gid, red, 0, 0, scale, pin);
 }
 
@@ -82,7 +82,8 @@ cx_tensor *cx_reduce_scatter(cx_tensor *a, cx_reduce_op red, double scale, int a
     if (a->node->shape[ax] % gs)
         return cx_poisoned("reduce_scatter: axis %d of size %lld is not divisible by the group size %d", ax,
                          (long long)a->node->shape[ax], gs);
-    if (red == CX_RED_MAX || red == CX_RED_MIN || (unsigned)red > CX_RED_MIN)
+    if (cx_bad_reduce_op("reduce_scatter", red)) return cx_poisoned("%s", cx_last_error());
+    if (red == CX_RED_MAX || red == CX_RED_MIN)
         return cx_poisoned("reduce_scatter: only sum and mean reductions are supported");
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof shape);

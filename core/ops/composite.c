@@ -157,11 +157,27 @@ static cx_tensor *reduce_loss(cx_tensor *terms, cx_tensor *mask, cx_reduction re
     return r;
 }
 
-static cx_tensor *check_loss_args(const char *op, cx_tensor *x, cx_tensor *target)
+/* The two reduction enums once shared values, so a collective's op passed
+ * to a loss silently meant another reduction: name the mix-up. */
+static cx_tensor *check_reduction(const char *op, cx_reduction red)
+{
+    static const char *const coll[] = { "CX_RED_SUM", "CX_RED_MEAN", "CX_RED_MAX", "CX_RED_MIN" };
+    if ((unsigned)red <= CX_REDUCE_NONE) return NULL;
+    unsigned k = (unsigned)red - CX_RED_SUM;
+    if (k < 4)
+        return cx_poisoned("%s: reduction %s (%d) is a cx_reduce_op, for collectives; a loss takes a cx_reduction "
+                           "(CX_REDUCE_MEAN, CX_REDUCE_SUM or CX_REDUCE_NONE)", op, coll[k], (int)red);
+    return cx_poisoned("%s: reduction %d is not a cx_reduction (CX_REDUCE_MEAN, CX_REDUCE_SUM or CX_REDUCE_NONE)", op,
+                       (int)red);
+}
+
+static cx_tensor *check_loss_args(const char *op, cx_tensor *x, cx_tensor *target, cx_reduction red)
 {
     if (!x || !target) return cx_poisoned("%s: input is NULL", op);
     if (x->node->op == OP_ERROR) return cx_tensor_of(x->node);
     if (target->node->op == OP_ERROR) return cx_tensor_of(target->node);
+    cx_tensor *bad = check_reduction(op, red);
+    if (bad) return bad;
     char b0[160], b1[160];
     if (x->node->ndim != 2 || target->node->ndim != 1 || target->node->shape[0] != x->node->shape[0] ||
         cx_dtype_is_float(cx_dtype_of(target)))
@@ -173,7 +189,7 @@ static cx_tensor *check_loss_args(const char *op, cx_tensor *x, cx_tensor *targe
 
 cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int64_t ignore_index)
 {
-    cx_tensor *err = check_loss_args("nll_loss", logp, target);
+    cx_tensor *err = check_loss_args("nll_loss", logp, target, red);
     if (err) return err;
     cx_tensor *mask;
     cx_tensor *terms = nll_terms(logp, target, ignore_index, &mask);
@@ -185,7 +201,7 @@ cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int
 cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction red, int64_t ignore_index,
                             double label_smoothing)
 {
-    cx_tensor *err = check_loss_args("cross_entropy", logits, target);
+    cx_tensor *err = check_loss_args("cross_entropy", logits, target, red);
     if (err) return err;
     if (label_smoothing < 0 || label_smoothing > 1)
         return cx_poisoned("cross_entropy: label_smoothing %g is outside [0, 1]", label_smoothing);
@@ -215,6 +231,8 @@ cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red)
     if (!a || !b) return cx_poisoned("mse_loss: input is NULL");
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     if (b->node->op == OP_ERROR) return cx_tensor_of(b->node);
+    cx_tensor *bad = check_reduction("mse_loss", red);
+    if (bad) return bad;
     bool same = a->node->ndim == b->node->ndim;
     for (int i = 0; same && i < a->node->ndim; i++) same = a->node->shape[i] == b->node->shape[i];
     if (!same) {

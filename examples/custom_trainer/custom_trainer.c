@@ -33,7 +33,7 @@ static cx_tensor *mlp_forward(cx_module *m, cx_tensor *x)   // x (B, 1, 28, 28)
     return cx_log_softmax(x, 1);
 }
 
-static const cx_module_type mlp_type = { .name = "TinyMlp", .forward = mlp_forward, .free = free };
+static const cx_module_type mlp_type = { CX_STRUCT_SIZE(cx_module_type), .name = "TinyMlp", .forward = mlp_forward, .free = free };
 
 static cx_module *mlp_new(int64_t in, int64_t hidden, int64_t out)
 {
@@ -118,7 +118,8 @@ int main(int argc, char **argv)
     for (int64_t epoch = 0; step < steps; epoch++) {
         cx_loader_set_epoch(loader, epoch, 0);
         cx_batch b;
-        while (step < steps && cx_loader_next(loader, &b)) {
+        cx_loader_result got = CX_LOADER_END;
+        while (step < steps && (got = cx_loader_next(loader, &b)) == CX_LOADER_BATCH) {
             cx_optim_set_lr(opt, cx_lr_at(&sched, step));
             cx_step_begin();
             cx_optim_zero_grad(opt);
@@ -136,6 +137,7 @@ int main(int argc, char **argv)
             }
             step++;
         }
+        if (got == CX_LOADER_ERROR) { fprintf(stderr, "custom_trainer: %s\n", cx_last_error()); return 1; }
     }
 
     /* Accuracy on the test split, counted on the device. */
@@ -148,11 +150,13 @@ int main(int argc, char **argv)
     cx_module_train(model, false);
     cx_no_grad_begin();
     cx_batch b;
-    while (cx_loader_next(tl, &b)) {
+    cx_loader_result got;
+    while ((got = cx_loader_next(tl, &b)) == CX_LOADER_BATCH) {
         cx_tensor *pred = cx_argmax(cx_module_forward(model, cx_batch_field(&b, CX_FIELD_IMAGES)), 1, false);
         cx_assign(correct, cx_add(correct, cx_sum(cx_cast(cx_eq(pred, cx_batch_field(&b, CX_FIELD_LABELS)), CX_I64), NULL, 0, false)));
     }
     cx_no_grad_end();
+    if (got == CX_LOADER_ERROR) { fprintf(stderr, "custom_trainer: evaluation: %s\n", cx_last_error()); return 1; }
     printf("test accuracy %.2f%% after %ld steps, final loss %.4f\n",
            100.0 * cx_item(correct) / (double)cx_dataset_size(test), step, last_loss);
 

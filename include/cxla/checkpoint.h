@@ -85,7 +85,11 @@ typedef struct {
     int64_t sampler_position;  /* samples taken in that epoch (cx_loader_position) */
 } cx_ckpt_extra;
 
+/* Start each options struct below from its default function (it sets
+ * struct_size, core.h): a struct_size below the first version's is
+ * refused with CX_ERR_ARG (NULL for cx_ckpt_manager_new). */
 typedef struct {
+    size_t struct_size;
     /* save: 0 = no compression (default), 1..22 = zstd level through HDF5
      * filter 32015 (chunked datasets) */
     int compress_level;
@@ -149,6 +153,7 @@ CX_API cx_status cx_ckpt_latest(const char *dir, char *out, size_t cap);
 typedef struct cx_ckpt_manager cx_ckpt_manager;
 
 typedef struct {
+    size_t struct_size;
     int64_t save_interval;   /* should_save every N steps; 0: never (only preemption or the caller) */
     int max_to_keep;         /* committed checkpoints kept, newest first; 0: all */
     bool watch_sigterm;      /* install a SIGTERM handler that requests preemption */
@@ -183,6 +188,7 @@ CX_API cx_status cx_ckpt_manager_latest(const cx_ckpt_manager *m, char *out, siz
 /* ---- consolidation and resharding (the consolidate_ckpts tool) -------- */
 
 typedef struct {
+    size_t struct_size;
     const char *suffix;       /* glob after the prefix (CX_CKPT_DEFAULT_SUFFIX) */
     bool with_optimizer;      /* also stitch the optimizer state (false) */
     int compress_level;       /* output compression, 0 = none */

@@ -23,7 +23,7 @@ typedef enum {
  * `scale` (1 = none); CX_RED_MEAN divides by the group size. */
 typedef struct {
     cx_coll_kind kind;
-    cx_reduce_op red;
+    cx_reduce_op red;    /* all-reduce and reduce-scatter only */
     double scale;
     cx_dtype dtype;
     const void *in;
@@ -41,6 +41,7 @@ typedef struct {
 } cx_comm_op;
 
 typedef struct cx_comm_backend {
+    size_t struct_size;   /* CX_STRUCT_SIZE(cx_comm_backend) */
     const char *name;
     void *ctx;
     int (*world_size)(void *ctx);
@@ -78,9 +79,15 @@ CX_API void *cx_comm_alloc(size_t bytes);
 /* Frees what cx_comm_alloc gave, also after cx_dist_finalize. NULL is a no-op. */
 CX_API void cx_comm_free(void *p);
 
-/* Registers a backend (the struct is copied). NULL restores the world of one. */
-CX_API void cx_comm_register(const cx_comm_backend *backend);
-/* Runs one collective synchronously through the registered backend. */
+/* Registers a backend (the struct is copied). NULL restores the world of one.
+ * @return CX_OK; CX_ERR_ARG (cx_last_error set, the backend in use kept)
+ * for a struct_size below the first version's or a missing world_size,
+ * rank, start or wait. */
+CX_API cx_status cx_comm_register(const cx_comm_backend *backend);
+/* Runs one collective synchronously through the registered backend.
+ * @return CX_OK; CX_ERR_ARG (cx_last_error set) for a NULL op or, for a
+ * reducing kind, a `red` that is not a cx_reduce_op; the backend's
+ * CX_ERR_COMM. */
 CX_API cx_status cx_comm_run(const cx_comm_op *op);
 CX_API int cx_comm_world_size(void);
 

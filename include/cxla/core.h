@@ -9,6 +9,7 @@
 #define CXLA_CORE_H
 
 #include <cxla/export.h>
+#include <cxla/version.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -18,7 +19,6 @@
 extern "C" {
 #endif
 
-#define CX_VERSION_STRING "0.1.0"
 #define CX_MAX_DIMS 8
 
 typedef enum {
@@ -43,6 +43,17 @@ typedef enum {
 
 typedef struct cx_tensor cx_tensor;
 
+/* Structs the library reads from the caller's memory (option structs,
+ * descriptions, type tables) start with `size_t struct_size`, so they can
+ * gain members without breaking programs built against older headers: the
+ * library reads only the first struct_size bytes and takes defaults for
+ * the rest. Set it through the struct's default function
+ * (cx_ddp_default_opts(), ...) or, in a designated initializer, with
+ * CX_STRUCT_SIZE: { CX_STRUCT_SIZE(cx_module_type), .name = "Mine", ... }.
+ * A struct_size of 0 (a struct zeroed by hand) or below the struct's first
+ * version is refused with an error naming the struct (docs/api.md). */
+#define CX_STRUCT_SIZE(T) .struct_size = sizeof(T)
+
 /* A tensor with its state-dict name ("fc1.weight"): parameters, buffers,
  * optimizer state. The name is owned by whoever made the array. */
 typedef struct {
@@ -50,14 +61,51 @@ typedef struct {
     cx_tensor *tensor;
 } cx_named_tensor;
 
-/* ---- errors --------------------------------------------------------- */
+/* ---- version ---------------------------------------------------------- */
 
-/* @return the last error message of this thread ("" if none). */
+/* The version of the library running (cxla/version.h has the one compiled
+ * against: compare with CX_VERSION_NUMBER to catch a stale libcxla).
+ * @return MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0: 100). Never fails. */
+CX_API unsigned cx_version_number(void);
+
+/* ---- errors ---------------------------------------------------------
+ *
+ * How errors are reported. No function of the library ends the process on
+ * a failure; each reports it in one of these ways, and its comment says
+ * which:
+ *
+ *  - cx_status: CX_OK, or an error code, with the message in
+ *    cx_last_error(). Most calls that do something (sync, load, save, init).
+ *  - Ops and tensor constructors return a poisoned tensor, never NULL for
+ *    a bad argument: the message is in cx_tensor_error(t) and
+ *    cx_last_error(), poison flows through later ops, and cx_sync /
+ *    cx_step_end return the error. Free a poisoned tensor like any other.
+ *  - Other constructors (modules, optimizers, wrappers, loaders) return
+ *    NULL with cx_last_error set.
+ *  - Counts and slots (int) are -1 on error, with cx_last_error set.
+ *  - cx_item returns NaN on error with cx_last_error set; a NaN value is
+ *    also NaN, so to tell them apart read with cx_to_host (a cx_status).
+ *  - cx_loader_next tells a batch, the end of the epoch and an error apart
+ *    (cx_loader_result, data.h).
+ *
+ * The message is per thread, one line, and stays until the next failure
+ * or cx_clear_error: a success does not clear it, so read it only after a
+ * failure was reported. A function returning void either cannot fail or
+ * says what it does instead (most treat NULL as a no-op).
+ */
+
+/* @return the last error message of this thread ("" if none). The pointer
+ * stays valid for the thread's life; the text changes with the next error. */
 CX_API const char *cx_last_error(void);
 CX_API void cx_clear_error(void);
 /* Sets this thread's last error (for modules and programs built on the
- * core: nn, optim, parallel, user layers). printf-style. */
+ * core: nn, optim, parallel, user layers). printf-style; the arguments may
+ * point into cx_last_error() itself ("%s: while loading", cx_last_error())
+ * and the message is cut at 1023 bytes. */
 CX_API void cx_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* @return the code's name ("CX_ERR_IO"), a static string; "CX_ERR_UNKNOWN"
+ * for a value that is no cx_status. Never NULL. */
+CX_API const char *cx_status_str(cx_status s);
 /* A poisoned tensor carrying a one-line message, also set as the last
  * error (for modules built on the core). printf-style. */
 CX_API cx_tensor *cx_poisoned(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -323,8 +371,15 @@ CX_API cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_t
 CX_API cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal,
                                                   double scale);
 
+/* How a loss reduces its per-sample terms. Its values and cx_reduce_op's
+ * (collectives) are disjoint, so a member of the wrong family is refused
+ * rather than read as some member of this one. */
 typedef enum { CX_REDUCE_MEAN = 0, CX_REDUCE_SUM, CX_REDUCE_NONE } cx_reduction;
-/* logp (N, C), target (N) integer. ignore_index < 0 and not -100: none. */
+/* The losses: logp (N, C), target (N) integer; ignore_index < 0 and not
+ * -100: none. @return the loss (0-d, or (N,) / a's shape for
+ * CX_REDUCE_NONE), or a poisoned tensor for bad shapes or dtypes, or a
+ * `red` that is not a cx_reduction (the message names the value and, for a
+ * cx_reduce_op, says so). */
 CX_API cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int64_t ignore_index);
 CX_API cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction red,
                             int64_t ignore_index, double label_smoothing);
@@ -332,7 +387,8 @@ CX_API cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red);
 
 /* ---- collectives (IR ops; run by the registered comm backend) ------- */
 
-typedef enum { CX_RED_SUM = 0, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN } cx_reduce_op;
+/* A collective's reduction. Starts at 0x100, away from cx_reduction. */
+typedef enum { CX_RED_SUM = 0x100, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN } cx_reduce_op;
 
 /* A replica group list: `ngroups` groups of `group_size` ranks each, row
  * major in `ranks`. NULL = one group of every rank. */
@@ -342,7 +398,11 @@ typedef struct {
     const int *ranks;
 } cx_replica_groups;
 
-/* `pin` makes the collective unique: CSE never merges it with another. */
+/* `pin` makes the collective unique: CSE never merges it with another.
+ * @return the collective's result, or a poisoned tensor for bad axes or
+ * groups, or an `op` that is not a cx_reduce_op (the message names the
+ * value and, for a cx_reduction, says so; reduce_scatter also refuses
+ * MAX and MIN). */
 CX_API cx_tensor *cx_all_reduce(cx_tensor *a, cx_reduce_op op, double scale,
                          const cx_replica_groups *groups, bool pin);
 CX_API cx_tensor *cx_all_gather(cx_tensor *a, int axis, const cx_replica_groups *groups, bool pin);

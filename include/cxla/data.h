@@ -48,6 +48,7 @@ typedef void (*cx_dataset_free_fn)(void *ctx);
  * one at a time; set_epoch runs on the caller's thread while no batch is
  * being filled. */
 typedef struct {
+    size_t struct_size;                /* CX_STRUCT_SIZE(cx_dataset_desc) */
     int64_t size;                      /* items, > 0 */
     int nfields;                       /* >= 1 */
     const cx_field *fields;            /* nfields, distinct non-empty names; copied */
@@ -60,7 +61,8 @@ typedef struct {
 
 /* A data set from a description. It owns desc->ctx from now on, also on
  * failure (then desc->free(ctx) has run).
- * @return the data set, or NULL with cx_last_error set: a size below 1, no
+ * @return the data set, or NULL with cx_last_error set: a struct_size
+ * below the first version's, a size below 1, no
  * field, a field without a name or with a repeated one, a bad dtype, ndim or
  * non-positive dim (the message names the field), neither get nor collate,
  * or out of memory. */
@@ -245,13 +247,16 @@ CX_API int64_t cx_sampler_take(cx_sampler *s, int64_t *out, int64_t n);
 
 /* ---- loader --------------------------------------------------------------- */
 
+/* Start from cx_loader_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     int64_t batch_size;
     bool drop_last;     /* drop the last, incomplete batch of an epoch */
     int prefetch;       /* batches prepared ahead of the one in use (>= 1) */
     /* Like MpDeviceLoader: cx_loader_next ends the step the loader began for
      * the previous batch and begins a new one; the last call (returning
-     * false) ends the last step. Off: the caller marks steps itself. */
+     * CX_LOADER_END or CX_LOADER_ERROR) ends the last step. Off: the caller
+     * marks steps itself. */
     bool mark_step;
     /* SPMD (MpDeviceLoader's input_sharding): each batch is global, and this
      * rank reads and uploads only its shard of it. input_spec applies to
@@ -288,8 +293,8 @@ CX_API cx_tensor *cx_batch_field(const cx_batch *b, const char *name);
  * background thread gathers and uploads the next batches while the current
  * step runs. The data set's set_epoch is called here with the sampler's
  * epoch, and at each cx_loader_set_epoch.
- * @return a loader, or NULL with cx_last_error set (bad batch size, no
- * thread, out of memory). */
+ * @return a loader, or NULL with cx_last_error set (bad batch size, a
+ * struct_size below the first version's, no thread, out of memory). */
 CX_API cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
 /* Stops the background thread and frees the batches still held. NULL is fine. */
 CX_API void cx_loader_free(cx_loader *l);
@@ -302,11 +307,23 @@ CX_API int64_t cx_loader_len(const cx_loader *l);
 CX_API cx_status cx_loader_set_epoch(cx_loader *l, int64_t epoch, int64_t position);
 /* Samples handed out so far this epoch (prefetched ones excluded). */
 CX_API int64_t cx_loader_position(const cx_loader *l);
+/* What cx_loader_next handed out. Only a batch is > 0, so loop with
+ * `while ((r = cx_loader_next(l, &b)) > 0)` and test r < 0 after the loop:
+ * an error ends the epoch early and must not pass for its end. */
+typedef enum {
+    CX_LOADER_ERROR = -1,   /* cx_last_error and cx_loader_error say what failed */
+    CX_LOADER_END = 0,      /* the epoch is over: cx_loader_set_epoch starts the next */
+    CX_LOADER_BATCH = 1,    /* `out` holds the next batch */
+} cx_loader_result;
+
 /* Hands out the next batch. The previous batch's tensors are released here
  * (after its step ended, when mark_step is on), so a batch is valid until the
- * next call. @return true with `out` filled, false at the end of the epoch or
- * on an error (then cx_last_error is set: check cx_loader_error). */
-CX_API bool cx_loader_next(cx_loader *l, cx_batch *out);
+ * next call. @return CX_LOADER_BATCH with `out` filled; CX_LOADER_END at the
+ * end of the epoch (and at every call after it); CX_LOADER_ERROR when a
+ * gather, upload or the ended step failed (once: later calls give
+ * CX_LOADER_END, while cx_loader_error keeps the error). `out` is zeroed
+ * unless a batch is given. */
+CX_API cx_loader_result cx_loader_next(cx_loader *l, cx_batch *out);
 /* With mark_step: ends the step begun for the current batch and releases the
  * batch, e.g. when a loop stops before the end of the epoch (prefetched
  * batches stay; the next cx_loader_next continues with them). Harmless when

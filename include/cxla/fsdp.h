@@ -31,7 +31,9 @@ extern "C" {
 
 typedef struct cx_fsdp cx_fsdp;
 
+/* Start from cx_fsdp_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     bool reshard_after_forward;       /* true: ZeRO-3 (default); false: ZeRO-2 */
     int shard_size_multiple;          /* flat param padded to world * this (default 1) */
     /* nesting: every listed submodule path becomes its own unit ... */
@@ -50,7 +52,8 @@ CX_API cx_fsdp_opts cx_fsdp_default_opts(void);
  * wraps the same model the same way (a mismatch is an error on every rank,
  * never a hang), takes rank 0's values, and shards them.
  * @return the wrapper, or NULL with cx_last_error set (also, on every
- * rank, for a parameter tied across two units). */
+ * rank, for a parameter tied across two units; bad options, a struct_size
+ * below the first version's included). */
 CX_API cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts);
 CX_API void cx_fsdp_free(cx_fsdp *f);
 CX_API cx_module *cx_fsdp_module(cx_fsdp *f);

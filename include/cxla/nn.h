@@ -33,8 +33,10 @@ typedef struct cx_module cx_module;
  * calls it with one input and room for one output. `free` releases the
  * type's own state (`impl`), never the parameters, buffers or children,
  * which the module owns. Initialize with designated initializers
- * (.name = ..., .forward = ...): members may be added at the end. */
+ * ({ CX_STRUCT_SIZE(cx_module_type), .name = ..., .forward = ... }):
+ * members may be added at the end. cx_module_new copies it. */
 typedef struct {
+    size_t struct_size;                                    /* CX_STRUCT_SIZE(cx_module_type) */
     const char *name;                                      /* "Linear" */
     cx_tensor *(*forward)(cx_module *m, cx_tensor *x);
     void (*free)(void *impl);                              /* may be NULL */
@@ -43,9 +45,11 @@ typedef struct {
 
 /* ---- building modules ------------------------------------------------- */
 
-/* A new module of `type` in training mode; takes `impl` (released with
- * type->free when the module is freed, also on failure here).
- * @return the module, or NULL when out of memory (cx_last_error set). */
+/* A new module of `type` (copied) in training mode; takes `impl` (released
+ * with type->free when the module is freed, also on failure here).
+ * @return the module, or NULL with cx_last_error set: out of memory, a
+ * NULL type, a struct_size below the first version's, neither forward nor
+ * forward_many. */
 CX_API cx_module *cx_module_new(const cx_module_type *type, void *impl);
 CX_API void *cx_module_impl(const cx_module *m);
 CX_API const char *cx_module_type_name(const cx_module *m);

@@ -98,7 +98,9 @@ CX_API int cx_allreduce_gradients_as(cx_tensor *const *params, int n, int64_t fi
 
 typedef struct cx_ddp cx_ddp;
 
+/* Start from cx_ddp_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     int64_t first_bucket_bytes;   /* 1 MiB, as torch DDP */
     int64_t bucket_bytes;         /* 25 MiB */
     bool broadcast_buffers;       /* copy rank 0's buffers before each forward (true) */
@@ -111,7 +113,8 @@ CX_API cx_ddp_opts cx_ddp_default_opts(void);
  * buffer names, dtypes, shapes, ties and order), then broadcasts rank 0's
  * parameters and buffers. @return the wrapper, or NULL with an error, the
  * same on every rank, naming the ranks that differ and the first difference,
- * or a communication failure. */
+ * or a communication failure; also for bad options (a struct_size below
+ * the first version's included). */
 CX_API cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts);
 CX_API void cx_ddp_free(cx_ddp *d);
 CX_API cx_module *cx_ddp_module(cx_ddp *d);

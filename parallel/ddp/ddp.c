@@ -5,6 +5,8 @@
  * where the optimizer needs them, so the rest of backward overlaps them. */
 #include "parallel_internal.h"
 
+#include "cx_struct.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +26,7 @@ struct cx_ddp {
 
 cx_ddp_opts cx_ddp_default_opts(void)
 {
-    return (cx_ddp_opts){ .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true,
+    return (cx_ddp_opts){ CX_STRUCT_SIZE(cx_ddp_opts), .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true,
                           .grad_comm = CX_GRAD_COMM_F32 };
 }
 
@@ -45,6 +47,14 @@ static cx_status take_master_model(cx_ddp *d)
 cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts)
 {
     if (!m) { cx_set_last_error("ddp_wrap: module is NULL"); return NULL; }
+    char serr[256];
+    cx_ddp_opts own_opts = cx_ddp_default_opts();
+    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_ddp_opts, grad_comm), "cx_ddp_opts", serr,
+                        sizeof serr)) {
+        cx_set_last_error("ddp_wrap: %s", serr);
+        return NULL;
+    }
+    opts = own_opts;
     if (opts.grad_comm != CX_GRAD_COMM_F32 && opts.grad_comm != CX_GRAD_COMM_BF16) {
         cx_set_last_error("ddp_wrap: unknown grad_comm %d (CX_GRAD_COMM_F32, CX_GRAD_COMM_BF16)", (int)opts.grad_comm);
         return NULL;

@@ -2,15 +2,15 @@
 # The shared library exports exactly the functions that include/cxla/*.h
 # declares: nothing private leaks (the build hides everything by default),
 # and no public declaration lacks its CX_API mark or its definition.
-# usage: check_exports.sh CC INCLUDE_DIR LIBCXLA
+# usage: check_exports.sh CC INCLUDE_DIR LIBCXLA [GENERATED_INCLUDE_DIR]
 set -eu
-cc=$1 inc=$2 lib=$3
+cc=$1 inc=$2 lib=$3 gen=${4:-$2}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # GCC's -aux-info lists every function prototype with the file declaring it.
 echo '#include <cxla/cxla.h>' > "$tmp/api.c"
-"$cc" -DCX_NO_CALLSITE_MACROS -I"$inc" -fsyntax-only -aux-info "$tmp/api.aux" "$tmp/api.c"
+"$cc" -DCX_NO_CALLSITE_MACROS -I"$inc" -I"$gen" -fsyntax-only -aux-info "$tmp/api.aux" "$tmp/api.c"
 grep "$inc/cxla/" "$tmp/api.aux" | grep -v '\*/ static ' |
     sed -n 's/.*[ *]\([A-Za-z_][A-Za-z0-9_]*\) (.*/\1/p' | sort -u > "$tmp/declared"
 [ -s "$tmp/declared" ] || { echo "check_exports: found no declarations in $inc/cxla" >&2; exit 1; }

@@ -457,7 +457,7 @@ static void loader_reads_its_rows(void)
 {
     const cx_field fields[2] = { { .name = "x", .dtype = CX_F32, .ndim = 1, .shape = { 3 } },
                                  { .name = "y", .dtype = CX_I64, .ndim = 0 } };
-    cx_dataset_desc dd = { .size = 20, .nfields = 2, .fields = fields, .get = count_get };
+    cx_dataset_desc dd = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 20, .nfields = 2, .fields = fields, .get = count_get };
     cx_dataset *ds = cx_dataset_new(&dd);
     cx_sampler_opts so = cx_sampler_default_opts();
     so.shuffle = false;
@@ -475,7 +475,7 @@ static void loader_reads_its_rows(void)
     int64_t k = cx_global_runtime_device_count(), want_reads = 0, batches = 0;
     cx_batch b;
     g_items_read = 0;
-    while (l && cx_loader_next(l, &b)) {
+    while (l && cx_loader_next(l, &b) == CX_LOADER_BATCH) {
         int64_t n = b.size, rows = (n + k - 1) / k, r0 = cx_global_ordinal() * rows;
         want_reads += r0 >= n ? 0 : (n - r0 < rows ? n - r0 : rows);
         float x[8 * 3];

@@ -266,7 +266,7 @@ Test(data, loader_batches_match_the_sampler)
     cx_batch b;
     int batches = 0;
     int64_t total = 0;
-    while (cx_loader_next(l, &b)) {
+    while (cx_loader_next(l, &b) == CX_LOADER_BATCH) {
         cr_expect_eq(b.index, batches);
         cx_tensor *images = cx_batch_field(&b, CX_FIELD_IMAGES), *blabels = cx_batch_field(&b, CX_FIELD_LABELS);
         cr_expect_eq(cx_dim(images, 0), b.size);
@@ -290,7 +290,7 @@ Test(data, loader_batches_match_the_sampler)
     cr_expect_eq(batches, 4);
     cr_expect_eq(total, 50);
     cr_expect_eq(cx_loader_error(l), CX_OK);
-    cr_expect(!cx_loader_next(l, &b), "stays at the end until the next epoch");
+    cr_expect_eq(cx_loader_next(l, &b), CX_LOADER_END, "stays at the end until the next epoch");
     cx_loader_free(l);
     cx_sampler_free(s);
     cx_sampler_free(ref);
@@ -310,7 +310,7 @@ Test(data, loader_drop_last_epochs_and_resume)
     cx_batch b;
     int n = 0;
     int64_t first_labels[16];
-    while (cx_loader_next(l, &b)) {
+    while (cx_loader_next(l, &b) == CX_LOADER_BATCH) {
         cr_expect_eq(b.size, 16);
         if (n == 1) cx_to_host(cx_batch_field(&b, CX_FIELD_LABELS), first_labels, CX_I64);
         n++;
@@ -318,7 +318,7 @@ Test(data, loader_drop_last_epochs_and_resume)
     cr_expect_eq(n, 3);
     /* Resume epoch 0 at position 16: the first batch is the old second one. */
     cr_expect_eq(cx_loader_set_epoch(l, 0, 16), CX_OK);
-    cr_assert(cx_loader_next(l, &b));
+    cr_assert(cx_loader_next(l, &b) == CX_LOADER_BATCH);
     cr_expect_eq(b.index, 1);
     int64_t labels[16];
     cx_to_host(cx_batch_field(&b, CX_FIELD_LABELS), labels, CX_I64);
@@ -327,7 +327,7 @@ Test(data, loader_drop_last_epochs_and_resume)
     cr_expect_eq(cx_loader_end_step(l), CX_OK);
     cr_expect_eq(cx_loader_set_epoch(l, 1, 0), CX_OK);
     n = 0;
-    while (cx_loader_next(l, &b)) n++;
+    while (cx_loader_next(l, &b) == CX_LOADER_BATCH) n++;
     cr_expect_eq(n, 3);
     cr_expect_eq(cx_loader_set_epoch(l, 1, 99), CX_ERR_ARG);
     cx_loader_free(l);
@@ -346,7 +346,7 @@ Test(data, loader_marks_steps)
     int64_t marks0 = cx_counter_value("MarkStep");
     cx_batch b;
     int n = 0;
-    while (cx_loader_next(l, &b)) {
+    while (cx_loader_next(l, &b) == CX_LOADER_BATCH) {
         /* Inside the loader's step: a step tensor, kept past it. */
         cx_tensor *t = cx_sum(cx_batch_field(&b, CX_FIELD_IMAGES), NULL, 0, false);
         cr_expect(!cx_is_persistent(t));
@@ -361,7 +361,7 @@ Test(data, loader_marks_steps)
     l = cx_loader_new(ds, s, lo);
     cx_loader_set_epoch(l, 0, 0);
     marks0 = cx_counter_value("MarkStep");
-    while (cx_loader_next(l, &b)) {}
+    while (cx_loader_next(l, &b) == CX_LOADER_BATCH) {}
     cr_expect_eq(cx_counter_value("MarkStep"), marks0);
     cx_loader_free(l);
     cx_sampler_free(s);

@@ -44,7 +44,7 @@ static const cx_field k_probe_fields[3] = {
 Test(data_general, user_fields_through_the_loader)
 {
     probe p = { 0 };
-    cx_dataset_desc d = { .size = 10, .nfields = 3, .fields = k_probe_fields, .get = probe_get,
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 10, .nfields = 3, .fields = k_probe_fields, .get = probe_get,
                           .set_epoch = probe_epoch, .free = probe_free, .ctx = &p };
     cx_dataset *ds = cx_dataset_new(&d);
     cr_assert(ds, "%s", cx_last_error());
@@ -60,7 +60,7 @@ Test(data_general, user_fields_through_the_loader)
     cr_assert(l, "%s", cx_last_error());
     cr_assert_eq(cx_loader_set_epoch(l, 3, 0), CX_OK);
     cx_batch b;
-    cr_assert(cx_loader_next(l, &b));
+    cr_assert(cx_loader_next(l, &b) == CX_LOADER_BATCH);
     cx_tensor *a = cx_batch_field(&b, "a"), *bb = cx_batch_field(&b, "b"), *c = cx_batch_field(&b, "c");
     cr_expect(cx_ndim(a) == 3 && cx_dim(a, 0) == 4 && cx_dim(a, 1) == 2 && cx_dim(a, 2) == 3);
     cr_expect(cx_ndim(bb) == 1 && cx_dtype_of(bb) == CX_I32);
@@ -94,7 +94,7 @@ Test(data_general, collate_is_used_when_given)
 {
     probe p = { 0 };
     cx_field f = { .name = "sq", .dtype = CX_I64, .ndim = 0 };
-    cx_dataset_desc d = { .size = 5, .nfields = 1, .fields = &f, .collate = collate_only, .ctx = &p };
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 5, .nfields = 1, .fields = &f, .collate = collate_only, .ctx = &p };
     cx_dataset *ds = cx_dataset_new(&d);
     cr_assert(ds);
     int64_t idx[3] = { 4, 0, 2 }, out[3];
@@ -110,15 +110,15 @@ Test(data_general, bad_descriptions_are_named)
 {
     probe p = { 0 };
     cx_field two[2] = { { .name = "x", .dtype = CX_F32 }, { .name = "x", .dtype = CX_F32 } };
-    cx_dataset_desc d = { .size = 5, .nfields = 2, .fields = two, .get = probe_get, .free = probe_free, .ctx = &p };
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 5, .nfields = 2, .fields = two, .get = probe_get, .free = probe_free, .ctx = &p };
     cr_expect_null(cx_dataset_new(&d));
     cr_expect(strstr(cx_last_error(), "two fields are called \"x\"") != NULL, "%s", cx_last_error());
     cr_expect(p.freed, "ctx released on failure too");
     cx_field bad = { .name = "img", .dtype = CX_F32, .ndim = 2, .shape = { 3, 0 } };
-    d = (cx_dataset_desc){ .size = 5, .nfields = 1, .fields = &bad, .get = probe_get };
+    d = (cx_dataset_desc){ CX_STRUCT_SIZE(cx_dataset_desc), .size = 5, .nfields = 1, .fields = &bad, .get = probe_get };
     cr_expect_null(cx_dataset_new(&d));
     cr_expect(strstr(cx_last_error(), "\"img\"") != NULL, "%s", cx_last_error());
-    d = (cx_dataset_desc){ .size = 5, .nfields = 1, .fields = two };
+    d = (cx_dataset_desc){ CX_STRUCT_SIZE(cx_dataset_desc), .size = 5, .nfields = 1, .fields = two };
     cr_expect_null(cx_dataset_new(&d));
     cr_expect(strstr(cx_last_error(), "get or collate") != NULL, "%s", cx_last_error());
 }

@@ -203,7 +203,7 @@ static cx_tensor *scaler_forward(cx_module *m, cx_tensor *x)
     return z;
 }
 
-static const cx_module_type scaler_type = { .name = "Scaler", .forward = scaler_forward, .free = free };
+static const cx_module_type scaler_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Scaler", .forward = scaler_forward, .free = free };
 
 static cx_module *make_scaler(void)
 {

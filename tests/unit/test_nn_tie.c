@@ -27,7 +27,7 @@ static cx_tensor *lm_forward(cx_module *m, cx_tensor *x)
     return y;
 }
 
-static const cx_module_type lm_type = { .name = "TiedLM", .forward = lm_forward, .free = free };
+static const cx_module_type lm_type = { CX_STRUCT_SIZE(cx_module_type), .name = "TiedLM", .forward = lm_forward, .free = free };
 
 static cx_module *make_lm(bool tie)
 {

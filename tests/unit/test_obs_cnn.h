@@ -57,7 +57,7 @@ __attribute__((unused)) static cx_status obs_train(int steps, obs_run *out)
     cx_tensor *prev = NULL;
     out->steps = 0;
     cx_status st = CX_OK;
-    while (out->steps < steps && cx_loader_next(l, &b)) {
+    while (out->steps < steps && cx_loader_next(l, &b) == CX_LOADER_BATCH) {
         if (prev) { out->losses[out->steps - 1] = cx_item(prev); cx_free(prev); prev = NULL; }
         cx_optim_zero_grad(opt);
         cx_tensor *loss = cx_nll_loss(cx_module_forward(m, cx_batch_field(&b, CX_FIELD_IMAGES)), cx_batch_field(&b, CX_FIELD_LABELS), CX_REDUCE_MEAN, -100);

@@ -30,7 +30,7 @@ static const cx_mesh *g_mesh;
 
 static void setup(void)
 {
-    static const cx_comm_backend be = { .name = "echo-of-4", .world_size = four, .rank = rank_of,
+    static const cx_comm_backend be = { CX_STRUCT_SIZE(cx_comm_backend), .name = "echo-of-4", .world_size = four, .rank = rank_of,
                                         .start = echo_start, .wait = echo_wait };
     cx_comm_register(&be);
     cx_use_spmd();

@@ -1,0 +1,235 @@
+/* The public API's promises to a C programmer: a value of the wrong enum
+ * family is refused by name, status codes have names, the error buffer may
+ * be formatted from itself, the version macros match the library. */
+#include <criterion/criterion.h>
+#include <cxla/cxla.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static cx_tensor *logits_2x3(void)
+{
+    const float d[] = { 0.1f, 0.2f, 0.3f, 1.0f, -1.0f, 0.5f };
+    const int64_t s[] = { 2, 3 };
+    return cx_from_host(d, s, 2, CX_F32);
+}
+
+static cx_tensor *targets_2(void)
+{
+    const int64_t d[] = { 0, 2 };
+    const int64_t s[] = { 2 };
+    return cx_from_host(d, s, 1, CX_I64);
+}
+
+static void expect_msg(const char *what, cx_tensor *t, const char *needle)
+{
+    const char *msg = cx_tensor_error(t);
+    cr_assert(msg != NULL, "%s: not refused", what);
+    cr_expect(strstr(msg, needle) != NULL, "%s: \"%s\" does not say \"%s\"", what, msg, needle);
+    cr_expect(strstr(cx_last_error(), needle) != NULL, "%s: last error \"%s\" does not say \"%s\"", what,
+              cx_last_error(), needle);
+}
+
+Test(api, enums_are_disjoint)
+{
+    int loss[] = { CX_REDUCE_MEAN, CX_REDUCE_SUM, CX_REDUCE_NONE };
+    int coll[] = { CX_RED_SUM, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN };
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) cr_expect_neq(loss[i], coll[j], "cx_reduction %d == cx_reduce_op %d", i, j);
+}
+
+Test(api, loss_refuses_a_collective_reduction)
+{
+    cx_tensor *x = logits_2x3(), *y = targets_2();
+    cx_tensor *ok = cx_cross_entropy(x, y, CX_REDUCE_SUM, -100, 0.0);
+    cr_assert(cx_tensor_error(ok) == NULL);
+    cr_assert(isfinite(cx_item(ok)));
+    cx_clear_error();
+    cx_tensor *bad = cx_cross_entropy(x, y, (cx_reduction)CX_RED_MEAN, -100, 0.0);
+    expect_msg("cross_entropy(CX_RED_MEAN)", bad, "cross_entropy: reduction CX_RED_MEAN");
+    expect_msg("cross_entropy(CX_RED_MEAN)", bad, "is a cx_reduce_op");
+    cx_tensor *bad2 = cx_nll_loss(x, y, (cx_reduction)77, -100);
+    expect_msg("nll_loss(77)", bad2, "reduction 77 is not a cx_reduction");
+    cx_tensor *bad3 = cx_mse_loss(x, x, (cx_reduction)CX_RED_SUM);
+    expect_msg("mse_loss(CX_RED_SUM)", bad3, "mse_loss: reduction CX_RED_SUM");
+    cx_free(ok);
+    cx_free(bad);
+    cx_free(bad2);
+    cx_free(bad3);
+    cx_free(x);
+    cx_free(y);
+}
+
+Test(api, all_reduce_refuses_a_loss_reduction)
+{
+    cx_tensor *x = logits_2x3();
+    cx_tensor *ok = cx_all_reduce(x, CX_RED_MEAN, 1.0, NULL, false);
+    cr_assert(cx_tensor_error(ok) == NULL);
+    cx_tensor *bad = cx_all_reduce(x, (cx_reduce_op)CX_REDUCE_SUM, 1.0, NULL, false);
+    expect_msg("all_reduce(CX_REDUCE_SUM)", bad, "all_reduce: reduction CX_REDUCE_SUM");
+    expect_msg("all_reduce(CX_REDUCE_SUM)", bad, "is a cx_reduction");
+    cx_tensor *bad2 = cx_reduce_scatter(x, (cx_reduce_op)CX_REDUCE_MEAN, 1.0, 0, NULL, false);
+    expect_msg("reduce_scatter(CX_REDUCE_MEAN)", bad2, "reduce_scatter: reduction CX_REDUCE_MEAN");
+
+    float buf[2] = { 1, 2 };
+    cx_comm_op op = { .kind = CX_COLL_ALL_REDUCE, .red = (cx_reduce_op)CX_REDUCE_NONE, .scale = 1.0,
+                      .dtype = CX_F32, .in = buf, .out = buf, .count = 2 };
+    cx_clear_error();
+    cr_expect_eq(cx_comm_run(&op), CX_ERR_ARG);
+    cr_expect(strstr(cx_last_error(), "comm_run: reduction CX_REDUCE_NONE") != NULL, "%s", cx_last_error());
+    cx_free(ok);
+    cx_free(bad);
+    cx_free(bad2);
+    cx_free(x);
+}
+
+Test(api, status_str_names_every_code)
+{
+    cr_expect_str_eq(cx_status_str(CX_OK), "CX_OK");
+    cr_expect_str_eq(cx_status_str(CX_ERR_SHAPE), "CX_ERR_SHAPE");
+    cr_expect_str_eq(cx_status_str(CX_ERR_ARG), "CX_ERR_ARG");
+    cr_expect_str_eq(cx_status_str(CX_ERR_OOM), "CX_ERR_OOM");
+    cr_expect_str_eq(cx_status_str(CX_ERR_IO), "CX_ERR_IO");
+    cr_expect_str_eq(cx_status_str(CX_ERR_COMM), "CX_ERR_COMM");
+    cr_expect_str_eq(cx_status_str(CX_ERR_STATE), "CX_ERR_STATE");
+    cr_expect_str_eq(cx_status_str((cx_status)99), "CX_ERR_UNKNOWN");
+    cr_expect_str_eq(cx_status_str((cx_status)-1), "CX_ERR_UNKNOWN");
+}
+
+Test(api, set_last_error_from_itself)
+{
+    cx_set_last_error("load %s", "w.h5");
+    cx_set_last_error("%s: more", cx_last_error());
+    cr_expect_str_eq(cx_last_error(), "load w.h5: more");
+    /* the argument starting inside the buffer, shifted by the format */
+    cx_set_last_error("abcdef");
+    cx_set_last_error("[%s]", cx_last_error() + 2);
+    cr_expect_str_eq(cx_last_error(), "[cdef]");
+    /* a message that fills the buffer is cut, not overrun */
+    char big[1500];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    cx_set_last_error("%s", big);
+    cx_set_last_error("%s%s", cx_last_error(), cx_last_error());
+    cr_expect_eq(strlen(cx_last_error()), 1023);
+    cx_clear_error();
+}
+
+/* Items fail from index 20 on: the second batch of 16 cannot be gathered. */
+static cx_status failing_get(void *ctx, int64_t index, void *const *item)
+{
+    (void)ctx;
+    if (index >= 20) {
+        cx_set_last_error("item %lld is unreadable", (long long)index);
+        return CX_ERR_IO;
+    }
+    *(float *)item[0] = (float)index;
+    return CX_OK;
+}
+
+Test(api, loader_tells_an_error_from_the_end)
+{
+    cx_field f = { .name = "v", .dtype = CX_F32, .ndim = 0 };
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 40, .nfields = 1, .fields = &f, .get = failing_get };
+    cx_dataset *ds = cx_dataset_new(&d);
+    cr_assert(ds, "%s", cx_last_error());
+    cx_sampler_opts so = cx_sampler_default_opts();
+    so.shuffle = false;
+    cx_sampler *s = cx_sampler_new(40, so);
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.batch_size = 16;
+    cx_loader *l = cx_loader_new(ds, s, lo);
+    cr_assert(l, "%s", cx_last_error());
+    cx_batch b;
+    cr_assert_eq(cx_loader_next(l, &b), CX_LOADER_BATCH, "%s", cx_last_error());
+    cr_expect_eq(cx_loader_next(l, &b), CX_LOADER_ERROR);
+    cr_expect(strstr(cx_last_error(), "unreadable") != NULL, "%s", cx_last_error());
+    cr_expect_eq(b.nfields, 0, "no batch with an error");
+    cr_expect_eq(cx_loader_error(l), CX_ERR_IO);
+    cr_expect_eq(cx_loader_next(l, &b), CX_LOADER_END, "the error is reported once");
+    cr_expect_eq(cx_loader_error(l), CX_ERR_IO, "and kept");
+
+    /* a whole epoch that ends well ends with CX_LOADER_END */
+    cx_loader_opts lo2 = lo;
+    lo2.batch_size = 10;
+    cx_sampler *s2 = cx_sampler_new(20, so);
+    cx_loader *l2 = cx_loader_new(ds, s2, lo2);
+    cr_assert(l2, "%s", cx_last_error());
+    int n = 0;
+    cx_loader_result r;
+    while ((r = cx_loader_next(l2, &b)) == CX_LOADER_BATCH) n++;
+    cr_expect_eq(r, CX_LOADER_END);
+    cr_expect_eq(n, 2);
+    cr_expect_eq(cx_loader_error(l2), CX_OK);
+    cx_loader_free(l2);
+    cx_sampler_free(s2);
+    cx_loader_free(l);
+    cx_sampler_free(s);
+    cx_dataset_free(ds);
+}
+
+Test(api, version_of_the_library_is_the_headers)
+{
+    cr_expect_eq(cx_version_number(), (unsigned)CX_VERSION_NUMBER);
+    cr_expect_eq(cx_version_number(),
+                 (unsigned)(CX_VERSION_MAJOR * 10000 + CX_VERSION_MINOR * 100 + CX_VERSION_PATCH));
+    char s[32];
+    snprintf(s, sizeof s, "%d.%d.%d", CX_VERSION_MAJOR, CX_VERSION_MINOR, CX_VERSION_PATCH);
+    cr_expect_str_eq(s, CX_VERSION_STRING);
+}
+
+static cx_tensor *id_forward(cx_module *m, cx_tensor *x)
+{
+    (void)m;
+    return cx_alias(x);
+}
+
+static int g_freed;
+static void count_free(void *impl)
+{
+    (void)impl;
+    g_freed++;
+}
+
+Test(api, sized_structs_refuse_a_missing_size)
+{
+    /* a type zeroed by hand: refused by name, its impl still released */
+    cx_module_type bad = { .name = "NoSize", .forward = id_forward, .free = count_free };
+    g_freed = 0;
+    cr_expect_null(cx_module_new(&bad, &g_freed));
+    cr_expect(strstr(cx_last_error(), "cx_module_type.struct_size is 0") != NULL, "%s", cx_last_error());
+    cr_expect_eq(g_freed, 1);
+    cx_module_type good = { CX_STRUCT_SIZE(cx_module_type), .name = "Sized", .forward = id_forward };
+    cx_module *m = cx_module_new(&good, NULL);
+    cr_assert(m, "%s", cx_last_error());
+    cr_expect_str_eq(cx_module_type_name(m), "Sized");
+    cx_module_free(m);
+
+    cx_comm_backend be = { .name = "unsized" };
+    cr_expect_eq(cx_comm_register(&be), CX_ERR_ARG);
+    cr_expect(strstr(cx_last_error(), "cx_comm_backend.struct_size") != NULL, "%s", cx_last_error());
+    cr_expect_eq(cx_comm_world_size(), 1, "the world of one is kept");
+
+    cx_field f = { .name = "v", .dtype = CX_F32, .ndim = 0 };
+    cx_dataset_desc d = { .size = 4, .nfields = 1, .fields = &f, .get = failing_get };
+    cr_expect_null(cx_dataset_new(&d));
+    cr_expect(strstr(cx_last_error(), "cx_dataset_desc.struct_size") != NULL, "%s", cx_last_error());
+    d.struct_size = sizeof d;
+    cx_dataset *ds = cx_dataset_new(&d);
+    cr_assert(ds, "%s", cx_last_error());
+    cx_sampler *s = cx_sampler_new(4, cx_sampler_default_opts());
+    cx_loader_opts lo = { .batch_size = 2, .prefetch = 1 };
+    cr_expect_null(cx_loader_new(ds, s, lo));
+    cr_expect(strstr(cx_last_error(), "cx_loader_opts.struct_size") != NULL, "%s", cx_last_error());
+    cx_ddp_opts dd = { .bucket_bytes = 1 };
+    cx_module *lin = cx_nn_linear(2, 2, true);
+    cr_expect_null(cx_ddp_wrap(lin, dd));
+    cr_expect(strstr(cx_last_error(), "cx_ddp_opts.struct_size") != NULL, "%s", cx_last_error());
+    cx_ckpt_opts co = { .verify = true };
+    cr_expect_eq(cx_ckpt_save_opts("/tmp/cx-test-api-never", cx_ckpt_model_single(lin), NULL, NULL, co), CX_ERR_ARG);
+    cr_expect(strstr(cx_last_error(), "cx_ckpt_opts.struct_size") != NULL, "%s", cx_last_error());
+    cx_module_free(lin);
+    cx_sampler_free(s);
+    cx_dataset_free(ds);
+}

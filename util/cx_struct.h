@@ -1,0 +1,33 @@
+/* Structs a caller fills and the library reads carry their own size in a
+ * leading `struct_size` (docs/api.md, "Growing structs"): a program built
+ * against older headers passes a shorter struct, and the library must read
+ * only what it holds, taking its defaults for the fields added since. */
+#ifndef CX_STRUCT_H
+#define CX_STRUCT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The size of T up to and including `field`: the first version's size when
+ * `field` was its last member, which stays the same as members are added. */
+#define CX_SIZE_THROUGH(T, field) (offsetof(T, field) + sizeof(((T *)0)->field))
+
+/* Copies the caller's `given` bytes of `src` over `dst` (`full` bytes,
+ * holding the defaults); bytes past `full` are members this library does
+ * not know and are ignored. @return false, with a message in err, when
+ * given is below `min` (0: the caller never set it). */
+static inline bool cx_struct_take(void *dst, size_t full, const void *src, size_t given, size_t min, const char *type,
+                                  char *err, size_t errn)
+{
+    if (given < min) {
+        snprintf(err, errn, "%s.struct_size is %zu, below its first version's %zu: initialize it with its "
+                 "default function or CX_STRUCT_SIZE(%s)", type, given, min, type);
+        return false;
+    }
+    memcpy(dst, src, given < full ? given : full);
+    return true;
+}
+
+#endif
