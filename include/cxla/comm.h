@@ -89,7 +89,6 @@ CX_API cx_status cx_comm_register(const cx_comm_backend *backend);
  * reducing kind, a `red` that is not a cx_reduce_op; the backend's
  * CX_ERR_COMM. */
 CX_API cx_status cx_comm_run(const cx_comm_op *op);
-CX_API int cx_comm_world_size(void);
 
 /* Desync detection for a collective outside a graph (a barrier, a
  * rendezvous, a mesh reduction): every rank calls it with a description of
@@ -103,7 +102,6 @@ CX_API cx_status cx_comm_check(const char *what);
 /* Collectives this process has passed through the check (the sequence
  * number in desync messages). */
 CX_API int64_t cx_comm_sequence(void);
-CX_API int cx_comm_rank(void);
 
 #ifdef __cplusplus
 }

@@ -390,6 +390,14 @@ CX_API cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red);
 /* A collective's reduction. Starts at 0x100, away from cx_reduction. */
 typedef enum { CX_RED_SUM = 0x100, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN } cx_reduce_op;
 
+/* The number of ranks in the world (xr.world_size(); also the number of
+ * devices of the global SPMD mesh, one per rank) and this process's rank in
+ * it, 0 .. world size - 1 (xr.global_ordinal()). Both come from the
+ * registered comm backend: 1 and 0 without one, before cx_dist_init and
+ * after cx_dist_finalize. */
+CX_API int cx_world_size(void);
+CX_API int cx_global_ordinal(void);
+
 /* A replica group list: `ngroups` groups of `group_size` ranks each, row
  * major in `ranks`. NULL = one group of every rank. */
 typedef struct {

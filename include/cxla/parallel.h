@@ -25,12 +25,12 @@ CX_API cx_status cx_dist_init(int *argc, char ***argv);
 CX_API void cx_dist_finalize(void);
 CX_API bool cx_dist_is_initialized(void);
 
-CX_API int cx_world_size(void);
-CX_API int cx_global_ordinal(void);
+/* The world size and this process's rank in it are cx_world_size and
+ * cx_global_ordinal (core.h). These: this process's rank among the ranks
+ * of its host, and how many ranks the host runs. */
 CX_API int cx_local_ordinal(void);
 CX_API int cx_local_process_count(void);
 CX_API int cx_addressable_device_count(void);  /* devices this process drives: 1 */
-CX_API int cx_global_device_count(void);       /* = world size */
 /* Rank 0 of the world (local = false) or of this host (local = true). */
 CX_API bool cx_is_master_ordinal(bool local);
 

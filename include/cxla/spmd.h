@@ -19,12 +19,10 @@ extern "C" {
 
 /* Turns SPMD mode on for the process (xr.use_spmd()): shardings annotated
  * with cx_mark_sharding are partitioned from then on. Call it after
- * cx_parallel_init and before building tensors that will be sharded.
+ * cx_dist_init and before building tensors that will be sharded.
  * @return CX_OK. */
 CX_API cx_status cx_use_spmd(void);
 CX_API bool cx_is_spmd(void);
-/* The number of devices of the global mesh: the number of ranks. */
-CX_API int cx_global_runtime_device_count(void);
 
 /* A logical mesh of devices (ranks). Meshes live as long as the process;
  * the same arguments give the same mesh. */
