@@ -1,6 +1,11 @@
 /* The communication backend interface. Collectives are IR ops in the core;
  * they execute through the backend registered here (parallel/ registers
- * MPI). Without one, the core uses a world of one. */
+ * MPI). Without one, the core uses a world of one. The world size and rank
+ * are cx_world_size and cx_global_ordinal (core.h), asked of the backend.
+ *
+ * cx_comm_register swaps the backend without a lock: register before any
+ * thread runs a collective or calls cx_comm_alloc. Memory from
+ * cx_comm_alloc is released with cx_comm_free only, never free(). */
 #ifndef CXLA_COMM_H
 #define CXLA_COMM_H
 

@@ -2,7 +2,14 @@
  * eager host collectives, xm.optimizer_step, and DistributedDataParallel.
  *
  * One process is one rank with one device (xla:0, its CPU cores). Without a
- * launcher (no mpirun / xla-launch) the world has one rank and no MPI. */
+ * launcher (no mpirun / xla-launch) the world has one rank and no MPI.
+ *
+ * Threads: with MPI, every collective (the graphs' and the eager ones
+ * here) runs on the runtime's progress thread, in the order the training
+ * thread queued it; a failure's message comes back to the caller's
+ * cx_last_error. Call these functions on the training thread (core.h).
+ * Ownership: cx_rendezvous's *out is the caller's, to release with free();
+ * the DDP wrapper borrows its module (cx_ddp_module returns it). */
 #ifndef CXLA_PARALLEL_H
 #define CXLA_PARALLEL_H
 

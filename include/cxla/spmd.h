@@ -4,7 +4,13 @@
  * of the mesh. The partitioner propagates shardings through every op of the
  * graph of a sync (forward and backward together), reshards where two
  * shardings meet, and inserts the collectives; ops without a rule gather
- * their operands, so every program partitions correctly. */
+ * their operands, so every program partitions correctly.
+ *
+ * The mesh's device count is cx_world_size (core.h). Meshes are never
+ * freed, so a mesh and the axis names it holds (cx_mesh_axis_name) stay
+ * valid for the process; the axis names and specs given are copied. The
+ * mesh registry and the SPMD switch are not locked: set them up on the
+ * training thread before other threads use them. */
 #ifndef CXLA_SPMD_H
 #define CXLA_SPMD_H
 
