@@ -15,11 +15,12 @@
  *
  * Ownership: a module owns its parameters, buffers, children and their
  * names; what the accessors return (cx_module_param, cx_module_buffer,
- * cx_module_get, cx_module_child, cx_module_find, the *_name functions) is
- * borrowed until the module is freed: never cx_free or free() it. The
+ * cx_module_get, cx_module_child, cx_module_find, cx_module_param_name,
+ * cx_module_child_name) is borrowed while the module holds it (until the
+ * module is freed or the slot replaced): never cx_free or free() it. The
  * lists (cx_module_parameters, _buffers, _state_dict, _tied_params) and
  * cx_module_signature are the caller's, each one allocation to release
- * with free(); the names sit in that allocation, the tensors stay the
+ * with free(); a list's names sit in that allocation, its tensors stay the
  * module's. Threads: modules are not locked; build, run and free them on
  * the training thread (core.h).
  */
