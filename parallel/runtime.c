@@ -596,11 +596,8 @@ void cx_dist_finalize(void)
 }
 
 bool cx_dist_is_initialized(void) { return R.initialized; }
-int cx_world_size(void) { return R.size; }
-int cx_global_ordinal(void) { return R.rank; }
 int cx_local_ordinal(void) { return R.local_rank; }
 int cx_local_process_count(void) { return R.local_size; }
 int cx_addressable_device_count(void) { return 1; }
-int cx_global_device_count(void) { return R.size; }
-bool cx_is_master_ordinal(bool local) { return local ? R.local_rank == 0 : R.rank == 0; }
+bool cx_is_master_ordinal(bool local) { return local ? R.local_rank == 0 : cx_global_ordinal() == 0; }
 bool cx_dist_uses_mpi(void) { return R.mpi; }

@@ -129,7 +129,7 @@ static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding
     cx_graph local;
     bool ok = ann && osh && (nt || !(cx_obs_get() & OBS_DUMP));
     for (int i = 0; ok && i < g->n; i++) ann[i] = j->cp->nodes[i]->sharding;
-    if (ok) ok = cx_pass_partition(g, ann, cx_comm_rank(), &local, osh, inserted, nt);
+    if (ok) ok = cx_pass_partition(g, ann, cx_global_ordinal(), &local, osh, inserted, nt);
     else cx_set_last_error("compile: out of memory");
     free(ann);
     if (!ok) { free(osh); free(nt); return false; }

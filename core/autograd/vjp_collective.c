@@ -20,7 +20,7 @@ cx_tensor *cx_vjp_collective(cx_node *n, cx_tensor *const *in, cx_tensor *out, c
     case OP_REDUCE_SCATTER: {
         cx_tensor *a = cx_all_gather(g, axis, rgp, true);
         if (red == CX_RED_MEAN || n->fval != 1.0) {
-            int size = rgp ? gs : cx_comm_world_size();
+            int size = rgp ? gs : cx_world_size();
             double s = n->fval * (red == CX_RED_MEAN ? 1.0 / size : 1.0);
             cx_tensor *r = cx_mul_scalar(a, s);
             cx_drop(a);

@@ -104,8 +104,8 @@ void cx_comm_free(void *p)
     free(p);
 }
 const cx_comm_backend *cx_comm_get(void) { return &g_backend; }
-int cx_comm_world_size(void) { return g_backend.world_size(g_backend.ctx); }
-int cx_comm_rank(void) { return g_backend.rank(g_backend.ctx); }
+int cx_world_size(void) { return g_backend.world_size(g_backend.ctx); }
+int cx_global_ordinal(void) { return g_backend.rank(g_backend.ctx); }
 
 bool cx_bad_reduce_op(const char *op, cx_reduce_op red)
 {
@@ -160,7 +160,7 @@ int cx_groups_describe(int64_t id, int *ngroups, int *group_size, const int **ra
 /* @return the group id, 0 for all ranks, -1 (with error set) if invalid. */
 int64_t cx_groups_intern(const cx_replica_groups *rg, const char *op, int *group_size)
 {
-    int world = cx_comm_world_size();
+    int world = cx_world_size();
     if (!rg) { *group_size = world; return 0; }
     if (rg->ngroups <= 0 || rg->group_size <= 0 || !rg->ranks) {
         cx_set_last_error("%s: replica groups must have ngroups > 0, group_size > 0 and ranks", op);

@@ -99,7 +99,7 @@ bool cx_capture_key(cx_capture *cp, cx_node *const *outs, int nouts, const int *
     w[n++] = str_word(cx_compile_options());
     CX_ASSERT(n == KEY_THREADS_WORD);
     /* conv scratch has one tile buffer per thread; an SPMD program is partitioned for one rank */
-    w[n++] = (uint64_t)cx_get_num_threads() | (cx_is_spmd() ? (uint64_t)(cx_comm_rank() + 1) << 32 : 0);
+    w[n++] = (uint64_t)cx_get_num_threads() | (cx_is_spmd() ? (uint64_t)(cx_global_ordinal() + 1) << 32 : 0);
     for (int i = 0; i < cp->n; i++) n += put_node(w + n, cp->nodes[i]);
     w[n++] = (uint64_t)cp->n_inputs;
     for (int i = cp->n_graph_inputs; i < cp->n_inputs; i++) {   /* donors outside the graph */

@@ -56,7 +56,7 @@ static int local_rank(void)
 {
     const char *v = getenv("LOCAL_RANK");
     if (!v) v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    return v ? atoi(v) : cx_comm_rank();
+    return v ? atoi(v) : cx_global_ordinal();
 }
 
 /* @return the stream for analysis output, or NULL when this rank is quiet */

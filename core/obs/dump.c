@@ -39,7 +39,7 @@ static void spmd_str(cx_sbuf *b, const cx_executable *e)
     if (!e || !e->out_sharding) return;
     const int *k = e->spmd_inserted;
     cx_sb_printf(b, "SPMD: partitioned for rank %d; the partitioner added %d all-reduce, %d all-gather, "
-                    "%d reduce-scatter, %d all-to-all\n", cx_comm_rank(), k[0], k[1], k[2], k[3]);
+                    "%d reduce-scatter, %d all-to-all\n", cx_global_ordinal(), k[0], k[1], k[2], k[3]);
     for (int o = 0; o < e->n_outputs; o++) {
         char d[320];
         if (!cx_sharding_is_replicated(&e->out_sharding[o]))

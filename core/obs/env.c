@@ -71,7 +71,7 @@ int cx_debug_level(void)
 
 void cx_obs_rank_path(char *buf, size_t cap, const char *path)
 {
-    if (cx_comm_world_size() > 1) snprintf(buf, cap, "%s.%d", path, cx_comm_rank());
+    if (cx_world_size() > 1) snprintf(buf, cap, "%s.%d", path, cx_global_ordinal());
     else snprintf(buf, cap, "%s", path);
 }
 

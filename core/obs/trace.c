@@ -106,7 +106,7 @@ cx_status cx_trace_start(const char *dir)
     pthread_mutex_unlock(&g_tr_mu);
     if (on) { cx_set_last_error("trace_start: a trace is already recording (to %s)", g_dir); return CX_ERR_STATE; }
     char sub[4096];
-    snprintf(sub, sizeof sub, "%s/proc_%d", dir, cx_comm_rank());
+    snprintf(sub, sizeof sub, "%s/proc_%d", dir, cx_global_ordinal());
     cx_status st = cx_obs_mkdir("trace_start", sub);
     if (st != CX_OK) return st;
     char *d = strdup(sub);
@@ -157,7 +157,7 @@ cx_status cx_trace_stop(void)
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/trace.json", g_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int rank = cx_comm_rank();
+    int rank = cx_global_ordinal();
     FILE *f = fopen(tmp, "w");
     cx_status st = CX_OK;
     if (!f) {

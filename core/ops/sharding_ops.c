@@ -15,7 +15,7 @@ cx_status cx_shard_data_leaf(cx_tensor *t, const cx_sharding *s)
     size_t es = cx_dtype_size((cx_dtype)x->dtype);
     cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, x->ndim) * es);
     if (!b) return CX_ERR_OOM;
-    cx_shard_copy(s, x->shape, cx_comm_rank(), es, b->data, x->buf->data, true);
+    cx_shard_copy(s, x->shape, cx_global_ordinal(), es, b->data, x->buf->data, true);
     cx_node *d = cx_node_data(b, (cx_dtype)x->dtype, x->shape, x->ndim);
     if (!d || !(d->sharding = cx_sharding_dup(s))) {
         if (d) cx_node_unref(d); else cx_buffer_unref(b);
@@ -95,7 +95,7 @@ cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *g
     size_t es = cx_dtype_size(dtype);
     cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, ndim) * es);
     if (!b) return cx_poisoned("from_host_sharded: %s", cx_last_error());
-    cx_shard_copy_rows(&s, global_shape, cx_comm_rank(), es, b->data, (void *)(uintptr_t)rows, true, row0);
+    cx_shard_copy_rows(&s, global_shape, cx_global_ordinal(), es, b->data, (void *)(uintptr_t)rows, true, row0);
     return shard_leaf(b, dtype, global_shape, ndim, &s, "from_host_sharded");
 }
 
@@ -140,7 +140,7 @@ cx_tensor *cx_from_local_shard(const void *local, const int64_t *global_shape, i
 cx_status cx_spmd_gather_value(const cx_node *x, void *out)
 {
     const cx_sharding *s = x->sharding;
-    int world = cx_comm_world_size();
+    int world = cx_world_size();
     size_t local_bytes = x->buf->bytes, es = cx_dtype_size((cx_dtype)x->dtype);
     char *all = malloc(local_bytes * (size_t)world + 1);
     if (!all) { cx_set_last_error("to_host: out of memory gathering a sharded tensor"); return CX_ERR_OOM; }

@@ -69,7 +69,7 @@ cx_status cx_shard_rows(const cx_mesh *mesh, const cx_spec_entry *spec, int nspe
     }
     if (nspec == 0) { *row0 = 0; *nrows = 1; return CX_OK; }
     int64_t k = cx_sharding_ways(&s, 0), local = (dim0 + k - 1) / k;
-    *row0 = cx_sharding_index(&s, 0, cx_comm_rank()) * local;
+    *row0 = cx_sharding_index(&s, 0, cx_global_ordinal()) * local;
     if (*row0 > dim0) *row0 = dim0;
     *nrows = dim0 - *row0 < local ? dim0 - *row0 : local;
     return CX_OK;

@@ -13,7 +13,6 @@ static bool g_spmd;
 
 cx_status cx_use_spmd(void) { g_spmd = true; return CX_OK; }
 bool cx_is_spmd(void) { return g_spmd; }
-int cx_global_runtime_device_count(void) { return cx_comm_world_size(); }
 
 /* ---- meshes --------------------------------------------------------------------------- */
 
@@ -46,7 +45,7 @@ static bool mesh_fill(cx_mesh *m, const int *device_ids, int ndim, const int *sh
         cx_set_last_error("mesh: %d axes; a mesh has 1 to %d", ndim, CX_MESH_MAX_DIMS);
         return false;
     }
-    int world = cx_comm_world_size(), total = 1;
+    int world = cx_world_size(), total = 1;
     m->ndim = ndim;
     for (int a = 0; a < ndim; a++) {
         if (!shape || shape[a] < 1) { cx_set_last_error("mesh: axis %d has size %d", a, shape ? shape[a] : 0); return false; }
@@ -91,7 +90,7 @@ static cx_mesh *mesh_register(cx_mesh *m)
 {
     char desc[512];
     mesh_describe(m, desc, sizeof desc);
-    if (cx_comm_world_size() > 1 && cx_comm_check(desc) != CX_OK) { free(m->device_ids); return NULL; }
+    if (cx_world_size() > 1 && cx_comm_check(desc) != CX_OK) { free(m->device_ids); return NULL; }
     for (int i = 0; i < g_nmeshes; i++)
         if (g_meshes[i]->hash == m->hash && g_meshes[i]->ndim == m->ndim) { free(m->device_ids); return g_meshes[i]; }
     cx_mesh *r = malloc(sizeof *r);
@@ -129,7 +128,7 @@ cx_mesh *cx_hybrid_mesh_new(int ndim, const int *ici_shape, const int *dcn_shape
         ici_total *= ici_shape[a];
         dcn_total *= dcn_shape[a];
     }
-    int world = cx_comm_world_size();
+    int world = cx_world_size();
     const char *lws = getenv("LOCAL_WORLD_SIZE");
     int per_node = lws && atoi(lws) > 0 ? atoi(lws) : world;
     if (ici_total != per_node || ici_total * dcn_total != world) {

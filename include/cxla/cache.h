@@ -18,12 +18,14 @@ extern "C" {
  * computation. @return CX_OK, CX_ERR_STATE (too late, or already
  * initialized with another path), CX_ERR_IO (cannot create the directory). */
 CX_API cx_status cx_cache_init(const char *path, bool readonly);
-/* @return the cache directory, or NULL when there is none. */
+/* @return the cache directory (the library's copy, kept for the process),
+ * or NULL when there is none. */
 CX_API const char *cx_cache_dir(void);
 /* Compile options: a free-form string that is part of every cache key
  * (default: $XLA_FLAGS and $CX_COMPILE_OPTIONS). Changing it never reuses
  * an executable compiled under other options. */
 CX_API void cx_set_compile_options(const char *opts);
+/* @return the library's copy, valid until the next cx_set_compile_options. */
 CX_API const char *cx_get_compile_options(void);
 /* Drops every executable cached in memory (the persistent cache keeps its
  * files) and the intermediate arena they ran in, which otherwise keeps the

@@ -15,6 +15,12 @@
  * that rank holds of each tensor, with their global boxes. Any checkpoint
  * loads into any wrapping: a sharded one is stitched (or re-sliced) tensor
  * by tensor on the fly.
+ *
+ * Saves and loads sync and run collectives: call them on the training
+ * thread (core.h), every rank alike where a call says it is collective.
+ * cx_ckpt_manager_request_preemption alone may be called from anywhere
+ * (a signal handler included). Results come back in the caller's buffers
+ * (`out`, `cap`); nothing here returns memory to free().
  */
 #ifndef CXLA_CHECKPOINT_H
 #define CXLA_CHECKPOINT_H

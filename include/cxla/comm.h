@@ -1,6 +1,11 @@
 /* The communication backend interface. Collectives are IR ops in the core;
  * they execute through the backend registered here (parallel/ registers
- * MPI). Without one, the core uses a world of one. */
+ * MPI). Without one, the core uses a world of one. The world size and rank
+ * are cx_world_size and cx_global_ordinal (core.h), asked of the backend.
+ *
+ * cx_comm_register swaps the backend without a lock: register before any
+ * thread runs a collective or calls cx_comm_alloc. Memory from
+ * cx_comm_alloc is released with cx_comm_free only, never free(). */
 #ifndef CXLA_COMM_H
 #define CXLA_COMM_H
 
@@ -89,7 +94,6 @@ CX_API cx_status cx_comm_register(const cx_comm_backend *backend);
  * reducing kind, a `red` that is not a cx_reduce_op; the backend's
  * CX_ERR_COMM. */
 CX_API cx_status cx_comm_run(const cx_comm_op *op);
-CX_API int cx_comm_world_size(void);
 
 /* Desync detection for a collective outside a graph (a barrier, a
  * rendezvous, a mesh reduction): every rank calls it with a description of
@@ -103,7 +107,6 @@ CX_API cx_status cx_comm_check(const char *what);
 /* Collectives this process has passed through the check (the sequence
  * number in desync messages). */
 CX_API int64_t cx_comm_sequence(void);
-CX_API int cx_comm_rank(void);
 
 #ifdef __cplusplus
 }

@@ -61,6 +61,30 @@ typedef struct {
     cx_tensor *tensor;
 } cx_named_tensor;
 
+/* ---- threads and ownership --------------------------------------------
+ *
+ * The graph being recorded is one per process and unlocked (its node
+ * table, reference counts, the RNG state): record ops, run forwards,
+ * backward and optimizer steps, and call cx_step_begin / cx_step_end,
+ * cx_sync, cx_item, cx_to_host and cx_assign on one thread, the training
+ * thread. Per thread are the open steps (a handle belongs to the innermost
+ * step of the thread that made it, so end a step on the thread that began
+ * it), no-grad and remat regions, deferred-init regions (nn.h), profiler
+ * regions and cx_last_error. Another thread may make leaf tensors
+ * meanwhile (cx_from_host, cx_from_fill, cx_from_host_sharded): handles,
+ * nodes and buffers are allocated under locks, and with no step open on
+ * that thread the handle is persistent. The data loader's thread uploads
+ * batches so, and the training thread frees them. Counters and metrics
+ * (metrics.h), the memory figures, step closures (cx_add_step_closure)
+ * and the log handler (logging.h) may be used from any thread.
+ *
+ * A tensor a function returns is the caller's handle to release with
+ * cx_free (inside a step the step releases it unless kept), unless its
+ * comment says whose it is (cx_grad: t's; a batch's fields: the
+ * loader's). Other pointers into the library (names, shapes, metadata) are
+ * borrowed, valid as the function's comment says. Results to release with
+ * libc free() say so at the function; docs/api.md lists them. */
+
 /* ---- version ---------------------------------------------------------- */
 
 /* The version of the library running (cxla/version.h has the one compiled
@@ -109,13 +133,14 @@ CX_API const char *cx_status_str(cx_status s);
 /* A poisoned tensor carrying a one-line message, also set as the last
  * error (for modules built on the core). printf-style. */
 CX_API cx_tensor *cx_poisoned(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* @return the message of a poisoned tensor, NULL if t is healthy. */
+/* @return the message of a poisoned tensor (t's: valid while t lives),
+ * NULL if t is healthy. */
 CX_API const char *cx_tensor_error(const cx_tensor *t);
 
 /* ---- dtypes --------------------------------------------------------- */
 
 CX_API size_t cx_dtype_size(cx_dtype dt);
-CX_API const char *cx_dtype_name(cx_dtype dt);
+CX_API const char *cx_dtype_name(cx_dtype dt);   /* a static string; "?" for no dtype */
 CX_API bool cx_dtype_is_float(cx_dtype dt);
 /* bfloat16 <-> float32 for host data of CX_BF16 tensors: round to nearest
  * even, NaN stays a (quiet) NaN. The _row forms convert n values. */
@@ -264,12 +289,15 @@ CX_API cx_status cx_to_host(cx_tensor *t, void *out, cx_dtype dtype);
 
 CX_API int cx_ndim(const cx_tensor *t);
 CX_API int64_t cx_dim(const cx_tensor *t, int axis);   /* negative axes count from the end */
+/* t's dimensions, borrowed: a sync, step end, cx_assign or sharding change
+ * may give t a new node and free the old one, so copy them to keep them. */
 CX_API const int64_t *cx_shape(const cx_tensor *t);
 CX_API int64_t cx_numel(const cx_tensor *t);
 CX_API cx_dtype cx_dtype_of(const cx_tensor *t);
 CX_API bool cx_is_pending(const cx_tensor *t);
 CX_API bool cx_is_persistent(const cx_tensor *t);
-/* An optional debug name (kept in IR dumps). */
+/* An optional debug name (kept in IR dumps; copied). cx_get_name's
+ * pointer is t's: valid until the next cx_set_name or cx_free of t. */
 CX_API void cx_set_name(cx_tensor *t, const char *name);
 CX_API const char *cx_get_name(const cx_tensor *t);
 
@@ -389,6 +417,14 @@ CX_API cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red);
 
 /* A collective's reduction. Starts at 0x100, away from cx_reduction. */
 typedef enum { CX_RED_SUM = 0x100, CX_RED_MEAN, CX_RED_MAX, CX_RED_MIN } cx_reduce_op;
+
+/* The number of ranks in the world (xr.world_size(); also the number of
+ * devices of the global SPMD mesh, one per rank) and this process's rank in
+ * it, 0 .. world size - 1 (xr.global_ordinal()). Both come from the
+ * registered comm backend: 1 and 0 without one, before cx_dist_init and
+ * after cx_dist_finalize. */
+CX_API int cx_world_size(void);
+CX_API int cx_global_ordinal(void);
 
 /* A replica group list: `ngroups` groups of `group_size` ranks each, row
  * major in `ranks`. NULL = one group of every rank. */

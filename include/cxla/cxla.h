@@ -1,4 +1,6 @@
-/* cxla: PyTorch/XLA's training stack in C. The umbrella header. */
+/* cxla: PyTorch/XLA's training stack in C. The umbrella header. Which
+ * thread may call what, and who frees what: core.h's "threads and
+ * ownership" section, then each header's own paragraph (docs/api.md). */
 #ifndef CXLA_CXLA_H
 #define CXLA_CXLA_H
 

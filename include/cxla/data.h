@@ -8,6 +8,16 @@
  * tensor per field, (B, item shape...). Built in: IDX images (MNIST,
  * Fashion-MNIST) and fake images, in-memory arrays, and text corpora cut
  * into windows of tokens for language models.
+ *
+ * Threads: a loader has one background thread that runs the data set's
+ * get/collate and makes each batch's tensors (leaves: core.h says why that
+ * is allowed); everything else, the data set's set_epoch and the sampler
+ * included, runs on the thread calling the loader, the training thread.
+ * Ownership: a data set owns its description's ctx and copies its fields;
+ * a loader borrows its data set and sampler and owns the batches it hands
+ * out (valid until the next cx_loader_next, cx_loader_end_step or
+ * cx_loader_free); an IDX array's data is released with
+ * cx_idx_array_release. Nothing here is released with free().
  */
 #ifndef CXLA_DATA_H
 #define CXLA_DATA_H

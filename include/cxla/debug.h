@@ -42,7 +42,9 @@ extern "C" {
 /* The pending graph of `n` tensors (nothing runs), as text ("IR { ... }",
  * one "%i = f32[2,3] op(%a, %b), attrs" line per node, ROOT=k on the
  * outputs) or as a Graphviz digraph. Materialized tensors show as a
- * device_data leaf. @return a malloc'd string, or NULL when out of memory. */
+ * device_data leaf. They read the graph, so call them on the training
+ * thread (core.h). @return a malloc'd string (free() it), or NULL when out
+ * of memory. */
 CX_API char *cx_ir_text(cx_tensor *const *ts, int n);
 CX_API char *cx_ir_dot(cx_tensor *const *ts, int n);
 

@@ -18,6 +18,12 @@
  * cx_fsdp_wrap naming both names and units. Optimizer parameter groups
  * see flat parameters (one per unit); cx_fsdp_decay_masks lets a group
  * decay only some of a unit's elements (the 2-D weights).
+ *
+ * Ownership: both wrappers borrow their module and own what they make
+ * (flat shards, names, metadata) until freed. The caller frees with free()
+ * the arrays of cx_fsdp_parameters and cx_fsdp_decay_masks (and cx_free's
+ * each mask first). Threads: wrapping, forward and backward record ops and
+ * collectives: call them on the training thread (core.h).
  */
 #ifndef CXLA_FSDP_H
 #define CXLA_FSDP_H
@@ -74,7 +80,8 @@ CX_API void cx_fsdp_no_sync_end(cx_fsdp *f);
 
 /* The local flat shards, one per unit, named "<unit path>.flat_param"
  * ("flat_param" for the root). Give these to the optimizer.
- * Release the array with free(). */
+ * Release the array with free(); the names and shards in it are the
+ * wrapper's, valid until cx_fsdp_free. */
 CX_API cx_named_tensor *cx_fsdp_parameters(const cx_fsdp *f, int *n);
 
 /* Weight-decay masks for the flat shards, in cx_fsdp_parameters' order:
@@ -113,7 +120,7 @@ typedef struct {
     int64_t shard_offset;             /* rank * shard_numel */
 } cx_fsdp_unit_info;
 
-/* Per unit, in wrap order. Owned by the wrapper. */
+/* Per unit, in wrap order. Owned by the wrapper: valid until cx_fsdp_free. */
 CX_API const cx_fsdp_unit_info *cx_fsdp_shard_metadata(const cx_fsdp *f, int *nunits);
 
 /* Full state dict gathered to rank 0 one unit at a time (never the whole

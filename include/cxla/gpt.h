@@ -9,6 +9,8 @@
  *   embedding's name).
  * Attention is the fused causal kernel (cx_scaled_dot_product_attention),
  * GELU the exact erf form, dropout none.
+ *
+ * The model is an ordinary module: nn.h's ownership and thread rules apply.
  */
 #ifndef CXLA_GPT_H
 #define CXLA_GPT_H

@@ -34,7 +34,8 @@ typedef enum { CX_LOG_ERROR = 0, CX_LOG_WARNING = 1, CX_LOG_INFO = 2, CX_LOG_DEB
 
 /* Receives one diagnostic that passed the filters: its level, the module
  * that wrote it ("shm", "runtime", "settings", ...), the message without
- * the "cxla: " and level prefix or a newline, and the user pointer given
+ * the "cxla: " and level prefix or a newline (both borrowed for the call
+ * only: copy them to keep them), and the user pointer given
  * to cx_log_set_handler. Calls are serialized (the library logs from its
  * progress and loader threads too), so a handler needs no lock of its own;
  * it must not call cx_log_set_handler. A diagnostic the handler's own

@@ -3,7 +3,12 @@
  * UncachedCompile, MarkStep, CreateDataHandles, CollectiveCount, ... and
  * times CompileTime, ExecuteTime, SyncTime, TransferToDeviceTime,
  * TransferFromDeviceTime, CollectiveTime, ...; programs may add their own.
- * XLA_METRICS_FILE (debug.h) appends the report at every step end. */
+ * XLA_METRICS_FILE (debug.h) appends the report at every step end.
+ *
+ * Threads: the registry is under one lock, so every function here may be
+ * called from any thread. Ownership: the two reports are the caller's, to
+ * release with free(); the names cx_counter_names and cx_metric_names give
+ * live as long as the process. */
 #ifndef CXLA_METRICS_H
 #define CXLA_METRICS_H
 
@@ -39,7 +44,8 @@ CX_API void cx_metrics_clear(void);
 CX_API char *cx_metrics_report(void);
 /* The same for a few names; NULL lists mean PyTorch/XLA's defaults
  * (counters CachedCompile, MarkStep; metrics CompileTime, ExecuteTime,
- * TransferToDeviceTime, TransferFromDeviceTime). */
+ * TransferToDeviceTime, TransferFromDeviceTime). @return as
+ * cx_metrics_report: free() it. */
 CX_API char *cx_short_metrics_report(const char *const *counter_names, int ncounters,
                               const char *const *metric_names, int nmetrics);
 /* Names of the non-zero counters / the metrics with samples, sorted. Fills

@@ -12,6 +12,17 @@
  * (parameters, state dict, size) holds it once, under the name it has
  * first in state-dict order; the optimizer, DDP, FSDP and checkpoints see
  * it once; both uses' gradients add up in its one gradient.
+ *
+ * Ownership: a module owns its parameters, buffers, children and their
+ * names; what the accessors return (cx_module_param, cx_module_buffer,
+ * cx_module_get, cx_module_child, cx_module_find, cx_module_param_name,
+ * cx_module_child_name) is borrowed while the module holds it (until the
+ * module is freed or the slot replaced): never cx_free or free() it. The
+ * lists (cx_module_parameters, _buffers, _state_dict, _tied_params) and
+ * cx_module_signature are the caller's, each one allocation to release
+ * with free(); a list's names sit in that allocation, its tensors stay the
+ * module's. Threads: modules are not locked; build, run and free them on
+ * the training thread (core.h).
  */
 #ifndef CXLA_NN_H
 #define CXLA_NN_H
@@ -52,6 +63,8 @@ typedef struct {
  * forward_many. */
 CX_API cx_module *cx_module_new(const cx_module_type *type, void *impl);
 CX_API void *cx_module_impl(const cx_module *m);
+/* The name string of the type table the module was made with ("(null)" for
+ * NULL): the table is copied, the string is not. */
 CX_API const char *cx_module_type_name(const cx_module *m);
 
 /* Registers `t` (made persistent, materialized, marked requires-grad) as
@@ -97,7 +110,7 @@ typedef struct {
 CX_API cx_tied_param *cx_module_tied_params(const cx_module *m, int *n);
 
 /* Direct access by slot (for forward functions: no string lookups). A tied
- * slot gives the shared tensor. */
+ * slot gives the shared tensor. Borrowed: the module's. */
 CX_API cx_tensor *cx_module_param(const cx_module *m, int slot);
 CX_API cx_tensor *cx_module_buffer(const cx_module *m, int slot);
 CX_API cx_module *cx_module_child(const cx_module *m, int slot);
@@ -162,7 +175,7 @@ CX_API cx_named_tensor *cx_module_buffers(const cx_module *m, int *n);
  * (cx_module_tied_params lists the others). Release with free(). */
 CX_API cx_named_tensor *cx_module_state_dict(const cx_module *m, int *n);
 /* The parameter or buffer with full name `key` ("fc1.weight"; any name of
- * a tied parameter), NULL if none. */
+ * a tied parameter), NULL if none. Borrowed: the module's. */
 CX_API cx_tensor *cx_module_get(const cx_module *m, const char *key);
 /* The submodule with full name `path` ("layer1.0"), NULL if none. */
 CX_API cx_module *cx_module_find(cx_module *m, const char *path);

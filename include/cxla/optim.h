@@ -6,6 +6,13 @@
  * runtime scalars, so changing them (a schedule) never recompiles. State
  * tensors are persistent, created (zero-filled, materialized) with the
  * optimizer, which makes the first step's graph the same as every other's.
+ *
+ * Ownership: an optimizer borrows its parameters (they must outlive it),
+ * copies their names, and owns its state tensors. cx_optim_state and
+ * cx_optim_params return one allocation each, names included, to release
+ * with free(); the state tensors in them stay the optimizer's, the
+ * parameters the caller's. cx_optim_name is a static string. Threads: an optimizer step
+ * records ops, so use optimizers on the training thread (core.h).
  */
 #ifndef CXLA_OPTIM_H
 #define CXLA_OPTIM_H

@@ -2,7 +2,14 @@
  * eager host collectives, xm.optimizer_step, and DistributedDataParallel.
  *
  * One process is one rank with one device (xla:0, its CPU cores). Without a
- * launcher (no mpirun / xla-launch) the world has one rank and no MPI. */
+ * launcher (no mpirun / xla-launch) the world has one rank and no MPI.
+ *
+ * Threads: with MPI, every collective (the graphs' and the eager ones
+ * here) runs on the runtime's progress thread, in the order the training
+ * thread queued it; a failure's message comes back to the caller's
+ * cx_last_error. Call these functions on the training thread (core.h).
+ * Ownership: cx_rendezvous's *out is the caller's, to release with free();
+ * the DDP wrapper borrows its module (cx_ddp_module returns it). */
 #ifndef CXLA_PARALLEL_H
 #define CXLA_PARALLEL_H
 
@@ -25,12 +32,12 @@ CX_API cx_status cx_dist_init(int *argc, char ***argv);
 CX_API void cx_dist_finalize(void);
 CX_API bool cx_dist_is_initialized(void);
 
-CX_API int cx_world_size(void);
-CX_API int cx_global_ordinal(void);
+/* The world size and this process's rank in it are cx_world_size and
+ * cx_global_ordinal (core.h). These: this process's rank among the ranks
+ * of its host, and how many ranks the host runs. */
 CX_API int cx_local_ordinal(void);
 CX_API int cx_local_process_count(void);
 CX_API int cx_addressable_device_count(void);  /* devices this process drives: 1 */
-CX_API int cx_global_device_count(void);       /* = world size */
 /* Rank 0 of the world (local = false) or of this host (local = true). */
 CX_API bool cx_is_master_ordinal(bool local);
 

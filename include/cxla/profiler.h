@@ -1,5 +1,9 @@
 /* cxla profiler (torch_xla.debug.profiler): compile, execute, kernel,
- * transfer, collective and user events as a Chrome trace per rank. */
+ * transfer, collective and user events as a Chrome trace per rank.
+ *
+ * Threads: events from any thread go into the one trace under a lock;
+ * user regions (cx_trace_push / pop, CX_TRACE) nest per thread. `name` and
+ * `dir` are copied. */
 #ifndef CXLA_PROFILER_H
 #define CXLA_PROFILER_H
 

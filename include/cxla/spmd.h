@@ -4,7 +4,13 @@
  * of the mesh. The partitioner propagates shardings through every op of the
  * graph of a sync (forward and backward together), reshards where two
  * shardings meet, and inserts the collectives; ops without a rule gather
- * their operands, so every program partitions correctly. */
+ * their operands, so every program partitions correctly.
+ *
+ * The mesh's device count is cx_world_size (core.h). Meshes are never
+ * freed, so a mesh and the axis names it holds (cx_mesh_axis_name) stay
+ * valid for the process; the axis names and specs given are copied. The
+ * mesh registry and the SPMD switch are not locked: set them up on the
+ * training thread before other threads use them. */
 #ifndef CXLA_SPMD_H
 #define CXLA_SPMD_H
 
@@ -19,12 +25,10 @@ extern "C" {
 
 /* Turns SPMD mode on for the process (xr.use_spmd()): shardings annotated
  * with cx_mark_sharding are partitioned from then on. Call it after
- * cx_parallel_init and before building tensors that will be sharded.
+ * cx_dist_init and before building tensors that will be sharded.
  * @return CX_OK. */
 CX_API cx_status cx_use_spmd(void);
 CX_API bool cx_is_spmd(void);
-/* The number of devices of the global mesh: the number of ranks. */
-CX_API int cx_global_runtime_device_count(void);
 
 /* A logical mesh of devices (ranks). Meshes live as long as the process;
  * the same arguments give the same mesh. */

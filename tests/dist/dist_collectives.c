@@ -128,7 +128,7 @@ int main(int argc, char **argv)
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
     int rank = cx_global_ordinal(), world = cx_world_size();
     CHECK(world >= 2, "expected several ranks, got %d", world);
-    CHECK(cx_global_device_count() == world && cx_addressable_device_count() == 1, "device counts");
+    CHECK(cx_addressable_device_count() == 1, "device counts");
     CHECK(cx_is_master_ordinal(false) == (rank == 0), "master ordinal");
     int everyone[64] = { 0 };
     for (int i = 0; i < world; i++) everyone[i] = i;

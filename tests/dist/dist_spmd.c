@@ -160,7 +160,7 @@ static void deferred_shards_equal_eager(void)
             CHECK(!memcmp(a, b, sizeof(float) * (size_t)n), "deferred %s (%d outputs): the gathered shards differ from the eager init",
                   pl[i].name, out);
             CHECK(cx_local_shard_to_host(t, a, sizeof(float) * (size_t)n, CX_F32, local) == CX_OK, "local: %s", cx_last_error());
-            int64_t k = cx_global_runtime_device_count();
+            int64_t k = cx_world_size();
             CHECK(local[0] == (out + k - 1) / k, "deferred %s: the local shard has %lld rows, not %lld", pl[i].name,
                   (long long)local[0], (long long)((out + k - 1) / k));
             free(a); free(b);
@@ -226,7 +226,7 @@ static void fsdp_train(cx_module *m, cx_spmd_fsdp *f, const cx_mesh *mesh, float
 
 static void fsdpv2_equals_unwrapped(void)
 {
-    int n = cx_global_runtime_device_count(), shape[2] = { n, 1 };
+    int n = cx_world_size(), shape[2] = { n, 1 };
     const char *names[2] = { "fsdp", "model" };
     cx_mesh *mesh = cx_mesh_new(NULL, 2, shape, names);
     CHECK(mesh != NULL, "fsdp mesh: %s", cx_last_error());
@@ -472,7 +472,7 @@ static void loader_reads_its_rows(void)
     lo.input_nspec = 2;
     cx_loader *l = cx_loader_new(ds, sp, lo);
     CHECK(l != NULL, "loader: %s", cx_last_error());
-    int64_t k = cx_global_runtime_device_count(), want_reads = 0, batches = 0;
+    int64_t k = cx_world_size(), want_reads = 0, batches = 0;
     cx_batch b;
     g_items_read = 0;
     while (l && cx_loader_next(l, &b) == CX_LOADER_BATCH) {
@@ -522,7 +522,7 @@ static void bad_specs(void)
     CHECK(!strcmp(cx_sharding_spec(t, buf, sizeof buf), "replicated"), "a refused spec left %s", buf);
     cx_drop(t);
     /* rank 0 lists the devices in another order than the others */
-    int n = cx_global_runtime_device_count(), ids[64];
+    int n = cx_world_size(), ids[64];
     for (int i = 0; i < n; i++) ids[i] = cx_global_ordinal() == 0 ? n - 1 - i : i;
     const char *names[1] = { "y" };
     cx_mesh *m = cx_mesh_new(ids, 1, &n, names);
@@ -550,7 +550,7 @@ int main(int argc, char **argv)
 {
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
     cx_use_spmd();
-    int n = cx_global_runtime_device_count();
+    int n = cx_world_size();
     const char *names1[1] = { "x" }, *names2[2] = { "data", "model" };
     g_mesh1 = cx_mesh_new(NULL, 1, &n, names1);
     CHECK(g_mesh1 != NULL, "mesh: %s", cx_last_error());

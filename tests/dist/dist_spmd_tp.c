@@ -23,7 +23,7 @@ static float pattern(int64_t i, double phase) { return (float)(0.5 * sin(0.37 * 
 
 static void blocked_geometry(void)
 {
-    int n = cx_global_runtime_device_count(), r = cx_global_ordinal();
+    int n = cx_world_size(), r = cx_global_ordinal();
     enum { ROWS_PER_PART = 4, COLS = 5 };
     int64_t rows = 3 * ROWS_PER_PART * n / 2, shape[2] = { rows, COLS };   /* parts of 2n rows: 2 / n rows per piece */
     int64_t part = rows / 3, piece = part / n, total = rows * COLS;
@@ -300,9 +300,9 @@ static void tensor_parallel_gpt(void)
     }
     cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = 1, .n_head = 3, .n_embd = 24 };
     cx_module *m = cx_nn_gpt(cfg);
-    if (cx_global_runtime_device_count() % 3)
+    if (cx_world_size() % 3)
         CHECK(cx_gpt_tensor_parallel(m, g_model_mesh, "model") == CX_ERR_ARG && strstr(cx_last_error(), "3 heads"),
-              "3 heads over %d devices: %s", cx_global_runtime_device_count(), cx_last_error());
+              "3 heads over %d devices: %s", cx_world_size(), cx_last_error());
     CHECK(cx_gpt_tensor_parallel(m, g_model_mesh, "tensor") == CX_ERR_ARG && strstr(cx_last_error(), "'tensor'"),
           "a missing axis: %s", cx_last_error());
     cx_module_free(m);
@@ -348,7 +348,7 @@ int main(int argc, char **argv)
 {
     if (cx_dist_init(&argc, &argv) != CX_OK) { fprintf(stderr, "dist_init: %s\n", cx_last_error()); return 1; }
     cx_use_spmd();
-    int n = cx_global_runtime_device_count();
+    int n = cx_world_size();
     const char *model_axis[1] = { "model" }, *names2[2] = { "data", "model" };
     g_model_mesh = cx_mesh_new(NULL, 1, &n, model_axis);
     CHECK(g_model_mesh != NULL, "mesh: %s", cx_last_error());

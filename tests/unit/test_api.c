@@ -209,7 +209,7 @@ Test(api, sized_structs_refuse_a_missing_size)
     cx_comm_backend be = { .name = "unsized" };
     cr_expect_eq(cx_comm_register(&be), CX_ERR_ARG);
     cr_expect(strstr(cx_last_error(), "cx_comm_backend.struct_size") != NULL, "%s", cx_last_error());
-    cr_expect_eq(cx_comm_world_size(), 1, "the world of one is kept");
+    cr_expect_eq(cx_world_size(), 1, "the world of one is kept");
 
     cx_field f = { .name = "v", .dtype = CX_F32, .ndim = 0 };
     cx_dataset_desc d = { .size = 4, .nfields = 1, .fields = &f, .get = failing_get };
