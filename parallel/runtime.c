@@ -397,6 +397,8 @@ static cx_status wait_req(comm_req *q)
 
 static int be_size(void *ctx) { (void)ctx; return R.size; }
 static int be_rank(void *ctx) { (void)ctx; return R.rank; }
+static int be_local_rank(void *ctx) { (void)ctx; return R.local_rank; }
+static int be_local_size(void *ctx) { (void)ctx; return R.local_size; }
 
 static void *be_start(void *ctx, const cx_comm_op *op)
 {
@@ -525,8 +527,11 @@ cx_status cx_dist_init(int *argc, char ***argv)
         MPI_Comm_set_errhandler(R.world, MPI_ERRORS_RETURN);
         MPI_Comm_rank(R.world, &R.rank);
         MPI_Comm_size(R.world, &R.size);
+        /* the node layout the shared-memory collectives use too
+         * (CX_SHM_NODE_RANKS can pretend several nodes on one machine);
+         * the core asks it through the backend, never the environment */
         MPI_Comm local;
-        MPI_Comm_split_type(R.world, MPI_COMM_TYPE_SHARED, R.rank, MPI_INFO_NULL, &local);
+        cx_shm_split_node(R.world, &local);
         MPI_Comm_rank(local, &R.local_rank);
         MPI_Comm_size(local, &R.local_size);
         MPI_Comm_free(&local);
@@ -545,7 +550,8 @@ cx_status cx_dist_init(int *argc, char ***argv)
         }
         cx_comm_backend be = { CX_STRUCT_SIZE(cx_comm_backend), .name = "mpi", .world_size = be_size, .rank = be_rank,
                                .start = be_start, .wait = be_wait, .run = be_run, .alloc_shared = be_alloc_shared,
-                               .free_shared = be_free_shared };
+                               .free_shared = be_free_shared, .local_rank = be_local_rank,
+                               .local_size = be_local_size };
         if (cx_comm_register(&be) != CX_OK) return CX_ERR_COMM;
     }
     /* ranks on one host share its cores */

@@ -120,6 +120,16 @@ bool cx_bad_reduce_op(const char *op, cx_reduce_op red)
     return true;
 }
 
+int cx_comm_local_rank(void)
+{
+    return g_backend.local_rank ? g_backend.local_rank(g_backend.ctx) : g_backend.rank(g_backend.ctx);
+}
+
+int cx_comm_local_size(void)
+{
+    return g_backend.local_size ? g_backend.local_size(g_backend.ctx) : g_backend.world_size(g_backend.ctx);
+}
+
 cx_status cx_comm_run(const cx_comm_op *op)
 {
     if (!op) { cx_set_last_error("comm_run: op is NULL"); return CX_ERR_ARG; }

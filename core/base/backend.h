@@ -9,6 +9,11 @@
 #include "base.h"
 
 const cx_comm_backend *cx_comm_get(void);
+/* This rank among the ranks of its node, and how many share it, as the
+ * backend found them (one node when it does not say). The core's one
+ * source of node topology. */
+int cx_comm_local_rank(void);
+int cx_comm_local_size(void);
 /* Counts cx_comm_register calls: memory taken from one backend is given
  * back and taken again from the next when this changes (the executor's
  * arena checks it before each run). */

@@ -4,6 +4,7 @@
  * (cx_sync_at & co.) that name the user's line. */
 #define _GNU_SOURCE   /* dladdr */
 #include "obs_internal.h"
+#include "backend.h"
 
 #include <cxla/comm.h>
 #include <cxla/debug.h>
@@ -52,18 +53,11 @@ static const char *cause_text(const char *cause)
     return "";
 }
 
-static int local_rank(void)
-{
-    const char *v = getenv("LOCAL_RANK");
-    if (!v) v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    return v ? atoi(v) : cx_global_ordinal();
-}
-
 /* @return the stream for analysis output, or NULL when this rank is quiet */
 static FILE *dbg_open(bool *close_it)
 {
     *close_it = false;
-    if (!cx_obs_cfg.all_ranks && local_rank() != 0) return NULL;
+    if (!cx_obs_cfg.all_ranks && cx_comm_local_rank() != 0) return NULL;
     if (!cx_obs_cfg.debug_file) return stderr;
     char path[4096];
     /* like the other per-rank files: ranks asked to print must not interleave */

@@ -129,11 +129,10 @@ cx_mesh *cx_hybrid_mesh_new(int ndim, const int *ici_shape, const int *dcn_shape
         dcn_total *= dcn_shape[a];
     }
     int world = cx_world_size();
-    const char *lws = getenv("LOCAL_WORLD_SIZE");
-    int per_node = lws && atoi(lws) > 0 ? atoi(lws) : world;
+    int per_node = cx_comm_local_size();
     if (ici_total != per_node || ici_total * dcn_total != world) {
         cx_set_last_error("hybrid mesh: ICI shape covers %d devices and DCN shape %d nodes, but there are %d ranks "
-                          "with %d per node (LOCAL_WORLD_SIZE)", ici_total, dcn_total, world, per_node);
+                          "with %d per node", ici_total, dcn_total, world, per_node);
         return NULL;
     }
     /* position (c_a = dcn_a * ici_a_size + ici_a) holds device node * per_node + local, where node and

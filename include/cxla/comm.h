@@ -67,6 +67,13 @@ typedef struct cx_comm_backend {
     /* Takes back what alloc_shared gave, even after the backend is
      * unregistered. @return false when p is not its memory. */
     bool (*free_shared)(void *ctx, void *p);
+    /* Optional: this rank's index among the ranks of its node, and how many
+     * ranks share the node (the node layout the backend found, e.g. MPI's
+     * shared-memory split). The core asks these, never the launcher's
+     * environment. NULL (or a struct_size that stops before them): one
+     * node, local rank = rank. */
+    int (*local_rank)(void *ctx);
+    int (*local_size)(void *ctx);
 } cx_comm_backend;
 
 /* all_gather whose gradient (a sum reduce-scatter) is multiplied by

@@ -44,8 +44,9 @@ typedef struct cx_mesh cx_mesh;
 CX_API cx_mesh *cx_mesh_new(const int *device_ids, int ndim, const int *shape, const char *const *axis_names);
 /* The hybrid mesh (xs.HybridMesh): axis i has size ici_shape[i] *
  * dcn_shape[i]; the ICI part varies over the ranks of one node, the DCN
- * part over nodes, following the launcher's node layout (LOCAL_WORLD_SIZE
- * ranks per node, nodes in rank order). @return as cx_mesh_new. */
+ * part over nodes, following the node layout the comm backend found
+ * (cx_local_process_count ranks per node, nodes in rank order; one node
+ * without a backend that says). @return as cx_mesh_new. */
 CX_API cx_mesh *cx_hybrid_mesh_new(int ndim, const int *ici_shape, const int *dcn_shape,
                                    const char *const *axis_names);
 /* The number of axes, and the size of each into shape[0 .. ndim). */
