@@ -1,7 +1,17 @@
-/* The runtime: runs an executable (exec.c and the kernels it drives),
- * keeps executables by key (exec_cache.c), and checks that the ranks run the
- * same collectives (desync.c). It knows the executable format and nothing of
- * the IR or the compiler. */
+/* The runtime: runs an executable, keeps executables by key, and checks
+ * that the ranks run the same collectives. It knows the executable format
+ * and nothing of the IR or the compiler. Its files:
+ *   exec.c          the executor: binds slots, runs the kernels in order,
+ *                   waits for collectives, traces kernels;
+ *   exec_program.c  fused kernels and reductions: the block evaluator of
+ *                   programs and the hot loops that call it;
+ *   exec_heavy.c    dense and data-movement kernels (matmul, conv, pool,
+ *                   attention, layer norm, gather/scatter, pad, concat);
+ *   exec_coll.c     collectives on the comm backend;
+ *   exec_internal.h what those four share (private to them);
+ *   arena.c         the block holding a run's intermediates, kept between runs;
+ *   exec_cache.c    the in-memory executable cache;
+ *   desync.c        the cross-rank check of collectives. */
 #ifndef CX_RUNTIME_H
 #define CX_RUNTIME_H
 
@@ -21,7 +31,7 @@ typedef struct cx_desync_pending cx_desync_pending;
 cx_desync_pending *cx_desync_begin_graph(const cx_executable *e, cx_status *st);
 cx_status cx_desync_end_graph(cx_desync_pending *p, const cx_executable *e);
 
-/* Shared arena for intermediates (grows; counted as device memory). */
+/* Shared arena for intermediates (arena.c; grows; counted as device memory). */
 void *cx_arena_get(int64_t bytes);
 /* Frees the arena (no executable may be running). */
 void cx_arena_release(void);

@@ -1,0 +1,187 @@
+/* Heavy kernels: dense ops (matmul, convolution, pooling, attention,
+ * layer norm) handed to the kernels layer (OpenBLAS and kernels_*.c), and
+ * the data movement ops (gather, scatter-add, pad, concat, copy). A fused
+ * epilogue program, when the compiler attached one, runs after the kernel
+ * over its output. */
+#include "exec_internal.h"
+#include "kernels.h"
+
+static void run_epilogue(const run_ctx *rc, const cx_kernel *k)
+{
+    cx_kernel f = *k;
+    f.kind = K_FUSED;
+    cx_run_fused(rc, &f);
+}
+
+static void run_matmul(const run_ctx *rc, const cx_kernel *k)
+{
+    const cx_kin *A = &k->in[0], *B = &k->in[1];
+    int nd = A->ndim;
+    int64_t m = A->shape[nd - 2], kk = A->shape[nd - 1], n = B->shape[nd - 1];
+    int64_t batch = prod(A->shape, 0, nd - 2);
+    const float *a = (const float *)rc->slot_ptr[A->slot] + A->offset;
+    const float *b = (const float *)rc->slot_ptr[B->slot] + B->offset;
+    int64_t sa = batch > 1 ? A->batch_stride : 0, sb = batch > 1 ? B->batch_stride : 0;
+    cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
+}
+
+/* The relu-gradient mask a kernel applies itself, or NULL. */
+static const float *epi_mask(const run_ctx *rc, const cx_kernel *k)
+{
+    return k->epi == EPI_POSMASK ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL;
+}
+
+static const float *kin_data(const run_ctx *rc, const cx_kin *x)
+{
+    return (const float *)rc->slot_ptr[x->slot] + x->view.offset;
+}
+
+static void run_attention(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    cx_attn_geom g;
+    cx_kernel_attn_geom(k, &g);
+    const float *q = kin_data(rc, &k->in[0]), *kk = kin_data(rc, &k->in[1]), *v = kin_data(rc, &k->in[2]);
+    if (k->kind == K_ATTENTION)
+        cx_attention_fwd(out, q, kk, v, &g, scratch, (size_t)k->scratch_bytes);
+    else
+        cx_attention_bwd(out, q, kk, v, kin_data(rc, &k->in[3]), kin_data(rc, &k->in[4]), &g, scratch,
+                         (size_t)k->scratch_bytes);
+}
+
+static void run_layer_norm(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    const cx_kin *x = &k->in[0];
+    int64_t c = x->shape[x->ndim - 1], rows = c ? x->numel / c : 0;
+    /* inputs: x, w, then b (forward) or dy (backward) */
+    const float *xp = rc->slot_ptr[x->slot], *w = rc->slot_ptr[k->in[1].slot], *third = rc->slot_ptr[k->in[2].slot];
+    if (k->kind == K_LAYER_NORM) cx_layer_norm_fwd(out, xp, w, third, rows, c, (float)k->fval);
+    else cx_layer_norm_bwd(out, xp, w, third, rows, c, (float)k->fval, scratch, (size_t)k->scratch_bytes);
+}
+
+static void fill_value(void *out, int dt, int64_t n, double v)
+{
+    switch (dt) {
+    case CX_F32: { float x = (float)v; float *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
+    case CX_BF16: { uint16_t x = cx_f32_to_bf16_inline((float)v); uint16_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
+    case CX_I32: { int32_t x = (int32_t)v; int32_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
+    case CX_I64: { int64_t x = (int64_t)v; int64_t *o = out; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
+    default: memset(out, (uint8_t)(dt == CX_BOOL ? v != 0 : (int)v), (size_t)n); break;
+    }
+}
+
+static void run_pad(const run_ctx *rc, const cx_kernel *k)
+{
+    const cx_kin *x = &k->in[0];
+    int nd = x->ndim;
+    size_t es = cx_dtype_size((cx_dtype)k->out_dtype);
+    char *out = rc->slot_ptr[k->out_slot];
+    const char *in = rc->slot_ptr[x->slot];
+    fill_value(out, k->out_dtype, k->out_numel, k->fval);
+    int64_t So[CX_MAX_DIMS];
+    int64_t acc = 1;
+    for (int d = nd - 1; d >= 0; d--) { So[d] = acc; acc *= k->shape[d]; }
+    int64_t lo[CX_MAX_DIMS], step[CX_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = CX_ATTR(k, CX_AT_PAD_LO(nd, d));
+        step[d] = CX_ATTR(k, CX_AT_PAD_INTERIOR(nd, d)) + 1;
+    }
+    int64_t idx[CX_MAX_DIMS] = { 0 };
+    for (int64_t e = 0; e < x->numel; e++) {
+        int64_t off = 0;
+        for (int d = 0; d < nd; d++) off += (lo[d] + idx[d] * step[d]) * So[d];
+        memcpy(out + off * (int64_t)es, in + e * (int64_t)es, es);
+        for (int d = nd - 1; d >= 0; d--) { if (++idx[d] < x->shape[d]) break; idx[d] = 0; }
+    }
+}
+
+static void run_concat(const run_ctx *rc, const cx_kernel *k)
+{
+    const cx_kin *x = &k->in[0];
+    int ax = (int)CX_ATTR(k, CX_AT_AXIS);
+    int64_t at = CX_ATTR(k, CX_AT_CONCAT_OFFSET);
+    size_t es = cx_dtype_size((cx_dtype)k->out_dtype);
+    int64_t inner = prod(k->shape, ax + 1, k->ndim), outer = prod(k->shape, 0, ax);
+    int64_t piece = x->shape[ax] * inner, row = k->shape[ax] * inner;
+    char *out = rc->slot_ptr[k->out_slot];
+    const char *in = rc->slot_ptr[x->slot];
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
+}
+
+cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
+{
+    void *out = rc->slot_ptr[k->out_slot];
+    void *scratch = k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL;
+    switch (k->kind) {
+    case K_MATMUL: run_matmul(rc, k); break;
+    case K_CONV: {
+        cx_conv_geom g;
+        cx_kernel_conv_geom(k, &g);
+        const bool bias = k->epi == EPI_BIAS || k->epi == EPI_BIAS_RELU;
+        cx_conv2d_fwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot],
+                      bias ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL, k->epi == EPI_BIAS_RELU, &g, scratch,
+                      (size_t)k->scratch_bytes);
+        break;
+    }
+    case K_CONV_BI: {
+        cx_conv_geom g;
+        cx_kernel_conv_geom(k, &g);
+        cx_conv2d_bwd_input(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], epi_mask(rc, k), &g,
+                            scratch, (size_t)k->scratch_bytes);
+        break;
+    }
+    case K_CONV_BW: {
+        cx_conv_geom g;
+        cx_kernel_conv_geom(k, &g);
+        cx_conv2d_bwd_weight(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+                      (size_t)k->scratch_bytes);
+        break;
+    }
+    case K_MAXPOOL: case K_AVGPOOL: {
+        cx_pool_geom g;
+        cx_kernel_pool_geom(k, &g);
+        if (k->kind == K_MAXPOOL) cx_max_pool2d_fwd(out, rc->slot_ptr[k->in[0].slot], &g);
+        else cx_avg_pool2d_fwd(out, rc->slot_ptr[k->in[0].slot], &g);
+        break;
+    }
+    case K_MAXPOOL_BWD: {
+        cx_pool_geom g;
+        cx_kernel_pool_geom(k, &g);
+        cx_max_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], epi_mask(rc, k), &g);
+        break;
+    }
+    case K_AVGPOOL_BWD: {
+        cx_pool_geom g;
+        cx_kernel_pool_geom(k, &g);
+        cx_avg_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], &g);
+        break;
+    }
+    case K_GATHER: {
+        int ax = (int)CX_ATTR(k, CX_AT_AXIS);
+        const cx_kin *src = &k->in[0], *ix = &k->in[1];
+        int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
+        int64_t bad = cx_gather_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, src->shape[ax],
+                                    ix->shape[ax], inner);
+        if (bad) { cx_set_last_error("gather: %lld indices out of range [0, %lld)", (long long)bad, (long long)src->shape[ax]); return CX_ERR_ARG; }
+        break;
+    }
+    case K_SCATTER_ADD: {
+        int ax = (int)CX_ATTR(k, CX_AT_AXIS);
+        const cx_kin *base = &k->in[0], *ix = &k->in[1], *src = &k->in[2];
+        if (rc->slot_ptr[base->slot] != out) memcpy(out, rc->slot_ptr[base->slot], (size_t)base->numel * sizeof(float));
+        int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
+        int64_t bad = cx_scatter_add_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, base->shape[ax],
+                                         ix->shape[ax], inner);
+        if (bad) { cx_set_last_error("scatter_add: %lld indices out of range [0, %lld)", (long long)bad, (long long)base->shape[ax]); return CX_ERR_ARG; }
+        break;
+    }
+    case K_PAD: run_pad(rc, k); break;
+    case K_ATTENTION: case K_ATTENTION_BWD: run_attention(rc, k, out, scratch); break;
+    case K_LAYER_NORM: case K_LAYER_NORM_BWD: run_layer_norm(rc, k, out, scratch); break;
+    case K_CONCAT: run_concat(rc, k); break;
+    case K_COPY: memcpy(out, rc->slot_ptr[k->in[0].slot], (size_t)k->out_numel); break;
+    default: CX_ASSERT(!"heavy kernel kind");
+    }
+    if (k->has_epilogue && k->epi == EPI_PROG) run_epilogue(rc, k);
+    return CX_OK;
+}

@@ -1,0 +1,587 @@
+/* Kernels that are programs: fused kernels and reductions. A program is
+ * SSA over registers of CX_BLK lanes, evaluated a block at a time, so every
+ * instruction is a tight loop the compiler vectorizes; blocks (or rows) are
+ * split across the worker pool.
+ * The block evaluator and every loop that calls it once per block (fused,
+ * reductions, column sums) share this file on purpose: they are CX_HOT
+ * statics, so each CPU variant of a loop calls the same variant of the
+ * evaluator directly. Called from another file, the evaluator would be an
+ * extern ifunc: a PLT hop per block, and GCC 12 exports such a symbol from
+ * the library whatever its visibility. */
+#include "exec_internal.h"
+#include "philox.h"
+#include "pool.h"
+#include "vmath.h"
+
+#include <math.h>
+
+static inline bool is_float_class(int dt) { return dt == CX_F32 || dt == CX_BF16; }
+
+/* ---- program evaluation ---------------------------------------------------------- */
+
+typedef union { float f[CX_BLK]; int64_t i[CX_BLK]; } reg_t;
+
+static inline int64_t view_base(const cx_view *v, const int64_t *idx, int nd, int64_t j0)
+{
+    int64_t a = v->offset;
+    for (int d = 0; d < nd - 1; d++) a += idx[d] * v->strides[d];
+    if (nd > 0) a += j0 * v->strides[nd - 1];
+    return a;
+}
+
+/* lanes [jlo, jhi) are valid; returns false if the whole block is masked */
+static inline bool view_lanes(const cx_view *v, const int64_t *idx, int nd, int64_t j0, int len, int *jlo, int *jhi)
+{
+    *jlo = 0;
+    *jhi = len;
+    if (!v->masked) return true;
+    for (int d = 0; d < nd - 1; d++) if (idx[d] < v->lo[d] || idx[d] >= v->hi[d]) return false;
+    if (nd > 0) {
+        int64_t lo = v->lo[nd - 1] - j0, hi = v->hi[nd - 1] - j0;
+        if (lo > 0) *jlo = lo > len ? len : (int)lo;
+        if (hi < len) *jhi = hi < 0 ? 0 : (int)hi;
+    } else if (v->hi[0] <= v->lo[0]) {
+        return false;
+    }
+    return *jlo < *jhi;
+}
+
+static inline float bf16_round(float x) { return cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(x)); }
+
+CX_HOT static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, const int64_t *idx, int nd, int64_t j0, int len)
+{
+    int jlo, jhi;
+    bool any = view_lanes(v, idx, nd, j0, len, &jlo, &jhi);
+    bool fc = is_float_class(dt);
+    if (!any) {
+        if (fc) for (int j = 0; j < len; j++) r->f[j] = 0;
+        else for (int j = 0; j < len; j++) r->i[j] = 0;
+        return;
+    }
+    if (fc) { for (int j = 0; j < jlo; j++) r->f[j] = 0; for (int j = jhi; j < len; j++) r->f[j] = 0; }
+    else { for (int j = 0; j < jlo; j++) r->i[j] = 0; for (int j = jhi; j < len; j++) r->i[j] = 0; }
+    int64_t a = view_base(v, idx, nd, j0);
+    int64_t s = nd > 0 ? v->strides[nd - 1] : 0;
+    switch (dt) {
+    case CX_F32: {
+        const float *p = (const float *)base + a;
+        if (s == 1) for (int j = jlo; j < jhi; j++) r->f[j] = p[j];
+        else if (s == 0) { float x = p[0]; for (int j = jlo; j < jhi; j++) r->f[j] = x; }
+        else for (int j = jlo; j < jhi; j++) r->f[j] = p[j * s];
+        break;
+    }
+    case CX_BF16: { const uint16_t *p = (const uint16_t *)base + a; for (int j = jlo; j < jhi; j++) r->f[j] = cx_bf16_to_f32_inline(p[j * s]); break; }
+    case CX_I32: { const int32_t *p = (const int32_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
+    case CX_I64: { const int64_t *p = (const int64_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
+    default: { const uint8_t *p = (const uint8_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
+    }
+}
+
+CX_HOT static void un_float(int op, float *o, const float *a, int len)
+{
+    switch (op) {
+    case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
+    case OP_EXP: for (int j = 0; j < len; j++) o[j] = cx_vexpf(a[j]); break;
+    case OP_LOG: for (int j = 0; j < len; j++) o[j] = logf(a[j]); break;
+    case OP_SQRT: for (int j = 0; j < len; j++) o[j] = sqrtf(a[j]); break;
+    case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = 1.0f / sqrtf(a[j]); break;
+    case OP_TANH: for (int j = 0; j < len; j++) o[j] = tanhf(a[j]); break;
+    case OP_ERF: for (int j = 0; j < len; j++) o[j] = cx_verff(a[j]); break;
+    case OP_ABS: for (int j = 0; j < len; j++) o[j] = fabsf(a[j]); break;
+    case OP_SIGN: for (int j = 0; j < len; j++) o[j] = (float)((a[j] > 0) - (a[j] < 0)); break;
+    default: CX_ASSERT(!"unary op");
+    }
+}
+
+CX_HOT static void un_int(int op, int64_t *o, const int64_t *a, int len)
+{
+    switch (op) {
+    case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
+    case OP_ABS: for (int j = 0; j < len; j++) o[j] = a[j] < 0 ? -a[j] : a[j]; break;
+    case OP_SIGN: for (int j = 0; j < len; j++) o[j] = (a[j] > 0) - (a[j] < 0); break;
+    default: CX_ASSERT(!"integer unary op");
+    }
+}
+
+CX_HOT static void bin_float(int op, float *o, const float *a, const float *b, int len)
+{
+    switch (op) {
+    case OP_ADD: for (int j = 0; j < len; j++) o[j] = a[j] + b[j]; break;
+    case OP_SUB: for (int j = 0; j < len; j++) o[j] = a[j] - b[j]; break;
+    case OP_MUL: for (int j = 0; j < len; j++) o[j] = a[j] * b[j]; break;
+    case OP_DIV: for (int j = 0; j < len; j++) o[j] = a[j] / b[j]; break;
+    case OP_MAX: for (int j = 0; j < len; j++) o[j] = (a[j] != a[j] || a[j] > b[j]) ? a[j] : b[j]; break;
+    case OP_MIN: for (int j = 0; j < len; j++) o[j] = (a[j] != a[j] || a[j] < b[j]) ? a[j] : b[j]; break;
+    case OP_POW: for (int j = 0; j < len; j++) o[j] = powf(a[j], b[j]); break;
+    default: CX_ASSERT(!"binary op");
+    }
+}
+
+CX_HOT static void bin_int(int op, int64_t *o, const int64_t *a, const int64_t *b, int len)
+{
+    switch (op) {
+    case OP_ADD: for (int j = 0; j < len; j++) o[j] = a[j] + b[j]; break;
+    case OP_SUB: for (int j = 0; j < len; j++) o[j] = a[j] - b[j]; break;
+    case OP_MUL: for (int j = 0; j < len; j++) o[j] = a[j] * b[j]; break;
+    case OP_MAX: for (int j = 0; j < len; j++) o[j] = a[j] > b[j] ? a[j] : b[j]; break;
+    case OP_MIN: for (int j = 0; j < len; j++) o[j] = a[j] < b[j] ? a[j] : b[j]; break;
+    default: CX_ASSERT(!"integer binary op");
+    }
+}
+
+CX_HOT static void cmp_block(int op, int64_t *o, const reg_t *a, const reg_t *b, bool fc, int len)
+{
+    if (fc) {
+        switch (op) {
+        case OP_LT: for (int j = 0; j < len; j++) o[j] = a->f[j] < b->f[j]; break;
+        case OP_LE: for (int j = 0; j < len; j++) o[j] = a->f[j] <= b->f[j]; break;
+        default: for (int j = 0; j < len; j++) o[j] = a->f[j] == b->f[j]; break;
+        }
+    } else {
+        switch (op) {
+        case OP_LT: for (int j = 0; j < len; j++) o[j] = a->i[j] < b->i[j]; break;
+        case OP_LE: for (int j = 0; j < len; j++) o[j] = a->i[j] <= b->i[j]; break;
+        default: for (int j = 0; j < len; j++) o[j] = a->i[j] == b->i[j]; break;
+        }
+    }
+}
+
+static inline int64_t wrap_int(int64_t v, int dt)
+{
+    switch (dt) {
+    case CX_I32: return (int32_t)v;
+    case CX_U8: return (uint8_t)v;
+    case CX_BOOL: return v != 0;
+    default: return v;
+    }
+}
+
+CX_HOT static void cast_block(reg_t *o, int to, const reg_t *a, int from, int len)
+{
+    bool ff = is_float_class(from), tf = is_float_class(to);
+    if (ff && tf) {
+        if (to == CX_BF16) for (int j = 0; j < len; j++) o->f[j] = bf16_round(a->f[j]);
+        else if (o != a) memcpy(o->f, a->f, sizeof(float) * (size_t)len);
+    } else if (ff) {
+        if (to == CX_BOOL) for (int j = 0; j < len; j++) o->i[j] = a->f[j] != 0;
+        else for (int j = 0; j < len; j++) {
+            float x = a->f[j];
+            /* truncation toward zero, as torch; NaN/inf become 0 rather than UB */
+            int64_t v = (x == x && fabsf(x) < 9.2e18f) ? (int64_t)x : 0;
+            o->i[j] = wrap_int(v, to);
+        }
+    } else if (tf) {
+        for (int j = 0; j < len; j++) o->f[j] = (float)a->i[j];
+        if (to == CX_BF16) for (int j = 0; j < len; j++) o->f[j] = bf16_round(o->f[j]);
+    } else {
+        for (int j = 0; j < len; j++) o->i[j] = wrap_int(a->i[j], to);
+    }
+}
+
+/* Evaluates a program for lanes [j0, j0+len) of the row at outer index idx.
+ * @return the result register. */
+CX_HOT static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, const int64_t *idx, int nd, int64_t j0, int len)
+{
+    for (int n = 0; n < p->n; n++) {
+        const cx_pinstr *in = &p->ins[n];
+        reg_t *r = &regs[n];
+        bool fc = is_float_class(in->dtype);
+        switch ((cx_pkind)in->kind) {
+        case P_LOAD:
+            load_block(r, rc->slot_ptr[in->slot], in->src_dtype, &p->views[in->view], idx, nd, j0, len);
+            break;
+        case P_CONST:
+            if (fc) { float x = (float)in->f; if (in->dtype == CX_BF16) x = bf16_round(x); for (int j = 0; j < len; j++) r->f[j] = x; }
+            else { int64_t x = wrap_int((int64_t)in->f, in->dtype); for (int j = 0; j < len; j++) r->i[j] = x; }
+            break;
+        case P_RT:
+            if (fc) { float x = (float)rc->rt_f[in->slot]; for (int j = 0; j < len; j++) r->f[j] = x; }
+            else { int64_t x = rc->rt_i[in->slot]; for (int j = 0; j < len; j++) r->i[j] = x; }
+            break;
+        case P_IOTA: {
+            const cx_view *v = &p->views[in->view];
+            int64_t a = view_base(v, idx, nd, j0), s = nd > 0 ? v->strides[nd - 1] : 0;
+            if (fc) for (int j = 0; j < len; j++) r->f[j] = (float)(a + j * s);
+            else for (int j = 0; j < len; j++) r->i[j] = a + j * s;
+            break;
+        }
+        case P_RNG: {
+            const cx_view *v = &p->views[in->view];
+            int64_t a = view_base(v, idx, nd, j0), s = nd > 0 ? v->strides[nd - 1] : 0;
+            uint64_t seed = (uint64_t)rc->rt_i[in->slot], off = (uint64_t)rc->rt_i[in->a];
+            if (in->i == 0) for (int j = 0; j < len; j++) r->f[j] = cx_rng_uniform01(seed, off + (uint64_t)(a + j * s));
+            else for (int j = 0; j < len; j++) r->f[j] = cx_rng_normal01(seed, off + (uint64_t)(a + j * s));
+            break;
+        }
+        case P_UN:
+            if (fc) { un_float(in->op, r->f, regs[in->a].f, len); if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]); }
+            else { un_int(in->op, r->i, regs[in->a].i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
+            break;
+        case P_BIN:
+            if (in->op == OP_LT || in->op == OP_LE || in->op == OP_EQ) {
+                cmp_block(in->op, r->i, &regs[in->a], &regs[in->b], is_float_class(in->src_dtype), len);
+            } else if (fc) {
+                bin_float(in->op, r->f, regs[in->a].f, regs[in->b].f, len);
+                if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]);
+            } else {
+                bin_int(in->op, r->i, regs[in->a].i, regs[in->b].i, len);
+                for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype);
+            }
+            break;
+        case P_WHERE: {
+            const int64_t *c = regs[in->a].i;
+            if (fc) { const float *x = regs[in->b].f, *y = regs[in->c].f; for (int j = 0; j < len; j++) r->f[j] = c[j] ? x[j] : y[j]; }
+            else { const int64_t *x = regs[in->b].i, *y = regs[in->c].i; for (int j = 0; j < len; j++) r->i[j] = c[j] ? x[j] : y[j]; }
+            break;
+        }
+        case P_CAST:
+            cast_block(r, in->dtype, &regs[in->a], p->ins[in->a].dtype, len);
+            break;
+        case P_RELU: {
+            const float *x = regs[in->a].f;
+            for (int j = 0; j < len; j++) r->f[j] = x[j] > 0 ? x[j] : 0.0f;
+            break;
+        }
+        case P_POSMASK: {
+            const float *x = regs[in->a].f, *g = regs[in->b].f;
+            for (int j = 0; j < len; j++) r->f[j] = x[j] > 0 ? g[j] : 0.0f;
+            break;
+        }
+        case P_MASK: {
+            int jlo, jhi;
+            const reg_t *a = &regs[in->a];
+            bool any = view_lanes(&p->views[in->view], idx, nd, j0, len, &jlo, &jhi);
+            if (!any) { jlo = 0; jhi = 0; }
+            if (fc) {
+                float pv = (float)in->f;
+                for (int j = 0; j < len; j++) r->f[j] = (j >= jlo && j < jhi) ? a->f[j] : pv;
+            } else {
+                int64_t pv = (int64_t)in->f;
+                for (int j = 0; j < len; j++) r->i[j] = (j >= jlo && j < jhi) ? a->i[j] : pv;
+            }
+            break;
+        }
+        }
+    }
+    return &regs[p->result];
+}
+
+CX_HOT static void store_block(void *out, int dt, int64_t off, const reg_t *r, int len)
+{
+    switch (dt) {
+    case CX_F32: memcpy((float *)out + off, r->f, sizeof(float) * (size_t)len); break;
+    case CX_BF16: { uint16_t *o = (uint16_t *)out + off; for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16_inline(r->f[j]); break; }
+    case CX_I32: { int32_t *o = (int32_t *)out + off; for (int j = 0; j < len; j++) o[j] = (int32_t)r->i[j]; break; }
+    case CX_I64: memcpy((int64_t *)out + off, r->i, sizeof(int64_t) * (size_t)len); break;
+    default: { uint8_t *o = (uint8_t *)out + off; for (int j = 0; j < len; j++) o[j] = (uint8_t)r->i[j]; break; }
+    }
+}
+
+/* per-thread register files, grown on demand */
+static _Thread_local reg_t *t_regs;
+static _Thread_local int t_nregs;
+
+static reg_t *thread_regs(int n)
+{
+    if (n > t_nregs) {
+        free(t_regs);
+        t_regs = aligned_alloc(64, sizeof(reg_t) * (size_t)n);
+        t_nregs = t_regs ? n : 0;
+    }
+    return t_regs;
+}
+
+/* ---- fused kernels ----------------------------------------------------------------- */
+
+typedef struct {
+    const run_ctx *rc;
+    const cx_kernel *k;
+    int64_t inner, blocks_per_row;
+} fused_job;
+
+static void unravel_outer(const int64_t *shape, int nd, int64_t row, int64_t *idx)
+{
+    for (int d = nd - 2; d >= 0; d--) {
+        idx[d] = row % shape[d];
+        row /= shape[d];
+    }
+}
+
+CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
+{
+    fused_job *j = p;
+    const cx_kernel *k = j->k;
+    reg_t *regs = thread_regs(k->prog.n);
+    if (!regs) return;
+    int64_t idx[CX_MAX_DIMS] = { 0 };
+    int nd = k->ndim;
+    void *out = j->rc->slot_ptr[k->out_slot];
+    for (int64_t u = b; u < e; u++) {
+        int64_t row = u / j->blocks_per_row, blk = u % j->blocks_per_row;
+        unravel_outer(k->shape, nd, row, idx);
+        int64_t j0 = blk * CX_BLK;
+        int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
+        reg_t *r = eval_block(j->rc, &k->prog, regs, idx, nd, j0, len);
+        store_block(out, k->out_dtype, row * j->inner + j0, r, len);
+    }
+}
+
+void cx_run_fused(const run_ctx *rc, const cx_kernel *k)
+{
+    if (k->out_numel == 0) return;
+    int64_t inner = k->ndim > 0 ? k->shape[k->ndim - 1] : 1;
+    int64_t rows = inner ? k->out_numel / inner : 0;
+    int64_t bpr = (inner + CX_BLK - 1) / CX_BLK;
+    fused_job j = { rc, k, inner, bpr };
+    /* ~32K elements per chunk keeps the fork cost negligible */
+    int64_t units = rows * bpr;
+    int64_t grain = (32768 + CX_BLK - 1) / CX_BLK;
+    if (inner < CX_BLK) grain = 32768 / (inner ? inner : 1) + 1;
+    cx_pool_parallel_for(units, grain, fused_range, &j);
+}
+
+/* ---- reductions ------------------------------------------------------------------------ */
+
+typedef struct {
+    const run_ctx *rc;
+    const cx_kernel *k;
+    int64_t outer, inner_rows, inner;   /* reduced part: inner_rows rows of `inner` */
+    int nd;
+} reduce_job;
+
+/* Sum of a block in double: eight partial sums combined in a fixed order
+ * (deterministic, and vectorizable, unlike one running sum). */
+CX_HOT static double sum_block(const float *f, int len)
+{
+    double acc[8] = { 0 };
+    int q = 0;
+    for (; q + 8 <= len; q += 8)
+        for (int l = 0; l < 8; l++) acc[l] += f[q + l];
+    for (int l = 0; q < len; q++, l++) acc[l] += f[q];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
+                       int64_t *acc_i, int64_t *best_idx, bool *first)
+{
+    const cx_kernel *k = j->k;
+    int nd = k->ndim;
+    int64_t idx[CX_MAX_DIMS] = { 0 };
+    /* kept dims: unravel o over shape[0..nkeep) */
+    int64_t t = o;
+    for (int d = k->nkeep - 1; d >= 0; d--) { idx[d] = t % k->shape[d]; t /= k->shape[d]; }
+    bool fc = is_float_class(k->prog.ins[k->prog.result].dtype);
+    const cx_pinstr *ld = &k->prog.ins[0];
+    const cx_view *v = &k->prog.views[ld->view];
+    const bool direct = k->red_op == OP_REDUCE_SUM && k->prog.n == 1 && ld->kind == P_LOAD && ld->dtype == CX_F32 &&
+                        ld->src_dtype == CX_F32 && !v->masked && nd > 0 && v->strides[nd - 1] == 1;
+    for (int64_t row = row_b; row < row_e; row++) {
+        int64_t rr = row;
+        for (int d = nd - 2; d >= k->nkeep; d--) { idx[d] = rr % k->shape[d]; rr /= k->shape[d]; }
+        if (direct) {
+            /* a plain sum of a contiguous f32 row: no copy into registers */
+            const float *src = (const float *)j->rc->slot_ptr[ld->slot] + view_base(v, idx, nd, 0);
+            for (int64_t j0 = 0; j0 < j->inner; j0 += CX_BLK)
+                *acc_f += sum_block(src + j0, (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK));
+            continue;
+        }
+        for (int64_t j0 = 0; j0 < j->inner; j0 += CX_BLK) {
+            int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
+            reg_t *r = eval_block(j->rc, &k->prog, regs, idx, nd, j0, len);
+            if (k->red_op == OP_REDUCE_SUM) {
+                if (fc) *acc_f += sum_block(r->f, len);
+                else { int64_t s = 0; for (int q = 0; q < len; q++) s += r->i[q]; *acc_i += s; }
+            } else if (k->red_op == OP_REDUCE_MAX) {
+                for (int q = 0; q < len; q++) {
+                    if (fc) {
+                        double x = r->f[q];
+                        /* NaN wins and stays, as torch.max */
+                        if (*first) *acc_f = x;
+                        else if (*acc_f == *acc_f && (x > *acc_f || x != x)) *acc_f = x;
+                    } else if (*first || r->i[q] > *acc_i) {
+                        *acc_i = r->i[q];
+                    }
+                    *first = false;
+                }
+            } else { /* argmax over the single reduced axis */
+                for (int q = 0; q < len; q++) {
+                    double x = fc ? r->f[q] : (double)r->i[q];
+                    if (*first || x > *acc_f || (x != x && *acc_f == *acc_f)) { *acc_f = x; *best_idx = j0 + q; }
+                    *first = false;
+                }
+            }
+        }
+    }
+}
+
+static void store_scalar(void *out, int dt, int64_t o, double f, int64_t i, bool fc)
+{
+    switch (dt) {
+    case CX_F32: ((float *)out)[o] = (float)(fc ? f : (double)i); break;
+    case CX_BF16: ((uint16_t *)out)[o] = cx_f32_to_bf16_inline((float)(fc ? f : (double)i)); break;
+    case CX_I32: ((int32_t *)out)[o] = (int32_t)(fc ? (int64_t)f : i); break;
+    case CX_I64: ((int64_t *)out)[o] = fc ? (int64_t)f : i; break;
+    default: ((uint8_t *)out)[o] = (uint8_t)(fc ? (int64_t)f : i); break;
+    }
+}
+
+CX_HOT static void reduce_range(void *p, int64_t b, int64_t e)
+{
+    reduce_job *j = p;
+    const cx_kernel *k = j->k;
+    reg_t *regs = thread_regs(k->prog.n);
+    if (!regs) return;
+    void *out = j->rc->slot_ptr[k->out_slot];
+    bool fc = is_float_class(k->prog.ins[k->prog.result].dtype);
+    for (int64_t o = b; o < e; o++) {
+        double af = 0;
+        int64_t ai = 0, best = 0;
+        bool first = true;
+        reduce_one(j, regs, o, 0, j->inner_rows, &af, &ai, &best, &first);
+        if (k->red_op == OP_ARGMAX) store_scalar(out, k->out_dtype, o, 0, best, false);
+        else store_scalar(out, k->out_dtype, o, af, ai, fc);
+    }
+}
+
+/* one output, many rows: fixed chunks (deterministic whatever the thread count) */
+#define CX_RED_CHUNKS 64
+typedef struct { reduce_job *j; double f[CX_RED_CHUNKS]; int64_t i[CX_RED_CHUNKS]; bool any[CX_RED_CHUNKS]; } split_job;
+
+CX_HOT static void reduce_split_range(void *p, int64_t b, int64_t e)
+{
+    split_job *s = p;
+    reg_t *regs = thread_regs(s->j->k->prog.n);
+    if (!regs) return;
+    for (int64_t c = b; c < e; c++) {
+        int64_t rb = s->j->inner_rows * c / CX_RED_CHUNKS, re = s->j->inner_rows * (c + 1) / CX_RED_CHUNKS;
+        double af = 0; int64_t ai = 0, best = 0; bool first = true;
+        reduce_one(s->j, regs, 0, rb, re, &af, &ai, &best, &first);
+        s->f[c] = af; s->i[c] = ai; s->any[c] = !first;
+    }
+}
+
+/* ---- sums over leading axes (column sums) ---------------------------------------------- */
+
+/* A sum whose reduced axes are not the innermost in memory (a bias
+ * gradient: (N, C) -> (C)) would read one strided column per output.
+ * Instead the program is evaluated along the last kept axis, contiguous
+ * in its inputs, one reduced row after another, into a row of
+ * accumulators: the kernel's iteration order permuted so that the last
+ * kept axis comes last. Each output is still summed by one thread in a
+ * fixed order, so the result does not depend on the thread count. */
+typedef struct {
+    const run_ctx *rc;
+    const cx_kernel *k;
+    cx_program prog;          /* k's program over the permuted views */
+    int nd;
+    int64_t shape[CX_MAX_DIMS];   /* kept[0..nkeep-1), reduced..., kept[nkeep-1] */
+    int64_t width, blocks, rows;  /* last kept axis; its blocks; reduced rows */
+} colsum_job;
+
+static void permute_view(cx_view *v, const int *perm, int nd)
+{
+    cx_view o = *v;
+    for (int d = 0; d < nd; d++) {
+        v->strides[d] = o.strides[perm[d]];
+        v->lo[d] = o.lo[perm[d]];
+        v->hi[d] = o.hi[perm[d]];
+    }
+}
+
+CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
+{
+    colsum_job *j = p;
+    reg_t *regs = thread_regs(j->prog.n);
+    if (!regs) return;
+    int nd = j->nd, nlead = j->k->nkeep - 1;
+    float *out = j->rc->slot_ptr[j->k->out_slot];
+    double acc[CX_BLK];
+    for (int64_t u = b; u < e; u++) {
+        int64_t lead = u / j->blocks, j0 = (u % j->blocks) * CX_BLK;
+        int len = (int)(j->width - j0 < CX_BLK ? j->width - j0 : CX_BLK);
+        int64_t idx[CX_MAX_DIMS] = { 0 };
+        int64_t t = lead;
+        for (int d = nlead - 1; d >= 0; d--) { idx[d] = t % j->shape[d]; t /= j->shape[d]; }
+        for (int q = 0; q < len; q++) acc[q] = 0;
+        for (int64_t row = 0; row < j->rows; row++) {
+            int64_t rr = row;
+            for (int d = nd - 2; d >= nlead; d--) { idx[d] = rr % j->shape[d]; rr /= j->shape[d]; }
+            const reg_t *r = eval_block(j->rc, &j->prog, regs, idx, nd, j0, len);
+            for (int q = 0; q < len; q++) acc[q] += r->f[q];
+        }
+        for (int q = 0; q < len; q++) out[lead * j->width + j0 + q] = (float)acc[q];
+    }
+}
+
+/* @return whether k was run as a column sum (an f32 sum over axes that are
+ * not contiguous, whose last kept axis is contiguous or broadcast in every
+ * input). */
+static bool try_run_colsum(const run_ctx *rc, const cx_kernel *k)
+{
+    int nd = k->ndim, nk = k->nkeep;
+    if (k->red_op != OP_REDUCE_SUM || k->out_dtype != CX_F32 || nk < 1 || nd <= nk || nd > CX_MAX_DIMS ||
+        !is_float_class(k->prog.ins[k->prog.result].dtype) || k->shape[nk - 1] < 8 || k->prog.nviews > 64)
+        return false;
+    bool strided_inner = false;
+    for (int i = 0; i < k->prog.n; i++) {
+        const cx_pinstr *in = &k->prog.ins[i];
+        if (in->kind != P_LOAD) continue;
+        const cx_view *v = &k->prog.views[in->view];
+        if (v->strides[nk - 1] > 1 || v->strides[nk - 1] < 0) return false;
+        if (v->strides[nd - 1] != 1) strided_inner = true;
+    }
+    if (!strided_inner) return false;
+    int perm[CX_MAX_DIMS];
+    for (int d = 0; d < nk - 1; d++) perm[d] = d;
+    for (int d = nk; d < nd; d++) perm[d - 1] = d;
+    perm[nd - 1] = nk - 1;
+    cx_view views[64];
+    memcpy(views, k->prog.views, sizeof *views * (size_t)k->prog.nviews);
+    for (int i = 0; i < k->prog.nviews; i++) permute_view(&views[i], perm, nd);
+    colsum_job j = { .rc = rc, .k = k, .prog = k->prog, .nd = nd, .rows = 1 };
+    j.prog.views = views;
+    for (int d = 0; d < nd; d++) j.shape[d] = k->shape[perm[d]];
+    for (int d = nk - 1; d < nd - 1; d++) j.rows *= j.shape[d];
+    j.width = k->shape[nk - 1];
+    j.blocks = (j.width + CX_BLK - 1) / CX_BLK;
+    int64_t lead = 1;
+    for (int d = 0; d < nk - 1; d++) lead *= k->shape[d];
+    int64_t work = j.rows * (j.width < CX_BLK ? j.width : CX_BLK);
+    cx_pool_parallel_for(lead * j.blocks, work >= 32768 ? 1 : 32768 / (work ? work : 1) + 1, colsum_range, &j);
+    return true;
+}
+
+void cx_run_reduce(const run_ctx *rc, const cx_kernel *k)
+{
+    if (k->out_numel == 0 || try_run_colsum(rc, k)) return;
+    int nd = k->ndim;
+    int64_t outer = 1, rows = 1, inner = 1;
+    for (int d = 0; d < k->nkeep; d++) outer *= k->shape[d];
+    if (nd > k->nkeep) {
+        inner = k->shape[nd - 1];
+        for (int d = k->nkeep; d < nd - 1; d++) rows *= k->shape[d];
+    } else {
+        inner = 1; /* nothing reduced after size-1 removal */
+    }
+    reduce_job j = { rc, k, outer, rows, inner, nd };
+    bool fc = is_float_class(k->prog.ins[k->prog.result].dtype);
+    if (outer == 1 && k->red_op != OP_ARGMAX && rows >= CX_RED_CHUNKS && cx_pool_threads() > 1) {
+        split_job s = { .j = &j };
+        cx_pool_parallel_for(CX_RED_CHUNKS, 1, reduce_split_range, &s);
+        double af = 0; int64_t ai = 0; bool first = true;
+        for (int c = 0; c < CX_RED_CHUNKS; c++) {
+            if (!s.any[c]) continue;
+            if (k->red_op == OP_REDUCE_SUM) { af += s.f[c]; ai += s.i[c]; }
+            else {
+                if (first || s.f[c] > af || s.f[c] != s.f[c]) af = s.f[c];
+                if (first || s.i[c] > ai) ai = s.i[c];
+            }
+            first = false;
+        }
+        store_scalar(rc->slot_ptr[k->out_slot], k->out_dtype, 0, af, ai, fc);
+        return;
+    }
+    int64_t work = rows * inner;
+    int64_t grain = work >= 32768 ? 1 : 32768 / (work ? work : 1) + 1;
+    cx_pool_parallel_for(outer, grain, reduce_range, &j);
+}
