@@ -146,7 +146,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
                 has_cmd ? "; got " : "", has_cmd ? argv[1] : "");
         return CLI_ERROR;
     }
-    c->model = (cx_gpt_config){ .vocab_size = 256, .block_size = block, .n_layer = n_layer, .n_head = n_head,
+    c->model = (cx_gpt_config){ CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 256, .block_size = block, .n_layer = n_layer, .n_head = n_head,
                                 .n_embd = n_embd };
     bool needs_ckpt = !strcmp(c->cmd, "eval") || !strcmp(c->cmd, "sample");
     const char *missing = needs_ckpt && !c->ckpt ? "--ckpt" : !strcmp(c->cmd, "plot") && !c->log_file ? "--log-file"

@@ -1,6 +1,8 @@
 /* BatchNorm2d over (N, C, H, W) with running statistics as buffers. */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 typedef struct {
     cx_batch_norm_opts o;
     int64_t c;
@@ -10,7 +12,7 @@ typedef struct {
 
 cx_batch_norm_opts cx_batch_norm_default_opts(void)
 {
-    return (cx_batch_norm_opts){ .eps = 1e-5, .momentum = 0.1, .affine = true, .track_running_stats = true };
+    return (cx_batch_norm_opts){ CX_STRUCT_SIZE(cx_batch_norm_opts), .eps = 1e-5, .momentum = 0.1, .affine = true, .track_running_stats = true };
 }
 
 /* (C) -> (1, C, 1, 1) so it broadcasts over (N, C, H, W). */
@@ -81,8 +83,15 @@ static cx_tensor *batch_norm_forward(cx_module *m, cx_tensor *x)
 
 static const cx_module_type batch_norm_type = { CX_STRUCT_SIZE(cx_module_type), .name = "BatchNorm2d", .forward = batch_norm_forward, .free = free };
 
-cx_module *cx_nn_batch_norm2d(int64_t c, cx_batch_norm_opts o)
+cx_module *cx_nn_batch_norm2d(int64_t c, cx_batch_norm_opts given)
 {
+    char serr[256];
+    cx_batch_norm_opts o = cx_batch_norm_default_opts();
+    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_batch_norm_opts, track_running_stats),
+                        "cx_batch_norm_opts", serr, sizeof serr)) {
+        cx_set_last_error("cx_nn_batch_norm2d: %s", serr);
+        return NULL;
+    }
     if (c <= 0 || !(o.eps > 0) || !(o.momentum >= 0 && o.momentum <= 1)) {
         cx_set_last_error("cx_nn_batch_norm2d: bad arguments: %lld features, eps %g, momentum %g", (long long)c, o.eps,
                      o.momentum);

@@ -3,6 +3,8 @@
  * into the "images" (f32, normalized) and "labels" (i64) fields. */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 #include <cxla/data.h>
 
 #include <sys/stat.h>
@@ -56,7 +58,7 @@ static cx_dataset *images_dataset(images *im, float mean, float std)
 
 cx_mnist_opts cx_mnist_default_opts(void)
 {
-    return (cx_mnist_opts){ .kind = CX_DATASET_FASHION_MNIST, .dir = NULL, .train = true };
+    return (cx_mnist_opts){ CX_STRUCT_SIZE(cx_mnist_opts), .kind = CX_DATASET_FASHION_MNIST, .dir = NULL, .train = true };
 }
 
 static bool file_exists(const char *p)
@@ -101,10 +103,17 @@ static cx_status check_pair(const cx_idx_array *img, const char *ipath, const cx
     return CX_OK;
 }
 
-cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
+cx_status cx_mnist_load(cx_mnist_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_mnist_load: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
+    char serr[256];
+    cx_mnist_opts o = cx_mnist_default_opts();
+    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_mnist_opts, train), "cx_mnist_opts",
+                        serr, sizeof serr)) {
+        cx_set_last_error("cx_mnist_load: %s", serr);
+        return CX_ERR_ARG;
+    }
     const char *dir = o.dir ? o.dir
                             : (o.kind == CX_DATASET_MNIST ? CX_MNIST_DIR : CX_FASHION_MNIST_DIR);
     const char *split = o.train ? "train" : "t10k";
@@ -137,14 +146,21 @@ cx_status cx_mnist_load(cx_mnist_opts o, cx_dataset **out)
 
 cx_fake_data_opts cx_fake_data_default_opts(void)
 {
-    return (cx_fake_data_opts){ .size = 60000, .channels = 1, .height = 28, .width = 28,
+    return (cx_fake_data_opts){ CX_STRUCT_SIZE(cx_fake_data_opts), .size = 60000, .channels = 1, .height = 28, .width = 28,
                                 .num_classes = 10, .seed = 0 };
 }
 
-cx_status cx_fake_data(cx_fake_data_opts o, cx_dataset **out)
+cx_status cx_fake_data(cx_fake_data_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
+    char serr[256];
+    cx_fake_data_opts o = cx_fake_data_default_opts();
+    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_fake_data_opts, seed),
+                        "cx_fake_data_opts", serr, sizeof serr)) {
+        cx_set_last_error("cx_fake_data: %s", serr);
+        return CX_ERR_ARG;
+    }
     if (o.size <= 0 || o.channels <= 0 || o.height <= 0 || o.width <= 0 || o.num_classes <= 0 ||
         o.num_classes > 256) {
         cx_set_last_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, <= 256 classes)",

@@ -1,6 +1,8 @@
 /* Deterministic, rank-aware shuffling sampler (DistributedSampler semantics). */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 #include <cxla/data.h>
 
 struct cx_sampler {
@@ -15,7 +17,7 @@ struct cx_sampler {
 
 cx_sampler_opts cx_sampler_default_opts(void)
 {
-    return (cx_sampler_opts){ .shuffle = true, .seed = 0, .rank = 0, .world_size = 1, .drop_last = false };
+    return (cx_sampler_opts){ CX_STRUCT_SIZE(cx_sampler_opts), .shuffle = true, .seed = 0, .rank = 0, .world_size = 1, .drop_last = false };
 }
 
 /* Uniform in [0, bound) without modulo bias (Lemire's method). */
@@ -46,8 +48,15 @@ static void build_epoch(cx_sampler *s)
     s->pos = 0;
 }
 
-cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts o)
+cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts given)
 {
+    char serr[256];
+    cx_sampler_opts o = cx_sampler_default_opts();
+    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_sampler_opts, drop_last),
+                        "cx_sampler_opts", serr, sizeof serr)) {
+        cx_set_last_error("cx_sampler_new: %s", serr);
+        return NULL;
+    }
     if (dataset_size <= 0 || o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
         cx_set_last_error("cx_sampler_new: bad arguments: size %lld, rank %d of world size %d",
                      (long long)dataset_size, o.rank, o.world_size);

@@ -3,6 +3,8 @@
  * for the window scheme. */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 #include <cxla/data.h>
 
 #include <errno.h>
@@ -71,7 +73,7 @@ static void text_set_epoch(void *ctx, int64_t epoch)
 
 cx_text_opts cx_text_default_opts(void)
 {
-    return (cx_text_opts){ .path = NULL, .format = CX_TEXT_BYTES, .block = 256, .vocab_size = 0, .val = false,
+    return (cx_text_opts){ CX_STRUCT_SIZE(cx_text_opts), .path = NULL, .format = CX_TEXT_BYTES, .block = 256, .vocab_size = 0, .val = false,
                            .train_fraction = 0.9, .seed = 0, .eval_windows = 0 };
 }
 
@@ -157,10 +159,17 @@ static cx_status plan_windows(text *t, const cx_text_opts *o)
     return CX_OK;
 }
 
-cx_status cx_text_open(cx_text_opts o, cx_dataset **out)
+cx_status cx_text_open(cx_text_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_text_open: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
+    char serr[256];
+    cx_text_opts o = cx_text_default_opts();
+    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_text_opts, eval_windows),
+                        "cx_text_opts", serr, sizeof serr)) {
+        cx_set_last_error("cx_text_open: %s", serr);
+        return CX_ERR_ARG;
+    }
     cx_status st = check_opts(&o);
     if (st != CX_OK) return st;
     text *t = calloc(1, sizeof *t);

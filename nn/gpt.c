@@ -4,17 +4,38 @@
  * state dict moves between the two unchanged. */
 #include "nn_internal.h"
 
+#include "cx_struct.h"
+
 #include <cxla/gpt.h>
 
 #include <math.h>
 
 cx_gpt_config cx_gpt_default_config(void)
 {
-    return (cx_gpt_config){ .vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256 };
+    return (cx_gpt_config){ CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256 };
 }
 
-double cx_gpt_flops_per_token(cx_gpt_config c, int64_t t)
+/* The caller's config over the defaults. @return false, error set, when its
+ * struct_size is below the first version's. */
+static bool take_config(cx_gpt_config *own, const cx_gpt_config *given, const char *fn)
 {
+    char serr[256];
+    *own = cx_gpt_default_config();
+    if (cx_struct_take(own, sizeof *own, given, given->struct_size, CX_SIZE_THROUGH(cx_gpt_config, n_embd),
+                       "cx_gpt_config", serr, sizeof serr)) {
+        /* the copy is whole, whatever the caller's size: cx_gpt_config_of
+         * hands it back */
+        own->struct_size = sizeof *own;
+        return true;
+    }
+    cx_set_last_error("%s: %s", fn, serr);
+    return false;
+}
+
+double cx_gpt_flops_per_token(cx_gpt_config given, int64_t t)
+{
+    cx_gpt_config c;
+    if (!take_config(&c, &given, "cx_gpt_flops_per_token")) return NAN;
     double C = (double)c.n_embd, L = (double)c.n_layer, V = (double)c.vocab_size;
     /* per block: c_attn 3C^2 + 3C, c_proj C^2 + C, c_fc 4C^2 + 4C, c_proj 4C^2 + C, two LayerNorms 4C */
     double block = 12.0 * C * C + 13.0 * C;
@@ -279,9 +300,10 @@ static bool config_ok(const cx_gpt_config *c)
     return false;
 }
 
-cx_module *cx_nn_gpt(cx_gpt_config cfg)
+cx_module *cx_nn_gpt(cx_gpt_config given)
 {
-    if (!config_ok(&cfg)) return NULL;
+    cx_gpt_config cfg;
+    if (!take_config(&cfg, &given, "cx_nn_gpt") || !config_ok(&cfg)) return NULL;
     gpt *g = malloc(sizeof *g);
     if (g) g->cfg = cfg;
     static const char *const names[2] = { "transformer", "lm_head" };

@@ -8,7 +8,7 @@ enum { HP_BETA1 = 0, HP_1MBETA1, HP_BETA2, HP_1MBETA2, HP_EPS, HP_WD, HP_DECAY, 
 
 cx_adam_opts cx_adam_default_opts(void)
 {
-    return (cx_adam_opts){ .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
+    return (cx_adam_opts){ CX_STRUCT_SIZE(cx_adam_opts), .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
                            .amsgrad = false };
 }
 
@@ -111,24 +111,51 @@ static cx_optimizer *adam_new(const cx_optim_kind *kind, const cx_param_group *g
     return o;
 }
 
+/* The caller's options over the kind's defaults. @return false, error set,
+ * when their struct_size is below the first version's. */
+static bool take_opts(const cx_optim_kind *kind, cx_adam_opts *own, const cx_adam_opts *given)
+{
+    char serr[256];
+    *own = kind == &adamw_kind ? cx_adamw_default_opts() : cx_adam_default_opts();
+    if (cx_struct_take(own, sizeof *own, given, given->struct_size, CX_SIZE_THROUGH(cx_adam_opts, amsgrad),
+                       "cx_adam_opts", serr, sizeof serr))
+        return true;
+    cx_set_last_error("%s: %s", kind->name, serr);
+    return false;
+}
+
+/* One group of `params` with the options' weight decay. */
+static cx_optimizer *adam_plain(const cx_optim_kind *kind, const cx_named_tensor *params, int n, cx_adam_opts given)
+{
+    cx_adam_opts a;
+    if (!take_opts(kind, &a, &given)) return NULL;
+    cx_param_group g = cx_param_group_of(params, n, a.weight_decay);
+    return adam_new(kind, &g, 1, a, kind == &adamw_kind);
+}
+
+static cx_optimizer *adam_groups(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups,
+                                 cx_adam_opts given)
+{
+    cx_adam_opts a;
+    return take_opts(kind, &a, &given) ? adam_new(kind, groups, ngroups, a, kind == &adamw_kind) : NULL;
+}
+
 cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts a)
 {
-    cx_param_group g = cx_param_group_of(params, n, a.weight_decay);
-    return adam_new(&adam_kind, &g, 1, a, false);
+    return adam_plain(&adam_kind, params, n, a);
 }
 
 cx_optimizer *cx_optim_adamw(const cx_named_tensor *params, int n, cx_adam_opts a)
 {
-    cx_param_group g = cx_param_group_of(params, n, a.weight_decay);
-    return adam_new(&adamw_kind, &g, 1, a, true);
+    return adam_plain(&adamw_kind, params, n, a);
 }
 
 cx_optimizer *cx_optim_adam_groups(const cx_param_group *groups, int ngroups, cx_adam_opts a)
 {
-    return adam_new(&adam_kind, groups, ngroups, a, false);
+    return adam_groups(&adam_kind, groups, ngroups, a);
 }
 
 cx_optimizer *cx_optim_adamw_groups(const cx_param_group *groups, int ngroups, cx_adam_opts a)
 {
-    return adam_new(&adamw_kind, groups, ngroups, a, true);
+    return adam_groups(&adamw_kind, groups, ngroups, a);
 }

@@ -6,6 +6,7 @@
 #define CX_OPTIM_INTERNAL_H
 
 #include "cx_assert.h"
+#include "cx_struct.h"
 
 #include <cxla/core.h>
 

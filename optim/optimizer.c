@@ -5,7 +5,7 @@
 
 cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay)
 {
-    return (cx_param_group){ .params = params, .n = n, .weight_decay = weight_decay, .lr_scale = 1.0 };
+    return (cx_param_group){ CX_STRUCT_SIZE(cx_param_group), .params = params, .n = n, .weight_decay = weight_decay, .lr_scale = 1.0 };
 }
 
 int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double weight_decay, cx_named_tensor *scratch,
@@ -153,12 +153,50 @@ static bool fill_params(cx_optimizer *o, const cx_param_group *groups, const boo
     return ok;
 }
 
-cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups, double lr,
+/* The caller's groups over the defaults, in an array of this library's
+ * cx_param_group. The caller's array is stepped through by its first
+ * element's struct_size: that is sizeof(cx_param_group) in the headers it
+ * was built with, which may be older or newer than these.
+ * @return the array (free(); one element for an empty list, so that NULL
+ * means failure), or NULL with the error set. */
+static cx_param_group *take_groups(const cx_optim_kind *kind, const cx_param_group *groups, int ngroups)
+{
+    if (ngroups < 0 || (ngroups > 0 && !groups)) {
+        cx_set_last_error("%s: no parameter group list", kind->name);
+        return NULL;
+    }
+    cx_param_group *own = calloc((size_t)(ngroups ? ngroups : 1), sizeof *own);
+    if (!own) { cx_set_last_error("%s: out of memory for %d parameter groups", kind->name, ngroups); return NULL; }
+    size_t stride = ngroups ? groups[0].struct_size : 0;
+    for (int g = 0; g < ngroups; g++) {
+        const cx_param_group *src = (const cx_param_group *)((const char *)groups + (size_t)g * stride);
+        char serr[256];
+        own[g] = cx_param_group_of(NULL, 0, 0.0);
+        bool ok = src->struct_size == stride &&
+                  cx_struct_take(&own[g], sizeof own[g], src, src->struct_size,
+                                 CX_SIZE_THROUGH(cx_param_group, decay_masks), "cx_param_group", serr, sizeof serr);
+        if (!ok) {
+            if (src->struct_size != stride)
+                snprintf(serr, sizeof serr, "cx_param_group.struct_size is %zu, not the %zu of group 0 (one array, "
+                         "one struct_size)", src->struct_size, stride);
+            cx_set_last_error("%s: parameter group %d: %s", kind->name, g, serr);
+            free(own);
+            return NULL;
+        }
+    }
+    return own;
+}
+
+cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_param_group *given, int ngroups, double lr,
                            const bool *want)
 {
     int total = 0;
-    if (!check_groups(kind, groups, ngroups, &total)) return NULL;
-    if (check_unique(kind, groups, ngroups, total) != CX_OK) return NULL;
+    cx_param_group *groups = take_groups(kind, given, ngroups);
+    if (!groups) return NULL;
+    if (!check_groups(kind, groups, ngroups, &total) || check_unique(kind, groups, ngroups, total) != CX_OK) {
+        free(groups);
+        return NULL;
+    }
     cx_optimizer *o = calloc(1, sizeof *o);
     if (!o) goto oom;
     o->kind = kind;
@@ -168,8 +206,10 @@ cx_optimizer *cx_optim_new(const cx_optim_kind *kind, const cx_param_group *grou
     if (!o->ps || !o->groups) goto oom;
     o->ngroups = ngroups;
     if (!fill_params(o, groups, want)) goto oom;
+    free(groups);
     return o;
 oom:
+    free(groups);
     cx_optim_free(o);
     cx_set_last_error("%s: out of memory for the state of %d parameters", kind->name, total);
     return NULL;

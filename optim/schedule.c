@@ -1,17 +1,28 @@
 /* Learning-rate schedules: pure functions of the step. */
+#include "cx_struct.h"
+
 #include <cxla/optim.h>
 
 #include <math.h>
 
 cx_lr_schedule cx_lr_schedule_default_opts(void)
 {
-    return (cx_lr_schedule){ .kind = CX_LR_CONSTANT, .base_lr = 0.01, .step_size = 1, .gamma = 0.1,
+    return (cx_lr_schedule){ CX_STRUCT_SIZE(cx_lr_schedule), .kind = CX_LR_CONSTANT, .base_lr = 0.01, .step_size = 1, .gamma = 0.1,
                              .total_steps = 1, .min_lr = 0.0, .warmup_steps = 0,
                              .warmup_start_factor = 1.0 / 3.0 };
 }
 
-double cx_lr_at(const cx_lr_schedule *s, int64_t t)
+double cx_lr_at(const cx_lr_schedule *given, int64_t t)
 {
+    char serr[256];
+    cx_lr_schedule own = cx_lr_schedule_default_opts();
+    const cx_lr_schedule *s = &own;
+    if (!given) { cx_set_last_error("cx_lr_at: schedule is NULL"); return NAN; }
+    if (!cx_struct_take(&own, sizeof own, given, given->struct_size, CX_SIZE_THROUGH(cx_lr_schedule, warmup_start_factor),
+                        "cx_lr_schedule", serr, sizeof serr)) {
+        cx_set_last_error("cx_lr_at: %s", serr);
+        return NAN;
+    }
     if (t < 0) t = 0;
     if (t < s->warmup_steps) {
         double f = s->warmup_start_factor + (1.0 - s->warmup_start_factor) * (double)t / (double)s->warmup_steps;

@@ -6,7 +6,7 @@ enum { HP_LR = 0, HP_WD, HP_MOMENTUM, HP_COUNT };
 
 cx_sgd_opts cx_sgd_default_opts(void)
 {
-    return (cx_sgd_opts){ .lr = 0.01, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false };
+    return (cx_sgd_opts){ CX_STRUCT_SIZE(cx_sgd_opts), .lr = 0.01, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false };
 }
 
 static int sgd_hyper(cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp)
@@ -65,13 +65,29 @@ static cx_optimizer *sgd_new(const cx_param_group *groups, int ngroups, cx_sgd_o
     return o;
 }
 
-cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts s)
+/* The caller's options over the defaults. @return false, error set, when
+ * their struct_size is below the first version's. */
+static bool take_opts(cx_sgd_opts *own, const cx_sgd_opts *given)
 {
+    char serr[256];
+    *own = cx_sgd_default_opts();
+    if (cx_struct_take(own, sizeof *own, given, given->struct_size, CX_SIZE_THROUGH(cx_sgd_opts, nesterov),
+                       "cx_sgd_opts", serr, sizeof serr))
+        return true;
+    cx_set_last_error("SGD: %s", serr);
+    return false;
+}
+
+cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts given)
+{
+    cx_sgd_opts s;
+    if (!take_opts(&s, &given)) return NULL;
     cx_param_group g = cx_param_group_of(params, n, s.weight_decay);
     return sgd_new(&g, 1, s);
 }
 
-cx_optimizer *cx_optim_sgd_groups(const cx_param_group *groups, int ngroups, cx_sgd_opts s)
+cx_optimizer *cx_optim_sgd_groups(const cx_param_group *groups, int ngroups, cx_sgd_opts given)
 {
-    return sgd_new(groups, ngroups, s);
+    cx_sgd_opts s;
+    return take_opts(&s, &given) ? sgd_new(groups, ngroups, s) : NULL;
 }

@@ -134,7 +134,9 @@ typedef enum { CX_DATASET_FASHION_MNIST = 0, CX_DATASET_MNIST } cx_mnist_kind;
 #define CX_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
 #define CX_MNIST_DIR "/usr/share/datasets/mnist"
 
+/* Start from cx_mnist_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     cx_mnist_kind kind;
     const char *dir;   /* NULL: CX_FASHION_MNIST_DIR or CX_MNIST_DIR by kind */
     bool train;        /* train-* (60000) or t10k-* (10000) files */
@@ -150,10 +152,12 @@ CX_API cx_mnist_opts cx_mnist_default_opts(void);
  * @return CX_OK; CX_ERR_IO when a file is missing (the message names the
  * path and, for the default Fashion-MNIST dir, the Debian package
  * dataset-fashion-mnist that provides it), corrupt, or when images and labels
- * disagree; CX_ERR_OOM. */
+ * disagree; CX_ERR_ARG on a struct_size below the first version's; CX_ERR_OOM. */
 CX_API cx_status cx_mnist_load(cx_mnist_opts opts, cx_dataset **out);
 
+/* Start from cx_fake_data_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     int64_t size;        /* samples */
     int channels, height, width;
     int num_classes;
@@ -163,8 +167,8 @@ typedef struct {
 /* 60000 samples of 1x28x28, 10 classes, seed 0. */
 CX_API cx_fake_data_opts cx_fake_data_default_opts(void);
 /* Random pixels and labels from a fixed seed, normalized like MNIST.
- * @return CX_OK, CX_ERR_ARG on a non-positive size or shape or more than 256
- * classes, CX_ERR_OOM. */
+ * @return CX_OK, CX_ERR_ARG on a non-positive size or shape, more than 256
+ * classes or a struct_size below the first version's, CX_ERR_OOM. */
 CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
 
 /* ---- text ------------------------------------------------------------------ */
@@ -200,7 +204,9 @@ typedef enum { CX_TEXT_BYTES = 0, CX_TEXT_U16 } cx_text_format;
 #define CX_FIELD_X "x"
 #define CX_FIELD_Y "y"
 
+/* Start from cx_text_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     const char *path;
     cx_text_format format;
     int64_t block;            /* tokens per x and per y, >= 1 */
@@ -218,7 +224,8 @@ CX_API cx_text_opts cx_text_default_opts(void);
  * a split is shorter than one window (block + 1 tokens), a token file has an
  * odd number of bytes, or the evaluation windows do not fit (more than
  * len - block - 1 of them, beyond one), the message naming the file;
- * CX_ERR_ARG on a bad block, vocab size, fraction or format; CX_ERR_OOM. */
+ * CX_ERR_ARG on a bad block, vocab size, fraction, format or struct_size
+ * (below the first version's); CX_ERR_OOM. */
 CX_API cx_status cx_text_open(cx_text_opts opts, cx_dataset **out);
 
 /* ---- sampler ------------------------------------------------------------ */
@@ -226,7 +233,9 @@ CX_API cx_status cx_text_open(cx_text_opts opts, cx_dataset **out);
 /* Like torch.utils.data.DistributedSampler: each epoch a permutation of the
  * data set (seeded by seed + epoch) is padded (or, with drop_last, cut) to a
  * multiple of world_size, and rank r takes every world_size-th index from r. */
+/* Start from cx_sampler_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     bool shuffle;
     uint64_t seed;
     int rank;
@@ -239,7 +248,8 @@ typedef struct cx_sampler cx_sampler;
 /* shuffle on, seed 0, rank 0 of 1, drop_last off. */
 CX_API cx_sampler_opts cx_sampler_default_opts(void);
 /* @return a sampler over `dataset_size` indices, or NULL with cx_last_error
- * set when the rank is outside [0, world_size) or the size is not positive. */
+ * set when the rank is outside [0, world_size), the size is not positive or
+ * the struct_size is below the first version's. */
 CX_API cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts opts);
 CX_API void cx_sampler_free(cx_sampler *s);
 /* Starts epoch `epoch` at position 0 (its own permutation). */

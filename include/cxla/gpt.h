@@ -22,7 +22,9 @@
 extern "C" {
 #endif
 
+/* Start from cx_gpt_default_config() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     int64_t vocab_size;   /* tokens are in [0, vocab_size) */
     int64_t block_size;   /* the longest sequence (wpe's rows) */
     int n_layer;
@@ -45,7 +47,8 @@ CX_API cx_gpt_config cx_gpt_default_config(void);
  * and cx_module_forward(m, idx) gives the logits. A bad input is a
  * poisoned output (or -1 from forward_many) naming the shape.
  * @return the model, or NULL with cx_last_error set on a bad config (each
- * size positive, n_embd a multiple of n_head) or out of memory. */
+ * size positive, n_embd a multiple of n_head, a struct_size no lower than
+ * the first version's) or out of memory. */
 CX_API cx_module *cx_nn_gpt(cx_gpt_config cfg);
 
 /* @return the model's config (zeros when m is not a GPT). */
@@ -55,7 +58,8 @@ CX_API cx_gpt_config cx_gpt_config_of(const cx_module *m);
  * t: 6 * (parameters other than wpe, which is a lookup) plus the attention's
  * q k^T and att v, 12 * n_layer * n_embd per key seen; with a causal mask
  * a token sees (t + 1) / 2 keys on average (PaLM's appendix B counts t,
- * the unmasked work; a causal kernel skips the rest). */
+ * the unmasked work; a causal kernel skips the rest). @return the flops, or
+ * NaN with cx_last_error set for a struct_size below the first version's. */
 CX_API double cx_gpt_flops_per_token(cx_gpt_config cfg, int64_t t);
 
 /* Megatron-style tensor parallelism by annotations alone (SPMD mode,

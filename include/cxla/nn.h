@@ -128,11 +128,13 @@ CX_API void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t);
  * parameters) and gradient checkpointing (remat region). */
 #define CX_MODULE_MAX_HOOKS 4
 typedef struct {
+    size_t struct_size;   /* CX_STRUCT_SIZE(cx_module_hooks) */
     void (*pre)(cx_module *m, void *ctx);
     void (*post)(cx_module *m, void *ctx);
     void *ctx;
 } cx_module_hooks;
-/* @return the hook's index, or -1 (too many hooks, NULL argument). */
+/* @return the hook's index, or -1 with cx_last_error set (too many hooks,
+ * NULL argument, a struct_size below the first version's). */
 CX_API int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h);
 /* Removes every hook registered with `ctx`. */
 CX_API void cx_module_remove_hooks(cx_module *m, void *ctx);
@@ -252,13 +254,17 @@ CX_API cx_status cx_module_materialize(cx_module *m);
 /* Linear: y = x W^T + b, W (out, in), b (out); x (..., in). */
 CX_API cx_module *cx_nn_linear(int64_t in_features, int64_t out_features, bool bias);
 
+/* Start from cx_conv2d_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     int stride, padding, dilation, groups;
     bool bias;
 } cx_conv2d_opts;
 /* stride 1, padding 0, dilation 1, groups 1, bias on. */
 CX_API cx_conv2d_opts cx_conv2d_default_opts(void);
-/* Conv2d with a square kernel: x (N, in, H, W), W (out, in/groups, k, k). */
+/* Conv2d with a square kernel: x (N, in, H, W), W (out, in/groups, k, k).
+ * @return the module, or NULL with cx_last_error set on bad sizes or
+ * options (a struct_size below the first version's included). */
 CX_API cx_module *cx_nn_conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, cx_conv2d_opts opts);
 
 /* stride 0 means stride = kernel (PyTorch's default). */
@@ -280,7 +286,9 @@ CX_API cx_module *cx_nn_log_softmax(int dim);
  * training mode; identity in evaluation mode. NULL for p outside [0, 1]. */
 CX_API cx_module *cx_nn_dropout(double p);
 
+/* Start from cx_batch_norm_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     double eps, momentum;
     bool affine, track_running_stats;
 } cx_batch_norm_opts;
@@ -289,7 +297,9 @@ CX_API cx_batch_norm_opts cx_batch_norm_default_opts(void);
 /* BatchNorm2d over (N, C, H, W): parameters weight, bias; buffers
  * running_mean, running_var, num_batches_tracked. Training mode normalizes
  * with the batch statistics and updates the running ones (unbiased
- * variance); evaluation mode uses the running ones. */
+ * variance); evaluation mode uses the running ones. @return the module, or
+ * NULL with cx_last_error set on bad options (a struct_size below the first
+ * version's included). */
 CX_API cx_module *cx_nn_batch_norm2d(int64_t num_features, cx_batch_norm_opts opts);
 
 /* LayerNorm over the last dim of size `dim` (weight 1, bias 0). */

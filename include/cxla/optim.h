@@ -25,14 +25,19 @@ extern "C" {
 
 typedef struct cx_optimizer cx_optimizer;
 
+/* Start from cx_sgd_default_opts() (it sets struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     double lr, momentum, dampening, weight_decay;
     bool nesterov;
 } cx_sgd_opts;
 /* lr 0.01, momentum 0, dampening 0, weight_decay 0, nesterov off. */
 CX_API cx_sgd_opts cx_sgd_default_opts(void);
 
+/* Start from cx_adam_default_opts() or cx_adamw_default_opts() (they set
+ * struct_size, core.h). */
 typedef struct {
+    size_t struct_size;
     double lr, beta1, beta2, eps, weight_decay;
     bool amsgrad;
 } cx_adam_opts;
@@ -46,8 +51,9 @@ CX_API cx_adam_opts cx_adamw_default_opts(void);
  * one group with the options' weight decay.
  * @return the optimizer, or NULL with cx_last_error set on bad
  * hyper-parameters (negative lr, momentum, ..., nesterov without momentum or
- * with dampening, betas outside [0, 1)), a tensor listed twice (it would be
- * stepped twice) or out of memory. */
+ * with dampening, betas outside [0, 1)), a struct_size below the first
+ * version's, a tensor listed twice (it would be stepped twice) or out of
+ * memory. */
 CX_API cx_optimizer *cx_optim_sgd(const cx_named_tensor *params, int n, cx_sgd_opts opts);
 /* Adam: L2 weight decay added to the gradient. */
 CX_API cx_optimizer *cx_optim_adam(const cx_named_tensor *params, int n, cx_adam_opts opts);
@@ -63,6 +69,7 @@ CX_API void cx_optim_free(cx_optimizer *opt);
  * every group). Both enter the step as runtime scalars; a group whose
  * weight_decay is 0 records no decay at all. */
 typedef struct {
+    size_t struct_size;     /* set by cx_param_group_of, or CX_STRUCT_SIZE(cx_param_group) */
     const cx_named_tensor *params;
     int n;
     double weight_decay;    /* >= 0 */
@@ -75,7 +82,8 @@ typedef struct {
     cx_tensor *const *decay_masks;
 } cx_param_group;
 
-/* A group of `n` parameters with `weight_decay` and lr_scale 1. */
+/* A group of `n` parameters with `weight_decay` and lr_scale 1 (and its
+ * struct_size set). */
 CX_API cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay);
 
 /* The usual split of a transformer's parameters (nanoGPT's
@@ -93,7 +101,11 @@ CX_API int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double 
  * `opts.weight_decay` is not used (each group has its own).
  * @return the optimizer, or NULL with cx_last_error set as for the plain
  * constructors, and for a group with a negative weight_decay, an lr_scale
- * that is not positive, or a tensor listed twice (in one group or two). */
+ * that is not positive, or a tensor listed twice (in one group or two).
+ * The library steps through `groups` by groups[0].struct_size (sizeof as
+ * the caller's headers have it), so every group must carry that same
+ * struct_size: a group whose struct_size differs, or is below the first
+ * version's, is refused. */
 CX_API cx_optimizer *cx_optim_sgd_groups(const cx_param_group *groups, int ngroups, cx_sgd_opts opts);
 CX_API cx_optimizer *cx_optim_adam_groups(const cx_param_group *groups, int ngroups, cx_adam_opts opts);
 CX_API cx_optimizer *cx_optim_adamw_groups(const cx_param_group *groups, int ngroups, cx_adam_opts opts);
@@ -148,6 +160,7 @@ typedef enum {
  * warm-up (LinearLR from warmup_start_factor to 1 over warmup_steps) runs
  * first; the main schedule then starts at t = 0 (as SequentialLR). */
 typedef struct {
+    size_t struct_size;           /* set by cx_lr_schedule_default_opts (core.h) */
     cx_lr_kind kind;
     double base_lr;
     int64_t step_size;            /* CX_LR_STEP */
@@ -161,7 +174,8 @@ typedef struct {
 /* Constant 0.01, step_size 1, gamma 0.1, total_steps 1, min_lr 0, no warm-up
  * (start factor 1/3 as LinearLR's default). */
 CX_API cx_lr_schedule cx_lr_schedule_default_opts(void);
-/* The learning rate for step t (0-based). */
+/* The learning rate for step t (0-based), or NaN with cx_last_error set for
+ * a NULL schedule or a struct_size below the first version's. */
 CX_API double cx_lr_at(const cx_lr_schedule *s, int64_t t);
 
 #ifdef __cplusplus

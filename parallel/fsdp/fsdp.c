@@ -403,7 +403,7 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
     if (!f->meta) { cx_set_last_error("fsdp_wrap: out of memory"); cx_fsdp_free(f); return NULL; }
     for (int i = 0; i < f->nunits; i++) {
         f->meta[i] = f->units[i].meta;
-        cx_module_hooks h = { unit_pre, unit_post, &f->units[i] };
+        cx_module_hooks h = { CX_STRUCT_SIZE(cx_module_hooks), .pre = unit_pre, .post = unit_post, .ctx = &f->units[i] };
         if (cx_module_add_hooks(f->units[i].m, &h) < 0) { cx_fsdp_free(f); return NULL; }
     }
     return f;
@@ -587,6 +587,6 @@ static int g_remat_tag;
 cx_status cx_checkpoint_module(cx_module *m)
 {
     if (!m) { cx_set_last_error("checkpoint_module: module is NULL"); return CX_ERR_ARG; }
-    cx_module_hooks h = { remat_pre, remat_post, &g_remat_tag };
+    cx_module_hooks h = { CX_STRUCT_SIZE(cx_module_hooks), .pre = remat_pre, .post = remat_post, .ctx = &g_remat_tag };
     return cx_module_add_hooks(m, &h) < 0 ? CX_ERR_ARG : CX_OK;
 }

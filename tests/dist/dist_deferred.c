@@ -11,7 +11,7 @@
 
 enum { MLP, CNN, BLOCK, GPT, NKINDS };
 static const char *const k_names[NKINDS] = { "mlp", "cnn", "transformer block", "gpt" };
-static const cx_gpt_config k_gpt = { .vocab_size = 61, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 32 };
+static const cx_gpt_config k_gpt = { CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 61, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 32 };
 
 static cx_module *build(int kind, bool deferred, uint64_t seed)
 {

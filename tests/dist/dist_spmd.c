@@ -375,7 +375,7 @@ static void block_batch_split_equals_unsharded(void)
  * over 3 SGD steps, with no all-gather: SPMD data parallelism. */
 static void gpt_train(bool sharded, float *losses, float *params, int64_t *gathers)
 {
-    cx_gpt_config cfg = { .vocab_size = 61, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 32 };
+    cx_gpt_config cfg = { CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 61, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 32 };
     cx_manual_seed(3);
     cx_module *m = cx_nn_gpt(cfg);
     int64_t shape[2] = { 4, 8 }, iv[32], tv[32];

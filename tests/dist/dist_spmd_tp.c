@@ -233,7 +233,7 @@ static run gpt_train(const cx_mesh *mesh, bool clip)
 {
     run out;
     memset(&out, 0, sizeof out);
-    cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = GPT_LAYERS, .n_head = 4, .n_embd = 32 };
+    cx_gpt_config cfg = { CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 61, .block_size = GPT_T, .n_layer = GPT_LAYERS, .n_head = 4, .n_embd = 32 };
     cx_manual_seed(5);
     cx_module *m = cx_nn_gpt(cfg);
     int64_t shape[2] = { GPT_B, GPT_T }, iv[GPT_B * GPT_T], tv[GPT_B * GPT_T];
@@ -298,7 +298,7 @@ static void tensor_parallel_gpt(void)
         }
         free(ref.params);
     }
-    cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = 1, .n_head = 3, .n_embd = 24 };
+    cx_gpt_config cfg = { CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 61, .block_size = GPT_T, .n_layer = 1, .n_head = 3, .n_embd = 24 };
     cx_module *m = cx_nn_gpt(cfg);
     if (cx_world_size() % 3)
         CHECK(cx_gpt_tensor_parallel(m, g_model_mesh, "model") == CX_ERR_ARG && strstr(cx_last_error(), "3 heads"),
@@ -313,7 +313,7 @@ static void tensor_parallel_gpt(void)
  * parameter gathered back equals the eager init bit for bit. */
 static void deferred_tensor_parallel_gpt(void)
 {
-    cx_gpt_config cfg = { .vocab_size = 61, .block_size = GPT_T, .n_layer = GPT_LAYERS, .n_head = 4, .n_embd = 32 };
+    cx_gpt_config cfg = { CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 61, .block_size = GPT_T, .n_layer = GPT_LAYERS, .n_head = 4, .n_embd = 32 };
     cx_manual_seed(21);
     cx_module *eager = cx_nn_gpt(cfg);
     cx_manual_seed(21);

@@ -5,7 +5,9 @@
 #include <cxla/cxla.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static cx_tensor *logits_2x3(void)
@@ -232,4 +234,149 @@ Test(api, sized_structs_refuse_a_missing_size)
     cx_module_free(lin);
     cx_sampler_free(s);
     cx_dataset_free(ds);
+}
+
+/* The size of T through `field`, as util/cx_struct.h has it: what a caller
+ * whose headers ended the struct there would pass. */
+#define SIZE_THROUGH(T, field) (offsetof(T, field) + sizeof(((T *)0)->field))
+
+static void expect_last(const char *needle)
+{
+    cr_expect(strstr(cx_last_error(), needle) != NULL, "\"%s\" does not say \"%s\"", cx_last_error(), needle);
+}
+
+Test(api, layer_options_refuse_a_missing_size)
+{
+    cx_conv2d_opts co = { .stride = 1, .dilation = 1, .groups = 1, .bias = true };
+    cr_expect_null(cx_nn_conv2d(1, 1, 3, co));
+    expect_last("cx_conv2d_opts.struct_size is 0");
+    co.struct_size = SIZE_THROUGH(cx_conv2d_opts, groups);
+    cr_expect_null(cx_nn_conv2d(1, 1, 3, co), "below the first version's end");
+    expect_last("cx_conv2d_opts.struct_size");
+    /* the first version without its trailing padding is all there is to read */
+    co.struct_size = SIZE_THROUGH(cx_conv2d_opts, bias);
+    cx_module *conv = cx_nn_conv2d(1, 1, 3, co);
+    cr_assert(conv, "%s", cx_last_error());
+    cr_expect_eq(cx_module_num_own_params(conv), 2, "bias taken from the caller's bytes");
+    cx_module_free(conv);
+
+    cx_batch_norm_opts bo = { .eps = 1e-5, .momentum = 0.1 };
+    cr_expect_null(cx_nn_batch_norm2d(2, bo));
+    expect_last("cx_batch_norm_opts.struct_size is 0");
+
+    cx_module *lin = cx_nn_linear(2, 2, true);
+    cx_module_hooks h = { .ctx = lin };
+    cr_expect_eq(cx_module_add_hooks(lin, &h), -1);
+    expect_last("cx_module_hooks.struct_size is 0");
+    h.struct_size = sizeof h;
+    cr_expect_eq(cx_module_add_hooks(lin, &h), 0, "%s", cx_last_error());
+    cx_module_free(lin);
+}
+
+Test(api, optimizer_options_refuse_a_missing_size)
+{
+    cx_module *lin = cx_nn_linear(2, 2, true);
+    int n = 0;
+    cx_named_tensor *ps = cx_module_parameters(lin, &n);
+    cr_assert(ps && n == 2);
+    cx_sgd_opts so = { .lr = 0.1 };
+    cr_expect_null(cx_optim_sgd(ps, n, so));
+    expect_last("cx_sgd_opts.struct_size is 0");
+    cx_adam_opts ao = { .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999 };
+    cr_expect_null(cx_optim_adamw(ps, n, ao));
+    expect_last("AdamW: cx_adam_opts.struct_size is 0");
+    ao.struct_size = SIZE_THROUGH(cx_adam_opts, weight_decay);
+    cr_expect_null(cx_optim_adam(ps, n, ao), "older than the first version");
+    expect_last("cx_adam_opts.struct_size");
+
+    cx_param_group g = { .params = ps, .n = n, .lr_scale = 1.0 };
+    cr_expect_null(cx_optim_sgd_groups(&g, 1, cx_sgd_default_opts()));
+    expect_last("cx_param_group.struct_size is 0");
+    cx_param_group two[2] = { cx_param_group_of(ps, 1, 0.1), cx_param_group_of(ps + 1, 1, 0.0) };
+    two[1].struct_size = 0;
+    cr_expect_null(cx_optim_sgd_groups(two, 2, cx_sgd_default_opts()));
+    expect_last("parameter group 1: cx_param_group.struct_size is 0, not the");
+
+    cx_lr_schedule s = { .kind = CX_LR_CONSTANT, .base_lr = 0.5 };
+    cr_expect(isnan(cx_lr_at(&s, 0)));
+    expect_last("cx_lr_schedule.struct_size is 0");
+    s.struct_size = sizeof s;
+    cr_expect_eq(cx_lr_at(&s, 3), 0.5);
+    free(ps);
+    cx_module_free(lin);
+}
+
+/* A caller built against newer headers: its cx_param_group has a member
+ * this library does not know, and its array steps by that larger size. */
+typedef struct {
+    cx_param_group g;
+    double added_later;
+} newer_group;
+
+Test(api, param_groups_step_by_the_callers_size)
+{
+    cx_module *lin = cx_nn_linear(2, 2, true);
+    int n = 0;
+    cx_named_tensor *ps = cx_module_parameters(lin, &n);
+    cr_assert(ps && n == 2);
+    newer_group groups[2] = { { cx_param_group_of(ps, 1, 0.1), -1.0 }, { cx_param_group_of(ps + 1, 1, 0.0), -1.0 } };
+    for (int i = 0; i < 2; i++) groups[i].g.struct_size = sizeof(newer_group);
+    cx_optimizer *opt = cx_optim_adamw_groups(&groups[0].g, 2, cx_adamw_default_opts());
+    cr_assert(opt, "%s", cx_last_error());
+    cr_expect_eq(cx_optim_num_groups(opt), 2);
+    int np = 0;
+    cx_named_tensor *got = cx_optim_params(opt, &np);
+    cr_assert_eq(np, 2);
+    cr_expect_str_eq(got[0].name, ps[0].name);
+    cr_expect_str_eq(got[1].name, ps[1].name, "the second group read at the caller's stride");
+    free(got);
+    cx_optim_free(opt);
+    free(ps);
+    cx_module_free(lin);
+}
+
+Test(api, data_options_refuse_a_missing_size)
+{
+    cx_sampler_opts so = { .world_size = 1 };
+    cr_expect_null(cx_sampler_new(4, so));
+    expect_last("cx_sampler_opts.struct_size is 0");
+    so.struct_size = SIZE_THROUGH(cx_sampler_opts, world_size);
+    cr_expect_null(cx_sampler_new(4, so), "older than the first version");
+    expect_last("cx_sampler_opts.struct_size");
+
+    cx_dataset *ds = NULL;
+    cx_fake_data_opts fo = { .size = 4, .channels = 1, .height = 2, .width = 2, .num_classes = 2 };
+    cr_expect_eq(cx_fake_data(fo, &ds), CX_ERR_ARG);
+    expect_last("cx_fake_data_opts.struct_size is 0");
+    cr_expect_null(ds);
+    fo.struct_size = SIZE_THROUGH(cx_fake_data_opts, seed);
+    cr_expect_eq(cx_fake_data(fo, &ds), CX_OK, "%s", cx_last_error());
+    cr_expect_eq(cx_dataset_size(ds), 4, "the caller's size, not the default 60000");
+    cx_dataset_free(ds);
+
+    cx_text_opts to = { .path = "/nonexistent", .block = 4, .train_fraction = 0.9 };
+    cr_expect_eq(cx_text_open(to, &ds), CX_ERR_ARG);
+    expect_last("cx_text_opts.struct_size is 0");
+    cx_mnist_opts mo = { .dir = "/nonexistent", .train = true };
+    cr_expect_eq(cx_mnist_load(mo, &ds), CX_ERR_ARG);
+    expect_last("cx_mnist_opts.struct_size is 0");
+}
+
+Test(api, gpt_config_refuses_a_missing_size)
+{
+    cx_gpt_config c = { .vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 4 };
+    cr_expect_null(cx_nn_gpt(c));
+    expect_last("cx_nn_gpt: cx_gpt_config.struct_size is 0");
+    cr_expect(isnan(cx_gpt_flops_per_token(c, 4)));
+    expect_last("cx_gpt_config.struct_size is 0");
+    c.struct_size = SIZE_THROUGH(cx_gpt_config, n_head);
+    cr_expect_null(cx_nn_gpt(c), "older than the first version");
+    c.struct_size = sizeof c;
+    cx_module *m = cx_nn_gpt(c);
+    cr_assert(m, "%s", cx_last_error());
+    cx_gpt_config back = cx_gpt_config_of(m);
+    cr_expect_eq(back.struct_size, sizeof back, "a config read back can be passed again");
+    cr_expect_eq(back.vocab_size, 16);
+    cr_expect_eq(cx_gpt_flops_per_token(back, 4), cx_gpt_flops_per_token(c, 4));
+    cx_module_free(m);
 }

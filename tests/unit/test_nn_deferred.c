@@ -28,7 +28,7 @@ static cx_module *build(int kind)
     }
     case BLOCK: return cx_nn_transformer_block(24, 3);
     default: {
-        cx_gpt_config c = { .vocab_size = 37, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16 };
+        cx_gpt_config c = { CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 37, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16 };
         return cx_nn_gpt(c);
     }
     }

@@ -14,7 +14,7 @@ static char g_msg[512];
 
 static cx_gpt_config tiny(void)
 {
-    return (cx_gpt_config){ .vocab_size = 256, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32 };
+    return (cx_gpt_config){ CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 256, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32 };
 }
 
 static cx_tensor *golden_tokens(const char *key)

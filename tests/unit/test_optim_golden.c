@@ -189,7 +189,7 @@ Test(optim, state_is_named_per_parameter)
         cr_expect(!cx_is_pending(st[i].tensor), "state starts materialized");
     }
     free(st);
-    cx_optimizer *sgd = cx_optim_sgd(ps, 2, (cx_sgd_opts){ .lr = 0.1, .momentum = 0.9 });
+    cx_optimizer *sgd = cx_optim_sgd(ps, 2, (cx_sgd_opts){ CX_STRUCT_SIZE(cx_sgd_opts), .lr = 0.1, .momentum = 0.9 });
     st = cx_optim_state(sgd, &n);
     cr_assert_eq(n, 2);
     cr_expect_str_eq(st[1].name, "fc.bias.momentum_buffer");
