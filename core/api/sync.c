@@ -71,7 +71,9 @@ static bool collect(sync_job *j, cx_tensor **ts, int nts)
         for (int i = 0; i < nts; i++)
             if (ts[i] && !collect_one(j, ts[i], true)) return false;
     } else {
-        for (cx_tensor *t = cx_live_first(); t; t = t->next)
+        cx_tensor *first, *last;
+        cx_live_range(&first, &last);
+        for (cx_tensor *t = first; t; t = t == last ? NULL : t->next)
             if (!collect_one(j, t, false)) return false;
     }
     if (j->status != CX_OK) snprintf(j->err_saved, sizeof j->err_saved, "%s", cx_last_error());

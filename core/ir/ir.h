@@ -112,8 +112,10 @@ bool cx_node_postorder(cx_node *const *roots, int nroots, bool (*follow)(const c
 cx_tensor *cx_tensor_wrap(cx_node *n);
 /* Wraps with a fresh reference. */
 cx_tensor *cx_tensor_of(cx_node *n);
-/* Iterates the live tensor list (creation order). */
-cx_tensor *cx_live_first(void);
+/* The live tensor list's ends (creation order), read under its lock. A
+ * walk from first that stops at last never reads the link another thread
+ * (the loader, making leaves) writes when it appends. */
+void cx_live_range(cx_tensor **first, cx_tensor **last);
 void cx_set_node(cx_tensor *t, cx_node *n); /* takes a new reference on n */
 /* Closes the innermost step: its handles are released, kept ones carried
  * to the next step at the same depth. @return false (error set) when no

@@ -41,7 +41,13 @@ static bool list_push(tensor_list *l, cx_tensor *t)
     return true;
 }
 
-cx_tensor *cx_live_first(void) { return g_live_head; }
+void cx_live_range(cx_tensor **first, cx_tensor **last)
+{
+    cx_spin_lock(&g_live_mu);
+    *first = g_live_head;
+    *last = g_live_tail;
+    cx_spin_unlock(&g_live_mu);
+}
 
 void (*cx_eager_hook)(cx_tensor *t);
 
