@@ -69,7 +69,7 @@ void cx_zero_grad(cx_tensor *t)
 
 void cx_set_grad(cx_tensor *t, cx_tensor *g)
 {
-    if (!t) return;
+    if (!t || cx_tensor_released(t, "set_grad")) return;
     cx_zero_grad(t);
     if (g) t->grad = cx_persist(cx_alias(g));
 }

@@ -56,6 +56,7 @@ enum {
     TF_KEPT = 1u << 1,
     TF_REQUIRES_GRAD = 1u << 2,
     TF_ASSIGNED = 1u << 3,   /* pending value came from cx_assign */
+    TF_RELEASED = 1u << 4,   /* freed or released by its step: node says how (tensor.c) */
 };
 
 struct cx_tensor {
@@ -108,6 +109,10 @@ bool cx_node_postorder(cx_node *const *roots, int nroots, bool (*follow)(const c
 
 /* ---- handles (tensor.c) ---- */
 
+/* A handle whose value went (cx_free, its step's end) keeps pointing at a
+ * poisoned node that says so. @return true, with the error set as "op:
+ * how it went", when t is such a handle; false for NULL or a live one. */
+bool cx_tensor_released(const cx_tensor *t, const char *op);
 /* Wraps a node in a new handle (takes over the caller's reference). */
 cx_tensor *cx_tensor_wrap(cx_node *n);
 /* Wraps with a fresh reference. */

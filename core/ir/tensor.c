@@ -22,6 +22,36 @@ static cx_tensor *g_free_handles;
 static int g_nfree_handles;
 static cx_tensor *g_live_head, *g_live_tail;
 
+/* A released handle is not reused at once: it waits in a ring of the last
+ * CX_HANDLE_QUARANTINE releases, pointing at a poisoned node that says how
+ * its value went. A program that reads a tensor it no longer owns (the
+ * loss after cx_step_end without cx_keep, a parameter after
+ * cx_module_free) then gets that message through the usual poison, a NaN
+ * from cx_item and an error from the step, instead of reading freed
+ * memory; the check itself is the poison test every op already makes. A
+ * handle is reused only after that many later releases, and one used after
+ * that is undefined as before. */
+#define CX_HANDLE_QUARANTINE 8192
+static cx_tensor *g_quarantine[CX_HANDLE_QUARANTINE];
+static int g_quarantine_pos;
+
+static char g_msg_step_end[] = "tensor released at the end of its step; cx_keep it to read it after the step "
+                               "(a kept tensor lives until the end of the next step)";
+static char g_msg_freed[] = "tensor used after it was freed (cx_free, or with its owner: cx_module_free, "
+                            "an optimizer's or wrapper's free)";
+/* never freed: their counts start far above anything a program reaches */
+static cx_node g_released_at_step_end = { .op = OP_ERROR, .dtype = CX_F32, .numel = 1, .refs = 1 << 30,
+                                          .hrefs = 1 << 30, .err = g_msg_step_end };
+static cx_node g_released_by_free = { .op = OP_ERROR, .dtype = CX_F32, .numel = 1, .refs = 1 << 30,
+                                      .hrefs = 1 << 30, .err = g_msg_freed };
+
+bool cx_tensor_released(const cx_tensor *t, const char *op)
+{
+    if (!t || !(t->flags & TF_RELEASED)) return false;
+    cx_set_last_error("%s: %s", op, t->node->err);
+    return true;
+}
+
 /* Steps: each open step owns the handles made while it is innermost. */
 #define CX_MAX_STEP_DEPTH 16
 typedef struct {
@@ -117,23 +147,27 @@ cx_tensor *cx_poisoned(const char *fmt, ...)
     return cx_tensor_wrap(cx_node_error(msg));
 }
 
-static void release_handle(cx_tensor *t)
+static void release_handle(cx_tensor *t, cx_node *why)
 {
     live_unlink(t);
-    if (t->grad) release_handle(t->grad);
+    if (t->grad) release_handle(t->grad, why);
     if (t->donor) cx_node_unref(t->donor);
     t->node->hrefs--;
     cx_node_unref(t->node);
     free(t->name);
+    *t = (cx_tensor){ .node = why, .flags = TF_RELEASED, .id = t->id, .step_slot = -1 };
     cx_spin_lock(&g_live_mu);
-    if (g_nfree_handles < CX_HANDLE_CACHE) {
-        t->next = g_free_handles;
-        g_free_handles = t;
+    cx_tensor *oldest = g_quarantine[g_quarantine_pos];
+    g_quarantine[g_quarantine_pos] = t;
+    g_quarantine_pos = (g_quarantine_pos + 1) % CX_HANDLE_QUARANTINE;
+    if (oldest && g_nfree_handles < CX_HANDLE_CACHE) {
+        oldest->next = g_free_handles;
+        g_free_handles = oldest;
         g_nfree_handles++;
-        t = NULL;
+        oldest = NULL;
     }
     cx_spin_unlock(&g_live_mu);
-    free(t);
+    free(oldest);
 }
 
 static void step_forget(cx_tensor *t)
@@ -146,26 +180,27 @@ static void step_forget(cx_tensor *t)
 
 void cx_free(cx_tensor *t)
 {
-    if (!t) return;
+    if (!t || cx_tensor_released(t, "cx_free")) return;
     step_forget(t);
-    release_handle(t);
+    release_handle(t, &g_released_by_free);
 }
 
 void cx_drop(cx_tensor *t)
 {
     /* inside a step the step releases it; elsewhere nobody would */
-    if (t && t->step_depth == 0 && !(t->flags & TF_REQUIRES_GRAD)) cx_free(t);
+    if (t && t->step_depth == 0 && !(t->flags & (TF_REQUIRES_GRAD | TF_RELEASED))) cx_free(t);
 }
 
 cx_tensor *cx_keep(cx_tensor *t)
 {
     if (t && t->step_depth > 0) t->flags |= TF_KEPT;
+    else cx_tensor_released(t, "cx_keep");
     return t;
 }
 
 cx_tensor *cx_persist(cx_tensor *t)
 {
-    if (!t) return t;
+    if (!t || cx_tensor_released(t, "cx_persist")) return t;
     step_forget(t);
     t->step_depth = 0;
     t->step_slot = -1;
@@ -215,7 +250,7 @@ bool cx_step_close(void)
         if (t->flags & TF_KEPT) {
             if (!list_push(c, t)) { t->flags &= ~(uint32_t)TF_KEPT; t->step_depth = 0; t->flags |= TF_PERSISTENT; }
         } else {
-            release_handle(t);
+            release_handle(t, &g_released_at_step_end);
         }
     }
     l->n = 0;
@@ -321,7 +356,7 @@ int64_t cx_dim(const cx_tensor *t, int axis)
 
 void cx_set_name(cx_tensor *t, const char *name)
 {
-    if (!t) return;
+    if (!t || cx_tensor_released(t, "set_name")) return;
     free(t->name);
     t->name = name ? strdup(name) : NULL;
 }

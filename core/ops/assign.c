@@ -7,6 +7,7 @@
 cx_status cx_assign(cx_tensor *dst, cx_tensor *value)
 {
     if (!dst || !value) { cx_set_last_error("assign: NULL tensor"); return CX_ERR_ARG; }
+    if (cx_tensor_released(dst, "assign")) return CX_ERR_STATE;
     if (dst->step_depth != 0) {
         cx_set_last_error("assign: destination is not persistent (create it outside a step or cx_persist it)");
         return CX_ERR_STATE;
