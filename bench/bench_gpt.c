@@ -116,7 +116,7 @@ bench_gpt_trainer *bench_gpt_trainer_new(cx_gpt_config c, int64_t batch, bench_g
     if (!gpt_parallel(t, par, mesh)) { gpt_trainer_free(t); return NULL; }
     t->ps = cx_module_parameters(t->m, &t->nps);
     cx_named_tensor *scratch = t->ps ? malloc(sizeof *scratch * (size_t)t->nps) : NULL;
-    cx_param_group groups[2];
+    cx_param_group groups[2] = { { CX_STRUCT_SIZE(cx_param_group) } };
     cx_adam_opts o = cx_adamw_default_opts();
     o.beta2 = 0.99;
     if (scratch && t->nps <= 64 && cx_param_groups_by_ndim(t->ps, t->nps, 0.1, scratch, groups) == 2)

@@ -11,12 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void)
-{
-    return (cx_ckpt_consolidate_opts){ CX_STRUCT_SIZE(cx_ckpt_consolidate_opts), .suffix = NULL, .with_optimizer = false, .compress_level = 0,
-                                       .shard_size_multiple = 1 };
-}
-
 int cx_ckpt_count_files(const char *prefix, const char *suffix)
 {
     if (!prefix) {

@@ -30,11 +30,6 @@ static void on_sigterm(int sig)
     g_preempt = 1;
 }
 
-cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void)
-{
-    return (cx_ckpt_manager_opts){ CX_STRUCT_SIZE(cx_ckpt_manager_opts), .save_interval = 0, .max_to_keep = 0, .watch_sigterm = true };
-}
-
 cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts o)
 {
     char serr[256];

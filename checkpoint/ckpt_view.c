@@ -7,11 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-cx_ckpt_opts cx_ckpt_default_opts(void)
-{
-    return (cx_ckpt_opts){ CX_STRUCT_SIZE(cx_ckpt_opts), .compress_level = 0, .with_optimizer = true, .verify = true };
-}
-
 cx_status ckpt_take_opts(cx_ckpt_opts *opts, const char *fn)
 {
     cx_ckpt_opts o = *opts;

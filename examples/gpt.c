@@ -293,7 +293,7 @@ static cx_status build_optimizer(const config *c, trainer *t)
     o.beta1 = 0.9;
     o.beta2 = 0.99;
     o.eps = 1e-8;
-    cx_param_group groups[2];
+    cx_param_group groups[2] = { { CX_STRUCT_SIZE(cx_param_group) } };
     if (t->fsdp) {
         if (!(t->decay_masks = cx_fsdp_decay_masks(t->fsdp, 2, &t->nmasks))) return CX_ERR_OOM;
         groups[0] = cx_param_group_of(t->params, t->nparams, c->weight_decay);

@@ -10,11 +10,6 @@ typedef struct {
     int mean, var, count;           /* buffer slots (-1 without tracking) */
 } batch_norm;
 
-cx_batch_norm_opts cx_batch_norm_default_opts(void)
-{
-    return (cx_batch_norm_opts){ CX_STRUCT_SIZE(cx_batch_norm_opts), .eps = 1e-5, .momentum = 0.1, .affine = true, .track_running_stats = true };
-}
-
 /* (C) -> (1, C, 1, 1) so it broadcasts over (N, C, H, W). */
 static cx_tensor *per_channel(cx_tensor *v, int64_t c)
 {

@@ -20,11 +20,6 @@ static cx_tensor *conv2d_forward(cx_module *m, cx_tensor *x)
 
 static const cx_module_type conv2d_type = { CX_STRUCT_SIZE(cx_module_type), .name = "Conv2d", .forward = conv2d_forward, .free = free };
 
-cx_conv2d_opts cx_conv2d_default_opts(void)
-{
-    return (cx_conv2d_opts){ CX_STRUCT_SIZE(cx_conv2d_opts), .stride = 1, .padding = 0, .dilation = 1, .groups = 1, .bias = true };
-}
-
 cx_module *cx_nn_conv2d(int64_t in_channels, int64_t out_channels, int k, cx_conv2d_opts given)
 {
     char serr[256];

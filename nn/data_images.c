@@ -56,11 +56,6 @@ static cx_dataset *images_dataset(images *im, float mean, float std)
     return cx_dataset_new(&d);
 }
 
-cx_mnist_opts cx_mnist_default_opts(void)
-{
-    return (cx_mnist_opts){ CX_STRUCT_SIZE(cx_mnist_opts), .kind = CX_DATASET_FASHION_MNIST, .dir = NULL, .train = true };
-}
-
 static bool file_exists(const char *p)
 {
     struct stat st;
@@ -142,12 +137,6 @@ cx_status cx_mnist_load(cx_mnist_opts given, cx_dataset **out)
     bool fashion = o.kind == CX_DATASET_FASHION_MNIST;
     *out = images_dataset(im, fashion ? 0.2860f : 0.1307f, fashion ? 0.3530f : 0.3081f);
     return *out ? CX_OK : CX_ERR_OOM;
-}
-
-cx_fake_data_opts cx_fake_data_default_opts(void)
-{
-    return (cx_fake_data_opts){ CX_STRUCT_SIZE(cx_fake_data_opts), .size = 60000, .channels = 1, .height = 28, .width = 28,
-                                .num_classes = 10, .seed = 0 };
 }
 
 cx_status cx_fake_data(cx_fake_data_opts given, cx_dataset **out)

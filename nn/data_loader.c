@@ -47,11 +47,6 @@ struct cx_loader {
     cx_status error;
 };
 
-cx_loader_opts cx_loader_default_opts(void)
-{
-    return (cx_loader_opts){ CX_STRUCT_SIZE(cx_loader_opts), .batch_size = 64, .drop_last = false, .prefetch = 2, .mark_step = true };
-}
-
 static void free_tensors(cx_tensor **t, int n)
 {
     for (int f = 0; t && f < n; f++) {

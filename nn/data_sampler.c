@@ -15,11 +15,6 @@ struct cx_sampler {
     int64_t *perm;       /* (n) scratch permutation */
 };
 
-cx_sampler_opts cx_sampler_default_opts(void)
-{
-    return (cx_sampler_opts){ CX_STRUCT_SIZE(cx_sampler_opts), .shuffle = true, .seed = 0, .rank = 0, .world_size = 1, .drop_last = false };
-}
-
 /* Uniform in [0, bound) without modulo bias (Lemire's method). */
 static uint64_t below(uint64_t *s, uint64_t bound)
 {

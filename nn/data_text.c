@@ -71,12 +71,6 @@ static void text_set_epoch(void *ctx, int64_t epoch)
     t->phase = (int64_t)(cx_splitmix64(&s) % (uint64_t)(room + 1));
 }
 
-cx_text_opts cx_text_default_opts(void)
-{
-    return (cx_text_opts){ CX_STRUCT_SIZE(cx_text_opts), .path = NULL, .format = CX_TEXT_BYTES, .block = 256, .vocab_size = 0, .val = false,
-                           .train_fraction = 0.9, .seed = 0, .eval_windows = 0 };
-}
-
 static cx_status check_opts(const cx_text_opts *o)
 {
     int64_t max_vocab = o->format == CX_TEXT_U16 ? 65536 : 256;

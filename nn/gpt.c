@@ -10,11 +10,6 @@
 
 #include <math.h>
 
-cx_gpt_config cx_gpt_default_config(void)
-{
-    return (cx_gpt_config){ CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256 };
-}
-
 /* The caller's config over the defaults. @return false, error set, when its
  * struct_size is below the first version's. */
 static bool take_config(cx_gpt_config *own, const cx_gpt_config *given, const char *fn)
@@ -23,8 +18,8 @@ static bool take_config(cx_gpt_config *own, const cx_gpt_config *given, const ch
     *own = cx_gpt_default_config();
     if (cx_struct_take(own, sizeof *own, given, given->struct_size, CX_SIZE_THROUGH(cx_gpt_config, n_embd),
                        "cx_gpt_config", serr, sizeof serr)) {
-        /* the copy is whole, whatever the caller's size: cx_gpt_config_of
-         * hands it back */
+        /* the copy is whole, whatever the caller's size: the model keeps
+         * it as the config it was built from */
         own->struct_size = sizeof *own;
         return true;
     }
@@ -316,10 +311,20 @@ cx_module *cx_nn_gpt(cx_gpt_config given)
     return m;
 }
 
-cx_gpt_config cx_gpt_config_of(const cx_module *m)
+cx_status cx_gpt_config_of(const cx_module *m, cx_gpt_config *out)
 {
-    if (!m || cx_module_type_name(m) != gpt_type.name) return (cx_gpt_config){ 0 };
-    return ((const gpt *)cx_module_impl(m))->cfg;
+    if (!out || !m || cx_module_type_name(m) != gpt_type.name) {
+        cx_set_last_error("cx_gpt_config_of: %s", out ? "the module is not a GPT" : "no config to fill");
+        return CX_ERR_ARG;
+    }
+    const cx_gpt_config *own = &((const gpt *)cx_module_impl(m))->cfg;
+    char serr[256];
+    if (!cx_struct_give(out, own, sizeof *own, CX_SIZE_THROUGH(cx_gpt_config, n_embd), "cx_gpt_config", serr,
+                        sizeof serr)) {
+        cx_set_last_error("cx_gpt_config_of: %s", serr);
+        return CX_ERR_ARG;
+    }
+    return CX_OK;
 }
 
 /* ---- tensor parallelism ------------------------------------------------------------ */
@@ -360,8 +365,11 @@ static cx_status tp_mark(cx_named_tensor *p, const cx_mesh *mesh, const char *ax
 
 cx_status cx_gpt_tensor_parallel(cx_module *m, const cx_mesh *mesh, const char *axis)
 {
-    cx_gpt_config cfg = cx_gpt_config_of(m);
-    if (!cfg.n_layer) { cx_set_last_error("gpt tensor parallel: the module is not a GPT"); return CX_ERR_ARG; }
+    cx_gpt_config cfg = cx_gpt_default_config();
+    if (cx_gpt_config_of(m, &cfg) != CX_OK) {
+        cx_set_last_error("gpt tensor parallel: the module is not a GPT");
+        return CX_ERR_ARG;
+    }
     if (!mesh) mesh = cx_get_global_mesh();
     int a = cx_mesh_axis_index(mesh, axis), shape[CX_MESH_MAX_DIMS];
     if (!mesh || a < 0) {

@@ -6,19 +6,6 @@
 enum { EXP_AVG = 0, EXP_AVG_SQ, MAX_EXP_AVG_SQ, STEP };
 enum { HP_BETA1 = 0, HP_1MBETA1, HP_BETA2, HP_1MBETA2, HP_EPS, HP_WD, HP_DECAY, HP_LRWD, HP_COUNT };
 
-cx_adam_opts cx_adam_default_opts(void)
-{
-    return (cx_adam_opts){ CX_STRUCT_SIZE(cx_adam_opts), .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
-                           .amsgrad = false };
-}
-
-cx_adam_opts cx_adamw_default_opts(void)
-{
-    cx_adam_opts o = cx_adam_default_opts();
-    o.weight_decay = 1e-2;
-    return o;
-}
-
 static int adam_hyper(cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp)
 {
     const cx_adam_opts *a = &o->o.adam;

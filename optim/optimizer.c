@@ -2,17 +2,22 @@
 #include "optim_internal.h"
 
 #include <math.h>
-
-cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay)
-{
-    return (cx_param_group){ CX_STRUCT_SIZE(cx_param_group), .params = params, .n = n, .weight_decay = weight_decay, .lr_scale = 1.0 };
-}
+#include <string.h>
 
 int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double weight_decay, cx_named_tensor *scratch,
                             cx_param_group out[2])
 {
     if (n < 0 || (n > 0 && (!params || !scratch)) || !out) {
         cx_set_last_error("cx_param_groups_by_ndim: NULL or negative argument (%d parameters)", n);
+        return -1;
+    }
+    /* the caller's headers set the size of both groups and their stride:
+     * the library's own may be larger */
+    size_t size = out[0].struct_size;
+    const size_t min = CX_SIZE_THROUGH(cx_param_group, decay_masks);
+    if (size < min) {
+        cx_set_last_error("cx_param_groups_by_ndim: out[0].struct_size is %zu, below cx_param_group's first "
+                          "version's %zu: initialize it with CX_STRUCT_SIZE(cx_param_group)", size, min);
         return -1;
     }
     /* scratch: the tensors of 2 or more dims, then the others, each in
@@ -24,8 +29,13 @@ int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double weight_
     }
     for (int i = 0, k = nd; i < n; i++)
         if (!params[i].tensor || cx_ndim(params[i].tensor) < 2) scratch[k++] = params[i];
-    out[0] = cx_param_group_of(scratch, nd, weight_decay);
-    out[1] = cx_param_group_of(scratch + nd, rest, 0.0);
+    cx_param_group own[2] = { cx_param_group_of(scratch, nd, weight_decay), cx_param_group_of(scratch + nd, rest, 0.0) };
+    char serr[256];
+    for (int g = 0; g < 2; g++) {
+        char *dst = (char *)out + (size_t)g * size;
+        memcpy(dst, &size, sizeof size);
+        (void)cx_struct_give(dst, &own[g], sizeof own[g], min, "cx_param_group", serr, sizeof serr);
+    }
     return 2;
 }
 

@@ -5,13 +5,6 @@
 
 #include <math.h>
 
-cx_lr_schedule cx_lr_schedule_default_opts(void)
-{
-    return (cx_lr_schedule){ CX_STRUCT_SIZE(cx_lr_schedule), .kind = CX_LR_CONSTANT, .base_lr = 0.01, .step_size = 1, .gamma = 0.1,
-                             .total_steps = 1, .min_lr = 0.0, .warmup_steps = 0,
-                             .warmup_start_factor = 1.0 / 3.0 };
-}
-
 double cx_lr_at(const cx_lr_schedule *given, int64_t t)
 {
     char serr[256];

@@ -4,11 +4,6 @@
 enum { SGD_MOMENTUM_BUFFER = 0 };
 enum { HP_LR = 0, HP_WD, HP_MOMENTUM, HP_COUNT };
 
-cx_sgd_opts cx_sgd_default_opts(void)
-{
-    return (cx_sgd_opts){ CX_STRUCT_SIZE(cx_sgd_opts), .lr = 0.01, .momentum = 0.0, .dampening = 0.0, .weight_decay = 0.0, .nesterov = false };
-}
-
 static int sgd_hyper(cx_optimizer *o, const cx_ogroup *g, cx_tensor **hp)
 {
     hp[HP_LR] = cx_runtime_scalar(o->lr * g->lr_scale, CX_F32);

@@ -30,4 +30,25 @@ static inline bool cx_struct_take(void *dst, size_t full, const void *src, size_
     return true;
 }
 
+/* The other direction, for a struct the library fills in the caller's
+ * memory: `dst`'s own struct_size (the caller's headers) says how many
+ * bytes it holds, and only that many of the library's `full` bytes at
+ * `src` are written; a caller with newer headers keeps its bytes past
+ * `full`. dst->struct_size stays the caller's. @return false, with a
+ * message in err and nothing written, when it is below `min`. */
+static inline bool cx_struct_give(void *dst, const void *src, size_t full, size_t min, const char *type, char *err,
+                                  size_t errn)
+{
+    size_t given;
+    memcpy(&given, dst, sizeof given);
+    if (given < min) {
+        snprintf(err, errn, "%s.struct_size is %zu, below its first version's %zu: initialize it with its "
+                 "default function or CX_STRUCT_SIZE(%s)", type, given, min, type);
+        return false;
+    }
+    size_t n = given < full ? given : full;
+    memcpy((char *)dst + sizeof given, (const char *)src + sizeof given, n - sizeof given);
+    return true;
+}
+
 #endif

@@ -105,7 +105,15 @@ typedef struct {
      * (default true) */
     bool verify;
 } cx_ckpt_opts;
-CX_API cx_ckpt_opts cx_ckpt_default_opts(void);
+static inline cx_ckpt_opts cx_ckpt_default_opts(void)
+{
+    cx_ckpt_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.compress_level = 0;
+    o.with_optimizer = true;
+    o.verify = true;
+    return o;
+}
 
 /* Saves a checkpoint. Collective: every rank calls it with the same prefix.
  * `opt` may be NULL (no optimizer state); `extra` may be NULL (step = the
@@ -166,7 +174,15 @@ typedef struct {
 } cx_ckpt_manager_opts;
 
 /* interval 0, keep all, watch SIGTERM. */
-CX_API cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void);
+static inline cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void)
+{
+    cx_ckpt_manager_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.save_interval = 0;
+    o.max_to_keep = 0;
+    o.watch_sigterm = true;
+    return o;
+}
 /* Creates `dir` if needed. With watch_sigterm, SIGTERM no longer ends the
  * process: it requests preemption (see reached_preemption).
  * @return the manager, or NULL with cx_last_error set (bad options, the
@@ -200,7 +216,16 @@ typedef struct {
     int compress_level;       /* output compression, 0 = none */
     int shard_size_multiple;  /* reshard: flat params padded to N * this (1) */
 } cx_ckpt_consolidate_opts;
-CX_API cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void);
+static inline cx_ckpt_consolidate_opts cx_ckpt_consolidate_default_opts(void)
+{
+    cx_ckpt_consolidate_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.suffix = NULL;
+    o.with_optimizer = false;
+    o.compress_level = 0;
+    o.shard_size_multiple = 1;
+    return o;
+}
 
 /* The files of `prefix` matching `suffix` (NULL: the default pattern), for
  * reporting. @return how many, or -1 (error set). */

@@ -54,6 +54,17 @@ typedef struct cx_tensor cx_tensor;
  * version is refused with an error naming the struct (docs/api.md). */
 #define CX_STRUCT_SIZE(T) .struct_size = sizeof(T)
 
+/* The default functions (cx_ddp_default_opts(), ...) are static inline so
+ * they build the struct at the caller's size: a library function returning
+ * it by value would write its own, possibly larger, struct into the
+ * caller's smaller slot. They start from all zeros with this, which C11
+ * ({ 0 }) and C++ ({}, warning-free under -Wextra) spell differently. */
+#ifdef __cplusplus
+#define CX_ZEROED_ {}
+#else
+#define CX_ZEROED_ { 0 }
+#endif
+
 /* A tensor with its state-dict name ("fc1.weight"): parameters, buffers,
  * optimizer state. The name is owned by whoever made the array. */
 typedef struct {

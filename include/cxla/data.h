@@ -143,7 +143,15 @@ typedef struct {
 } cx_mnist_opts;
 
 /* kind Fashion-MNIST, default dir, train split. */
-CX_API cx_mnist_opts cx_mnist_default_opts(void);
+static inline cx_mnist_opts cx_mnist_default_opts(void)
+{
+    cx_mnist_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.kind = CX_DATASET_FASHION_MNIST;
+    o.dir = NULL;
+    o.train = true;
+    return o;
+}
 
 /* Loads images and labels of one split, 10 classes, normalized with mean
  * 0.2860, std 0.3530 (Fashion-MNIST) or 0.1307, 0.3081 (MNIST). Files are
@@ -165,7 +173,18 @@ typedef struct {
 } cx_fake_data_opts;
 
 /* 60000 samples of 1x28x28, 10 classes, seed 0. */
-CX_API cx_fake_data_opts cx_fake_data_default_opts(void);
+static inline cx_fake_data_opts cx_fake_data_default_opts(void)
+{
+    cx_fake_data_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.size = 60000;
+    o.channels = 1;
+    o.height = 28;
+    o.width = 28;
+    o.num_classes = 10;
+    o.seed = 0;
+    return o;
+}
 /* Random pixels and labels from a fixed seed, normalized like MNIST.
  * @return CX_OK, CX_ERR_ARG on a non-positive size or shape, more than 256
  * classes or a struct_size below the first version's, CX_ERR_OOM. */
@@ -218,7 +237,20 @@ typedef struct {
 } cx_text_opts;
 
 /* Bytes, block 256, vocab 256, train split of 0.9, seed 0, training windows. */
-CX_API cx_text_opts cx_text_default_opts(void);
+static inline cx_text_opts cx_text_default_opts(void)
+{
+    cx_text_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.path = NULL;
+    o.format = CX_TEXT_BYTES;
+    o.block = 256;
+    o.vocab_size = 0;
+    o.val = false;
+    o.train_fraction = 0.9;
+    o.seed = 0;
+    o.eval_windows = 0;
+    return o;
+}
 /* Opens (maps) a corpus as a text data set.
  * @return CX_OK and *out; CX_ERR_IO when the file is missing or unreadable,
  * a split is shorter than one window (block + 1 tokens), a token file has an
@@ -246,7 +278,17 @@ typedef struct {
 typedef struct cx_sampler cx_sampler;
 
 /* shuffle on, seed 0, rank 0 of 1, drop_last off. */
-CX_API cx_sampler_opts cx_sampler_default_opts(void);
+static inline cx_sampler_opts cx_sampler_default_opts(void)
+{
+    cx_sampler_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.shuffle = true;
+    o.seed = 0;
+    o.rank = 0;
+    o.world_size = 1;
+    o.drop_last = false;
+    return o;
+}
 /* @return a sampler over `dataset_size` indices, or NULL with cx_last_error
  * set when the rank is outside [0, world_size), the size is not positive or
  * the struct_size is below the first version's. */
@@ -289,7 +331,16 @@ typedef struct {
 } cx_loader_opts;
 
 /* batch 64, drop_last off, prefetch 2, mark_step on. */
-CX_API cx_loader_opts cx_loader_default_opts(void);
+static inline cx_loader_opts cx_loader_default_opts(void)
+{
+    cx_loader_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.batch_size = 64;
+    o.drop_last = false;
+    o.prefetch = 2;
+    o.mark_step = true;
+    return o;
+}
 
 typedef struct cx_loader cx_loader;
 

@@ -52,7 +52,14 @@ typedef struct {
     int n_auto_wrap_types;
     bool grad_ckpt;                   /* rematerialize each unit's forward in backward */
 } cx_fsdp_opts;
-CX_API cx_fsdp_opts cx_fsdp_default_opts(void);
+static inline cx_fsdp_opts cx_fsdp_default_opts(void)
+{
+    cx_fsdp_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.reshard_after_forward = true;
+    o.shard_size_multiple = 1;
+    return o;
+}
 
 /* Wraps `m` (borrowed; it must outlive the wrapper). Checks that every rank
  * wraps the same model the same way (a mismatch is an error on every rank,

@@ -33,7 +33,17 @@ typedef struct {
 } cx_gpt_config;
 
 /* vocab 256 (bytes), block 128, 4 layers, 4 heads, n_embd 256. */
-CX_API cx_gpt_config cx_gpt_default_config(void);
+static inline cx_gpt_config cx_gpt_default_config(void)
+{
+    cx_gpt_config o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.vocab_size = 256;
+    o.block_size = 128;
+    o.n_layer = 4;
+    o.n_head = 4;
+    o.n_embd = 256;
+    return o;
+}
 
 /* A GPT with nanoGPT's initialization from the seeded RNG (cx_manual_seed):
  * every 2-D weight and both embeddings from normal(0, 0.02), the two c_proj
@@ -51,8 +61,12 @@ CX_API cx_gpt_config cx_gpt_default_config(void);
  * the first version's) or out of memory. */
 CX_API cx_module *cx_nn_gpt(cx_gpt_config cfg);
 
-/* @return the model's config (zeros when m is not a GPT). */
-CX_API cx_gpt_config cx_gpt_config_of(const cx_module *m);
+/* Fills *out with the model's config: out->struct_size is the caller's
+ * (start from cx_gpt_default_config()), and only that many bytes are
+ * written (core.h). @return CX_OK, or CX_ERR_ARG with cx_last_error set
+ * and *out untouched when m is not a GPT, out is NULL or its struct_size
+ * is below the first version's. */
+CX_API cx_status cx_gpt_config_of(const cx_module *m, cx_gpt_config *out);
 
 /* Matmul flops of one token through forward and backward at block length
  * t: 6 * (parameters other than wpe, which is a lookup) plus the attention's

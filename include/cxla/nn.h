@@ -261,7 +261,17 @@ typedef struct {
     bool bias;
 } cx_conv2d_opts;
 /* stride 1, padding 0, dilation 1, groups 1, bias on. */
-CX_API cx_conv2d_opts cx_conv2d_default_opts(void);
+static inline cx_conv2d_opts cx_conv2d_default_opts(void)
+{
+    cx_conv2d_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.stride = 1;
+    o.padding = 0;
+    o.dilation = 1;
+    o.groups = 1;
+    o.bias = true;
+    return o;
+}
 /* Conv2d with a square kernel: x (N, in, H, W), W (out, in/groups, k, k).
  * @return the module, or NULL with cx_last_error set on bad sizes or
  * options (a struct_size below the first version's included). */
@@ -293,7 +303,16 @@ typedef struct {
     bool affine, track_running_stats;
 } cx_batch_norm_opts;
 /* eps 1e-5, momentum 0.1, affine, tracking running stats. */
-CX_API cx_batch_norm_opts cx_batch_norm_default_opts(void);
+static inline cx_batch_norm_opts cx_batch_norm_default_opts(void)
+{
+    cx_batch_norm_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.eps = 1e-5;
+    o.momentum = 0.1;
+    o.affine = true;
+    o.track_running_stats = true;
+    return o;
+}
 /* BatchNorm2d over (N, C, H, W): parameters weight, bias; buffers
  * running_mean, running_var, num_batches_tracked. Training mode normalizes
  * with the batch statistics and updates the running ones (unbiased

@@ -32,7 +32,17 @@ typedef struct {
     bool nesterov;
 } cx_sgd_opts;
 /* lr 0.01, momentum 0, dampening 0, weight_decay 0, nesterov off. */
-CX_API cx_sgd_opts cx_sgd_default_opts(void);
+static inline cx_sgd_opts cx_sgd_default_opts(void)
+{
+    cx_sgd_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.lr = 0.01;
+    o.momentum = 0.0;
+    o.dampening = 0.0;
+    o.weight_decay = 0.0;
+    o.nesterov = false;
+    return o;
+}
 
 /* Start from cx_adam_default_opts() or cx_adamw_default_opts() (they set
  * struct_size, core.h). */
@@ -43,8 +53,24 @@ typedef struct {
 } cx_adam_opts;
 /* lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0 (cx_adamw_default_opts:
  * 0.01), amsgrad off. */
-CX_API cx_adam_opts cx_adam_default_opts(void);
-CX_API cx_adam_opts cx_adamw_default_opts(void);
+static inline cx_adam_opts cx_adam_default_opts(void)
+{
+    cx_adam_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.lr = 1e-3;
+    o.beta1 = 0.9;
+    o.beta2 = 0.999;
+    o.eps = 1e-8;
+    o.weight_decay = 0.0;
+    o.amsgrad = false;
+    return o;
+}
+static inline cx_adam_opts cx_adamw_default_opts(void)
+{
+    cx_adam_opts o = cx_adam_default_opts();
+    o.weight_decay = 1e-2;
+    return o;
+}
 
 /* Optimizers over `n` named parameters (e.g. from cx_module_parameters; the
  * names are copied, the tensors borrowed: they must outlive the optimizer),
@@ -84,14 +110,27 @@ typedef struct {
 
 /* A group of `n` parameters with `weight_decay` and lr_scale 1 (and its
  * struct_size set). */
-CX_API cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay);
+static inline cx_param_group cx_param_group_of(const cx_named_tensor *params, int n, double weight_decay)
+{
+    cx_param_group g = CX_ZEROED_;
+    g.struct_size = sizeof g;
+    g.params = params;
+    g.n = n;
+    g.weight_decay = weight_decay;
+    g.lr_scale = 1.0;
+    return g;
+}
 
 /* The usual split of a transformer's parameters (nanoGPT's
  * configure_optimizers): out[0] holds the tensors of 2 or more dims
  * (weights, embeddings) with `weight_decay`, out[1] the others (biases,
  * LayerNorm) with none, each in the order of `params`. Both point into
  * `scratch` (n entries, the caller's; the names stay those of `params`).
- * @return 2, or -1 with cx_last_error set on a NULL list or negative n. */
+ * out[0].struct_size is the caller's, set before the call (CX_STRUCT_SIZE
+ * or cx_param_group_of()): both groups are written at that size, that far
+ * apart, each with its struct_size set to it (core.h).
+ * @return 2, or -1 with cx_last_error set on a NULL list, negative n or an
+ * out[0].struct_size below the first version's. */
 CX_API int cx_param_groups_by_ndim(const cx_named_tensor *params, int n, double weight_decay,
                                    cx_named_tensor *scratch, cx_param_group out[2]);
 
@@ -173,7 +212,20 @@ typedef struct {
 
 /* Constant 0.01, step_size 1, gamma 0.1, total_steps 1, min_lr 0, no warm-up
  * (start factor 1/3 as LinearLR's default). */
-CX_API cx_lr_schedule cx_lr_schedule_default_opts(void);
+static inline cx_lr_schedule cx_lr_schedule_default_opts(void)
+{
+    cx_lr_schedule o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.kind = CX_LR_CONSTANT;
+    o.base_lr = 0.01;
+    o.step_size = 1;
+    o.gamma = 0.1;
+    o.total_steps = 1;
+    o.min_lr = 0.0;
+    o.warmup_steps = 0;
+    o.warmup_start_factor = 1.0 / 3.0;
+    return o;
+}
 /* The learning rate for step t (0-based), or NaN with cx_last_error set for
  * a NULL schedule or a struct_size below the first version's. */
 CX_API double cx_lr_at(const cx_lr_schedule *s, int64_t t);

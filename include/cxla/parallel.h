@@ -113,7 +113,16 @@ typedef struct {
     bool broadcast_buffers;       /* copy rank 0's buffers before each forward (true) */
     cx_grad_comm grad_comm;       /* CX_GRAD_COMM_F32; CX_GRAD_COMM_BF16 halves the bytes */
 } cx_ddp_opts;
-CX_API cx_ddp_opts cx_ddp_default_opts(void);
+static inline cx_ddp_opts cx_ddp_default_opts(void)
+{
+    cx_ddp_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.first_bucket_bytes = 1 << 20;
+    o.bucket_bytes = 25 << 20;
+    o.broadcast_buffers = true;
+    o.grad_comm = CX_GRAD_COMM_F32;
+    return o;
+}
 
 /* Wraps `m` (borrowed; it must outlive the wrapper): checks in one
  * rendezvous that every rank has the same cx_module_signature (parameter and

@@ -24,12 +24,6 @@ struct cx_ddp {
     int last_buckets;
 };
 
-cx_ddp_opts cx_ddp_default_opts(void)
-{
-    return (cx_ddp_opts){ CX_STRUCT_SIZE(cx_ddp_opts), .first_bucket_bytes = 1 << 20, .bucket_bytes = 25 << 20, .broadcast_buffers = true,
-                          .grad_comm = CX_GRAD_COMM_F32 };
-}
-
 /* Every rank must hold the same model before anything is exchanged; then
  * rank 0's parameters and buffers, in one execution. */
 static cx_status take_master_model(cx_ddp *d)

@@ -51,11 +51,6 @@ struct cx_fsdp {
     int no_sync;
 };
 
-cx_fsdp_opts cx_fsdp_default_opts(void)
-{
-    return (cx_fsdp_opts){ CX_STRUCT_SIZE(cx_fsdp_opts), .reshard_after_forward = true, .shard_size_multiple = 1 };
-}
-
 /* ---- hooks ----------------------------------------------------------------------- */
 
 static void unit_pre(cx_module *m, void *ctx)

@@ -9,10 +9,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # GCC's -aux-info lists every function prototype with the file declaring it.
+# The headers' static inline functions (the default functions, which must
+# build their struct at the caller's size: docs/api.md, "Growing structs")
+# are compiled into the caller and must not be exported; they only need the
+# cx_ prefix.
 echo '#include <cxla/cxla.h>' > "$tmp/api.c"
 "$cc" -DCX_NO_CALLSITE_MACROS -I"$inc" -I"$gen" -fsyntax-only -aux-info "$tmp/api.aux" "$tmp/api.c"
-grep "$inc/cxla/" "$tmp/api.aux" | grep -v '\*/ static ' |
-    sed -n 's/.*[ *]\([A-Za-z_][A-Za-z0-9_]*\) (.*/\1/p' | sort -u > "$tmp/declared"
+names() { sed -n 's/.*[ *]\([A-Za-z_][A-Za-z0-9_]*\) (.*/\1/p' | sort -u; }
+grep "$inc/cxla/" "$tmp/api.aux" | grep -v '\*/ static ' | names > "$tmp/declared"
+grep "$inc/cxla/" "$tmp/api.aux" | grep '\*/ static ' | names > "$tmp/inline"
 [ -s "$tmp/declared" ] || { echo "check_exports: found no declarations in $inc/cxla" >&2; exit 1; }
 
 nm -D --defined-only "$lib" | awk '{print $NF}' | grep -v '^_' | sort -u > "$tmp/exported"
@@ -25,8 +30,12 @@ done
 for s in $(comm -13 "$tmp/exported" "$tmp/declared"); do
     echo "declared in a public header but not exported (missing CX_API or definition): $s"; status=1
 done
-for s in $(grep -v '^cx_' "$tmp/declared" || true); do
+for s in $(comm -12 "$tmp/exported" "$tmp/inline"); do
+    echo "static inline in a public header but also exported: $s"; status=1
+done
+for s in $(cat "$tmp/declared" "$tmp/inline" | grep -v '^cx_' || true); do
     echo "public function without the cx_ prefix: $s"; status=1
 done
-[ $status -eq 0 ] && echo "check_exports: $(wc -l < "$tmp/declared") public functions, all exported, nothing else"
+[ $status -eq 0 ] && echo "check_exports: $(wc -l < "$tmp/declared") public functions, all exported, nothing else" \
+    "($(wc -l < "$tmp/inline") static inline, none exported)"
 exit $status

@@ -47,7 +47,7 @@ static cx_optimizer *make_opt(cx_named_tensor *ps, int n, cx_fsdp *f, cx_tensor 
     cx_sgd_opts o = cx_sgd_default_opts();
     o.lr = 0.5;   /* large enough that 3 steps move every weight visibly */
     o.momentum = 0.9;
-    cx_param_group groups[2];
+    cx_param_group groups[2] = { { CX_STRUCT_SIZE(cx_param_group) } };
     if (f) {
         *masks = cx_fsdp_decay_masks(f, 2, nmasks);
         CHECK(*masks && *nmasks == n, "decay masks: %s", cx_last_error());

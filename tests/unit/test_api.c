@@ -335,6 +335,115 @@ Test(api, param_groups_step_by_the_callers_size)
     cx_module_free(lin);
 }
 
+/* The structs the library fills in the caller's memory (cx_gpt_config_of,
+ * cx_param_groups_by_ndim) sit in a buffer of canary bytes: whatever the
+ * caller's struct_size says is all the library may write. */
+#define CANARY 0xa5
+
+static void canary_with_size(void *buf, size_t n, size_t struct_size)
+{
+    memset(buf, CANARY, n);
+    memcpy(buf, &struct_size, sizeof struct_size);
+}
+
+static void expect_canary(const void *buf, size_t from, size_t to, const char *what)
+{
+    const unsigned char *b = buf;
+    for (size_t i = from; i < to; i++) cr_assert_eq(b[i], CANARY, "%s: byte %zu written", what, i);
+}
+
+Test(api, gpt_config_of_writes_only_the_callers_size)
+{
+    cx_gpt_config c = cx_gpt_default_config();
+    c.vocab_size = 16, c.block_size = 4, c.n_layer = 1, c.n_head = 1, c.n_embd = 4;
+    cx_module *m = cx_nn_gpt(c);
+    cr_assert(m, "%s", cx_last_error());
+    union {
+        cx_gpt_config c;
+        unsigned char b[sizeof(cx_gpt_config) + 32];
+    } u;
+    canary_with_size(&u, sizeof u, sizeof(cx_gpt_config));
+    cr_assert_eq(cx_gpt_config_of(m, &u.c), CX_OK, "%s", cx_last_error());
+    cr_expect_eq(u.c.struct_size, sizeof(cx_gpt_config));
+    cr_expect(u.c.vocab_size == 16 && u.c.block_size == 4 && u.c.n_layer == 1 && u.c.n_head == 1 && u.c.n_embd == 4);
+    expect_canary(&u, sizeof(cx_gpt_config), sizeof u, "this caller's size");
+
+    /* a caller with newer headers: its members past ours keep their bytes */
+    canary_with_size(&u, sizeof u, sizeof(cx_gpt_config) + 16);
+    cr_assert_eq(cx_gpt_config_of(m, &u.c), CX_OK, "%s", cx_last_error());
+    cr_expect_eq(u.c.struct_size, sizeof(cx_gpt_config) + 16, "the caller's size stays");
+    cr_expect_eq(u.c.n_embd, 4);
+    expect_canary(&u, sizeof(cx_gpt_config), sizeof u, "a newer caller's");
+
+    /* older than the first version: refused, nothing written */
+    canary_with_size(&u, sizeof u, SIZE_THROUGH(cx_gpt_config, n_head));
+    cr_expect_eq(cx_gpt_config_of(m, &u.c), CX_ERR_ARG);
+    expect_last("cx_gpt_config_of: cx_gpt_config.struct_size is");
+    expect_canary(&u, sizeof(size_t), sizeof u, "a refused size");
+    cr_expect_eq(cx_gpt_config_of(m, NULL), CX_ERR_ARG);
+    cx_module_free(m);
+}
+
+Test(api, param_groups_by_ndim_write_at_the_callers_size)
+{
+    cx_module *lin = cx_nn_linear(2, 2, true);
+    int n = 0;
+    cx_named_tensor *ps = cx_module_parameters(lin, &n), scratch[2];
+    cr_assert(ps && n == 2);
+    /* a newer caller's groups: 16 bytes more each, and its array that far apart */
+    const size_t stride = sizeof(cx_param_group) + 16;
+    union {
+        cx_param_group g;
+        unsigned char b[2 * (sizeof(cx_param_group) + 16) + 16];
+    } u;
+    canary_with_size(&u, sizeof u, stride);
+    cr_assert_eq(cx_param_groups_by_ndim(ps, n, 0.1, scratch, &u.g), 2, "%s", cx_last_error());
+    for (int g = 0; g < 2; g++) {
+        cx_param_group got;
+        memcpy(&got, u.b + g * stride, sizeof got);
+        cr_expect_eq(got.struct_size, stride, "group %d carries the caller's size", g);
+        cr_expect_eq(got.n, 1);
+        cr_expect_eq(got.weight_decay, g ? 0.0 : 0.1);
+        cr_expect_eq(got.lr_scale, 1.0);
+        expect_canary(u.b + g * stride, sizeof(cx_param_group), stride, "a newer caller's group");
+    }
+    expect_canary(&u, 2 * stride, sizeof u, "past the caller's two groups");
+
+    canary_with_size(&u, sizeof u, sizeof(cx_param_group));
+    cr_assert_eq(cx_param_groups_by_ndim(ps, n, 0.1, scratch, &u.g), 2, "%s", cx_last_error());
+    expect_canary(&u, 2 * sizeof(cx_param_group), sizeof u, "past this caller's two groups");
+
+    canary_with_size(&u, sizeof u, SIZE_THROUGH(cx_param_group, lr_scale));
+    cr_expect_eq(cx_param_groups_by_ndim(ps, n, 0.1, scratch, &u.g), -1);
+    expect_last("out[0].struct_size is");
+    expect_canary(&u, sizeof(size_t), sizeof u, "a refused size");
+    free(ps);
+    cx_module_free(lin);
+}
+
+/* The default functions are built into the caller at its own size. */
+Test(api, defaults_carry_the_callers_size)
+{
+    cr_expect_eq(cx_ddp_default_opts().struct_size, sizeof(cx_ddp_opts));
+    cr_expect_eq(cx_fsdp_default_opts().struct_size, sizeof(cx_fsdp_opts));
+    cr_expect_eq(cx_ckpt_default_opts().struct_size, sizeof(cx_ckpt_opts));
+    cr_expect_eq(cx_ckpt_manager_default_opts().struct_size, sizeof(cx_ckpt_manager_opts));
+    cr_expect_eq(cx_ckpt_consolidate_default_opts().struct_size, sizeof(cx_ckpt_consolidate_opts));
+    cr_expect_eq(cx_mnist_default_opts().struct_size, sizeof(cx_mnist_opts));
+    cr_expect_eq(cx_fake_data_default_opts().struct_size, sizeof(cx_fake_data_opts));
+    cr_expect_eq(cx_text_default_opts().struct_size, sizeof(cx_text_opts));
+    cr_expect_eq(cx_sampler_default_opts().struct_size, sizeof(cx_sampler_opts));
+    cr_expect_eq(cx_loader_default_opts().struct_size, sizeof(cx_loader_opts));
+    cr_expect_eq(cx_gpt_default_config().struct_size, sizeof(cx_gpt_config));
+    cr_expect_eq(cx_conv2d_default_opts().struct_size, sizeof(cx_conv2d_opts));
+    cr_expect_eq(cx_batch_norm_default_opts().struct_size, sizeof(cx_batch_norm_opts));
+    cr_expect_eq(cx_sgd_default_opts().struct_size, sizeof(cx_sgd_opts));
+    cr_expect_eq(cx_adam_default_opts().struct_size, sizeof(cx_adam_opts));
+    cr_expect_eq(cx_adamw_default_opts().weight_decay, 1e-2);
+    cr_expect_eq(cx_lr_schedule_default_opts().struct_size, sizeof(cx_lr_schedule));
+    cr_expect_eq(cx_param_group_of(NULL, 0, 0.0).struct_size, sizeof(cx_param_group));
+}
+
 Test(api, data_options_refuse_a_missing_size)
 {
     cx_sampler_opts so = { .world_size = 1 };
@@ -374,7 +483,8 @@ Test(api, gpt_config_refuses_a_missing_size)
     c.struct_size = sizeof c;
     cx_module *m = cx_nn_gpt(c);
     cr_assert(m, "%s", cx_last_error());
-    cx_gpt_config back = cx_gpt_config_of(m);
+    cx_gpt_config back = cx_gpt_default_config();
+    cr_assert_eq(cx_gpt_config_of(m, &back), CX_OK, "%s", cx_last_error());
     cr_expect_eq(back.struct_size, sizeof back, "a config read back can be passed again");
     cr_expect_eq(back.vocab_size, 16);
     cr_expect_eq(cx_gpt_flops_per_token(back, 4), cx_gpt_flops_per_token(c, 4));

@@ -47,7 +47,7 @@ Test(gpt, golden_loss_grads_and_two_adamw_steps)
     cr_assert_eq(n, 2 + 12 * 2 + 2, "the tied lm_head.weight is listed once");
 
     cx_named_tensor scratch[64];
-    cx_param_group groups[2];
+    cx_param_group groups[2] = { { CX_STRUCT_SIZE(cx_param_group) } };
     cr_assert_eq(cx_param_groups_by_ndim(ps, n, 0.1, scratch, groups), 2);
     cx_adam_opts o = cx_adamw_default_opts();
     o.lr = 1e-3; o.beta1 = 0.9; o.beta2 = 0.99; o.eps = 1e-8;
@@ -115,8 +115,11 @@ Test(gpt, state_dict_names_are_nanogpts)
     cr_expect_str_eq(ties[0].source, "transformer.wte.weight");
     free(ties);
     free(sd);
-    cr_expect_eq(cx_gpt_config_of(m).n_embd, 32);
-    cr_expect_eq(cx_gpt_config_of(cx_module_child(m, 0)).n_embd, 0, "the trunk is not a GPT");
+    cx_gpt_config back = cx_gpt_default_config();
+    cr_expect_eq(cx_gpt_config_of(m, &back), CX_OK);
+    cr_expect_eq(back.n_embd, 32);
+    cr_expect_eq(cx_gpt_config_of(cx_module_child(m, 0), &back), CX_ERR_ARG, "the trunk is not a GPT");
+    cr_expect_eq(back.n_embd, 32, "a refused call writes nothing");
     cx_module_free(m);
 }
 

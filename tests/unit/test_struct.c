@@ -64,3 +64,49 @@ Test(struct_take, below_the_first_version_is_refused_by_name)
     cr_expect_not(cx_struct_take(&got, sizeof got, &old, 0, CX_SIZE_THROUGH(v2, b), "v2", err, sizeof err));
     cr_expect(strstr(err, "v2.struct_size is 0") != NULL, "%s", err);
 }
+
+/* cx_struct_give, the library filling a sized struct in the caller's
+ * memory: an older caller's v1 sits in a buffer with a canary after it,
+ * which a library writing its whole v2 would overwrite. */
+Test(struct_give, an_older_caller_gets_only_its_bytes)
+{
+    unsigned char buf[sizeof(v2) + 16];
+    memset(buf, 0xa5, sizeof buf);
+    v1 old = { sizeof old, .a = 0, .b = 0.0 };
+    memcpy(buf, &old, sizeof old);
+    v2 mine = defaults();
+    char err[256];
+    cr_assert(cx_struct_give(buf, &mine, sizeof mine, CX_SIZE_THROUGH(v2, b), "v2", err, sizeof err), "%s", err);
+    memcpy(&old, buf, sizeof old);
+    cr_expect_eq(old.struct_size, sizeof(v1), "the caller's size stays");
+    cr_expect_eq(old.a, 1);
+    cr_expect_eq(old.b, 2.0);
+    for (size_t i = sizeof(v1); i < sizeof buf; i++) cr_assert_eq(buf[i], 0xa5, "byte %zu past the caller's struct written", i);
+}
+
+Test(struct_give, a_newer_caller_keeps_what_the_library_does_not_know)
+{
+    struct {
+        v2 known;
+        int later;
+    } newer = { { sizeof newer, .a = 0, .b = 0.0, .added = 0 }, .later = 99 };
+    v2 mine = defaults();
+    char err[256];
+    cr_assert(cx_struct_give(&newer, &mine, sizeof mine, CX_SIZE_THROUGH(v2, b), "v2", err, sizeof err), "%s", err);
+    cr_expect_eq(newer.known.struct_size, sizeof newer, "the caller's size stays");
+    cr_expect_eq(newer.known.added, 42);
+    cr_expect_eq(newer.later, 99);
+}
+
+Test(struct_give, below_the_first_version_writes_nothing)
+{
+    unsigned char buf[sizeof(v2)];
+    memset(buf, 0xa5, sizeof buf);
+    size_t small = CX_SIZE_THROUGH(v2, a);
+    memcpy(buf, &small, sizeof small);
+    v2 mine = defaults();
+    char err[256];
+    cr_expect_not(cx_struct_give(buf, &mine, sizeof mine, CX_SIZE_THROUGH(v2, b), "v2", err, sizeof err));
+    cr_expect(strstr(err, "v2.struct_size is") != NULL, "%s", err);
+    for (size_t i = sizeof small; i < sizeof buf; i++) cr_assert_eq(buf[i], 0xa5, "byte %zu written", i);
+}
