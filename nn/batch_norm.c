@@ -80,13 +80,8 @@ static const cx_module_type batch_norm_type = { CX_STRUCT_SIZE(cx_module_type), 
 
 cx_module *cx_nn_batch_norm2d(int64_t c, cx_batch_norm_opts given)
 {
-    char serr[256];
     cx_batch_norm_opts o = cx_batch_norm_default_opts();
-    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_batch_norm_opts, track_running_stats),
-                        "cx_batch_norm_opts", serr, sizeof serr)) {
-        cx_set_last_error("cx_nn_batch_norm2d: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("cx_nn_batch_norm2d", cx_batch_norm_opts, o, &given, track_running_stats)) return NULL;
     if (c <= 0 || !(o.eps > 0) || !(o.momentum >= 0 && o.momentum <= 1)) {
         cx_set_last_error("cx_nn_batch_norm2d: bad arguments: %lld features, eps %g, momentum %g", (long long)c, o.eps,
                      o.momentum);

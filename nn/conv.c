@@ -22,13 +22,8 @@ static const cx_module_type conv2d_type = { CX_STRUCT_SIZE(cx_module_type), .nam
 
 cx_module *cx_nn_conv2d(int64_t in_channels, int64_t out_channels, int k, cx_conv2d_opts given)
 {
-    char serr[256];
     cx_conv2d_opts o = cx_conv2d_default_opts();
-    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_conv2d_opts, bias), "cx_conv2d_opts",
-                        serr, sizeof serr)) {
-        cx_set_last_error("cx_nn_conv2d: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("cx_nn_conv2d", cx_conv2d_opts, o, &given, bias)) return NULL;
     if (in_channels <= 0 || out_channels <= 0 || k <= 0 || o.stride <= 0 || o.padding < 0 ||
         o.dilation <= 0 || o.groups <= 0 || in_channels % o.groups || out_channels % o.groups) {
         cx_set_last_error("cx_nn_conv2d: bad arguments: in %lld, out %lld, kernel %d, stride %d, padding %d, "

@@ -102,13 +102,8 @@ cx_status cx_mnist_load(cx_mnist_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_mnist_load: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
-    char serr[256];
     cx_mnist_opts o = cx_mnist_default_opts();
-    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_mnist_opts, train), "cx_mnist_opts",
-                        serr, sizeof serr)) {
-        cx_set_last_error("cx_mnist_load: %s", serr);
-        return CX_ERR_ARG;
-    }
+    if (!CX_TAKE_STRUCT("cx_mnist_load", cx_mnist_opts, o, &given, train)) return CX_ERR_ARG;
     const char *dir = o.dir ? o.dir
                             : (o.kind == CX_DATASET_MNIST ? CX_MNIST_DIR : CX_FASHION_MNIST_DIR);
     const char *split = o.train ? "train" : "t10k";
@@ -143,13 +138,8 @@ cx_status cx_fake_data(cx_fake_data_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
-    char serr[256];
     cx_fake_data_opts o = cx_fake_data_default_opts();
-    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_fake_data_opts, seed),
-                        "cx_fake_data_opts", serr, sizeof serr)) {
-        cx_set_last_error("cx_fake_data: %s", serr);
-        return CX_ERR_ARG;
-    }
+    if (!CX_TAKE_STRUCT("cx_fake_data", cx_fake_data_opts, o, &given, seed)) return CX_ERR_ARG;
     if (o.size <= 0 || o.channels <= 0 || o.height <= 0 || o.width <= 0 || o.num_classes <= 0 ||
         o.num_classes > 256) {
         cx_set_last_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, <= 256 classes)",

@@ -194,13 +194,8 @@ static void slot_release(cx_loader *l, slot *s)
 
 cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
 {
-    char serr[256];
     cx_loader_opts own_o = cx_loader_default_opts();
-    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_loader_opts, input_nspec), "cx_loader_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("cx_loader_new: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("cx_loader_new", cx_loader_opts, own_o, &o, input_nspec)) return NULL;
     o = own_o;
     if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
         cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",

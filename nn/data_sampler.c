@@ -45,13 +45,8 @@ static void build_epoch(cx_sampler *s)
 
 cx_sampler *cx_sampler_new(int64_t dataset_size, cx_sampler_opts given)
 {
-    char serr[256];
     cx_sampler_opts o = cx_sampler_default_opts();
-    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_sampler_opts, drop_last),
-                        "cx_sampler_opts", serr, sizeof serr)) {
-        cx_set_last_error("cx_sampler_new: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("cx_sampler_new", cx_sampler_opts, o, &given, drop_last)) return NULL;
     if (dataset_size <= 0 || o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
         cx_set_last_error("cx_sampler_new: bad arguments: size %lld, rank %d of world size %d",
                      (long long)dataset_size, o.rank, o.world_size);

@@ -157,13 +157,8 @@ cx_status cx_text_open(cx_text_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_text_open: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
-    char serr[256];
     cx_text_opts o = cx_text_default_opts();
-    if (!cx_struct_take(&o, sizeof o, &given, given.struct_size, CX_SIZE_THROUGH(cx_text_opts, eval_windows),
-                        "cx_text_opts", serr, sizeof serr)) {
-        cx_set_last_error("cx_text_open: %s", serr);
-        return CX_ERR_ARG;
-    }
+    if (!CX_TAKE_STRUCT("cx_text_open", cx_text_opts, o, &given, eval_windows)) return CX_ERR_ARG;
     cx_status st = check_opts(&o);
     if (st != CX_OK) return st;
     text *t = calloc(1, sizeof *t);

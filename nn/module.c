@@ -378,13 +378,8 @@ int cx_module_forward_many(cx_module *m, cx_tensor *const *in, int n_in, cx_tens
 int cx_module_add_hooks(cx_module *m, const cx_module_hooks *h)
 {
     if (!m || !h) { cx_set_last_error("cx_module_add_hooks: NULL argument"); return -1; }
-    char serr[256];
     cx_module_hooks own = { CX_STRUCT_SIZE(cx_module_hooks) };
-    if (!cx_struct_take(&own, sizeof own, h, h->struct_size, CX_SIZE_THROUGH(cx_module_hooks, ctx), "cx_module_hooks",
-                        serr, sizeof serr)) {
-        cx_set_last_error("cx_module_add_hooks: %s", serr);
-        return -1;
-    }
+    if (!CX_TAKE_STRUCT("cx_module_add_hooks", cx_module_hooks, own, h, ctx)) return -1;
     if (m->nhooks == CX_MODULE_MAX_HOOKS) {
         cx_set_last_error("cx_module_add_hooks: module already has %d hooks", CX_MODULE_MAX_HOOKS);
         return -1;

@@ -7,15 +7,10 @@
 
 double cx_lr_at(const cx_lr_schedule *given, int64_t t)
 {
-    char serr[256];
     cx_lr_schedule own = cx_lr_schedule_default_opts();
     const cx_lr_schedule *s = &own;
     if (!given) { cx_set_last_error("cx_lr_at: schedule is NULL"); return NAN; }
-    if (!cx_struct_take(&own, sizeof own, given, given->struct_size, CX_SIZE_THROUGH(cx_lr_schedule, warmup_start_factor),
-                        "cx_lr_schedule", serr, sizeof serr)) {
-        cx_set_last_error("cx_lr_at: %s", serr);
-        return NAN;
-    }
+    if (!CX_TAKE_STRUCT("cx_lr_at", cx_lr_schedule, own, given, warmup_start_factor)) return NAN;
     if (t < 0) t = 0;
     if (t < s->warmup_steps) {
         double f = s->warmup_start_factor + (1.0 - s->warmup_start_factor) * (double)t / (double)s->warmup_steps;

@@ -51,4 +51,25 @@ static inline bool cx_struct_give(void *dst, const void *src, size_t full, size_
     return true;
 }
 
+/* cx_struct_take with the failure reported the way every library entry
+ * point reports one: "who: <message>" through report, which is
+ * cx_set_last_error (util/ cannot name it; the layers above pass it in
+ * CX_TAKE_STRUCT). */
+static inline bool cx_struct_take_or_report(void *dst, size_t full, const void *src, size_t given, size_t min,
+                                            const char *type, const char *who,
+                                            void (*report)(const char *fmt, ...))
+{
+    char err[256];
+    if (cx_struct_take(dst, full, src, given, min, type, err, sizeof err)) return true;
+    report("%s: %s", who, err);
+    return false;
+}
+
+/* Takes the caller's *src (a T whose first version ended at first_last)
+ * over dst, which holds the library's defaults. @return false with the
+ * error set as "who: ..." when its struct_size is too small. */
+#define CX_TAKE_STRUCT(who, T, dst, src, first_last)                                                               \
+    cx_struct_take_or_report(&(dst), sizeof(dst), (src), (src)->struct_size, CX_SIZE_THROUGH(T, first_last), #T, (who), \
+                             cx_set_last_error)
+
 #endif

@@ -41,13 +41,8 @@ static cx_status take_master_model(cx_ddp *d)
 cx_ddp *cx_ddp_wrap(cx_module *m, cx_ddp_opts opts)
 {
     if (!m) { cx_set_last_error("ddp_wrap: module is NULL"); return NULL; }
-    char serr[256];
     cx_ddp_opts own_opts = cx_ddp_default_opts();
-    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_ddp_opts, grad_comm), "cx_ddp_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("ddp_wrap: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("ddp_wrap", cx_ddp_opts, own_opts, &opts, grad_comm)) return NULL;
     opts = own_opts;
     if (opts.grad_comm != CX_GRAD_COMM_F32 && opts.grad_comm != CX_GRAD_COMM_BF16) {
         cx_set_last_error("ddp_wrap: unknown grad_comm %d (CX_GRAD_COMM_F32, CX_GRAD_COMM_BF16)", (int)opts.grad_comm);

@@ -356,13 +356,8 @@ static void unit_release(unit *u)
 cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
 {
     if (!m) { cx_set_last_error("fsdp_wrap: module is NULL"); return NULL; }
-    char serr[256];
     cx_fsdp_opts own_opts = cx_fsdp_default_opts();
-    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_fsdp_opts, grad_ckpt), "cx_fsdp_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("fsdp_wrap: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("fsdp_wrap", cx_fsdp_opts, own_opts, &opts, grad_ckpt)) return NULL;
     opts = own_opts;
     if (opts.shard_size_multiple < 0 || opts.auto_wrap_min_params < 0) {
         cx_set_last_error("fsdp_wrap: shard_size_multiple and auto_wrap_min_params must be >= 0");
