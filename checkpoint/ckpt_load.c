@@ -71,6 +71,55 @@ static cx_status shape_error(const ckpt_src *s, const char *key, const char *sta
     return CX_ERR_SHAPE;
 }
 
+/* The model's i-th tensor name over both views (the state dict, or the
+ * buffers then every unit's parameters when sharded). @return NULL past the end. */
+static const char *model_key(const ckpt_view *v, const cx_named_tensor *sd, int n, int i)
+{
+    if (i < n) return sd[i].name;
+    i -= n;
+    for (int u = 0; v->sharded && u < v->nunits; u++) {
+        if (i < v->units[u].nparams) return v->units[u].params[i].name;
+        i -= v->units[u].nparams;
+    }
+    return NULL;
+}
+
+/* "transformer.*" when every model tensor of the checkpoint shares its
+ * first name part, else its first two names. */
+static void describe_src_keys(const ckpt_src *s, char *out, size_t cap, int *count)
+{
+    const char *first = NULL, *second = NULL;
+    size_t head = 0;
+    bool shared = true;
+    *count = 0;
+    for (int i = 0; i < s->nentries; i++) {
+        const char *k = s->entries[i].key;
+        if (s->entries[i].state) continue;
+        if (!first) { first = k; head = strcspn(k, "."); }
+        else if (!second) second = k;
+        shared = shared && k[head] == '.' && !strncmp(k, first, head + 1);
+        (*count)++;
+    }
+    if (first && shared) snprintf(out, cap, "%.*s.*", (int)head, first);
+    else snprintf(out, cap, "%s%s%s%s", first ? first : "", second ? ", " : "", second ? second : "", *count > 2 ? ", ..." : "");
+}
+
+/* A checkpoint of another model misses the first tensor the model asks
+ * for, which says nothing about why: name what it holds instead. */
+static cx_status check_same_model(const ckpt_src *s, const ckpt_view *v, const cx_named_tensor *sd, int n)
+{
+    int nmodel = 0, nsrc;
+    for (const char *k; (k = model_key(v, sd, n, nmodel)); nmodel++)
+        if (ckpt_src_find(s, k, NULL)) return CX_OK;
+    char found[600];
+    describe_src_keys(s, found, sizeof found, &nsrc);
+    if (nmodel == 0 || nsrc == 0) return CX_OK;
+    const char *a = model_key(v, sd, n, 0), *b = model_key(v, sd, n, 1);
+    cx_set_last_error("checkpoint %s holds another model: its %d tensors are %s, the model's %d are %s%s%s%s", s->prefix,
+                      nsrc, found, nmodel, a, b ? ", " : "", b ? b : "", nmodel > 2 ? ", ..." : "");
+    return CX_ERR_SHAPE;
+}
+
 /* Every tensor of the model's list (state dict, or the buffers when
  * sharded) must be in the checkpoint with its shape. */
 static cx_status plan_model(load_plan *p, const cx_named_tensor *sd, int n)
@@ -425,6 +474,7 @@ static cx_status plan_all(load_job *j, const ckpt_view *v, cx_optimizer *opt, cx
     if (j->sd && ((j->state && j->params) || !with_opt))
         p->items = calloc((size_t)(n + ns + v->nunits + 1), sizeof *p->items);
     cx_status st = p->items ? CX_OK : oom(s);
+    if (st == CX_OK) st = check_same_model(s, v, j->sd, n);
     if (st == CX_OK) st = plan_model(p, j->sd, n);
     if (st == CX_OK && v->sharded) st = plan_flat_params(p);
     if (st == CX_OK) st = check_extra_keys(s, v, j->sd, n);

@@ -74,9 +74,31 @@ static cx_status find_single(ckpt_src *s, const char *path)
     s->files = calloc(1, sizeof *s->files);
     if (!s->files || add_file(s, path) < 0) return ckpt_fail(CX_ERR_OOM, "%s: out of memory", path);
     struct stat sb;
-    if (stat(path, &sb) != 0) return ckpt_fail(CX_ERR_IO, "%s: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return ckpt_fail(CX_ERR_IO, "no checkpoint file at %s (%s)", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode))
+        return ckpt_fail(CX_ERR_IO, "no checkpoint file at %s: it is a directory, a full checkpoint is one .h5 file", path);
     s->files[0].size = sb.st_size;
     return CX_OK;
+}
+
+/* A user who names no checkpoint has usually given a directory, a full
+ * file or a typo: say which of those it is, and what a prefix would need. */
+static cx_status no_files_error(const char *prefix, const char *suffix)
+{
+    struct stat sb;
+    char marker[4200];
+    snprintf(marker, sizeof marker, "%s.commit", prefix);
+    if (stat(prefix, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return ckpt_fail(CX_ERR_IO, "no checkpoint at %s: it is a directory, a checkpoint is a prefix naming files "
+                         "PREFIX%s (e.g. %s/ckpt-step-<N>)", prefix, suffix, prefix);
+    if (stat(prefix, &sb) == 0)
+        return ckpt_fail(CX_ERR_IO, "no sharded checkpoint at %s: it is one file, and no files match %s%s "
+                         "(a consolidated checkpoint loads as a full file)", prefix, prefix, suffix);
+    if (stat(marker, &sb) == 0)
+        return ckpt_fail(CX_ERR_IO, "checkpoint %s is committed (%s) but its files %s%s are gone", prefix, marker,
+                         prefix, suffix);
+    return ckpt_fail(CX_ERR_IO, "no checkpoint at %s (no file %s, and no sharded checkpoint %s%s)", prefix, prefix,
+                     prefix, suffix);
 }
 
 static cx_status find_files(ckpt_src *s, const char *prefix, const char *suffix)
@@ -86,8 +108,7 @@ static cx_status find_files(ckpt_src *s, const char *prefix, const char *suffix)
     glob_t gl = { 0 };
     if (glob(pattern, 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
         globfree(&gl);
-        return ckpt_fail(CX_ERR_IO, "checkpoint %s is not committed: no files match its pattern %s", prefix,
-                         suffix ? suffix : CX_CKPT_DEFAULT_SUFFIX);
+        return no_files_error(prefix, suffix ? suffix : CX_CKPT_DEFAULT_SUFFIX);
     }
     s->files = calloc(gl.gl_pathc, sizeof *s->files);
     cx_status st = s->files ? CX_OK : CX_ERR_OOM;

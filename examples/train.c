@@ -51,6 +51,7 @@ typedef struct {
     int64_t ckpt_every;       /* steps between saves; 0: only at the end */
     const char *resume;       /* NULL, "auto" or a checkpoint prefix */
     bool metrics;             /* print the metrics report at the end */
+    bool log_all_ranks;       /* every rank prints its own loss and epoch lines */
     const char *trace_dir;    /* profiler output, NULL: off */
     const char *cache_dir;    /* persistent compile cache, NULL: off */
 } config;
@@ -77,7 +78,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist)" },
         { .name = "epochs", .kind = CLI_INT, .dest = &c->epochs, .min = 1, .max = 1000000, .help = "epochs" },
         { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 0, .max = 0x1p40, .help = "steps per epoch, 0 = all" },
-        { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "batch size" },
+        { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "images per step on each rank: the global\n"
+          "batch is N x ranks (spmd: N is the global batch)" },
         { .name = "lr", .kind = CLI_DOUBLE, .dest = &c->lr, .min = 0, .max = INFINITY, .help = "learning rate" },
         { .name = "momentum", .kind = CLI_DOUBLE, .dest = &c->momentum, .min = 0, .max = INFINITY,
           .help = "SGD momentum" },
@@ -112,6 +114,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "rematerialize each unit's forward in backward" },
         { .name = "metrics", .kind = CLI_BOOL, .dest = &c->metrics,
           .help = "print the metrics report at the end (rank 0)" },
+        { .name = "log-all-ranks", .kind = CLI_BOOL, .dest = &c->log_all_ranks,
+          .help = "every rank prints its own losses and epoch line\n(speeds on this rank); default: rank 0, global" },
         { .name = "trace", .kind = CLI_STRING, .dest = &c->trace_dir, .metavar = "DIR",
           .help = "write a profiler trace to DIR/proc_<rank>/trace.json" },
         { .name = "cache-dir", .kind = CLI_STRING, .dest = &c->cache_dir, .metavar = "DIR",
@@ -214,16 +218,55 @@ typedef struct {
     int64_t batch;
 } pending_log;
 
-static void flush_log(pending_log *p, int epoch, int64_t batch_size, int64_t dataset_size, int64_t batches)
+/* Where an epoch is, for its progress lines. */
+typedef struct {
+    int epoch;
+    int64_t per_epoch;   /* steps an epoch runs: --steps, or the whole split */
+    int64_t first;       /* the step this process started the epoch at (a resume skips some) */
+    int64_t steps;       /* steps done in the epoch, the skipped ones included */
+    int64_t images;      /* images this rank trained in the epoch */
+    double t0;
+} progress;
+
+/* The whole run, for the last line. */
+static struct {
+    int64_t steps, images;   /* this process's run; images over all ranks */
+    double train_s, t0;
+} g_run;
+
+/* Ranks that each read their own images: an SPMD batch is one global batch. */
+static int64_t feeders(void) { return cx_is_spmd() ? 1 : cx_world_size(); }
+
+static bool speaks(const config *c) { return c->log_all_ranks || cx_global_ordinal() == 0; }
+
+/* "1:05" or "2:03:04". */
+static void format_eta(char *out, size_t cap, double s)
+{
+    long t = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+    if (t >= 3600) snprintf(out, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(out, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* Rank 0 speaks for the job: images of all ranks, the fraction of the
+ * epoch actually run (--steps), the time left of the whole run. */
+static void flush_log(pending_log *p, const config *c, const progress *pr, int64_t dataset_size)
 {
     if (!p->loss) return;
-    /* samples seen by all ranks together, as the single-process log counts them (an SPMD batch is global) */
-    int64_t feeders = cx_is_spmd() ? 1 : cx_world_size();
-    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch, (long long)(p->batch * batch_size * feeders),
-           (long long)dataset_size, 100.0 * (double)p->batch / (double)batches, cx_item(p->loss));
-    fflush(stdout);
+    double loss = cx_item(p->loss);   /* on every rank: the same reads, whoever prints */
     cx_free(p->loss);
     p->loss = NULL;
+    if (!speaks(c)) return;
+    int64_t k = c->log_all_ranks ? 1 : feeders();
+    int64_t total = c->steps ? pr->per_epoch * c->batch_size * feeders() : dataset_size;
+    double dt = now_s() - pr->t0, done = (double)(pr->steps - pr->first);
+    double left = (double)(pr->per_epoch - pr->steps + (int64_t)(c->epochs - pr->epoch) * pr->per_epoch);
+    char eta[32];
+    format_eta(eta, sizeof eta, done > 0 ? left * dt / done : 0);
+    printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f  (%.1f images/s%s, ETA %s)\n", pr->epoch,
+           (long long)(p->batch * c->batch_size * feeders()), (long long)total,
+           100.0 * (double)p->batch / (double)pr->per_epoch, loss, dt > 0 ? (double)(pr->images * k) / dt : 0.0,
+           c->log_all_ranks && cx_world_size() > 1 ? " on this rank" : "", eta);
+    fflush(stdout);
 }
 
 /* One epoch. The loader marks the steps: each cx_loader_next ends the
@@ -292,10 +335,8 @@ static cx_status ckpt_setup(const config *c, const parallel_mode *par, cx_module
     if (!c->resume) return CX_OK;
     char prefix[4096];
     if (!strcmp(c->resume, "auto")) {
-        if (!c->ckpt_dir || cx_ckpt_latest(c->ckpt_dir, prefix, sizeof prefix) != CX_OK) {
-            if (cx_global_ordinal() == 0)
-                printf("train: notice: no committed checkpoint in %s, starting fresh\n",
-                       c->ckpt_dir ? c->ckpt_dir : "(no --ckpt-dir)");
+        if (cx_ckpt_latest(c->ckpt_dir, prefix, sizeof prefix) != CX_OK) {
+            if (cx_global_ordinal() == 0) printf("train: notice: no committed checkpoint in %s, starting fresh\n", c->ckpt_dir);
             return CX_OK;
         }
     } else {
@@ -308,7 +349,7 @@ static cx_status ckpt_setup(const config *c, const parallel_mode *par, cx_module
     bool consolidated = len > 3 && !strcmp(prefix + len - 3, ".h5");
     cx_status st = consolidated ? cx_ckpt_load_full(prefix, g_ckpt.model, opt, &ex) : cx_ckpt_load(prefix, g_ckpt.model, opt, &ex);
     if (st != CX_OK) {
-        fprintf(stderr, "train: cannot resume: %s\n", cx_last_error());
+        fprintf(stderr, "train: cannot resume --model %s: %s\n", c->model, cx_last_error());
         return CX_ERR_IO;
     }
     g_ckpt.resume_epoch = ex.epoch > 0 ? ex.epoch : 1;
@@ -358,17 +399,37 @@ static cx_status ckpt_final_save(int epochs)
     return ckpt_save_now(epochs + 1, 0);
 }
 
+/* Steps an epoch runs: --steps, or the whole split. */
+static int64_t steps_per_epoch(const config *c, const cx_loader *loader)
+{
+    int64_t n = cx_loader_len(loader);
+    return c->steps > 0 && c->steps < n ? c->steps : n;
+}
+
+/* "Epoch 1: ..." from rank 0 for all ranks, or from each rank for itself. */
+static void epoch_line(const config *c, const progress *pr, double dt)
+{
+    if (!speaks(c)) return;
+    int64_t k = c->log_all_ranks ? 1 : feeders(), images = pr->images * k;
+    char where[48] = "";
+    if (cx_world_size() > 1)
+        snprintf(where, sizeof where, c->log_all_ranks ? " on this rank" : " on %d ranks", cx_world_size());
+    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s%s), peak device memory %.1f MB\n", pr->epoch,
+           (long long)(pr->steps - pr->first), (long long)images, dt, dt > 0 ? (double)images / dt : 0.0, where,
+           (double)cx_memory_peak() / 1e6);
+    fflush(stdout);
+}
+
 static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_optimizer *opt, cx_loader *loader,
                              int64_t dataset_size, const parallel_mode *par)
 {
     cx_module_train(model, true);
-    int64_t batches = cx_loader_len(loader), images = 0, steps = ckpt_start_epoch(loader, epoch, c->batch_size);
+    progress pr = { .epoch = epoch, .per_epoch = steps_per_epoch(c, loader), .t0 = now_s() };
+    pr.first = pr.steps = ckpt_start_epoch(loader, epoch, c->batch_size);
     pending_log log = { NULL, 0 };
-    double t0 = now_s();
     cx_batch b;
-    /* a run resumed from a checkpoint of an epoch's last step has none left */
-    while ((c->steps == 0 || steps < c->steps) && cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
-        flush_log(&log, epoch, c->batch_size, dataset_size, batches);
+    while (pr.steps < pr.per_epoch && cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
+        flush_log(&log, c, &pr, dataset_size);
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
         cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
@@ -382,10 +443,12 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
             return st;
         }
         if (b.index % c->log_every == 0) log = (pending_log){ cx_keep(loss), b.index };
-        images += b.size;
+        pr.images += b.size;
+        pr.steps++;
+        g_run.steps++;
+        g_run.images += b.size * feeders();
         if (ckpt_after_step(loader, epoch) != CX_OK) return CX_ERR_IO;
         if (g_ckpt.preempted) return CX_OK;
-        steps++;
     }
     cx_loader_end_step(loader);
     if (cx_loader_error(loader) != CX_OK) {
@@ -393,12 +456,10 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         cx_free(log.loss);
         return cx_loader_error(loader);
     }
-    flush_log(&log, epoch, c->batch_size, dataset_size, batches);
-    double dt = now_s() - t0;
-    printf("Epoch %d: %lld steps, %lld images in %.1f s (%.1f images/s%s), peak device memory %.1f MB\n", epoch,
-           (long long)steps, (long long)images, dt, (double)images / dt, cx_world_size() > 1 ? " on this rank" : "",
-           (double)cx_memory_peak() / 1e6);
-    fflush(stdout);
+    flush_log(&log, c, &pr, dataset_size);
+    double dt = now_s() - pr.t0;
+    g_run.train_s += dt;
+    epoch_line(c, &pr, dt);
     return CX_OK;
 }
 
@@ -476,6 +537,52 @@ static cx_mesh *spmd_setup(const config *c, cx_module *model)
     return conv_mesh;
 }
 
+/* The resumed epoch's steps are all in the checkpoint. */
+static bool resumed_epoch_done(const config *c, int epoch, const cx_loader *loader)
+{
+    if (epoch != g_ckpt.resume_epoch || g_ckpt.resume_position == 0) return false;
+    /* a last, short batch leaves the position short of a multiple */
+    int64_t taken = (g_ckpt.resume_position + c->batch_size - 1) / c->batch_size;
+    if (taken < steps_per_epoch(c, loader)) return false;
+    g_ckpt.resume_position = 0;
+    return true;
+}
+
+/* A resume with nothing left to train says so and stops (without it, an
+ * epoch of 0 images ran and the test set was evaluated again). */
+static bool resumed_at_end(const config *c, const cx_loader *loader)
+{
+    if (!g_ckpt.last_prefix[0]) return false;
+    bool end = g_ckpt.resume_epoch > c->epochs;
+    if (!end && g_ckpt.resume_epoch == c->epochs && g_ckpt.resume_position > 0) {
+        int64_t taken = (g_ckpt.resume_position + c->batch_size - 1) / c->batch_size;
+        end = taken >= steps_per_epoch(c, loader);
+    }
+    if (end && cx_global_ordinal() == 0) {
+        char steps[48] = "";
+        if (c->steps) snprintf(steps, sizeof steps, ", --steps %lld", (long long)c->steps);
+        printf("train: checkpoint %s is already at the end of training (step %lld; --epochs %d%s): nothing left to "
+               "do; raise --epochs%s to go on\n", g_ckpt.last_prefix, (long long)g_ckpt.last_saved, c->epochs, steps,
+               c->steps ? " or --steps" : "");
+        fflush(stdout);
+    }
+    return end;
+}
+
+/* One line for the whole job: rank 0, the images of all ranks. */
+static void summary_line(const config *c, double acc)
+{
+    if (cx_global_ordinal() != 0) return;
+    char where[4200] = "no checkpoint (no --ckpt-dir)";
+    if (c->ckpt_dir && g_ckpt.last_prefix[0]) snprintf(where, sizeof where, "checkpoint %s", g_ckpt.last_prefix);
+    char accs[48] = "not evaluated";
+    if (!isnan(acc)) snprintf(accs, sizeof accs, "%.2f%%", acc);
+    printf("Done: %lld steps in %.1f s, %.1f images/s over %d rank(s); test accuracy %s; %s\n", (long long)g_run.steps,
+           now_s() - g_run.t0, g_run.train_s > 0 ? (double)g_run.images / g_run.train_s : 0.0, cx_world_size(), accs,
+           where);
+    fflush(stdout);
+}
+
 /* As PyTorch/XLA's FSDP test: rank 0 stitches the last (sharded)
  * checkpoint into one file, loads it into an unwrapped model, evaluates the
  * whole test set and checks the accuracy equals the sharded model's. */
@@ -541,6 +648,16 @@ int main(int argc, char **argv)
         cx_dist_finalize();
         return EXIT_USAGE;
     }
+    if (c.resume && !strcmp(c.resume, "auto") && !c.ckpt_dir) {
+        if (rank == 0) fprintf(stderr, "train: --resume auto needs --ckpt-dir (the directory to take the latest checkpoint from)\n");
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
+    /* the launcher gives every rank WORLD_SIZE; without it "ddp" meant
+     * several ranks that nobody started */
+    if (world == 1 && strcmp(c.parallel, "none") && strcmp(c.parallel, "spmd") && !getenv("WORLD_SIZE"))
+        fprintf(stderr, "train: notice: --parallel %s without xla-launch runs on 1 rank; for N ranks run "
+                "xla-launch --nproc N train ...\n", c.parallel);
     if (c.threads > 0) cx_set_num_threads(c.threads);
     cx_manual_seed((uint64_t)c.seed);
     /* the persistent cache must be set up before the first compile */
@@ -621,6 +738,7 @@ int main(int argc, char **argv)
         printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images; "
                "%d rank(s), parallel %s\n", c.model, (long long)num_params, cx_optim_name(opt), c.lr,
                c.data, (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set), world, c.parallel);
+    fflush(stdout);   /* before any error line of the setup below */
 
     cx_sampler_opts so = cx_sampler_default_opts();
     so.seed = (uint64_t)c.seed;
@@ -643,9 +761,12 @@ int main(int argc, char **argv)
     }
 
     int rc = 0;
-    double acc = 0.0;
+    double acc = NAN;
+    g_run.t0 = now_s();
     if (ckpt_setup(&c, &par, model, opt) != CX_OK) rc = EXIT_RUNTIME;
-    for (int epoch = (int)g_ckpt.resume_epoch; epoch <= c.epochs && rc == 0; epoch++) {
+    bool done = rc == 0 && resumed_at_end(&c, train_loader);
+    for (int epoch = (int)g_ckpt.resume_epoch; epoch <= c.epochs && rc == 0 && !done; epoch++) {
+        if (resumed_epoch_done(&c, epoch, train_loader)) continue;   /* its last step is in the checkpoint */
         if (train_epoch(&c, epoch, model, opt, train_loader, cx_dataset_size(train_set), &par) != CX_OK) {
             rc = EXIT_RUNTIME;
             break;
@@ -663,9 +784,11 @@ int main(int argc, char **argv)
         if (rank == 0) printf("Test accuracy: %.2f%%\n", acc);
         fflush(stdout);
     }
-    if (rc == 0 && ckpt_final_save(c.epochs) != CX_OK) rc = EXIT_RUNTIME;
-    if (rc == 0 && par.fsdp && c.ckpt_dir && g_ckpt.last_prefix[0]) rc = consolidate_and_check(&c, train_set, test_set, acc);
-    if (rc == 0 && c.target_accuracy > 0 && acc < c.target_accuracy) {
+    if (rc == 0 && !done && ckpt_final_save(c.epochs) != CX_OK) rc = EXIT_RUNTIME;
+    if (rc == 0 && !done && par.fsdp && c.ckpt_dir && g_ckpt.last_prefix[0])
+        rc = consolidate_and_check(&c, train_set, test_set, acc);
+    if (rc == 0 && !done) summary_line(&c, acc);
+    if (rc == 0 && !done && c.target_accuracy > 0 && acc < c.target_accuracy) {
         fprintf(stderr, "train: test accuracy %.2f%% is below the target %.2f%%\n", acc, c.target_accuracy);
         rc = EXIT_BELOW_TARGET;
     }

@@ -36,7 +36,7 @@ on_cluster() {
     fi
 }
 # rank 0's losses, one per line
-losses() { sed -n 's/^\[rank 0\] Train Epoch: .*Loss: //p' "$1"; }
+losses() { sed -n 's/^\[rank 0\] Train Epoch: .*Loss: \([^ ]*\).*/\1/p' "$1"; }
 # same numbers within 1e-5 (relative), line by line, and as many
 same_losses() {
     [ "$(wc -l < "$1")" -gt 0 ] || fail "no losses in $1"
