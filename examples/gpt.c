@@ -665,7 +665,7 @@ static int cmd_train(const config *c)
             if (save_now && save(c, &t, step, epoch, cx_loader_position(d.loader)) != CX_OK) rc = EXIT_RUNTIME;
             if (save_now) saved = step;
             if (!rc && preempted) {
-                if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: preempted: saved step %lld; exiting\n", (long long)step);
+                if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: preempted: saved step %lld in %s; rerun with --resume auto\n", (long long)step, c->ckpt_dir);
                 rc = EXIT_PREEMPTED;
             }
             if (!rc && eval_now && !eval_and_log(c, &t, &d, &g, step, &last_val)) rc = EXIT_RUNTIME;

@@ -346,7 +346,7 @@ static cx_status ckpt_after_step(cx_loader *loader, int epoch)
     cx_status st = cx_loader_end_step(loader);
     if (st == CX_OK) st = ckpt_save_now(epoch, cx_loader_position(loader));
     if (st == CX_OK && g_ckpt.preempted && cx_global_ordinal() == 0)
-        printf("train: preempted: saved step %lld; exiting\n", (long long)step);
+        printf("train: preempted: saved step %lld in %s; rerun with --resume auto\n", (long long)step, c->ckpt_dir);
     return st;
 }
 
