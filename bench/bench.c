@@ -108,7 +108,7 @@ static void put_num(const char *key, double v, const char *fmt)
     else printf("null");
 }
 
-void bench_emit(const char *name, const char *unit, const bench_series *s)
+void bench_emit(const char *name, const char *unit, bench_better better, const bench_series *s)
 {
     double v[BENCH_MAX_ROUNDS], r[BENCH_MAX_ROUNDS], q[BENCH_MAX_ROUNDS];
     int nq = 0;
@@ -125,6 +125,7 @@ void bench_emit(const char *name, const char *unit, const bench_series *s)
     printf(", \"unit\": \"%s\"", unit);
     put_num("ref", ref, "%.6g");
     put_num("ratio", ratio, "%.4f");
+    printf(", \"better\": \"%s\"", better == BENCH_HIGHER ? "higher" : "lower");
     printf(", \"rounds\": %d", s->n);
     put_num("ratio_min", nq ? q[0] : NAN, "%.4f");
     put_num("ratio_max", nq ? q[nq - 1] : NAN, "%.4f");

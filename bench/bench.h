@@ -70,10 +70,15 @@ double bench_repeat(const bench_cfg *cfg, double (*unit)(void *), void *ctx);
 bool bench_round(const bench_cfg *cfg, int round, const bench_side *sides, int n, double *sec);
 
 void bench_add(bench_series *s, double value, double ref);
-/* Prints {"bench", "value", "unit", "ref", "ratio", "rounds", "ratio_min",
- * "ratio_max"}: value and ref are medians over rounds, ratio the median of
- * the per-round value/ref. A number that is not finite prints as null. */
-void bench_emit(const char *name, const char *unit, const bench_series *s);
+/* Which way a figure improves: a rate's ratio up, a time's or a size's down
+ * (a reader of one JSON line cannot tell from the unit alone: the largest
+ * model that fits is a size that should grow). */
+typedef enum { BENCH_HIGHER, BENCH_LOWER } bench_better;
+/* Prints {"bench", "value", "unit", "ref", "ratio", "better", "rounds",
+ * "ratio_min", "ratio_max"}: value and ref are medians over rounds, ratio
+ * the median of the per-round value/ref, better "higher" or "lower". A
+ * number that is not finite prints as null. */
+void bench_emit(const char *name, const char *unit, bench_better better, const bench_series *s);
 
 /* Writes the --rounds and --min-time flags (pointing into *cfg) to out[0..1]; returns 2. */
 int bench_common_flags(bench_cfg *cfg, cli_flag *out);

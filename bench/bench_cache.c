@@ -180,8 +180,8 @@ int bench_cache(int argc, char **argv, bench_cfg cfg)
         bench_add(&start, sec[0], sec[1]);
         bench_add(&load, warm.load_s / (double)warm.n, cold.compile_s / (double)cold.n);
     }
-    bench_emit("cache_warm_start_s", "s", &start);
-    bench_emit("cache_load_vs_compile_s", "s", &load);
+    bench_emit("cache_warm_start_s", "s", BENCH_LOWER, &start);
+    bench_emit("cache_load_vs_compile_s", "s", BENCH_LOWER, &load);
     rc = 0;
 out:
     rm_rf(warm_dir);

@@ -165,8 +165,8 @@ int bench_ckpt(int argc, char **argv, bench_cfg cfg)
         bench_add(&load, b / sec[3] / 1e9, b / sec[2] / 1e9);
     }
     fprintf(stderr, "ckpt: %.0f MiB model\n", b / (1 << 20));
-    bench_emit("ckpt_save_gbps", "GB/s", &save);
-    bench_emit("ckpt_load_gbps", "GB/s", &load);
+    bench_emit("ckpt_save_gbps", "GB/s", BENCH_HIGHER, &save);
+    bench_emit("ckpt_load_gbps", "GB/s", BENCH_HIGHER, &load);
 
     /* 4-way sharded, then consolidated in a child whose peak RSS we read,
      * once per round (a memory figure: nothing to repeat for min-time); the
@@ -183,7 +183,7 @@ int bench_ckpt(int argc, char **argv, bench_cfg cfg)
         if (base_kb < 0 || peak_kb < 0) goto out;
         bench_add(&cons, (double)(peak_kb - base_kb) * 1024, (double)TN * 4);
     }
-    bench_emit("ckpt_consolidate_peak_bytes", "bytes", &cons);
+    bench_emit("ckpt_consolidate_peak_bytes", "bytes", BENCH_LOWER, &cons);
     rc = 0;
 out:
     cx_module_free(c.m);

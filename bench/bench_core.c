@@ -197,7 +197,7 @@ static int fused_elementwise(const bench_cfg *cfg)
         if (!bench_round(cfg, r, sides, 2, sec)) goto out;
         bench_add(&fig, 4 * bytes / sec[0] / 1e9, 4 * bytes / sec[1] / 1e9);
     }
-    bench_emit("fused_elementwise_gbps", "GB/s", &fig);
+    bench_emit("fused_elementwise_gbps", "GB/s", BENCH_HIGHER, &fig);
     rc = 0;
 out:
     free((void *)h.a); free((void *)h.b); free((void *)h.c); free(h.out);
@@ -225,7 +225,7 @@ static int matmul(const bench_cfg *cfg)
         if (!bench_round(cfg, r, sides, 2, sec)) goto out;
         bench_add(&fig, flop / sec[0] / 1e9, flop / sec[1] / 1e9);
     }
-    bench_emit("matmul_gflops", "GFLOP/s", &fig);
+    bench_emit("matmul_gflops", "GFLOP/s", BENCH_HIGHER, &fig);
     rc = 0;
 out:
     cx_free(m.a); cx_free(m.b);
@@ -250,7 +250,7 @@ static int cache_hit(const bench_cfg *cfg)
         if (!bench_round(cfg, r, &side, 1, &sec)) goto out;
         bench_add(&fig, sec * 1e6, 50);
     }
-    bench_emit("cache_hit_overhead_us", "us", &fig);
+    bench_emit("cache_hit_overhead_us", "us", BENCH_LOWER, &fig);
     rc = 0;
 out:
     cx_free(x);

@@ -60,9 +60,9 @@ static int dist_start(const char *sub, int *argc, char ***argv, bench_cfg *cfg)
     return -1;
 }
 
-static void emit0(const char *name, const char *unit, const bench_series *s)
+static void emit0(const char *name, const char *unit, bench_better better, const bench_series *s)
 {
-    if (cx_global_ordinal() == 0) bench_emit(name, unit, s);
+    if (cx_global_ordinal() == 0) bench_emit(name, unit, better, s);
 }
 
 /* ---- comm ------------------------------------------------------------------------ */
@@ -151,7 +151,7 @@ static int comm_figure(comm_kind kind, int mib, int world, const bench_cfg *cfg)
     }
     char name[64];
     snprintf(name, sizeof name, "%s_busbw_gbps_%dMiB", names[kind], mib);
-    if (!rc) emit0(name, "GB/s", &fig);
+    if (!rc) emit0(name, "GB/s", BENCH_HIGHER, &fig);
     cx_free(c.x);
     free(c.h);
     free(c.o);
@@ -386,12 +386,12 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg)
     }
     bench_trainer_free(ref);
     if (rc) return rc;
-    bench_emit("ddp_images_per_s", "images/s", &ips);
-    bench_emit("ddp_exposed_comm_ms", "ms/step", &exposed);
-    bench_emit("ddp_shm_images_per_s", "images/s", &shm_ips);
-    bench_emit("ddp_shm_exposed_comm_ms", "ms/step", &shm_exposed);
-    bench_emit("ddp_shm_allreduce_ms", "ms/step", &shm_comm);
-    bench_emit("ddp_desync_check_ms", "ms/step", &desync);
+    bench_emit("ddp_images_per_s", "images/s", BENCH_HIGHER, &ips);
+    bench_emit("ddp_exposed_comm_ms", "ms/step", BENCH_LOWER, &exposed);
+    bench_emit("ddp_shm_images_per_s", "images/s", BENCH_HIGHER, &shm_ips);
+    bench_emit("ddp_shm_exposed_comm_ms", "ms/step", BENCH_LOWER, &shm_exposed);
+    bench_emit("ddp_shm_allreduce_ms", "ms/step", BENCH_LOWER, &shm_comm);
+    bench_emit("ddp_desync_check_ms", "ms/step", BENCH_LOWER, &desync);
     return 0;
 }
 
@@ -605,8 +605,8 @@ static bool bench_limit(double limit_mb)
     if (cx_global_ordinal() == 0)
         fprintf(stderr, "largest under %.0f MB per rank: width %d x %d layers, %.1fM parameters\n", limit_mb, w,
                 LIMIT_DEPTH, (double)best.nparams / 1e6);
-    emit0("zero3_largest_model_vs_limit", "bytes", &fit);
-    emit0("zero3_deferred_construction_peak_bytes", "bytes", &cons);
+    emit0("zero3_largest_model_vs_limit", "bytes", BENCH_HIGHER, &fit);
+    emit0("zero3_deferred_construction_peak_bytes", "bytes", BENCH_LOWER, &cons);
     return true;
 }
 
@@ -634,8 +634,8 @@ int bench_fsdp(int argc, char **argv, bench_cfg cfg)
     bench_series z3 = { 0 }, z2 = { 0 };
     bench_add(&z3, pk[3], pk[0]);
     bench_add(&z2, pk[2], pk[0]);
-    emit0("zero3_peak_bytes_per_rank", "bytes", &z3);
-    emit0("zero2_peak_bytes_per_rank", "bytes", &z2);
+    emit0("zero3_peak_bytes_per_rank", "bytes", BENCH_LOWER, &z3);
+    emit0("zero2_peak_bytes_per_rank", "bytes", BENCH_LOWER, &z2);
     if (!bench_limit(limit_mb)) return 1;
 
     /* Step time: ZeRO-3 and DDP side by side in rounds; both stay built so
@@ -651,7 +651,7 @@ int bench_fsdp(int argc, char **argv, bench_cfg cfg)
         if (!bench_round(&cfg, r, sides, 2, sec)) goto out;
         bench_add(&st, sec[0], sec[1]);
     }
-    emit0("zero3_step_s", "s", &st);
+    emit0("zero3_step_s", "s", BENCH_LOWER, &st);
     rc = 0;
 out:
     fsdp_free(z);
@@ -719,8 +719,8 @@ static bool spmd_tp_figures(const bench_cfg *cfg, int64_t gpt_batch)
         if (ok) bench_add(&step, sec[0], sec[1]);
     }
     if (ok) {
-        emit0("tp_state_bytes_per_rank", "bytes (ref: one process's)", &state);
-        emit0("spmd_tp_step_s", "s", &step);
+        emit0("tp_state_bytes_per_rank", "bytes (ref: one process's)", BENCH_LOWER, &state);
+        emit0("spmd_tp_step_s", "s", BENCH_LOWER, &step);
     }
     bench_gpt_trainer_free(tp);
     bench_gpt_trainer_free(dp);
@@ -776,8 +776,8 @@ int bench_spmd(int argc, char **argv, bench_cfg cfg)
         bench_add(&ips, (double)batch / sec[0], (double)batch / sec[1]);
         bench_add(&fst, fsec[0], fsec[1]);
     }
-    emit0("spmd_seed_images_per_s", "images/s", &ips);
-    emit0("spmd_fsdpv2_step_s", "s", &fst);
+    emit0("spmd_seed_images_per_s", "images/s", BENCH_HIGHER, &ips);
+    emit0("spmd_fsdpv2_step_s", "s", BENCH_LOWER, &fst);
     rc = spmd_tp_figures(&cfg, gpt_batch) ? 0 : 1;
 out:
     bench_trainer_free(s);

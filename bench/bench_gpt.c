@@ -259,9 +259,9 @@ int bench_gpt(int argc, char **argv, bench_cfg cfg)
         /* the same step with the plain attention instead: sec[1] - sec[2] + sec[3] */
         bench_add(&share, sec[2] / sec[1], sec[3] / (sec[1] - sec[2] + sec[3]));
     }
-    bench_emit("gpt_tokens_per_s", "tokens/s", &speed);
-    bench_emit("gpt_attention_share", "fraction of a step (ref: plain attention)", &share);
-    bench_emit("gpt_peak_bytes", "bytes (ref: params + grads + Adam moments)", &mem);
+    bench_emit("gpt_tokens_per_s", "tokens/s", BENCH_HIGHER, &speed);
+    bench_emit("gpt_attention_share", "fraction of a step (ref: plain attention)", BENCH_LOWER, &share);
+    bench_emit("gpt_peak_bytes", "bytes (ref: params + grads + Adam moments)", BENCH_LOWER, &mem);
     rc = 0;
 out:
     attn_case_free(&fused);

@@ -125,11 +125,12 @@ int main(int argc, char **argv)
     cli_spec spec = {
         .prog = "cxla-bench",
         .args = "[--rounds N] [--min-time SECONDS] SUBCOMMAND [flags]",
-        .summary = "One JSON line per figure: {bench, value, unit, ref, ratio, rounds, ratio_min, ratio_max}.\n"
+        .summary = "One JSON line per figure: {bench, value, unit, ref, ratio, better, rounds, ratio_min, ratio_max}.\n"
                    "Each figure compares a measured side with a reference measured in the same run. Every round\n"
                    "times each side for at least --min-time seconds, the sides taking turns in slices of about\n"
                    "0.25 s in alternating order (A B, then B A, ...); value and ref are medians over rounds,\n"
-                   "ratio the median of the per-round value/ref, and ratio_min, ratio_max its range. --rounds\n"
+                   "ratio the median of the per-round value/ref, and ratio_min, ratio_max its range; better is\n"
+                   "\"higher\" or \"lower\": which way the ratio improves (a rate, or a time or a size). --rounds\n"
                    "and --min-time go before or after SUBCOMMAND.\n"
                    "Under xla-launch the lines carry its \"[rank 0] \" prefix (sed 's/^\\[rank 0\\] //').",
         .epilog = list,

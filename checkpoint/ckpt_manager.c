@@ -1,8 +1,8 @@
 /* A checkpoint manager in the spirit of PyTorch/XLA's CheckpointManager:
  * saves on an interval into DIR/ckpt-step-<N>, keeps the newest
  * max_to_keep committed checkpoints (an older one is deleted only after a
- * newer one has committed), and turns a SIGTERM into an agreed step at
- * which every rank saves and stops (preemption). */
+ * newer one has committed), and turns a SIGTERM or a first Ctrl-C (SIGINT)
+ * into an agreed step at which every rank saves and stops (preemption). */
 #include "ckpt_internal.h"
 
 #include "cx_fs.h"
@@ -66,6 +66,12 @@ cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts o)
         sa.sa_handler = on_sigterm;
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, NULL);
+        /* Ctrl-C saves too, but only the first: SA_RESETHAND puts the default
+         * back, so a second Ctrl-C stops the process at once, as users expect.
+         * An ignored SIGINT stays ignored (a shell's background job). */
+        struct sigaction was;
+        sa.sa_flags = SA_RESETHAND;
+        if (sigaction(SIGINT, NULL, &was) == 0 && was.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
     }
     return m;
 }

@@ -128,7 +128,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
                    "like the train program; eval and sample read a checkpoint; plot draws the log file's loss\n"
                    "curves with gnuplot. eval and sample take the model flags train was given.",
         .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data or checkpoint missing or unreadable,\n"
-                  "            75 preempted (SIGTERM; saved in --ckpt-dir)",
+                  "            75 preempted (SIGTERM or Ctrl-C; saved in --ckpt-dir)",
         .flags = flags,
         .nflags = (int)(sizeof flags / sizeof *flags),
         .positionals = true,
@@ -665,7 +665,7 @@ static int cmd_train(const config *c)
             if (save_now && save(c, &t, step, epoch, cx_loader_position(d.loader)) != CX_OK) rc = EXIT_RUNTIME;
             if (save_now) saved = step;
             if (!rc && preempted) {
-                if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: preempted: saved step %lld; exiting\n", (long long)step);
+                if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: preempted: saved step %lld in %s; rerun with --resume auto\n", (long long)step, c->ckpt_dir);
                 rc = EXIT_PREEMPTED;
             }
             if (!rc && eval_now && !eval_and_log(c, &t, &d, &g, step, &last_val)) rc = EXIT_RUNTIME;

@@ -134,7 +134,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         .summary = "The reference cxla trainer (MNIST / Fashion-MNIST classifiers); run it through\n"
                    "xla-launch for several ranks.",
         .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
-                  "            21 below --target-accuracy, 75 preempted (SIGTERM; saved in --ckpt-dir)",
+                  "            21 below --target-accuracy, 75 preempted (SIGTERM or Ctrl-C; saved in --ckpt-dir)",
         .flags = flags,
         .nflags = (int)(sizeof flags / sizeof *flags),
     };
@@ -387,7 +387,7 @@ static cx_status ckpt_after_step(cx_loader *loader, int epoch)
     cx_status st = cx_loader_end_step(loader);
     if (st == CX_OK) st = ckpt_save_now(epoch, cx_loader_position(loader));
     if (st == CX_OK && g_ckpt.preempted && cx_global_ordinal() == 0)
-        printf("train: preempted: saved step %lld; exiting\n", (long long)step);
+        printf("train: preempted: saved step %lld in %s; rerun with --resume auto\n", (long long)step, c->ckpt_dir);
     return st;
 }
 

@@ -74,6 +74,7 @@ struct job {
     double kill_after;   /* SIGKILL this long after the stop began (0: STOP_KILL_AFTER) */
     int escalation;      /* 0 none, 1 SIGTERM sent, 2 SIGKILL sent */
     int interrupt_sig;
+    char saved[512];     /* a rank's "saved step N in DIR; rerun with --resume auto" */
     struct xl_output out;
     struct xl_watch watch;
     double next_watch;
@@ -153,6 +154,30 @@ static void record_status(struct job *j, const struct xl_status *st, enum source
     }
 }
 
+static const char *sig_name(int sig)
+{
+    switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+    }
+}
+
+/* A rank's line goes out as it came. A preempted program's "saved step N in
+ * DIR; rerun with --resume auto" is also kept: by the job's end it has
+ * scrolled past the other ranks' lines, so the launcher's last line repeats it. */
+static void rank_line(struct job *j, int rank, int stream, const char *line, size_t len)
+{
+    xl_output_line(&j->out, rank, stream, line, len);
+    static const char head[] = "saved step ", tail[] = "; rerun with --resume auto";
+    const char *at = j->interrupt_sig ? memmem(line, len, head, sizeof head - 1) : NULL;
+    size_t n = at ? len - (size_t)(at - line) : 0;
+    if (n < sizeof tail || n >= sizeof j->saved || memcmp(line + len - (sizeof tail - 1), tail, sizeof tail - 1)) return;
+    memcpy(j->saved, at, n);
+    j->saved[n] = 0;
+}
+
 static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t len)
 {
     struct job *j = ctx;
@@ -177,7 +202,7 @@ static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t l
     if (sscanf(head, "[rank %d]%n", &rank, &off) == 1 && off > 0 && (size_t)off < len &&
         line[off] == ' ') {
         off++;
-        xl_output_line(&j->out, rank, stream, line + off, len - (size_t)off);
+        rank_line(j, rank, stream, line + off, len - (size_t)off);
         return;
     }
 
@@ -225,7 +250,7 @@ static bool handle_message(struct job *j, struct conn *c, const unsigned char *m
         return true;
     }
     if (m[0] == XL_MSG_LINE && n >= 2) {
-        xl_output_line(&j->out, c->rank, m[1], (const char *)m + 2, n - 2);
+        rank_line(j, c->rank, m[1], (const char *)m + 2, n - 2);
     } else if (m[0] == XL_MSG_STATUS && n == XL_STATUS_LEN) {
         struct xl_status st = { .rank = (int)xl_get32(m + 4), .how = (char)m[1],
                                 .code = (int)xl_get32(m + 8), .torn_down = m[2] != 0 };
@@ -325,11 +350,14 @@ static void on_signal(struct job *j, int sig)
         }
         return;
     }
-    if (!j->interrupt_sig && sig == SIGTERM && j->o->preempt_grace > 0) {
-        /* preemption: the ranks get SIGTERM first and the grace to agree
-         * on a step, save and exit; mpirun only after it */
+    if (!j->interrupt_sig && (sig == SIGTERM || sig == SIGINT) && j->o->preempt_grace > 0) {
+        /* preemption, and a first Ctrl-C alike (a checkpoint manager saves
+         * on either): the ranks get SIGTERM first, which the wrappers pass
+         * on with the grace, to agree on a step, save and exit; mpirun only
+         * after it */
         j->interrupt_sig = sig;
-        xl_err("SIGTERM: asking the ranks to save and stop (grace %g s)", j->o->preempt_grace);
+        xl_err("%s: asking the ranks to save and stop (grace %g s%s)", sig_name(sig), j->o->preempt_grace,
+               sig == SIGINT ? "; Ctrl-C again stops at once" : "");
         signal_wrappers(j, SIGTERM);
         begin_stop(j, j->o->preempt_grace);
         j->kill_after = j->o->preempt_grace + STOP_KILL_AFTER;
@@ -489,16 +517,6 @@ static void event_loop(struct job *j)
     }
 }
 
-static const char *sig_name(int sig)
-{
-    switch (sig) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    default: return "a signal";
-    }
-}
-
 /* The rank whose failure explains the job's end: among failures that were not caused
  * by the stop itself, the one that ended first. */
 static const struct rank_slot *find_culprit(const struct job *j)
@@ -556,7 +574,8 @@ static enum job_result finish_job(struct job *j)
     enum job_result res = JOB_OK;
     const struct rank_slot *c = find_culprit(j);
     if (j->interrupt_sig) {
-        xl_err("interrupted by %s; job stopped", sig_name(j->interrupt_sig));
+        if (j->saved[0]) xl_err("interrupted by %s; %s", sig_name(j->interrupt_sig), j->saved);
+        else xl_err("interrupted by %s; job stopped", sig_name(j->interrupt_sig));
         res = JOB_INTERRUPTED;
     } else if (j->stalled) {
         xl_err("job stopped by the collective watchdog");

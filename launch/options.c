@@ -33,6 +33,7 @@ void xl_parse_options(int argc, char **argv, struct options *o)
     o->preempt_grace = 60;
     /* torchrun's spellings are the same flags: --master_addr, --nproc_per_node */
     const char *rdzv = NULL;
+    bool standalone = false;
     const cli_flag flags[] = {
         { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .min = 1, .max = 1 << 20,
           .help = "number of ranks (default: the number of cores; with a\nhostfile: one rank per slot it lists)" },
@@ -40,6 +41,8 @@ void xl_parse_options(int argc, char **argv, struct options *o)
           .help = "torchrun's name for --nproc" },
         { .name = "rdzv-endpoint", .kind = CLI_STRING, .dest = &rdzv, .metavar = "HOST[:PORT]",
           .help = "torchrun's rendezvous: MASTER_ADDR (and MASTER_PORT)" },
+        { .name = "standalone", .kind = CLI_BOOL, .dest = &standalone,
+          .help = "torchrun's single node with a local rendezvous: what\nxla-launch does without --hostfile" },
         { .name = "hostfile", .kind = CLI_STRING, .dest = &o->hostfile, .metavar = "F",
           .help = "Open MPI hostfile listing the nodes (multi-node jobs)" },
         { .name = "nnodes", .kind = CLI_INT, .dest = &o->nnodes, .metavar = "M", .min = 1, .max = 1 << 20,
@@ -56,8 +59,9 @@ void xl_parse_options(int argc, char **argv, struct options *o)
           .help = "re-run the whole job up to K times after a failure; the\n"
                   "job sees XLA_LAUNCH_RESTART_COUNT (and\nTORCHELASTIC_RESTART_COUNT) = 0, 1, ..." },
         { .name = "preempt-grace", .kind = CLI_DOUBLE, .dest = &o->preempt_grace, .metavar = "S", .min = 0,
-          .max = 86400, .help = "on SIGTERM, give the ranks S seconds to save a checkpoint\n"
-                                "and stop (programs with a checkpoint manager), 0 = stop\nat once (default 60)" },
+          .max = 86400, .help = "on SIGTERM or a first Ctrl-C, give the ranks S seconds to\n"
+                                "save a checkpoint and stop (programs with a checkpoint\n"
+                                "manager; Ctrl-C again stops at once), 0 = stop\nat once" },
         { .name = "mpirun", .kind = CLI_STRING, .dest = &o->mpirun, .metavar = "PATH",
           .help = "mpirun to use (default: $XLA_LAUNCH_MPIRUN, else the one\nfound at build time, "
                   XLA_LAUNCH_MPIRUN_DEFAULT ")" },
@@ -80,6 +84,12 @@ void xl_parse_options(int argc, char **argv, struct options *o)
     case CLI_OK: break;
     case CLI_HELP: xl_options_free(o); exit(0);
     case CLI_ERROR: xl_options_free(o); exit(2);
+    }
+    if (standalone && (o->hostfile || o->nnodes > 1)) {
+        if (o->hostfile) cli_error(&spec, "--standalone is one node: it cannot go with --hostfile");
+        else cli_error(&spec, "--standalone is one node: it cannot go with --nnodes %d", o->nnodes);
+        xl_options_free(o);
+        exit(2);
     }
     if (rdzv && !o->master_addr) {
         /* HOST[:PORT]; the address stays in argv, the port is split off into a copy */

@@ -6,10 +6,32 @@
  * 2 bad flag. */
 #include <cxla/cxla.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cx_cli.h"
+#include "cx_fs.h"
+
+/* The directory an output path names (--out-prefix ck1r/r1, --save-path
+ * out/full.h5) is made as mkdir -p would: the library only creates files.
+ * @return false, having said which directory could not be made. */
+static bool make_parent(const char *flag, const char *path)
+{
+    char dir[4096], failed[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return true;
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int err = cx_mkdir_p(dir, failed, sizeof failed);
+    struct stat st;
+    if (!err && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        err = ENOTDIR;
+        snprintf(failed, sizeof failed, "%s", dir);
+    }
+    if (err) fprintf(stderr, "consolidate_ckpts: %s %s: cannot create directory %s: %s\n", flag, path, failed, strerror(err));
+    return !err;
+}
 
 int main(int argc, char **argv)
 {
@@ -72,6 +94,7 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     if (reshard) {
+        if (!make_parent("--out-prefix", out_prefix)) return 1;
         /* the optimizer state follows the parameters unless asked otherwise */
         if (cx_ckpt_reshard(prefix, out_prefix, reshard, o) != CX_OK) {
             fprintf(stderr, "consolidate_ckpts: %s\n", cx_last_error());
@@ -85,6 +108,7 @@ int main(int argc, char **argv)
         snprintf(def, sizeof def, "%s_consolidated.h5", prefix);
         save_path = def;
     }
+    if (!make_parent("--save-path", save_path)) return 1;
     if (cx_ckpt_consolidate(prefix, save_path, o) != CX_OK) {
         fprintf(stderr, "consolidate_ckpts: %s\n", cx_last_error());
         return 1;

@@ -170,7 +170,7 @@ typedef struct {
     size_t struct_size;
     int64_t save_interval;   /* should_save every N steps; 0: never (only preemption or the caller) */
     int max_to_keep;         /* committed checkpoints kept, newest first; 0: all */
-    bool watch_sigterm;      /* install a SIGTERM handler that requests preemption */
+    bool watch_sigterm;      /* SIGTERM and a first SIGINT (Ctrl-C) request preemption */
 } cx_ckpt_manager_opts;
 
 /* interval 0, keep all, watch SIGTERM. */
@@ -183,8 +183,9 @@ static inline cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void)
     o.watch_sigterm = true;
     return o;
 }
-/* Creates `dir` if needed. With watch_sigterm, SIGTERM no longer ends the
- * process: it requests preemption (see reached_preemption).
+/* Creates `dir` if needed. With watch_sigterm, SIGTERM and the first SIGINT
+ * no longer end the process: they request preemption (see
+ * reached_preemption); a second SIGINT ends it at once.
  * @return the manager, or NULL with cx_last_error set (bad options, the
  * directory cannot be made, out of memory). */
 CX_API cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts opts);

@@ -271,6 +271,30 @@ usage_errors)
     grep -q "^usage: xla-launch" "$WORK/out" || fail "--help prints no usage"
     expect_no_survivors
     ;;
+standalone)
+    # torchrun's habit: --standalone is the one-node default here
+    run --standalone --nproc_per_node 2 "$PROBE" env "$TAG"
+    expect_rc 0
+    check_env 2 127.0.0.1 29500
+    expect_launcher_lines 0
+    printf 'localhost slots=2\n' >"$WORK/hosts"
+    run --standalone --hostfile "$WORK/hosts" "$PROBE" env "$TAG"
+    expect_rc 2
+    [ "$(cat "$WORK/err")" = "xla-launch: --standalone is one node: it cannot go with --hostfile (see xla-launch --help)" ] ||
+        fail "--standalone with --hostfile: not the one line"
+    run --nnodes 2 --standalone "$PROBE" env "$TAG"
+    expect_rc 2
+    expect_line "$WORK/err" "xla-launch: --standalone is one node: it cannot go with --nnodes 2 (see xla-launch --help)"
+    expect_no_survivors
+    ;;
+help)
+    # each default said once: the parser adds "(default X)", the help texts do not
+    run --help
+    expect_rc 0
+    if grep -n '(default.*(default' "$WORK/out"; then fail "a default said twice in --help"; fi
+    [ "$(grep -c '(default 60)' "$WORK/out")" -eq 1 ] || fail "--preempt-grace's default not said once"
+    grep -q -- '--standalone' "$WORK/out" || fail "--standalone not in --help"
+    ;;
 restart)
     # without restarts the failure is final ...
     run --nproc 2 "$PROBE" restart "$TAG" 1
