@@ -30,8 +30,11 @@ static bool report_maps(Dwfl *d)
 
 static Dwfl_Module *module_of(Dwarf_Addr a)
 {
+    /* separate debug files by build ID from this machine only: the standard
+     * lookup asks the debuginfod servers of DEBUGINFOD_URLS (Debian's
+     * profile sets it) for a library's, a download in the middle of a run */
     static const Dwfl_Callbacks cb = { .find_elf = dwfl_linux_proc_find_elf,
-                                       .find_debuginfo = dwfl_standard_find_debuginfo };
+                                       .find_debuginfo = dwfl_build_id_find_debuginfo };
     if (!g_dwfl && (g_dwfl = dwfl_begin(&cb)) != NULL && !report_maps(g_dwfl)) {
         dwfl_end(g_dwfl);
         g_dwfl = NULL;
