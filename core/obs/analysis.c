@@ -5,6 +5,7 @@
 #define _GNU_SOURCE   /* dladdr */
 #include "obs_internal.h"
 #include "backend.h"
+#include "frames.h"
 
 #include <cxla/comm.h>
 #include <cxla/debug.h>
@@ -72,42 +73,73 @@ static void dbg_close(FILE *f, bool close_it)
     if (close_it) fclose(f); else fflush(f);
 }
 
+/* The first frame of the caller's stack: the frames above the library
+ * (backtrace's own) and the library's hidden internals are skipped, so the
+ * stack starts at the first frame outside the library or at a public
+ * function (only those have a dynamic symbol name). */
+static int caller_start(void *const *pcs, int n, const Dl_info *self)
+{
+    int start = 0;
+    bool entered = false;
+    for (int i = 0; i < n; i++) {
+        Dl_info di;
+        bool ours = dladdr(pcs[i], &di) && di.dli_fbase == self->dli_fbase;
+        entered = entered || ours;
+        if (!entered || (ours && !di.dli_sname)) start = i + 1;
+        else break;
+    }
+    return start;
+}
+
+/* One frame outside the library as "function (file:line)", a line per
+ * function inlined there, when its module has line information (a program
+ * built with -g); else by its symbol and offset.
+ * @return lines printed, or -1 past main (the C runtime's frames) */
+static int print_program_frame(FILE *f, const char *prefix, uintptr_t pc, const char *mod, uintptr_t off)
+{
+    cx_obs_frame fr[4];
+    const char *sym;
+    uintptr_t sym_off;
+    int n = cx_obs_frame_lookup(pc, fr, 4, &sym, &sym_off);
+    for (int k = 0; k < n; k++) fprintf(f, "%s   %s (%s:%d)\n", prefix, fr[k].fn, fr[k].file, fr[k].line);
+    if (n == 0 && sym)
+        fprintf(f, "%s   %s+0x%lx (%s+0x%lx)\n", prefix, sym, (unsigned long)sym_off + 1, mod, (unsigned long)off);
+    else if (n == 0)
+        fprintf(f, "%s   ?? (%s+0x%lx)\n", prefix, mod, (unsigned long)off);
+    bool main_done = n > 0 ? !strcmp(fr[n - 1].fn, "main") : sym && !strcmp(sym, "main");
+    return main_done ? -1 : n > 0 ? n : 1;
+}
+
 static void print_frames(FILE *f, const char *prefix, const char *api)
 {
     const cx_record_ctx *rec = cx_record();
     if (rec->site_file) fprintf(f, "%s   %s (%s:%d)\n", prefix, api, rec->site_file, rec->site_line);
     void *pcs[32];
     int n = backtrace(pcs, 32);
-    /* skip the frames above the library (backtrace's own) and the library's
-     * hidden internals: the caller's stack starts at the first frame outside
-     * the library or at a public function (only those have a dynamic
-     * symbol name) */
     Dl_info self;
-    bool known = dladdr((void *)print_frames, &self) != 0;
-    int start = 0;
-    bool entered = false;
-    for (int i = 0; i < n && known; i++) {
-        Dl_info di;
-        bool ours = dladdr(pcs[i], &di) && di.dli_fbase == self.dli_fbase;
-        entered = entered || ours;
-        if (!entered || (ours && !di.dli_sname)) start = i + 1;
-        else break;
-    }
+    if (!dladdr((void *)print_frames, &self)) return;
     int shown = 0;
-    for (int i = start; i < n && shown < 8; i++) {
+    for (int i = caller_start(pcs, n, &self); i < n && shown < 8; i++) {
         Dl_info di;
         if (!dladdr(pcs[i], &di)) { fprintf(f, "%s   %p\n", prefix, pcs[i]); shown++; continue; }
         const char *mod = di.dli_fname ? strrchr(di.dli_fname, '/') : NULL;
         mod = mod ? mod + 1 : di.dli_fname ? di.dli_fname : "?";
         /* a return address points after the call; -1 lands in the call */
-        uintptr_t off = (uintptr_t)pcs[i] - 1 - (uintptr_t)di.dli_fbase;
+        uintptr_t pc = (uintptr_t)pcs[i] - 1, off = pc - (uintptr_t)di.dli_fbase;
         if (di.dli_sname && !strcmp(di.dli_sname, "__libc_start_call_main")) break;
-        if (di.dli_sname)
+        if (di.dli_fbase != self.dli_fbase) {
+            /* the library's frames keep their public names, never its lines */
+            int k = print_program_frame(f, prefix, pc, mod, off);
+            if (k < 0) break;
+            shown += k;
+        } else if (di.dli_sname) {
             fprintf(f, "%s   %s+0x%lx (%s+0x%lx)\n", prefix, di.dli_sname,
                     (unsigned long)((uintptr_t)pcs[i] - (uintptr_t)di.dli_saddr), mod, (unsigned long)off);
-        else
+            shown++;
+        } else {
             fprintf(f, "%s   ?? (%s+0x%lx)\n", prefix, mod, (unsigned long)off);
-        shown++;
+            shown++;
+        }
     }
 }
 
