@@ -5,10 +5,13 @@ spaced through the last 10 % of the corpus). Needs python3-torch and
 python3-h5py (Debian); the build and the tests never do.
 
     consolidate_ckpts --ckpt-prefix ckpt/ckpt-step-600 --save-path gpt.h5
-    /usr/bin/python3 examples/gpt_torch_check.py gpt.h5 ~/.cache/cxla/kjv.txt [--n-head 4]
+    /usr/bin/python3 examples/gpt_torch_check.py gpt.h5 ~/.cache/cxla/kjv.txt
 
 The state dict loads with strict=True apart from lm_head.weight, which is
-tied to transformer.wte.weight and stored once under that name.
+tied to transformer.wte.weight and stored once under that name, and the
+buffer model_args (vocab_size, block_size, n_layer, n_head, n_embd), which
+gpt saves beside the weights as nanoGPT does and is popped here (--n-head
+is for files saved before it).
 """
 import argparse
 import math
@@ -66,15 +69,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("h5")
     ap.add_argument("corpus")
-    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4, help="without model_args only")
     ap.add_argument("--windows", type=int, default=64)
     a = ap.parse_args()
     with h5py.File(a.h5, "r") as f:
         sd = {k: torch.tensor(f["model"][k][()]) for k in f["model"].keys()}
-    vocab, c = sd["transformer.wte.weight"].shape
-    block = sd["transformer.wpe.weight"].shape[0]
-    n_layer = len({k.split(".")[2] for k in sd if k.startswith("transformer.h.")})
-    m = GPT(vocab, block, n_layer, a.n_head, c)
+    args = sd.pop("model_args", None)
+    if args is not None:
+        vocab, block, n_layer, n_head, c = (int(v) for v in args)
+    else:
+        vocab, c = sd["transformer.wte.weight"].shape
+        block = sd["transformer.wpe.weight"].shape[0]
+        n_layer = len({k.split(".")[2] for k in sd if k.startswith("transformer.h.")})
+        n_head = a.n_head
+    m = GPT(vocab, block, n_layer, n_head, c)
     missing, unexpected = m.load_state_dict(sd, strict=False)
     assert missing == ["lm_head.weight"] and not unexpected, (missing, unexpected)
     data = open(a.corpus, "rb").read()
