@@ -572,7 +572,7 @@ static cx_status save(const config *c, trainer *t, int64_t step, int64_t epoch, 
     cx_ckpt_extra ex = { step, epoch, position };
     cx_status st = cx_ckpt_manager_save(t->ckpts, step, ckpt_model(t, c), t->opt, &ex);
     if (st != CX_OK) fprintf(stderr, "gpt: checkpoint save failed: %s\n", cx_last_error());
-    else if (cx_global_ordinal() == 0) printf("gpt: saved %s\n", prefix);
+    else if (cx_global_ordinal() == 0) printf("%sgpt: saved %s\n", isatty(1) ? "\n" : "", prefix);   /* past a \r progress line */
     return st;
 }
 
