@@ -10,8 +10,8 @@
  * between the loader's step marks), evaluation, sampling, plotting. The
  * corpus is the King James Bible of Debian's bible-kjv package unless
  * --data names another text file; its bytes are the tokens. A checkpoint
- * holds the model's shape (the buffer model_args), so eval, sample and
- * --resume need no model flags.
+ * holds the model's config as its metadata (cx_ckpt_read_meta), so eval,
+ * sample and --resume need no model flags.
  *
  * Under xla-launch rank 0 prints the progress (--log-all-ranks: every
  * rank its own), all of it on stdout so that a rank's lines keep their
@@ -24,8 +24,6 @@
 #include <cxla/cxla.h>
 
 #include <errno.h>
-#include <glob.h>
-#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +40,6 @@ enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_PREEMPTED = 75 };
 #define VAL_WINDOWS 64      /* the val loss: 64 evenly spaced windows of val */
 #define EVAL_BATCH 16
 #define KJV_RANGE "Genesis 1:1-Revelation 22:21"
-#define MODEL_ARGS 5        /* the buffer model_args: vocab_size, block_size, n_layer, n_head, n_embd */
 
 /* ---- flags ---------------------------------------------------------------------------- */
 
@@ -62,7 +59,7 @@ typedef struct {
     const char *cache_dir;      /* persistent compile cache, NULL: off */
     bool log_all_ranks;
     bool shape_given[4];        /* --n-layer, --n-head, --n-embd, --block-size were given */
-    bool model_args;            /* the model carries its shape as the buffer model_args */
+    bool flags_shape;           /* the checkpoint has no model config: the flags give it */
     const char *ckpt;           /* eval / sample */
     const char *prompt;
     int64_t tokens, top_k;
@@ -79,7 +76,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     int64_t n_embd = 256, block = 128;
     *c = (config){ .steps = 600, .batch_size = 16, .warmup = 50, .log_every = 10, .seed = 1, .lr = 1e-3,
                    .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .grad_comm = "f32", .zero = 3,
-                   .tokens = 200, .temperature = 1.0, .model_args = true };
+                   .tokens = 200, .temperature = 1.0 };
     const cli_flag flags[] = {
         { .name = "data", .kind = CLI_STRING, .dest = &c->data, .metavar = "FILE",
           .help = "text corpus, bytes are tokens (default: the KJV Bible,\nmade from bible-kjv when missing)" },
@@ -184,62 +181,62 @@ static cli_result parse_flags(config *c, int argc, char **argv)
 
 /* ---- the model's shape from a checkpoint ------------------------------------------------------ */
 
-/* The file holding a checkpoint's replicated tensors: a consolidated .h5
- * itself, else rank 0's file of the prefix (any world size). */
-static bool ckpt_rank0_file(const char *src, char *out, size_t cap)
+/* The model's config as gpt stores it in its checkpoints' metadata
+ * (cx_ckpt_opts.meta), nanoGPT's model_args as key=value pairs: the model
+ * must be built before a checkpoint can load into it, so its shape cannot
+ * be one of the checkpoint's tensors. */
+static void model_meta(const cx_gpt_config *g, char *out, size_t cap)
 {
-    size_t n = strlen(src);
-    if (n > 3 && !strcmp(src + n - 3, ".h5")) {
-        snprintf(out, cap, "%s", src);
-        return true;
+    snprintf(out, cap, "vocab_size=%lld block_size=%lld n_layer=%d n_head=%d n_embd=%lld", (long long)g->vocab_size,
+             (long long)g->block_size, g->n_layer, g->n_head, (long long)g->n_embd);
+}
+
+/* Parses model_meta's string into v (vocab_size, block_size, n_layer,
+ * n_head, n_embd; any order, unknown keys skipped). @return the name of a
+ * key missing or not a positive integer, or NULL when all five are there. */
+static const char *parse_model_meta(const char *meta, int64_t v[5])
+{
+    static const char *const keys[5] = { "vocab_size", "block_size", "n_layer", "n_head", "n_embd" };
+    bool seen[5] = { false };
+    for (const char *p = meta; *p;) {
+        size_t len = strcspn(p, " ");
+        const char *eq = memchr(p, '=', len);
+        for (int k = 0; eq && k < 5; k++) {
+            if ((size_t)(eq - p) != strlen(keys[k]) || strncmp(p, keys[k], strlen(keys[k]))) continue;
+            char *e;
+            long long x = strtoll(eq + 1, &e, 10);
+            seen[k] = e == p + len && e > eq + 1 && x > 0 && x <= 1 << 30;
+            v[k] = x;
+        }
+        p += len + strspn(p + len, " ");
     }
-    char pattern[4200];
-    snprintf(pattern, sizeof pattern, "%s_rank-0-of-*.h5", src);
-    glob_t g = { 0 };
-    bool found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
-    if (found) snprintf(out, cap, "%s", g.gl_pathv[0]);
-    globfree(&g);
-    return found;
+    for (int k = 0; k < 5; k++)
+        if (!seen[k]) return keys[k];
+    return NULL;
 }
 
-/* Reads the buffer model_args (docs/checkpoint-format.md: /model/<key>)
- * straight from the file, as h5py would: the model cannot be built, nor
- * the checkpoint loaded, before its shape is known.
- * @return 1 read, 0 the checkpoint has none (saved before gpt wrote it),
- * -1 no readable file (the load then says why). */
-static int read_model_args(const char *src, int64_t v[MODEL_ARGS])
+/* Takes the model's shape from checkpoint `src`'s metadata; a model flag
+ * given anyway must agree. A checkpoint without metadata (saved before gpt
+ * wrote it) keeps the flags' shape. @return 0, EXIT_USAGE or EXIT_DATA
+ * after one line. */
+static int adopt_model_meta(config *c, const char *src)
 {
-    char path[4200];
-    if (!ckpt_rank0_file(src, path, sizeof path)) return -1;
-    H5E_auto2_t fn;
-    void *data;
-    H5Eget_auto2(H5E_DEFAULT, &fn, &data);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);   /* a missing dataset is an answer, not a stack dump */
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT), d = -1, sp = -1;
-    int rc = f < 0 ? -1 : 0;
-    if (f >= 0 && H5Lexists(f, "/model", H5P_DEFAULT) > 0 && H5Lexists(f, "/model/model_args", H5P_DEFAULT) > 0 &&
-        (d = H5Dopen2(f, "/model/model_args", H5P_DEFAULT)) >= 0 && (sp = H5Dget_space(d)) >= 0 &&
-        H5Sget_simple_extent_npoints(sp) == MODEL_ARGS && H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0)
-        rc = 1;
-    if (sp >= 0) H5Sclose(sp);
-    if (d >= 0) H5Dclose(d);
-    if (f >= 0) H5Fclose(f);
-    H5Eset_auto2(H5E_DEFAULT, fn, data);
-    return rc;
-}
-
-/* Takes the model's shape from checkpoint `src`; a model flag given anyway
- * must agree. A checkpoint without model_args keeps the flags' shape and
- * loads into a model without the buffer. @return 0 or EXIT_USAGE after
- * one line. */
-static int adopt_model_args(config *c, const char *src)
-{
-    int64_t v[MODEL_ARGS];
-    int got = read_model_args(src, v);
-    if (got <= 0) {
-        c->model_args = got < 0;   /* unreadable: the load reports it */
+    char *meta = cx_ckpt_read_meta(src);
+    if (!meta || !*meta) {
+        c->flags_shape = meta != NULL;   /* unreadable: the load says why */
+        free(meta);
         return 0;
     }
+    int64_t v[5];
+    const char *bad = parse_model_meta(meta, v);
+    if (bad) {
+        if (cx_global_ordinal() == 0)
+            fprintf(stderr, "gpt %s: %s: the checkpoint's metadata \"%s\" has no valid %s (not saved by gpt?)\n",
+                    c->cmd, src, meta, bad);
+        free(meta);
+        return EXIT_DATA;
+    }
+    free(meta);
     static const char *const names[4] = { "n-layer", "n-head", "n-embd", "block-size" };
     int64_t flags[4] = { c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.block_size };
     int64_t saved[4] = { v[2], v[3], v[4], v[1] };
@@ -409,25 +406,12 @@ static cx_status build_optimizer(const config *c, trainer *t)
     return t->opt ? CX_OK : CX_ERR_ARG;
 }
 
-/* nanoGPT keeps model_args beside the weights; here they are a buffer, so
- * every save, consolidation and reshard carries them like any tensor. */
-static cx_status add_model_args(cx_module *m, const cx_gpt_config *g)
-{
-    int64_t shape[1] = { MODEL_ARGS }, v[MODEL_ARGS] = { g->vocab_size, g->block_size, g->n_layer, g->n_head, g->n_embd };
-    if (cx_module_register_buffer(m, "model_args", cx_init_constant(shape, 1, 0, CX_I64)) < 0) return CX_ERR_ARG;
-    return cx_module_load(m, "model_args", v, CX_I64);
-}
-
 /* @return 0 or an exit code after one line on stderr. */
 static int build_trainer(const config *c, trainer *t, bool train)
 {
     *t = (trainer){ 0 };
     cx_manual_seed((uint64_t)c->seed);
     t->model = cx_nn_gpt(c->model);
-    if (t->model && c->model_args && add_model_args(t->model, &c->model) != CX_OK) {
-        cx_module_free(t->model);
-        t->model = NULL;
-    }
     if (!t->model || (train && wrap(c, t) != CX_OK) || (train && build_optimizer(c, t) != CX_OK)) {
         fprintf(stderr, "gpt: cannot build the model: %s\n", cx_last_error());
         trainer_free(t);
@@ -597,6 +581,9 @@ static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
         cx_ckpt_manager_opts mo = cx_ckpt_manager_default_opts();
         mo.save_interval = c->ckpt_every;
         mo.max_to_keep = c->keep;
+        char meta[256];
+        model_meta(&c->model, meta, sizeof meta);
+        mo.meta = meta;   /* every save: eval, sample and --resume read the shape back */
         if (!(t->ckpts = cx_ckpt_manager_new(c->ckpt_dir, mo))) {
             fprintf(stderr, "gpt: --ckpt-dir: %s\n", cx_last_error());
             return EXIT_RUNTIME;
@@ -609,7 +596,7 @@ static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
     }
     if (cx_ckpt_load(prefix, ckpt_model(t, c), t->opt, ex) != CX_OK) {
         fprintf(stderr, "gpt: cannot resume: %s%s\n", cx_last_error(),
-                c->model_args ? "" : " (the checkpoint predates model_args: give train's model flags)");
+                c->flags_shape ? " (the checkpoint has no model config: give train's model flags)" : "");
         return EXIT_DATA;
     }
     if (cx_global_ordinal() == 0) printf("gpt: resumed from %s at step %lld\n", prefix, (long long)ex->step);
@@ -853,9 +840,9 @@ static int load_model(const config *c, trainer *t)
     cx_status st = full ? cx_ckpt_load_full(c->ckpt, cx_ckpt_model_single(t->model), NULL, NULL)
                         : cx_ckpt_load_opts(c->ckpt, cx_ckpt_model_single(t->model), NULL, NULL, o);
     if (st != CX_OK) {
-        if (c->model_args)
+        if (!c->flags_shape)
             fprintf(stderr, "gpt %s: cannot load --ckpt %s: %s\n", c->cmd, c->ckpt, cx_last_error());
-        else   /* saved before checkpoints held the model's shape: the flags give it */
+        else   /* saved before checkpoints held the model's config: the flags give it */
             fprintf(stderr, "gpt %s: cannot load --ckpt %s (were the model flags train's?): %s\n", c->cmd, c->ckpt,
                     cx_last_error());
         return EXIT_DATA;
@@ -1087,8 +1074,8 @@ int main(int argc, char **argv)
     char prefix[4096];
     if (parsed == CLI_OK) {
         rc = 0;
-        if (c.ckpt && strcmp(c.cmd, "train") && strcmp(c.cmd, "plot")) rc = adopt_model_args(&c, c.ckpt);
-        else if (!strcmp(c.cmd, "train") && resume_prefix(&c, prefix, sizeof prefix)) rc = adopt_model_args(&c, prefix);
+        if (c.ckpt && strcmp(c.cmd, "train") && strcmp(c.cmd, "plot")) rc = adopt_model_meta(&c, c.ckpt);
+        else if (!strcmp(c.cmd, "train") && resume_prefix(&c, prefix, sizeof prefix)) rc = adopt_model_meta(&c, prefix);
         /* the persistent cache must be set up before the first compile */
         if (!rc && c.cache_dir && cx_cache_init(c.cache_dir, false) != CX_OK) {
             fprintf(stderr, "gpt: --cache-dir %s: %s\n", c.cache_dir, cx_last_error());
