@@ -4,7 +4,8 @@
 # checkpoint's, after the banner, and one summary line at the end;
 # --log-all-ranks adds every rank's own lines; a global batch that does not
 # split over the ranks is one line with the nearest values that do; an
-# FSDP checkpoint, consolidated, evaluates without model flags.
+# FSDP checkpoint, consolidated, evaluates without model flags (its config
+# is the file's program_meta, the state dict only PyTorch's keys).
 # usage: gpt_launch_lines.sh XLA_LAUNCH GPT CONSOLIDATE_CKPTS
 set -eu
 LAUNCH=$1 GPT=$2 CONSOLIDATE=$3
@@ -55,4 +56,11 @@ EVAL=$("$GPT" eval --data "$W/corpus.txt" --ckpt "$W/full.h5" | sed -n 's/^val l
 [ -n "$VAL" ] && [ "$EVAL" = "$VAL" ] || fail "the consolidated model without model flags: val loss '$EVAL', the run's '$VAL'"
 EVAL=$("$GPT" eval --data "$W/corpus.txt" --ckpt "$W/fs/ckpt-step-20" | sed -n 's/^val loss: //p')
 [ "$EVAL" = "$VAL" ] || fail "the sharded checkpoint without model flags: val loss '$EVAL', the run's '$VAL'"
+# the config is the file's metadata, not a tensor: the state dict stays
+# PyTorch's (load_state_dict(strict=True) takes it)
+if command -v h5dump > /dev/null 2>&1; then
+    h5dump -a /program_meta "$W/full.h5" | grep -q '"vocab_size=256 block_size=32 n_layer=2 n_head=2 n_embd=32"' ||
+        { h5dump -A "$W/full.h5" | head -40; fail "the consolidated file lacks gpt's program_meta"; }
+    if h5dump -H "$W/full.h5" | grep -q 'DATASET "model_args"'; then fail "the state dict holds a model_args tensor"; fi
+fi
 echo "gpt lines on 2 ranks: ok"

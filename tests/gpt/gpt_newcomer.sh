@@ -41,6 +41,12 @@ grep -q "^gpt sample: --n-head 4 disagrees with the checkpoint's 2 " "$W/err.out
 "$GPT" train --data "$W/corpus.txt" --steps 30 --batch-size 8 --warmup 3 --lr 3e-3 --log-every 10 --ckpt-dir "$W/ck" --resume auto \
     > "$W/resume.out" 2>&1 || { cat "$W/resume.out"; fail "resume without model flags"; }
 grep -q "^step 30/30" "$W/resume.out" || { cat "$W/resume.out"; fail "resume did not reach step 30"; }
+# the shape is the checkpoint's program_meta, written by every save, resumed ones too
+if command -v h5dump > /dev/null 2>&1; then
+    h5dump -a /program_meta "$W/ck/ckpt-step-30_rank-0-of-1.h5" |
+        grep -q '"vocab_size=256 block_size=32 n_layer=2 n_head=2 n_embd=32"' || fail "step 30's file lacks gpt's program_meta"
+    if h5dump -H "$W/ck/ckpt-step-30_rank-0-of-1.h5" | grep -q 'DATASET "model_args"'; then fail "a model_args tensor"; fi
+fi
 
 # ---- help
 "$GPT" --help > "$W/help.out" || fail "--help"
