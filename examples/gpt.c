@@ -182,9 +182,10 @@ static cli_result parse_flags(config *c, int argc, char **argv)
 /* ---- the model's shape from a checkpoint ------------------------------------------------------ */
 
 /* The model's config as gpt stores it in its checkpoints' metadata
- * (cx_ckpt_opts.meta), nanoGPT's model_args as key=value pairs: the model
- * must be built before a checkpoint can load into it, so its shape cannot
- * be one of the checkpoint's tensors. */
+ * (cx_ckpt_manager_opts.meta), nanoGPT's model_args as key=value pairs.
+ * Not a tensor: the model must be built before a checkpoint can load into
+ * it, and the state dict stays PyTorch's (a consolidated file loads into
+ * nanoGPT's module with strict=True). */
 static void model_meta(const cx_gpt_config *g, char *out, size_t cap)
 {
     snprintf(out, cap, "vocab_size=%lld block_size=%lld n_layer=%d n_head=%d n_embd=%lld", (long long)g->vocab_size,
