@@ -126,6 +126,7 @@ typedef struct {
     char compression[32];
     int64_t consolidated_from_world_size;   /* 0: not consolidated */
     int64_t resharded_from_world_size;      /* 0: not resharded */
+    char program_meta[CX_CKPT_META_MAX];    /* cx_ckpt_opts.meta; "": none */
 } ckpt_root;
 
 /* Creates `path` holding the root attributes of `r` (stamped with this

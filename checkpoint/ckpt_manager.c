@@ -19,6 +19,7 @@
 
 struct cx_ckpt_manager {
     char *dir;
+    char *meta;                /* our copy of o.meta (NULL: none) */
     cx_ckpt_manager_opts o;
 };
 
@@ -45,6 +46,12 @@ cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts o)
                           "%lld, %d)", dir ? dir : "NULL", (long long)o.save_interval, o.max_to_keep);
         return NULL;
     }
+    /* here rather than at the first save, which may be hours away */
+    if (o.meta && strlen(o.meta) >= CX_CKPT_META_MAX) {
+        cx_set_last_error("cx_ckpt_manager_new: meta has %zu bytes, more than CX_CKPT_META_MAX - 1 (%d)",
+                          strlen(o.meta), CX_CKPT_META_MAX - 1);
+        return NULL;
+    }
     char failed[4096];
     int err = cx_mkdir_p(dir, failed, sizeof failed);
     if (err) {
@@ -53,13 +60,14 @@ cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts o)
     }
     cx_ckpt_manager *m = calloc(1, sizeof *m);
     if (m) m->dir = strdup(dir);
-    if (!m || !m->dir) {
-        if (m) free(m->dir);
-        free(m);
+    if (m && o.meta) m->meta = strdup(o.meta);   /* the caller's string need not outlive this call */
+    if (!m || !m->dir || (o.meta && !m->meta)) {
+        cx_ckpt_manager_free(m);
         cx_set_last_error("cx_ckpt_manager_new: out of memory");
         return NULL;
     }
     m->o = o;
+    m->o.meta = m->meta;
     if (o.watch_sigterm) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -80,6 +88,7 @@ void cx_ckpt_manager_free(cx_ckpt_manager *m)
 {
     if (!m) return;
     free(m->dir);
+    free(m->meta);
     free(m);
 }
 
@@ -177,7 +186,9 @@ cx_status cx_ckpt_manager_save(cx_ckpt_manager *m, int64_t step, cx_ckpt_model m
     if (!m) { cx_set_last_error("cx_ckpt_manager_save: manager is NULL"); return CX_ERR_ARG; }
     char prefix[4200];
     cx_ckpt_manager_prefix(m, step, prefix, sizeof prefix);
-    cx_status st = cx_ckpt_save(prefix, model, opt, extra);
+    cx_ckpt_opts so = cx_ckpt_default_opts();
+    so.meta = m->meta;
+    cx_status st = cx_ckpt_save_opts(prefix, model, opt, extra, so);
     /* older checkpoints go only once this one has committed */
     return st == CX_OK ? prune(m) : st;
 }

@@ -1,5 +1,6 @@
 /* The root attributes of a checkpoint file (format, version, strategy,
- * world and rank, progress, RNG and optimizer step count): one table says
+ * world and rank, progress, RNG and optimizer step count, the program's
+ * metadata): one table says
  * which struct field each attribute is, and both directions go through it,
  * so a save, a consolidation and a reshard write the same preamble. */
 #include "ckpt_internal.h"
@@ -8,7 +9,9 @@
 #include <string.h>
 
 enum { A_STR, A_I64, A_U64 };
-/* REQUIRED: a file without it is refused; IF_SET: written only when nonzero */
+/* REQUIRED: a file without it is refused; IF_SET: written only when nonzero
+ * (a string: nonempty), so files without one stay as older libraries wrote
+ * them, and an absent one reads as 0 or "" */
 enum { OPTIONAL = 0, REQUIRED = 1, IF_SET = 2 };
 
 typedef struct {
@@ -39,6 +42,7 @@ static const root_attr k_attrs[] = {
     { "compression", A_STR, FIELD(compression), OPTIONAL },
     { "consolidated_from_world_size", A_I64, FIELD(consolidated_from_world_size), IF_SET },
     { "resharded_from_world_size", A_I64, FIELD(resharded_from_world_size), IF_SET },
+    { "program_meta", A_STR, FIELD(program_meta), IF_SET },
 };
 #define NATTRS ((int)(sizeof k_attrs / sizeof k_attrs[0]))
 
@@ -50,6 +54,7 @@ static int write_attrs(hid_t f, const ckpt_root *r)
         const char *p = (const char *)r + a->off;
         int rc;
         if (a->kind == A_STR) {
+            if (a->rule == IF_SET && !*p) continue;
             rc = ckpt_attr_write_str(f, a->name, p);
         } else {
             int64_t v;   /* same bits for u64 */

@@ -137,6 +137,7 @@ static cx_status write_rank_file(const char *tmp, const ckpt_view *v, cx_optimiz
                        .rng_offset = rng.offset, .optimizer_steps = opt ? cx_optim_step_count(opt) : 0 };
     ckpt_strlcpy(root.strategy, sizeof root.strategy, cx_ckpt_strategy_name(v->strategy));
     ckpt_strlcpy(root.optimizer, sizeof root.optimizer, opt ? cx_optim_name(opt) : "");
+    ckpt_strlcpy(root.program_meta, sizeof root.program_meta, opts.meta ? opts.meta : "");   /* length checked */
     hid_t fid, mg;
     cx_status st = ckpt_file_begin(tmp, &root, opts.compress_level, &fid, &mg);
     if (st != CX_OK) return st;
@@ -161,6 +162,12 @@ static cx_status check_save_args(const char *prefix, cx_ckpt_opts opts)
 {
     if (!prefix || !*prefix || strlen(prefix) > 4000) {
         cx_set_last_error("cx_ckpt_save: bad prefix");
+        return CX_ERR_ARG;
+    }
+    /* refused, not cut: a truncated string would read back as other metadata */
+    if (opts.meta && strlen(opts.meta) >= CX_CKPT_META_MAX) {
+        cx_set_last_error("cx_ckpt_save: opts.meta has %zu bytes, more than CX_CKPT_META_MAX - 1 (%d)",
+                          strlen(opts.meta), CX_CKPT_META_MAX - 1);
         return CX_ERR_ARG;
     }
     cx_status st = ckpt_zstd_check_level("cx_ckpt_save", opts.compress_level);

@@ -1,6 +1,6 @@
 /* gpt: a byte-level GPT language model, from a text file to samples.
  *
- *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp|spmd] ...   train, end with "val loss: X"
+ *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp|spmd] ...   train
  *   gpt eval   --ckpt PREFIX [--data FILE]                                 print "val loss: X"
  *   gpt sample --ckpt PREFIX --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
  *   gpt plot   --log-file F.jsonl --out F.png|F.svg                        train and val loss curves (gnuplot)
@@ -9,7 +9,13 @@
  * loop (each step one lazy graph: forward, backward, clip, AdamW, recorded
  * between the loader's step marks), evaluation, sampling, plotting. The
  * corpus is the King James Bible of Debian's bible-kjv package unless
- * --data names another text file; its bytes are the tokens.
+ * --data names another text file; its bytes are the tokens. A checkpoint
+ * holds the model's config as its metadata (cx_ckpt_read_meta), so eval,
+ * sample and --resume need no model flags.
+ *
+ * Under xla-launch rank 0 prints the progress (--log-all-ranks: every
+ * rank its own), all of it on stdout so that a rank's lines keep their
+ * order, and train ends with "val loss: X" and a summary line.
  *
  * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data or checkpoint
  * missing or unreadable, 75 preempted (SIGTERM with --ckpt-dir: every rank
@@ -50,6 +56,10 @@ typedef struct {
     int zero;
     int threads;
     const char *ckpt_dir, *resume, *log_file;
+    const char *cache_dir;      /* persistent compile cache, NULL: off */
+    bool log_all_ranks;
+    bool shape_given[4];        /* --n-layer, --n-head, --n-embd, --block-size were given */
+    bool flags_shape;           /* the checkpoint has no model config: the flags give it */
     const char *ckpt;           /* eval / sample */
     const char *prompt;
     int64_t tokens, top_k;
@@ -66,17 +76,21 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     int64_t n_embd = 256, block = 128;
     *c = (config){ .steps = 600, .batch_size = 16, .warmup = 50, .log_every = 10, .seed = 1, .lr = 1e-3,
                    .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .grad_comm = "f32", .zero = 3,
-                   .tokens = 200, .temperature = 1.0, .prompt = "\n" };
+                   .tokens = 200, .temperature = 1.0 };
     const cli_flag flags[] = {
         { .name = "data", .kind = CLI_STRING, .dest = &c->data, .metavar = "FILE",
           .help = "text corpus, bytes are tokens (default: the KJV Bible,\nmade from bible-kjv when missing)" },
-        { .name = "n-layer", .kind = CLI_INT, .dest = &n_layer, .min = 1, .max = 1000, .help = "transformer blocks" },
-        { .name = "n-head", .kind = CLI_INT, .dest = &n_head, .min = 1, .max = 1024, .help = "attention heads" },
-        { .name = "n-embd", .kind = CLI_I64, .dest = &n_embd, .min = 1, .max = 65536, .help = "embedding width" },
-        { .name = "block-size", .kind = CLI_I64, .dest = &block, .min = 1, .max = 65536, .help = "context length" },
+        { .name = "n-layer", .kind = CLI_INT, .dest = &n_layer, .min = 1, .max = 1000, .help = "transformer blocks",
+          .given = &c->shape_given[0] },
+        { .name = "n-head", .kind = CLI_INT, .dest = &n_head, .min = 1, .max = 1024, .help = "attention heads",
+          .given = &c->shape_given[1] },
+        { .name = "n-embd", .kind = CLI_I64, .dest = &n_embd, .min = 1, .max = 65536, .help = "embedding width",
+          .given = &c->shape_given[2] },
+        { .name = "block-size", .kind = CLI_I64, .dest = &block, .min = 1, .max = 65536, .help = "context length",
+          .given = &c->shape_given[3] },
         { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 1, .max = 0x1p40, .help = "training steps" },
         { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20,
-          .help = "global batch, split over the ranks" },
+          .help = "the global batch: all ranks together, each rank\ntaking batch-size / ranks (a multiple of the ranks)" },
         { .name = "lr", .kind = CLI_DOUBLE, .dest = &c->lr, .min = 0, .max = 10, .help = "peak learning rate" },
         { .name = "min-lr", .kind = CLI_DOUBLE, .dest = &c->min_lr, .min = 0, .max = 10,
           .help = "learning rate at the last step (cosine)" },
@@ -100,8 +114,12 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "log the loss every N steps" },
         { .name = "eval-every", .kind = CLI_I64, .dest = &c->eval_every, .min = 0, .max = 0x1p40,
           .help = "measure the val loss every N steps, 0 = at the end" },
+        { .name = "log-all-ranks", .kind = CLI_BOOL, .dest = &c->log_all_ranks,
+          .help = "train: every rank prints its own loss lines (its\nshare of the batch); default: rank 0 the global progress" },
         { .name = "log-file", .kind = CLI_STRING, .dest = &c->log_file, .metavar = "F.jsonl",
           .help = "train: one JSON object per logged step; plot: read it" },
+        { .name = "cache-dir", .kind = CLI_STRING, .dest = &c->cache_dir, .metavar = "DIR",
+          .help = "persistent compile cache (shared by the ranks)" },
         { .name = "ckpt-dir", .kind = CLI_STRING, .dest = &c->ckpt_dir, .metavar = "DIR",
           .help = "save checkpoints DIR/ckpt-step-<N>" },
         { .name = "ckpt-every", .kind = CLI_I64, .dest = &c->ckpt_every, .min = 0, .max = 0x1p40,
@@ -111,8 +129,9 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "resume", .kind = CLI_STRING, .dest = &c->resume, .metavar = "{auto,PREFIX}",
           .help = "resume from the latest checkpoint in --ckpt-dir or PREFIX" },
         { .name = "ckpt", .kind = CLI_STRING, .dest = &c->ckpt, .metavar = "PREFIX",
-          .help = "eval, sample: the checkpoint (a prefix or a consolidated .h5)" },
-        { .name = "prompt", .kind = CLI_STRING, .dest = &c->prompt, .metavar = "TEXT", .help = "sample: the start" },
+          .help = "eval, sample: the checkpoint (a prefix or a consolidated .h5);\nthe model's shape comes from it" },
+        { .name = "prompt", .kind = CLI_STRING, .dest = &c->prompt, .metavar = "TEXT",
+          .help = "sample: the start (default: a newline); the text printed\nis UTF-8, an invalid byte sequence shown as U+FFFD" },
         { .name = "tokens", .kind = CLI_I64, .dest = &c->tokens, .min = 1, .max = 0x1p30,
           .help = "sample: tokens to generate" },
         { .name = "temperature", .kind = CLI_DOUBLE, .dest = &c->temperature, .min = 1e-6, .max = 100,
@@ -126,7 +145,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         .args = "{train,eval,sample,plot} [flags]",
         .summary = "A byte-level GPT on a text corpus (default: the KJV Bible). train runs under xla-launch\n"
                    "like the train program; eval and sample read a checkpoint; plot draws the log file's loss\n"
-                   "curves with gnuplot. eval and sample take the model flags train was given.",
+                   "curves with gnuplot. eval and sample read the model's shape from the checkpoint (model flags\n"
+                   "given anyway must agree with it).",
         .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data or checkpoint missing or unreadable,\n"
                   "            75 preempted (SIGTERM or Ctrl-C; saved in --ckpt-dir)",
         .flags = flags,
@@ -146,6 +166,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
                 has_cmd ? "; got " : "", has_cmd ? argv[1] : "");
         return CLI_ERROR;
     }
+    if (!c->prompt) c->prompt = "\n";
     c->model = (cx_gpt_config){ CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = 256, .block_size = block, .n_layer = n_layer, .n_head = n_head,
                                 .n_embd = n_embd };
     bool needs_ckpt = !strcmp(c->cmd, "eval") || !strcmp(c->cmd, "sample");
@@ -156,6 +177,84 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         return CLI_ERROR;
     }
     return CLI_OK;
+}
+
+/* ---- the model's shape from a checkpoint ------------------------------------------------------ */
+
+/* The model's config as gpt stores it in its checkpoints' metadata
+ * (cx_ckpt_manager_opts.meta), nanoGPT's model_args as key=value pairs.
+ * Not a tensor: the model must be built before a checkpoint can load into
+ * it, and the state dict stays PyTorch's (a consolidated file loads into
+ * nanoGPT's module with strict=True). */
+static void model_meta(const cx_gpt_config *g, char *out, size_t cap)
+{
+    snprintf(out, cap, "vocab_size=%lld block_size=%lld n_layer=%d n_head=%d n_embd=%lld", (long long)g->vocab_size,
+             (long long)g->block_size, g->n_layer, g->n_head, (long long)g->n_embd);
+}
+
+/* Parses model_meta's string into v (vocab_size, block_size, n_layer,
+ * n_head, n_embd; any order, unknown keys skipped). @return the name of a
+ * key missing or not a positive integer, or NULL when all five are there. */
+static const char *parse_model_meta(const char *meta, int64_t v[5])
+{
+    static const char *const keys[5] = { "vocab_size", "block_size", "n_layer", "n_head", "n_embd" };
+    bool seen[5] = { false };
+    for (const char *p = meta; *p;) {
+        size_t len = strcspn(p, " ");
+        const char *eq = memchr(p, '=', len);
+        for (int k = 0; eq && k < 5; k++) {
+            if ((size_t)(eq - p) != strlen(keys[k]) || strncmp(p, keys[k], strlen(keys[k]))) continue;
+            char *e;
+            long long x = strtoll(eq + 1, &e, 10);
+            seen[k] = e == p + len && e > eq + 1 && x > 0 && x <= 1 << 30;
+            v[k] = x;
+        }
+        p += len + strspn(p + len, " ");
+    }
+    for (int k = 0; k < 5; k++)
+        if (!seen[k]) return keys[k];
+    return NULL;
+}
+
+/* Takes the model's shape from checkpoint `src`'s metadata; a model flag
+ * given anyway must agree. A checkpoint without metadata (saved before gpt
+ * wrote it) keeps the flags' shape. @return 0, EXIT_USAGE or EXIT_DATA
+ * after one line. */
+static int adopt_model_meta(config *c, const char *src)
+{
+    char *meta = cx_ckpt_read_meta(src);
+    if (!meta || !*meta) {
+        c->flags_shape = meta != NULL;   /* unreadable: the load says why */
+        free(meta);
+        return 0;
+    }
+    int64_t v[5];
+    const char *bad = parse_model_meta(meta, v);
+    if (bad) {
+        if (cx_global_ordinal() == 0)
+            fprintf(stderr, "gpt %s: %s: the checkpoint's metadata \"%s\" has no valid %s (not saved by gpt?)\n",
+                    c->cmd, src, meta, bad);
+        free(meta);
+        return EXIT_DATA;
+    }
+    free(meta);
+    static const char *const names[4] = { "n-layer", "n-head", "n-embd", "block-size" };
+    int64_t flags[4] = { c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.block_size };
+    int64_t saved[4] = { v[2], v[3], v[4], v[1] };
+    for (int i = 0; i < 4; i++) {
+        if (c->shape_given[i] && flags[i] != saved[i]) {
+            if (cx_global_ordinal() == 0)
+                fprintf(stderr, "gpt %s: --%s %lld disagrees with the checkpoint's %lld (%s)\n", c->cmd, names[i],
+                        (long long)flags[i], (long long)saved[i], src);
+            return EXIT_USAGE;
+        }
+    }
+    c->model.vocab_size = v[0];
+    c->model.block_size = v[1];
+    c->model.n_layer = (int)v[2];
+    c->model.n_head = (int)v[3];
+    c->model.n_embd = v[4];
+    return 0;
 }
 
 /* ---- the corpus --------------------------------------------------------------------------- */
@@ -195,7 +294,7 @@ static int make_kjv(const char *path)
                         "(scripts/install-deps.sh) or pass --data FILE\n", path);
         return EXIT_DATA;
     }
-    fprintf(stderr, "gpt: wrote the KJV corpus to %s (%lld bytes)\n", path, (long long)sb.st_size);
+    printf("gpt: wrote the KJV corpus to %s (%lld bytes)\n", path, (long long)sb.st_size);
     return 0;
 }
 
@@ -385,6 +484,7 @@ typedef struct {
     cx_tensor *loss;        /* kept past its step, read once the step has run */
     int64_t loss_step;
     double loss_lr;
+    double last_loss;       /* the last one printed, for the summary */
 } logger;
 
 static double now_s(void)
@@ -394,25 +494,35 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Prints the pending loss: a progress line on a terminal, plain lines
- * otherwise; and a JSON line in the log file. */
+/* Prints the pending loss: rank 0 the run's progress (global tokens/s,
+ * share of --steps, ETA), as one rewritten line on a terminal, plain lines
+ * otherwise, and a JSON line in the log file; with --log-all-ranks every
+ * rank its own loss and throughput instead. */
 static void log_flush(logger *g, const config *c, double val)
 {
     if (!g->loss && isnan(val)) return;
+    int rank = cx_global_ordinal();
     double now = now_s(), tok_s = (double)(g->loss_step + 1 - g->step_last) * (double)c->batch_size *
                                   (double)c->model.block_size / (now - g->t_last);
     double loss = g->loss ? cx_item(g->loss) : NAN;
     int64_t step = g->loss_step + 1;
-    if (cx_global_ordinal() == 0) {
-        double eta = (double)(c->steps - step) * (double)c->batch_size * (double)c->model.block_size / tok_s;
-        if (g->loss && g->tty)
-            printf("\rstep %lld/%lld | loss %.4f | lr %.2e | %.0f tokens/s | ETA %dm%02ds   ", (long long)step,
-                   (long long)c->steps, loss, g->loss_lr, tok_s, (int)(eta / 60), (int)fmod(eta, 60));
-        else if (g->loss)
-            printf("step %lld/%lld: loss %.4f, lr %.2e, %.0f tokens/s\n", (long long)step, (long long)c->steps, loss,
-                   g->loss_lr, tok_s);
+    double eta = (double)(c->steps - step) * (double)c->batch_size * (double)c->model.block_size / tok_s;
+    int pct = (int)(100 * step / c->steps), em = (int)(eta / 60), es = (int)fmod(eta, 60);
+    if (g->loss) g->last_loss = loss;
+    if (g->loss && c->log_all_ranks) {
+        /* spmd: every rank runs the whole global batch */
+        double mine = cx_is_spmd() ? tok_s : tok_s / cx_world_size();
+        printf("step %lld/%lld (%d%%): loss %.4f, lr %.2e, %.0f tokens/s on this rank, ETA %dm%02ds\n", (long long)step,
+               (long long)c->steps, pct, loss, g->loss_lr, mine, em, es);
+    } else if (g->loss && rank == 0 && g->tty) {
+        printf("\rstep %lld/%lld (%d%%) | loss %.4f | lr %.2e | %.0f tokens/s | ETA %dm%02ds   ", (long long)step,
+               (long long)c->steps, pct, loss, g->loss_lr, tok_s, em, es);
+    } else if (g->loss && rank == 0) {
+        printf("step %lld/%lld (%d%%): loss %.4f, lr %.2e, %.0f tokens/s, ETA %dm%02ds\n", (long long)step,
+               (long long)c->steps, pct, loss, g->loss_lr, tok_s, em, es);
+    }
+    if (rank == 0) {
         if (!isnan(val)) printf("%sstep %lld: val loss %.4f\n", g->tty ? "\n" : "", (long long)step, val);
-        fflush(stdout);
         if (g->jsonl) {
             fprintf(g->jsonl, "{\"step\": %lld", (long long)step);
             if (g->loss) fprintf(g->jsonl, ", \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f", loss, g->loss_lr, tok_s);
@@ -421,6 +531,7 @@ static void log_flush(logger *g, const config *c, double val)
             fflush(g->jsonl);
         }
     }
+    fflush(stdout);
     if (g->loss) {
         g->t_last = now;
         g->step_last = step;
@@ -446,12 +557,24 @@ static cx_status save(const config *c, trainer *t, int64_t step, int64_t epoch, 
     cx_ckpt_extra ex = { step, epoch, position };
     cx_status st = cx_ckpt_manager_save(t->ckpts, step, ckpt_model(t, c), t->opt, &ex);
     if (st != CX_OK) fprintf(stderr, "gpt: checkpoint save failed: %s\n", cx_last_error());
-    else if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: saved %s\n", prefix);
+    else if (cx_global_ordinal() == 0) printf("%sgpt: saved %s\n", isatty(1) ? "\n" : "", prefix);   /* past a \r progress line */
     return st;
 }
 
 /* --resume: auto (the latest committed checkpoint in --ckpt-dir, if any) or
- * a prefix. @return 0 or an exit code; *ex the saved step and position. */
+ * a prefix. @return false when there is none to resume from. */
+static bool resume_prefix(const config *c, char *out, size_t cap)
+{
+    if (!c->resume) return false;
+    if (strcmp(c->resume, "auto")) {
+        snprintf(out, cap, "%s", c->resume);
+        return true;
+    }
+    return c->ckpt_dir && cx_ckpt_latest(c->ckpt_dir, out, cap) == CX_OK;
+}
+
+/* Loads --resume's checkpoint. @return 0 or an exit code; *ex the saved
+ * step and position. */
 static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
 {
     *ex = (cx_ckpt_extra){ 0, 1, 0 };
@@ -459,26 +582,25 @@ static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
         cx_ckpt_manager_opts mo = cx_ckpt_manager_default_opts();
         mo.save_interval = c->ckpt_every;
         mo.max_to_keep = c->keep;
+        char meta[256];
+        model_meta(&c->model, meta, sizeof meta);
+        mo.meta = meta;   /* every save: eval, sample and --resume read the shape back */
         if (!(t->ckpts = cx_ckpt_manager_new(c->ckpt_dir, mo))) {
             fprintf(stderr, "gpt: --ckpt-dir: %s\n", cx_last_error());
             return EXIT_RUNTIME;
         }
     }
-    if (!c->resume) return 0;
     char prefix[4096];
-    if (!strcmp(c->resume, "auto")) {
-        if (!c->ckpt_dir || cx_ckpt_latest(c->ckpt_dir, prefix, sizeof prefix) != CX_OK) {
-            if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: notice: no committed checkpoint, starting fresh\n");
-            return 0;
-        }
-    } else {
-        snprintf(prefix, sizeof prefix, "%s", c->resume);
+    if (!resume_prefix(c, prefix, sizeof prefix)) {
+        if (c->resume && cx_global_ordinal() == 0) printf("gpt: notice: no committed checkpoint, starting fresh\n");
+        return 0;
     }
     if (cx_ckpt_load(prefix, ckpt_model(t, c), t->opt, ex) != CX_OK) {
-        fprintf(stderr, "gpt: cannot resume: %s\n", cx_last_error());
+        fprintf(stderr, "gpt: cannot resume: %s%s\n", cx_last_error(),
+                c->flags_shape ? " (the checkpoint has no model config: give train's model flags)" : "");
         return EXIT_DATA;
     }
-    if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: resumed from %s at step %lld\n", prefix, (long long)ex->step);
+    if (cx_global_ordinal() == 0) printf("gpt: resumed from %s at step %lld\n", prefix, (long long)ex->step);
     return 0;
 }
 
@@ -574,7 +696,15 @@ static int open_data(const config *c, train_data *d)
         return EXIT_USAGE;
     }
     if (c->batch_size % world) {
-        fprintf(stderr, "gpt: --batch-size %lld does not split over %d ranks\n", (long long)c->batch_size, world);
+        /* every rank fails alike; one line says it for all */
+        long long b = c->batch_size, down = b - b % world, up = down + world;
+        char nearest[64];
+        if (down == 0 || up - b < b - down) snprintf(nearest, sizeof nearest, "%lld", up);
+        else if (b - down < up - b) snprintf(nearest, sizeof nearest, "%lld", down);
+        else snprintf(nearest, sizeof nearest, "%lld or %lld", down, up);
+        if (cx_global_ordinal() == 0)
+            fprintf(stderr, "gpt: --batch-size %lld does not split over %d ranks (it is the global batch); "
+                            "the nearest that does: %s\n", b, world, nearest);
         return EXIT_USAGE;
     }
     if (open_split(c, path, false, &d->train) != CX_OK || open_split(c, path, true, &d->val) != CX_OK) {
@@ -632,7 +762,11 @@ static int cmd_train(const config *c)
                (long long)cx_module_num_params(t.model), c->model.n_layer, c->model.n_head,
                (long long)c->model.n_embd, (long long)c->model.block_size, (long long)cx_dataset_size(d.train),
                (long long)cx_dataset_size(d.val), (long long)c->batch_size, cx_world_size(), c->parallel);
-    logger g = { .tty = isatty(1), .t_last = now_s(), .step_last = ex.step };
+    if (cx_global_ordinal() == 0 && c->warmup > c->steps)
+        printf("gpt: warning: --warmup %lld is longer than --steps %lld: the learning rate peaks at %.2e, never "
+               "reaching --lr %.2e\n", (long long)c->warmup, (long long)c->steps, lr_at(c, c->steps - 1), c->lr);
+    logger g = { .tty = isatty(1), .t_last = now_s(), .step_last = ex.step, .last_loss = NAN };
+    double t0 = g.t_last;
     if (c->log_file && cx_global_ordinal() == 0 && !(g.jsonl = fopen(c->log_file, ex.step ? "a" : "w"))) {
         fprintf(stderr, "gpt: cannot write --log-file %s: %s\n", c->log_file, strerror(errno));
         rc = EXIT_RUNTIME;
@@ -662,10 +796,12 @@ static int cmd_train(const config *c)
         bool save_now = cx_ckpt_manager_should_save(t.ckpts, step) || preempted;
         if (eval_now || save_now) {
             if (cx_loader_end_step(d.loader) != CX_OK) { rc = EXIT_RUNTIME; break; }
+            log_flush(&g, c, NAN);   /* this step's line before its checkpoint's */
             if (save_now && save(c, &t, step, epoch, cx_loader_position(d.loader)) != CX_OK) rc = EXIT_RUNTIME;
             if (save_now) saved = step;
             if (!rc && preempted) {
-                if (cx_global_ordinal() == 0) fprintf(stderr, "gpt: preempted: saved step %lld in %s; rerun with --resume auto\n", (long long)step, c->ckpt_dir);
+                if (cx_global_ordinal() == 0)
+                    printf("gpt: preempted: saved step %lld in %s; rerun with --resume auto\n", (long long)step, c->ckpt_dir);
                 rc = EXIT_PREEMPTED;
             }
             if (!rc && eval_now && !eval_and_log(c, &t, &d, &g, step, &last_val)) rc = EXIT_RUNTIME;
@@ -678,6 +814,13 @@ static int cmd_train(const config *c)
     if (!rc && cx_global_ordinal() == 0) {
         printf("peak device memory: %.1f MB\n", (double)cx_memory_peak() / 1e6);
         printf("val loss: %.4f\n", last_val);
+        double wall = now_s() - t0;
+        char where[4096] = "";
+        if (t.ckpts) cx_ckpt_manager_prefix(t.ckpts, step, where, sizeof where);
+        printf("gpt: done: %lld steps in %.1f s, %.0f tokens/s, loss %.4f, val loss %.4f; %s%s\n",
+               (long long)(step - ex.step), wall,
+               (double)(step - ex.step) * (double)c->batch_size * (double)c->model.block_size / wall, g.last_loss,
+               last_val, t.ckpts ? "checkpoint " : "no checkpoint (no --ckpt-dir)", where);
     }
     fflush(stdout);
     if (g.jsonl) fclose(g.jsonl);
@@ -699,8 +842,11 @@ static int load_model(const config *c, trainer *t)
     cx_status st = full ? cx_ckpt_load_full(c->ckpt, cx_ckpt_model_single(t->model), NULL, NULL)
                         : cx_ckpt_load_opts(c->ckpt, cx_ckpt_model_single(t->model), NULL, NULL, o);
     if (st != CX_OK) {
-        fprintf(stderr, "gpt %s: cannot load --ckpt %s (were the model flags train's?): %s\n", c->cmd, c->ckpt,
-                cx_last_error());
+        if (!c->flags_shape)
+            fprintf(stderr, "gpt %s: cannot load --ckpt %s: %s\n", c->cmd, c->ckpt, cx_last_error());
+        else   /* saved before checkpoints held the model's config: the flags give it */
+            fprintf(stderr, "gpt %s: cannot load --ckpt %s (were the model flags train's?): %s\n", c->cmd, c->ckpt,
+                    cx_last_error());
         return EXIT_DATA;
     }
     return 0;
@@ -784,8 +930,48 @@ static cx_status next_logits(cx_module *m, const int64_t *window, int64_t block,
     return st;
 }
 
+/* Tokens are bytes, and a small model draws byte sequences that are not
+ * UTF-8: printed as they come they garble a terminal, so each maximal
+ * invalid subpart becomes U+FFFD (as Python's errors="replace"), kept
+ * across tokens since a character spans several. */
+typedef struct {
+    unsigned char buf[4];
+    int n, need;
+} utf8_out;
+
+static void utf8_put(utf8_out *u, unsigned char b)
+{
+    static const char replacement[] = "\xEF\xBF\xBD";
+    if (u->n > 0) {
+        unsigned char lo = 0x80, hi = 0xBF, lead = u->buf[0];
+        /* the second byte's range rules out overlongs, surrogates and > U+10FFFF */
+        if (u->n == 1 && lead == 0xE0) lo = 0xA0;
+        if (u->n == 1 && lead == 0xED) hi = 0x9F;
+        if (u->n == 1 && lead == 0xF0) lo = 0x90;
+        if (u->n == 1 && lead == 0xF4) hi = 0x8F;
+        if (b >= lo && b <= hi) {
+            u->buf[u->n++] = b;
+            if (u->n == u->need) { fwrite(u->buf, 1, (size_t)u->n, stdout); u->n = 0; }
+            return;
+        }
+        fputs(replacement, stdout);
+        u->n = 0;   /* b starts afresh */
+    }
+    u->need = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    if (u->need == 1) putchar(b);
+    else if (u->need == 0) fputs(replacement, stdout);
+    else u->buf[u->n++] = b;
+}
+
+static void utf8_end(utf8_out *u)
+{
+    if (u->n > 0) fputs("\xEF\xBF\xBD", stdout);
+    u->n = 0;
+}
+
 static int cmd_sample(const config *c)
 {
+    utf8_out u = { 0 };
     trainer t;
     int rc = build_trainer(c, &t, false);
     if (rc) return rc;
@@ -801,7 +987,7 @@ static int cmd_sample(const config *c)
     int64_t compiles_after_first = 0;
     cx_metric_stats ms;
     for (int64_t i = 0; !rc && i < n; i++) text[i] = (unsigned char)c->prompt[i];
-    if (!rc) fputs(c->prompt, stdout);
+    for (int64_t i = 0; !rc && i < n; i++) utf8_put(&u, (unsigned char)c->prompt[i]);
     for (int64_t k = 0; !rc && k < c->tokens; k++) {
         int64_t len = n + k, start = len > block ? len - block : 0, pos = len - start;
         memset(window, 0, sizeof *window * (size_t)block);
@@ -814,10 +1000,11 @@ static int cmd_sample(const config *c)
         }
         if (k > 0) compiles_after_first += (cx_metric_data("CompileTime", &ms) ? ms.total_samples : 0) - before;
         text[len] = draw(logits, v, c->temperature, c->top_k, &rng);
-        putchar((int)text[len]);
+        utf8_put(&u, (unsigned char)text[len]);
     }
     cx_no_grad_end();
     if (!rc) {
+        utf8_end(&u);
         printf("\n");
         fprintf(stderr, "gpt sample: %lld tokens, %lld compiles after the first token\n", (long long)c->tokens,
                 (long long)compiles_after_first);
@@ -879,10 +1066,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpt: cannot start the distributed runtime: %s\n", cx_last_error());
         return EXIT_RUNTIME;
     }
+    /* progress, checkpoint and summary lines all go to stdout, a line at a
+     * time: under xla-launch stdout is a pipe (block-buffered by default)
+     * read beside stderr's, and one stream keeps a rank's lines in order */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     config c;
     cli_result parsed = parse_flags(&c, argc, argv);
     int rc = parsed == CLI_HELP ? 0 : EXIT_USAGE;
+    char prefix[4096];
     if (parsed == CLI_OK) {
+        rc = 0;
+        if (c.ckpt && strcmp(c.cmd, "train") && strcmp(c.cmd, "plot")) rc = adopt_model_meta(&c, c.ckpt);
+        else if (!strcmp(c.cmd, "train") && resume_prefix(&c, prefix, sizeof prefix)) rc = adopt_model_meta(&c, prefix);
+        /* the persistent cache must be set up before the first compile */
+        if (!rc && c.cache_dir && cx_cache_init(c.cache_dir, false) != CX_OK) {
+            fprintf(stderr, "gpt: --cache-dir %s: %s\n", c.cache_dir, cx_last_error());
+            rc = EXIT_RUNTIME;
+        }
+    }
+    if (parsed == CLI_OK && !rc) {
         if (c.threads > 0) cx_set_num_threads(c.threads);
         if (!strcmp(c.cmd, "train")) rc = cmd_train(&c);
         else if (!strcmp(c.cmd, "eval")) rc = cmd_eval(&c);

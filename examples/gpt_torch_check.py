@@ -5,10 +5,14 @@ spaced through the last 10 % of the corpus). Needs python3-torch and
 python3-h5py (Debian); the build and the tests never do.
 
     consolidate_ckpts --ckpt-prefix ckpt/ckpt-step-600 --save-path gpt.h5
-    /usr/bin/python3 examples/gpt_torch_check.py gpt.h5 ~/.cache/cxla/kjv.txt [--n-head 4]
+    /usr/bin/python3 examples/gpt_torch_check.py gpt.h5 ~/.cache/cxla/kjv.txt
 
 The state dict loads with strict=True apart from lm_head.weight, which is
-tied to transformer.wte.weight and stored once under that name.
+tied to transformer.wte.weight and stored once under that name. The number
+of heads, which no weight's shape tells, comes from the file's root
+attribute program_meta, where gpt stores its model config ("vocab_size=256
+block_size=128 n_layer=4 n_head=4 n_embd=256"); --n-head is for files
+saved before it, and must agree with it otherwise.
 """
 import argparse
 import math
@@ -66,15 +70,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("h5")
     ap.add_argument("corpus")
-    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--n-head", type=int, help="files without program_meta only (default 4)")
     ap.add_argument("--windows", type=int, default=64)
     a = ap.parse_args()
     with h5py.File(a.h5, "r") as f:
         sd = {k: torch.tensor(f["model"][k][()]) for k in f["model"].keys()}
+        meta = f.attrs.get("program_meta", b"")
+    meta = dict(kv.split("=", 1) for kv in (meta.decode() if isinstance(meta, bytes) else str(meta)).split())
+    n_head = int(meta.get("n_head", a.n_head or 4))
+    if a.n_head is not None and a.n_head != n_head:
+        raise SystemExit("gpt_torch_check.py: --n-head %d disagrees with the checkpoint's %d" % (a.n_head, n_head))
     vocab, c = sd["transformer.wte.weight"].shape
     block = sd["transformer.wpe.weight"].shape[0]
     n_layer = len({k.split(".")[2] for k in sd if k.startswith("transformer.h.")})
-    m = GPT(vocab, block, n_layer, a.n_head, c)
+    m = GPT(vocab, block, n_layer, n_head, c)
     missing, unexpected = m.load_state_dict(sd, strict=False)
     assert missing == ["lm_head.weight"] and not unexpected, (missing, unexpected)
     data = open(a.corpus, "rb").read()

@@ -20,7 +20,7 @@
  * thread (core.h), every rank alike where a call says it is collective.
  * cx_ckpt_manager_request_preemption alone may be called from anywhere
  * (a signal handler included). Results come back in the caller's buffers
- * (`out`, `cap`); nothing here returns memory to free().
+ * (`out`, `cap`); only cx_ckpt_read_meta returns memory to free().
  */
 #ifndef CXLA_CHECKPOINT_H
 #define CXLA_CHECKPOINT_H
@@ -41,6 +41,9 @@ extern "C" {
 #define CX_CKPT_DEFAULT_SUFFIX "_rank-*-of-*.h5"
 /* The registered HDF5 filter id of zstd. */
 #define CX_CKPT_ZSTD_FILTER 32015
+/* The longest program metadata string a checkpoint holds, with its NUL
+ * (cx_ckpt_opts.meta). */
+#define CX_CKPT_META_MAX 4096
 
 typedef enum {
     CX_CKPT_SINGLE = 0,   /* "none": one process */
@@ -104,6 +107,14 @@ typedef struct {
     /* load: verify the files' sizes and checksums against the commit marker
      * (default true) */
     bool verify;
+    /* save: the program's own metadata, e.g. the model config it needs to
+     * rebuild the model before a load ("n_layer=4 n_head=4"), stored as the
+     * root attribute program_meta of every file, carried into consolidated
+     * and resharded files, read back with cx_ckpt_read_meta. At most
+     * CX_CKPT_META_MAX - 1 bytes (a longer one is refused with CX_ERR_ARG).
+     * The library never parses it. NULL or "" (default): none. Loads ignore
+     * it. Every rank passes the same string. */
+    const char *meta;
 } cx_ckpt_opts;
 static inline cx_ckpt_opts cx_ckpt_default_opts(void)
 {
@@ -112,6 +123,7 @@ static inline cx_ckpt_opts cx_ckpt_default_opts(void)
     o.compress_level = 0;
     o.with_optimizer = true;
     o.verify = true;
+    o.meta = NULL;
     return o;
 }
 
@@ -148,6 +160,17 @@ CX_API cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_o
  * @return as cx_ckpt_load. */
 CX_API cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer *opt, cx_ckpt_extra *extra);
 
+/* The program metadata (cx_ckpt_opts.meta) of a checkpoint: the committed
+ * checkpoint `path_or_prefix` (rank 0's file; e.g. what cx_ckpt_latest
+ * gives), or, when that names a file, one full (consolidated) file. Every
+ * file is opened and checked as a load would (marker, sizes, format, ranks,
+ * layout), without checksums and without a model. Not collective.
+ * @return a string the caller frees with free(): "" when the checkpoint has
+ * no metadata (saved without any, or by a library before it had them); NULL
+ * with cx_last_error set when the checkpoint is missing, uncommitted or
+ * corrupt, or out of memory. */
+CX_API char *cx_ckpt_read_meta(const char *path_or_prefix);
+
 /* @return true when `prefix` has a commit marker whose files all exist with
  * the listed sizes (checksums are not read). */
 CX_API bool cx_ckpt_is_committed(const char *prefix);
@@ -171,9 +194,12 @@ typedef struct {
     int64_t save_interval;   /* should_save every N steps; 0: never (only preemption or the caller) */
     int max_to_keep;         /* committed checkpoints kept, newest first; 0: all */
     bool watch_sigterm;      /* SIGTERM and a first SIGINT (Ctrl-C) request preemption */
+    /* written into every checkpoint the manager saves, as cx_ckpt_opts.meta
+     * (copied by cx_ckpt_manager_new); NULL: none */
+    const char *meta;
 } cx_ckpt_manager_opts;
 
-/* interval 0, keep all, watch SIGTERM. */
+/* interval 0, keep all, watch SIGTERM, no metadata. */
 static inline cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void)
 {
     cx_ckpt_manager_opts o = CX_ZEROED_;
@@ -181,6 +207,7 @@ static inline cx_ckpt_manager_opts cx_ckpt_manager_default_opts(void)
     o.save_interval = 0;
     o.max_to_keep = 0;
     o.watch_sigterm = true;
+    o.meta = NULL;
     return o;
 }
 /* Creates `dir` if needed. With watch_sigterm, SIGTERM and the first SIGINT
@@ -200,7 +227,8 @@ CX_API bool cx_ckpt_manager_reached_preemption(cx_ckpt_manager *m, int64_t step)
 CX_API void cx_ckpt_manager_request_preemption(void);
 /* The prefix of step's checkpoint: DIR/ckpt-step-<step>. */
 CX_API void cx_ckpt_manager_prefix(const cx_ckpt_manager *m, int64_t step, char *out, size_t cap);
-/* Saves step's checkpoint (collective, as cx_ckpt_save), then deletes the
+/* Saves step's checkpoint (collective, as cx_ckpt_save, with the manager's
+ * meta), then deletes the
  * committed checkpoints beyond max_to_keep: their commit markers first,
  * then their files. @return cx_ckpt_save's status, or CX_ERR_COMM. */
 CX_API cx_status cx_ckpt_manager_save(cx_ckpt_manager *m, int64_t step, cx_ckpt_model model, cx_optimizer *opt,

@@ -7,6 +7,9 @@
 #   - among the layers only parallel sees proto/, the formats it shares
 #     with the programs, and proto/ holds headers that include nothing but
 #     system headers (the launcher builds them without the library);
+#   - the programs (examples, tools, bench, launch) never see HDF5: they
+#     read checkpoints through the public API only (cx_ckpt_read_meta for
+#     what a program must know before it builds its model);
 #   - no source reaches into another folder with a relative include.
 # usage: check_layers.sh SOURCE_DIR BUILD_DIR
 set -eu
@@ -35,7 +38,13 @@ awk -v src="$src/" '
 
 while read -r file incs; do
     layer=${file%%/*}
-    case $layer in util|core|nn|optim|parallel|checkpoint) ;; *) continue ;; esac
+    case $layer in
+    examples|tools|bench|launch)
+        case "$incs" in *hdf5*) echo "$file: HDF5 on the include path of program folder $layer"; status=1 ;; esac
+        continue ;;
+    util|core|nn|optim|parallel|checkpoint) ;;
+    *) continue ;;
+    esac
     case "$incs" in *openmpi*|*mpich*) [ "$layer" = parallel ] || { echo "$file: MPI on the include path of layer $layer"; status=1; } ;; esac
     case "$incs" in *hdf5*) [ "$layer" = checkpoint ] || { echo "$file: HDF5 on the include path of layer $layer"; status=1; } ;; esac
     case " $incs " in *"-I$src/core/"*) [ "$layer" = core ] || { echo "$file: core/ private headers visible to layer $layer"; status=1; } ;; esac
@@ -47,6 +56,8 @@ others=$(find "$src/proto" -type f ! -name '*.h' 2>/dev/null || true)
 hits=$(grep -n '#include "' "$src/proto" -r 2>/dev/null || true)
 [ -z "$hits" ] || { echo "proto/ headers include only system headers:"; echo "$hits"; status=1; }
 
+hits=$(grep -rn '#include <hdf5' "$src/examples" "$src/tools" "$src/bench" "$src/launch" --include='*.c' --include='*.h' 2>/dev/null || true)
+[ -z "$hits" ] || { echo "a program includes HDF5 (use the public checkpoint API):"; echo "$hits"; status=1; }
 for d in util core nn optim parallel checkpoint proto launch examples bench tools; do
     hits=$(grep -rn '#include "\.\./' "$src/$d" --include='*.c' --include='*.h' 2>/dev/null || true)
     [ -z "$hits" ] || { echo "relative include across folders:"; echo "$hits"; status=1; }

@@ -315,3 +315,90 @@ Test(ckpt, wrong_shape_is_refused_and_model_untouched)
     cx_module_free(a);
     cx_module_free(b);
 }
+
+/* A program's metadata (what it needs before it can build the model) rides
+ * along: read back from the committed prefix, from the consolidated and
+ * resharded copies, from what the manager saved and cx_ckpt_latest finds,
+ * and "" from a checkpoint saved without any. */
+Test(ckpt, program_meta_round_trip)
+{
+    const char *meta = "vocab_size=256 block_size=128 n_layer=4 n_head=4 n_embd=256";
+    cx_module *a = make_model(1);
+    char p[512], q[512], full[600], none[512];
+    snprintf(p, sizeof p, "%s/meta", g_dir);
+    cx_ckpt_opts o = cx_ckpt_default_opts();
+    o.meta = meta;
+    cr_assert_eq(cx_ckpt_save_opts(p, cx_ckpt_model_single(a), NULL, NULL, o), CX_OK, "%s", cx_last_error());
+    char *got = cx_ckpt_read_meta(p);
+    cr_assert(got, "%s", cx_last_error());
+    cr_assert_str_eq(got, meta);
+    free(got);
+
+    snprintf(full, sizeof full, "%s/meta_full.h5", g_dir);
+    cr_assert_eq(cx_ckpt_consolidate(p, full, cx_ckpt_consolidate_default_opts()), CX_OK, "%s", cx_last_error());
+    got = cx_ckpt_read_meta(full);
+    cr_assert(got, "%s", cx_last_error());
+    cr_assert_str_eq(got, meta);
+    free(got);
+    snprintf(q, sizeof q, "%s/meta_sh2", g_dir);
+    cr_assert_eq(cx_ckpt_reshard(p, q, 2, cx_ckpt_consolidate_default_opts()), CX_OK, "%s", cx_last_error());
+    got = cx_ckpt_read_meta(q);
+    cr_assert(got, "%s", cx_last_error());
+    cr_assert_str_eq(got, meta);
+    free(got);
+
+    snprintf(none, sizeof none, "%s/plain", g_dir);
+    cr_assert_eq(cx_ckpt_save(none, cx_ckpt_model_single(a), NULL, NULL), CX_OK, "%s", cx_last_error());
+    got = cx_ckpt_read_meta(none);
+    cr_assert(got, "%s", cx_last_error());
+    cr_assert_str_eq(got, "");
+    free(got);
+    /* the metadata is the program's: loads neither need nor mind it */
+    cr_assert_eq(cx_ckpt_load(p, cx_ckpt_model_single(a), NULL, NULL), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_ckpt_load_full(full, cx_ckpt_model_single(a), NULL, NULL), CX_OK, "%s", cx_last_error());
+    cx_module_free(a);
+}
+
+Test(ckpt, program_meta_from_the_manager_and_errors)
+{
+    char dir[512], latest[600], p[600];
+    snprintf(dir, sizeof dir, "%s/mgr", g_dir);
+    cx_ckpt_manager_opts mo = cx_ckpt_manager_default_opts();
+    mo.watch_sigterm = false;
+    char meta[32] = "n_layer=2";
+    mo.meta = meta;
+    cx_ckpt_manager *m = cx_ckpt_manager_new(dir, mo);
+    cr_assert(m, "%s", cx_last_error());
+    strcpy(meta, "changed");   /* the manager keeps its own copy */
+    cx_module *a = make_model(1);
+    cr_assert_eq(cx_ckpt_manager_save(m, 5, cx_ckpt_model_single(a), NULL, NULL), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_ckpt_latest(dir, latest, sizeof latest), CX_OK, "%s", cx_last_error());
+    char *got = cx_ckpt_read_meta(latest);
+    cr_assert(got, "%s", cx_last_error());
+    cr_assert_str_eq(got, "n_layer=2");
+    free(got);
+    cx_ckpt_manager_free(m);
+
+    /* missing or uncommitted: NULL and a one-line error */
+    snprintf(p, sizeof p, "%s/nothing", g_dir);
+    cr_assert_null(cx_ckpt_read_meta(p));
+    cr_assert(strstr(cx_last_error(), "no checkpoint at"), "%s", cx_last_error());
+    snprintf(p, sizeof p, "%s/ckpt-step-5.commit", dir);
+    cr_assert_eq(unlink(p), 0);
+    snprintf(p, sizeof p, "%s/ckpt-step-5", dir);
+    cr_assert_null(cx_ckpt_read_meta(p));
+    cr_assert(!strchr(cx_last_error(), '\n'), "%s", cx_last_error());
+
+    /* too long to store whole: refused, not cut */
+    static char big[CX_CKPT_META_MAX + 1];
+    memset(big, 'x', CX_CKPT_META_MAX);
+    cx_ckpt_opts o = cx_ckpt_default_opts();
+    o.meta = big;
+    snprintf(p, sizeof p, "%s/big", g_dir);
+    cr_assert_eq(cx_ckpt_save_opts(p, cx_ckpt_model_single(a), NULL, NULL, o), CX_ERR_ARG);
+    cr_assert(strstr(cx_last_error(), "CX_CKPT_META_MAX"), "%s", cx_last_error());
+    cr_assert(!cx_ckpt_is_committed(p));
+    mo.meta = big;
+    cr_assert_null(cx_ckpt_manager_new(dir, mo));
+    cx_module_free(a);
+}
