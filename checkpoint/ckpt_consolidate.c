@@ -141,13 +141,8 @@ static cx_status write_optimizer_copy(writer *w, hid_t fid)
 
 cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts)
 {
-    char serr[256];
     cx_ckpt_consolidate_opts own_opts = cx_ckpt_consolidate_default_opts();
-    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_ckpt_consolidate_opts, shard_size_multiple), "cx_ckpt_consolidate_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("cx_ckpt_consolidate: %s", serr);
-        return CX_ERR_ARG;
-    }
+    if (!CX_TAKE_STRUCT("cx_ckpt_consolidate", cx_ckpt_consolidate_opts, own_opts, &opts, shard_size_multiple)) return CX_ERR_ARG;
     opts = own_opts;
     if (!prefix || !out_path) {
         cx_set_last_error("cx_ckpt_consolidate: NULL prefix or output path");
@@ -366,13 +361,8 @@ static cx_status write_reshard_files(writer *w, const ckpt_unit *src_units, int 
 
 cx_status cx_ckpt_reshard(const char *prefix, const char *out_prefix, int world, cx_ckpt_consolidate_opts opts)
 {
-    char serr[256];
     cx_ckpt_consolidate_opts own_opts = cx_ckpt_consolidate_default_opts();
-    if (!cx_struct_take(&own_opts, sizeof own_opts, &opts, opts.struct_size, CX_SIZE_THROUGH(cx_ckpt_consolidate_opts, shard_size_multiple), "cx_ckpt_consolidate_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("cx_ckpt_reshard: %s", serr);
-        return CX_ERR_ARG;
-    }
+    if (!CX_TAKE_STRUCT("cx_ckpt_reshard", cx_ckpt_consolidate_opts, own_opts, &opts, shard_size_multiple)) return CX_ERR_ARG;
     opts = own_opts;
     if (!prefix || !out_prefix || world < 1 || world > 1 << 16) {
         cx_set_last_error("cx_ckpt_reshard: need a prefix, an output prefix and a world size in [1, 65536]");

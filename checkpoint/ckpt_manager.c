@@ -33,13 +33,8 @@ static void on_sigterm(int sig)
 
 cx_ckpt_manager *cx_ckpt_manager_new(const char *dir, cx_ckpt_manager_opts o)
 {
-    char serr[256];
     cx_ckpt_manager_opts own_o = cx_ckpt_manager_default_opts();
-    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_ckpt_manager_opts, watch_sigterm), "cx_ckpt_manager_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("cx_ckpt_manager_new: %s", serr);
-        return NULL;
-    }
+    if (!CX_TAKE_STRUCT("cx_ckpt_manager_new", cx_ckpt_manager_opts, own_o, &o, watch_sigterm)) return NULL;
     o = own_o;
     if (!dir || !*dir || o.save_interval < 0 || o.max_to_keep < 0) {
         cx_set_last_error("cx_ckpt_manager_new: want a directory, save_interval >= 0 and max_to_keep >= 0 (got %s, "

@@ -9,16 +9,9 @@
 
 cx_status ckpt_take_opts(cx_ckpt_opts *opts, const char *fn)
 {
-    cx_ckpt_opts o = *opts;
-    char serr[256];
-    cx_ckpt_opts own_o = cx_ckpt_default_opts();
-    if (!cx_struct_take(&own_o, sizeof own_o, &o, o.struct_size, CX_SIZE_THROUGH(cx_ckpt_opts, verify), "cx_ckpt_opts", serr,
-                        sizeof serr)) {
-        cx_set_last_error("%s: %s", fn, serr);
-        return CX_ERR_ARG;
-    }
-    o = own_o;
-    *opts = o;
+    cx_ckpt_opts own = cx_ckpt_default_opts();
+    if (!CX_TAKE_STRUCT(fn, cx_ckpt_opts, own, opts, verify)) return CX_ERR_ARG;
+    *opts = own;
     return CX_OK;
 }
 
