@@ -57,11 +57,11 @@ cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink)
 }
 
 bool cx_get_requires_grad(const cx_tensor *t) { return t && (t->flags & TF_REQUIRES_GRAD); }
-cx_tensor *cx_grad(cx_tensor *t) { return t ? t->grad : NULL; }
+cx_tensor *cx_grad(cx_tensor *t) { return t && !(t->flags & TF_RELEASED) ? t->grad : NULL; }
 
 void cx_zero_grad(cx_tensor *t)
 {
-    if (!t || !t->grad) return;
+    if (!t || !t->grad || cx_tensor_released(t, "zero_grad")) return;
     cx_tensor *g = t->grad;
     t->grad = NULL;
     cx_free(g);

@@ -29,9 +29,12 @@ static cx_tensor *g_live_head, *g_live_tail;
  * cx_module_free) then gets that message through the usual poison, a NaN
  * from cx_item and an error from the step, instead of reading freed
  * memory; the check itself is the poison test every op already makes. A
- * handle is reused only after that many later releases, and one used after
- * that is undefined as before. */
-#define CX_HANDLE_QUARANTINE 8192
+ * handle is reused only after that many later releases and a new handle
+ * taking its memory (until then it still reads as released); one used
+ * after that is undefined as before. Small, so that handles come back
+ * while their memory is still in cache: a step's trace makes and frees a
+ * few hundred. */
+#define CX_HANDLE_QUARANTINE 1024
 static cx_tensor *g_quarantine[CX_HANDLE_QUARANTINE];
 static int g_quarantine_pos;
 
@@ -155,7 +158,10 @@ static void release_handle(cx_tensor *t, cx_node *why)
     t->node->hrefs--;
     cx_node_unref(t->node);
     free(t->name);
-    *t = (cx_tensor){ .node = why, .flags = TF_RELEASED, .id = t->id, .step_slot = -1 };
+    /* the node says how the value went; every call that would follow the
+     * handle's other fields (grad, name, step) checks TF_RELEASED first */
+    t->node = why;
+    t->flags = TF_RELEASED;
     cx_spin_lock(&g_live_mu);
     cx_tensor *oldest = g_quarantine[g_quarantine_pos];
     g_quarantine[g_quarantine_pos] = t;
@@ -193,8 +199,8 @@ void cx_drop(cx_tensor *t)
 
 cx_tensor *cx_keep(cx_tensor *t)
 {
+    if (cx_tensor_released(t, "cx_keep")) return t;
     if (t && t->step_depth > 0) t->flags |= TF_KEPT;
-    else cx_tensor_released(t, "cx_keep");
     return t;
 }
 
@@ -361,4 +367,4 @@ void cx_set_name(cx_tensor *t, const char *name)
     t->name = name ? strdup(name) : NULL;
 }
 
-const char *cx_get_name(const cx_tensor *t) { return t ? t->name : NULL; }
+const char *cx_get_name(const cx_tensor *t) { return t && !(t->flags & TF_RELEASED) ? t->name : NULL; }

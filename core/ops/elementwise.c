@@ -6,12 +6,14 @@
 
 /* ---- broadcasting ----------------------------------------------------------- */
 
-static bool broadcast_shapes(const cx_node *a, const cx_node *b, int64_t *out, int *nd)
+/* The broadcast of shapes a (na dims) and b into out (which must not alias
+ * a or b). @return false when they do not broadcast. */
+static bool broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out, int *nd)
 {
-    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+    int n = na > nb ? na : nb;
     for (int i = 0; i < n; i++) {
-        int ia = a->ndim - n + i, ib = b->ndim - n + i;
-        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        int ia = na - n + i, ib = nb - n + i;
+        int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
         if (da != db && da != 1 && db != 1) return false;
         out[i] = da == 1 ? db : da;
     }
@@ -36,9 +38,9 @@ static bool prepare_operands(const char *op, cx_tensor *const *ins, int n, cx_dt
     *nd = ins[0]->node->ndim;
     memcpy(shape, ins[0]->node->shape, sizeof(int64_t) * (size_t)*nd);
     for (int i = 1; i < n; i++) {
-        cx_node tmp = { .ndim = (uint8_t)*nd };
-        memcpy(tmp.shape, shape, sizeof(int64_t) * (size_t)*nd);
-        if (!broadcast_shapes(&tmp, ins[i]->node, shape, nd)) {
+        int64_t so_far[CX_MAX_DIMS];
+        memcpy(so_far, shape, sizeof(int64_t) * (size_t)*nd);
+        if (!broadcast_shapes(so_far, *nd, ins[i]->node->shape, ins[i]->node->ndim, shape, nd)) {
             char b0[160], b1[160];
             *err = cx_poisoned("%s: shapes %s and %s cannot broadcast", op,
                              cx_shape_str(b0, sizeof b0, ins[0]->node->shape, ins[0]->node->ndim),
@@ -142,11 +144,9 @@ cx_tensor *cx_where(cx_tensor *cond, cx_tensor *a, cx_tensor *b)
     {
         /* broadcast all three */
         if (!prepare_operands("where", ins2 + 1, 2, dt, ops + 1, shape, &nd, &err)) { cx_drop(c); return err; }
-        cx_node tmpn = { .ndim = (uint8_t)nd };
-        memcpy(tmpn.shape, shape, sizeof(int64_t) * (size_t)nd);
         int64_t s2[CX_MAX_DIMS];
         int nd2;
-        if (!broadcast_shapes(&tmpn, c->node, s2, &nd2)) {
+        if (!broadcast_shapes(shape, nd, c->node->shape, c->node->ndim, s2, &nd2)) {
             char b0[160], b1[160];
             cx_drop(ops[1]); cx_drop(ops[2]); cx_drop(c);
             return cx_poisoned("where: condition %s cannot broadcast with %s",

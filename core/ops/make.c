@@ -5,17 +5,6 @@
 #include "ops.h"
 #include "obs.h"
 
-cx_dtype cx_promote(cx_dtype a, cx_dtype b)
-{
-    if (a == b) return a;
-    bool fa = cx_dtype_is_float(a), fb = cx_dtype_is_float(b);
-    if (fa && fb) return CX_F32;
-    if (fa) return a;
-    if (fb) return b;
-    static const int rank[CX_DTYPE_COUNT] = { [CX_BOOL] = 0, [CX_U8] = 1, [CX_I32] = 2, [CX_I64] = 3 };
-    return rank[a] >= rank[b] ? a : b;
-}
-
 int cx_norm_axis(int axis, int ndim)
 {
     if (axis < 0) axis += ndim;
@@ -51,20 +40,6 @@ cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
     /* XLA_USE_EAGER_DEBUG_MODE (debug.c): run the op now; one branch otherwise */
     if (t && (cx_obs_get() & OBS_EAGER) && cx_eager_hook) cx_eager_hook(t);
     return t;
-}
-
-/* A constant `v`, possibly broadcast (expand / reshape of a 0-d constant). */
-bool cx_is_constant(const cx_node *n, double v)
-{
-    while ((n->op == OP_EXPAND || n->op == OP_RESHAPE) && n->ninputs == 1) n = n->inputs[0];
-    return n->op == OP_CONST && n->fval == v;
-}
-
-bool cx_same_shape(const int64_t *a, int na, const int64_t *b, int nb)
-{
-    if (na != nb) return false;
-    for (int i = 0; i < na; i++) if (a[i] != b[i]) return false;
-    return true;
 }
 
 /* A dtype conversion is part of the rules: promotion records casts. */

@@ -22,11 +22,36 @@ cx_tensor *cx_scalar_like(cx_tensor *a, double v);
 /* Layer norm over the last dim with weight and bias, all f32, as one kernel
  * (ops_fused.c; cx_layer_norm picks it). */
 cx_tensor *cx_layer_norm_fused(cx_tensor *x, cx_tensor *w, cx_tensor *b, double eps);
-bool cx_same_shape(const int64_t *a, int na, const int64_t *b, int nb);
-/* n is the constant v, seen through expands and reshapes. */
-bool cx_is_constant(const cx_node *n, double v);
-cx_dtype cx_promote(cx_dtype a, cx_dtype b);
 int cx_norm_axis(int axis, int ndim);
+
+/* The small rules every op checks on its hot path, inline so that recording
+ * an op pays no call for them. */
+static inline bool cx_same_shape(const int64_t *a, int na, const int64_t *b, int nb)
+{
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++) if (a[i] != b[i]) return false;
+    return true;
+}
+
+/* n is the constant v, seen through expands and reshapes. */
+static inline bool cx_is_constant(const cx_node *n, double v)
+{
+    while ((n->op == OP_EXPAND || n->op == OP_RESHAPE) && n->ninputs == 1) n = n->inputs[0];
+    return n->op == OP_CONST && n->fval == v;
+}
+
+/* The dtype two operands meet in: floats win (f32 when both are), else the
+ * wider integer. */
+static inline cx_dtype cx_promote(cx_dtype a, cx_dtype b)
+{
+    if (a == b) return a;
+    bool fa = cx_dtype_is_float(a), fb = cx_dtype_is_float(b);
+    if (fa && fb) return CX_F32;
+    if (fa) return a;
+    if (fb) return b;
+    static const int rank[CX_DTYPE_COUNT] = { [CX_BOOL] = 0, [CX_U8] = 1, [CX_I32] = 2, [CX_I64] = 3 };
+    return rank[a] >= rank[b] ? a : b;
+}
 
 /* The RNG op chains cx_rand/cx_randn record, drawn at counter `offset` of
  * stream `seed`: one definition for the eager draws and deferred ranges,
