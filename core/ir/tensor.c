@@ -94,14 +94,6 @@ static void live_link(cx_tensor *t)
     cx_spin_unlock(&g_live_mu);
 }
 
-static void live_unlink(cx_tensor *t)
-{
-    cx_spin_lock(&g_live_mu);
-    if (t->prev) t->prev->next = t->next; else g_live_head = t->next;
-    if (t->next) t->next->prev = t->prev; else g_live_tail = t->prev;
-    cx_spin_unlock(&g_live_mu);
-}
-
 void cx_set_node(cx_tensor *t, cx_node *n)
 {
     if (t->node == n) return;
@@ -152,17 +144,20 @@ cx_tensor *cx_poisoned(const char *fmt, ...)
 
 static void release_handle(cx_tensor *t, cx_node *why)
 {
-    live_unlink(t);
     if (t->grad) release_handle(t->grad, why);
     if (t->donor) cx_node_unref(t->donor);
     t->node->hrefs--;
     cx_node_unref(t->node);
-    free(t->name);
-    /* the node says how the value went; every call that would follow the
-     * handle's other fields (grad, name, step) checks TF_RELEASED first */
+    if (t->name) free(t->name);
+    /* one pass under the lock: out of the live list, into the quarantine,
+     * the oldest quarantined handle to the free list. The node says how the
+     * value went; every call that would follow the handle's other fields
+     * (grad, name, step) checks TF_RELEASED first. */
+    cx_spin_lock(&g_live_mu);
+    if (t->prev) t->prev->next = t->next; else g_live_head = t->next;
+    if (t->next) t->next->prev = t->prev; else g_live_tail = t->prev;
     t->node = why;
     t->flags = TF_RELEASED;
-    cx_spin_lock(&g_live_mu);
     cx_tensor *oldest = g_quarantine[g_quarantine_pos];
     g_quarantine[g_quarantine_pos] = t;
     g_quarantine_pos = (g_quarantine_pos + 1) % CX_HANDLE_QUARANTINE;
@@ -173,7 +168,7 @@ static void release_handle(cx_tensor *t, cx_node *why)
         oldest = NULL;
     }
     cx_spin_unlock(&g_live_mu);
-    free(oldest);
+    if (oldest) free(oldest);
 }
 
 static void step_forget(cx_tensor *t)

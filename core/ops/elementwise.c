@@ -39,7 +39,7 @@ static bool prepare_operands(const char *op, cx_tensor *const *ins, int n, cx_dt
     memcpy(shape, ins[0]->node->shape, sizeof(int64_t) * (size_t)*nd);
     for (int i = 1; i < n; i++) {
         int64_t so_far[CX_MAX_DIMS];
-        memcpy(so_far, shape, sizeof(int64_t) * (size_t)*nd);
+        memcpy(so_far, shape, sizeof so_far);   /* a fixed size: inline moves, no call */
         if (!broadcast_shapes(so_far, *nd, ins[i]->node->shape, ins[i]->node->ndim, shape, nd)) {
             char b0[160], b1[160];
             *err = cx_poisoned("%s: shapes %s and %s cannot broadcast", op,

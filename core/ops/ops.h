@@ -5,11 +5,8 @@
 #define CX_OPS_H
 
 #include "ir.h"
+#include "obs.h"
 
-/* Creates an op node from tensors, propagating poison and requires-grad. */
-cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
-                      cx_tensor *const *ins, int nin, const int64_t *attrs, int nattrs,
-                      double fval);
 cx_tensor *cx_expand_to(cx_tensor *a, const int64_t *shape, int ndim);
 /* (A @ B)^T recorded as B^T @ A^T for a matmul node `mm`: the product
  * comes out in the transposed layout, with no copy afterwards. */
@@ -23,6 +20,40 @@ cx_tensor *cx_scalar_like(cx_tensor *a, double v);
  * (ops_fused.c; cx_layer_norm picks it). */
 cx_tensor *cx_layer_norm_fused(cx_tensor *x, cx_tensor *w, cx_tensor *b, double eps);
 int cx_norm_axis(int axis, int ndim);
+
+/* Creates an op node from tensors, propagating poison and requires-grad.
+ * Inline: every op records through it, and a call per op is a measurable
+ * share of tracing a step. */
+static inline cx_tensor *cx_make_op(cx_op op, cx_dtype dt, const int64_t *shape, int ndim,
+                      cx_tensor *const *ins, int nin, const int64_t *attrs, int nattrs, double fval)
+{
+    cx_node *nodes_small[8];
+    cx_node **nodes = nin <= 8 ? nodes_small : malloc((size_t)nin * sizeof *nodes);
+    if (!nodes) return cx_poisoned("%s: out of memory", cx_op_table[op].name);
+    uint32_t flags = 0;
+    for (int i = 0; i < nin; i++) {
+        if (!ins[i]) {
+            if (nodes != nodes_small) free(nodes);
+            return cx_poisoned("%s: input %d is NULL", cx_op_table[op].name, i);
+        }
+        if (ins[i]->node->op == OP_ERROR) {
+            if (nodes != nodes_small) free(nodes);
+            return cx_tensor_of(ins[i]->node); /* poison propagates */
+        }
+        nodes[i] = ins[i]->node;
+        if (nodes[i]->flags & NF_REQUIRES_GRAD) flags |= NF_REQUIRES_GRAD;
+    }
+    if (cx_record()->no_grad) flags = 0;
+    cx_node_desc d = { .op = op, .dtype = dt, .ndim = ndim, .shape = shape, .ninputs = nin,
+                       .inputs = nodes, .nattrs = nattrs, .attrs = attrs, .fval = fval, .flags = flags };
+    cx_node *n = cx_node_make(&d);
+    if (nodes != nodes_small) free(nodes);
+    if (!n) return cx_poisoned("%s: out of memory", cx_op_table[op].name);
+    cx_tensor *t = cx_tensor_wrap(n);
+    /* XLA_USE_EAGER_DEBUG_MODE: run the op now (api/eager.c fills the hook); one branch otherwise */
+    if (t && (cx_obs_get() & OBS_EAGER) && cx_eager_hook) cx_eager_hook(t);
+    return t;
+}
 
 /* The small rules every op checks on its hot path, inline so that recording
  * an op pays no call for them. */
