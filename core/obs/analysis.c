@@ -136,10 +136,11 @@ static void print_frames(FILE *f, const char *prefix, const char *api)
             fprintf(f, "%s   %s+0x%lx (%s+0x%lx)\n", prefix, di.dli_sname,
                     (unsigned long)((uintptr_t)pcs[i] - (uintptr_t)di.dli_saddr), mod, (unsigned long)off);
             shown++;
-        } else {
-            fprintf(f, "%s   ?? (%s+0x%lx)\n", prefix, mod, (unsigned long)off);
-            shown++;
         }
+        /* the library's hidden internals (kept as frames of their own in a
+         * build that does not inline them, a Debug build) have no name a
+         * user could look up: left out, as the public call above them says
+         * where the user's code entered */
     }
 }
 
