@@ -12,10 +12,14 @@
  * collective of the lowest rank, since a collective ends on every rank at
  * once (the last to arrive releases them all).
  *
+ * Ranks on other hosts: run it on each host into one shared DIR, then
+ * `xla-profile --merge-only --dir DIR` merges every DIR/proc_<rank>.
+ *
  * Exit codes: 0 success, 1 no server / a rank's error / unreadable trace,
  * 2 bad flag. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -283,9 +287,37 @@ static bool capture(peer *p, int n, int port, int ms, const char *dir)
     return ok && in_time;
 }
 
+/* --merge-only: every DIR/proc_<rank>/trace.json. @return how many, -1
+ * when DIR cannot be read (said). */
+static int existing_traces(const char *dir, peer **out)
+{
+    DIR *d = opendir(dir);
+    if (!d) { fprintf(stderr, "xla-profile: --dir %s: %s\n", dir, strerror(errno)); return -1; }
+    peer *p = NULL;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int rank, len = 0;
+        if (sscanf(de->d_name, "proc_%d%n", &rank, &len) != 1 || de->d_name[len] || rank < 0) continue;
+        peer *g = realloc(p, sizeof *p * (size_t)(n + 1));
+        if (!g) { free(p); closedir(d); fprintf(stderr, "xla-profile: out of memory\n"); return -1; }
+        p = g;
+        memset(&p[n], 0, sizeof *p);
+        p[n].fd = -1;
+        p[n].rank = rank;
+        p[n].ok = true;
+        snprintf(p[n].path, sizeof p[n].path, "%.3900s/%.200s/trace.json", dir, de->d_name);
+        n++;
+    }
+    closedir(d);
+    *out = p;
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     int port = 0, nproc = 1, ms = 1000;
+    bool merge_only = false;
     const char *dir = NULL;
     const cli_flag flags[] = {
         { .name = "port", .kind = CLI_INT, .dest = &port, .metavar = "P", .min = 1, .max = 65535,
@@ -296,10 +328,12 @@ int main(int argc, char **argv)
           .help = "how long to record" },
         { .name = "dir", .kind = CLI_STRING, .dest = &dir, .metavar = "DIR",
           .help = "output (required): DIR/proc_<rank>/trace.json\nand the merged DIR/trace.json" },
+        { .name = "merge-only", .kind = CLI_BOOL, .dest = &merge_only,
+          .help = "capture nothing: merge the DIR/proc_<rank>\ntraces already there (hosts captured one by one)" },
     };
     const cli_spec spec = {
         .prog = "xla-profile",
-        .args = "--port P --dir DIR [flags]",
+        .args = "--port P --dir DIR [flags] | --merge-only --dir DIR",
         .summary = "Capture a trace of every rank of a running job (CX_PROFILE_PORT=P) and merge\n"
                    "them into one Chrome trace, one process per rank, for Perfetto.",
         .epilog = "exit codes: 0 ok, 1 no server, a rank's error or an unreadable trace, 2 bad flag",
@@ -308,17 +342,27 @@ int main(int argc, char **argv)
     };
     cli_result parsed = cli_parse(&spec, argc, argv, NULL);
     if (parsed != CLI_OK) return parsed == CLI_HELP ? 0 : 2;
-    if (!port || !dir) { cli_error(&spec, "%s", !port ? "--port is required" : "--dir is required"); return 2; }
+    const char *bad = !dir                    ? "--dir is required"
+                      : !port && !merge_only  ? "--port is required"
+                      : port && merge_only    ? "--merge-only captures nothing: drop --port"
+                                              : NULL;
+    if (bad) { cli_error(&spec, "%s", bad); return 2; }
     char failed[4096], abs_dir[PATH_MAX];
     int err = cx_mkdir_p(dir, failed, sizeof failed);
     if (err || !realpath(dir, abs_dir)) {
         fprintf(stderr, "xla-profile: --dir %s: cannot create %s: %s\n", dir, err ? failed : dir, strerror(err ? err : errno));
         return 1;
     }
-    peer *p = calloc((size_t)nproc, sizeof *p);
-    if (!p) { fprintf(stderr, "xla-profile: out of memory\n"); return 1; }
-    for (int i = 0; i < nproc; i++) p[i].fd = -1;
-    bool ok = capture(p, nproc, port, ms, abs_dir);
+    peer *p = NULL;
+    bool ok = true;
+    if (merge_only) {
+        if ((nproc = existing_traces(abs_dir, &p)) < 0) return 1;
+        if (nproc == 0) { fprintf(stderr, "xla-profile: --merge-only: no proc_<rank>/trace.json in %s\n", abs_dir); return 1; }
+    } else {
+        if (!(p = calloc((size_t)nproc, sizeof *p))) { fprintf(stderr, "xla-profile: out of memory\n"); return 1; }
+        for (int i = 0; i < nproc; i++) p[i].fd = -1;
+        ok = capture(p, nproc, port, ms, abs_dir);
+    }
     for (int i = 0; ok && i < nproc; i++)
         if (!(p[i].doc = load_json(p[i].path))) {
             fprintf(stderr, "xla-profile: rank %d's trace %s is not readable JSON\n", p[i].rank, p[i].path);
@@ -333,6 +377,7 @@ int main(int argc, char **argv)
     }
     free(p);
     if (events < 0) return 1;
-    printf("xla-profile: %d ranks, %d ms, %d events merged into %s (open it in Perfetto)\n", nproc, ms, events, out);
+    if (merge_only) printf("xla-profile: %d ranks, %d events merged into %s (open it in Perfetto)\n", nproc, events, out);
+    else printf("xla-profile: %d ranks, %d ms, %d events merged into %s (open it in Perfetto)\n", nproc, ms, events, out);
     return 0;
 }

@@ -4,7 +4,8 @@
 # each rank writes DIR/proc_<rank>/trace.json, and DIR/trace.json merges
 # them, one process per rank (named "rank 0", "rank 1"), each with its
 # executions and collectives, the collectives' ends lined up; the job runs
-# on to its end. Asking a port nobody serves is one clear line.
+# on to its end; --merge-only merges the same traces again. Asking a port
+# nobody serves is one clear line.
 # usage: profile_on_demand.sh XLA_LAUNCH TRAIN XLA_PROFILE
 set -eu
 LAUNCH=$1 TRAIN=$2 PROFILE=$3
@@ -55,6 +56,12 @@ assert close >= len(gaps) // 2, "collectives not lined up: %d of %d end within 1
 print("merged trace: %d events; %d of rank 1's %d collectives end within 1 ms of rank 0's (median %.1f us)"
       % (len(ev), close, len(gaps), gaps[len(gaps) // 2]))
 EOF
+# the traces already there merge again alone (hosts captured one by one)
+events=$(sed -n 's/.* \([0-9]*\) events merged.*/\1/p' "$W/prof.out")
+mv "$W/prof/trace.json" "$W/first.json"
+"$PROFILE" --merge-only --dir "$W/prof" > "$W/merge.out" 2>&1 || { cat "$W/merge.out"; fail "--merge-only"; }
+grep -q "xla-profile: 2 ranks, $events events merged into $W/prof/trace.json" "$W/merge.out" ||
+    { cat "$W/merge.out"; fail "--merge-only merged something else than the capture ($events events)"; }
 rc=0; wait $lpid || rc=$?
 lpid=""
 [ "$rc" -eq 0 ] || { cat "$W/job.out"; fail "the profiled job exited $rc"; }
