@@ -75,6 +75,8 @@ static const cx_setting g_table[] = {
       "the metrics report at every step end is appended here" },
     { "XLA_USE_EAGER_DEBUG_MODE", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,
       "every op runs when it is recorded (eager mode)" },
+    { "CX_PROFILE_PORT", CX_SET_INT, "0", 0, 65535, NULL, false, NULL, NULL,
+      "profile server on 127.0.0.1, this port plus the local rank, for `xla-profile`; 0: none" },
     { "CX_LOG_LEVEL", CX_SET_ENUM, "info", 0, 0, "error|warning|info|debug", true, NULL, NULL,
       "the most verbose diagnostics shown (include/cxla/logging.h)" },
     { "CX_LOG_MODULES", CX_SET_STRING, NULL, 0, 0, NULL, false, cx_log_modules_valid,

@@ -386,6 +386,7 @@ static cx_status step_end(const char *cause)
     if (obs & OBS_CLOSURES) cx_closures_run();
     if ((obs & OBS_METRICS_FILE) && cx_obs_hooks.metrics_file) cx_obs_hooks.metrics_file();
     if ((obs & OBS_DEBUG) && cx_obs_hooks.step_warnings) cx_obs_hooks.step_warnings();
+    if ((obs & OBS_PROFILE_SERVER) && cx_obs_hooks.profile_server) cx_obs_hooks.profile_server();
     return st;
 }
 

@@ -23,6 +23,7 @@ enum {
     OBS_METRICS_FILE = 1 << 5,  /* XLA_METRICS_FILE */
     OBS_DISK_CACHE = 1 << 6,    /* cx_cache_init / CX_CACHE_DIR */
     OBS_CLOSURES = 1 << 7,      /* step closures pending */
+    OBS_PROFILE_SERVER = 1 << 8, /* CX_PROFILE_PORT: start the profile server at the next step end */
 };
 
 struct cx_node;
@@ -59,6 +60,9 @@ typedef struct {
     /* the profiler (obs/trace.c): a complete event [t0, t1] on the calling
      * thread; args a JSON object body ("\"bytes\": 12") or NULL */
     void (*trace)(const char *cat, const char *name, double t0, double t1, const char *args);
+    /* the profile server (obs/profile_server.c), started at a step end,
+     * when the comm backend knows the local rank its port depends on */
+    void (*profile_server)(void);
 } cx_obs_hook_table;
 
 extern cx_obs_hook_table cx_obs_hooks;

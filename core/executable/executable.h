@@ -142,7 +142,7 @@ typedef struct cx_executable {
     int num_nodes, num_work_kernels, num_aliased;
     int max_prog;       /* largest program (registers per thread) */
     /* SPMD: each output's sharding (NULL when the graph was not
-     * partitioned); the persistent cache does not keep these executables */
+     * partitioned); serialized with its mesh's hash */
     struct cx_sharding *out_sharding;
     int spmd_inserted[4];
     struct cx_spmd_notes *spmd_notes;   /* for IR dumps: kept when XLA_SAVE_TENSORS_FILE was set at compile time */   /* the partitioner's all-reduces, all-gathers, reduce-scatters, all-to-alls */

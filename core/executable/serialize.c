@@ -5,6 +5,7 @@
  * kernel reads are checked against their buffers, before the executor may
  * see it. Any change to a field's rules belongs here and in executable.h. */
 #include "executable.h"
+#include "backend.h"
 #include "cx_hash.h"
 
 #define CXE_MAX_COUNT (1 << 24)
@@ -14,7 +15,7 @@
 uint32_t cx_exec_layout_fingerprint(void)
 {
     uint64_t v[] = { sizeof(cx_slot), sizeof(cx_kernel), sizeof(cx_pinstr), sizeof(cx_view), sizeof(cx_kin),
-                     sizeof(cx_program), CX_MAX_DIMS, CX_BLK, OP_COUNT, K_COPY, P_MASK,
+                     sizeof(cx_program), CX_MAX_DIMS, CX_MESH_MAX_DIMS, CX_BLK, OP_COUNT, K_COPY, P_MASK,
                      offsetof(cx_kernel, prog), offsetof(cx_kernel, in), offsetof(cx_kernel, wait_at),
                      offsetof(cx_kernel, attrs), CX_MAX_ATTRS };
     return (uint32_t)cx_hash64(v, sizeof v);
@@ -28,6 +29,51 @@ static void w_put(wbuf *w, const void *src, size_t n)
 }
 
 static void w_i64(wbuf *w, int64_t v) { w_put(w, &v, sizeof v); }
+
+/* ---- what ties an executable to its process ----------------------------------------
+ * A partitioned (SPMD) program's outputs carry shardings that point at a
+ * mesh, and its collectives carry replica-group ids that the partitioner
+ * interned while compiling: ids of this process, which a warm restart that
+ * never compiles would not have. So a mesh is written as its hash (the
+ * graph key holds it, so a process that finds the key has built that mesh)
+ * and each collective's groups as their ranks, interned again on loading. */
+
+#define SHARDING_BYTES (2 + CX_MAX_DIMS * (2 + CX_MESH_MAX_DIMS))
+
+static void sharding_pack(uint8_t *b, const cx_sharding *s)
+{
+    int n = 0;
+    b[n++] = s->ndim;
+    b[n++] = s->partial;
+    for (int d = 0; d < CX_MAX_DIMS; d++) {
+        b[n++] = s->naxes[d];
+        b[n++] = s->blocks[d];
+        for (int a = 0; a < CX_MESH_MAX_DIMS; a++) b[n++] = s->axes[d][a];
+    }
+}
+
+static void w_process_ties(wbuf *w, const cx_executable *e)
+{
+    w_i64(w, e->out_sharding ? 1 : 0);
+    for (int o = 0; e->out_sharding && o < e->n_outputs; o++) {
+        const cx_sharding *s = &e->out_sharding[o];
+        uint8_t b[SHARDING_BYTES];
+        w_i64(w, s->mesh ? (int64_t)s->mesh->hash : 0);
+        w_i64(w, s->mesh ? s->mesh->ndim : 0);
+        sharding_pack(b, s);
+        w_put(w, b, sizeof b);
+    }
+    for (int k = 0; k < 4; k++) w_i64(w, e->spmd_inserted[k]);
+    for (int k = 0; k < e->nkernels; k++) {
+        if (e->kernels[k].kind != K_COLL) continue;
+        int ng = 0, gs = 0;
+        const int *ranks = NULL;
+        cx_groups_describe(CX_ATTR(&e->kernels[k], CX_AT_COLL_GROUPS), &ng, &gs, &ranks);
+        w_i64(w, ng);
+        w_i64(w, gs);
+        for (int i = 0; i < ng * gs; i++) { int32_t r = ranks[i]; w_put(w, &r, sizeof r); }
+    }
+}
 
 void cx_exec_serialize(cx_sbuf *w, const cx_executable *e)
 {
@@ -48,6 +94,7 @@ void cx_exec_serialize(cx_sbuf *w, const cx_executable *e)
         w_put(w, e->kernels[k].prog.ins, sizeof(cx_pinstr) * (size_t)e->kernels[k].prog.n);
         w_put(w, e->kernels[k].prog.views, sizeof(cx_view) * (size_t)e->kernels[k].prog.nviews);
     }
+    w_process_ties(w, e);
 }
 
 typedef struct {
@@ -269,6 +316,82 @@ static bool kernel_bools_ok(const cx_kernel *k)
     return true;
 }
 
+static bool sharding_unpack(cx_sharding *s, const int64_t *mesh, const uint8_t *b)
+{
+    int n = 0;
+    memset(s, 0, sizeof *s);
+    s->ndim = b[n++];
+    s->partial = b[n++];
+    for (int d = 0; d < CX_MAX_DIMS; d++) {
+        s->naxes[d] = b[n++];
+        s->blocks[d] = b[n++];
+        for (int a = 0; a < CX_MESH_MAX_DIMS; a++) s->axes[d][a] = b[n++];
+    }
+    if (s->ndim > CX_MAX_DIMS) return false;
+    if (mesh[0] == 0 && mesh[1] == 0) return cx_sharding_is_replicated(s);
+    if (mesh[1] < 1 || mesh[1] > CX_MESH_MAX_DIMS || !(s->mesh = cx_mesh_find((uint64_t)mesh[0], (int)mesh[1])))
+        return false;
+    int mn = s->mesh->ndim;
+    if (s->partial >> mn) return false;
+    for (int d = 0; d < CX_MAX_DIMS; d++) {
+        if (s->naxes[d] > (d < s->ndim ? mn : 0)) return false;
+        for (int a = 0; a < s->naxes[d]; a++) if (s->axes[d][a] >= mn) return false;
+    }
+    return true;
+}
+
+/* One collective's replica groups as read: ngroups 0 is every rank. */
+typedef struct { int64_t ngroups, group_size; int *ranks; } groups_rec;
+
+static void r_process_ties(rbuf *r, cx_executable *e, groups_rec *g)
+{
+    int64_t has = -1;
+    r_get(r, &has, sizeof has);
+    if (has == 1) {
+        e->out_sharding = calloc((size_t)e->n_outputs + 1, sizeof *e->out_sharding);
+        if (!e->out_sharding) r->bad = true;
+        for (int o = 0; o < e->n_outputs && !r->bad; o++) {
+            int64_t mesh[2];
+            uint8_t b[SHARDING_BYTES];
+            if (r_get(r, mesh, sizeof mesh) && r_get(r, b, sizeof b) && !sharding_unpack(&e->out_sharding[o], mesh, b))
+                r->bad = true;
+        }
+    } else if (has != 0) {
+        r->bad = true;
+    }
+    int64_t ins[4] = { 0 };
+    r_get(r, ins, sizeof ins);
+    for (int k = 0; k < 4 && !r->bad; k++) {
+        if (ins[k] < 0 || ins[k] > CXE_MAX_COUNT) r->bad = true;
+        else e->spmd_inserted[k] = (int)ins[k];
+    }
+    int world = cx_world_size();
+    for (int k = 0; k < e->nkernels && !r->bad; k++) {
+        if (e->kernels[k].kind != K_COLL) continue;
+        int64_t h[2];
+        if (!r_get(r, h, sizeof h)) break;
+        bool all = h[0] == 0 && h[1] == 0;
+        if (!all && (h[0] < 1 || h[1] < 1 || h[0] > world || h[1] > world || h[0] * h[1] != world)) { r->bad = true; break; }
+        g[k] = (groups_rec){ h[0], h[1], all ? NULL : r_array(r, h[0] * h[1], sizeof(int)) };
+    }
+}
+
+/* The read groups interned in this process, their ids in the kernels. */
+static bool intern_groups(cx_executable *e, const groups_rec *g)
+{
+    for (int k = 0; k < e->nkernels; k++) {
+        if (e->kernels[k].kind != K_COLL) continue;
+        int64_t id = 0;
+        int gs;
+        if (g[k].ngroups) {
+            cx_replica_groups rg = { (int)g[k].ngroups, (int)g[k].group_size, g[k].ranks };
+            if ((id = cx_groups_intern(&rg, "persistent cache", &gs)) < 0) return false;
+        }
+        e->kernels[k].attrs[CX_AT_COLL_GROUPS] = id;
+    }
+    return true;
+}
+
 cx_executable *cx_exec_deserialize(const unsigned char *p, size_t n)
 {
     rbuf r = { p, n, 0, false };
@@ -309,9 +432,16 @@ cx_executable *cx_exec_deserialize(const unsigned char *p, size_t n)
             if (!r.bad && !kernel_bools_ok(kk)) r.bad = true;
         }
     }
-    if (!r.bad && r.at != r.n) r.bad = true;   /* trailing bytes: not what we wrote */
+    groups_rec *g = r.bad ? NULL : calloc((size_t)e->nkernels + 1, sizeof *g);
+    if (!g) r.bad = true;
     if (!r.bad && e->nkernels != (int)h[4]) r.bad = true;
+    if (!r.bad) r_process_ties(&r, e, g);
+    if (!r.bad && r.at != r.n) r.bad = true;   /* trailing bytes: not what we wrote */
     if (!r.bad && !exec_ok(e)) r.bad = true;
+    /* interned only once the whole executable is known good */
+    if (!r.bad && !intern_groups(e, g)) r.bad = true;
+    for (int k = 0; g && k < e->nkernels; k++) free(g[k].ranks);
+    free(g);
     if (r.bad) { cx_executable_free(e); return NULL; }
     e->max_prog = 1;
     for (int k = 0; k < e->nkernels; k++) if (e->kernels[k].prog.n > e->max_prog) e->max_prog = e->kernels[k].prog.n;

@@ -38,8 +38,9 @@
 #include "cx_hash.h"
 
 #define CXE_MAGIC "CXEXEC01"
-#define CXE_FORMAT 4   /* 2: kernels carry how their epilogue runs (epi); 3: named attributes
-                        * (nattrs, coll_op), XXH3 checksums; 4: the shared key */
+#define CXE_FORMAT 5   /* 2: kernels carry how their epilogue runs (epi); 3: named attributes
+                        * (nattrs, coll_op), XXH3 checksums; 4: the shared key; 5: outputs'
+                        * shardings and collectives' replica groups (SPMD programs) */
 #define CXE_MAX_FILE ((int64_t)1 << 30)
 
 typedef struct {
@@ -269,7 +270,9 @@ static void store(const cx_executable *e)
 static void cache_compiled(const cx_executable *e)
 {
     g_compiled_any = true;
-    if (g_dir && !g_readonly && !e->out_sharding) store(e);   /* a partitioned program is one rank's */
+    /* a partitioned program is one rank's: the key holds the rank, so each
+     * rank stores and finds its own entry */
+    if (g_dir && !g_readonly) store(e);
 }
 
 __attribute__((constructor)) static void register_disk_cache(void)

@@ -38,6 +38,7 @@ static void read_env_locked(void)
     cx_obs_set(OBS_DUMP, c->dump_path != NULL);
     cx_obs_set(OBS_METRICS_FILE, c->metrics_path != NULL);
     cx_obs_set(OBS_EAGER, cx_setting_bool("XLA_USE_EAGER_DEBUG_MODE"));
+    cx_obs_set(OBS_PROFILE_SERVER, cx_setting_int("CX_PROFILE_PORT") > 0);
 }
 
 static void read_env_once(void)

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TID_COLLECTIVES 1000
@@ -35,6 +36,7 @@ static trace_ev *g_ev;
 static int g_nev, g_capev;
 static bool g_dropped_oom;
 static double g_base;
+static int64_t g_base_unix_ns;   /* CLOCK_REALTIME at g_base: traces of ranks on other hosts line up */
 static char *g_dir;
 static int g_next_tid = 1;
 static unsigned g_generation;   /* bumps at every start: stale thread stacks are ignored */
@@ -116,7 +118,10 @@ cx_status cx_trace_start(const char *dir)
     g_dir = d;
     g_nev = 0;
     g_dropped_oom = false;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
     g_base = cx_now();
+    g_base_unix_ns = (int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec;
     g_generation++;
     cx_obs_set(OBS_TRACE, true);
     pthread_mutex_unlock(&g_tr_mu);
@@ -164,8 +169,16 @@ cx_status cx_trace_stop(void)
         cx_set_last_error("trace_stop: cannot write %s: %s", tmp, strerror(errno));
         st = CX_ERR_IO;
     } else {
-        fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"library\": \"cxla %s\", \"rank\": %d%s},\n"
-                   "\"traceEvents\": [\n", CX_VERSION_STRING, rank, g_dropped_oom ? ", \"dropped_events\": true" : "");
+        /* the start on both clocks, in ns: xla-profile puts the ranks of a
+         * host on the shared monotonic clock, those of other hosts on the
+         * real-time one, before it lines their collectives up */
+        char host[64] = "";
+        gethostname(host, sizeof host - 1);
+        fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"library\": \"cxla %s\", \"rank\": %d, "
+                   "\"host\": ", CX_VERSION_STRING, rank);
+        json_str(f, host);
+        fprintf(f, ", \"start_monotonic_ns\": %lld, \"start_unix_ns\": %lld%s},\n\"traceEvents\": [\n",
+                (long long)llround(g_base * 1e9), (long long)g_base_unix_ns, g_dropped_oom ? ", \"dropped_events\": true" : "");
         fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d\"}},\n",
                 rank, rank);
         fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"collectives\"}}",

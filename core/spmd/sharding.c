@@ -105,6 +105,13 @@ static cx_mesh *mesh_register(cx_mesh *m)
     return r;
 }
 
+const cx_mesh *cx_mesh_find(uint64_t hash, int ndim)
+{
+    for (int i = 0; i < g_nmeshes; i++)
+        if (g_meshes[i]->hash == hash && g_meshes[i]->ndim == ndim) return g_meshes[i];
+    return NULL;
+}
+
 cx_mesh *cx_mesh_new(const int *device_ids, int ndim, const int *shape, const char *const *axis_names)
 {
     cx_mesh m = { 0 };

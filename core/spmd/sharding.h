@@ -63,6 +63,9 @@ int cx_axes_of_mask(unsigned mask, uint8_t *axes);
 /* "(data, None)" style. */
 const char *cx_sharding_describe(const cx_sharding *s, char *buf, size_t cap);
 
+/* The registered mesh with this hash and rank, NULL when this process has
+ * none (a loaded executable's shardings point at it). */
+const cx_mesh *cx_mesh_find(uint64_t hash, int ndim);
 /* The rank's position in the mesh: coords[0 .. ndim), false if absent. */
 bool cx_mesh_coords(const cx_mesh *mesh, int rank, int *coords);
 

@@ -275,6 +275,30 @@ CX_API cx_status cx_sync(void);
 /* Materializes just `n` tensors (runs only what they need). */
 CX_API cx_status cx_sync_tensors(cx_tensor **ts, int n);
 
+/* ---- eager mode (torch_xla.experimental.eager_mode, torch_xla.compile) ---- */
+
+/* Switches eager mode for the process: when on, every op runs when it is
+ * recorded (as XLA_USE_EAGER_DEBUG_MODE=1 does from the start; results equal
+ * lazy mode's). Call it between steps. cx_debug_reload_env reads the
+ * variable again and overrides it.
+ * @return CX_OK, or CX_ERR_STATE inside an open step or compile region
+ * (the error says which). */
+CX_API cx_status cx_set_eager(bool on);
+/* @return whether eager mode is on. */
+CX_API bool cx_is_eager(void);
+/* Opens a compile region on this thread: ops recorded until cx_compile_end
+ * are traced, not run, even in eager mode; cx_compile_end then compiles (or
+ * finds in the caches) and runs them as one graph. In lazy mode the region
+ * only ends in that sync. Regions do not nest, and one closes in the step
+ * it opened in.
+ * @return CX_OK, or CX_ERR_STATE when a region is already open. */
+CX_API cx_status cx_compile_begin(void);
+/* Closes the region and syncs every pending tensor (cx_sync).
+ * @return the sync's status, or CX_ERR_STATE without an open region or when
+ * the step depth differs from cx_compile_begin's (the region is closed
+ * without a sync). */
+CX_API cx_status cx_compile_end(void);
+
 /* ---- step closures (xm.add_step_closure) ---------------------------- */
 
 typedef void (*cx_step_closure_fn)(void *arg);

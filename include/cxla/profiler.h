@@ -22,6 +22,18 @@ extern "C" {
 CX_API cx_status cx_trace_start(const char *dir);
 CX_API cx_status cx_trace_stop(void);
 CX_API bool cx_trace_active(void);
+/* Starts the profile server (xp.start_server): a thread listening on
+ * 127.0.0.1, port `port` plus this rank's local rank (the ranks of a node
+ * take consecutive ports), through which `xla-profile` captures a trace of
+ * every rank while the job runs (DIR/proc_<rank>/trace.json, then one
+ * merged DIR/trace.json). CX_PROFILE_PORT=PORT starts it at the first step
+ * end. Calling it again with the same port is a no-op.
+ * @return CX_OK, CX_ERR_ARG (port out of 1..65535), CX_ERR_STATE (a server
+ * already listens on another port), CX_ERR_IO (the port is taken: the
+ * error names it and the rank), CX_ERR_OOM. */
+CX_API cx_status cx_profiler_start_server(int port);
+/* @return the port the profile server listens on, 0 when none does. */
+CX_API int cx_profiler_server_port(void);
 /* A named user region on this thread. push returns whether it was recorded;
  * pop closes the innermost recorded region (no-op when there is none). */
 CX_API bool cx_trace_push(const char *name);
