@@ -89,6 +89,7 @@ static int emit_op(pctx *c, cx_op op, int x, const int64_t *shape, const int64_t
     if (nattrs) memcpy(p.attrs, attrs, sizeof(int64_t) * (size_t)nattrs);
     p.fval = fval;
     p.input_ordinal = -1;
+    p.loc = c->nodes[x].loc;   /* a resharding of x: where x was made */
     return emit(c, &p, &x, 1, shape);
 }
 
@@ -187,6 +188,7 @@ static int emit_reshape(pctx *c, int x, const int64_t *shape, int nd)
     p.dtype = c->nodes[x].dtype;
     p.ndim = (uint8_t)nd;
     p.input_ordinal = -1;
+    p.loc = c->nodes[x].loc;
     return emit(c, &p, &x, 1, shape);
 }
 

@@ -151,9 +151,12 @@ static const char *api_of(const char *cause)
     return "cx_step_end";
 }
 
-static void analysis(FILE *f, const char *who, const char *cause, uint64_t hi, uint64_t lo, const cx_executable *e,
-                     int source)
+static void analysis(FILE *f, const char *who, const cx_obs_graph_info *g)
 {
+    const char *cause = g->cause;
+    uint64_t hi = g->key_hi, lo = g->key_lo;
+    const cx_executable *e = g->e;
+    int source = g->source;
     char p[64];
     snprintf(p, sizeof p, "%s Analysis:", who);
     static const char *bar = "================================================================================";
@@ -162,6 +165,7 @@ static void analysis(FILE *f, const char *who, const char *cause, uint64_t hi, u
     if (source == 2) fprintf(f, "%s   (loaded from the persistent compile cache, not compiled)\n", p);
     fprintf(f, "%s Graph Info:\n%s   Graph Hash: %016llx%016llx\n", p, p, (unsigned long long)hi, (unsigned long long)lo);
     fprintf(f, "%s   Number of Graph Inputs: %d\n%s   Number of Graph Outputs: %d\n", p, e->n_inputs, p, e->n_outputs);
+    if (source == 1 && !strcmp(who, "Compilation")) cx_obs_explain(f, p, g);
     fprintf(f, "%s C Frames Triggered Execution:\n", p);
     print_frames(f, p, api_of(cause));
     fprintf(f, "%s --------------------------------------------------------------------------------\n", p);
@@ -196,12 +200,15 @@ static void analyze_graph(const cx_obs_graph_info *g)
 {
     bool close_it;
     FILE *f = dbg_open(&close_it);
-    if (!f) return;
+    if (!f) {
+        if (g->source == 1) cx_obs_explain(NULL, "", g);   /* a quiet rank remembers for when it is asked */
+        return;
+    }
     if (g->source != 0) {
-        analysis(f, "Compilation", g->cause, g->key_hi, g->key_lo, g->e, g->source);
+        analysis(f, "Compilation", g);
         post_compile(f, g->e);
     }
-    if (cx_obs_cfg.debug_level >= 2) analysis(f, "Execution", g->cause, g->key_hi, g->key_lo, g->e, g->source);
+    if (cx_obs_cfg.debug_level >= 2) analysis(f, "Execution", g);
     dbg_close(f, close_it);
 }
 
