@@ -58,7 +58,8 @@ static const cx_setting g_table[] = {
     { "CX_CACHE_READONLY", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,
       "the persistent compile cache is only read" },
     { "XLA_FLAGS", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, NULL,
-      "compile options, part of every compile cache key" },
+      "compile options, part of every compile cache key; `--xla_dump_to=DIR` also writes every compilation to DIR "
+      "(as `CX_DUMP_DIR`)" },
     { "CX_COMPILE_OPTIONS", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, NULL,
       "compile options, part of every compile cache key" },
     { "PT_XLA_DEBUG_LEVEL", CX_SET_INT, "0", 0, 1000, NULL, false, NULL, NULL,
