@@ -100,8 +100,11 @@ static int node_diffs(const sig *a, const sig *b)
     return d;
 }
 
-/* The cached graph most like s: the same ops in the same order with the
- * fewest differing nodes, else the most ops in common (at least half). */
+/* The cached graph most like s, compiled in an earlier step: the same ops
+ * in the same order with the fewest differing nodes, else the most ops in
+ * common (at least half). Graphs of the same step are different programs
+ * (the layers' initializations, a forward read mid-step), not a step's
+ * program compiled again. */
 static const sig *closest(const sig *s)
 {
     const sig *best = NULL;
@@ -110,7 +113,7 @@ static const sig *closest(const sig *s)
     bool best_same = false;
     for (int k = 0; k < SIGS; k++) {
         const sig *c = &g_sigs[k];
-        if (!c->nodes || (c->hi == s->hi && c->lo == s->lo)) continue;
+        if (!c->nodes || c->step >= s->step || (c->hi == s->hi && c->lo == s->lo)) continue;
         if (same_ops(c, s)) {
             int d = node_diffs(c, s);
             if (!best_same || d < best_d) { best = c; best_d = d; best_same = true; }
@@ -133,6 +136,9 @@ static void shape_str(char *buf, size_t cap, const sig_node *x)
 static void at_str(char *buf, size_t cap, uint32_t loc)
 {
     char s[600];
+    /* under XLA_IR_DEBUG, a node without a line was made by a thread of the
+     * library's own: the data loader's, which uploads batches */
+    if (!loc && cx_obs_cfg.ir_debug) { snprintf(buf, cap, " (made by the data loader's thread)"); return; }
     if (!loc) { snprintf(buf, cap, " (set XLA_IR_DEBUG=1 to see the line that made it)"); return; }
     cx_obs_site_str(loc, s, sizeof s);
     snprintf(buf, cap, ", made at %s", s);

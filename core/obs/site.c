@@ -13,9 +13,9 @@
 #include "cx_vec.h"
 
 #include <dlfcn.h>
-#include <execinfo.h>
 #include <link.h>
 #include <pthread.h>
+#include <unwind.h>
 
 typedef struct {
     uintptr_t pc;
@@ -27,13 +27,15 @@ static site *g_sites;                 /* [0] is "no location" */
 static int g_nsites, g_sites_cap;
 static uint32_t *g_tab;               /* open addressing: pc -> index */
 static size_t g_tab_cap;
-static uintptr_t g_self_lo, g_self_hi;   /* libcxla's loaded segments */
-static uintptr_t g_libc_base;
+typedef struct { uintptr_t lo, hi; } range;
+static range g_self, g_libc;   /* libcxla's and libc's loaded segments */
 
-static int find_self(struct dl_phdr_info *info, size_t size, void *ctx)
+/* ctx: a range whose lo is an address inside the object wanted */
+static int find_object(struct dl_phdr_info *info, size_t size, void *ctx)
 {
     (void)size;
-    uintptr_t me = (uintptr_t)ctx, lo = UINTPTR_MAX, hi = 0;
+    range *r = ctx;
+    uintptr_t me = r->lo, lo = UINTPTR_MAX, hi = 0;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD) continue;
@@ -42,16 +44,16 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *ctx)
         if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
     }
     if (me < lo || me >= hi) return 0;
-    g_self_lo = lo;
-    g_self_hi = hi;
+    *r = (range){ lo, hi };
     return 1;
 }
 
 static void init_ranges(void)
 {
-    dl_iterate_phdr(find_self, (void *)(uintptr_t)init_ranges);
-    Dl_info di;
-    if (dladdr((void *)(uintptr_t)abort, &di)) g_libc_base = (uintptr_t)di.dli_fbase;
+    g_self.lo = (uintptr_t)init_ranges;
+    g_libc.lo = (uintptr_t)abort;
+    if (!dl_iterate_phdr(find_object, &g_self)) g_self = (range){ 0, 0 };
+    if (!dl_iterate_phdr(find_object, &g_libc)) g_libc = (range){ 0, 0 };
 }
 
 static bool tab_put(uint32_t idx)
@@ -92,24 +94,30 @@ static uint32_t intern(uintptr_t pc)
     return (uint32_t)g_nsites++;
 }
 
+typedef struct { uintptr_t pc; int depth; } walk;
+
+/* stops at the first frame outside libcxla: unwinding costs per frame, and
+ * the user's callers, main and libc's start are never needed */
+static _Unwind_Reason_Code walk_frame(struct _Unwind_Context *ctx, void *arg)
+{
+    walk *w = arg;
+    uintptr_t a = (uintptr_t)_Unwind_GetIP(ctx);
+    if (a == 0 || ++w->depth > 64) return _URC_END_OF_STACK;
+    if (a >= g_self.lo && a < g_self.hi) return _URC_NO_REASON;
+    w->pc = a;
+    return _URC_END_OF_STACK;
+}
+
 /* The first return address outside libcxla. A thread the library started
  * (the data loader) has none: its next frame out is libc's thread start. */
 static uint32_t site_capture(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, init_ranges);
-    void *pcs[48];
-    int n = backtrace(pcs, 48);
-    uintptr_t pc = 0;
-    for (int i = 1; i < n; i++) {
-        uintptr_t a = (uintptr_t)pcs[i];
-        if (a >= g_self_lo && a < g_self_hi) continue;
-        Dl_info di;
-        if (dladdr(pcs[i], &di) && (uintptr_t)di.dli_fbase == g_libc_base) return 0;
-        pc = a;
-        break;
-    }
-    if (!pc) return 0;
+    walk w = { 0, 0 };
+    _Unwind_Backtrace(walk_frame, &w);
+    uintptr_t pc = w.pc;
+    if (!pc || (pc >= g_libc.lo && pc < g_libc.hi)) return 0;
     pthread_mutex_lock(&g_mu);
     uint32_t idx = intern(pc);
     pthread_mutex_unlock(&g_mu);
