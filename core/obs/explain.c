@@ -22,6 +22,7 @@ typedef struct {
     int64_t attrs[CX_MAX_ATTRS];
     double fval;
     uint64_t shard;
+    char *shard_desc;   /* sharded nodes only (few) */
 } sig_node;
 
 typedef struct {
@@ -63,6 +64,10 @@ static bool sig_make(sig *s, const cx_obs_graph_info *g)
             y->fval = x->op == OP_RTSCALAR ? 0 : x->fval;
         }
         y->shard = x->sharding ? cx_sharding_hash(x->sharding) : 0;
+        if (x->sharding) {
+            char d[320];
+            y->shard_desc = strdup(cx_sharding_describe(x->sharding, d, sizeof d));   /* NULL: said without it */
+        }
         s->ops_hist[y->op]++;
     }
     return true;
@@ -70,6 +75,7 @@ static bool sig_make(sig *s, const cx_obs_graph_info *g)
 
 static void sig_free(sig *s)
 {
+    for (int i = 0; s->nodes && i < s->n; i++) free(s->nodes[i].shard_desc);
     free(s->nodes);
     free(s->ops_hist);
     *s = (sig){ 0 };
@@ -159,6 +165,8 @@ static void say_input(FILE *f, const char *p, int ordinal, const sig_node *was, 
     fprintf(f, "%s\n", at);
 }
 
+static const char *desc_of(const sig_node *x) { return x->shard_desc ? x->shard_desc : x->shard ? "sharded" : "replicated"; }
+
 /* Same ops in the same order: the inputs whose shape or dtype changed;
  * else the constants, shardings and attributes that differ (a changed
  * input changes shapes and constants such as a mean's 1/n after it, which
@@ -171,6 +179,13 @@ static int say_node_diffs(FILE *f, const char *p, const sig *was, const sig *now
         if (!b->leaf) continue;
         bool shape = a->dtype != b->dtype || a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof a->shape);
         if (shape && said < MAX_SAID) { say_input(f, p, ordinal, a, b); said++; }
+        else if (a->shard != b->shard && said < MAX_SAID) {
+            char at[700];
+            at_str(at, sizeof at, b->loc);
+            fprintf(f, "%s   differs: the sharding of input %d changed: %s, was %s%s\n", p, ordinal, desc_of(b),
+                    desc_of(a), at);
+            said++;
+        }
         ordinal++;
     }
     char at[700];
@@ -185,7 +200,8 @@ static int say_node_diffs(FILE *f, const char *p, const sig *was, const sig *now
                        "changes every step belongs in a tensor (cx_runtime_scalar), not in the graph\n",
                     p, i, cx_op_table[b->op].name, b->fval, a->fval, at);
         else if (a->shard != b->shard)
-            fprintf(f, "%s   differs: the sharding of %%%d %s changed%s\n", p, i, cx_op_table[b->op].name, at);
+            fprintf(f, "%s   differs: the sharding of %%%d %s changed: %s, was %s%s\n", p, i, cx_op_table[b->op].name,
+                    desc_of(b), desc_of(a), at);
         else if (shape || a->nattrs != b->nattrs || memcmp(a->attrs, b->attrs, sizeof(int64_t) * b->nattrs))
             fprintf(f, "%s   differs: %%%d %s has another %s%s\n", p, i, cx_op_table[b->op].name,
                     shape ? "shape" : "attribute", at);

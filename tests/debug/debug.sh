@@ -13,6 +13,9 @@
 #   oom     a step over CX_MEMORY_LIMIT keeps its graph, the error names the file
 #   desync  (LAUNCHER) the desync message names the program's line, and the
 #           graph is kept
+#   sharding (LAUNCHER, SPMD) a changed sharding is named, with both
+#           shardings and the line; the dump has each rank's partitioned
+#           graph
 set -u
 what=$1 prog=$2 src=$3 launch=${4:-}
 tmp=$(mktemp -d)
@@ -79,6 +82,12 @@ dump)
         CX_DUMP_DIR="$tmp/d" run "$prog" dump > "$tmp/out" 2> "$tmp/err" || err "the program failed: $(cat "$tmp/err")"
         n=$(ls "$tmp/d" | grep -c 'program.txt$')
         [ "$n" -ge 1 ] || err "CX_DUMP_DIR wrote no program"
+        # the IR dumps with each node's line, as text and as dot
+        XLA_IR_DEBUG=1 XLA_SAVE_TENSORS_FILE="$tmp/ir.txt" run "$prog" dump > /dev/null 2> "$tmp/err" || err "failed: $(cat "$tmp/err")"
+        has "$tmp/ir.txt" " matmul\(%[0-9]+, %[0-9]+\), location=step@.*/trainer_debug.c:[0-9]+\$" "text IR with locations"
+        XLA_IR_DEBUG=1 XLA_SAVE_TENSORS_FILE="$tmp/ir.dot" XLA_SAVE_TENSORS_FMT=dot run "$prog" dump > /dev/null 2> "$tmp/err" ||
+            err "failed: $(cat "$tmp/err")"
+        has "$tmp/ir.dot" '%[0-9]+ matmul\\n.*\\nlocation=step@.*/trainer_debug.c:[0-9]+"' "dot IR with locations"
     else
         XLA_FLAGS="--xla_dump_to=$tmp/d" run "$launch" --nproc 2 "$prog" dump dist > "$tmp/out" 2> "$tmp/err" ||
             err "the job failed: $(cat "$tmp/err" "$tmp/out")"
@@ -118,6 +127,17 @@ desync)
         "desync naming $at"
     has "$tmp/err" "\(graph saved to $tmp/failed.txt.1\)" "rank 1's saved graph"
     [ -f "$tmp/failed.txt.0" ] && [ -f "$tmp/failed.txt.1" ] || err "want failed.txt.0 and .1: $(ls "$tmp")"
+    ;;
+sharding)
+    PT_XLA_DEBUG_LEVEL=1 XLA_IR_DEBUG=1 XLA_FLAGS="--xla_dump_to=$tmp/d" run "$launch" --nproc 2 "$prog" sharding dist \
+        > "$tmp/out" 2> "$tmp/err" || err "the job failed: $(cat "$tmp/err" "$tmp/out")"
+    cat "$tmp/out" >> "$tmp/err"
+    has "$tmp/err" "differs: the sharding of input 0 changed: \{devices=\[1,2\] mesh=\(data=2\) spec=\(None, data\)\}, was \{devices=\[2,1\] mesh=\(data=2\) spec=\(data, None\)\}, made at .*/$(site shard)\$" \
+        "changed sharding"
+    for r in 0 1; do
+        n=$(ls "$tmp/d" | grep -c "\.r$r\.partitioned\.txt\$")
+        [ "$n" -ge 2 ] || err "rank $r: $n partitioned graphs in the dump, want 2 (one per sharding)"
+    done
     ;;
 *) echo "debug.sh: unknown scenario $what" >&2; exit 2 ;;
 esac

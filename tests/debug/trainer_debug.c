@@ -2,7 +2,7 @@
  * scenarios of debug.sh: each mode makes one of the mistakes (or asks for
  * one of the dumps) the README's debugging section shows. The lines the
  * messages must name carry "@site NAME" comments, which debug.sh looks up.
- * usage: trainer_debug shape|const|dump|hlo|oom|desync [dist]
+ * usage: trainer_debug shape|const|dump|hlo|oom|desync|sharding [dist]
  *        (dist: under xla-launch, the ranks joined by cx_dist_init) */
 #include <cxla/cxla.h>
 
@@ -93,6 +93,29 @@ static int oom_step(void)
     return 0;
 }
 
+/* SPMD: the batch is split by rows for two steps, then by columns (a
+ * changed sharding, so a new graph). */
+static int sharding_steps(void)
+{
+    if (cx_use_spmd() != CX_OK) { fprintf(stderr, "use_spmd: %s\n", cx_last_error()); return 1; }
+    int n = cx_world_size(), *ids = malloc(sizeof(int) * (size_t)n);
+    if (!ids) return 1;
+    for (int i = 0; i < n; i++) ids[i] = i;
+    cx_mesh *mesh = cx_mesh_new(ids, 1, &n, (const char *const[]){ "data" });
+    free(ids);
+    if (!mesh) { fprintf(stderr, "mesh: %s\n", cx_last_error()); return 1; }
+    int rc = 0;
+    for (int s = 0; rc == 0 && s < 3; s++) {
+        cx_step_begin();
+        cx_spec_entry spec[2] = { s < 2 ? CX_SPEC_NAME("data") : CX_SPEC_NONE, s < 2 ? CX_SPEC_NONE : CX_SPEC_NAME("data") };
+        cx_tensor *x = batch(4, IN, 0.5);
+        if (cx_mark_sharding(x, mesh, spec, 2) != CX_OK) { fprintf(stderr, "mark: %s\n", cx_last_error()); rc = 1; }   /* @site shard */
+        cx_keep(cx_sum(cx_mul_scalar(x, 2.0), NULL, 0, false));
+        if (cx_step_end() != CX_OK) { fprintf(stderr, "step %d: %s\n", s, cx_last_error()); rc = 1; }
+    }
+    return rc;
+}
+
 /* The program of a pending step as XLA_SAVE_TENSORS_FMT=hlo's cx_ir_text
  * shows it, then the step run. */
 static int hlo(model *md)
@@ -131,11 +154,13 @@ int main(int argc, char **argv)
         rc = hlo(&md);
     } else if (rc == 0 && !strcmp(mode, "oom")) {
         rc = oom_step();
+    } else if (rc == 0 && !strcmp(mode, "sharding")) {
+        rc = sharding_steps();
     } else if (rc == 0 && !strcmp(mode, "desync")) {
         rc = step(&md, 0, 4, 0, true);
         if (rc == 0) rc = disagreeing_step();
     } else if (rc == 0) {
-        fprintf(stderr, "usage: trainer_debug shape|const|dump|hlo|oom|desync\n");
+        fprintf(stderr, "usage: trainer_debug shape|const|dump|hlo|oom|desync|sharding\n");
         rc = 2;
     }
     model_free(&md);
