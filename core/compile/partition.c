@@ -1075,7 +1075,13 @@ bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int ran
         ok = !c.failed;
     }
     if (ok) ok = keep_notes(&c);
-    if (!ok) { pctx_free(&c); cx_graph_release(out); cx_spmd_notes_free(notes); return false; }
+    if (!ok) {
+        pctx_free(&c);
+        cx_graph_release(out);
+        /* the caller owns the notes themselves (and frees them) */
+        if (notes) { free(notes->sh); free(notes->coll); memset(notes, 0, sizeof *notes); }
+        return false;
+    }
     out->n = c.n;
     out->nodes = c.nodes;
     out->input_storage = c.ins;

@@ -210,9 +210,9 @@ static void format_program(cx_sbuf *b, const gview *v, const cx_executable *e, b
     int *stack = v->n > 0 ? malloc(sizeof *stack * (size_t)v->n) : NULL;
     bool groups = is_root && stamp && stack;
     for (int ki = 0; groups && ki < e->nkernels; ki++) {
-        int x = e->kernels[ki].node;
-        if (x < 0 || x >= v->n) groups = false;
-        else is_root[x] = 1;
+        int x = e->kernels[ki].node;   /* -1: a copy the alias pass added */
+        if (x >= v->n) groups = false;
+        else if (x >= 0) is_root[x] = 1;
     }
     if (v->n > 0 && !groups) cx_sb_printf(b, "  (fusion groups unknown)\n");
     for (int ki = 0; ki < e->nkernels; ki++) {

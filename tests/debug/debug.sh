@@ -15,7 +15,7 @@
 #           graph is kept
 #   sharding (LAUNCHER, SPMD) a changed sharding is named, with both
 #           shardings and the line; the dump has each rank's partitioned
-#           graph
+#           graph, and the graph of a step that cannot compile
 set -u
 what=$1 prog=$2 src=$3 launch=${4:-}
 tmp=$(mktemp -d)
@@ -137,7 +137,11 @@ sharding)
     for r in 0 1; do
         n=$(ls "$tmp/d" | grep -c "\.r$r\.partitioned\.txt\$")
         [ "$n" -ge 2 ] || err "rank $r: $n partitioned graphs in the dump, want 2 (one per sharding)"
+        # the last step cannot compile (an explicit all-reduce beside shardings): its graph is kept
+        has "$tmp/err" "\\[rank $r\\] step 3: spmd partition: .*explicit all_reduce \\(graph saved to $tmp/d/cxla_[0-9a-f]{32}\\.r$r\\.failed\\.txt\\)" \
+            "rank $r's compile error naming its saved graph"
     done
+    has "$(ls "$tmp"/d/*.r0.failed.txt | head -1)" "^\\[cx_failed_graph\\] CX_ERR_STATE: spmd partition" "failed graph's header"
     ;;
 *) echo "debug.sh: unknown scenario $what" >&2; exit 2 ;;
 esac

@@ -113,6 +113,14 @@ static int sharding_steps(void)
         cx_keep(cx_sum(cx_mul_scalar(x, 2.0), NULL, 0, false));
         if (cx_step_end() != CX_OK) { fprintf(stderr, "step %d: %s\n", s, cx_last_error()); rc = 1; }
     }
+    /* a graph that cannot compile: an explicit collective beside shardings */
+    cx_step_begin();
+    cx_spec_entry rows[2] = { CX_SPEC_NAME("data"), CX_SPEC_NONE };
+    cx_tensor *x = batch(4, IN, 0.5);
+    if (rc == 0 && cx_mark_sharding(x, mesh, rows, 2) != CX_OK) rc = 1;
+    cx_keep(cx_all_reduce(cx_mul_scalar(x, 2.0), CX_RED_SUM, 1.0, NULL, false));
+    if (rc == 0 && cx_step_end() == CX_OK) { fprintf(stderr, "a collective beside shardings compiled\n"); rc = 1; }
+    else if (rc == 0) fprintf(stderr, "step 3: %s\n", cx_last_error());
     return rc;
 }
 
