@@ -26,7 +26,9 @@
  *   XLA_FLAGS=--xla_dump_to=DIR or CX_DUMP_DIR=DIR  every compilation writes
  *       DIR/cxla_<graph hash>.r<rank>.captured.txt, .partitioned.txt
  *       (SPMD) and .program.txt (kernels with their fused ops, shapes and
- *       paths, collectives, the arena plan, aliasing, the key's parts)
+ *       paths, collectives, the arena plan, aliasing, the key's parts); a
+ *       program loaded from the persistent cache was not compiled and is
+ *       not written
  *   XLA_SAVE_HLO_FILE=PATH  a graph whose compile or run fails is written
  *       to PATH (".<rank>" suffix as above; else into the dump directory,
  *       if set), and the error, cx_last_error(), ends with "(graph saved
@@ -63,7 +65,8 @@ extern "C" {
  * outputs) or as a Graphviz digraph. Materialized tensors show as a
  * device_data leaf. With XLA_SAVE_TENSORS_FMT=hlo, cx_ir_text compiles the
  * graph (nothing runs or is cached) and returns the lowered program as the
- * dump directory's .program.txt shows it. They read the graph, so call
+ * dump directory's .program.txt shows it, without the buffer donation a
+ * sync plans for cx_assign'd outputs (those show in the dumps of a run). They read the graph, so call
  * them on the training thread (core.h). @return a malloc'd string (free()
  * it), or NULL when out of memory or (hlo) when the graph cannot be
  * compiled, with the error set. */
