@@ -17,6 +17,7 @@ typedef struct {
     uint16_t op;
     uint8_t dtype, ndim, nattrs;
     bool leaf;
+    bool out;           /* a live tensor's value: an output of the graph */
     uint32_t loc;
     int64_t shape[CX_MAX_DIMS];
     int64_t attrs[CX_MAX_ATTRS];
@@ -70,6 +71,7 @@ static bool sig_make(sig *s, const cx_obs_graph_info *g)
         }
         s->ops_hist[y->op]++;
     }
+    for (int o = 0; o < g->nouts; o++) s->nodes[g->outs[o]->index].out = true;
     return true;
 }
 
@@ -102,7 +104,8 @@ static int node_diffs(const sig *a, const sig *b)
     int d = 0;
     for (int i = 0; i < a->n; i++) d += memcmp(&a->nodes[i].dtype, &b->nodes[i].dtype, 3) != 0 ||
                                          memcmp(a->nodes[i].shape, b->nodes[i].shape, sizeof a->nodes[i].shape) != 0 ||
-                                         a->nodes[i].fval != b->nodes[i].fval || a->nodes[i].shard != b->nodes[i].shard;
+                                         a->nodes[i].fval != b->nodes[i].fval || a->nodes[i].shard != b->nodes[i].shard ||
+                                         a->nodes[i].out != b->nodes[i].out;
     return d;
 }
 
@@ -211,11 +214,31 @@ static int say_node_diffs(FILE *f, const char *p, const sig *was, const sig *now
     return said;
 }
 
-static void say_structure(FILE *f, const char *p, const sig *was, const sig *now)
+/* The live tensors a step computes are its outputs: one kept alive (or
+ * no longer) makes another graph. @return how many lines were said. */
+static int say_outputs(FILE *f, const char *p, const sig *was, const sig *now)
 {
-    if (was->nouts != now->nouts)
+    int said = 0;
+    if (was->nouts != now->nouts) {
         fprintf(f, "%s   differs: a different set of live tensors: the graph computes %d outputs, the cached one %d "
                    "(a tensor kept alive, or no longer, changes what a step computes)\n", p, now->nouts, was->nouts);
+        said++;
+    }
+    if (!same_ops(was, now)) return said;
+    char at[700];
+    for (int i = 0; i < now->n && said < MAX_SAID; i++) {
+        const sig_node *a = &was->nodes[i], *b = &now->nodes[i];
+        if (a->out == b->out) continue;
+        at_str(at, sizeof at, b->loc);
+        fprintf(f, "%s   differs: a different set of live tensors: %%%d %s %s%s\n", p, i, cx_op_table[b->op].name,
+                b->out ? "is an output now (a tensor still alive)" : "is no longer an output", at);
+        said++;
+    }
+    return said;
+}
+
+static void say_structure(FILE *f, const char *p, const sig *was, const sig *now)
+{
     int i = 0;
     while (i < now->n && i < was->n && now->nodes[i].op == was->nodes[i].op) i++;
     char at[700];
@@ -235,9 +258,10 @@ void cx_obs_explain(FILE *f, const char *p, const cx_obs_graph_info *g)
     if (was) {
         fprintf(f, "%s   Closest cached graph: %016llx%016llx, compiled in step %lld\n", p, (unsigned long long)was->hi,
                 (unsigned long long)was->lo, (long long)was->step);
-        int said = same_ops(was, &now) ? say_node_diffs(f, p, was, &now) : 0;
-        if (!same_ops(was, &now)) say_structure(f, p, was, &now);
-        else if (said == 0) fprintf(f, "%s   differs: only in compile options or the aliasing of outputs\n", p);
+        int said = say_outputs(f, p, was, &now);
+        if (same_ops(was, &now)) said += say_node_diffs(f, p, was, &now);
+        else { say_structure(f, p, was, &now); said++; }
+        if (said == 0) fprintf(f, "%s   differs: only in compile options or the aliasing of outputs\n", p);
     }
     sig_free(&g_sigs[g_next]);
     g_sigs[g_next] = now;

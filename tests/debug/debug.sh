@@ -6,6 +6,7 @@
 #   shape   PT_XLA_DEBUG_LEVEL=1: a batch whose shape changes is named, with
 #           its dimension and (XLA_IR_DEBUG=1) the program's line
 #   const   ... a float baked into the graph each step is named
+#   live    ... a tensor kept alive one step in three is named
 #   dump    XLA_FLAGS=--xla_dump_to / CX_DUMP_DIR: the program file agrees
 #           with cx_last_exec_info (kernels, collectives); with LAUNCHER on
 #           2 ranks, one file per rank
@@ -72,6 +73,12 @@ const)
     has "$tmp/err" "differs: a new scalar baked in as a constant: %[0-9]+ constant holds 0.333333333, was 0.5, made at .*/$at;" \
         "baked constant at $at"
     has "$tmp/err" "holds 0.25, was 0.5" "the next step's constant"
+    ;;
+live)
+    PT_XLA_DEBUG_LEVEL=1 XLA_IR_DEBUG=1 run "$prog" live 2> "$tmp/err" || err "the program failed: $(cat "$tmp/err")"
+    has "$tmp/err" "differs: a different set of live tensors: the graph computes 5 outputs, the cached one 4 " "output count"
+    has "$tmp/err" "differs: a different set of live tensors: %[0-9]+ add is an output now \(a tensor still alive\), made at .*/$(site forward)\$" \
+        "the kept tensor's line"
     ;;
 dump)
     if [ -z "$launch" ]; then

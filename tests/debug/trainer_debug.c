@@ -2,7 +2,7 @@
  * scenarios of debug.sh: each mode makes one of the mistakes (or asks for
  * one of the dumps) the README's debugging section shows. The lines the
  * messages must name carry "@site NAME" comments, which debug.sh looks up.
- * usage: trainer_debug shape|const|dump|hlo|oom|desync|sharding [dist]
+ * usage: trainer_debug shape|const|live|dump|hlo|oom|desync|sharding [dist]
  *        (dist: under xla-launch, the ranks joined by cx_dist_init) */
 #include <cxla/cxla.h>
 
@@ -93,6 +93,24 @@ static int oom_step(void)
     return 0;
 }
 
+/* Steps that keep the forward's output alive every third step (as a user
+ * who logs it would): that step's graph computes one more output. */
+static int live_steps(model *md)
+{
+    for (int s = 0; s < 6; s++) {
+        cx_step_begin();
+        cx_optim_zero_grad(md->opt);
+        cx_tensor *y = cx_module_forward(md->m, batch(4, IN, 0.5));   /* @site forward */
+        if (s % 3 == 2) cx_keep(y);
+        cx_tensor *loss = cx_mse_loss(y, batch(4, OUT, 1.0), CX_REDUCE_MEAN);
+        if (cx_backward(loss) != CX_OK) { fprintf(stderr, "backward: %s\n", cx_last_error()); return 1; }
+        cx_optim_step(md->opt);
+        if (cx_step_end() != CX_OK) { fprintf(stderr, "step %d: %s\n", s, cx_last_error()); return 1; }
+        if (s % 3 == 2) cx_free(y);
+    }
+    return 0;
+}
+
 /* SPMD: the batch is split by rows for two steps, then by columns (a
  * changed sharding, so a new graph). */
 static int sharding_steps(void)
@@ -162,13 +180,15 @@ int main(int argc, char **argv)
         rc = hlo(&md);
     } else if (rc == 0 && !strcmp(mode, "oom")) {
         rc = oom_step();
+    } else if (rc == 0 && !strcmp(mode, "live")) {
+        rc = live_steps(&md);
     } else if (rc == 0 && !strcmp(mode, "sharding")) {
         rc = sharding_steps();
     } else if (rc == 0 && !strcmp(mode, "desync")) {
         rc = step(&md, 0, 4, 0, true);
         if (rc == 0) rc = disagreeing_step();
     } else if (rc == 0) {
-        fprintf(stderr, "usage: trainer_debug shape|const|dump|hlo|oom|desync|sharding\n");
+        fprintf(stderr, "usage: trainer_debug shape|const|live|dump|hlo|oom|desync|sharding\n");
         rc = 2;
     }
     model_free(&md);
