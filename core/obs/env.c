@@ -24,8 +24,9 @@ static char *env_dup(const char *name)
 
 /* XLA_FLAGS's --xla_dump_to=DIR (or --xla_dump_to DIR), the flag XLA's
  * users already pass; CX_DUMP_DIR otherwise. @return a malloc'd DIR or NULL. */
-static char *dump_dir_of(void)
+static char *dump_dir_of(const char **name)
 {
+    *name = "XLA_FLAGS=--xla_dump_to";
     const char *f = cx_setting_str("XLA_FLAGS");
     const char *at = f ? strstr(f, "--xla_dump_to") : NULL;
     if (at && (at[13] == '=' || at[13] == ' ')) {
@@ -34,6 +35,7 @@ static char *dump_dir_of(void)
         size_t n = strcspn(v, " \t");
         if (n > 0) return strndup(v, n);
     }
+    *name = "CX_DUMP_DIR";
     return env_dup("CX_DUMP_DIR");
 }
 
@@ -54,7 +56,7 @@ static void read_env_locked(void)
     c->dump_hlo = cx_setting_enum("XLA_SAVE_TENSORS_FMT") == 2;
     c->ir_debug = cx_setting_bool("XLA_IR_DEBUG");
     c->hlo_debug = c->ir_debug && cx_setting_bool("XLA_HLO_DEBUG");
-    c->dump_dir = dump_dir_of();
+    c->dump_dir = dump_dir_of(&c->dump_dir_name);
     c->save_hlo_file = env_dup("XLA_SAVE_HLO_FILE");
     c->metrics_path = env_dup("XLA_METRICS_FILE");
     cx_obs_set(OBS_DEBUG, c->debug_level > 0);

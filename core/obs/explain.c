@@ -99,13 +99,18 @@ static double similarity(const sig *a, const sig *b)
     return m ? (double)common / m : 0;
 }
 
+static bool same_type(const sig_node *a, const sig_node *b)
+{
+    return a->dtype == b->dtype && a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof a->shape);
+}
+
 static int node_diffs(const sig *a, const sig *b)
 {
     int d = 0;
-    for (int i = 0; i < a->n; i++) d += memcmp(&a->nodes[i].dtype, &b->nodes[i].dtype, 3) != 0 ||
-                                         memcmp(a->nodes[i].shape, b->nodes[i].shape, sizeof a->nodes[i].shape) != 0 ||
-                                         a->nodes[i].fval != b->nodes[i].fval || a->nodes[i].shard != b->nodes[i].shard ||
-                                         a->nodes[i].out != b->nodes[i].out;
+    for (int i = 0; i < a->n; i++) {
+        const sig_node *x = &a->nodes[i], *y = &b->nodes[i];
+        d += !same_type(x, y) || x->nattrs != y->nattrs || x->fval != y->fval || x->shard != y->shard || x->out != y->out;
+    }
     return d;
 }
 
@@ -180,7 +185,7 @@ static int say_node_diffs(FILE *f, const char *p, const sig *was, const sig *now
     for (int i = 0; i < now->n; i++) {
         const sig_node *a = &was->nodes[i], *b = &now->nodes[i];
         if (!b->leaf) continue;
-        bool shape = a->dtype != b->dtype || a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof a->shape);
+        bool shape = !same_type(a, b);
         if (shape && said < MAX_SAID) { say_input(f, p, ordinal, a, b); said++; }
         else if (a->shard != b->shard && said < MAX_SAID) {
             char at[700];
@@ -196,7 +201,7 @@ static int say_node_diffs(FILE *f, const char *p, const sig *was, const sig *now
     for (int i = 0; i < now->n && !inputs_said && said < MAX_SAID; i++) {
         const sig_node *a = &was->nodes[i], *b = &now->nodes[i];
         if (b->leaf) continue;
-        bool shape = a->dtype != b->dtype || a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof a->shape);
+        bool shape = !same_type(a, b);
         at_str(at, sizeof at, b->loc);
         if (a->fval != b->fval)
             fprintf(f, "%s   differs: a new scalar baked in as a constant: %%%d %s holds %.9g, was %.9g%s; a value that "

@@ -18,6 +18,7 @@ typedef struct {
     bool ir_debug;         /* XLA_IR_DEBUG */
     bool hlo_debug;        /* XLA_HLO_DEBUG (with XLA_IR_DEBUG): locations in program dumps */
     char *dump_dir;        /* XLA_FLAGS=--xla_dump_to=DIR, else CX_DUMP_DIR */
+    const char *dump_dir_name;   /* which of the two, for messages */
     char *save_hlo_file;   /* XLA_SAVE_HLO_FILE */
 } cx_obs_config;
 

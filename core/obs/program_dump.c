@@ -285,7 +285,7 @@ static void write_part(const cx_obs_program_info *p, const char *what, const cx_
     char path[4096];
     dump_path(path, sizeof path, p->key_hi, p->key_lo, what);
     if (!write_file(path, b) && !*warned) {
-        cx_logf(CX_LOG_WARNING, "dump", "--xla_dump_to: cannot write %s: %s", path, b->oom ? "out of memory" : strerror(errno));
+        cx_logf(CX_LOG_WARNING, "dump", "%s: cannot write %s: %s", cx_obs_cfg.dump_dir_name, path, b->oom ? "out of memory" : strerror(errno));
         *warned = true;
     }
 }
@@ -294,14 +294,16 @@ static void write_part(const cx_obs_program_info *p, const char *what, const cx_
  * partitioned one (SPMD), the lowered program. */
 static void dump_program(const cx_obs_program_info *p)
 {
-    static bool warned, dir_made;
-    if (!dir_made) {
-        if (cx_obs_mkdir("--xla_dump_to", cx_obs_cfg.dump_dir) != CX_OK) {
-            if (!warned) cx_logf(CX_LOG_WARNING, "dump", "%s", cx_last_error());
-            warned = true;
-            return;
-        }
-        dir_made = true;
+    static bool warned;
+    static char made[4096];   /* the directory made last (cx_debug_reload_env may name another) */
+    if (strcmp(made, cx_obs_cfg.dump_dir) != 0) {
+        char err[1024];
+        snprintf(err, sizeof err, "%s", cx_last_error());
+        cx_status st = cx_obs_mkdir(cx_obs_cfg.dump_dir_name, cx_obs_cfg.dump_dir);
+        if (st != CX_OK && !warned) cx_logf(CX_LOG_WARNING, "dump", "%s", cx_last_error());
+        cx_set_last_error("%s", err);   /* a dump that cannot be written is no error of the step */
+        if (st != CX_OK) { warned = true; return; }
+        snprintf(made, sizeof made, "%s", cx_obs_cfg.dump_dir);
     }
     bool locs = cx_obs_cfg.hlo_debug;
     cx_sbuf b = { 0 };
@@ -327,16 +329,18 @@ static void dump_program(const cx_obs_program_info *p)
  * XLA_SAVE_HLO_FILE or the dump directory; the error names the file. */
 static void save_failed(const cx_obs_graph_info *g, cx_status st)
 {
-    char path[4096];
+    char path[4096], err[2048];
+    snprintf(err, sizeof err, "%s", cx_last_error());
     if (cx_obs_cfg.save_hlo_file) {
         cx_obs_rank_path(path, sizeof path, cx_obs_cfg.save_hlo_file);
     } else {
-        if (cx_obs_mkdir("--xla_dump_to", cx_obs_cfg.dump_dir) != CX_OK) return;
+        if (cx_obs_mkdir(cx_obs_cfg.dump_dir_name, cx_obs_cfg.dump_dir) != CX_OK) {
+            cx_set_last_error("%s (graph not saved: %s)", err, cx_last_error());
+            return;
+        }
         snprintf(path, sizeof path, "%s/cxla_%016llx%016llx.r%d.failed.txt", cx_obs_cfg.dump_dir,
                  (unsigned long long)g->key_hi, (unsigned long long)g->key_lo, cx_global_ordinal());
     }
-    char err[2048];
-    snprintf(err, sizeof err, "%s", cx_last_error());
     cx_sbuf b = { 0 };
     cx_sb_printf(&b, "[cx_failed_graph] %s: %s\nGraph Hash: %016llx%016llx\n## BEGIN_GRAPH\n", cx_status_str(st), err,
                  (unsigned long long)g->key_hi, (unsigned long long)g->key_lo);
@@ -348,9 +352,10 @@ static void save_failed(const cx_obs_graph_info *g, cx_status st)
         cx_sb_printf(&b, "## END_PROGRAM\n");
     }
     bool ok = write_file(path, &b);
-    free(b.s);
+    const char *why = b.oom ? "out of memory" : strerror(errno);
     if (ok) cx_set_last_error("%s (graph saved to %s)", err, path);
-    else cx_set_last_error("%s (graph not saved: cannot write %s)", err, path);
+    else cx_set_last_error("%s (graph not saved: cannot write %s: %s)", err, path, why);
+    free(b.s);
 }
 
 __attribute__((constructor)) static void register_program_dump(void)
