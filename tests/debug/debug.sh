@@ -125,6 +125,10 @@ oom)
     # no file named: into the dump directory
     CX_MEMORY_LIMIT=1M CX_DUMP_DIR="$tmp/d" run "$prog" oom 2> "$tmp/err" || err "the program failed: $(cat "$tmp/err")"
     has "$tmp/err" "\(graph saved to $tmp/d/cxla_[0-9a-f]{32}\.r0\.failed\.txt\)" "error naming the dump directory's file"
+    # a file that cannot be written: the step's error stays, and says so
+    CX_MEMORY_LIMIT=1M XLA_SAVE_HLO_FILE="$tmp/none/failed.txt" run "$prog" oom 2> "$tmp/err" || err "the program failed: $(cat "$tmp/err")"
+    has "$tmp/err" "CX_MEMORY_LIMIT\) \(graph not saved: cannot write $tmp/none/failed.txt: No such file or directory\)" \
+        "error saying the graph was not saved"
     ;;
 desync)
     XLA_IR_DEBUG=1 XLA_SAVE_HLO_FILE="$tmp/failed.txt" run "$launch" --nproc 2 "$prog" desync dist > "$tmp/out" 2> "$tmp/err"
