@@ -35,8 +35,10 @@ has() {   # FILE PATTERN WHAT
 $(cat "$1")"
 }
 
-# the program file of the key in exec line $1 agrees with that line
+# the program file of the key in exec line $1 agrees with that line; $2:
+# the graph has a matmul
 check_program() {
+    mm=${2:-matmul}
     set -- $1
     rank=$3 kernels=$5 colls=$7 key=$9
     f="$tmp/d/cxla_$key.r$rank.program.txt"
@@ -49,8 +51,12 @@ check_program() {
     [ "$c" = "$colls" ] || err "rank $rank: $c collectives in $f, cx_last_exec_info says $colls"
     has "$f" '^Key parts: library .*options ".*xla_dump_to' "cache key parts"
     has "$f" '^## Arena: [0-9]+ bytes' "arena plan"
-    has "$f" 'path: BLAS sgemm' "kernel path"
-    has "$f" '^    ops: .*matmul' "fusion group ops"
+    if [ "$mm" = matmul ]; then
+        has "$f" 'path: BLAS sgemm' "kernel path"
+        has "$f" '^    ops: .*matmul' "fusion group ops"
+    else
+        has "$f" '^    ops: .*mul' "fusion group ops"
+    fi
 }
 
 run() { CX_NUM_THREADS=1 "$@"; }
@@ -153,6 +159,10 @@ sharding)
             "rank $r's compile error naming its saved graph"
     done
     has "$(ls "$tmp"/d/*.r0.failed.txt | head -1)" "^\\[cx_failed_graph\\] CX_ERR_STATE: spmd partition" "failed graph's header"
+    # each rank's partitioned program agrees with its executable
+    grep 'exec:' "$tmp/err" | sed 's/^\[rank [0-9]*\] //' > "$tmp/exec"
+    [ "$(wc -l < "$tmp/exec")" = 2 ] || err "want an exec line from each rank: $(cat "$tmp/exec")"
+    while read -r line; do check_program "$line" nomatmul; done < "$tmp/exec"
     ;;
 *) echo "debug.sh: unknown scenario $what" >&2; exit 2 ;;
 esac

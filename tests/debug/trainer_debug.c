@@ -131,6 +131,7 @@ static int sharding_steps(void)
         cx_keep(cx_sum(cx_mul_scalar(x, 2.0), NULL, 0, false));
         if (cx_step_end() != CX_OK) { fprintf(stderr, "step %d: %s\n", s, cx_last_error()); rc = 1; }
     }
+    if (rc == 0) print_info();
     /* a graph that cannot compile: an explicit collective beside shardings */
     cx_step_begin();
     cx_spec_entry rows[2] = { CX_SPEC_NAME("data"), CX_SPEC_NONE };
