@@ -151,6 +151,31 @@ static const char *api_of(const char *cause)
     return "cx_step_end";
 }
 
+/* XLA_IR_DEBUG: the lines that made the graph's outputs, each once. */
+static void output_sites(FILE *f, const char *p, const cx_obs_graph_info *g)
+{
+    enum { SHOWN = 4 };
+    uint32_t seen[SHOWN];
+    int n = 0, more = 0;
+    for (int o = 0; o < g->nouts; o++) {
+        uint32_t loc = g->outs[o]->loc;
+        bool dup = !loc;
+        for (int k = 0; k < n && !dup; k++) dup = seen[k] == loc;
+        if (dup) continue;
+        if (n == SHOWN) { more++; continue; }
+        seen[n++] = loc;
+    }
+    if (n == 0) return;
+    fprintf(f, "%s   Outputs made at:", p);
+    for (int k = 0; k < n; k++) {
+        char at[600];
+        cx_obs_site_str(seen[k], at, sizeof at);
+        fprintf(f, "%s %s", k ? "," : "", at);
+    }
+    if (more) fprintf(f, " and %d other lines", more);
+    fprintf(f, "\n");
+}
+
 static void analysis(FILE *f, const char *who, const cx_obs_graph_info *g)
 {
     const char *cause = g->cause;
@@ -165,6 +190,7 @@ static void analysis(FILE *f, const char *who, const cx_obs_graph_info *g)
     if (source == 2) fprintf(f, "%s   (loaded from the persistent compile cache, not compiled)\n", p);
     fprintf(f, "%s Graph Info:\n%s   Graph Hash: %016llx%016llx\n", p, p, (unsigned long long)hi, (unsigned long long)lo);
     fprintf(f, "%s   Number of Graph Inputs: %d\n%s   Number of Graph Outputs: %d\n", p, e->n_inputs, p, e->n_outputs);
+    if (cx_obs_cfg.ir_debug) output_sites(f, p, g);
     if (source == 1 && !strcmp(who, "Compilation")) cx_obs_explain(f, p, g);
     fprintf(f, "%s C Frames Triggered Execution:\n", p);
     print_frames(f, p, api_of(cause));

@@ -19,8 +19,9 @@
  *       live tensors
  *   XLA_IR_DEBUG=1  each IR node records the user's call site (the first
  *       frame outside libcxla, as function, file and line for a program
- *       built with -g), shown in the IR dumps, the analysis above and the
- *       desync message; a node the same op on the same inputs finds again
+ *       built with -g), shown in the IR dumps, the analysis above (the
+ *       lines that made a graph's outputs, and those of changed inputs)
+ *       and the desync message; a node the same op on the same inputs finds again
  *       (interning) keeps the line that made it first
  *   XLA_HLO_DEBUG=1  with XLA_IR_DEBUG: the program dumps name each op's line
  *   XLA_FLAGS=--xla_dump_to=DIR or CX_DUMP_DIR=DIR  every compilation writes

@@ -69,6 +69,7 @@ shape)
     has "$tmp/err" "differs: input [0-9]+ is f32\[5,8\], was f32\[4,8\]; dimension 0 changed: 4 -> 5, made at .*/$at\$" \
         "changed input naming dimension 0 and $at"
     has "$tmp/err" "dimension 0 changed: 4 -> 6" "second shape change"
+    has "$tmp/err" "^Compilation Analysis:   Outputs made at: .*/trainer_debug.c:[0-9]+" "the lines that made the outputs"
     # without XLA_IR_DEBUG: the same, and how to get the line
     PT_XLA_DEBUG_LEVEL=1 run "$prog" shape 2> "$tmp/err" || err "the program failed: $(cat "$tmp/err")"
     has "$tmp/err" "dimension 0 changed: 4 -> 5 \(set XLA_IR_DEBUG=1 to see the line that made it\)" "hint"
