@@ -257,10 +257,53 @@ out:
     return rc;
 }
 
+/* The same step with XLA_IR_DEBUG on, switched before each timed unit
+ * (outside the time): every new node records its call site (a backtrace;
+ * resolving it waits for a dump). Off, a node pays one flag test. */
+typedef struct { cx_tensor *x; bool on; } ir_debug_ctx;
+
+static double ir_debug_unit(void *p)
+{
+    ir_debug_ctx *c = p;
+    static int was = -1;
+    if (was != (int)c->on) {
+        setenv("XLA_IR_DEBUG", c->on ? "1" : "0", 1);
+        cx_debug_reload_env();
+        was = c->on;
+    }
+    return cache_hit_unit(c->x);
+}
+
+static int ir_debug(const bench_cfg *cfg)
+{
+    int64_t four = 4;
+    float h[4] = { 0.5f, 0.25f, 0.125f, 1.0f };
+    ir_debug_ctx on = { cx_from_host(h, &four, 1, CX_F32), true }, off = { on.x, false };
+    char *saved = getenv("XLA_IR_DEBUG") ? strdup(getenv("XLA_IR_DEBUG")) : NULL;
+    int rc = 1;
+    if (!on.x || ir_debug_unit(&on) < 0 || ir_debug_unit(&off) < 0) goto out;
+    bench_side sides[2] = { { .unit = ir_debug_unit, .ctx = &on }, { .unit = ir_debug_unit, .ctx = &off } };
+    bench_series fig = { 0 };
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[2];
+        if (!bench_round(cfg, r, sides, 2, sec)) goto out;
+        bench_add(&fig, sec[0] * 1e6, sec[1] * 1e6);
+    }
+    bench_emit("ir_debug_cache_hit_us", "us", BENCH_LOWER, &fig);
+    rc = 0;
+out:
+    if (saved) setenv("XLA_IR_DEBUG", saved, 1);
+    else unsetenv("XLA_IR_DEBUG");
+    free(saved);
+    cx_debug_reload_env();
+    cx_free(on.x);
+    return rc;
+}
+
 int bench_core(int argc, char **argv, bench_cfg cfg)
 {
     int rc = bench_parse("core", argc, argv, NULL, 0, &cfg);
     if (rc >= 0) return rc;
-    if (fused_elementwise(&cfg) || matmul(&cfg) || cache_hit(&cfg)) return 1;
+    if (fused_elementwise(&cfg) || matmul(&cfg) || cache_hit(&cfg) || ir_debug(&cfg)) return 1;
     return 0;
 }

@@ -19,7 +19,8 @@ static const subcommand g_subcommands[] = {
       "Run directly.\n"
       "fused_elementwise_gbps: relu(a*b+c) over 64 MiB operands through the core vs the same loop in C on as many threads\n"
       "matmul_gflops: a 2048^2 matmul through the core vs cblas_sgemm with as many threads\n"
-      "cache_hit_overhead_us: trace, key and lookup of a 100-node step vs a fixed 50 us (a target, not measured)", 0, 0 },
+      "cache_hit_overhead_us: trace, key and lookup of a 100-node step vs a fixed 50 us (a target, not measured)\n"
+      "ir_debug_cache_hit_us: the same step with XLA_IR_DEBUG=1 (each node records its call site) vs off", 0, 0 },
     { "train", bench_train,
       "Run directly.\n"
       "train_*_images_per_s: training steps of the cnn (batch 64, 256) and a 4096-wide mlp (batch 256),\n"

@@ -58,7 +58,8 @@ static const cx_setting g_table[] = {
     { "CX_CACHE_READONLY", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,
       "the persistent compile cache is only read" },
     { "XLA_FLAGS", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, NULL,
-      "compile options, part of every compile cache key" },
+      "compile options, part of every compile cache key; `--xla_dump_to=DIR` also writes every compilation to DIR "
+      "(as `CX_DUMP_DIR`)" },
     { "CX_COMPILE_OPTIONS", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, NULL,
       "compile options, part of every compile cache key" },
     { "PT_XLA_DEBUG_LEVEL", CX_SET_INT, "0", 0, 1000, NULL, false, NULL, NULL,
@@ -69,8 +70,20 @@ static const cx_setting g_table[] = {
       "every rank prints the debug analysis, not only local rank 0" },
     { "XLA_SAVE_TENSORS_FILE", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, "a file",
       "the IR of every executed graph is appended to this file" },
-    { "XLA_SAVE_TENSORS_FMT", CX_SET_ENUM, "text", 0, 0, "text|dot", false, NULL, NULL,
-      "the format of `XLA_SAVE_TENSORS_FILE`" },
+    { "XLA_SAVE_TENSORS_FMT", CX_SET_ENUM, "text", 0, 0, "text|dot|hlo", false, NULL, NULL,
+      "the format of `XLA_SAVE_TENSORS_FILE`; `hlo`: the lowered program (fusion groups, kernels, collectives, "
+      "memory plan), which `cx_ir_text` then returns too" },
+    { "XLA_IR_DEBUG", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,
+      "each IR node records the user's line that made it (the first frame outside libcxla), shown in IR dumps, "
+      "the debug analysis and desync messages" },
+    { "XLA_HLO_DEBUG", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,
+      "with `XLA_IR_DEBUG`: the compiled-program dumps name the user's line of every op" },
+    { "CX_DUMP_DIR", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, "a directory",
+      "every compilation writes its captured, partitioned and lowered program here, per rank (as "
+      "`XLA_FLAGS=--xla_dump_to=DIR`)" },
+    { "XLA_SAVE_HLO_FILE", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, "a file",
+      "a graph whose compile or run fails is written here (`.<rank>` appended with several ranks), and the error "
+      "names the file" },
     { "XLA_METRICS_FILE", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, "a file, `STDOUT` or `STDERR`",
       "the metrics report at every step end is appended here" },
     { "XLA_USE_EAGER_DEBUG_MODE", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,

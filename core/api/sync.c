@@ -127,9 +127,10 @@ static bool partition_graph(sync_job *j, cx_graph *g, cx_sharding **out_sharding
     const cx_sharding **ann = calloc((size_t)g->n + 1, sizeof *ann);
     cx_sharding *osh = calloc((size_t)g->n_outputs + 1, sizeof *osh);
     /* an IR dump shows what the partitioner did */
-    cx_spmd_notes *nt = cx_obs_get() & OBS_DUMP ? calloc(1, sizeof *nt) : NULL;
+    bool keep_notes = cx_obs_get() & (OBS_DUMP | OBS_PROGRAM_DUMP);
+    cx_spmd_notes *nt = keep_notes ? calloc(1, sizeof *nt) : NULL;
     cx_graph local;
-    bool ok = ann && osh && (nt || !(cx_obs_get() & OBS_DUMP));
+    bool ok = ann && osh && (nt || !keep_notes);
     for (int i = 0; ok && i < g->n; i++) ann[i] = j->cp->nodes[i]->sharding;
     if (ok) ok = cx_pass_partition(g, ann, cx_global_ordinal(), &local, osh, inserted, nt);
     else cx_set_last_error("compile: out of memory");
@@ -165,8 +166,7 @@ static cx_status compile_graph(sync_job *j)
         return CX_ERR_STATE;
     }
     j->e = cx_lower(&g);
-    cx_graph_release(&g);
-    if (!j->e) { free(out_sharding); cx_spmd_notes_free(notes); return CX_ERR_STATE; }
+    if (!j->e) { cx_graph_release(&g); free(out_sharding); cx_spmd_notes_free(notes); return CX_ERR_STATE; }
     j->e->out_sharding = out_sharding;
     j->e->spmd_notes = notes;
     memcpy(j->e->spmd_inserted, inserted, sizeof inserted);
@@ -175,6 +175,12 @@ static cx_status compile_graph(sync_job *j)
     cx_key128 shared = cx_capture_shared_key(j->cp);
     j->e->shared_hi = shared.hi;
     j->e->shared_lo = shared.lo;
+    if ((j->obs & OBS_PROGRAM_DUMP) && cx_obs_hooks.program) {   /* the lowered graph is still here */
+        cx_obs_program_info pi = { j->key.hi, j->key.lo, j->cp->nodes, j->cp->n, j->outs, j->nouts, &g,
+                                   out_sharding != NULL, notes, j->e };
+        cx_obs_hooks.program(&pi);
+    }
+    cx_graph_release(&g);
     cx_exec_cache_insert(j->e);
     cx_counter_add("UncachedCompile", 1);
     double t1 = cx_now();
@@ -286,6 +292,7 @@ static cx_status settle_outputs(sync_job *j)
         newn[o] = cx_node_data(j->obufs[o], (cx_dtype)j->outs[o]->dtype, j->outs[o]->shape, j->outs[o]->ndim);
         if (!newn[o]) { st = CX_ERR_OOM; break; }
         j->obufs[o] = NULL;
+        newn[o]->loc = j->outs[o]->loc;   /* XLA_IR_DEBUG: the value was made where its node was */
         const cx_sharding *s = j->e->out_sharding ? &j->e->out_sharding[o] : NULL;
         if (!cx_sharding_is_replicated(s)) {   /* the buffer holds this rank's shard */
             if (!(newn[o]->sharding = malloc(sizeof *s))) { st = CX_ERR_OOM; break; }
@@ -311,10 +318,12 @@ static cx_status settle_outputs(sync_job *j)
 
 static void record_info(const cx_executable *e)
 {
+    int ncoll = 0;
+    for (int k = 0; k < e->nkernels; k++) ncoll += e->kernels[k].kind == K_COLL;
     g_last_info = (cx_exec_info){ .num_kernels = e->num_work_kernels, .num_nodes = e->num_nodes,
                                   .arena_bytes = e->arena_bytes, .intermediate_bytes = e->intermediate_bytes,
                                   .num_inputs = e->n_inputs, .num_outputs = e->n_outputs, .num_aliased = e->num_aliased,
-                                  .key_hi = e->key_hi, .key_lo = e->key_lo };
+                                  .key_hi = e->key_hi, .key_lo = e->key_lo, .num_collectives = ncoll };
 }
 
 /* Phases 3-8 for outputs already picked. */
@@ -327,14 +336,17 @@ static cx_status run_graph(sync_job *j)
         return CX_ERR_OOM;
     }
     cx_status st = find_or_compile(j);
-    if (st != CX_OK) return st;
-    if (j->obs & (OBS_DEBUG | OBS_DUMP)) {   /* analysis and dumps see the graph before it runs */
-        cx_obs_graph_info gi = { j->cause, j->key.hi, j->key.lo, cp->nodes, cp->n, j->outs, j->nouts, j->e, j->source };
+    cx_obs_graph_info gi = { j->cause, j->key.hi, j->key.lo, cp->nodes, cp->n, j->outs, j->nouts, j->e, j->source };
+    if (st == CX_OK && (j->obs & (OBS_DEBUG | OBS_DUMP))) {   /* analysis and dumps see the graph before it runs */
         if ((j->obs & OBS_DUMP) && cx_obs_hooks.dump) cx_obs_hooks.dump(&gi);
         if ((j->obs & OBS_DEBUG) && cx_obs_hooks.analysis) cx_obs_hooks.analysis(&gi);
     }
-    st = bind_and_run(j);
-    record_info(j->e);
+    if (st == CX_OK) {
+        st = bind_and_run(j);
+        record_info(j->e);
+    }
+    /* out of memory, a collective's error, a desync: the graph is kept */
+    if (st != CX_OK && (j->obs & OBS_SAVE_FAILED) && cx_obs_hooks.failed) cx_obs_hooks.failed(&gi, st);
     if (st == CX_OK) st = settle_outputs(j);
     return st;
 }

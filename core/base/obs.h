@@ -23,11 +23,16 @@ enum {
     OBS_METRICS_FILE = 1 << 5,  /* XLA_METRICS_FILE */
     OBS_DISK_CACHE = 1 << 6,    /* cx_cache_init / CX_CACHE_DIR */
     OBS_CLOSURES = 1 << 7,      /* step closures pending */
-    OBS_PROFILE_SERVER = 1 << 8, /* CX_PROFILE_PORT: start the profile server at the next step end */
+    OBS_IR_DEBUG = 1 << 8,      /* XLA_IR_DEBUG: nodes record the user's line */
+    OBS_PROGRAM_DUMP = 1 << 9,  /* XLA_FLAGS=--xla_dump_to / CX_DUMP_DIR: every compilation is written out */
+    OBS_SAVE_FAILED = 1 << 10,  /* XLA_SAVE_HLO_FILE or a dump directory: a failing graph is written out */
+    OBS_PROFILE_SERVER = 1 << 11, /* CX_PROFILE_PORT: start the profile server at the next step end */
 };
 
 struct cx_node;
 struct cx_executable;
+struct cx_graph;
+struct cx_spmd_notes;
 
 /* One executed graph, as the observers see it. source: 0 in-memory cache
  * hit, 1 compiled, 2 persistent cache hit. */
@@ -41,6 +46,21 @@ typedef struct {
     const struct cx_executable *e;
     int source;
 } cx_obs_graph_info;
+
+/* One compilation, successful or not: the captured graph (IR), the graph
+ * the passes lowered (partitioned under SPMD; NULL when compiling failed
+ * before it was made) and the executable (NULL when lowering failed). */
+typedef struct {
+    uint64_t key_hi, key_lo;
+    struct cx_node *const *nodes;      /* topological, node->index = position */
+    int n;
+    struct cx_node *const *outs;
+    int nouts;
+    const struct cx_graph *lowered;
+    bool partitioned;
+    const struct cx_spmd_notes *notes;
+    const struct cx_executable *e;
+} cx_obs_program_info;
 
 typedef struct {
     /* reads the environment once, at the first sync (obs/env.c) */
@@ -60,6 +80,15 @@ typedef struct {
     /* the profiler (obs/trace.c): a complete event [t0, t1] on the calling
      * thread; args a JSON object body ("\"bytes\": 12") or NULL */
     void (*trace)(const char *cat, const char *name, double t0, double t1, const char *args);
+    /* XLA_IR_DEBUG (obs/site.c): the caller's first frame outside libcxla
+     * as a location index (0: none), and a location as "file:line" */
+    uint32_t (*site)(void);
+    void (*site_str)(uint32_t loc, char *buf, size_t cap);
+    /* every compilation, when a dump directory is set (obs/program_dump.c) */
+    void (*program)(const cx_obs_program_info *p);
+    /* a graph whose compile or run failed with st: written out, and the
+     * error extended with the file's name (obs/program_dump.c) */
+    void (*failed)(const cx_obs_graph_info *g, cx_status st);
     /* the profile server (obs/profile_server.c), started at a step end,
      * when the comm backend knows the local rank its port depends on */
     void (*profile_server)(void);

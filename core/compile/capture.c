@@ -130,6 +130,7 @@ cx_key128 cx_capture_shared_key(cx_capture *cp)
 static void graph_node(const cx_node *x, cx_gnode *gn, int *storage, int *in_ord, int *rt_ord)
 {
     gn->dtype = x->dtype;
+    gn->loc = x->loc;
     gn->ndim = x->ndim;
     memcpy(gn->shape, x->shape, sizeof gn->shape);
     gn->numel = x->numel;

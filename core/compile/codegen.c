@@ -197,6 +197,8 @@ static cx_kernel *root_kernel(cgctx *c, int i, cx_kkind kind)
     k->nattrs = n->nattrs;
     memcpy(k->attrs, n->attrs, sizeof(int64_t) * (size_t)n->nattrs);
     k->fval = n->fval;
+    k->node = i;
+    k->loc = n->loc;
     return k;
 }
 

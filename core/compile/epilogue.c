@@ -78,6 +78,8 @@ void cx_pass_fuse_epilogues(cx_executable *e)
         merged.has_epilogue = true;
         merged.prog = f->prog;
         merged.out_slot = f->out_slot;
+        merged.node = f->node;   /* its value is the reader's; the heavy node joins the reader's group */
+        merged.loc = f->loc;
         merged.ndim = f->ndim;
         memcpy(merged.shape, f->shape, sizeof merged.shape);
         cx_prog_rename_loads(&merged.prog, h->out_slot, f->out_slot);

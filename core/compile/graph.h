@@ -8,6 +8,7 @@
 
 typedef struct {
     uint16_t op;
+    uint32_t loc;            /* XLA_IR_DEBUG: the node's location (cx_node.loc) */
     uint8_t dtype, ndim;
     int64_t shape[CX_MAX_DIMS];
     int64_t numel;
@@ -19,7 +20,7 @@ typedef struct {
     int input_ordinal;       /* OP_DATA: ordinal; OP_RTSCALAR: rt ordinal */
 } cx_gnode;
 
-typedef struct {
+typedef struct cx_graph {
     int n;
     cx_gnode *nodes;         /* topological order */
     int *input_storage;

@@ -48,11 +48,19 @@ bool cx_pass_plan_memory(cx_executable *e)
     if (!order || !placed) { free(order); free(placed); return false; }
     int n = 0;
     e->intermediate_bytes = 0;
-    for (int s = 0; s < e->nslots; s++)
-        if (e->slots[s].kind == SLOT_ARENA && e->slots[s].last >= 0) {
+    for (int s = 0; s < e->nslots; s++) {
+        if (e->slots[s].kind != SLOT_ARENA) continue;
+        if (e->slots[s].last >= 0) {
             order[n++] = s;
             e->intermediate_bytes += e->slots[s].bytes;
+        } else {
+            /* a dead slot (a heavy kernel's output its epilogue now takes)
+             * holds nothing: sized 0 it lies inside any arena, as the
+             * persistent cache's check of a loaded program demands */
+            e->slots[s].bytes = 0;
+            e->slots[s].offset = 0;
         }
+    }
     qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, e->slots);
     int np = 0;
     int64_t top = 0;

@@ -89,6 +89,7 @@ static int emit_op(pctx *c, cx_op op, int x, const int64_t *shape, const int64_t
     if (nattrs) memcpy(p.attrs, attrs, sizeof(int64_t) * (size_t)nattrs);
     p.fval = fval;
     p.input_ordinal = -1;
+    p.loc = c->nodes[x].loc;   /* a resharding of x: where x was made */
     return emit(c, &p, &x, 1, shape);
 }
 
@@ -187,6 +188,7 @@ static int emit_reshape(pctx *c, int x, const int64_t *shape, int nd)
     p.dtype = c->nodes[x].dtype;
     p.ndim = (uint8_t)nd;
     p.input_ordinal = -1;
+    p.loc = c->nodes[x].loc;
     return emit(c, &p, &x, 1, shape);
 }
 
@@ -1073,7 +1075,13 @@ bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int ran
         ok = !c.failed;
     }
     if (ok) ok = keep_notes(&c);
-    if (!ok) { pctx_free(&c); cx_graph_release(out); cx_spmd_notes_free(notes); return false; }
+    if (!ok) {
+        pctx_free(&c);
+        cx_graph_release(out);
+        /* the caller owns the notes themselves (and frees them) */
+        if (notes) { free(notes->sh); free(notes->coll); memset(notes, 0, sizeof *notes); }
+        return false;
+    }
     out->n = c.n;
     out->nodes = c.nodes;
     out->input_storage = c.ins;

@@ -20,6 +20,7 @@ cx_kernel *cx_exec_add_kernel(cx_executable *e)
     memset(k, 0, sizeof *k);
     k->scratch_slot = -1;
     k->wait_at = -1;
+    k->node = -1;
     return k;
 }
 

@@ -112,6 +112,11 @@ typedef struct {
     int64_t scratch_bytes;
     int scratch_slot;
     int wait_at;                     /* K_COLL: kernel index before which to wait */
+    /* for dumps and messages only, never run: the lowered graph's node the
+     * kernel computes (-1: a copy the alias pass added) and its location
+     * (XLA_IR_DEBUG); a loaded executable has -1 and 0 */
+    int node;
+    uint32_t loc;
 } cx_kernel;
 
 typedef enum { SLOT_INPUT, SLOT_OUTPUT, SLOT_ARENA } cx_slot_kind;

@@ -90,6 +90,8 @@ void cx_exec_serialize(cx_sbuf *w, const cx_executable *e)
         cx_kernel kk = e->kernels[k];
         kk.prog.ins = NULL;   /* pointers never reach the file */
         kk.prog.views = NULL;
+        kk.node = -1;         /* this compilation's graph and locations, meaningless elsewhere */
+        kk.loc = 0;
         w_put(w, &kk, sizeof kk);
         w_put(w, e->kernels[k].prog.ins, sizeof(cx_pinstr) * (size_t)e->kernels[k].prog.n);
         w_put(w, e->kernels[k].prog.views, sizeof(cx_view) * (size_t)e->kernels[k].prog.nviews);
@@ -424,6 +426,8 @@ cx_executable *cx_exec_deserialize(const unsigned char *p, size_t n)
             int np = kk->prog.n, nv = kk->prog.nviews;
             kk->prog.ins = NULL;
             kk->prog.views = NULL;
+            kk->node = -1;
+            kk->loc = 0;
             e->nkernels = (int)k + 1;
             kk->prog.ins = r_array(&r, np, sizeof(cx_pinstr));
             kk->prog.views = r_array(&r, nv, sizeof(cx_view));

@@ -26,6 +26,8 @@ struct cx_node {
     int64_t shape[CX_MAX_DIMS];
     int64_t numel;
     int ninputs;
+    uint32_t loc;                /* XLA_IR_DEBUG: the user's line that made it (obs/site.c), 0: none;
+                                    in the padding before inputs, so nodes do not grow */
     cx_node **inputs;            /* owned array of counted references */
     cx_node *inline_inputs[3];
     int nattrs;

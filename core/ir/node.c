@@ -1,6 +1,7 @@
 /* IR nodes: creation, interning (the same op on the same inputs is the same
  * node, which is CSE at record time), and reference counting. */
 #include "ir.h"
+#include "obs.h"
 #include "cx_hash.h"
 #include "cx_vec.h"
 
@@ -152,6 +153,8 @@ cx_node *cx_node_make(const cx_node_desc *d)
     n->fval = d->fval;
     n->id = cx_next_id();
     n->refs = 1;
+    /* an interned node found again keeps the line that made it first */
+    if (__builtin_expect(cx_obs_get() & OBS_IR_DEBUG, 0) && cx_obs_hooks.site) n->loc = cx_obs_hooks.site();
     if (intern) {
         if (g_tab_count * 2 >= g_tab_cap) tab_grow();
         n->hash = h;

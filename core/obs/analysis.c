@@ -151,9 +151,37 @@ static const char *api_of(const char *cause)
     return "cx_step_end";
 }
 
-static void analysis(FILE *f, const char *who, const char *cause, uint64_t hi, uint64_t lo, const cx_executable *e,
-                     int source)
+/* XLA_IR_DEBUG: the lines that made the graph's outputs, each once. */
+static void output_sites(FILE *f, const char *p, const cx_obs_graph_info *g)
 {
+    enum { SHOWN = 4 };
+    uint32_t seen[SHOWN];
+    int n = 0, more = 0;
+    for (int o = 0; o < g->nouts; o++) {
+        uint32_t loc = g->outs[o]->loc;
+        bool dup = !loc;
+        for (int k = 0; k < n && !dup; k++) dup = seen[k] == loc;
+        if (dup) continue;
+        if (n == SHOWN) { more++; continue; }
+        seen[n++] = loc;
+    }
+    if (n == 0) return;
+    fprintf(f, "%s   Outputs made at:", p);
+    for (int k = 0; k < n; k++) {
+        char at[600];
+        cx_obs_site_str(seen[k], at, sizeof at);
+        fprintf(f, "%s %s", k ? "," : "", at);
+    }
+    if (more) fprintf(f, " and %d other lines", more);
+    fprintf(f, "\n");
+}
+
+static void analysis(FILE *f, const char *who, const cx_obs_graph_info *g)
+{
+    const char *cause = g->cause;
+    uint64_t hi = g->key_hi, lo = g->key_lo;
+    const cx_executable *e = g->e;
+    int source = g->source;
     char p[64];
     snprintf(p, sizeof p, "%s Analysis:", who);
     static const char *bar = "================================================================================";
@@ -162,6 +190,8 @@ static void analysis(FILE *f, const char *who, const char *cause, uint64_t hi, u
     if (source == 2) fprintf(f, "%s   (loaded from the persistent compile cache, not compiled)\n", p);
     fprintf(f, "%s Graph Info:\n%s   Graph Hash: %016llx%016llx\n", p, p, (unsigned long long)hi, (unsigned long long)lo);
     fprintf(f, "%s   Number of Graph Inputs: %d\n%s   Number of Graph Outputs: %d\n", p, e->n_inputs, p, e->n_outputs);
+    if (cx_obs_cfg.ir_debug) output_sites(f, p, g);
+    if (source == 1 && !strcmp(who, "Compilation")) cx_obs_explain(f, p, g);
     fprintf(f, "%s C Frames Triggered Execution:\n", p);
     print_frames(f, p, api_of(cause));
     fprintf(f, "%s --------------------------------------------------------------------------------\n", p);
@@ -196,12 +226,15 @@ static void analyze_graph(const cx_obs_graph_info *g)
 {
     bool close_it;
     FILE *f = dbg_open(&close_it);
-    if (!f) return;
+    if (!f) {
+        if (g->source == 1) cx_obs_explain(NULL, "", g);   /* a quiet rank remembers for when it is asked */
+        return;
+    }
     if (g->source != 0) {
-        analysis(f, "Compilation", g->cause, g->key_hi, g->key_lo, g->e, g->source);
+        analysis(f, "Compilation", g);
         post_compile(f, g->e);
     }
-    if (cx_obs_cfg.debug_level >= 2) analysis(f, "Execution", g->cause, g->key_hi, g->key_lo, g->e, g->source);
+    if (cx_obs_cfg.debug_level >= 2) analysis(f, "Execution", g);
     dbg_close(f, close_it);
 }
 

@@ -65,6 +65,15 @@ static void spmd_node_str(cx_sbuf *b, const cx_spmd_notes *notes, const cx_node 
             cx_sb_printf(b, "%s+ spmd %s", sep, cx_spmd_coll_describe(&notes->coll[k], s->mesh, d, sizeof d));
 }
 
+/* XLA_IR_DEBUG: ", location=fn@file:line", PyTorch/XLA's spelling */
+static void loc_str(cx_sbuf *b, uint32_t loc, const char *sep)
+{
+    const cx_obs_frame *fr = loc ? cx_obs_site(loc) : NULL;
+    if (!fr) return;
+    if (fr->line > 0) cx_sb_printf(b, "%slocation=%s@%s:%d", sep, fr->fn, fr->file, fr->line);
+    else cx_sb_printf(b, "%slocation=%s@%s", sep, fr->fn, fr->file);
+}
+
 /* nodes: topological, each node's ->index is its position; roots: outputs */
 void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const *roots, int nroots,
                         cx_tensor *const *named, const cx_spmd_notes *notes)
@@ -87,6 +96,7 @@ void cx_obs_format_text(cx_sbuf *b, cx_node *const *nodes, int n, cx_node *const
                 first = false;
             }
         spmd_node_str(b, notes, x, i, ", ");
+        loc_str(b, x->loc, ", ");
         cx_sb_printf(b, "\n");
     }
     cx_sb_printf(b, "}\n");
@@ -128,6 +138,7 @@ static void format_dot(cx_sbuf *b, const char *title, cx_node *const *nodes, int
         for (int r = 0; r < nroots; r++) if (roots[r] == x) cx_sb_printf(b, "\\nROOT=%d", r);
         cx_sbuf sp = { 0 };
         spmd_node_str(&sp, notes, x, i, "\n");
+        loc_str(&sp, x->loc, "\n");
         if (sp.s) dot_escape_lines(b, sp.s);
         bool moved = sp.s && strstr(sp.s, "+ spmd");
         free(sp.s);
@@ -183,7 +194,89 @@ static char *ir_string(cx_tensor *const *ts, int nts, bool dot)
     return s;
 }
 
-char *cx_ir_text(cx_tensor *const *ts, int n) { return ir_string(ts, n, false); }
+/* SPMD: this rank's graph, as a sync would partition it. */
+static bool partition_for_dump(const cx_capture *cp, cx_graph *g, cx_sharding **osh)
+{
+    bool sharded = false;
+    for (int i = 0; i < cp->n; i++) sharded = sharded || cp->nodes[i]->sharding;
+    if (!cx_is_spmd() || !sharded) return true;
+    const cx_sharding **ann = calloc((size_t)g->n + 1, sizeof *ann);
+    *osh = calloc((size_t)g->n_outputs + 1, sizeof **osh);
+    int inserted[4] = { 0 };
+    cx_graph local;
+    bool ok = ann && *osh;
+    for (int i = 0; ok && i < g->n; i++) ann[i] = cp->nodes[i]->sharding;
+    if (ok) ok = cx_pass_partition(g, ann, cx_global_ordinal(), &local, *osh, inserted, NULL);
+    else cx_set_last_error("ir dump: out of memory");
+    free(ann);
+    if (!ok) return false;
+    cx_graph_release(g);
+    *g = local;
+    return true;
+}
+
+/* The pending nodes of ts, without repeats or values already computed. */
+static int pending_outputs(cx_tensor *const *ts, int nts, cx_node **outs)
+{
+    int n = 0;
+    for (int r = 0; r < nts; r++) {
+        cx_node *x = ts[r] ? ts[r]->node : NULL;
+        if (!x || is_leaf_value(x) || x->op == OP_ERROR) continue;
+        bool seen = false;
+        for (int k = 0; k < n; k++) seen = seen || outs[k] == x;
+        if (!seen) outs[n++] = x;
+    }
+    return n;
+}
+
+/* XLA_SAVE_TENSORS_FMT=hlo: the program a sync of ts would run, compiled
+ * here (nothing runs, nothing is cached). */
+static char *ir_program(cx_tensor *const *ts, int nts)
+{
+    cx_node **outs = calloc((size_t)nts + 1, sizeof *outs);
+    int *alias = calloc((size_t)nts + 1, sizeof *alias);
+    cx_capture cp = { 0 };
+    cx_graph g = { 0 };
+    cx_sharding *osh = NULL;
+    cx_executable *e = NULL;
+    cx_key128 key = { 0, 0 };
+    cx_sbuf b = { 0 };
+    int nouts = outs && alias ? pending_outputs(ts, nts, outs) : 0;
+    for (int o = 0; o < nouts; o++) alias[o] = -1;
+    bool ok = outs && alias && cx_capture_graph(&cp, outs, nouts) && cx_capture_key(&cp, outs, nouts, alias, &key) &&
+              cx_capture_to_graph(&cp, outs, nouts, alias, &g);
+    if (!ok) cx_set_last_error("ir dump: out of memory");
+    if (ok && nouts == 0) cx_sb_printf(&b, "no pending computation\n");
+    else if (ok && partition_for_dump(&cp, &g, &osh) && (e = cx_lower(&g)) != NULL) {
+        cx_key128 shared = cx_capture_shared_key(&cp);
+        e->key_hi = key.hi;
+        e->key_lo = key.lo;
+        e->shared_hi = shared.hi;
+        e->shared_lo = shared.lo;
+        cx_obs_format_program(&b, &g, e, cx_obs_cfg.hlo_debug);
+    }
+    bool made = ok && (nouts == 0 || e);
+    cx_executable_free(e);
+    cx_graph_release(&g);
+    free(osh);
+    free(cp.nodes); free(cp.inputs); free(cp.rts); free(cp.words);
+    free(outs);
+    free(alias);
+    char *s = cx_sb_finish(&b);
+    if (!made) { free(s); return NULL; }
+    if (!s) cx_set_last_error("ir dump: out of memory");
+    return s;
+}
+
+char *cx_ir_text(cx_tensor *const *ts, int n)
+{
+    cx_obs_get();
+    if (cx_obs_cfg.dump_hlo) {
+        if (n < 0 || (n > 0 && !ts)) { cx_set_last_error("ir dump: bad tensor list"); return NULL; }
+        return ir_program(ts, n);
+    }
+    return ir_string(ts, n, false);
+}
 char *cx_ir_dot(cx_tensor *const *ts, int n) { return ir_string(ts, n, true); }
 
 static int64_t g_graph_seq;
@@ -199,7 +292,12 @@ static void dump_graph(const cx_obs_graph_info *gi)
     char title[160];
     snprintf(title, sizeof title, "graph %lld: hash %016llx%016llx, cause %s", (long long)g_graph_seq,
              (unsigned long long)hi, (unsigned long long)lo, cause);
-    if (cx_obs_cfg.dump_dot) {
+    if (cx_obs_cfg.dump_hlo) {
+        cx_sb_printf(&b, "[cx_graph %lld]\nCause: %s\nCompile: %s\n## BEGIN_PROGRAM\n", (long long)g_graph_seq, cause,
+                     source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");
+        cx_obs_format_program_ir(&b, gi->nodes, gi->n, gi->e, cx_obs_cfg.hlo_debug);
+        cx_sb_printf(&b, "## END_PROGRAM\n\n");
+    } else if (cx_obs_cfg.dump_dot) {
         cx_sb_printf(&b, "// [cx_graph %lld] Graph Hash: %016llx%016llx; cause: %s; %s\n", (long long)g_graph_seq,
                   (unsigned long long)hi, (unsigned long long)lo, cause,
                   source == 1 ? "compiled" : source == 2 ? "persistent cache hit" : "cache hit");

@@ -52,6 +52,11 @@ static uint64_t graph_fingerprint(const cx_executable *e, int *ncoll, cx_sbuf *d
         if (cx_groups_describe(CX_ATTR(k, CX_AT_COLL_GROUPS), &ng, &gs, &ranks))
             h = cx_hash64_more(ranks, sizeof *ranks * (size_t)(ng * gs), h);
         if (desc && *ncoll < 4) { cx_sb_printf(desc, "%s", *ncoll ? ", " : ""); put_kernel(desc, k); }
+        if (desc && *ncoll == 0 && k->loc && cx_obs_hooks.site_str) {   /* XLA_IR_DEBUG: the user's line */
+            char at[96];
+            cx_obs_hooks.site_str(k->loc, at, sizeof at);
+            cx_sb_printf(desc, " (made at %s)", at);
+        }
         (*ncoll)++;
     }
     if (desc && *ncoll > 4) cx_sb_printf(desc, ", ... (%d in all)", *ncoll);

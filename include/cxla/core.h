@@ -535,6 +535,7 @@ typedef struct {
     int64_t intermediate_bytes; /* sum of all intermediates' sizes, unpacked */
     int num_inputs, num_outputs, num_aliased;
     uint64_t key_hi, key_lo;
+    int num_collectives;      /* collective kernels among num_kernels */
 } cx_exec_info;
 CX_API cx_exec_info cx_last_exec_info(void);
 

@@ -6,12 +6,34 @@
  *   XLA_METRICS_FILE=PATH|STDOUT|STDERR  append "[MetricsData; step=N]" and
  *       the metrics report at every step end (".<rank>" suffix on PATH when
  *       the world has more than one rank)
- *   XLA_SAVE_TENSORS_FILE=PATH, XLA_SAVE_TENSORS_FMT=text|dot  append one
- *       record per executed graph (".<rank>" suffix as above)
+ *   XLA_SAVE_TENSORS_FILE=PATH, XLA_SAVE_TENSORS_FMT=text|dot|hlo  append
+ *       one record per executed graph (".<rank>" suffix as above); hlo:
+ *       the lowered program instead of the IR (and cx_ir_text returns it)
  *   PT_XLA_DEBUG_LEVEL=1|2  compilation analysis (1), plus execution
  *       analysis (2), and the "too frequent" warnings; only local rank 0
  *       prints unless CX_DEBUG_ALL_RANKS=1; PT_XLA_DEBUG_FILE=PATH appends
- *       it to a file (".<rank>" suffix as above) instead of stderr
+ *       it to a file (".<rank>" suffix as above) instead of stderr. A
+ *       compilation of a graph like one compiled in an earlier step names
+ *       the closest such graph and what differs: an input's shape or dtype,
+ *       a constant (a float baked into the graph), a sharding, the set of
+ *       live tensors
+ *   XLA_IR_DEBUG=1  each IR node records the user's call site (the first
+ *       frame outside libcxla, as function, file and line for a program
+ *       built with -g), shown in the IR dumps, the analysis above (the
+ *       lines that made a graph's outputs, and those of changed inputs)
+ *       and the desync message; a node the same op on the same inputs finds again
+ *       (interning) keeps the line that made it first
+ *   XLA_HLO_DEBUG=1  with XLA_IR_DEBUG: the program dumps name each op's line
+ *   XLA_FLAGS=--xla_dump_to=DIR or CX_DUMP_DIR=DIR  every compilation writes
+ *       DIR/cxla_<graph hash>.r<rank>.captured.txt, .partitioned.txt
+ *       (SPMD) and .program.txt (kernels with their fused ops, shapes and
+ *       paths, collectives, the arena plan, aliasing, the key's parts); a
+ *       program loaded from the persistent cache was not compiled and is
+ *       not written
+ *   XLA_SAVE_HLO_FILE=PATH  a graph whose compile or run fails is written
+ *       to PATH (".<rank>" suffix as above; else into the dump directory,
+ *       if set), and the error, cx_last_error(), ends with "(graph saved
+ *       to PATH)"
  *   XLA_USE_EAGER_DEBUG_MODE=1  every op runs when it is recorded
  *   CX_CACHE_DIR=DIR  the persistent compile cache (as cx_cache_init(DIR,
  *       false); CX_CACHE_READONLY=1 makes it read-only)
@@ -42,9 +64,13 @@ extern "C" {
 /* The pending graph of `n` tensors (nothing runs), as text ("IR { ... }",
  * one "%i = f32[2,3] op(%a, %b), attrs" line per node, ROOT=k on the
  * outputs) or as a Graphviz digraph. Materialized tensors show as a
- * device_data leaf. They read the graph, so call them on the training
- * thread (core.h). @return a malloc'd string (free() it), or NULL when out
- * of memory. */
+ * device_data leaf. With XLA_SAVE_TENSORS_FMT=hlo, cx_ir_text compiles the
+ * graph (nothing runs or is cached) and returns the lowered program as the
+ * dump directory's .program.txt shows it, without the buffer donation a
+ * sync plans for cx_assign'd outputs (those show in the dumps of a run). They read the graph, so call
+ * them on the training thread (core.h). @return a malloc'd string (free()
+ * it), or NULL when out of memory or (hlo) when the graph cannot be
+ * compiled, with the error set. */
 CX_API char *cx_ir_text(cx_tensor *const *ts, int n);
 CX_API char *cx_ir_dot(cx_tensor *const *ts, int n);
 

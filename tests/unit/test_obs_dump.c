@@ -111,3 +111,44 @@ Test(obs_dump, pending_ir_text_and_dot)
     free(d);
     free(t2);
 }
+
+/* XLA_SAVE_TENSORS_FMT=hlo: the record is the lowered program, and
+ * cx_ir_text compiles a pending graph into the same text (nothing runs). */
+Test(obs_dump, hlo_record_and_ir_text_are_the_program)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/cx_obs_hlo_%d.txt", (int)getpid());
+    unlink(path);
+    setenv("XLA_SAVE_TENSORS_FILE", path, 1);
+    setenv("XLA_SAVE_TENSORS_FMT", "hlo", 1);
+    cx_debug_reload_env();
+    cx_tensor *y;
+    known_graph(&y);
+    char *t = cx_ir_text(&y, 1);
+    cr_assert(t, "%s", cx_last_error());
+    cr_expect(cx_is_pending(y), "cx_ir_text must not run anything");
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    cx_exec_info ei = cx_last_exec_info();
+    char want[96];
+    snprintf(want, sizeof want, "\nKernels: %d, collectives: 0, inputs: 2, outputs: 1\n", ei.num_kernels);
+    cr_expect(strstr(t, want), "want '%s' in:\n%s", want + 1, t);
+    cr_expect(strstr(t, "  k0 matmul f32[2,2] "), "%s", t);
+    cr_expect(strstr(t, "path: BLAS sgemm"), "%s", t);
+    char *rec = NULL;
+    size_t cap = 0;
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    ssize_t n = getdelim(&rec, &cap, '\0', f);
+    fclose(f);
+    cr_assert(n > 0);
+    cr_expect(strstr(rec, "## BEGIN_PROGRAM\n"), "%s", rec);
+    cr_expect(strstr(rec, want), "want '%s' in the record:\n%s", want + 1, rec);
+    cr_expect(strstr(rec, "tanh"), "the fused ops are listed: %s", rec);
+    free(rec);
+    free(t);
+    unlink(path);
+    unsetenv("XLA_SAVE_TENSORS_FILE");
+    unsetenv("XLA_SAVE_TENSORS_FMT");
+    cx_debug_reload_env();
+    cx_free(y);
+}

@@ -69,6 +69,54 @@ Test(passes, lower_counts_kernels_and_fuses_the_matmul_epilogue)
     cr_assert_eq(e->kernels[0].kind, K_MATMUL);
     cr_assert(e->kernels[0].has_epilogue);
     cr_assert_eq(e->arena_bytes, 0, "the matmul's own output needs no arena slot once fused");
+    /* and the persistent cache's check accepts it (its dead slot once lay outside the empty arena) */
+    cx_sbuf wire = { 0 };
+    cx_exec_serialize(&wire, e);
+    cx_executable *d = wire.oom ? NULL : cx_exec_deserialize((const unsigned char *)wire.s, wire.n);
+    cr_assert_not_null(d, "the stored form of a program whose only arena slot is dead is refused");
+    free(wire.s);
+    cx_executable_free(d);
+    cx_executable_free(e);
+}
+
+/* For dumps and the desync message: a kernel names the graph node it
+ * computes and that node's location (XLA_IR_DEBUG); the persistent cache
+ * stores neither (they mean nothing in another process). */
+Test(passes, kernels_name_their_node_and_location_but_the_stored_form_does_not)
+{
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ x, w });
+    int th = gb_node(&b, OP_TANH, 2, M44, 1, &mm);
+    int ex = gb_node(&b, OP_EXP, 2, M44, 1, &mm);
+    gb_output(&b, th, -1);
+    gb_output(&b, ex, -1);
+    b.g.nodes[mm].loc = 11;
+    b.g.nodes[th].loc = 12;
+    b.g.nodes[ex].loc = 13;
+    cx_executable *e = cx_lower(&b.g);
+    cr_assert_not_null(e, "%s", cx_last_error());
+    cr_assert_eq(e->nkernels, 3, "the matmul (read twice: no epilogue), tanh, exp: %d kernels", e->nkernels);
+    bool seen[5] = { false };
+    for (int k = 0; k < e->nkernels; k++) {
+        int n = e->kernels[k].node;
+        cr_assert(n == mm || n == th || n == ex, "kernel %d names node %d", k, n);
+        cr_assert_eq(e->kernels[k].loc, b.g.nodes[n].loc, "kernel %d: its node's location", k);
+        seen[n] = true;
+    }
+    cr_assert(seen[mm] && seen[th] && seen[ex]);
+    cx_sbuf wire = { 0 };
+    cx_exec_serialize(&wire, e);
+    cr_assert(!wire.oom);
+    cx_executable *d = cx_exec_deserialize((const unsigned char *)wire.s, wire.n);
+    cr_assert_not_null(d);
+    for (int k = 0; k < d->nkernels; k++) {
+        cr_assert_eq(d->kernels[k].node, -1, "kernel %d: a stored kernel names no node", k);
+        cr_assert_eq(d->kernels[k].loc, 0u, "kernel %d: a stored kernel has no location", k);
+    }
+    free(wire.s);
+    cx_executable_free(d);
     cx_executable_free(e);
 }
 

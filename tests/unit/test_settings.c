@@ -88,7 +88,7 @@ Test(settings, a_bad_value_is_one_line_and_the_default)
         { "CX_SHM_CHUNK_KIB", "2", "bad CX_SHM_CHUNK_KIB '2': want an integer from 4 to 65536 (default 1024)" },
         { "CX_SHM_CHUNK_KIB", "64x", "bad CX_SHM_CHUNK_KIB '64x': want an integer from 4 to 65536 (default 1024)" },
         { "CX_DESYNC_CHECK", "maybe", "bad CX_DESYNC_CHECK 'maybe': want 1/0, true/false, on/off or yes/no (default 1)" },
-        { "XLA_SAVE_TENSORS_FMT", "svg", "bad XLA_SAVE_TENSORS_FMT 'svg': want one of text, dot (default text)" },
+        { "XLA_SAVE_TENSORS_FMT", "svg", "bad XLA_SAVE_TENSORS_FMT 'svg': want one of text, dot, hlo (default text)" },
         { "CX_MEMORY_LIMIT", "2Q", "bad CX_MEMORY_LIMIT '2Q': want a size such as 2G or 512MiB (k, M, G: 1000s; "
                                    "KiB, MiB, GiB: 1024s) (default 0)" },
     };
