@@ -3,17 +3,17 @@
 
 cx_tensor *cx_vjp_matmul(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
-    (void)n; (void)out;
-    /* dA = g @ B^T, dB = A^T @ g; batch dims are equal (views did the broadcast) */
-    if (i == 0) {
-        cx_tensor *bt = cx_transpose(in[1], -1, -2);
-        cx_tensor *r = cx_matmul_prim(g, bt);
-        cx_drop(bt);
-        return r;
-    }
-    cx_tensor *at = cx_transpose(in[0], -1, -2);
-    cx_tensor *r = cx_matmul_prim(at, g);
-    cx_drop(at);
+    (void)out;
+    /* dA = g @ B^T, dB = A^T @ g; batch dims are equal (views did the
+     * broadcast). A bf16 matmul's gradients are bf16 matmuls too (as
+     * PyTorch's under autocast); a gradient arriving in f32 is rounded to
+     * the op's dtype first, so the two products run in the forward's. */
+    cx_dtype dt = (cx_dtype)n->dtype;
+    cx_tensor *gd = cx_dtype_of(g) == dt ? cx_alias(g) : cx_cast(g, dt);
+    cx_tensor *other = cx_transpose(in[1 - i], -1, -2);
+    cx_tensor *r = i == 0 ? cx_matmul_prim(gd, other) : cx_matmul_prim(other, gd);
+    cx_drop(other);
+    cx_drop(gd);
     return r;
 }
 

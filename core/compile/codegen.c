@@ -150,7 +150,7 @@ static cx_kkind heavy_kind(int op)
     }
 }
 
-/* Scratch bytes of a heavy kernel: conv tiles, or a collective's
+/* Scratch bytes of a heavy kernel: conv tiles, bf16 matmul tiles, or a collective's
  * rearrangement buffer (a non-leading axis, or all_to_all). */
 static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel *k)
 {
@@ -165,6 +165,13 @@ static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel 
         cx_attn_geom g;
         cx_kernel_attn_geom(k, &g);
         return (int64_t)(k->kind == K_ATTENTION ? cx_attention_scratch_bytes(&g) : cx_attention_bwd_scratch_bytes(&g));
+    }
+    if (k->kind == K_MATMUL && k->in[0].dtype == CX_BF16) {
+        const cx_kin *a = &k->in[0], *b = &k->in[1];
+        int nd = a->ndim;
+        int64_t batch = 1;
+        for (int d = 0; d < nd - 2; d++) batch *= a->shape[d];
+        return (int64_t)cx_matmul_bf16_scratch_bytes(batch, a->shape[nd - 2], b->shape[nd - 1], a->shape[nd - 1]);
     }
     if (k->kind == K_LAYER_NORM_BWD) {
         const cx_kin *x = &k->in[0];

@@ -46,12 +46,13 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
 }
 
 /* Whether f can run as h's epilogue: f is the only reader of h's output,
- * an f32 elementwise kernel over the same elements, reading that output in
+ * an elementwise kernel of h's dtype over the same elements (it then runs
+ * in place over h's output), reading that output in
  * its own element order, and not writing over a buffer it also reads. */
 static bool epilogue_fits(const cx_executable *e, int k, const cx_kernel *h, int reader)
 {
     const cx_kernel *f = &e->kernels[reader];
-    if (reader <= k || f->kind != K_FUSED || f->out_numel != h->out_numel || f->out_dtype != CX_F32) return false;
+    if (reader <= k || f->kind != K_FUSED || f->out_numel != h->out_numel || f->out_dtype != h->out_dtype) return false;
     if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
     for (int i = 0; i < f->prog.n; i++) {
         const cx_pinstr *in = &f->prog.ins[i];

@@ -149,6 +149,27 @@ void cx_matmul_f32(float *c, const float *a, const float *b,
                    bool trans_a, bool trans_b,
                    int64_t stride_a, int64_t stride_b);
 
+/* Instruction sets the kernels choose between at run time (isa.c), in
+ * increasing order. */
+typedef enum { CX_ISA_BASELINE, CX_ISA_AVX2, CX_ISA_AVX512, CX_ISA_AVX512_BF16 } cx_isa;
+/* What the CPU and OS support. */
+cx_isa cx_isa_detected(void);
+/* What the kernels use: the detected set capped by CX_CPU_ISA (read once). */
+cx_isa cx_isa_active(void);
+const char *cx_isa_name(cx_isa isa);
+
+/* bf16 matmul (gemm_bf16.c): as cx_matmul_f32 over bf16 a, b and c, with
+ * the products summed in f32 and c rounded once (to nearest even). With
+ * AVX512_BF16 the tiles are multiplied by vdpbf16ps; without it each tile
+ * is widened to f32 for cx_sgemm_serial, so memory holds bf16 throughout.
+ * Both use the scratch from cx_matmul_bf16_scratch_bytes (same sizes) and
+ * as many threads as it has room for. */
+size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k);
+void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
+                    int64_t batch, int64_t m, int64_t n, int64_t k,
+                    bool trans_a, bool trans_b,
+                    int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes);
+
 /* torch.gather / scatter_add on a tensor viewed as (outer, dim, inner):
  * out (outer, idx_dim, inner); index (outer, idx_dim, inner) of i64.
  * Gather: out[o][i][j] = src[o][index[o][i][j]][j] with src (outer, src_dim, inner).

@@ -1,6 +1,7 @@
 /* Contractions and friends: matmul, conv2d, pools, gather / scatter-add,
- * with their VJPs. Only f32 runs through the dense kernels; bf16 operands
- * are computed in f32 and cast back. */
+ * with their VJPs. A matmul of two bf16 operands runs in bf16 (products
+ * summed in f32, the result rounded once: PyTorch's bf16 matmul); any other
+ * mix, and the other ops here, compute in f32 and cast back. */
 #include "ops.h"
 #include "kernels.h"
 
@@ -26,13 +27,16 @@ static bool float_operands(cx_tensor **ts, int n, const char *op, cx_tensor **er
 
 cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b)
 {
-    /* a (*batch, M, K), b (*batch, K, N): batch dims already equal */
+    /* a (*batch, M, K), b (*batch, K, N): batch dims already equal; both
+     * f32, or both bf16 */
     int nd = a->node->ndim;
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
     shape[nd - 1] = b->node->shape[nd - 1];
     cx_tensor *ins[2] = { a, b };
-    return cx_make_op(OP_MATMUL, CX_F32, shape, nd, ins, 2, NULL, 0, 0);
+    cx_dtype dt = cx_dtype_of(a) == CX_BF16 && cx_dtype_of(b) == CX_BF16 ? CX_BF16 : CX_F32;
+    CX_ASSERT(cx_dtype_of(a) == dt && cx_dtype_of(b) == dt);
+    return cx_make_op(OP_MATMUL, dt, shape, nd, ins, 2, NULL, 0, 0);
 }
 
 cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
@@ -74,9 +78,10 @@ cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
     sa[nbatch] = M; sa[nbatch + 1] = K;
     sb[nbatch] = K; sb[nbatch + 1] = N;
     cx_tensor *Ae = cx_expand(A, sa, nbatch + 2), *Be = cx_expand(B, sb, nbatch + 2);
-    cx_tensor *Af = cx_cast(Ae, CX_F32), *Bf = cx_cast(Be, CX_F32);
-    cx_tensor *r = cx_matmul_prim(Af, Bf);
     cx_dtype odt = cx_promote(cx_dtype_of(a), cx_dtype_of(b));
+    cx_dtype kdt = odt == CX_BF16 ? CX_BF16 : CX_F32;
+    cx_tensor *Af = cx_cast(Ae, kdt), *Bf = cx_cast(Be, kdt);
+    cx_tensor *r = cx_matmul_prim(Af, Bf);
     cx_tensor *rc = cx_cast(r, odt);
     cx_tensor *tmp[] = { A, B, Ae, Be, Af, Bf, r };
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) cx_drop(tmp[i]);

@@ -22,6 +22,13 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
     const float *a = (const float *)rc->slot_ptr[A->slot] + A->offset;
     const float *b = (const float *)rc->slot_ptr[B->slot] + B->offset;
     int64_t sa = batch > 1 ? A->batch_stride : 0, sb = batch > 1 ? B->batch_stride : 0;
+    if (A->dtype == CX_BF16) {
+        const uint16_t *ah = (const uint16_t *)rc->slot_ptr[A->slot] + A->offset;
+        const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
+        cx_matmul_bf16(rc->slot_ptr[k->out_slot], ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
+                       rc->slot_ptr[k->scratch_slot], (size_t)k->scratch_bytes);
+        return;
+    }
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
 }
 

@@ -1,0 +1,282 @@
+/* bf16 matmul with f32 sums. The output is cut into tasks of up to MCH
+ * rows by NC columns, dealt to the pool's threads; each task sums its f32
+ * tile over K in KC blocks and rounds it to bf16 once at the end, so the
+ * result does not depend on the blocking or the thread count.
+ *  - AVX512_BF16: B's block is packed into pairs of rows interleaved (the
+ *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]), A's block into
+ *    MR-row panels of pairs; a 12x32 micro-kernel keeps its tile in 24
+ *    registers.
+ *  - otherwise: the blocks are widened to f32 and multiplied by OpenBLAS,
+ *    so memory and the arena hold bf16 while the arithmetic is f32's. */
+#include "kernels.h"
+#include "pool.h"
+#include "cx_assert.h"
+#include "cx_bf16.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CX_HAVE_BF16_KERNEL 1
+#include <immintrin.h>
+#endif
+
+enum { MR = 12, NR = 32, MC = 96, NC = 256, KC = 512, MCH = 768 };
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+typedef struct {
+    int64_t mch, nc, kc;   /* the task's rows and columns, the K block */
+} bgemm_dims;
+
+static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k)
+{
+    bgemm_dims d = { min64(MCH, round_up(m, MR)), min64(NC, round_up(n, NR)), min64(KC, round_up(k, 2)) };
+    return d;
+}
+
+/* f32 tile, B block and A block, each 64-byte aligned */
+static size_t per_thread_bytes(const bgemm_dims *d)
+{
+    size_t tile = (size_t)(d->mch * d->nc) * 4, bblk = (size_t)(d->kc * d->nc) * 4, ablk = (size_t)(MC * d->kc) * 4;
+    return round_up((int64_t)tile, 64) + round_up((int64_t)bblk, 64) + round_up((int64_t)ablk, 64) + 64;
+}
+
+size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
+{
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
+    bgemm_dims d = dims_of(m, n, k);
+    int64_t tasks = batch * ((m + d.mch - 1) / d.mch) * ((n + d.nc - 1) / d.nc);
+    int64_t thr = cx_pool_threads();
+    if (m > MR) tasks = thr; /* with fewer tasks than threads, M is split further */
+    return per_thread_bytes(&d) * (size_t)min64(thr, tasks);
+}
+
+typedef struct {
+    uint16_t *c;
+    const uint16_t *a, *b;
+    int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
+    bgemm_dims d;
+    bool ta, tb, hw;
+    char *scratch;
+    size_t per;
+} bgemm_job;
+
+/* op(A)[i][kk] and op(B)[kk][j] of batch entry a, b */
+static inline uint16_t a_at(const bgemm_job *j, const uint16_t *a, int64_t i, int64_t kk)
+{
+    return j->ta ? a[kk * j->m + i] : a[i * j->k + kk];
+}
+
+static inline uint16_t b_at(const bgemm_job *j, const uint16_t *b, int64_t kk, int64_t c)
+{
+    return j->tb ? b[c * j->k + kk] : b[kk * j->n + c];
+}
+
+/* ---- the f32 route --------------------------------------------------------------------- */
+
+/* af (mb, kb) = op(A)[i0.., k0..] widened */
+CX_HOT static void widen_a(float *af, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
+                           int64_t kb)
+{
+    for (int64_t r = 0; r < mb; r++) {
+        if (!j->ta) {
+            const uint16_t *s = a + (i0 + r) * j->k + k0;
+            for (int64_t q = 0; q < kb; q++) af[r * kb + q] = cx_bf16_to_f32_inline(s[q]);
+        } else {
+            for (int64_t q = 0; q < kb; q++) af[r * kb + q] = cx_bf16_to_f32_inline(a[(k0 + q) * j->m + i0 + r]);
+        }
+    }
+}
+
+/* bf (kb, nb) = op(B)[k0.., j0..] widened */
+CX_HOT static void widen_b(float *bf, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
+                           int64_t nb)
+{
+    if (!j->tb) {
+        for (int64_t q = 0; q < kb; q++) {
+            const uint16_t *s = b + (k0 + q) * j->n + j0;
+            for (int64_t c = 0; c < nb; c++) bf[q * nb + c] = cx_bf16_to_f32_inline(s[c]);
+        }
+        return;
+    }
+    for (int64_t c = 0; c < nb; c++) {
+        const uint16_t *s = b + (j0 + c) * j->k + k0;
+        for (int64_t q = 0; q < kb; q++) bf[q * nb + c] = cx_bf16_to_f32_inline(s[q]);
+    }
+}
+
+/* tile rows [0, mt) (ld nc) += op(A)[i0.., k0..] op(B)[k0.., j0..] */
+static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk, const uint16_t *a,
+                      const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
+{
+    widen_b(bblk, j, b, k0, kb, j0, nb);
+    for (int64_t r0 = 0; r0 < mt; r0 += MC) {
+        int64_t mb = min64(MC, mt - r0);
+        widen_a(ablk, j, a, i0 + r0, mb, k0, kb);
+        cx_sgemm_serial(false, false, mb, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile + r0 * j->d.nc, j->d.nc);
+    }
+}
+
+/* ---- the AVX512_BF16 route --------------------------------------------------------------- */
+
+#ifdef CX_HAVE_BF16_KERNEL
+/* bp: NR-column panels of (kb/2) pairs x NR lanes x 2; zero past the edges */
+static void pack_b(uint16_t *bp, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
+                   int64_t nb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    for (int64_t p = 0; p < nb; p += NR) {
+        uint16_t *dst = bp + p * 2 * pairs;
+        int64_t w = min64(NR, nb - p);
+        for (int64_t q = 0; q < pairs; q++, dst += 2 * NR) {
+            int64_t k1 = k0 + 2 * q;
+            bool second = 2 * q + 1 < kb;
+            if (!j->tb && w == NR && second) {
+                const uint16_t *r0 = b + k1 * j->n + j0 + p, *r1 = r0 + j->n;
+                for (int c = 0; c < NR; c++) { dst[2 * c] = r0[c]; dst[2 * c + 1] = r1[c]; }
+                continue;
+            }
+            for (int64_t c = 0; c < NR; c++) {
+                dst[2 * c] = c < w ? b_at(j, b, k1, j0 + p + c) : 0;
+                dst[2 * c + 1] = c < w && second ? b_at(j, b, k1 + 1, j0 + p + c) : 0;
+            }
+        }
+    }
+}
+
+/* ap: MR-row panels of (kb/2) pairs x MR rows, each pair one 32-bit word */
+static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
+                   int64_t kb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    for (int64_t p = 0; p < mb; p += MR) {
+        uint32_t *dst = ap + p * pairs;
+        for (int64_t r = 0; r < MR; r++) {
+            int64_t i = i0 + p + r;
+            bool live = p + r < mb;
+            if (live && !j->ta) {
+                const uint16_t *s = a + i * j->k + k0;
+                for (int64_t q = 0; q < kb / 2; q++) dst[q * MR + r] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+                if (kb & 1) dst[(pairs - 1) * MR + r] = s[kb - 1];
+                continue;
+            }
+            for (int64_t q = 0; q < pairs; q++) {
+                uint32_t lo = live ? a_at(j, a, i, k0 + 2 * q) : 0;
+                uint32_t hi = live && 2 * q + 1 < kb ? a_at(j, a, i, k0 + 2 * q + 1) : 0;
+                dst[q * MR + r] = lo | hi << 16;
+            }
+        }
+    }
+}
+
+/* c (MR, NR) (ld ldc) = (first ? 0 : c) + ap panel . bp panel over `pairs` */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_bf16(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first)
+{
+    __m512 acc[MR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
+        acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16);
+    }
+    for (int64_t q = 0; q < pairs; q++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + NR);
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * MR + r]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
+    }
+}
+
+static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *ap, const uint16_t *a,
+                       const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    pack_b(bp, j, b, k0, kb, j0, nb);
+    for (int64_t r0 = 0; r0 < mt; r0 += MC) {
+        int64_t mb = min64(MC, mt - r0);
+        pack_a(ap, j, a, i0 + r0, mb, k0, kb);
+        for (int64_t cp = 0; cp < nb; cp += NR)
+            for (int64_t rp = 0; rp < mb; rp += MR)
+                micro_bf16(tile + (r0 + rp) * j->d.nc + cp, j->d.nc, ap + rp * pairs, bp + cp * 2 * pairs, pairs,
+                           k0 == 0);
+    }
+}
+#endif
+
+/* ---- tasks ------------------------------------------------------------------------------- */
+
+CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb)
+{
+    for (int64_t r = 0; r < mt; r++)
+        for (int64_t q = 0; q < nb; q++) c[r * ldc + q] = cx_f32_to_bf16_inline(tile[r * ldt + q]);
+}
+
+static void run_task(const bgemm_job *j, char *ws, int64_t t)
+{
+    int64_t ni = t % j->nt, mi = t / j->nt % j->mt, bi = t / (j->nt * j->mt);
+    int64_t i0 = mi * j->mch, mt = min64(j->mch, j->m - i0), j0 = ni * j->d.nc, nb = min64(j->d.nc, j->n - j0);
+    const uint16_t *a = j->a + bi * j->sa, *b = j->b + bi * j->sb;
+    /* the tile's rows are padded to MR so the micro-kernel's last panel fits */
+    float *tile = (float *)ws;
+    char *bblk = ws + round_up(j->d.mch * j->d.nc * 4, 64);
+    char *ablk = bblk + round_up(j->d.kc * j->d.nc * 4, 64);
+    for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
+        int64_t kb = min64(j->d.kc, j->k - k0);
+#ifdef CX_HAVE_BF16_KERNEL
+        if (j->hw) {
+            block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb);
+            continue;
+        }
+#endif
+        block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
+    }
+    round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb);
+}
+
+static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
+{
+    (void)nthreads;
+    const bgemm_job *j = ctx;
+    if (tid >= j->nthr) return;
+    char *ws = (char *)(((uintptr_t)j->scratch + (size_t)tid * j->per + 63) & ~(uintptr_t)63);
+    int64_t total = j->batch * j->mt * j->nt;
+    for (int64_t t = tid; t < total; t += j->nthr) run_task(j, ws, t);
+}
+
+void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
+                    int64_t batch, int64_t m, int64_t n, int64_t k,
+                    bool trans_a, bool trans_b,
+                    int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes)
+{
+    if (batch <= 0 || m <= 0 || n <= 0) return;
+    if (k <= 0) { memset(c, 0, sizeof(uint16_t) * (size_t)(batch * m * n)); return; }
+    bgemm_job j = { .c = c, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
+                    .d = dims_of(m, n, k), .ta = trans_a, .tb = trans_b, .scratch = scratch };
+#ifdef CX_HAVE_BF16_KERNEL
+    j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
+#endif
+    j.per = per_thread_bytes(&j.d);
+    j.nt = (n + j.d.nc - 1) / j.d.nc;
+    int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
+    CX_ASSERT(thr >= 1);
+    /* too few tasks for the threads: smaller row chunks, down to MR rows */
+    j.mch = j.d.mch;
+    int64_t per_mt = batch * j.nt;
+    if (per_mt * ((m + j.mch - 1) / j.mch) < thr) {
+        int64_t want = (thr + per_mt - 1) / per_mt;
+        j.mch = round_up((m + want - 1) / want, MR);
+    }
+    j.mt = (m + j.mch - 1) / j.mch;
+    j.nthr = min64(thr, batch * j.mt * j.nt);
+    cx_pool_run_each(bgemm_each, &j);
+}

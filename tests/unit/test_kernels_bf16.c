@@ -1,0 +1,150 @@
+/* The bf16 matmul kernel against a reference summed in double over the
+ * same bf16 inputs. ctest runs this binary once per CX_CPU_ISA level
+ * (tests/CMakeLists.txt); each run checks that the level it asked for is
+ * the one running, or skips, saying why, where the CPU lacks it.
+ *
+ * Tolerance: the kernel sums exact products in f32 and rounds once to
+ * bf16, so |c - ref| <= 2^-9 |ref| (the rounding) + K 2^-24 sum |a b|
+ * (the f32 sums, bounded loosely); we allow twice the rounding and
+ * 4e-6 sum |a b|. A wrong or missing term is of the size of one |a b|,
+ * far above that. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include <cxla/core.h>
+
+#define GUARD 32
+#define GUARD_BITS 0x7e11
+
+static uint64_t rng_state;
+
+static float rng_uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+static uint16_t *bf16_random(size_t n)
+{
+    uint16_t *p = malloc(sizeof *p * n);
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++) p[i] = cx_f32_to_bf16(rng_uniform());
+    return p;
+}
+
+/* The level this run was asked for (CX_CPU_ISA), or skip if the CPU lacks it. */
+static void expect_requested_isa(void)
+{
+    const char *want = getenv("CX_CPU_ISA");
+    if (!want || !strcmp(want, "auto")) return;
+    cx_isa have = cx_isa_detected();
+    for (int l = CX_ISA_BASELINE; l <= CX_ISA_AVX512_BF16; l++) {
+        if (strcmp(want, cx_isa_name((cx_isa)l))) continue;
+        if (l > (int)have)
+            cr_skip_test("CX_CPU_ISA=%s: this CPU has only %s, so that path cannot run here", want,
+                         cx_isa_name(have));
+        cr_assert_eq(cx_isa_active(), (cx_isa)l, "asked for %s, running %s", want, cx_isa_name(cx_isa_active()));
+        return;
+    }
+    cr_assert_fail("unknown CX_CPU_ISA '%s' in the test's environment", want);
+}
+
+typedef struct {
+    int64_t batch, m, n, k;
+    bool ta, tb;
+    bool bcast_a, bcast_b; /* stride 0 */
+} mm_case;
+
+static double at_a(const uint16_t *a, const mm_case *c, int64_t bi, int64_t i, int64_t kk)
+{
+    const uint16_t *p = a + (c->bcast_a ? 0 : bi * c->m * c->k);
+    return cx_bf16_to_f32(c->ta ? p[kk * c->m + i] : p[i * c->k + kk]);
+}
+
+static double at_b(const uint16_t *b, const mm_case *c, int64_t bi, int64_t kk, int64_t j)
+{
+    const uint16_t *p = b + (c->bcast_b ? 0 : bi * c->k * c->n);
+    return cx_bf16_to_f32(c->tb ? p[j * c->k + kk] : p[kk * c->n + j]);
+}
+
+static void check_case(const mm_case *c)
+{
+    size_t na = (size_t)((c->bcast_a ? 1 : c->batch) * c->m * c->k), nb = (size_t)((c->bcast_b ? 1 : c->batch) * c->k * c->n);
+    size_t nc = (size_t)(c->batch * c->m * c->n);
+    uint16_t *a = bf16_random(na), *b = bf16_random(nb);
+    uint16_t *cg = malloc(sizeof *cg * (nc + 2 * GUARD));
+    cr_assert(cg);
+    for (size_t i = 0; i < nc + 2 * GUARD; i++) cg[i] = GUARD_BITS;
+    size_t sb = cx_matmul_bf16_scratch_bytes(c->batch, c->m, c->n, c->k);
+    void *scratch = sb ? malloc(sb) : NULL;
+    cr_assert(!sb || scratch);
+    cx_matmul_bf16(cg + GUARD, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, c->bcast_a ? 0 : c->m * c->k,
+                   c->bcast_b ? 0 : c->k * c->n, scratch, sb);
+    for (int g = 0; g < GUARD; g++) {
+        cr_assert_eq(cg[g], GUARD_BITS, "write before c");
+        cr_assert_eq(cg[GUARD + nc + (size_t)g], GUARD_BITS, "write after c");
+    }
+    for (int64_t bi = 0; bi < c->batch; bi++)
+        for (int64_t i = 0; i < c->m; i++)
+            for (int64_t j = 0; j < c->n; j++) {
+                double ref = 0, mag = 0;
+                for (int64_t kk = 0; kk < c->k; kk++) {
+                    double t = at_a(a, c, bi, i, kk) * at_b(b, c, bi, kk, j);
+                    ref += t;
+                    mag += fabs(t);
+                }
+                double got = cx_bf16_to_f32(cg[GUARD + (size_t)((bi * c->m + i) * c->n + j)]);
+                double tol = ldexp(fabs(ref), -8) + 4e-6 * mag;
+                if (!(fabs(got - ref) <= tol))
+                    cr_assert_fail("%s: batch %lld m %lld n %lld k %lld ta %d tb %d: c[%lld][%lld][%lld] = %g, want %g "
+                                   "(tol %g)", cx_isa_name(cx_isa_active()), (long long)c->batch, (long long)c->m,
+                                   (long long)c->n, (long long)c->k, c->ta, c->tb, (long long)bi, (long long)i,
+                                   (long long)j, got, ref, tol);
+            }
+    free(a); free(b); free(cg); free(scratch);
+}
+
+TestSuite(bf16_gemm, .init = expect_requested_isa);
+
+Test(bf16_gemm, shapes_and_edges)
+{
+    rng_state = 0x2545f4914f6cdd1dull;
+    /* edges of every blocking: MR 12, NR 32, MC 96, NC 256, KC 512, MCH 768; odd K */
+    static const mm_case cases[] = {
+        { 1, 1, 1, 1, false, false, false, false },
+        { 1, 13, 33, 7, false, false, false, false },
+        { 1, 97, 257, 513, false, false, false, false },
+        { 1, 50, 70, 1100, true, false, false, false },
+        { 1, 45, 31, 64, false, true, false, false },
+        { 1, 29, 40, 77, true, true, false, false },
+        { 1, 800, 40, 24, false, false, false, false },
+        { 3, 17, 19, 9, false, false, false, false },
+        { 4, 12, 32, 6, false, true, false, true },
+        { 2, 25, 9, 15, true, false, true, false },
+        { 1, 5, 300, 2, false, false, false, false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
+}
+
+Test(bf16_gemm, empty_k_gives_zeros)
+{
+    uint16_t c[6] = { 1, 2, 3, 4, 5, 6 }, a[1] = { 0 }, b[1] = { 0 };
+    cx_matmul_bf16(c, a, b, 1, 2, 3, 0, false, false, 0, 0, NULL, 0);
+    for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0);
+}
+
+/* cxla-bench's machine line names the path through cx_bf16_path: it must
+ * be the one the kernel takes at this level. */
+Test(bf16_gemm, path_name_matches_level)
+{
+    const char *p = cx_bf16_path();
+    if (cx_isa_active() >= CX_ISA_AVX512_BF16) cr_assert_str_eq(p, "avx512_bf16");
+    else cr_assert_str_eq(p, "none (converted to f32)");
+}
