@@ -38,7 +38,10 @@ static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k)
 /* f32 tile, B block and A block, each 64-byte aligned */
 static size_t per_thread_bytes(const bgemm_dims *d)
 {
-    size_t tile = (size_t)(d->mch * d->nc) * 4, bblk = (size_t)(d->kc * d->nc) * 4, ablk = (size_t)(MC * d->kc) * 4;
+    /* the f32 route widens all the task's rows of A at once (one sgemm call
+     * per K block: OpenBLAS packs its B panel once per call) */
+    size_t tile = (size_t)(d->mch * d->nc) * 4, bblk = (size_t)(d->kc * d->nc) * 4;
+    size_t ablk = (size_t)((d->mch > MC ? d->mch : MC) * d->kc) * 4;
     return round_up((int64_t)tile, 64) + round_up((int64_t)bblk, 64) + round_up((int64_t)ablk, 64) + 64;
 }
 
@@ -111,11 +114,8 @@ static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk,
                       const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
 {
     widen_b(bblk, j, b, k0, kb, j0, nb);
-    for (int64_t r0 = 0; r0 < mt; r0 += MC) {
-        int64_t mb = min64(MC, mt - r0);
-        widen_a(ablk, j, a, i0 + r0, mb, k0, kb);
-        cx_sgemm_serial(false, false, mb, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile + r0 * j->d.nc, j->d.nc);
-    }
+    widen_a(ablk, j, a, i0, mt, k0, kb);
+    cx_sgemm_serial(false, false, mt, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile, j->d.nc);
 }
 
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
