@@ -164,6 +164,9 @@ static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel 
     if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_BWD) {
         cx_attn_geom g;
         cx_kernel_attn_geom(k, &g);
+        if (k->in[0].dtype == CX_BF16)
+            return (int64_t)(k->kind == K_ATTENTION ? cx_attention_bf16_scratch_bytes(&g)
+                                                    : cx_attention_bf16_bwd_scratch_bytes(&g));
         return (int64_t)(k->kind == K_ATTENTION ? cx_attention_scratch_bytes(&g) : cx_attention_bwd_scratch_bytes(&g));
     }
     if (k->kind == K_MATMUL && k->in[0].dtype == CX_BF16) {

@@ -120,6 +120,16 @@ size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o, const float *dout,
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 
+/* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
+ * (attention_bf16.c): widened into f32 copies in the scratch for the f32
+ * kernels above, the results rounded once. */
+size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g);
+void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                           const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g);
+void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
+                           const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */
 void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps);

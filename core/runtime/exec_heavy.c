@@ -43,10 +43,26 @@ static const float *kin_data(const run_ctx *rc, const cx_kin *x)
     return (const float *)rc->slot_ptr[x->slot] + x->view.offset;
 }
 
+static const uint16_t *kin_bf16(const run_ctx *rc, const cx_kin *x)
+{
+    return (const uint16_t *)rc->slot_ptr[x->slot] + x->view.offset;
+}
+
+static void run_attention_bf16(const run_ctx *rc, const cx_kernel *k, const cx_attn_geom *g, void *out, void *scratch)
+{
+    const uint16_t *q = kin_bf16(rc, &k->in[0]), *kk = kin_bf16(rc, &k->in[1]), *v = kin_bf16(rc, &k->in[2]);
+    if (k->kind == K_ATTENTION)
+        cx_attention_bf16_fwd(out, q, kk, v, g, scratch, (size_t)k->scratch_bytes);
+    else
+        cx_attention_bf16_bwd(out, q, kk, v, kin_bf16(rc, &k->in[3]), kin_bf16(rc, &k->in[4]), g, scratch,
+                              (size_t)k->scratch_bytes);
+}
+
 static void run_attention(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
 {
     cx_attn_geom g;
     cx_kernel_attn_geom(k, &g);
+    if (k->in[0].dtype == CX_BF16) { run_attention_bf16(rc, k, &g, out, scratch); return; }
     const float *q = kin_data(rc, &k->in[0]), *kk = kin_data(rc, &k->in[1]), *v = kin_data(rc, &k->in[2]);
     if (k->kind == K_ATTENTION)
         cx_attention_fwd(out, q, kk, v, &g, scratch, (size_t)k->scratch_bytes);

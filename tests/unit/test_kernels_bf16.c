@@ -1,5 +1,5 @@
 /* The bf16 matmul kernel against a reference summed in double over the
- * same bf16 inputs. ctest runs this binary once per CX_CPU_ISA level
+ * same bf16 inputs, and the bf16 attention against the f32 kernel. ctest runs this binary once per CX_CPU_ISA level
  * (tests/CMakeLists.txt); each run checks that the level it asked for is
  * the one running, or skips, saying why, where the CPU lacks it.
  *
@@ -112,6 +112,7 @@ static void check_case(const mm_case *c)
 }
 
 TestSuite(bf16_gemm, .init = expect_requested_isa);
+TestSuite(bf16_attention, .init = expect_requested_isa);
 
 Test(bf16_gemm, shapes_and_edges)
 {
@@ -147,4 +148,70 @@ Test(bf16_gemm, path_name_matches_level)
     const char *p = cx_bf16_path();
     if (cx_isa_active() >= CX_ISA_AVX512_BF16) cr_assert_str_eq(p, "avx512_bf16");
     else cr_assert_str_eq(p, "none (converted to f32)");
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* The bf16 attention widens its operands and runs the f32 kernels, so it
+ * must give exactly the f32 kernel's result on the widened values, rounded
+ * once to bf16. q, k, v here are column blocks of one (N, T, 3, H, D)
+ * projection, as the gpt's are: strided views. */
+static float *widened(const uint16_t *h, size_t n)
+{
+    float *f = malloc(sizeof *f * n);
+    cr_assert(f);
+    for (size_t i = 0; i < n; i++) f[i] = cx_bf16_to_f32(h[i]);
+    return f;
+}
+
+static void *scratch_of(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert(p);
+    return p;
+}
+
+static void check_rounded(const char *what, const uint16_t *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(got[i], cx_f32_to_bf16(want[i]), "%s[%zu]: 0x%04x, want round(%g) = 0x%04x", what, i, got[i],
+                     want[i], cx_f32_to_bf16(want[i]));
+}
+
+Test(bf16_attention, forward_and_backward_are_the_f32_kernels_rounded)
+{
+    rng_state = 0x9e3779b97f4a7c15ull;
+    const int64_t N = 2, T = 37, H = 3, D = 16;
+    cx_attn_geom g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = true, .scale = 0.25f };
+    const int64_t proj[3] = { T * 3 * H * D, 3 * H * D, D }, plain[3] = { T * H * D, H * D, D };
+    memcpy(g.q_strides, proj, sizeof proj);
+    memcpy(g.k_strides, proj, sizeof proj);
+    memcpy(g.v_strides, proj, sizeof proj);
+    memcpy(g.o_strides, plain, sizeof plain);
+    memcpy(g.do_strides, plain, sizeof plain);
+    size_t nqkv = (size_t)(N * T * 3 * H * D), no = (size_t)(N * T * H * D);
+    uint16_t *qkv = bf16_random(nqkv), *dout = bf16_random(no);
+    float *qkvf = widened(qkv, nqkv), *doutf = widened(dout, no);
+    const uint16_t *q = qkv, *k = qkv + H * D, *v = qkv + 2 * H * D;
+    const float *qf = qkvf, *kf = qkvf + H * D, *vf = qkvf + 2 * H * D;
+
+    float *of = malloc(sizeof *of * no);
+    uint16_t *o = malloc(sizeof *o * no);
+    cr_assert(of && o);
+    void *s32 = scratch_of(cx_attention_scratch_bytes(&g)), *s16 = scratch_of(cx_attention_bf16_scratch_bytes(&g));
+    cx_attention_fwd(of, qf, kf, vf, &g, s32, cx_attention_scratch_bytes(&g));
+    cx_attention_bf16_fwd(o, q, k, v, &g, s16, cx_attention_bf16_scratch_bytes(&g));
+    check_rounded("out", o, of, no);
+
+    /* the backward takes the bf16 output, as the graph saves it */
+    float *o_used = widened(o, no), *g32 = malloc(sizeof *g32 * 3 * no);
+    uint16_t *g16 = malloc(sizeof *g16 * 3 * no);
+    cr_assert(g32 && g16);
+    size_t b32 = cx_attention_bwd_scratch_bytes(&g), b16 = cx_attention_bf16_bwd_scratch_bytes(&g);
+    void *t32 = scratch_of(b32), *t16 = scratch_of(b16);
+    cx_attention_bwd(g32, qf, kf, vf, o_used, doutf, &g, t32, b32);
+    cx_attention_bf16_bwd(g16, q, k, v, o, dout, &g, t16, b16);
+    check_rounded("dqkv", g16, g32, 3 * no);
+    free(qkv); free(dout); free(qkvf); free(doutf); free(of); free(o); free(o_used); free(g32); free(g16);
+    free(s32); free(s16); free(t32); free(t16);
 }

@@ -139,3 +139,54 @@ Test(ops_bf16, gradients_are_bf16_matmuls)
     cx_free(A); cx_free(Bt);
     free(af); free(bf); free(w); free(a); free(b); free(wr); free(hga); free(hgb);
 }
+
+/* sdpa of bf16 q, k, v gives bf16, and its value is the f32 op's on the
+ * same (rounded) inputs, rounded: within one bf16 rounding of it. The
+ * gradients are bf16; they come from the bf16 output and the gradient
+ * rounded to bf16, so they sit within a few bf16 roundings of the f32 op's
+ * gradients: we allow 2^-6 of each value plus 2^-7 of the largest. */
+static void sdpa_run(cx_dtype dt, const float *h, const float *w, int64_t n, float *out, float *grads)
+{
+    const int64_t s[] = { 2, 3, 17, 8 };
+    cx_tensor *P[3];
+    uint16_t *hb = to_bf16(h, 3 * n);
+    for (int i = 0; i < 3; i++)
+        P[i] = cx_requires_grad(cx_persist(dt == CX_BF16 ? tbf16(hb + i * n, s, 4) : tf32(h + i * n, s, 4)), true);
+    free(hb);
+    cx_step_begin();
+    cx_tensor *y = cx_scaled_dot_product_attention(P[0], P[1], P[2], true, 0);
+    cr_assert_eq(cx_dtype_of(y), dt, "sdpa of %s -> %s", cx_dtype_name(dt), cx_dtype_name(cx_dtype_of(y)));
+    cx_tensor *yf = cx_cast(y, CX_F32);
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(yf, tf32(w, s, 4)), NULL, 0, false)), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_to_host(yf, out, CX_F32), CX_OK, "%s", cx_last_error());
+    end_ok();
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(cx_dtype_of(cx_grad(P[i])), dt);
+        cx_step_begin();
+        cr_assert_eq(cx_to_host(cx_cast(cx_grad(P[i]), CX_F32), grads + i * n, CX_F32), CX_OK, "%s", cx_last_error());
+        end_ok();
+        cx_free(P[i]);
+    }
+}
+
+Test(ops_bf16, attention_in_bf16)
+{
+    rng_seed(10);
+    const int64_t n = 2 * 3 * 17 * 8;
+    float *h = rand_f32(3 * n, -2, 2), *w = rand_f32(n, -1, 1);
+    for (int64_t i = 0; i < 3 * n; i++) h[i] = cx_bf16_to_f32(cx_f32_to_bf16(h[i]));
+    float *o16 = malloc(sizeof(float) * (size_t)n), *o32 = malloc(sizeof(float) * (size_t)n);
+    float *g16 = malloc(sizeof(float) * (size_t)(3 * n)), *g32 = malloc(sizeof(float) * (size_t)(3 * n));
+    cr_assert(o16 && o32 && g16 && g32);
+    sdpa_run(CX_BF16, h, w, n, o16, g16);
+    sdpa_run(CX_F32, h, w, n, o32, g32);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(fabs(o16[i] - o32[i]) <= ldexp(fabs(o32[i]), -8), "out[%lld] = %g, f32 op %g", (long long)i, o16[i],
+                  o32[i]);
+    double big = 0;
+    for (int64_t i = 0; i < 3 * n; i++) big = fmax(big, fabs(g32[i]));
+    for (int64_t i = 0; i < 3 * n; i++)
+        cr_assert(fabs(g16[i] - g32[i]) <= ldexp(fabs(g32[i]), -6) + ldexp(big, -7), "grad[%lld] = %g, f32 op %g",
+                  (long long)i, g16[i], g32[i]);
+    free(h); free(w); free(o16); free(o32); free(g16); free(g32);
+}
