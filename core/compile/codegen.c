@@ -157,6 +157,8 @@ static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel 
     if (k->kind == K_CONV || k->kind == K_CONV_BI || k->kind == K_CONV_BW) {
         cx_conv_geom g;
         cx_kernel_conv_geom(k, &g);
+        if (k->in[0].dtype == CX_BF16)
+            return (int64_t)cx_conv2d_bf16_scratch_bytes(&g, k->kind == K_CONV ? 0 : k->kind == K_CONV_BI ? 1 : 2);
         return (int64_t)(k->kind == K_CONV ? cx_conv2d_scratch_bytes(&g)
                          : k->kind == K_CONV_BI ? cx_conv2d_bwd_input_scratch_bytes(&g)
                          : cx_conv2d_bwd_weight_scratch_bytes(&g));

@@ -66,6 +66,14 @@ size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
 void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                    size_t scratch_bytes);
 
+/* The three over bf16 operands and output (conv_bf16.c): dir 0 y from
+ * (x, w), 1 dx from (dy, w), 2 dw from (x, dy); no bias, relu or mask
+ * (the graph applies them). The operands are widened into f32 copies in
+ * the scratch for the f32 kernels, the result rounded once. */
+size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
+void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
+                    void *scratch, size_t scratch_bytes);
+
 /* Winograd F(2x2, 3x3) (winograd.c), which the three conv2d
  * functions above use by themselves where it applies: 3x3, stride 1,
  * dilation 1, one group, pad <= 2, at least 8 channels each way and two

@@ -131,11 +131,26 @@ static void run_concat(const run_ctx *rc, const cx_kernel *k)
         memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
 }
 
+/* A bf16 convolution or gradient: the compiler attached no bias, relu or
+ * mask to it (they fold only over f32), so any epilogue is a program. */
+static bool run_conv_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    int dir = k->kind == K_CONV ? 0 : k->kind == K_CONV_BI ? 1 : k->kind == K_CONV_BW ? 2 : -1;
+    if (dir < 0 || k->in[0].dtype != CX_BF16) return false;
+    CX_ASSERT(k->epi == EPI_PROG);
+    cx_conv_geom g;
+    cx_kernel_conv_geom(k, &g);
+    cx_conv2d_bf16(dir, out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+                   (size_t)k->scratch_bytes);
+    return true;
+}
+
 cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
 {
     void *out = rc->slot_ptr[k->out_slot];
     void *scratch = k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL;
-    switch (k->kind) {
+    switch (run_conv_bf16(rc, k, out, scratch) ? -1 : (int)k->kind) {
+    case -1: break;
     case K_MATMUL: run_matmul(rc, k); break;
     case K_CONV: {
         cx_conv_geom g;

@@ -215,3 +215,50 @@ Test(bf16_attention, forward_and_backward_are_the_f32_kernels_rounded)
     free(qkv); free(dout); free(qkvf); free(doutf); free(of); free(o); free(o_used); free(g32); free(g16);
     free(s32); free(s16); free(t32); free(t16);
 }
+
+/* ---- convolution -------------------------------------------------------------------- */
+
+/* Like attention: exactly the f32 kernels on the widened operands,
+ * rounded once; for every direction, through Winograd (3x3, stride 1) and
+ * through the direct kernels (strided, grouped). */
+static void check_conv(cx_conv_geom g)
+{
+    cr_assert(cx_conv_geom_finish(&g));
+    size_t nx = (size_t)(g.n * g.c * g.h * g.w), nw = (size_t)(g.o * (g.c / g.groups) * g.kh * g.kw);
+    size_t ny = (size_t)(g.n * g.o * g.oh * g.ow);
+    uint16_t *x = bf16_random(nx), *w = bf16_random(nw), *dy = bf16_random(ny);
+    float *xf = widened(x, nx), *wf = widened(w, nw), *dyf = widened(dy, ny);
+    size_t most = nx > nw ? nx : nw;
+    most = most > ny ? most : ny;
+    float *f = malloc(sizeof *f * most);
+    uint16_t *h = malloc(sizeof *h * most);
+    cr_assert(f && h);
+    static const char *const names[3] = { "y", "dx", "dw" };
+    for (int dir = 0; dir < 3; dir++) {
+        size_t b32 = dir == 0 ? cx_conv2d_scratch_bytes(&g) : dir == 1 ? cx_conv2d_bwd_input_scratch_bytes(&g)
+                                                                        : cx_conv2d_bwd_weight_scratch_bytes(&g);
+        size_t b16 = cx_conv2d_bf16_scratch_bytes(&g, dir);
+        void *s32 = scratch_of(b32), *s16 = scratch_of(b16);
+        if (dir == 0) cx_conv2d_fwd(f, xf, wf, NULL, false, &g, s32, b32);
+        else if (dir == 1) cx_conv2d_bwd_input(f, dyf, wf, NULL, &g, s32, b32);
+        else cx_conv2d_bwd_weight(f, xf, dyf, &g, s32, b32);
+        cx_conv2d_bf16(dir, h, dir == 1 ? dy : x, dir == 2 ? dy : w, &g, s16, b16);
+        check_rounded(names[dir], h, f, dir == 0 ? ny : dir == 1 ? nx : nw);
+        free(s32); free(s16);
+    }
+    free(x); free(w); free(dy); free(xf); free(wf); free(dyf); free(f); free(h);
+}
+
+TestSuite(bf16_conv, .init = expect_requested_isa);
+
+Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
+{
+    rng_state = 0x51afd7ed558ccdull;
+    cx_conv_geom wino = { .n = 2, .c = 8, .h = 9, .w = 11, .o = 16, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                          .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&wino) && cx_wino_applies(&wino), "the first geometry must take Winograd");
+    check_conv(wino);
+    cx_conv_geom direct = { .n = 3, .c = 6, .h = 10, .w = 7, .o = 4, .kh = 5, .kw = 3, .stride_h = 2, .stride_w = 1,
+                            .pad_h = 2, .pad_w = 0, .dil_h = 1, .dil_w = 2, .groups = 2 };
+    check_conv(direct);
+}
