@@ -65,17 +65,6 @@ typedef struct {
     size_t per;
 } bgemm_job;
 
-/* op(A)[i][kk] and op(B)[kk][j] of batch entry a, b */
-static inline uint16_t a_at(const bgemm_job *j, const uint16_t *a, int64_t i, int64_t kk)
-{
-    return j->ta ? a[kk * j->m + i] : a[i * j->k + kk];
-}
-
-static inline uint16_t b_at(const bgemm_job *j, const uint16_t *b, int64_t kk, int64_t c)
-{
-    return j->tb ? b[c * j->k + kk] : b[kk * j->n + c];
-}
-
 /* ---- the f32 route --------------------------------------------------------------------- */
 
 /* af (mb, kb) = op(A)[i0.., k0..] widened */
@@ -121,51 +110,61 @@ static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk,
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
 
 #ifdef CX_HAVE_BF16_KERNEL
-/* bp: NR-column panels of (kb/2) pairs x NR lanes x 2; zero past the edges */
+/* bp: NR-column panels of (kb/2) pairs x NR lanes x 2; zero past the
+ * edges. Each layout is read along its contiguous dimension: rows of B,
+ * or for a transposed B, its columns, whose pairs are one 32-bit word. */
 static void pack_b(uint16_t *bp, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
                    int64_t nb)
 {
     int64_t pairs = (kb + 1) / 2;
     for (int64_t p = 0; p < nb; p += NR) {
-        uint16_t *dst = bp + p * 2 * pairs;
+        uint16_t *panel = bp + p * 2 * pairs;
         int64_t w = min64(NR, nb - p);
-        for (int64_t q = 0; q < pairs; q++, dst += 2 * NR) {
-            int64_t k1 = k0 + 2 * q;
-            bool second = 2 * q + 1 < kb;
-            if (!j->tb && w == NR && second) {
-                const uint16_t *r0 = b + k1 * j->n + j0 + p, *r1 = r0 + j->n;
-                for (int c = 0; c < NR; c++) { dst[2 * c] = r0[c]; dst[2 * c + 1] = r1[c]; }
-                continue;
+        if (w < NR || (kb & 1)) memset(panel, 0, sizeof *panel * (size_t)(2 * NR * pairs));
+        if (j->tb) {
+            uint32_t *dst = (uint32_t *)panel;
+            for (int64_t c = 0; c < w; c++) {
+                const uint16_t *s = b + (j0 + p + c) * j->k + k0;
+                for (int64_t q = 0; q < kb / 2; q++) dst[q * NR + c] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+                if (kb & 1) dst[(pairs - 1) * NR + c] = s[kb - 1];
             }
-            for (int64_t c = 0; c < NR; c++) {
-                dst[2 * c] = c < w ? b_at(j, b, k1, j0 + p + c) : 0;
-                dst[2 * c + 1] = c < w && second ? b_at(j, b, k1 + 1, j0 + p + c) : 0;
-            }
+            continue;
+        }
+        for (int64_t q = 0; q < pairs; q++) {
+            uint16_t *dst = panel + q * 2 * NR;
+            const uint16_t *r0 = b + (k0 + 2 * q) * j->n + j0 + p, *r1 = r0 + j->n;
+            if (2 * q + 1 < kb)
+                for (int64_t c = 0; c < w; c++) { dst[2 * c] = r0[c]; dst[2 * c + 1] = r1[c]; }
+            else
+                for (int64_t c = 0; c < w; c++) dst[2 * c] = r0[c];
         }
     }
 }
 
-/* ap: MR-row panels of (kb/2) pairs x MR rows, each pair one 32-bit word */
+/* ap: MR-row panels of (kb/2) pairs x MR rows, each pair one 32-bit word;
+ * read along A's contiguous dimension as pack_b does */
 static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
                    int64_t kb)
 {
     int64_t pairs = (kb + 1) / 2;
     for (int64_t p = 0; p < mb; p += MR) {
         uint32_t *dst = ap + p * pairs;
-        for (int64_t r = 0; r < MR; r++) {
-            int64_t i = i0 + p + r;
-            bool live = p + r < mb;
-            if (live && !j->ta) {
-                const uint16_t *s = a + i * j->k + k0;
-                for (int64_t q = 0; q < kb / 2; q++) dst[q * MR + r] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
-                if (kb & 1) dst[(pairs - 1) * MR + r] = s[kb - 1];
-                continue;
-            }
+        int64_t w = min64(MR, mb - p);
+        if (w < MR || (kb & 1)) memset(dst, 0, sizeof *dst * (size_t)(MR * pairs));
+        if (j->ta) {
             for (int64_t q = 0; q < pairs; q++) {
-                uint32_t lo = live ? a_at(j, a, i, k0 + 2 * q) : 0;
-                uint32_t hi = live && 2 * q + 1 < kb ? a_at(j, a, i, k0 + 2 * q + 1) : 0;
-                dst[q * MR + r] = lo | hi << 16;
+                const uint16_t *lo = a + (k0 + 2 * q) * j->m + i0 + p, *hi = lo + j->m;
+                if (2 * q + 1 < kb)
+                    for (int64_t r = 0; r < w; r++) dst[q * MR + r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+                else
+                    for (int64_t r = 0; r < w; r++) dst[q * MR + r] = lo[r];
             }
+            continue;
+        }
+        for (int64_t r = 0; r < w; r++) {
+            const uint16_t *s = a + (i0 + p + r) * j->k + k0;
+            for (int64_t q = 0; q < kb / 2; q++) dst[q * MR + r] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+            if (kb & 1) dst[(pairs - 1) * MR + r] = s[kb - 1];
         }
     }
 }
@@ -269,12 +268,15 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
     j.nt = (n + j.d.nc - 1) / j.d.nc;
     int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
     CX_ASSERT(thr >= 1);
-    /* too few tasks for the threads: smaller row chunks, down to MR rows */
+    /* Few tasks that the threads cannot share evenly (9 on 2 threads: one
+     * waits a ninth of the time): smaller row chunks, as few more as make
+     * the count a multiple of the threads, down to MR rows. */
     j.mch = j.d.mch;
-    int64_t per_mt = batch * j.nt;
-    if (per_mt * ((m + j.mch - 1) / j.mch) < thr) {
-        int64_t want = (thr + per_mt - 1) / per_mt;
-        j.mch = round_up((m + want - 1) / want, MR);
+    int64_t per_mt = batch * j.nt, mt = (m + j.mch - 1) / j.mch;
+    if (per_mt * mt < 8 * thr) {
+        int64_t want = mt;
+        while (want < 2 * mt + thr && (per_mt * want) % thr) want++;
+        if ((per_mt * want) % thr == 0) j.mch = round_up((m + want - 1) / want, MR);
     }
     j.mt = (m + j.mch - 1) / j.mch;
     j.nthr = min64(thr, batch * j.mt * j.nt);
