@@ -169,9 +169,11 @@ static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t 
     }
 }
 
-/* c (MR, NR) (ld ldc) = (first ? 0 : c) + ap panel . bp panel over `pairs` */
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void micro_bf16(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first)
+/* c (MR, NR) (ld ldc) = (first ? 0 : c) + A . bp panel over `pairs`, pair
+ * q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes) */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void micro_bf16(float *c, int64_t ldc, const char *a, int64_t rs, int64_t qs, const uint16_t *bp,
+                              int64_t pairs, bool first)
 {
     __m512 acc[MR][2];
 #pragma GCC unroll 12
@@ -179,12 +181,14 @@ static void micro_bf16(float *c, int64_t ldc, const uint32_t *ap, const uint16_t
         acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
         acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16);
     }
-    for (int64_t q = 0; q < pairs; q++) {
+    for (int64_t q = 0; q < pairs; q++, a += qs) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + NR);
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[q * MR + r]);
+            int32_t w;
+            memcpy(&w, a + r * rs, sizeof w);
+            __m512bh av = (__m512bh)_mm512_set1_epi32(w);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
@@ -196,18 +200,41 @@ static void micro_bf16(float *c, int64_t ldc, const uint32_t *ap, const uint16_t
     }
 }
 
+/* from a packed panel */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_packed(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first)
+{
+    micro_bf16(c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first);
+}
+
+/* straight from MR rows of A (row stride rs bytes): no packing */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp, int64_t pairs,
+                       bool first)
+{
+    micro_bf16(c, ldc, (const char *)a, rs, 4, bp, pairs, first);
+}
+
+/* A is read in place where its rows hold whole pairs (not transposed, an
+ * even K block, a full MR-row panel): packing it cost a fifth of the time,
+ * and its MC x KC block stays in L2 either way. */
 static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *ap, const uint16_t *a,
                        const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
 {
     int64_t pairs = (kb + 1) / 2;
     pack_b(bp, j, b, k0, kb, j0, nb);
+    bool in_place = !j->ta && !(kb & 1);
     for (int64_t r0 = 0; r0 < mt; r0 += MC) {
         int64_t mb = min64(MC, mt - r0);
-        pack_a(ap, j, a, i0 + r0, mb, k0, kb);
+        bool packed = !in_place || mb % MR;
+        if (packed) pack_a(ap, j, a, i0 + r0, mb, k0, kb);
         for (int64_t cp = 0; cp < nb; cp += NR)
-            for (int64_t rp = 0; rp < mb; rp += MR)
-                micro_bf16(tile + (r0 + rp) * j->d.nc + cp, j->d.nc, ap + rp * pairs, bp + cp * 2 * pairs, pairs,
-                           k0 == 0);
+            for (int64_t rp = 0; rp < mb; rp += MR) {
+                float *ct = tile + (r0 + rp) * j->d.nc + cp;
+                const uint16_t *bpp = bp + cp * 2 * pairs;
+                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0);
+                else micro_rows(ct, j->d.nc, a + (i0 + r0 + rp) * j->k + k0, 2 * j->k, bpp, pairs, k0 == 0);
+            }
     }
 }
 #endif
