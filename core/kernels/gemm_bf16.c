@@ -48,11 +48,11 @@ static size_t per_thread_bytes(const bgemm_dims *d)
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
-    bgemm_dims d = dims_of(m, n, k);
-    int64_t tasks = batch * ((m + d.mch - 1) / d.mch) * ((n + d.nc - 1) / d.nc);
-    int64_t thr = cx_pool_threads();
-    if (m > MR) tasks = thr; /* with fewer tasks than threads, M is split further */
-    return per_thread_bytes(&d) * (size_t)min64(thr, tasks);
+    /* cx_matmul_bf16 may fold the batch into M: size for both */
+    bgemm_dims d = dims_of(m * batch, n, k);
+    /* the most tasks there can be: row chunks are never below MR rows */
+    int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + d.nc - 1) / d.nc);
+    return per_thread_bytes(&d) * (size_t)min64(cx_pool_threads(), tasks);
 }
 
 typedef struct {
@@ -286,6 +286,13 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
 {
     if (batch <= 0 || m <= 0 || n <= 0) return;
     if (k <= 0) { memset(c, 0, sizeof(uint16_t) * (size_t)(batch * m * n)); return; }
+    if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {
+        /* a shared B under back-to-back A blocks (a linear layer over a
+         * batch of sequences): one tall product, whose B panels are packed
+         * once per 768 rows instead of once per batch entry */
+        m *= batch;
+        batch = 1;
+    }
     bgemm_job j = { .c = c, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
                     .d = dims_of(m, n, k), .ta = trans_a, .tb = trans_b, .scratch = scratch };
 #ifdef CX_HAVE_BF16_KERNEL

@@ -130,6 +130,9 @@ Test(bf16_gemm, shapes_and_edges)
         { 4, 12, 32, 6, false, true, false, true },
         { 2, 25, 9, 15, true, false, true, false },
         { 1, 5, 300, 2, false, false, false, false },
+        /* a shared B: folded into one tall product unless A is transposed */
+        { 5, 40, 70, 33, false, false, false, true },
+        { 3, 20, 10, 8, true, false, false, true },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
 }
