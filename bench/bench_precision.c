@@ -10,7 +10,9 @@
  * them) or OpenBLAS's sgemm on the same values in f32, whichever is faster
  * in that round (on a CPU without bf16 instructions oneDNN's bf16 matmul
  * is a reference loop, and f32 is what bf16 storage must not fall below).
- * Both libraries get as many threads as cxla uses. */
+ * Both libraries get as many threads as cxla uses.
+ *
+ * bf16_matmul_vs_f32: below. */
 #include "bench.h"
 
 #include <cxla/cxla.h>
@@ -170,6 +172,82 @@ out:
     return rc;
 }
 
+/* ---- bf16_matmul_vs_f32 -------------------------------------------------------------- */
+
+/* The gpt program's default model's three linear shapes (16 x 128 tokens,
+ * n_embd 256: the qkv projection, the MLP's up and down projections), one
+ * graph of three matmuls per unit, in bf16 and in f32 through the core:
+ * what bf16 storage buys a transformer's GEMMs on this machine (target:
+ * >= 1.5 with AVX512_BF16, >= 1.0 without, where tiles are widened for
+ * the f32 kernels). */
+enum { MM_SHAPES = 3 };
+static const int64_t g_mm_shapes[MM_SHAPES][3] = { { 2048, 256, 768 }, { 2048, 256, 1024 }, { 2048, 1024, 256 } };
+
+typedef struct { cx_tensor *a[MM_SHAPES], *b[MM_SHAPES]; } mm_set;
+
+static double mm_unit(void *p)
+{
+    mm_set *s = p;
+    double t0 = bench_now();
+    cx_tensor *c[MM_SHAPES];
+    for (int i = 0; i < MM_SHAPES; i++) c[i] = cx_matmul(s->a[i], s->b[i]);
+    cx_status st = cx_sync_tensors(c, MM_SHAPES);
+    double dt = bench_now() - t0;
+    for (int i = 0; i < MM_SHAPES; i++) cx_free(c[i]);
+    if (st == CX_OK) return dt;
+    fprintf(stderr, "cxla-bench precision: linear-shape matmuls: %s\n", cx_last_error());
+    return -1;
+}
+
+static bool mm_set_make(mm_set *s, cx_dtype dt)
+{
+    for (int i = 0; i < MM_SHAPES; i++) {
+        const int64_t *d = g_mm_shapes[i];
+        int64_t sa[2] = { d[0], d[1] }, sb[2] = { d[1], d[2] };
+        size_t na = (size_t)(d[0] * d[1]), nb = (size_t)(d[1] * d[2]);
+        float *h = malloc(sizeof *h * (na > nb ? na : nb));
+        if (!h) { fprintf(stderr, "cxla-bench precision: out of memory\n"); return false; }
+        for (size_t e = 0; e < na; e++) h[e] = (float)(e % 11) * 0.05f - 0.25f;
+        cx_tensor *a = cx_from_host(h, sa, 2, CX_F32);
+        for (size_t e = 0; e < nb; e++) h[e] = (float)(e % 5) * 0.05f - 0.1f;
+        cx_tensor *b = cx_from_host(h, sb, 2, CX_F32);
+        free(h);
+        s->a[i] = cx_persist(cx_cast(a, dt));
+        s->b[i] = cx_persist(cx_cast(b, dt));
+        cx_free(a); cx_free(b);
+        if (cx_tensor_error(s->a[i]) || cx_tensor_error(s->b[i]) || cx_sync_tensors(s->a + i, 1) != CX_OK ||
+            cx_sync_tensors(s->b + i, 1) != CX_OK) {
+            fprintf(stderr, "cxla-bench precision: %s operands: %s\n", cx_dtype_name(dt), cx_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
+static int bf16_matmul_vs_f32(const bench_cfg *cfg)
+{
+    mm_set h = { 0 }, f = { 0 };
+    int rc = 1;
+    if (!mm_set_make(&h, CX_BF16) || !mm_set_make(&f, CX_F32)) goto out;
+    if (mm_unit(&h) < 0 || mm_unit(&f) < 0) goto out; /* the first of each compiles */
+    fprintf(stderr, "bf16_matmul_vs_f32: the gpt's linear shapes (2048x256x768, 2048x256x1024, 2048x1024x256); "
+                    "bf16 path %s\n", cx_bf16_path());
+    bench_side sides[2] = { { .unit = mm_unit, .ctx = &h }, { .unit = mm_unit, .ctx = &f } };
+    bench_series fig = { 0 };
+    double flop = 0;
+    for (int i = 0; i < MM_SHAPES; i++) flop += 2.0 * g_mm_shapes[i][0] * g_mm_shapes[i][1] * g_mm_shapes[i][2];
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[2];
+        if (!bench_round(cfg, r, sides, 2, sec)) goto out;
+        bench_add(&fig, flop / sec[0] / 1e9, flop / sec[1] / 1e9);
+    }
+    bench_emit("bf16_matmul_vs_f32", "GFLOP/s", BENCH_HIGHER, &fig);
+    rc = 0;
+out:
+    for (int i = 0; i < MM_SHAPES; i++) { cx_free(h.a[i]); cx_free(h.b[i]); cx_free(f.a[i]); cx_free(f.b[i]); }
+    return rc;
+}
+
 /* ---- the figures ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -179,6 +257,7 @@ typedef struct {
 
 static const precision_figure g_figures[] = {
     { "bf16_gemm_gflops", bf16_gemm },
+    { "bf16_matmul_vs_f32", bf16_matmul_vs_f32 },
 };
 #define N_FIGURES ((int)(sizeof g_figures / sizeof *g_figures))
 

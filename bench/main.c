@@ -35,6 +35,8 @@ static const subcommand g_subcommands[] = {
       "Run directly. The machine line names the bf16 path (cx_bf16_path, CX_CPU_ISA caps it).\n"
       "bf16_gemm_gflops: a 2048^3 bf16 matmul through the core vs the faster, in each round, of oneDNN's bf16\n"
       "matmul and OpenBLAS's sgemm on the same values, with as many threads\n"
+      "bf16_matmul_vs_f32: the gpt default model's three linear shapes as bf16 matmuls through the core vs the same\n"
+      "in f32 (target: >= 1.5 with AVX512_BF16, >= 1.0 without)\n"
       "--figure NAME runs one figure", 0, 0 },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"
