@@ -27,7 +27,7 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
     const int nd = merged->ndim;
     const int64_t *shape = merged->shape;
     if (h->kind == K_CONV && in[2].kind == P_BIN && in[2].op == OP_ADD && in[2].a + in[2].b == 1 &&
-        (p->n == 3 || (in[3].kind == P_RELU && in[3].a == 2))) {
+        (p->n == 3 || (p->n == 4 && in[3].kind == P_RELU && in[3].a == 2))) {
         if (nd < 3 || nd > 4 || h->ndim != 4 || shape[0] != h->shape[0] || shape[1] != h->shape[1]) return EPI_PROG;
         int64_t plane = 1;
         for (int d = 2; d < nd; d++) plane *= shape[d];
