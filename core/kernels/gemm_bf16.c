@@ -21,6 +21,11 @@
 #endif
 
 enum { MR = 12, NR = 32, MC = 96, NC = 256, KC = 512, MCH = 768 };
+/* The f32 route's tasks are as large as cx_sgemm's parts: OpenBLAS packs
+ * its own panels from every call's operands, so smaller tasks would pack
+ * A and B again for each (measured: 0.92 of f32's rate with 768 x 256
+ * tasks on the gpt's linear shapes). */
+enum { MCH_F32 = 1020, NC_F32 = 2048 };
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -29,9 +34,10 @@ typedef struct {
     int64_t mch, nc, kc;   /* the task's rows and columns, the K block */
 } bgemm_dims;
 
-static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k)
+static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k, bool hw)
 {
-    bgemm_dims d = { min64(MCH, round_up(m, MR)), min64(NC, round_up(n, NR)), min64(KC, round_up(k, 2)) };
+    bgemm_dims d = { min64(hw ? MCH : MCH_F32, round_up(m, MR)), min64(hw ? NC : NC_F32, round_up(n, NR)),
+                     min64(KC, round_up(k, 2)) };
     return d;
 }
 
@@ -49,10 +55,12 @@ size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
     /* cx_matmul_bf16 may fold the batch into M: size for both */
-    bgemm_dims d = dims_of(m * batch, n, k);
+    /* either route may run (CX_CPU_ISA is read at run time): the larger */
+    bgemm_dims d = dims_of(m * batch, n, k, true), f = dims_of(m * batch, n, k, false);
+    size_t per = per_thread_bytes(&d) > per_thread_bytes(&f) ? per_thread_bytes(&d) : per_thread_bytes(&f);
     /* the most tasks there can be: row chunks are never below MR rows */
-    int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + d.nc - 1) / d.nc);
-    return per_thread_bytes(&d) * (size_t)min64(cx_pool_threads(), tasks);
+    int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR);
+    return per * (size_t)min64(cx_pool_threads(), tasks);
 }
 
 typedef struct {
@@ -294,24 +302,26 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
         batch = 1;
     }
     bgemm_job j = { .c = c, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
-                    .d = dims_of(m, n, k), .ta = trans_a, .tb = trans_b, .scratch = scratch };
+                    .ta = trans_a, .tb = trans_b, .scratch = scratch };
 #ifdef CX_HAVE_BF16_KERNEL
     j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
 #endif
+    j.d = dims_of(m, n, k, j.hw);
     j.per = per_thread_bytes(&j.d);
     j.nt = (n + j.d.nc - 1) / j.d.nc;
     int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
     CX_ASSERT(thr >= 1);
-    /* Few tasks that the threads cannot share evenly (9 on 2 threads: one
-     * waits a ninth of the time): smaller row chunks, as few more as make
-     * the count a multiple of the threads, down to MR rows. */
-    j.mch = j.d.mch;
-    int64_t per_mt = batch * j.nt, mt = (m + j.mch - 1) / j.mch;
-    if (per_mt * mt < 8 * thr) {
-        int64_t want = mt;
-        while (want < 2 * mt + thr && (per_mt * want) % thr) want++;
-        if ((per_mt * want) % thr == 0) j.mch = round_up((m + want - 1) / want, MR);
+    /* Row chunks of even size, as few as fit; when there are few tasks and
+     * the threads cannot share them evenly (9 on 2 threads: one waits a
+     * ninth of the time), as few more as make the count a multiple of the
+     * threads, down to MR rows. */
+    int64_t per_mt = batch * j.nt, chunks = (m + j.d.mch - 1) / j.d.mch, most = (m + MR - 1) / MR;
+    if (per_mt * chunks < 8 * thr) {
+        int64_t want = chunks;
+        while (want < most && (per_mt * want) % thr) want++;
+        if ((per_mt * want) % thr == 0) chunks = want;
     }
+    j.mch = round_up((m + chunks - 1) / chunks, MR);
     j.mt = (m + j.mch - 1) / j.mch;
     j.nthr = min64(thr, batch * j.mt * j.nt);
     cx_pool_run_each(bgemm_each, &j);
