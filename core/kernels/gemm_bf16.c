@@ -55,9 +55,11 @@ size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
     /* cx_matmul_bf16 may fold the batch into M: size for both */
-    /* either route may run (CX_CPU_ISA is read at run time): the larger */
-    bgemm_dims d = dims_of(m * batch, n, k, true), f = dims_of(m * batch, n, k, false);
-    size_t per = per_thread_bytes(&d) > per_thread_bytes(&f) ? per_thread_bytes(&d) : per_thread_bytes(&f);
+    /* the route this process runs (the f32 route's tasks are larger); an
+     * executable planned under another CX_CPU_ISA (the persistent cache)
+     * runs in the AVX512_BF16 route's tiles, the smallest */
+    bgemm_dims d = dims_of(m * batch, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
+    size_t per = per_thread_bytes(&d);
     /* the most tasks there can be: row chunks are never below MR rows */
     int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR);
     return per * (size_t)min64(cx_pool_threads(), tasks);
@@ -307,6 +309,7 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
     j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
 #endif
     j.d = dims_of(m, n, k, j.hw);
+    if (scratch_bytes < per_thread_bytes(&j.d)) j.d = dims_of(m, n, k, true);
     j.per = per_thread_bytes(&j.d);
     j.nt = (n + j.d.nc - 1) / j.d.nc;
     int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
