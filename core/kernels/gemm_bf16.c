@@ -25,7 +25,7 @@ enum { MR = 12, NR = 32, MC = 96, NC = 256, KC = 512, MCH = 768 };
  * its own panels from every call's operands, so smaller tasks would pack
  * A and B again for each (measured: 0.92 of f32's rate with 768 x 256
  * tasks on the gpt's linear shapes). */
-enum { MCH_F32 = 1020, NC_F32 = 2048 };
+enum { MCH_F32 = 1020, NC_F32 = 1024 };
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
