@@ -53,12 +53,17 @@ static size_t per_thread_bytes(const bgemm_dims *d)
 
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
-    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
-    /* cx_matmul_bf16 may fold the batch into M: size for both */
     /* the route this process runs (the f32 route's tasks are larger); an
      * executable planned under another CX_CPU_ISA (the persistent cache)
      * runs in the AVX512_BF16 route's tiles, the smallest */
-    bgemm_dims d = dims_of(m * batch, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
+    return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
+}
+
+size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route)
+{
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
+    /* cx_matmul_bf16 may fold the batch into M: size for both */
+    bgemm_dims d = dims_of(m * batch, n, k, bf16_route);
     size_t per = per_thread_bytes(&d);
     /* the most tasks there can be: row chunks are never below MR rows */
     int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR);

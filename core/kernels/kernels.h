@@ -180,9 +180,13 @@ const char *cx_isa_name(cx_isa isa);
  * the products summed in f32 and c rounded once (to nearest even). With
  * AVX512_BF16 the tiles are multiplied by vdpbf16ps; without it each tile
  * is widened to f32 for cx_sgemm_serial, so memory holds bf16 throughout.
- * Both use the scratch from cx_matmul_bf16_scratch_bytes (same sizes) and
- * as many threads as it has room for. */
+ * Both use the scratch from cx_matmul_bf16_scratch_bytes and as many
+ * threads as it has room for. */
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k);
+/* The scratch either route plans (bf16_route: the AVX512_BF16 one): a
+ * scratch planned for the other route, as a persistent-cache executable
+ * compiled under another CX_CPU_ISA has, still runs. */
+size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route);
 void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
                     int64_t batch, int64_t m, int64_t n, int64_t k,
                     bool trans_a, bool trans_b,

@@ -74,7 +74,13 @@ static double at_b(const uint16_t *b, const mm_case *c, int64_t bi, int64_t kk, 
     return cx_bf16_to_f32(c->tb ? p[j * c->k + kk] : p[kk * c->n + j]);
 }
 
-static void check_case(const mm_case *c)
+static void check_case_route(const mm_case *c, int route);
+
+static void check_case(const mm_case *c) { check_case_route(c, -1); }
+
+/* route -1: the scratch this process plans; 0 or 1: the scratch the f32
+ * or the AVX512_BF16 route plans, whichever route runs */
+static void check_case_route(const mm_case *c, int route)
 {
     size_t na = (size_t)((c->bcast_a ? 1 : c->batch) * c->m * c->k), nb = (size_t)((c->bcast_b ? 1 : c->batch) * c->k * c->n);
     size_t nc = (size_t)(c->batch * c->m * c->n);
@@ -82,7 +88,8 @@ static void check_case(const mm_case *c)
     uint16_t *cg = malloc(sizeof *cg * (nc + 2 * GUARD));
     cr_assert(cg);
     for (size_t i = 0; i < nc + 2 * GUARD; i++) cg[i] = GUARD_BITS;
-    size_t sb = cx_matmul_bf16_scratch_bytes(c->batch, c->m, c->n, c->k);
+    size_t sb = route < 0 ? cx_matmul_bf16_scratch_bytes(c->batch, c->m, c->n, c->k)
+                          : cx_matmul_bf16_route_scratch_bytes(c->batch, c->m, c->n, c->k, route == 1);
     void *scratch = sb ? malloc(sb) : NULL;
     cr_assert(!sb || scratch);
     cx_matmul_bf16(cg + GUARD, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, c->bcast_a ? 0 : c->m * c->k,
@@ -135,6 +142,20 @@ Test(bf16_gemm, shapes_and_edges)
         { 3, 20, 10, 8, true, false, false, true },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
+}
+
+/* an executable planned under the other route (the persistent cache
+ * shares executables between processes with different CX_CPU_ISA) */
+Test(bf16_gemm, scratch_planned_for_either_route)
+{
+    rng_state = 0x1234567887654321ull;
+    static const mm_case cases[] = {
+        { 1, 100, 600, 64, false, false, false, false },
+        { 1, 900, 40, 30, false, false, false, false },
+        { 2, 300, 90, 40, true, true, false, false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int route = 0; route < 2; route++) check_case_route(&cases[i], route);
 }
 
 Test(bf16_gemm, empty_k_gives_zeros)
