@@ -1,6 +1,6 @@
 /* bf16 attention: the operands are widened into contiguous f32 copies in
- * the scratch, the f32 kernels (attention.c) run on them, and the results
- * are rounded once to bf16. The widening is O(T D) per head against the
+ * the scratch, a chunk of images at a time, the f32 kernels (attention.c)
+ * run on them, and the results are rounded once to bf16. The widening is O(T D) per head against the
  * kernels' O(T S D), and the graph's tensors (what is saved for backward
  * and moved between kernels) stay bf16. */
 #include "kernels.h"
@@ -65,10 +65,30 @@ static void round_all(uint16_t *dst, const float *src, int64_t n)
     cx_pool_parallel_for(n, 4096, round_part, &r);
 }
 
-size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)
+/* Images per call of the f32 kernels: their copies are what the scratch
+ * holds, so a chunk of the batch rather than all of it (a step's peak
+ * memory counts the scratch); at least 16 (image, head) tasks per call
+ * keep the pool's threads busy. Independent of the thread count, so the
+ * scratch planned at compile time fits whatever the pool has. */
+static int64_t chunk_of(const cx_attn_geom *g)
+{
+    int64_t c = (16 + g->h - 1) / g->h;
+    return c < g->n ? c : g->n;
+}
+
+/* the geometry of nb images, contiguous */
+static cx_attn_geom chunk_geom(const cx_attn_geom *g, int64_t nb)
 {
     cx_attn_geom c = contiguous(g);
-    size_t tq = (size_t)(g->n * g->t * g->h * g->d) * 4, tk = (size_t)(g->n * g->s * g->h * g->d) * 4;
+    c.n = nb;
+    return c;
+}
+
+size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)
+{
+    int64_t nb = chunk_of(g);
+    cx_attn_geom c = chunk_geom(g, nb);
+    size_t tq = (size_t)(nb * g->t * g->h * g->d) * 4, tk = (size_t)(nb * g->s * g->h * g->d) * 4;
     /* q, k, v, then the f32 output */
     return 2 * aligned(tq) + 2 * aligned(tk) + ALIGN_BYTES + cx_attention_scratch_bytes(&c);
 }
@@ -76,42 +96,61 @@ size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)
 void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                            const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
-    cx_attn_geom c = contiguous(g);
-    size_t tq = (size_t)(g->n * g->t * g->h * g->d) * 4, tk = (size_t)(g->n * g->s * g->h * g->d) * 4;
+    const int64_t chunk = chunk_of(g), qi = g->t * g->h * g->d;
+    size_t tq = (size_t)(chunk * qi) * 4, tk = (size_t)(chunk * g->s * g->h * g->d) * 4;
     char *base = (char *)(((uintptr_t)scratch + ALIGN_BYTES - 1) & ~(uintptr_t)(ALIGN_BYTES - 1));
     float *qf = (float *)base, *kf = (float *)(base + aligned(tq)), *vf = (float *)(base + aligned(tq) + aligned(tk));
     float *of = (float *)(base + aligned(tq) + 2 * aligned(tk));
     char *rest = base + 2 * aligned(tq) + 2 * aligned(tk);
-    widen(qf, q, g->q_strides, g->n, g->t, g->h, g->d);
-    widen(kf, k, g->k_strides, g->n, g->s, g->h, g->d);
-    widen(vf, v, g->v_strides, g->n, g->s, g->h, g->d);
-    cx_attention_fwd(of, qf, kf, vf, &c, rest, scratch_bytes - (size_t)(rest - (char *)scratch));
-    round_all(out, of, g->n * g->t * g->h * g->d);
+    for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
+        int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk;
+        cx_attn_geom c = chunk_geom(g, nb);
+        widen(qf, q + n0 * g->q_strides[0], g->q_strides, nb, g->t, g->h, g->d);
+        widen(kf, k + n0 * g->k_strides[0], g->k_strides, nb, g->s, g->h, g->d);
+        widen(vf, v + n0 * g->v_strides[0], g->v_strides, nb, g->s, g->h, g->d);
+        cx_attention_fwd(of, qf, kf, vf, &c, rest, scratch_bytes - (size_t)(rest - (char *)scratch));
+        round_all(out + n0 * qi, of, nb * qi);
+    }
 }
 
 size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g)
 {
-    cx_attn_geom c = contiguous(g);
-    size_t tq = (size_t)(g->n * g->t * g->h * g->d) * 4, tk = (size_t)(g->n * g->s * g->h * g->d) * 4;
+    int64_t nb = chunk_of(g);
+    cx_attn_geom c = chunk_geom(g, nb);
+    size_t tq = (size_t)(nb * g->t * g->h * g->d) * 4, tk = (size_t)(nb * g->s * g->h * g->d) * 4;
     /* q, k, v, o, dout, then dq dk dv */
     return 3 * aligned(tq) + 2 * aligned(tk) + aligned(tq + 2 * tk) + ALIGN_BYTES + cx_attention_bwd_scratch_bytes(&c);
+}
+
+/* one chunk of images [n0, n0 + nb): its f32 gradients dq | dk | dv into
+ * their places in dqkv (dq (N, T, H, D), then dk and dv (N, S, H, D)) */
+static void round_grads(uint16_t *dqkv, const float *grads, const cx_attn_geom *g, int64_t n0, int64_t nb)
+{
+    const int64_t qi = g->t * g->h * g->d, ki = g->s * g->h * g->d;
+    round_all(dqkv + n0 * qi, grads, nb * qi);
+    round_all(dqkv + g->n * qi + n0 * ki, grads + nb * qi, nb * ki);
+    round_all(dqkv + g->n * (qi + ki) + n0 * ki, grads + nb * (qi + ki), nb * ki);
 }
 
 void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
-    cx_attn_geom c = contiguous(g);
-    size_t tq = (size_t)(g->n * g->t * g->h * g->d) * 4, tk = (size_t)(g->n * g->s * g->h * g->d) * 4;
+    const int64_t chunk = chunk_of(g);
+    size_t tq = (size_t)(chunk * g->t * g->h * g->d) * 4, tk = (size_t)(chunk * g->s * g->h * g->d) * 4;
     char *base = (char *)(((uintptr_t)scratch + ALIGN_BYTES - 1) & ~(uintptr_t)(ALIGN_BYTES - 1));
     float *qf = (float *)base, *kf = (float *)(base + aligned(tq)), *vf = (float *)(base + aligned(tq) + aligned(tk));
     float *of = (float *)(base + aligned(tq) + 2 * aligned(tk)), *df = (float *)(base + 2 * aligned(tq) + 2 * aligned(tk));
     float *grads = (float *)(base + 3 * aligned(tq) + 2 * aligned(tk));
     char *rest = (char *)grads + aligned(tq + 2 * tk);
-    widen(qf, q, g->q_strides, g->n, g->t, g->h, g->d);
-    widen(kf, k, g->k_strides, g->n, g->s, g->h, g->d);
-    widen(vf, v, g->v_strides, g->n, g->s, g->h, g->d);
-    widen(of, o, g->o_strides, g->n, g->t, g->h, g->d);
-    widen(df, dout, g->do_strides, g->n, g->t, g->h, g->d);
-    cx_attention_bwd(grads, qf, kf, vf, of, df, &c, rest, scratch_bytes - (size_t)(rest - (char *)scratch));
-    round_all(dqkv, grads, (int64_t)((tq + 2 * tk) / 4));
+    for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
+        int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk;
+        cx_attn_geom c = chunk_geom(g, nb);
+        widen(qf, q + n0 * g->q_strides[0], g->q_strides, nb, g->t, g->h, g->d);
+        widen(kf, k + n0 * g->k_strides[0], g->k_strides, nb, g->s, g->h, g->d);
+        widen(vf, v + n0 * g->v_strides[0], g->v_strides, nb, g->s, g->h, g->d);
+        widen(of, o + n0 * g->o_strides[0], g->o_strides, nb, g->t, g->h, g->d);
+        widen(df, dout + n0 * g->do_strides[0], g->do_strides, nb, g->t, g->h, g->d);
+        cx_attention_bwd(grads, qf, kf, vf, of, df, &c, rest, scratch_bytes - (size_t)(rest - (char *)scratch));
+        round_grads(dqkv, grads, g, n0, nb);
+    }
 }
