@@ -5,6 +5,7 @@
  * and moved between kernels) stay bf16. */
 #include "kernels.h"
 #include "pool.h"
+#include "cx_assert.h"
 #include "cx_bf16.h"
 
 #include <string.h>
@@ -102,6 +103,7 @@ void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, 
     float *qf = (float *)base, *kf = (float *)(base + aligned(tq)), *vf = (float *)(base + aligned(tq) + aligned(tk));
     float *of = (float *)(base + aligned(tq) + 2 * aligned(tk));
     char *rest = base + 2 * aligned(tq) + 2 * aligned(tk);
+    CX_ASSERT((size_t)(rest - (char *)scratch) <= scratch_bytes);
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
         int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk;
         cx_attn_geom c = chunk_geom(g, nb);
@@ -142,6 +144,7 @@ void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k,
     float *of = (float *)(base + aligned(tq) + 2 * aligned(tk)), *df = (float *)(base + 2 * aligned(tq) + 2 * aligned(tk));
     float *grads = (float *)(base + 3 * aligned(tq) + 2 * aligned(tk));
     char *rest = (char *)grads + aligned(tq + 2 * tk);
+    CX_ASSERT((size_t)(rest - (char *)scratch) <= scratch_bytes);
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
         int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk;
         cx_attn_geom c = chunk_geom(g, nb);

@@ -6,6 +6,7 @@
  * graph's tensors (activations saved for backward included) stay bf16. */
 #include "kernels.h"
 #include "pool.h"
+#include "cx_assert.h"
 #include "cx_bf16.h"
 
 enum { ALIGN_BYTES = 64 };
@@ -106,6 +107,8 @@ static conv_bufs carve(const cx_conv_geom *g, int dir, void *scratch, size_t scr
     u.fo = (float *)p; p += aligned((size_t)o * 4);
     u.acc = (float *)p; p += dir == 2 ? aligned((size_t)o * 4) : 0;
     u.rest = p;
+    /* the compiler sized it (a loaded executable's is checked for presence only) */
+    CX_ASSERT((size_t)(p - (char *)scratch) <= scratch_bytes);
     u.left = scratch_bytes - (size_t)(p - (char *)scratch);
     return u;
 }

@@ -59,6 +59,14 @@ size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t
     return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
 }
 
+size_t cx_matmul_bf16_min_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
+{
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
+    /* the smaller route's tiles for one thread, M folded or not */
+    bgemm_dims d = dims_of(m * batch, n, k, true);
+    return per_thread_bytes(&d);
+}
+
 size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route)
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;

@@ -187,6 +187,9 @@ size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t
  * scratch planned for the other route, as a persistent-cache executable
  * compiled under another CX_CPU_ISA has, still runs. */
 size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route);
+/* The least scratch cx_matmul_bf16 runs in (one thread): what a loaded
+ * executable's bf16 matmul must have. 0 for an empty product. */
+size_t cx_matmul_bf16_min_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k);
 void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
                     int64_t batch, int64_t m, int64_t n, int64_t k,
                     bool trans_a, bool trans_b,
