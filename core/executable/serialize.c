@@ -210,6 +210,7 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
     int nd = a->ndim;
     int64_t batch = 1;
     for (int d = 0; d < nd - 2; d++) if (__builtin_mul_overflow(batch, a->shape[d], &batch)) return false;
+    if (__builtin_mul_overflow(batch, a->shape[nd - 2], &(int64_t){ 0 })) return false; /* the kernel folds them */
     size_t need = cx_matmul_bf16_min_scratch_bytes(batch, a->shape[nd - 2], b->shape[nd - 1], a->shape[nd - 1]);
     return need == 0 || (k->scratch_slot >= 0 && (size_t)k->scratch_bytes >= need);
 }

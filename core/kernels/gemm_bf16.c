@@ -1,11 +1,11 @@
-/* bf16 matmul with f32 sums. The output is cut into tasks of up to MCH
- * rows by NC columns, dealt to the pool's threads; each task sums its f32
- * tile over K in KC blocks and rounds it to bf16 once at the end, so the
- * result does not depend on the blocking or the thread count.
+/* bf16 matmul with f32 sums. The output is cut into tasks (row chunks by
+ * column blocks) dealt to the pool's threads; each task sums its f32 tile
+ * over K in KC blocks and rounds it to bf16 once at the end, so the result
+ * does not depend on the blocking or the thread count.
  *  - AVX512_BF16: B's block is packed into pairs of rows interleaved (the
- *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]), A's block into
- *    MR-row panels of pairs; a 12x32 micro-kernel keeps its tile in 24
- *    registers.
+ *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]); A is read in
+ *    place where its rows hold the pairs (else packed into MR-row panels
+ *    of pairs); a 12x32 micro-kernel keeps its tile in 24 registers.
  *  - otherwise: the blocks are widened to f32 and multiplied by OpenBLAS,
  *    so memory and the arena hold bf16 while the arithmetic is f32's. */
 #include "kernels.h"
