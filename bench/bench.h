@@ -164,5 +164,6 @@ int bench_ddp(int argc, char **argv, bench_cfg cfg);
 int bench_fsdp(int argc, char **argv, bench_cfg cfg);
 int bench_cache(int argc, char **argv, bench_cfg cfg);
 int bench_gpt(int argc, char **argv, bench_cfg cfg);
+int bench_precision(int argc, char **argv, bench_cfg cfg);
 
 #endif

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "bench.h"
 
+#include <cxla/core.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -124,11 +125,11 @@ static void describe(const char *when)
     bool launched = bench_in_launched_rank();
     double rtt = launched ? -1 : core_round_trip_ns();
     if (rtt > 0)
-        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs; cache-line round trip between two CPUs %.0f ns\n", when, name,
-                isa, sysconf(_SC_NPROCESSORS_ONLN), rtt);
+        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s; cache-line round trip between two CPUs %.0f ns\n",
+                when, name, isa, sysconf(_SC_NPROCESSORS_ONLN), cx_bf16_path(), rtt);
     else
-        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs%s\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN),
-                launched ? " (no round trip: the ranks share the CPUs)" : "");
+        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s%s\n", when, name, isa,
+                sysconf(_SC_NPROCESSORS_ONLN), cx_bf16_path(), launched ? " (no round trip: the ranks share the CPUs)" : "");
 }
 
 void bench_machine_start(void)

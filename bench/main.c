@@ -32,6 +32,13 @@ static const subcommand g_subcommands[] = {
       "gpt_attention_share: the fused attention's share of a step (forward + backward of every layer)\n"
       "vs the plain attention's share of the same step built with it\n"
       "gpt_peak_bytes: peak device memory of a step vs the model state (parameters, gradients, Adam moments)", 0, 0 },
+    { "precision", bench_precision,
+      "Run directly. The machine line names the bf16 path (cx_bf16_path, CX_CPU_ISA caps it).\n"
+      "bf16_gemm_gflops: a 2048^3 bf16 matmul through the core vs the faster, in each round, of oneDNN's bf16\n"
+      "matmul and OpenBLAS's sgemm on the same values, with as many threads\n"
+      "bf16_matmul_vs_f32: the gpt default model's three linear shapes as bf16 matmuls through the core vs the same\n"
+      "in f32 (target: >= 1.5 with AVX512_BF16, >= 1.0 without)\n"
+      "--figure NAME runs one figure", 0, 0 },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"
       "ckpt_save_gbps: saving a 640 MiB model vs a raw sequential write (with fsync) of as many bytes\n"

@@ -3,37 +3,44 @@
 
 cx_tensor *cx_vjp_matmul(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
-    (void)n; (void)out;
-    /* dA = g @ B^T, dB = A^T @ g; batch dims are equal (views did the broadcast) */
-    if (i == 0) {
-        cx_tensor *bt = cx_transpose(in[1], -1, -2);
-        cx_tensor *r = cx_matmul_prim(g, bt);
-        cx_drop(bt);
-        return r;
-    }
-    cx_tensor *at = cx_transpose(in[0], -1, -2);
-    cx_tensor *r = cx_matmul_prim(at, g);
-    cx_drop(at);
+    (void)out;
+    /* dA = g @ B^T, dB = A^T @ g; batch dims are equal (views did the
+     * broadcast). A bf16 matmul's gradients are bf16 matmuls too (as
+     * PyTorch's under autocast); a gradient arriving in f32 is rounded to
+     * the op's dtype first, so the two products run in the forward's. */
+    cx_dtype dt = (cx_dtype)n->dtype;
+    cx_tensor *gd = cx_dtype_of(g) == dt ? cx_alias(g) : cx_cast(g, dt);
+    cx_tensor *other = cx_transpose(in[1 - i], -1, -2);
+    cx_tensor *r = i == 0 ? cx_matmul_prim(gd, other) : cx_matmul_prim(other, gd);
+    cx_drop(other);
+    cx_drop(gd);
     return r;
 }
 
 cx_tensor *cx_vjp_conv(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)
 {
     (void)out;
-    /* the backward ops also carry the shape they cannot see from their inputs */
+    /* the backward ops also carry the shape they cannot see from their
+     * inputs; a bf16 conv's gradients are bf16 convs (the gradient rounded
+     * to bf16 first), as matmul's */
     int64_t attrs[CX_AT_CONV_BWD_COUNT];
     CX_ASSERT(n->nattrs == CX_AT_CONV_COUNT);
     memcpy(attrs, n->attrs, CX_AT_CONV_COUNT * sizeof(int64_t));
+    cx_dtype dt = (cx_dtype)n->dtype;
+    cx_tensor *gd = cx_dtype_of(g) == dt ? cx_alias(g) : cx_cast(g, dt), *r;
     if (i == 0) {
         cx_node *x = in[0]->node;
         memcpy(attrs + CX_AT_CONV_SHAPE, x->shape, 4 * sizeof(int64_t));
-        cx_tensor *ins[2] = { g, in[1] };
-        return cx_make_op(OP_CONV2D_BWD_INPUT, CX_F32, x->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
+        cx_tensor *ins[2] = { gd, in[1] };
+        r = cx_make_op(OP_CONV2D_BWD_INPUT, dt, x->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
+    } else {
+        cx_node *w = in[1]->node;
+        memcpy(attrs + CX_AT_CONV_SHAPE, w->shape, 4 * sizeof(int64_t));
+        cx_tensor *ins[2] = { in[0], gd };
+        r = cx_make_op(OP_CONV2D_BWD_WEIGHT, dt, w->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
     }
-    cx_node *w = in[1]->node;
-    memcpy(attrs + CX_AT_CONV_SHAPE, w->shape, 4 * sizeof(int64_t));
-    cx_tensor *ins[2] = { in[0], g };
-    return cx_make_op(OP_CONV2D_BWD_WEIGHT, CX_F32, w->shape, 4, ins, 2, attrs, CX_AT_CONV_BWD_COUNT, 0);
+    cx_drop(gd);
+    return r;
 }
 
 cx_tensor *cx_vjp_pool(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)

@@ -15,9 +15,14 @@ cx_tensor *cx_vjp_attention(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx
 {
     const int64_t *qs = in[0]->node->shape, *ks = in[1]->node->shape;
     int64_t total = qs[0] * qs[2] * qs[3] * (qs[1] + 2 * ks[1]);
-    cx_tensor *ins[5] = { in[0], in[1], in[2], out, g };
+    /* a bf16 attention's backward is bf16 too: the gradient is rounded to
+     * the op's dtype first (the same rounded value for all three calls) */
+    cx_dtype dt = (cx_dtype)n->dtype;
+    cx_tensor *gd = cx_dtype_of(g) == dt ? cx_alias(g) : cx_cast(g, dt);
+    cx_tensor *ins[5] = { in[0], in[1], in[2], out, gd };
     /* interned: the three VJP calls share one backward op */
-    cx_tensor *packed = cx_make_op(OP_ATTENTION_BWD, CX_F32, &total, 1, ins, 5, n->attrs, n->nattrs, n->fval);
+    cx_tensor *packed = cx_make_op(OP_ATTENTION_BWD, dt, &total, 1, ins, 5, n->attrs, n->nattrs, n->fval);
+    cx_drop(gd);
     int64_t dq = qs[0] * qs[1] * qs[2] * qs[3], dk = ks[0] * ks[1] * ks[2] * ks[3];
     cx_tensor *r = packed_part(packed, i == 0 ? 0 : i == 1 ? dq : dq + dk, i == 0 ? qs : ks, 4);
     cx_drop(packed);

@@ -150,13 +150,15 @@ static cx_kkind heavy_kind(int op)
     }
 }
 
-/* Scratch bytes of a heavy kernel: conv tiles, or a collective's
+/* Scratch bytes of a heavy kernel: conv tiles, bf16 matmul tiles, or a collective's
  * rearrangement buffer (a non-leading axis, or all_to_all). */
 static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel *k)
 {
     if (k->kind == K_CONV || k->kind == K_CONV_BI || k->kind == K_CONV_BW) {
         cx_conv_geom g;
         cx_kernel_conv_geom(k, &g);
+        if (k->in[0].dtype == CX_BF16)
+            return (int64_t)cx_conv2d_bf16_scratch_bytes(&g, k->kind == K_CONV ? 0 : k->kind == K_CONV_BI ? 1 : 2);
         return (int64_t)(k->kind == K_CONV ? cx_conv2d_scratch_bytes(&g)
                          : k->kind == K_CONV_BI ? cx_conv2d_bwd_input_scratch_bytes(&g)
                          : cx_conv2d_bwd_weight_scratch_bytes(&g));
@@ -164,7 +166,17 @@ static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel 
     if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_BWD) {
         cx_attn_geom g;
         cx_kernel_attn_geom(k, &g);
+        if (k->in[0].dtype == CX_BF16)
+            return (int64_t)(k->kind == K_ATTENTION ? cx_attention_bf16_scratch_bytes(&g)
+                                                    : cx_attention_bf16_bwd_scratch_bytes(&g));
         return (int64_t)(k->kind == K_ATTENTION ? cx_attention_scratch_bytes(&g) : cx_attention_bwd_scratch_bytes(&g));
+    }
+    if (k->kind == K_MATMUL && k->in[0].dtype == CX_BF16) {
+        const cx_kin *a = &k->in[0], *b = &k->in[1];
+        int nd = a->ndim;
+        int64_t batch = 1;
+        for (int d = 0; d < nd - 2; d++) batch *= a->shape[d];
+        return (int64_t)cx_matmul_bf16_scratch_bytes(batch, a->shape[nd - 2], b->shape[nd - 1], a->shape[nd - 1]);
     }
     if (k->kind == K_LAYER_NORM_BWD) {
         const cx_kin *x = &k->in[0];

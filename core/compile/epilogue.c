@@ -27,7 +27,7 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
     const int nd = merged->ndim;
     const int64_t *shape = merged->shape;
     if (h->kind == K_CONV && in[2].kind == P_BIN && in[2].op == OP_ADD && in[2].a + in[2].b == 1 &&
-        (p->n == 3 || (in[3].kind == P_RELU && in[3].a == 2))) {
+        (p->n == 3 || (p->n == 4 && in[3].kind == P_RELU && in[3].a == 2))) {
         if (nd < 3 || nd > 4 || h->ndim != 4 || shape[0] != h->shape[0] || shape[1] != h->shape[1]) return EPI_PROG;
         int64_t plane = 1;
         for (int d = 2; d < nd; d++) plane *= shape[d];
@@ -46,12 +46,13 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
 }
 
 /* Whether f can run as h's epilogue: f is the only reader of h's output,
- * an f32 elementwise kernel over the same elements, reading that output in
+ * an elementwise kernel of h's dtype over the same elements (it then runs
+ * in place over h's output), reading that output in
  * its own element order, and not writing over a buffer it also reads. */
 static bool epilogue_fits(const cx_executable *e, int k, const cx_kernel *h, int reader)
 {
     const cx_kernel *f = &e->kernels[reader];
-    if (reader <= k || f->kind != K_FUSED || f->out_numel != h->out_numel || f->out_dtype != CX_F32) return false;
+    if (reader <= k || f->kind != K_FUSED || f->out_numel != h->out_numel || f->out_dtype != h->out_dtype) return false;
     if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
     for (int i = 0; i < f->prog.n; i++) {
         const cx_pinstr *in = &f->prog.ins[i];

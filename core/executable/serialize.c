@@ -239,6 +239,31 @@ static bool attrs_ok(const cx_kernel *k)
     }
 }
 
+/* The dense kernels run in their output's dtype, f32 or bf16, and read
+ * every operand in it (the executor picks the kernel by dtype); a bf16
+ * matmul needs at least one thread's tiles of scratch. */
+static bool dense_ok(const cx_executable *e, const cx_kernel *k)
+{
+    switch (k->kind) {
+    case K_MATMUL: case K_CONV: case K_CONV_BI: case K_CONV_BW: case K_ATTENTION: case K_ATTENTION_BWD: break;
+    default: return true;
+    }
+    if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
+    for (int i = 0; i < k->nin; i++)
+        if (k->in[i].dtype != k->out_dtype) return false;
+    if (k->out_dtype == CX_F32) return true;
+    if (k->scratch_slot >= 0 && k->scratch_bytes > e->slots[k->scratch_slot].bytes) return false;
+    if (k->kind != K_MATMUL) return k->scratch_slot >= 0 && k->scratch_bytes > 0;
+    if (k->nin != 2 || k->in[0].ndim < 2 || k->in[0].ndim != k->in[1].ndim) return false;
+    const cx_kin *a = &k->in[0], *b = &k->in[1];
+    int nd = a->ndim;
+    int64_t batch = 1;
+    for (int d = 0; d < nd - 2; d++) if (__builtin_mul_overflow(batch, a->shape[d], &batch)) return false;
+    if (__builtin_mul_overflow(batch, a->shape[nd - 2], &(int64_t){ 0 })) return false; /* the kernel folds them */
+    size_t need = cx_matmul_bf16_min_scratch_bytes(batch, a->shape[nd - 2], b->shape[nd - 1], a->shape[nd - 1]);
+    return need == 0 || (k->scratch_slot >= 0 && (size_t)k->scratch_bytes >= need);
+}
+
 static bool exec_ok(const cx_executable *e)
 {
     if (e->n_inputs < 0 || e->n_rts < 0 || e->n_outputs < 0 || e->nslots < 0 || e->nkernels < 0) return false;
@@ -286,7 +311,7 @@ static bool exec_ok(const cx_executable *e)
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
         if (k->kind == K_COLL && (k->coll_op < OP_ALL_REDUCE || k->coll_op > OP_BROADCAST || k->nin < 1)) return false;
-        if (!attrs_ok(k)) return false;
+        if (!attrs_ok(k) || !dense_ok(e, k)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
         if (k->epi > EPI_POSMASK) return false;
         if (k->epi != EPI_PROG) {

@@ -66,6 +66,14 @@ size_t cx_conv2d_bwd_weight_scratch_bytes(const cx_conv_geom *g);
 void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                    size_t scratch_bytes);
 
+/* The three over bf16 operands and output (conv_bf16.c): dir 0 y from
+ * (x, w), 1 dx from (dy, w), 2 dw from (x, dy); no bias, relu or mask
+ * (the graph applies them). The operands are widened into f32 copies in
+ * the scratch for the f32 kernels, the result rounded once. */
+size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
+void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
+                    void *scratch, size_t scratch_bytes);
+
 /* Winograd F(2x2, 3x3) (winograd.c), which the three conv2d
  * functions above use by themselves where it applies: 3x3, stride 1,
  * dilation 1, one group, pad <= 2, at least 8 channels each way and two
@@ -120,6 +128,16 @@ size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o, const float *dout,
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 
+/* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
+ * (attention_bf16.c): widened into f32 copies in the scratch for the f32
+ * kernels above, the results rounded once. */
+size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g);
+void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                           const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g);
+void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
+                           const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */
 void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps);
@@ -148,6 +166,34 @@ void cx_matmul_f32(float *c, const float *a, const float *b,
                    int64_t batch, int64_t m, int64_t n, int64_t k,
                    bool trans_a, bool trans_b,
                    int64_t stride_a, int64_t stride_b);
+
+/* Instruction sets the kernels choose between at run time (isa.c), in
+ * increasing order. */
+typedef enum { CX_ISA_BASELINE, CX_ISA_AVX2, CX_ISA_AVX512, CX_ISA_AVX512_BF16 } cx_isa;
+/* What the CPU and OS support. */
+cx_isa cx_isa_detected(void);
+/* What the kernels use: the detected set capped by CX_CPU_ISA (read once). */
+cx_isa cx_isa_active(void);
+const char *cx_isa_name(cx_isa isa);
+
+/* bf16 matmul (gemm_bf16.c): as cx_matmul_f32 over bf16 a, b and c, with
+ * the products summed in f32 and c rounded once (to nearest even). With
+ * AVX512_BF16 the tiles are multiplied by vdpbf16ps; without it each tile
+ * is widened to f32 for cx_sgemm_serial, so memory holds bf16 throughout.
+ * Both use the scratch from cx_matmul_bf16_scratch_bytes and as many
+ * threads as it has room for. */
+size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k);
+/* The scratch either route plans (bf16_route: the AVX512_BF16 one): a
+ * scratch planned for the other route, as a persistent-cache executable
+ * compiled under another CX_CPU_ISA has, still runs. */
+size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route);
+/* The least scratch cx_matmul_bf16 runs in (one thread): what a loaded
+ * executable's bf16 matmul must have. 0 for an empty product. */
+size_t cx_matmul_bf16_min_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k);
+void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
+                    int64_t batch, int64_t m, int64_t n, int64_t k,
+                    bool trans_a, bool trans_b,
+                    int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes);
 
 /* torch.gather / scatter_add on a tensor viewed as (outer, dim, inner):
  * out (outer, idx_dim, inner); index (outer, idx_dim, inner) of i64.

@@ -1,6 +1,8 @@
 /* Contractions and friends: matmul, conv2d, pools, gather / scatter-add,
- * with their VJPs. Only f32 runs through the dense kernels; bf16 operands
- * are computed in f32 and cast back. */
+ * with their VJPs. A matmul or conv of two bf16 operands runs in bf16
+ * (products summed in f32, the result rounded once: PyTorch's bf16 matmul
+ * and conv); any other mix, and the other ops here, compute in f32 and
+ * cast back. */
 #include "ops.h"
 #include "kernels.h"
 
@@ -26,13 +28,16 @@ static bool float_operands(cx_tensor **ts, int n, const char *op, cx_tensor **er
 
 cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b)
 {
-    /* a (*batch, M, K), b (*batch, K, N): batch dims already equal */
+    /* a (*batch, M, K), b (*batch, K, N): batch dims already equal; both
+     * f32, or both bf16 */
     int nd = a->node->ndim;
     int64_t shape[CX_MAX_DIMS];
     memcpy(shape, a->node->shape, sizeof(int64_t) * (size_t)nd);
     shape[nd - 1] = b->node->shape[nd - 1];
     cx_tensor *ins[2] = { a, b };
-    return cx_make_op(OP_MATMUL, CX_F32, shape, nd, ins, 2, NULL, 0, 0);
+    cx_dtype dt = cx_dtype_of(a) == CX_BF16 && cx_dtype_of(b) == CX_BF16 ? CX_BF16 : CX_F32;
+    CX_ASSERT(cx_dtype_of(a) == dt && cx_dtype_of(b) == dt);
+    return cx_make_op(OP_MATMUL, dt, shape, nd, ins, 2, NULL, 0, 0);
 }
 
 cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
@@ -74,9 +79,10 @@ cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
     sa[nbatch] = M; sa[nbatch + 1] = K;
     sb[nbatch] = K; sb[nbatch + 1] = N;
     cx_tensor *Ae = cx_expand(A, sa, nbatch + 2), *Be = cx_expand(B, sb, nbatch + 2);
-    cx_tensor *Af = cx_cast(Ae, CX_F32), *Bf = cx_cast(Be, CX_F32);
-    cx_tensor *r = cx_matmul_prim(Af, Bf);
     cx_dtype odt = cx_promote(cx_dtype_of(a), cx_dtype_of(b));
+    cx_dtype kdt = odt == CX_BF16 ? CX_BF16 : CX_F32;
+    cx_tensor *Af = cx_cast(Ae, kdt), *Bf = cx_cast(Be, kdt);
+    cx_tensor *r = cx_matmul_prim(Af, Bf);
     cx_tensor *rc = cx_cast(r, odt);
     cx_tensor *tmp[] = { A, B, Ae, Be, Af, Bf, r };
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) cx_drop(tmp[i]);
@@ -127,19 +133,22 @@ cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias, int stride_h, 
                                         [CX_AT_CONV_DIL_H] = dil_h, [CX_AT_CONV_DIL_W] = dil_w,
                                         [CX_AT_CONV_GROUPS] = groups };
     int64_t shape[4] = { g.n, g.o, g.oh, g.ow };
-    cx_tensor *xf = cx_cast(x, CX_F32), *wf = cx_cast(w, CX_F32);
+    /* bf16 x and w: a bf16 conv (f32 sums, rounded once) and a bias in
+     * bf16, as PyTorch's bf16 conv; any other mix computes in f32 */
+    cx_dtype odt = cx_promote(cx_dtype_of(x), cx_dtype_of(w));
+    cx_dtype kdt = odt == CX_BF16 ? CX_BF16 : CX_F32;
+    cx_tensor *xf = cx_cast(x, kdt), *wf = cx_cast(w, kdt);
     cx_tensor *ins[2] = { xf, wf };
-    cx_tensor *y = cx_make_op(OP_CONV2D, CX_F32, shape, 4, ins, 2, attrs, CX_AT_CONV_COUNT, 0);
+    cx_tensor *y = cx_make_op(OP_CONV2D, kdt, shape, 4, ins, 2, attrs, CX_AT_CONV_COUNT, 0);
     cx_drop(xf); cx_drop(wf);
     if (bias) {
         int64_t bs[4] = { 1, g.o, 1, 1 };
-        cx_tensor *br = cx_reshape(bias, bs, 4);
-        cx_tensor *yb = cx_add(y, br);
-        cx_drop(br); cx_drop(y);
+        cx_tensor *br = cx_reshape(bias, bs, 4), *bc = cx_cast(br, kdt);
+        cx_tensor *yb = cx_add(y, bc);
+        cx_drop(br); cx_drop(bc); cx_drop(y);
         y = yb;
     }
-    cx_dtype odt = cx_promote(cx_dtype_of(x), cx_dtype_of(w));
-    if (odt != CX_F32) { cx_tensor *c = cx_cast(y, odt); cx_drop(y); y = c; }
+    if (odt != kdt) { cx_tensor *c = cx_cast(y, odt); cx_drop(y); y = c; }
     return y;
 }
 

@@ -9,14 +9,23 @@
 
 /* ---- attention --------------------------------------------------------------------- */
 
-static bool f32_rank4(cx_tensor *t) { return t && t->node->ndim == 4 && t->node->dtype == CX_F32; }
+static bool float_rank4(cx_tensor *t)
+{
+    return t && t->node->ndim == 4 && (t->node->dtype == CX_F32 || t->node->dtype == CX_BF16);
+}
 
-/* q (N, T, H, D), k and v (N, S, H, D): the kernel's heads-inside layout. */
+/* q (N, T, H, D), k and v (N, S, H, D): the kernel's heads-inside layout.
+ * All bf16 runs in bf16 (f32 inside the kernel, rounded once, as PyTorch's
+ * bf16 attention); any f32 operand makes it f32. */
 static cx_tensor *attention_prim(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool causal, double scale)
 {
     int64_t attrs[CX_AT_ATTN_COUNT] = { [CX_AT_ATTN_CAUSAL] = causal };
-    cx_tensor *ins[3] = { q, k, v };
-    return cx_make_op(OP_ATTENTION, CX_F32, q->node->shape, 4, ins, 3, attrs, CX_AT_ATTN_COUNT, scale);
+    cx_dtype dt = cx_dtype_of(q) == CX_BF16 && cx_dtype_of(k) == CX_BF16 && cx_dtype_of(v) == CX_BF16 ? CX_BF16 : CX_F32;
+    cx_tensor *ins[3];
+    for (int i = 0; i < 3; i++) ins[i] = cx_cast((cx_tensor *[]){ q, k, v }[i], dt);
+    cx_tensor *r = cx_make_op(OP_ATTENTION, dt, q->node->shape, 4, ins, 3, attrs, CX_AT_ATTN_COUNT, scale);
+    for (int i = 0; i < 3; i++) cx_drop(ins[i]);
+    return r;
 }
 
 cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal, double scale)
@@ -25,9 +34,9 @@ cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor
     for (int i = 0; i < 3; i++) {
         if (!in[i]) return cx_poisoned("scaled_dot_product_attention: input %d is NULL", i);
         if (in[i]->node->op == OP_ERROR) return cx_tensor_of(in[i]->node);
-        if (!f32_rank4(in[i])) {
+        if (!float_rank4(in[i])) {
             char b[160];
-            return cx_poisoned("scaled_dot_product_attention: input %d %s %s must be f32 (B, H, T, D)", i,
+            return cx_poisoned("scaled_dot_product_attention: input %d %s %s must be f32 or bf16 (B, H, T, D)", i,
                                cx_shape_str(b, sizeof b, in[i]->node->shape, in[i]->node->ndim),
                                cx_dtype_name(cx_dtype_of(in[i])));
         }

@@ -22,6 +22,13 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
     const float *a = (const float *)rc->slot_ptr[A->slot] + A->offset;
     const float *b = (const float *)rc->slot_ptr[B->slot] + B->offset;
     int64_t sa = batch > 1 ? A->batch_stride : 0, sb = batch > 1 ? B->batch_stride : 0;
+    if (A->dtype == CX_BF16) {
+        const uint16_t *ah = (const uint16_t *)rc->slot_ptr[A->slot] + A->offset;
+        const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
+        cx_matmul_bf16(rc->slot_ptr[k->out_slot], ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
+                       rc->slot_ptr[k->scratch_slot], (size_t)k->scratch_bytes);
+        return;
+    }
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
 }
 
@@ -36,10 +43,26 @@ static const float *kin_data(const run_ctx *rc, const cx_kin *x)
     return (const float *)rc->slot_ptr[x->slot] + x->view.offset;
 }
 
+static const uint16_t *kin_bf16(const run_ctx *rc, const cx_kin *x)
+{
+    return (const uint16_t *)rc->slot_ptr[x->slot] + x->view.offset;
+}
+
+static void run_attention_bf16(const run_ctx *rc, const cx_kernel *k, const cx_attn_geom *g, void *out, void *scratch)
+{
+    const uint16_t *q = kin_bf16(rc, &k->in[0]), *kk = kin_bf16(rc, &k->in[1]), *v = kin_bf16(rc, &k->in[2]);
+    if (k->kind == K_ATTENTION)
+        cx_attention_bf16_fwd(out, q, kk, v, g, scratch, (size_t)k->scratch_bytes);
+    else
+        cx_attention_bf16_bwd(out, q, kk, v, kin_bf16(rc, &k->in[3]), kin_bf16(rc, &k->in[4]), g, scratch,
+                              (size_t)k->scratch_bytes);
+}
+
 static void run_attention(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
 {
     cx_attn_geom g;
     cx_kernel_attn_geom(k, &g);
+    if (k->in[0].dtype == CX_BF16) { run_attention_bf16(rc, k, &g, out, scratch); return; }
     const float *q = kin_data(rc, &k->in[0]), *kk = kin_data(rc, &k->in[1]), *v = kin_data(rc, &k->in[2]);
     if (k->kind == K_ATTENTION)
         cx_attention_fwd(out, q, kk, v, &g, scratch, (size_t)k->scratch_bytes);
@@ -108,11 +131,26 @@ static void run_concat(const run_ctx *rc, const cx_kernel *k)
         memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
 }
 
+/* A bf16 convolution or gradient: the compiler attached no bias, relu or
+ * mask to it (they fold only over f32), so any epilogue is a program. */
+static bool run_conv_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    int dir = k->kind == K_CONV ? 0 : k->kind == K_CONV_BI ? 1 : k->kind == K_CONV_BW ? 2 : -1;
+    if (dir < 0 || k->in[0].dtype != CX_BF16) return false;
+    CX_ASSERT(k->epi == EPI_PROG);
+    cx_conv_geom g;
+    cx_kernel_conv_geom(k, &g);
+    cx_conv2d_bf16(dir, out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+                   (size_t)k->scratch_bytes);
+    return true;
+}
+
 cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
 {
     void *out = rc->slot_ptr[k->out_slot];
     void *scratch = k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL;
-    switch (k->kind) {
+    switch (run_conv_bf16(rc, k, out, scratch) ? -1 : (int)k->kind) {
+    case -1: break;
     case K_MATMUL: run_matmul(rc, k); break;
     case K_CONV: {
         cx_conv_geom g;

@@ -159,6 +159,11 @@ CX_API float cx_bf16_to_f32(uint16_t h);
 CX_API uint16_t cx_f32_to_bf16(float f);
 CX_API void cx_bf16_to_f32_row(float *dst, const uint16_t *src, int64_t n);
 CX_API void cx_f32_to_bf16_row(uint16_t *dst, const float *src, int64_t n);
+/* Which instructions multiply bf16 matmuls on this machine, as chosen at
+ * run time and capped by CX_CPU_ISA: "avx512_bf16" (vdpbf16ps), or
+ * "none (converted to f32)" (tiles widened for the f32 kernels).
+ * @return a static string, never NULL. */
+CX_API const char *cx_bf16_path(void);
 
 /* ---- tensor creation and lifetime ----------------------------------- */
 

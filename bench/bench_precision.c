@@ -1,0 +1,286 @@
+/* cxla-bench precision: what bf16 buys on this machine. Each figure is a
+ * row of g_figures: a name and a function that measures both sides in the
+ * same rounds and emits its line, so a figure is added by writing one
+ * function and one row. --figure NAME runs only that one.
+ *
+ * bf16_gemm_gflops: an n^3 bf16 matmul through the core (a graph of one
+ * matmul of two bf16 tensors, synced) against the best GEMM a library on
+ * this machine offers for the same product: oneDNN's bf16 matmul (the
+ * library PyTorch's CPU path runs on; vdpbf16ps or AMX where the CPU has
+ * them) or OpenBLAS's sgemm on the same values in f32, whichever is faster
+ * in that round (on a CPU without bf16 instructions oneDNN's bf16 matmul
+ * is a reference loop, and f32 is what bf16 storage must not fall below).
+ * Both libraries get as many threads as cxla uses.
+ *
+ * bf16_matmul_vs_f32: below. */
+#include "bench.h"
+
+#include <cxla/cxla.h>
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern void openblas_set_num_threads(int);
+
+static int g_gemm_n = 2048;
+
+/* ---- bf16_gemm_gflops -------------------------------------------------------------- */
+
+typedef struct {
+    int n;
+    uint16_t *a, *b, *c;   /* bf16 host copies, for oneDNN */
+    float *af, *bf, *cf;   /* the same values in f32, for sgemm */
+    cx_tensor *ta, *tb;
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    dnnl_primitive_t prim;
+    dnnl_memory_t ma, mb, mc;
+    char dnnl_impl[64];   /* oneDNN's name of the implementation it chose */
+} gemm_ctx;
+
+static double core_unit(void *p)
+{
+    gemm_ctx *g = p;
+    double t0 = bench_now();
+    cx_tensor *c = cx_matmul(g->ta, g->tb);
+    cx_status st = cx_sync_tensors(&c, 1);
+    double dt = bench_now() - t0;
+    cx_free(c);
+    if (st == CX_OK) return dt;
+    fprintf(stderr, "cxla-bench precision: bf16 matmul: %s\n", cx_last_error());
+    return -1;
+}
+
+static double dnnl_unit(void *p)
+{
+    gemm_ctx *g = p;
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, g->ma }, { DNNL_ARG_WEIGHTS, g->mb }, { DNNL_ARG_DST, g->mc } };
+    double t0 = bench_now();
+    dnnl_status_t st = dnnl_primitive_execute(g->prim, g->stream, 3, args);
+    if (st == dnnl_success) st = dnnl_stream_wait(g->stream);
+    double dt = bench_now() - t0;
+    if (st == dnnl_success) return dt;
+    fprintf(stderr, "cxla-bench precision: oneDNN matmul failed (status %d)\n", (int)st);
+    return -1;
+}
+
+static double sgemm_unit(void *p)
+{
+    gemm_ctx *g = p;
+    int n = g->n;
+    openblas_set_num_threads(cx_get_num_threads());
+    double t0 = bench_now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, g->af, n, g->bf, n, 0.0f, g->cf, n);
+    double dt = bench_now() - t0;
+    openblas_set_num_threads(1);   /* cxla's workers call OpenBLAS single-threaded */
+    return dt;
+}
+
+/* oneDNN's n x n bf16 matmul primitive over g's host buffers. */
+static bool dnnl_setup(gemm_ctx *g)
+{
+    dnnl_dims_t d = { g->n, g->n };
+    dnnl_memory_desc_t md;
+    dnnl_matmul_desc_t mm;
+    dnnl_primitive_desc_t pd = NULL;
+    omp_set_num_threads(cx_get_num_threads());
+    bool ok = dnnl_engine_create(&g->eng, dnnl_cpu, 0) == dnnl_success &&
+              dnnl_stream_create(&g->stream, g->eng, dnnl_stream_default_flags) == dnnl_success &&
+              dnnl_memory_desc_init_by_tag(&md, 2, d, dnnl_bf16, dnnl_ab) == dnnl_success &&
+              dnnl_matmul_desc_init(&mm, &md, &md, NULL, &md) == dnnl_success &&
+              dnnl_primitive_desc_create(&pd, &mm, NULL, g->eng, NULL) == dnnl_success &&
+              dnnl_primitive_create(&g->prim, pd) == dnnl_success &&
+              dnnl_memory_create(&g->ma, &md, g->eng, g->a) == dnnl_success &&
+              dnnl_memory_create(&g->mb, &md, g->eng, g->b) == dnnl_success &&
+              dnnl_memory_create(&g->mc, &md, g->eng, g->c) == dnnl_success;
+    const char *impl = NULL;
+    if (ok && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = NULL;
+    snprintf(g->dnnl_impl, sizeof g->dnnl_impl, "%s", impl ? impl : "?");
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (!ok) fprintf(stderr, "cxla-bench precision: oneDNN could not make an %d^2 bf16 matmul\n", g->n);
+    return ok;
+}
+
+static void gemm_free(gemm_ctx *g)
+{
+    if (g->ma) dnnl_memory_destroy(g->ma);
+    if (g->mb) dnnl_memory_destroy(g->mb);
+    if (g->mc) dnnl_memory_destroy(g->mc);
+    if (g->prim) dnnl_primitive_destroy(g->prim);
+    if (g->stream) dnnl_stream_destroy(g->stream);
+    if (g->eng) dnnl_engine_destroy(g->eng);
+    cx_free(g->ta); cx_free(g->tb);
+    free(g->a); free(g->b); free(g->c); free(g->af); free(g->bf); free(g->cf);
+}
+
+static bool gemm_setup(gemm_ctx *g, int n)
+{
+    size_t nn = (size_t)n * (size_t)n;
+    g->n = n;
+    g->a = malloc(2 * nn); g->b = malloc(2 * nn); g->c = malloc(2 * nn);
+    g->af = malloc(4 * nn); g->bf = malloc(4 * nn); g->cf = malloc(4 * nn);
+    if (!g->a || !g->b || !g->c || !g->af || !g->bf || !g->cf) {
+        fprintf(stderr, "cxla-bench precision: out of memory for the %d^2 operands\n", n);
+        return false;
+    }
+    for (size_t i = 0; i < nn; i++) {
+        g->a[i] = cx_f32_to_bf16((float)(i % 13) * 0.1f - 0.6f);
+        g->b[i] = cx_f32_to_bf16((float)(i % 7) * 0.1f - 0.3f);
+        g->af[i] = cx_bf16_to_f32(g->a[i]);
+        g->bf[i] = cx_bf16_to_f32(g->b[i]);
+    }
+    int64_t s[2] = { n, n };
+    g->ta = cx_from_host(g->a, s, 2, CX_BF16);
+    g->tb = cx_from_host(g->b, s, 2, CX_BF16);
+    if (cx_tensor_error(g->ta) || cx_tensor_error(g->tb)) {
+        fprintf(stderr, "cxla-bench precision: bf16 operands: %s\n", cx_last_error());
+        return false;
+    }
+    return dnnl_setup(g);
+}
+
+static int bf16_gemm(const bench_cfg *cfg)
+{
+    gemm_ctx g = { 0 };
+    int rc = 1;
+    if (!gemm_setup(&g, g_gemm_n)) goto out;
+    /* the first matmul compiles, the first library calls size their buffers */
+    if (core_unit(&g) < 0 || dnnl_unit(&g) < 0 || sgemm_unit(&g) < 0) goto out;
+    fprintf(stderr, "bf16_gemm: %d^3; core's bf16 path %s; oneDNN %s; %d thread(s)\n", g.n, cx_bf16_path(),
+            g.dnnl_impl, cx_get_num_threads());
+    bench_side sides[3] = { { .unit = core_unit, .ctx = &g }, { .unit = dnnl_unit, .ctx = &g },
+                            { .unit = sgemm_unit, .ctx = &g } };
+    bench_series fig = { 0 };
+    double flop = 2.0 * g.n * (double)g.n * g.n;
+    int dnnl_best = 0;
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[3];
+        if (!bench_round(cfg, r, sides, 3, sec)) goto out;
+        dnnl_best += sec[1] <= sec[2];
+        bench_add(&fig, flop / sec[0] / 1e9, flop / (sec[1] < sec[2] ? sec[1] : sec[2]) / 1e9);
+    }
+    fprintf(stderr, "bf16_gemm: the reference was oneDNN's bf16 matmul in %d of %d rounds, OpenBLAS sgemm in the rest\n",
+            dnnl_best, cfg->rounds);
+    bench_emit("bf16_gemm_gflops", "GFLOP/s", BENCH_HIGHER, &fig);
+    rc = 0;
+out:
+    gemm_free(&g);
+    return rc;
+}
+
+/* ---- bf16_matmul_vs_f32 -------------------------------------------------------------- */
+
+/* The gpt program's default model's three linear shapes (16 x 128 tokens,
+ * n_embd 256: the qkv projection, the MLP's up and down projections), one
+ * graph of three matmuls per unit, in bf16 and in f32 through the core:
+ * what bf16 storage buys a transformer's GEMMs on this machine (target:
+ * >= 1.5 with AVX512_BF16, >= 1.0 without, where tiles are widened for
+ * the f32 kernels). */
+enum { MM_SHAPES = 3 };
+static const int64_t g_mm_shapes[MM_SHAPES][3] = { { 2048, 256, 768 }, { 2048, 256, 1024 }, { 2048, 1024, 256 } };
+
+typedef struct { cx_tensor *a[MM_SHAPES], *b[MM_SHAPES]; } mm_set;
+
+static double mm_unit(void *p)
+{
+    mm_set *s = p;
+    double t0 = bench_now();
+    cx_tensor *c[MM_SHAPES];
+    for (int i = 0; i < MM_SHAPES; i++) c[i] = cx_matmul(s->a[i], s->b[i]);
+    cx_status st = cx_sync_tensors(c, MM_SHAPES);
+    double dt = bench_now() - t0;
+    for (int i = 0; i < MM_SHAPES; i++) cx_free(c[i]);
+    if (st == CX_OK) return dt;
+    fprintf(stderr, "cxla-bench precision: linear-shape matmuls: %s\n", cx_last_error());
+    return -1;
+}
+
+static bool mm_set_make(mm_set *s, cx_dtype dt)
+{
+    for (int i = 0; i < MM_SHAPES; i++) {
+        const int64_t *d = g_mm_shapes[i];
+        int64_t sa[2] = { d[0], d[1] }, sb[2] = { d[1], d[2] };
+        size_t na = (size_t)(d[0] * d[1]), nb = (size_t)(d[1] * d[2]);
+        float *h = malloc(sizeof *h * (na > nb ? na : nb));
+        if (!h) { fprintf(stderr, "cxla-bench precision: out of memory\n"); return false; }
+        for (size_t e = 0; e < na; e++) h[e] = (float)(e % 11) * 0.05f - 0.25f;
+        cx_tensor *a = cx_from_host(h, sa, 2, CX_F32);
+        for (size_t e = 0; e < nb; e++) h[e] = (float)(e % 5) * 0.05f - 0.1f;
+        cx_tensor *b = cx_from_host(h, sb, 2, CX_F32);
+        free(h);
+        s->a[i] = cx_persist(cx_cast(a, dt));
+        s->b[i] = cx_persist(cx_cast(b, dt));
+        cx_free(a); cx_free(b);
+        if (cx_tensor_error(s->a[i]) || cx_tensor_error(s->b[i]) || cx_sync_tensors(s->a + i, 1) != CX_OK ||
+            cx_sync_tensors(s->b + i, 1) != CX_OK) {
+            fprintf(stderr, "cxla-bench precision: %s operands: %s\n", cx_dtype_name(dt), cx_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
+static int bf16_matmul_vs_f32(const bench_cfg *cfg)
+{
+    mm_set h = { 0 }, f = { 0 };
+    int rc = 1;
+    if (!mm_set_make(&h, CX_BF16) || !mm_set_make(&f, CX_F32)) goto out;
+    if (mm_unit(&h) < 0 || mm_unit(&f) < 0) goto out; /* the first of each compiles */
+    fprintf(stderr, "bf16_matmul_vs_f32: the gpt's linear shapes (2048x256x768, 2048x256x1024, 2048x1024x256); "
+                    "bf16 path %s\n", cx_bf16_path());
+    bench_side sides[2] = { { .unit = mm_unit, .ctx = &h }, { .unit = mm_unit, .ctx = &f } };
+    bench_series fig = { 0 };
+    double flop = 0;
+    for (int i = 0; i < MM_SHAPES; i++) flop += 2.0 * g_mm_shapes[i][0] * g_mm_shapes[i][1] * g_mm_shapes[i][2];
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[2];
+        if (!bench_round(cfg, r, sides, 2, sec)) goto out;
+        bench_add(&fig, flop / sec[0] / 1e9, flop / sec[1] / 1e9);
+    }
+    bench_emit("bf16_matmul_vs_f32", "GFLOP/s", BENCH_HIGHER, &fig);
+    rc = 0;
+out:
+    for (int i = 0; i < MM_SHAPES; i++) { cx_free(h.a[i]); cx_free(h.b[i]); cx_free(f.a[i]); cx_free(f.b[i]); }
+    return rc;
+}
+
+/* ---- the figures ----------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int (*run)(const bench_cfg *cfg);
+} precision_figure;
+
+static const precision_figure g_figures[] = {
+    { "bf16_gemm_gflops", bf16_gemm },
+    { "bf16_matmul_vs_f32", bf16_matmul_vs_f32 },
+};
+#define N_FIGURES ((int)(sizeof g_figures / sizeof *g_figures))
+
+int bench_precision(int argc, char **argv, bench_cfg cfg)
+{
+    const char *only = NULL;
+    cli_flag extra[2] = {
+        { .name = "figure", .kind = CLI_STRING, .dest = &only, .metavar = "NAME",
+          .help = "run only this figure (default: all)" },
+        { .name = "gemm-n", .kind = CLI_INT, .dest = &g_gemm_n, .metavar = "N",
+          .help = "bf16_gemm_gflops' matrices are N x N (default 2048)", .min = 16, .max = 16384 },
+    };
+    int rc = bench_parse("precision", argc, argv, extra, 2, &cfg);
+    if (rc >= 0) return rc;
+    bool found = !only;
+    for (int i = 0; i < N_FIGURES && !found; i++) found = !strcmp(only, g_figures[i].name);
+    if (!found) {
+        fprintf(stderr, "cxla-bench precision: unknown figure '%s'; the figures:", only);
+        for (int i = 0; i < N_FIGURES; i++) fprintf(stderr, " %s", g_figures[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    for (int i = 0; i < N_FIGURES; i++)
+        if ((!only || !strcmp(only, g_figures[i].name)) && g_figures[i].run(&cfg)) return 1;
+    return 0;
+}

@@ -1,0 +1,344 @@
+/* bf16 matmul with f32 sums. The output is cut into tasks (row chunks by
+ * column blocks) dealt to the pool's threads; each task sums its f32 tile
+ * over K in KC blocks and rounds it to bf16 once at the end, so the result
+ * does not depend on the blocking or the thread count.
+ *  - AVX512_BF16: B's block is packed into pairs of rows interleaved (the
+ *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]); A is read in
+ *    place where its rows hold the pairs (else packed into MR-row panels
+ *    of pairs); a 12x32 micro-kernel keeps its tile in 24 registers.
+ *  - otherwise: the blocks are widened to f32 and multiplied by OpenBLAS,
+ *    so memory and the arena hold bf16 while the arithmetic is f32's. */
+#include "kernels.h"
+#include "pool.h"
+#include "cx_assert.h"
+#include "cx_bf16.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CX_HAVE_BF16_KERNEL 1
+#include <immintrin.h>
+#endif
+
+enum { MR = 12, NR = 32, MC = 96, NC = 256, KC = 512, MCH = 768 };
+/* The f32 route's tasks are as large as cx_sgemm's parts: OpenBLAS packs
+ * its own panels from every call's operands, so smaller tasks would pack
+ * A and B again for each (measured: 0.92 of f32's rate with 768 x 256
+ * tasks on the gpt's linear shapes). */
+enum { MCH_F32 = 1020, NC_F32 = 1024 };
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+typedef struct {
+    int64_t mch, nc, kc;   /* the task's rows and columns, the K block */
+} bgemm_dims;
+
+static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k, bool hw)
+{
+    bgemm_dims d = { min64(hw ? MCH : MCH_F32, round_up(m, MR)), min64(hw ? NC : NC_F32, round_up(n, NR)),
+                     min64(KC, round_up(k, 2)) };
+    return d;
+}
+
+/* f32 tile, B block and A block, each 64-byte aligned */
+static size_t per_thread_bytes(const bgemm_dims *d)
+{
+    /* the f32 route widens all the task's rows of A at once (one sgemm call
+     * per K block: OpenBLAS packs its B panel once per call) */
+    size_t tile = (size_t)(d->mch * d->nc) * 4, bblk = (size_t)(d->kc * d->nc) * 4;
+    size_t ablk = (size_t)((d->mch > MC ? d->mch : MC) * d->kc) * 4;
+    return round_up((int64_t)tile, 64) + round_up((int64_t)bblk, 64) + round_up((int64_t)ablk, 64) + 64;
+}
+
+size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
+{
+    /* the route this process runs (the f32 route's tasks are larger); an
+     * executable planned under another CX_CPU_ISA (the persistent cache)
+     * runs in the AVX512_BF16 route's tiles, the smallest */
+    return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
+}
+
+size_t cx_matmul_bf16_min_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
+{
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
+    /* the smaller route's tiles for one thread, M folded or not */
+    bgemm_dims d = dims_of(m * batch, n, k, true);
+    return per_thread_bytes(&d);
+}
+
+size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route)
+{
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
+    /* cx_matmul_bf16 may fold the batch into M: size for both */
+    bgemm_dims d = dims_of(m * batch, n, k, bf16_route);
+    size_t per = per_thread_bytes(&d);
+    /* the most tasks there can be: row chunks are never below MR rows */
+    int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR);
+    return per * (size_t)min64(cx_pool_threads(), tasks);
+}
+
+typedef struct {
+    uint16_t *c;
+    const uint16_t *a, *b;
+    int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
+    bgemm_dims d;
+    bool ta, tb, hw;
+    char *scratch;
+    size_t per;
+} bgemm_job;
+
+/* ---- the f32 route --------------------------------------------------------------------- */
+
+/* af (mb, kb) = op(A)[i0.., k0..] widened */
+CX_HOT static void widen_a(float *af, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
+                           int64_t kb)
+{
+    for (int64_t r = 0; r < mb; r++) {
+        if (!j->ta) {
+            const uint16_t *s = a + (i0 + r) * j->k + k0;
+            for (int64_t q = 0; q < kb; q++) af[r * kb + q] = cx_bf16_to_f32_inline(s[q]);
+        } else {
+            for (int64_t q = 0; q < kb; q++) af[r * kb + q] = cx_bf16_to_f32_inline(a[(k0 + q) * j->m + i0 + r]);
+        }
+    }
+}
+
+/* bf (kb, nb) = op(B)[k0.., j0..] widened */
+CX_HOT static void widen_b(float *bf, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
+                           int64_t nb)
+{
+    if (!j->tb) {
+        for (int64_t q = 0; q < kb; q++) {
+            const uint16_t *s = b + (k0 + q) * j->n + j0;
+            for (int64_t c = 0; c < nb; c++) bf[q * nb + c] = cx_bf16_to_f32_inline(s[c]);
+        }
+        return;
+    }
+    for (int64_t c = 0; c < nb; c++) {
+        const uint16_t *s = b + (j0 + c) * j->k + k0;
+        for (int64_t q = 0; q < kb; q++) bf[q * nb + c] = cx_bf16_to_f32_inline(s[q]);
+    }
+}
+
+/* tile rows [0, mt) (ld nc) += op(A)[i0.., k0..] op(B)[k0.., j0..] */
+static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk, const uint16_t *a,
+                      const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
+{
+    widen_b(bblk, j, b, k0, kb, j0, nb);
+    widen_a(ablk, j, a, i0, mt, k0, kb);
+    cx_sgemm_serial(false, false, mt, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile, j->d.nc);
+}
+
+/* ---- the AVX512_BF16 route --------------------------------------------------------------- */
+
+#ifdef CX_HAVE_BF16_KERNEL
+/* bp: NR-column panels of (kb/2) pairs x NR lanes x 2; zero past the
+ * edges. Each layout is read along its contiguous dimension: rows of B,
+ * or for a transposed B, its columns, whose pairs are one 32-bit word. */
+static void pack_b(uint16_t *bp, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
+                   int64_t nb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    for (int64_t p = 0; p < nb; p += NR) {
+        uint16_t *panel = bp + p * 2 * pairs;
+        int64_t w = min64(NR, nb - p);
+        if (w < NR || (kb & 1)) memset(panel, 0, sizeof *panel * (size_t)(2 * NR * pairs));
+        if (j->tb) {
+            uint32_t *dst = (uint32_t *)panel;
+            for (int64_t c = 0; c < w; c++) {
+                const uint16_t *s = b + (j0 + p + c) * j->k + k0;
+                for (int64_t q = 0; q < kb / 2; q++) dst[q * NR + c] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+                if (kb & 1) dst[(pairs - 1) * NR + c] = s[kb - 1];
+            }
+            continue;
+        }
+        for (int64_t q = 0; q < pairs; q++) {
+            uint16_t *dst = panel + q * 2 * NR;
+            const uint16_t *r0 = b + (k0 + 2 * q) * j->n + j0 + p, *r1 = r0 + j->n;
+            if (2 * q + 1 < kb)
+                for (int64_t c = 0; c < w; c++) { dst[2 * c] = r0[c]; dst[2 * c + 1] = r1[c]; }
+            else
+                for (int64_t c = 0; c < w; c++) dst[2 * c] = r0[c];
+        }
+    }
+}
+
+/* ap: MR-row panels of (kb/2) pairs x MR rows, each pair one 32-bit word;
+ * read along A's contiguous dimension as pack_b does */
+static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
+                   int64_t kb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    for (int64_t p = 0; p < mb; p += MR) {
+        uint32_t *dst = ap + p * pairs;
+        int64_t w = min64(MR, mb - p);
+        if (w < MR || (kb & 1)) memset(dst, 0, sizeof *dst * (size_t)(MR * pairs));
+        if (j->ta) {
+            for (int64_t q = 0; q < pairs; q++) {
+                const uint16_t *lo = a + (k0 + 2 * q) * j->m + i0 + p, *hi = lo + j->m;
+                if (2 * q + 1 < kb)
+                    for (int64_t r = 0; r < w; r++) dst[q * MR + r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+                else
+                    for (int64_t r = 0; r < w; r++) dst[q * MR + r] = lo[r];
+            }
+            continue;
+        }
+        for (int64_t r = 0; r < w; r++) {
+            const uint16_t *s = a + (i0 + p + r) * j->k + k0;
+            for (int64_t q = 0; q < kb / 2; q++) dst[q * MR + r] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+            if (kb & 1) dst[(pairs - 1) * MR + r] = s[kb - 1];
+        }
+    }
+}
+
+/* c (MR, NR) (ld ldc) = (first ? 0 : c) + A . bp panel over `pairs`, pair
+ * q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes) */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void micro_bf16(float *c, int64_t ldc, const char *a, int64_t rs, int64_t qs, const uint16_t *bp,
+                              int64_t pairs, bool first)
+{
+    __m512 acc[MR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
+        acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16);
+    }
+    for (int64_t q = 0; q < pairs; q++, a += qs) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + NR);
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            int32_t w;
+            memcpy(&w, a + r * rs, sizeof w);
+            __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
+    }
+}
+
+/* from a packed panel */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_packed(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first)
+{
+    micro_bf16(c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first);
+}
+
+/* straight from MR rows of A (row stride rs bytes): no packing */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp, int64_t pairs,
+                       bool first)
+{
+    micro_bf16(c, ldc, (const char *)a, rs, 4, bp, pairs, first);
+}
+
+/* A is read in place where its rows hold whole pairs (not transposed, an
+ * even K block, a full MR-row panel): packing it cost a fifth of the time,
+ * and its MC x KC block stays in L2 either way. */
+static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *ap, const uint16_t *a,
+                       const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    pack_b(bp, j, b, k0, kb, j0, nb);
+    bool in_place = !j->ta && !(kb & 1);
+    for (int64_t r0 = 0; r0 < mt; r0 += MC) {
+        int64_t mb = min64(MC, mt - r0);
+        bool packed = !in_place || mb % MR;
+        if (packed) pack_a(ap, j, a, i0 + r0, mb, k0, kb);
+        for (int64_t cp = 0; cp < nb; cp += NR)
+            for (int64_t rp = 0; rp < mb; rp += MR) {
+                float *ct = tile + (r0 + rp) * j->d.nc + cp;
+                const uint16_t *bpp = bp + cp * 2 * pairs;
+                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0);
+                else micro_rows(ct, j->d.nc, a + (i0 + r0 + rp) * j->k + k0, 2 * j->k, bpp, pairs, k0 == 0);
+            }
+    }
+}
+#endif
+
+/* ---- tasks ------------------------------------------------------------------------------- */
+
+CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb)
+{
+    for (int64_t r = 0; r < mt; r++)
+        for (int64_t q = 0; q < nb; q++) c[r * ldc + q] = cx_f32_to_bf16_inline(tile[r * ldt + q]);
+}
+
+static void run_task(const bgemm_job *j, char *ws, int64_t t)
+{
+    int64_t ni = t % j->nt, mi = t / j->nt % j->mt, bi = t / (j->nt * j->mt);
+    int64_t i0 = mi * j->mch, mt = min64(j->mch, j->m - i0), j0 = ni * j->d.nc, nb = min64(j->d.nc, j->n - j0);
+    const uint16_t *a = j->a + bi * j->sa, *b = j->b + bi * j->sb;
+    /* the tile's rows are padded to MR so the micro-kernel's last panel fits */
+    float *tile = (float *)ws;
+    char *bblk = ws + round_up(j->d.mch * j->d.nc * 4, 64);
+    char *ablk = bblk + round_up(j->d.kc * j->d.nc * 4, 64);
+    for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
+        int64_t kb = min64(j->d.kc, j->k - k0);
+#ifdef CX_HAVE_BF16_KERNEL
+        if (j->hw) {
+            block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb);
+            continue;
+        }
+#endif
+        block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
+    }
+    round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb);
+}
+
+static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
+{
+    (void)nthreads;
+    const bgemm_job *j = ctx;
+    if (tid >= j->nthr) return;
+    char *ws = (char *)(((uintptr_t)j->scratch + (size_t)tid * j->per + 63) & ~(uintptr_t)63);
+    int64_t total = j->batch * j->mt * j->nt;
+    for (int64_t t = tid; t < total; t += j->nthr) run_task(j, ws, t);
+}
+
+void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
+                    int64_t batch, int64_t m, int64_t n, int64_t k,
+                    bool trans_a, bool trans_b,
+                    int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes)
+{
+    if (batch <= 0 || m <= 0 || n <= 0) return;
+    if (k <= 0) { memset(c, 0, sizeof(uint16_t) * (size_t)(batch * m * n)); return; }
+    if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {
+        /* a shared B under back-to-back A blocks (a linear layer over a
+         * batch of sequences): one tall product, whose B panels are packed
+         * once per 768 rows instead of once per batch entry */
+        m *= batch;
+        batch = 1;
+    }
+    bgemm_job j = { .c = c, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
+                    .ta = trans_a, .tb = trans_b, .scratch = scratch };
+#ifdef CX_HAVE_BF16_KERNEL
+    j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
+#endif
+    j.d = dims_of(m, n, k, j.hw);
+    if (scratch_bytes < per_thread_bytes(&j.d)) j.d = dims_of(m, n, k, true);
+    j.per = per_thread_bytes(&j.d);
+    j.nt = (n + j.d.nc - 1) / j.d.nc;
+    int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
+    CX_ASSERT(thr >= 1);
+    /* Row chunks of even size, as few as fit; when there are few tasks and
+     * the threads cannot share them evenly (9 on 2 threads: one waits a
+     * ninth of the time), as few more as make the count a multiple of the
+     * threads, down to MR rows. */
+    int64_t per_mt = batch * j.nt, chunks = (m + j.d.mch - 1) / j.d.mch, most = (m + MR - 1) / MR;
+    if (per_mt * chunks < 8 * thr) {
+        int64_t want = chunks;
+        while (want < most && (per_mt * want) % thr) want++;
+        if ((per_mt * want) % thr == 0) chunks = want;
+    }
+    j.mch = round_up((m + chunks - 1) / chunks, MR);
+    j.mt = (m + j.mch - 1) / j.mch;
+    j.nthr = min64(thr, batch * j.mt * j.nt);
+    cx_pool_run_each(bgemm_each, &j);
+}

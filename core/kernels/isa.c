@@ -1,0 +1,83 @@
+/* Which instructions the kernels may use, found at run time (the same build
+ * runs on AVX2-only and AVX512_BF16 machines), and capped by CX_CPU_ISA so
+ * a machine with bf16 instructions can still run, and test, the fallback. */
+#include "kernels.h"
+#include "cx_log.h"
+#include "cx_settings.h"
+
+#include <cxla/core.h>
+#include <stdatomic.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* XCR0 says whether the OS saves the vector state: cpuid alone does not. */
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+static cx_isa detect(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return CX_ISA_BASELINE;
+    uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0x6) != 0x6 || !(c & bit_FMA) || !(c & bit_AVX)) return CX_ISA_BASELINE;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & bit_AVX2)) return CX_ISA_BASELINE;
+    /* opmask, upper zmm halves and zmm16-31 saved */
+    bool zmm = (xcr0 & 0xe0) == 0xe0;
+    if (!zmm || !(b & bit_AVX512F) || !(b & bit_AVX512BW) || !(b & bit_AVX512VL) || !(b & bit_AVX512DQ))
+        return CX_ISA_AVX2;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return CX_ISA_AVX512;
+    return CX_ISA_AVX512_BF16;
+}
+#else
+static cx_isa detect(void) { return CX_ISA_BASELINE; }
+#endif
+
+static const char *const g_names[] = { "baseline", "avx2", "avx512", "avx512_bf16" };
+
+const char *cx_isa_name(cx_isa isa)
+{
+    return isa >= CX_ISA_BASELINE && isa <= CX_ISA_AVX512_BF16 ? g_names[isa] : "?";
+}
+
+cx_isa cx_isa_detected(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) { v = (int)detect(); atomic_store_explicit(&cached, v, memory_order_relaxed); }
+    return (cx_isa)v;
+}
+
+/* CX_CPU_ISA's values in the table's order: auto, then the levels from the
+ * top down. */
+static cx_isa forced_level(int e)
+{
+    static const cx_isa levels[] = { CX_ISA_AVX512_BF16, CX_ISA_AVX512_BF16, CX_ISA_AVX512, CX_ISA_AVX2,
+                                     CX_ISA_BASELINE };
+    return e >= 0 && e < (int)(sizeof levels / sizeof *levels) ? levels[e] : CX_ISA_AVX512_BF16;
+}
+
+cx_isa cx_isa_active(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_acquire);
+    if (v >= 0) return (cx_isa)v;
+    cx_isa have = cx_isa_detected();
+    int e = cx_setting_enum("CX_CPU_ISA");
+    cx_isa want = forced_level(e);
+    if (e > 0 && want > have)
+        cx_logf(CX_LOG_WARNING, "kernels", "CX_CPU_ISA=%s: this CPU has only %s; using %s", cx_isa_name(want),
+                cx_isa_name(have), cx_isa_name(have));
+    v = (int)(want < have ? want : have);
+    atomic_store_explicit(&cached, v, memory_order_release);
+    return (cx_isa)v;
+}
+
+const char *cx_bf16_path(void)
+{
+    return cx_isa_active() >= CX_ISA_AVX512_BF16 ? "avx512_bf16" : "none (converted to f32)";
+}

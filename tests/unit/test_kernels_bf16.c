@@ -1,0 +1,311 @@
+/* The bf16 matmul kernel against a reference summed in double over the
+ * same bf16 inputs, and the bf16 attention against the f32 kernel. ctest runs this binary once per CX_CPU_ISA level
+ * (tests/CMakeLists.txt); each run checks that the level it asked for is
+ * the one running, or skips, saying why, where the CPU lacks it.
+ *
+ * Tolerance: the kernel sums exact products in f32 and rounds once to
+ * bf16, so |c - ref| <= 2^-9 |ref| (the rounding) + K 2^-24 sum |a b|
+ * (the f32 sums, bounded loosely); we allow twice the rounding and
+ * 4e-6 sum |a b|. A wrong or missing term is of the size of one |a b|,
+ * far above that. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include <cxla/core.h>
+
+#define GUARD 32
+#define GUARD_BITS 0x7e11
+
+static uint64_t rng_state;
+
+static float rng_uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+static uint16_t *bf16_random(size_t n)
+{
+    uint16_t *p = malloc(sizeof *p * n);
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++) p[i] = cx_f32_to_bf16(rng_uniform());
+    return p;
+}
+
+/* The level this run was asked for (CX_CPU_ISA), or skip if the CPU lacks it. */
+static void expect_requested_isa(void)
+{
+    const char *want = getenv("CX_CPU_ISA");
+    if (!want || !strcmp(want, "auto")) return;
+    cx_isa have = cx_isa_detected();
+    for (int l = CX_ISA_BASELINE; l <= CX_ISA_AVX512_BF16; l++) {
+        if (strcmp(want, cx_isa_name((cx_isa)l))) continue;
+        if (l > (int)have)
+            cr_skip_test("CX_CPU_ISA=%s: this CPU has only %s, so that path cannot run here", want,
+                         cx_isa_name(have));
+        cr_assert_eq(cx_isa_active(), (cx_isa)l, "asked for %s, running %s", want, cx_isa_name(cx_isa_active()));
+        return;
+    }
+    cr_assert_fail("unknown CX_CPU_ISA '%s' in the test's environment", want);
+}
+
+typedef struct {
+    int64_t batch, m, n, k;
+    bool ta, tb;
+    bool bcast_a, bcast_b; /* stride 0 */
+} mm_case;
+
+static double at_a(const uint16_t *a, const mm_case *c, int64_t bi, int64_t i, int64_t kk)
+{
+    const uint16_t *p = a + (c->bcast_a ? 0 : bi * c->m * c->k);
+    return cx_bf16_to_f32(c->ta ? p[kk * c->m + i] : p[i * c->k + kk]);
+}
+
+static double at_b(const uint16_t *b, const mm_case *c, int64_t bi, int64_t kk, int64_t j)
+{
+    const uint16_t *p = b + (c->bcast_b ? 0 : bi * c->k * c->n);
+    return cx_bf16_to_f32(c->tb ? p[j * c->k + kk] : p[kk * c->n + j]);
+}
+
+static void check_case_route(const mm_case *c, int route);
+
+static void check_case(const mm_case *c) { check_case_route(c, -1); }
+
+/* route -1: the scratch this process plans; 0 or 1: the scratch the f32
+ * or the AVX512_BF16 route plans, whichever route runs */
+static void check_case_route(const mm_case *c, int route)
+{
+    size_t na = (size_t)((c->bcast_a ? 1 : c->batch) * c->m * c->k), nb = (size_t)((c->bcast_b ? 1 : c->batch) * c->k * c->n);
+    size_t nc = (size_t)(c->batch * c->m * c->n);
+    uint16_t *a = bf16_random(na), *b = bf16_random(nb);
+    uint16_t *cg = malloc(sizeof *cg * (nc + 2 * GUARD));
+    cr_assert(cg);
+    for (size_t i = 0; i < nc + 2 * GUARD; i++) cg[i] = GUARD_BITS;
+    size_t sb = route < 0 ? cx_matmul_bf16_scratch_bytes(c->batch, c->m, c->n, c->k)
+                          : cx_matmul_bf16_route_scratch_bytes(c->batch, c->m, c->n, c->k, route == 1);
+    void *scratch = sb ? malloc(sb) : NULL;
+    cr_assert(!sb || scratch);
+    cx_matmul_bf16(cg + GUARD, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, c->bcast_a ? 0 : c->m * c->k,
+                   c->bcast_b ? 0 : c->k * c->n, scratch, sb);
+    for (int g = 0; g < GUARD; g++) {
+        cr_assert_eq(cg[g], GUARD_BITS, "write before c");
+        cr_assert_eq(cg[GUARD + nc + (size_t)g], GUARD_BITS, "write after c");
+    }
+    for (int64_t bi = 0; bi < c->batch; bi++)
+        for (int64_t i = 0; i < c->m; i++)
+            for (int64_t j = 0; j < c->n; j++) {
+                double ref = 0, mag = 0;
+                for (int64_t kk = 0; kk < c->k; kk++) {
+                    double t = at_a(a, c, bi, i, kk) * at_b(b, c, bi, kk, j);
+                    ref += t;
+                    mag += fabs(t);
+                }
+                double got = cx_bf16_to_f32(cg[GUARD + (size_t)((bi * c->m + i) * c->n + j)]);
+                double tol = ldexp(fabs(ref), -8) + 4e-6 * mag;
+                if (!(fabs(got - ref) <= tol))
+                    cr_assert_fail("%s: batch %lld m %lld n %lld k %lld ta %d tb %d: c[%lld][%lld][%lld] = %g, want %g "
+                                   "(tol %g)", cx_isa_name(cx_isa_active()), (long long)c->batch, (long long)c->m,
+                                   (long long)c->n, (long long)c->k, c->ta, c->tb, (long long)bi, (long long)i,
+                                   (long long)j, got, ref, tol);
+            }
+    free(a); free(b); free(cg); free(scratch);
+}
+
+TestSuite(bf16_gemm, .init = expect_requested_isa);
+TestSuite(bf16_attention, .init = expect_requested_isa);
+
+Test(bf16_gemm, shapes_and_edges)
+{
+    rng_state = 0x2545f4914f6cdd1dull;
+    /* edges of every blocking: MR 12, NR 32, MC 96, NC 256, KC 512, MCH 768; odd K */
+    static const mm_case cases[] = {
+        { 1, 1, 1, 1, false, false, false, false },
+        { 1, 13, 33, 7, false, false, false, false },
+        { 1, 97, 257, 513, false, false, false, false },
+        { 1, 50, 70, 1100, true, false, false, false },
+        { 1, 45, 31, 64, false, true, false, false },
+        { 1, 29, 40, 77, true, true, false, false },
+        { 1, 800, 40, 24, false, false, false, false },
+        { 3, 17, 19, 9, false, false, false, false },
+        { 4, 12, 32, 6, false, true, false, true },
+        { 2, 25, 9, 15, true, false, true, false },
+        { 1, 5, 300, 2, false, false, false, false },
+        /* a shared B: folded into one tall product unless A is transposed */
+        { 5, 40, 70, 33, false, false, false, true },
+        { 3, 20, 10, 8, true, false, false, true },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
+}
+
+/* an executable planned under the other route (the persistent cache
+ * shares executables between processes with different CX_CPU_ISA) */
+Test(bf16_gemm, scratch_planned_for_either_route)
+{
+    rng_state = 0x1234567887654321ull;
+    static const mm_case cases[] = {
+        { 1, 100, 600, 64, false, false, false, false },
+        { 1, 900, 40, 30, false, false, false, false },
+        { 2, 300, 90, 40, true, true, false, false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int route = 0; route < 2; route++) check_case_route(&cases[i], route);
+}
+
+Test(bf16_gemm, empty_k_gives_zeros)
+{
+    uint16_t c[6] = { 1, 2, 3, 4, 5, 6 }, a[1] = { 0 }, b[1] = { 0 };
+    cx_matmul_bf16(c, a, b, 1, 2, 3, 0, false, false, 0, 0, NULL, 0);
+    for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0);
+}
+
+/* cxla-bench's machine line names the path through cx_bf16_path: it must
+ * be the one the kernel takes at this level. */
+Test(bf16_gemm, path_name_matches_level)
+{
+    const char *p = cx_bf16_path();
+    if (cx_isa_active() >= CX_ISA_AVX512_BF16) cr_assert_str_eq(p, "avx512_bf16");
+    else cr_assert_str_eq(p, "none (converted to f32)");
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* The bf16 attention widens its operands and runs the f32 kernels, so it
+ * must give exactly the f32 kernel's result on the widened values, rounded
+ * once to bf16. q, k, v here are column blocks of one (N, T, 3, H, D)
+ * projection, as the gpt's are: strided views. */
+static float *widened(const uint16_t *h, size_t n)
+{
+    float *f = malloc(sizeof *f * n);
+    cr_assert(f);
+    for (size_t i = 0; i < n; i++) f[i] = cx_bf16_to_f32(h[i]);
+    return f;
+}
+
+static void *scratch_of(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert(p);
+    return p;
+}
+
+static void check_rounded(const char *what, const uint16_t *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(got[i], cx_f32_to_bf16(want[i]), "%s[%zu]: 0x%04x, want round(%g) = 0x%04x", what, i, got[i],
+                     want[i], cx_f32_to_bf16(want[i]));
+}
+
+Test(bf16_attention, forward_and_backward_are_the_f32_kernels_rounded)
+{
+    rng_state = 0x9e3779b97f4a7c15ull;
+    /* 9 images of 2 heads: the bf16 kernels take 8 images at a time */
+    const int64_t N = 9, T = 37, H = 2, D = 16;
+    cx_attn_geom g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = true, .scale = 0.25f };
+    const int64_t proj[3] = { T * 3 * H * D, 3 * H * D, D }, plain[3] = { T * H * D, H * D, D };
+    memcpy(g.q_strides, proj, sizeof proj);
+    memcpy(g.k_strides, proj, sizeof proj);
+    memcpy(g.v_strides, proj, sizeof proj);
+    memcpy(g.o_strides, plain, sizeof plain);
+    memcpy(g.do_strides, plain, sizeof plain);
+    size_t nqkv = (size_t)(N * T * 3 * H * D), no = (size_t)(N * T * H * D);
+    uint16_t *qkv = bf16_random(nqkv), *dout = bf16_random(no);
+    float *qkvf = widened(qkv, nqkv), *doutf = widened(dout, no);
+    const uint16_t *q = qkv, *k = qkv + H * D, *v = qkv + 2 * H * D;
+    const float *qf = qkvf, *kf = qkvf + H * D, *vf = qkvf + 2 * H * D;
+
+    float *of = malloc(sizeof *of * no);
+    uint16_t *o = malloc(sizeof *o * no);
+    cr_assert(of && o);
+    void *s32 = scratch_of(cx_attention_scratch_bytes(&g)), *s16 = scratch_of(cx_attention_bf16_scratch_bytes(&g));
+    cx_attention_fwd(of, qf, kf, vf, &g, s32, cx_attention_scratch_bytes(&g));
+    cx_attention_bf16_fwd(o, q, k, v, &g, s16, cx_attention_bf16_scratch_bytes(&g));
+    check_rounded("out", o, of, no);
+
+    /* the backward takes the bf16 output, as the graph saves it */
+    float *o_used = widened(o, no), *g32 = malloc(sizeof *g32 * 3 * no);
+    uint16_t *g16 = malloc(sizeof *g16 * 3 * no);
+    cr_assert(g32 && g16);
+    size_t b32 = cx_attention_bwd_scratch_bytes(&g), b16 = cx_attention_bf16_bwd_scratch_bytes(&g);
+    void *t32 = scratch_of(b32), *t16 = scratch_of(b16);
+    cx_attention_bwd(g32, qf, kf, vf, o_used, doutf, &g, t32, b32);
+    cx_attention_bf16_bwd(g16, q, k, v, o, dout, &g, t16, b16);
+    check_rounded("dqkv", g16, g32, 3 * no);
+    free(qkv); free(dout); free(qkvf); free(doutf); free(of); free(o); free(o_used); free(g32); free(g16);
+    free(s32); free(s16); free(t32); free(t16);
+}
+
+/* ---- convolution -------------------------------------------------------------------- */
+
+/* The weight gradient of more than 8 images is summed over chunks of
+ * images in f32 (the kernel takes up to 8 at a time), in another order
+ * than the f32 kernel's over the whole batch: within one bf16 rounding of
+ * it, plus f32 sums' error on the largest value. */
+static void check_summed(const char *what, const uint16_t *got, const float *want, size_t n)
+{
+    double big = 0;
+    for (size_t i = 0; i < n; i++) big = fmax(big, fabs(want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double g = cx_bf16_to_f32(got[i]);
+        cr_assert(fabs(g - want[i]) <= ldexp(fabs(want[i]), -8) + 1e-5 * big, "%s[%zu] = %g, f32 kernel %g", what, i,
+                  g, want[i]);
+    }
+}
+
+/* Like attention: exactly the f32 kernels on the widened operands,
+ * rounded once; for every direction, through Winograd (3x3, stride 1) and
+ * through the direct kernels (strided, grouped), on one chunk of images
+ * and on several. */
+static void check_conv(cx_conv_geom g)
+{
+    cr_assert(cx_conv_geom_finish(&g));
+    size_t nx = (size_t)(g.n * g.c * g.h * g.w), nw = (size_t)(g.o * (g.c / g.groups) * g.kh * g.kw);
+    size_t ny = (size_t)(g.n * g.o * g.oh * g.ow);
+    uint16_t *x = bf16_random(nx), *w = bf16_random(nw), *dy = bf16_random(ny);
+    float *xf = widened(x, nx), *wf = widened(w, nw), *dyf = widened(dy, ny);
+    size_t most = nx > nw ? nx : nw;
+    most = most > ny ? most : ny;
+    float *f = malloc(sizeof *f * most);
+    uint16_t *h = malloc(sizeof *h * most);
+    cr_assert(f && h);
+    static const char *const names[3] = { "y", "dx", "dw" };
+    for (int dir = 0; dir < 3; dir++) {
+        size_t b32 = dir == 0 ? cx_conv2d_scratch_bytes(&g) : dir == 1 ? cx_conv2d_bwd_input_scratch_bytes(&g)
+                                                                        : cx_conv2d_bwd_weight_scratch_bytes(&g);
+        size_t b16 = cx_conv2d_bf16_scratch_bytes(&g, dir);
+        void *s32 = scratch_of(b32), *s16 = scratch_of(b16);
+        if (dir == 0) cx_conv2d_fwd(f, xf, wf, NULL, false, &g, s32, b32);
+        else if (dir == 1) cx_conv2d_bwd_input(f, dyf, wf, NULL, &g, s32, b32);
+        else cx_conv2d_bwd_weight(f, xf, dyf, &g, s32, b32);
+        cx_conv2d_bf16(dir, h, dir == 1 ? dy : x, dir == 2 ? dy : w, &g, s16, b16);
+        size_t n = dir == 0 ? ny : dir == 1 ? nx : nw;
+        if (dir == 2 && g.n > 8) check_summed(names[dir], h, f, n);
+        else check_rounded(names[dir], h, f, n);
+        free(s32); free(s16);
+    }
+    free(x); free(w); free(dy); free(xf); free(wf); free(dyf); free(f); free(h);
+}
+
+TestSuite(bf16_conv, .init = expect_requested_isa);
+
+Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
+{
+    rng_state = 0x51afd7ed558ccdull;
+    cx_conv_geom wino = { .n = 2, .c = 8, .h = 9, .w = 11, .o = 16, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                          .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&wino) && cx_wino_applies(&wino), "the first geometry must take Winograd");
+    check_conv(wino);
+    cx_conv_geom direct = { .n = 3, .c = 6, .h = 10, .w = 7, .o = 4, .kh = 5, .kw = 3, .stride_h = 2, .stride_w = 1,
+                            .pad_h = 2, .pad_w = 0, .dil_h = 1, .dil_w = 2, .groups = 2 };
+    check_conv(direct);
+    wino.n = 11; /* chunks of 6 and 5 images */
+    check_conv(wino);
+    direct.n = 17; /* 6, 6, 5 */
+    check_conv(direct);
+}

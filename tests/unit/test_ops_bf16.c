@@ -1,0 +1,261 @@
+/* bf16 matmuls through the graph: the dtype rules (bf16 @ bf16 stays bf16,
+ * a mix promotes to f32), the values against a double reference over the
+ * same bf16 inputs, a bf16 epilogue fused after the kernel, and the
+ * gradients, which are bf16 matmuls of bf16 operands.
+ *
+ * Tolerance: the kernel rounds once to bf16 after f32 sums, so within
+ * 2^-9 |ref| plus the f32 sums' error; we allow 2^-8 |ref| + 1e-5 sum|ab|.
+ * A gradient reaching the matmul through cast(., f32) is first rounded to
+ * bf16 (the cast's gradient), and the reference rounds it the same way. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+static uint16_t *to_bf16(const float *x, int64_t n)
+{
+    uint16_t *h = malloc(sizeof *h * (size_t)n);
+    cr_assert(h);
+    for (int64_t i = 0; i < n; i++) h[i] = cx_f32_to_bf16(x[i]);
+    return h;
+}
+
+static cx_tensor *tbf16(const uint16_t *h, const int64_t *shape, int nd)
+{
+    cx_tensor *t = cx_from_host(h, shape, nd, CX_BF16);
+    cr_assert(t && !cx_tensor_error(t));
+    return t;
+}
+
+static void end_ok(void)
+{
+    cx_status st = cx_step_end();
+    cr_assert_eq(st, CX_OK, "cx_step_end -> %d (%s)", (int)st, cx_last_error());
+}
+
+/* |got - sum_k a(i,k) b(k,j)| within the tolerance above; a, b as bf16 bits */
+static void check_product(const char *what, const uint16_t *got, const uint16_t *a, int64_t lda_i, int64_t lda_k,
+                          const uint16_t *b, int64_t ldb_k, int64_t ldb_j, int64_t m, int64_t n, int64_t k,
+                          const uint16_t *add)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double t = (double)cx_bf16_to_f32(a[i * lda_i + q * lda_k]) * cx_bf16_to_f32(b[q * ldb_k + j * ldb_j]);
+                ref += t;
+                mag += fabs(t);
+            }
+            double tol = ldexp(fabs(ref), -8) + 1e-5 * mag;
+            if (add) {
+                /* bf16 matmul rounded, then a bf16 add rounded again */
+                ref += cx_bf16_to_f32(add[j]);
+                tol = 2 * tol + ldexp(fabs(ref), -8);
+            }
+            double g = cx_bf16_to_f32(got[i * n + j]);
+            cr_assert(fabs(g - ref) <= tol, "%s[%lld][%lld] = %g, want %g (tol %g)", what, (long long)i, (long long)j, g,
+                      ref, tol);
+        }
+}
+
+Test(ops_bf16, matmul_stays_bf16_batched_transposed_with_epilogue)
+{
+    rng_seed(7);
+    const int64_t B = 3, M = 21, K = 37, N = 45;
+    float *af = rand_f32(B * M * K, -1, 1), *bf = rand_f32(B * N * K, -1, 1), *cf = rand_f32(N, -1, 1);
+    uint16_t *a = to_bf16(af, B * M * K), *b = to_bf16(bf, B * N * K), *bias = to_bf16(cf, N);
+    const int64_t sa[] = { B, M, K }, sb[] = { B, N, K }, sc[] = { N };
+    uint16_t *gy = malloc(sizeof *gy * (size_t)(B * M * N)), *gz = malloc(sizeof *gz * (size_t)(B * M * N));
+    cr_assert(gy && gz);
+    /* twice: y alone, then only y + bias, so the add runs as the matmul's
+     * epilogue in place over its bf16 output */
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        cx_step_begin();
+        cx_tensor *ta = tbf16(a, sa, 3), *tb = tbf16(b, sb, 3), *tc = tbf16(bias, sc, 1);
+        cx_tensor *y = cx_matmul(ta, cx_transpose(tb, -1, -2));
+        cr_assert_eq(cx_dtype_of(y), CX_BF16, "bf16 @ bf16 -> %s", cx_dtype_name(cx_dtype_of(y)));
+        cx_tensor *z = with_bias ? cx_add(y, tc) : y;
+        cr_assert_eq(cx_dtype_of(z), CX_BF16);
+        cr_assert_eq(cx_to_host(z, with_bias ? gz : gy, CX_BF16), CX_OK, "%s", cx_last_error());
+        end_ok();
+    }
+    for (int64_t p = 0; p < B; p++) {
+        /* b is (N, K): element (k, j) of its transpose at j*K + k */
+        check_product("y", gy + p * M * N, a + p * M * K, K, 1, b + p * N * K, 1, K, M, N, K, NULL);
+        check_product("y + bias", gz + p * M * N, a + p * M * K, K, 1, b + p * N * K, 1, K, M, N, K, bias);
+    }
+    free(af); free(bf); free(cf); free(a); free(b); free(bias); free(gy); free(gz);
+}
+
+Test(ops_bf16, mixed_operands_promote_to_f32)
+{
+    rng_seed(8);
+    float *af = rand_f32(6 * 5, -1, 1), *bf = rand_f32(5 * 4, -1, 1);
+    uint16_t *a = to_bf16(af, 30);
+    const int64_t sa[] = { 6, 5 }, sb[] = { 5, 4 };
+    cx_step_begin();
+    cx_tensor *y = cx_matmul(tbf16(a, sa, 2), tf32(bf, sb, 2));
+    cr_assert_eq(cx_dtype_of(y), CX_F32, "bf16 @ f32 -> %s", cx_dtype_name(cx_dtype_of(y)));
+    float got[24];
+    cr_assert_eq(cx_to_host(y, got, CX_F32), CX_OK, "%s", cx_last_error());
+    end_ok();
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++) {
+            double ref = 0;
+            for (int q = 0; q < 5; q++) ref += (double)cx_bf16_to_f32(a[i * 5 + q]) * bf[q * 4 + j];
+            cr_assert(fabs(got[i * 4 + j] - ref) <= 1e-5, "y[%d][%d] = %g, want %g (f32 sums)", i, j, got[i * 4 + j], ref);
+        }
+    free(af); free(bf); free(a);
+}
+
+Test(ops_bf16, gradients_are_bf16_matmuls)
+{
+    rng_seed(9);
+    const int64_t M = 19, K = 30, N = 27;
+    float *af = rand_f32(M * K, -1, 1), *bf = rand_f32(K * N, -1, 1), *w = rand_f32(M * N, -1, 1);
+    uint16_t *a = to_bf16(af, M * K), *b = to_bf16(bf, K * N), *wr = to_bf16(w, M * N);
+    const int64_t sa[] = { M, K }, sb[] = { K, N }, sw[] = { M, N };
+    cx_tensor *A = cx_requires_grad(cx_persist(tbf16(a, sa, 2)), true);
+    cx_tensor *Bt = cx_requires_grad(cx_persist(tbf16(b, sb, 2)), true);
+    cx_step_begin();
+    cx_tensor *y = cx_cast(cx_matmul(A, Bt), CX_F32);
+    cx_tensor *loss = cx_sum(cx_mul(y, tf32(w, sw, 2)), NULL, 0, false);
+    cr_assert_eq(cx_backward(loss), CX_OK, "%s", cx_last_error());
+    end_ok();
+    cx_tensor *ga = cx_grad(A), *gb = cx_grad(Bt);
+    cr_assert(ga && gb);
+    cr_assert_eq(cx_dtype_of(ga), CX_BF16, "dA is %s", cx_dtype_name(cx_dtype_of(ga)));
+    cr_assert_eq(cx_dtype_of(gb), CX_BF16, "dB is %s", cx_dtype_name(cx_dtype_of(gb)));
+    uint16_t *hga = malloc(sizeof *hga * (size_t)(M * K)), *hgb = malloc(sizeof *hgb * (size_t)(K * N));
+    cr_assert(hga && hgb);
+    cr_assert_eq(cx_to_host(ga, hga, CX_BF16), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_to_host(gb, hgb, CX_BF16), CX_OK, "%s", cx_last_error());
+    /* dA (M, K) = W (M, N) @ B^T: B^T (n, k) at k*N + n; dB (K, N) = A^T @ W */
+    check_product("dA", hga, wr, N, 1, b, 1, N, M, K, N, NULL);
+    check_product("dB", hgb, a, 1, K, wr, N, 1, K, N, M, NULL);
+    cx_free(A); cx_free(Bt);
+    free(af); free(bf); free(w); free(a); free(b); free(wr); free(hga); free(hgb);
+}
+
+/* sdpa of bf16 q, k, v gives bf16, and its value is the f32 op's on the
+ * same (rounded) inputs, rounded: within one bf16 rounding of it. The
+ * gradients are bf16; they come from the bf16 output and the gradient
+ * rounded to bf16, so they sit within a few bf16 roundings of the f32 op's
+ * gradients: we allow 2^-6 of each value plus 2^-7 of the largest. */
+static void sdpa_run(cx_dtype dt, const float *h, const float *w, int64_t n, float *out, float *grads)
+{
+    const int64_t s[] = { 2, 3, 17, 8 };
+    cx_tensor *P[3];
+    uint16_t *hb = to_bf16(h, 3 * n);
+    for (int i = 0; i < 3; i++)
+        P[i] = cx_requires_grad(cx_persist(dt == CX_BF16 ? tbf16(hb + i * n, s, 4) : tf32(h + i * n, s, 4)), true);
+    free(hb);
+    cx_step_begin();
+    cx_tensor *y = cx_scaled_dot_product_attention(P[0], P[1], P[2], true, 0);
+    cr_assert_eq(cx_dtype_of(y), dt, "sdpa of %s -> %s", cx_dtype_name(dt), cx_dtype_name(cx_dtype_of(y)));
+    cx_tensor *yf = cx_cast(y, CX_F32);
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(yf, tf32(w, s, 4)), NULL, 0, false)), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_to_host(yf, out, CX_F32), CX_OK, "%s", cx_last_error());
+    end_ok();
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(cx_dtype_of(cx_grad(P[i])), dt);
+        cx_step_begin();
+        cr_assert_eq(cx_to_host(cx_cast(cx_grad(P[i]), CX_F32), grads + i * n, CX_F32), CX_OK, "%s", cx_last_error());
+        end_ok();
+        cx_free(P[i]);
+    }
+}
+
+Test(ops_bf16, attention_in_bf16)
+{
+    rng_seed(10);
+    const int64_t n = 2 * 3 * 17 * 8;
+    float *h = rand_f32(3 * n, -2, 2), *w = rand_f32(n, -1, 1);
+    for (int64_t i = 0; i < 3 * n; i++) h[i] = cx_bf16_to_f32(cx_f32_to_bf16(h[i]));
+    float *o16 = malloc(sizeof(float) * (size_t)n), *o32 = malloc(sizeof(float) * (size_t)n);
+    float *g16 = malloc(sizeof(float) * (size_t)(3 * n)), *g32 = malloc(sizeof(float) * (size_t)(3 * n));
+    cr_assert(o16 && o32 && g16 && g32);
+    sdpa_run(CX_BF16, h, w, n, o16, g16);
+    sdpa_run(CX_F32, h, w, n, o32, g32);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(fabs(o16[i] - o32[i]) <= ldexp(fabs(o32[i]), -8), "out[%lld] = %g, f32 op %g", (long long)i, o16[i],
+                  o32[i]);
+    double big = 0;
+    for (int64_t i = 0; i < 3 * n; i++) big = fmax(big, fabs(g32[i]));
+    for (int64_t i = 0; i < 3 * n; i++)
+        cr_assert(fabs(g16[i] - g32[i]) <= ldexp(fabs(g32[i]), -6) + ldexp(big, -7), "grad[%lld] = %g, f32 op %g",
+                  (long long)i, g16[i], g32[i]);
+    free(h); free(w); free(o16); free(o32); free(g16); free(g32);
+}
+
+/* conv2d of bf16 x and w with a bias, then relu: bf16 throughout, within
+ * two bf16 roundings (the conv, the bias add: 2^-8 of the largest output
+ * covers them where the two cancel) of the f32 op on the same rounded
+ * values; gradients bf16, within the attention test's tolerance
+ * of the f32 op's (relu's mask can differ only where the output rounds
+ * across 0, which values this far from 0 do not). */
+static void conv_run(cx_dtype dt, const float *h, const float *w, float *out, float *grads)
+{
+    const int64_t sx[] = { 2, 4, 9, 9 }, sw[] = { 6, 4, 3, 3 }, sb[] = { 6 }, sy[] = { 2, 6, 9, 9 };
+    const int64_t nx = 2 * 4 * 81, nw = 6 * 4 * 9;
+    const float *src[3] = { h, h + nx, h + nx + nw };
+    const int64_t *shp[3] = { sx, sw, sb };
+    int64_t cnt[3] = { nx, nw, 6 };
+    cx_tensor *P[3];
+    for (int i = 0; i < 3; i++) {
+        uint16_t *hb = to_bf16(src[i], cnt[i]);
+        P[i] = cx_requires_grad(cx_persist(dt == CX_BF16 ? tbf16(hb, shp[i], i == 2 ? 1 : 4)
+                                                         : tf32(src[i], shp[i], i == 2 ? 1 : 4)), true);
+        free(hb);
+    }
+    cx_step_begin();
+    cx_tensor *y = cx_relu(cx_conv2d(P[0], P[1], P[2], 1, 1, 1, 1, 1, 1, 1));
+    cr_assert_eq(cx_dtype_of(y), dt, "conv2d of %s -> %s", cx_dtype_name(dt), cx_dtype_name(cx_dtype_of(y)));
+    cx_tensor *yf = cx_cast(y, CX_F32);
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(yf, tf32(w, sy, 4)), NULL, 0, false)), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_to_host(yf, out, CX_F32), CX_OK, "%s", cx_last_error());
+    end_ok();
+    int64_t off = 0;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(cx_dtype_of(cx_grad(P[i])), dt);
+        cx_step_begin();
+        cr_assert_eq(cx_to_host(cx_cast(cx_grad(P[i]), CX_F32), grads + off, CX_F32), CX_OK, "%s", cx_last_error());
+        end_ok();
+        off += cnt[i];
+        cx_free(P[i]);
+    }
+}
+
+Test(ops_bf16, conv_in_bf16)
+{
+    rng_seed(11);
+    const int64_t nin = 2 * 4 * 81 + 6 * 4 * 9 + 6, ny = 2 * 6 * 81;
+    float *h = rand_f32(nin, -1, 1), *w = rand_f32(ny, -1, 1);
+    for (int64_t i = 0; i < nin; i++) h[i] = cx_bf16_to_f32(cx_f32_to_bf16(h[i]));
+    float *o16 = malloc(sizeof(float) * (size_t)ny), *o32 = malloc(sizeof(float) * (size_t)ny);
+    float *g16 = malloc(sizeof(float) * (size_t)nin), *g32 = malloc(sizeof(float) * (size_t)nin);
+    cr_assert(o16 && o32 && g16 && g32);
+    conv_run(CX_BF16, h, w, o16, g16);
+    conv_run(CX_F32, h, w, o32, g32);
+    /* the roundings scale with the conv's value and the bias, not with
+     * their sum: the tolerance's second term covers the cancellation */
+    int mask_flips = 0;
+    double ymax = 0;
+    for (int64_t i = 0; i < ny; i++) ymax = fmax(ymax, fabs(o32[i]));
+    for (int64_t i = 0; i < ny; i++) {
+        if ((o16[i] > 0) != (o32[i] > 0)) { mask_flips++; continue; }
+        cr_assert(fabs(o16[i] - o32[i]) <= ldexp(fabs(o32[i]), -7) + ldexp(ymax, -8), "y[%lld] = %g, f32 op %g",
+                  (long long)i, o16[i], o32[i]);
+    }
+    double big = 0;
+    for (int64_t i = 0; i < nin; i++) big = fmax(big, fabs(g32[i]));
+    if (mask_flips == 0)
+        for (int64_t i = 0; i < nin; i++)
+            cr_assert(fabs(g16[i] - g32[i]) <= ldexp(fabs(g32[i]), -6) + ldexp(big, -7), "grad[%lld] = %g, f32 op %g",
+                      (long long)i, g16[i], g32[i]);
+    cr_assert(mask_flips <= 2, "%d outputs changed sign", mask_flips);
+    free(h); free(w); free(o16); free(o32); free(g16); free(g32);
+}
