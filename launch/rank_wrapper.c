@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include "launch.h"
 
+#include "cx_job.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -54,15 +56,6 @@ struct wrapper {
     int64_t ended_ns;    /* CLOCK_MONOTONIC when PROGRAM was reaped */
 };
 
-static int env_int(const char *name)
-{
-    const char *v = getenv(name);
-    int out;
-    if (!v) xl_die("--rank-wrapper is internal and runs under mpirun (%s is not set)", name);
-    if (!xl_parse_int(v, 0, 1 << 30, &out)) xl_die("bad value '%s' for %s", v, name);
-    return out;
-}
-
 static void set_env_int(const char *name, int v)
 {
     char buf[24];
@@ -73,11 +66,17 @@ static void set_env_int(const char *name, int v)
 /* Export the torchrun-style variables and the thread budget for PROGRAM. */
 static void export_rank_env(struct wrapper *w)
 {
-    w->rank = env_int("OMPI_COMM_WORLD_RANK");
-    w->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
-    w->world = env_int("OMPI_COMM_WORLD_SIZE");
-    w->local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (w->local_world < 1) w->local_world = 1;
+    /* the library's reader of the launchers' variables: the rank a program
+     * finds through cx_job_place is the one its output is prefixed with */
+    cx_job_info j;
+    char msg[512];
+    if (!cx_job_read(&j, msg, sizeof msg)) xl_die("%s", msg);
+    if (!cx_job_has_mpi(&j) || j.rank < 0 || j.world < 1 || j.local_rank < 0)
+        xl_die("--rank-wrapper is internal and runs under mpirun or srun --mpi=pmix (no rank in the environment)");
+    w->rank = j.rank;
+    w->local_rank = j.local_rank;
+    w->world = j.world;
+    w->local_world = j.local_world < 1 ? 1 : j.local_world;
     set_env_int("RANK", w->rank);
     set_env_int("LOCAL_RANK", w->local_rank);
     set_env_int("WORLD_SIZE", w->world);
