@@ -40,7 +40,8 @@
 /* How long to wait for the output pipes to close once PROGRAM and its group are dead. */
 #define DRAIN_GRACE 1.0
 
-static const int k_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGCHLD };
+/* SIGUSR1: the early warning of a Slurm job (--signal=USR1@T), a stop like SIGTERM */
+static const int k_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD };
 #define N_SIGNALS ((int)(sizeof k_signals / sizeof k_signals[0]))
 
 struct wrapper {
@@ -121,13 +122,20 @@ static void send_msg(struct wrapper *w, const void *payload, size_t n, const voi
     if (!xl_sendv_all(w->sock, iov, body ? 3 : 2)) launcher_lost(w);
 }
 
+/* The node's name goes along: a node that vanishes is named by it, not
+ * only by the address its connection came from. */
 static void send_hello(struct wrapper *w, const char *token)
 {
     unsigned char msg[XL_HELLO_LEN] = { XL_MSG_HELLO };
     xl_put32(msg + 4, (uint32_t)w->rank);
     xl_put32(msg + 8, (uint32_t)getpid());
     memcpy(msg + 12, token, XL_TOKEN_LEN);
-    send_msg(w, msg, sizeof msg, NULL, 0);
+    char node[XL_NODE_NAME_MAX + 2] = "";
+    const char *slurm = getenv("SLURMD_NODENAME");   /* Slurm's name for it, as scontrol shows it */
+    if (slurm && *slurm) snprintf(node, sizeof node, "%s", slurm);
+    else if (gethostname(node, sizeof node - 1) != 0) node[0] = '\0';
+    node[XL_NODE_NAME_MAX] = '\0';
+    send_msg(w, msg, sizeof msg, node, strlen(node));
 }
 
 static int connect_unix(void)

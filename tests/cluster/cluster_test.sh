@@ -104,7 +104,7 @@ host_kill)
     took=$(( $(date +%s) - start ))
     [ "$rc" -ne 0 ] || { cat "$W/k.out"; fail "the job succeeded"; }
     [ "$took" -le 10 ] || { cat "$W/k.out"; fail "the job took $took s to end"; }
-    grep -q "xla-launch: lost node 10.251.0.2 (ranks 2,3)" "$W/k.out" || { cat "$W/k.out"; fail "the node and its ranks are not named"; }
+    grep -q "xla-launch: lost node cxhost2 (10.251.0.2; ranks 2,3)" "$W/k.out" || { cat "$W/k.out"; fail "the node and its ranks are not named"; }
     sleep 0.5
     if [ -n "$(ip netns pids "cxc$T-h1" | while read -r p; do tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null | grep -v sshd; done)" ]; then
         fail "processes of the job survive on host 1"
