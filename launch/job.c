@@ -58,6 +58,7 @@ struct job {
     const struct options *o;
     int sigfd, listen_fd, tcp_fd;
     const char *token;
+    const char *runner;  /* "mpirun", or "srun" in a Slurm allocation */
     struct rank_slot *ranks;
     int n_ranks;
     struct conn *conns;
@@ -183,6 +184,14 @@ static void rank_line(struct job *j, int rank, int stream, const char *line, siz
     j->saved[n] = 0;
 }
 
+/* One line of mpirun's (or srun's) own, under its name. */
+static void runner_line(const struct job *j, const char *line, size_t len)
+{
+    char head[16];
+    int n = snprintf(head, sizeof head, "%s: ", j->runner);
+    xl_write3(2, head, (size_t)n, line, len, "\n", 1);
+}
+
 static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t len)
 {
     struct job *j = ctx;
@@ -212,7 +221,7 @@ static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t l
     }
 
     /* mpirun's own words */
-    if (j->o->verbose) xl_write3(2, "mpirun: ", 8, line, len, "\n", 1);
+    if (j->o->verbose) runner_line(j, line, len);
     else if (j->n_noise < MAX_NOISE) {
         char *copy = malloc(len + 1);
         if (copy) {
@@ -618,12 +627,12 @@ static enum job_result finish_job(struct job *j)
         for (int i = 0; i < j->n_noise; i++) {
             const char *l = j->noise[i];
             if (l[0] && strspn(l, "-") != strlen(l)) /* not the boxes' rules */
-                xl_write3(2, "mpirun: ", 8, l, strlen(l), "\n", 1);
+                runner_line(j, l, strlen(l));
         }
         if (WIFEXITED(j->mpirun_wstatus))
-            xl_err("mpirun failed with status %d", WEXITSTATUS(j->mpirun_wstatus));
+            xl_err("%s failed with status %d", j->runner, WEXITSTATUS(j->mpirun_wstatus));
         else
-            xl_err("mpirun killed by signal %d", WTERMSIG(j->mpirun_wstatus));
+            xl_err("%s killed by signal %d", j->runner, WTERMSIG(j->mpirun_wstatus));
         res = JOB_FAILED;
     }
     for (int i = 0; i < j->n_noise; i++) free(j->noise[i]);
@@ -656,6 +665,7 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
     j.listen_fd = l->unix_fd;
     j.tcp_fd = l->tcp_fd;
     j.token = token;
+    j.runner = l->via_srun ? "srun" : "mpirun";
     xl_output_init(&j.out, l->o->log_dir, attempt);
     xl_linebuf_init(&j.pipe_lb[0], 1);
     xl_linebuf_init(&j.pipe_lb[1], 2);

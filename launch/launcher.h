@@ -148,7 +148,8 @@ struct launch {
     const struct options *o;
     int sigfd;            /* from xl_job_signals_init */
     int unix_fd, tcp_fd;  /* listening sockets for the wrappers (tcp_fd -1: none) */
-    char **mpirun_argv;
+    char **mpirun_argv;  /* mpirun's, or srun's in a Slurm allocation */
+    bool via_srun;
 };
 
 /* Routes the signals the launcher handles (SIGINT, SIGTERM, SIGHUP, SIGCHLD) to a

@@ -268,6 +268,7 @@ int main(int argc, char **argv)
     if (o.verbose) print_command(av, ac);
 
     l.mpirun_argv = av;
+    l.via_srun = g_via_srun;
     int rc = xl_run_attempts(&l);
     for (int i = 0; forwarded && forwarded[i]; i++) free(forwarded[i]);
     free(forwarded);
