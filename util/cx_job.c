@@ -40,8 +40,8 @@ int cx_job_slurm_tasks(const char *per_node, int node)
         total += tasks * times;
         at += times;
         if (total > (1L << 30) || at > (1L << 30)) return -1;
-        if (*p == ',') p++;
-        else if (*p) return -1;
+        if (*p == ',' && !*++p) return -1;
+        else if (*p && p[-1] != ',') return -1;
     }
     return node >= 0 ? -1 : (int)total;
 }
