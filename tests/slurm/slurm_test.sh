@@ -20,9 +20,12 @@
 #   requeue     scontrol requeue of a --requeue job: it saves, runs again and resumes
 #   node_kill   host 2's slurmd, step daemon and ranks killed at once: the job
 #               ends within seconds, naming the node and its ranks
-# usage: slurm_test.sh CASE BUILD_DIR
+#   readme      the README's sbatch script as written: DDP, ZeRO-3 and SPMD
+#               jobs on 2 nodes; scancel of the DDP job saves, and the same
+#               script submitted again resumes
+# usage: slurm_test.sh CASE BUILD_DIR SOURCE_DIR
 set -eu
-CASE=$1 B=$(cd "$2" && pwd)
+CASE=$1 B=$(cd "$2" && pwd) SRC=${3:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SL="sh $HERE/slurm.sh"
 LAUNCH=$B/launch/xla-launch TRAIN=$B/examples/train CONSOLIDATE=$B/tools/consolidate_ckpts
@@ -195,6 +198,31 @@ node_kill)
            grep -e "$TRAIN" -e 'rank-wrapper' -e "$LAUNCH" || true)
     [ -z "$left" ] || fail "processes of the job survive on host 1: $left"
     echo "slurm node_kill: ok (ended in $took s)"
+    ;;
+readme)
+    mkdir "$W/r"
+    # the block after the marker, from its opening fence to the closing one
+    sed -n '/^<!-- sbatch script: run as written by ctest slurm_readme -->$/,$p' "$SRC/README.md" |
+        sed -n '3,$p' | sed '/^```$/,$d' > "$W/r/train.sbatch"
+    grep -q '^#SBATCH' "$W/r/train.sbatch" || fail "no sbatch script in the README"
+    ln -s "$B" "$W/r/build"
+    # as the README submits it, from the directory of build/
+    sub() { on1 sh -c 'cd "$1" && shift && exec "$@"' sh "$W/r" "$@"; }
+    J=$(sub sbatch --parsable -J ddp train.sbatch)
+    await "$W/r/train-ddp.out" "Train Epoch: 1"
+    on1 scancel --name ddp
+    await "$W/r/train-ddp.out" "^xla-launch: interrupted by SIGTERM; saved step [0-9]* in ckpt-ddp; rerun with --resume auto"
+    gone "$J"
+    step=$(sed -n 's/^xla-launch: interrupted by SIGTERM; saved step \([0-9]*\) .*/\1/p' "$W/r/train-ddp.out")
+    sub sbatch --wait -J ddp train.sbatch > /dev/null || { cat "$W/r/train-ddp.out"; fail "the resumed DDP job failed"; }
+    grep -q "Resumed from ckpt-ddp/ckpt-step-$step:" "$W/r/train-ddp.out" || { cat "$W/r/train-ddp.out"; fail "no resume from step $step"; }
+    PARALLEL="fsdp --zero 3" sub sbatch --wait -J zero3 train.sbatch > /dev/null || { cat "$W/r/train-zero3.out"; fail "ZeRO-3 job"; }
+    PARALLEL=spmd sub sbatch --wait -J spmd train.sbatch > /dev/null || { cat "$W/r/train-spmd.out"; fail "SPMD job"; }
+    for m in ddp zero3 spmd; do
+        grep -q "^\[rank 0\] Done: .* over 4 rank(s)" "$W/r/train-$m.out" || { cat "$W/r/train-$m.out"; fail "$m: no 4-rank Done line"; }
+        [ -n "$(ls "$W/r/ckpt-$m" | grep '\.commit$')" ] || fail "$m: no committed checkpoint"
+    done
+    echo "slurm readme: ok (DDP saved step $step on scancel and resumed; ZeRO-3 and SPMD done)"
     ;;
 *) fail "unknown case" ;;
 esac
