@@ -84,7 +84,7 @@ up() {
     need srun slurm-client
     [ -d /sys/fs/cgroup ] && [ -n "$(ls /sys/fs/cgroup 2> /dev/null)" ] ||
         die "/sys/fs/cgroup is not mounted: slurmd 22.05 needs it even without cgroup plugins"
-    ls /usr/lib/x86_64-linux-gnu/libpmix.so > /dev/null 2>&1 ||
+    ls /usr/lib/*/libpmix.so > /dev/null 2>&1 ||
         die "libpmix.so not found: Slurm's pmix plugin loads it (scripts/install-deps.sh installs libpmix-dev)"
     mkdir -p "$D"
     D=$(cd "$D" && pwd)
