@@ -184,11 +184,13 @@ static void rank_line(struct job *j, int rank, int stream, const char *line, siz
     j->saved[n] = 0;
 }
 
-/* One line of mpirun's (or srun's) own, under its name. */
+/* One line of mpirun's (or srun's) own, under its name (srun's lines
+ * carry it already). */
 static void runner_line(const struct job *j, const char *line, size_t len)
 {
     char head[16];
     int n = snprintf(head, sizeof head, "%s: ", j->runner);
+    if (len >= (size_t)n && !memcmp(line, head, (size_t)n)) n = 0;
     xl_write3(2, head, (size_t)n, line, len, "\n", 1);
 }
 

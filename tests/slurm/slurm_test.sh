@@ -59,11 +59,12 @@ gone() {
         sleep 0.1
     done
 }
-# waits until FILE has a line matching RE
+# waits until FILE has a line matching RE, at most SECONDS (default 60)
 await() {
     k=0
     until grep -q "$2" "$1" 2> /dev/null; do
-        k=$((k + 1)); [ $k -lt 1200 ] || { cat "$1" 2> /dev/null; fail "no '$2' in $1"; }
+        k=$((k + 1))
+        [ $k -lt $((${3:-60} * 20)) ] || { cat "$1" 2> /dev/null; on1 squeue 2>&1; fail "no '$2' in $1"; }
         sleep 0.05
     done
 }
@@ -162,7 +163,7 @@ scancel | usr1 | requeue)
             sleep 0.1
         done
         on1 scontrol update jobid="$J" StartTime=now
-        await "$O" "Done: "
+        await "$O" "Done: " 300
         gone "$J"
     else
         gone "$J"
