@@ -24,26 +24,27 @@ int cx_job_slurm_tasks(const char *per_node, int node)
 {
     if (!per_node || !*per_node) return -1;
     const char *p = per_node;
-    long total = 0, at = 0;
+    long total = 0, at = 0, mine = -1;
+    /* the whole text is read, so a malformed one gives -1 for every node */
     while (*p) {
         char *end;
         long tasks = strtol(p, &end, 10), times = 1;
-        if (end == p || tasks < 0) return -1;
+        if (end == p || tasks < 0 || tasks > (1L << 30)) return -1;
         p = end;
         if (*p == '(') {
             if (p[1] != 'x') return -1;
             times = strtol(p + 2, &end, 10);
-            if (end == p + 2 || *end != ')' || times < 1) return -1;
+            if (end == p + 2 || *end != ')' || times < 1 || times > (1L << 30)) return -1;
             p = end + 1;
         }
-        if (node >= 0 && node >= at && node < at + times) return (int)tasks;
+        if (node >= at && node < at + times) mine = tasks;
         total += tasks * times;
         at += times;
         if (total > (1L << 30) || at > (1L << 30)) return -1;
         if (*p == ',' && !*++p) return -1;
         else if (*p && p[-1] != ',') return -1;
     }
-    return node >= 0 ? -1 : (int)total;
+    return (int)(node >= 0 ? mine : total);
 }
 
 /* The layout of a Slurm step: srun's variables, with PMIx or without. */

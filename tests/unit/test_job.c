@@ -136,8 +136,13 @@ Test(job, slurm_tasks_per_node)
     cr_assert_eq(cx_job_slurm_tasks(t, 4), -1);
     cr_assert_eq(cx_job_slurm_tasks(t, -1), 7);
     cr_assert_eq(cx_job_slurm_tasks("4", -1), 4);
-    static const char *const bad[] = { "", "2(x", "2(3)", "2(x0)", "a", "2,", "2;1", "-1" };
+    static const char *const bad[] = { "", "2(x", "2(3)", "2(x0)", "a", "2,", "2;1", "-1", "99999999999999999999",
+                                       "1(x99999999999)", "2,x" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         cr_assert_eq(cx_job_slurm_tasks(bad[i], -1), -1, "'%s'", bad[i]);
     cr_assert_eq(cx_job_slurm_tasks(NULL, 0), -1);
+    /* a malformed text is no answer for any node, even one before the fault
+     * (found by fuzz_slurm: a count past int came back cast) */
+    cr_assert_eq(cx_job_slurm_tasks("2,x", 0), -1);
+    cr_assert_eq(cx_job_slurm_tasks("4444444444444444/4", 0), -1);
 }
