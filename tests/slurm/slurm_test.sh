@@ -137,7 +137,7 @@ sbatch_zero3)
     echo "slurm sbatch_zero3: ok"
     ;;
 scancel | usr1 | requeue)
-    RUN="--model mlp --width 64 --depth 2 --data fake --epochs 4 --log-every 50 --threads 1 --parallel ddp"
+    RUN="--model mlp --width 64 --depth 2 --data fake --epochs 3 --log-every 50 --threads 1 --parallel ddp"
     script ref "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ref"
     on1 sbatch --parsable --wait "$W/ref.sh" > /dev/null || { cat "$W"/ref.*.out; fail "the uninterrupted job failed"; }
     script run "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ck" --resume auto
