@@ -2,6 +2,8 @@
  * how a subcommand parses its own next to them. */
 #include "bench.h"
 
+#include <cxla/parallel.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,17 +39,18 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
 
 bool bench_in_launched_rank(void)
 {
-    /* mpirun's (Open MPI, PMIx, Hydra) and xla-launch's own, which it
-     * exports to every rank */
-    static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "XLA_LAUNCH_RESTART_COUNT" };
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
-        if (getenv(vars[i])) return true;
-    return false;
+    /* a launcher's rank (mpirun, srun --mpi=pmix, Hydra), or xla-launch's,
+     * which exports its restart count to every rank */
+    const char *launcher = "none";
+    cx_job_place(NULL, NULL, NULL, NULL, &launcher, NULL, 0);
+    return strcmp(launcher, "none") || getenv("XLA_LAUNCH_RESTART_COUNT");
 }
 
 bool bench_is_rank0(void)
 {
-    /* xla-launch's RANK, else mpirun's own */
-    const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
-    return !rank || !strcmp(rank, "0");
+    /* the library's reader of the launchers' variables, which knows srun's
+     * and PMIx's as well as xla-launch's: RANK is not set under srun */
+    int rank = 0;
+    cx_job_place(&rank, NULL, NULL, NULL, NULL, NULL, 0);
+    return rank <= 0;
 }

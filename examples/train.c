@@ -653,9 +653,11 @@ int main(int argc, char **argv)
         cx_dist_finalize();
         return EXIT_USAGE;
     }
-    /* the launcher gives every rank WORLD_SIZE; without it "ddp" meant
+    /* without a launcher (xla-launch, mpirun, srun --mpi=pmix) "ddp" meant
      * several ranks that nobody started */
-    if (world == 1 && strcmp(c.parallel, "none") && strcmp(c.parallel, "spmd") && !getenv("WORLD_SIZE"))
+    const char *launcher = "none";
+    cx_job_place(NULL, NULL, NULL, NULL, &launcher, NULL, 0);
+    if (world == 1 && strcmp(c.parallel, "none") && strcmp(c.parallel, "spmd") && !strcmp(launcher, "none"))
         fprintf(stderr, "train: notice: --parallel %s without xla-launch runs on 1 rank; for N ranks run "
                 "xla-launch --nproc N train ...\n", c.parallel);
     if (c.threads > 0) cx_set_num_threads(c.threads);

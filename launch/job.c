@@ -41,6 +41,7 @@ struct rank_slot {
     double noticed;      /* when the launcher learnt of it */
     bool ended_exact;    /* ended is the program's end (this node), not the news's arrival */
     char host[64];       /* the wrapper's address as the launcher saw it; "" for this node */
+    char node[XL_NODE_NAME_MAX + 1];   /* its node's name, as the wrapper says */
 };
 
 struct conn {
@@ -57,6 +58,7 @@ struct job {
     const struct options *o;
     int sigfd, listen_fd, tcp_fd;
     const char *token;
+    const char *runner;  /* "mpirun", or "srun" in a Slurm allocation */
     struct rank_slot *ranks;
     int n_ranks;
     struct conn *conns;
@@ -73,6 +75,7 @@ struct job {
     double term_after;
     double kill_after;   /* SIGKILL this long after the stop began (0: STOP_KILL_AFTER) */
     int escalation;      /* 0 none, 1 SIGTERM sent, 2 SIGKILL sent */
+    double killed_at;    /* when the SIGKILL went out (0: not yet): ranks silent after it may be ours */
     int interrupt_sig;
     char saved[512];     /* a rank's "saved step N in DIR; rerun with --resume auto" */
     struct xl_output out;
@@ -85,7 +88,9 @@ struct job {
     int pages, stepped;  /* ranks with a status page; of them, ranks that ended a step */
 };
 
-static const int k_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGCHLD };
+/* SIGUSR1: a Slurm job's early warning (#SBATCH --signal=B:USR1@T), a
+ * preemption like SIGTERM */
+static const int k_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD };
 #define N_SIGNALS ((int)(sizeof k_signals / sizeof k_signals[0]))
 
 int xl_job_signals_init(void) { return xl_sigpipe_init(k_signals, N_SIGNALS); }
@@ -160,6 +165,7 @@ static const char *sig_name(int sig)
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
     default: return "a signal";
     }
 }
@@ -176,6 +182,16 @@ static void rank_line(struct job *j, int rank, int stream, const char *line, siz
     if (n < sizeof tail || n >= sizeof j->saved || memcmp(line + len - (sizeof tail - 1), tail, sizeof tail - 1)) return;
     memcpy(j->saved, at, n);
     j->saved[n] = 0;
+}
+
+/* One line of mpirun's (or srun's) own, under its name (srun's lines
+ * carry it already). */
+static void runner_line(const struct job *j, const char *line, size_t len)
+{
+    char head[16];
+    int n = snprintf(head, sizeof head, "%s: ", j->runner);
+    if (len >= (size_t)n && !memcmp(line, head, (size_t)n)) n = 0;
+    xl_write3(2, head, (size_t)n, line, len, "\n", 1);
 }
 
 static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t len)
@@ -207,7 +223,7 @@ static void handle_mpirun_line(void *ctx, int stream, const char *line, size_t l
     }
 
     /* mpirun's own words */
-    if (j->o->verbose) xl_write3(2, "mpirun: ", 8, line, len, "\n", 1);
+    if (j->o->verbose) runner_line(j, line, len);
     else if (j->n_noise < MAX_NOISE) {
         char *copy = malloc(len + 1);
         if (copy) {
@@ -232,7 +248,7 @@ static bool handle_message(struct job *j, struct conn *c, const unsigned char *m
     if (n < 1) return false;
     if (c->rank < 0) {
         /* the first frame must be a hello carrying this launch's token */
-        if (m[0] != XL_MSG_HELLO || n != XL_HELLO_LEN ||
+        if (m[0] != XL_MSG_HELLO || n < XL_HELLO_LEN || n > XL_HELLO_LEN + XL_NODE_NAME_MAX ||
             memcmp(m + 12, j->token, XL_TOKEN_LEN) != 0)
             return false;
         int rank = (int)xl_get32(m + 4);
@@ -242,6 +258,8 @@ static bool handle_message(struct job *j, struct conn *c, const unsigned char *m
         /* the kernel's word, not the hello's: right even across pid namespaces */
         s->wrapper_pid = c->peer;
         memcpy(s->host, c->host, sizeof s->host);
+        memcpy(s->node, m + XL_HELLO_LEN, n - XL_HELLO_LEN);
+        s->node[n - XL_HELLO_LEN] = '\0';
         /* the wrapper may have finished already; its frames still count */
         char ack = XL_ACK;
         ssize_t sent = send(c->fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -350,7 +368,7 @@ static void on_signal(struct job *j, int sig)
         }
         return;
     }
-    if (!j->interrupt_sig && (sig == SIGTERM || sig == SIGINT) && j->o->preempt_grace > 0) {
+    if (!j->interrupt_sig && (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1) && j->o->preempt_grace > 0) {
         /* preemption, and a first Ctrl-C alike (a checkpoint manager saves
          * on either): the ranks get SIGTERM first, which the wrappers pass
          * on with the grace, to agree on a step, save and exit; mpirun only
@@ -368,6 +386,7 @@ static void on_signal(struct job *j, int sig)
         /* asked twice: no more grace */
         signal_job(j, SIGKILL);
         j->escalation = 2;
+        j->killed_at = xl_now();
     }
 }
 
@@ -458,6 +477,7 @@ static void event_loop(struct job *j)
                 if (j->o->verbose) xl_err("the job did not stop; killing it (SIGKILL)");
                 signal_job(j, SIGKILL);
                 j->escalation = 2;
+                j->killed_at = now;
             }
         }
         if (!j->mpirun_done && j->stop_at == 0 && now >= j->next_watch) {
@@ -536,24 +556,36 @@ enum job_result { JOB_OK, JOB_FAILED, JOB_INTERRUPTED };
 
 /* When every rank of another node vanished without a word (the node died,
  * or everything on it was killed): says so, naming the node and its ranks.
+ * A lost node explains the job's end whatever ended first: the ranks of
+ * the other nodes may fail (a peer gone) or be stopped before the lost
+ * ones' connections are seen to close.
  * @return whether that is what happened. */
-static bool lost_host(const struct job *j, const char *host)
+static bool lost_host(const struct job *j)
 {
-    char ranks[512];
-    size_t len = 0;
-    int n = 0;
-    for (int i = 0; i < j->n_ranks; i++) {
-        const struct rank_slot *s = &j->ranks[i];
-        if (strcmp(s->host, host)) continue;
-        if (!s->have_status || s->st.how != XL_LOST) return false;
-        len += (size_t)snprintf(ranks + len, sizeof ranks - len, "%s%d", n ? "," : "", i);
-        if (len >= sizeof ranks) len = sizeof ranks - 1;
-        n++;
+    for (int h = 0; h < j->n_ranks; h++) {
+        const struct rank_slot *first = &j->ranks[h];
+        if (!first->have_status || first->st.how != XL_LOST || !first->host[0]) continue;
+        char ranks[512];
+        size_t len = 0;
+        int n = 0;
+        bool all = true;
+        for (int i = 0; i < j->n_ranks && all; i++) {
+            const struct rank_slot *s = &j->ranks[i];
+            if (strcmp(s->host, first->host)) continue;
+            all = s->have_status && s->st.how == XL_LOST && (j->killed_at == 0 || s->noticed < j->killed_at);
+            len += (size_t)snprintf(ranks + len, sizeof ranks - len, "%s%d", n ? "," : "", i);
+            if (len >= sizeof ranks) len = sizeof ranks - 1;
+            n++;
+        }
+        if (!all) continue;
+        char name[sizeof first->node + sizeof first->host + 4];
+        if (first->node[0]) snprintf(name, sizeof name, "%s (%s;", first->node, first->host);
+        else snprintf(name, sizeof name, "%s (", first->host);
+        xl_err("lost node %s rank%s %s): every process of it ended without a report (the node died or was killed)",
+               name, n > 1 ? "s" : "", ranks);
+        return true;
     }
-    if (n == 0) return false;
-    xl_err("lost node %s (rank%s %s): every process of it ended without a report (the node died or was killed)", host,
-           n > 1 ? "s" : "", ranks);
-    return true;
+    return false;
 }
 
 static enum job_result finish_job(struct job *j)
@@ -580,7 +612,7 @@ static enum job_result finish_job(struct job *j)
     } else if (j->stalled) {
         xl_err("job stopped by the collective watchdog");
         res = JOB_FAILED;
-    } else if (c && c->st.how == XL_LOST && c->host[0] && lost_host(j, c->host)) {
+    } else if (c && lost_host(j)) {
         res = JOB_FAILED;   /* said by lost_host */
     } else if (c) {
         int r = c->st.rank, code = c->st.code;
@@ -597,12 +629,12 @@ static enum job_result finish_job(struct job *j)
         for (int i = 0; i < j->n_noise; i++) {
             const char *l = j->noise[i];
             if (l[0] && strspn(l, "-") != strlen(l)) /* not the boxes' rules */
-                xl_write3(2, "mpirun: ", 8, l, strlen(l), "\n", 1);
+                runner_line(j, l, strlen(l));
         }
         if (WIFEXITED(j->mpirun_wstatus))
-            xl_err("mpirun failed with status %d", WEXITSTATUS(j->mpirun_wstatus));
+            xl_err("%s failed with status %d", j->runner, WEXITSTATUS(j->mpirun_wstatus));
         else
-            xl_err("mpirun killed by signal %d", WTERMSIG(j->mpirun_wstatus));
+            xl_err("%s killed by signal %d", j->runner, WTERMSIG(j->mpirun_wstatus));
         res = JOB_FAILED;
     }
     for (int i = 0; i < j->n_noise; i++) free(j->noise[i]);
@@ -635,6 +667,7 @@ static enum job_result run_job(const struct launch *l, int attempt, int *interru
     j.listen_fd = l->unix_fd;
     j.tcp_fd = l->tcp_fd;
     j.token = token;
+    j.runner = l->via_srun ? "srun" : "mpirun";
     xl_output_init(&j.out, l->o->log_dir, attempt);
     xl_linebuf_init(&j.pipe_lb[0], 1);
     xl_linebuf_init(&j.pipe_lb[1], 2);

@@ -37,11 +37,13 @@
 
 /* Wire format, the same over both transports: frames of a 4-byte big-endian length and
  * a payload. All integers are big-endian.
- *   HELLO   'H' 0 0 0 | rank:4 | pid:4 | token:32     the launcher answers one byte 'K'
+ *   HELLO   'H' 0 0 0 | rank:4 | pid:4 | token:32 | node name (0-63 bytes, no NUL)
+ *                                                       the launcher answers one byte 'K'
  *   LINE    'L' stream(1 or 2) | bytes of one line, without its newline
  *   STATUS  'S' how torn 0 | rank:4 | code:4 | ended_ns:8 (CLOCK_MONOTONIC)        */
 enum { XL_MSG_HELLO = 'H', XL_MSG_LINE = 'L', XL_MSG_STATUS = 'S' };
 #define XL_HELLO_LEN (12 + XL_TOKEN_LEN)
+#define XL_NODE_NAME_MAX 63
 #define XL_STATUS_LEN 20
 #define XL_MAX_FRAME (XL_MAX_LINE + 2)
 #define XL_ACK 'K'

@@ -4,7 +4,8 @@
  *   sockets.c    where the wrappers connect to report
  *   output.c     the ranks' lines on our stdout/stderr with "[rank R] ", and their logs
  *   job.c        one run of the job under mpirun, supervised, and its restarts
- *   xla-launch.c main: the mpirun command line from all of the above */
+ *   slurm.c      inside a Slurm allocation: what it grants, and srun in mpirun's place
+ *   xla-launch.c main: the mpirun (or srun) command line from all of the above */
 #ifndef XLA_LAUNCHER_H
 #define XLA_LAUNCHER_H
 
@@ -30,6 +31,7 @@ struct options {
     double preempt_grace;   /* SIGTERM: seconds the ranks get to save and stop; 0: stop at once */
     const char *mpirun;
     bool verbose;
+    bool oversubscribe; /* more ranks than a Slurm allocation grants */
     cli_strings mpirun_args;
     char **prog;        /* PROGRAM [ARGS...] */
     int nprog;
@@ -41,10 +43,32 @@ void xl_options_free(struct options *o);
 /* Full path of the mpirun to run (--mpirun, $XLA_LAUNCH_MPIRUN, else the one found at
  * build time); exits 2 naming it when it is not there. */
 char *xl_find_mpirun(const struct options *o);
+/* Full path of srun on PATH; exits 2 naming it when there is none. */
+char *xl_find_srun(void);
 /* Exits 2 unless `prog` is an executable file, found as execvp would. */
 void xl_check_program(const char *prog);
 /* mkdir -p of --log-dir; exits 2 naming it when that fails. */
 void xl_make_log_dir(const char *dir);
+
+/* Appends a to the NULL-terminated command line *v of *n arguments (xla-launch.c). */
+void xl_add_arg(char ***v, int *n, const char *a);
+
+/* ---- slurm.c ---- */
+
+struct xl_slurm {
+    bool in_alloc;          /* SLURM_JOB_ID is set: this runs in an allocation */
+    const char *job_id;
+    int tasks;              /* the tasks it grants; -1: Slurm does not say */
+    int nodes;
+    char first_host[256];   /* of SLURM_JOB_NODELIST: MASTER_ADDR, as torchrun scripts take it */
+};
+
+void xl_slurm_read(struct xl_slurm *s);
+/* --nproc, or the allocation's tasks; exits 2 naming both when --nproc asks
+ * for more than granted without --oversubscribe. */
+int xl_slurm_nproc(const struct xl_slurm *s, const struct options *o);
+/* srun's flags for one step of nproc ranks. */
+void xl_slurm_srun_flags(char ***av, int *ac, const struct options *o, int nproc);
 
 /* ---- hostfile.c ---- */
 
@@ -124,7 +148,8 @@ struct launch {
     const struct options *o;
     int sigfd;            /* from xl_job_signals_init */
     int unix_fd, tcp_fd;  /* listening sockets for the wrappers (tcp_fd -1: none) */
-    char **mpirun_argv;
+    char **mpirun_argv;  /* mpirun's, or srun's in a Slurm allocation */
+    bool via_srun;
 };
 
 /* Routes the signals the launcher handles (SIGINT, SIGTERM, SIGHUP, SIGCHLD) to a

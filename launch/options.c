@@ -14,7 +14,9 @@
 #endif
 
 static const char k_summary[] =
-    "Run PROGRAM as an N-rank job through Open MPI's mpirun. Every rank gets RANK,\n"
+    "Run PROGRAM as an N-rank job through Open MPI's mpirun (in a Slurm allocation,\n"
+    "as one job step through srun --mpi=pmix, on the nodes and tasks it grants).\n"
+    "Every rank gets RANK,\n"
     "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK,\n"
     "NNODES and CX_NUM_THREADS (= cores / ranks on its node, at least 1; also\n"
     "OMP_NUM_THREADS and OPENBLAS_NUM_THREADS) unless already set. Output lines are\n"
@@ -36,7 +38,7 @@ void xl_parse_options(int argc, char **argv, struct options *o)
     bool standalone = false;
     const cli_flag flags[] = {
         { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .min = 1, .max = 1 << 20,
-          .help = "number of ranks (default: the number of cores; with a\nhostfile: one rank per slot it lists)" },
+          .help = "number of ranks (default: the number of cores; with a\nhostfile: one rank per slot it lists; in a Slurm\nallocation: the tasks it grants)" },
         { .name = "nproc-per-node", .kind = CLI_INT, .dest = &o->nproc, .min = 1, .max = 1 << 20,
           .help = "torchrun's name for --nproc" },
         { .name = "rdzv-endpoint", .kind = CLI_STRING, .dest = &rdzv, .metavar = "HOST[:PORT]",
@@ -65,8 +67,10 @@ void xl_parse_options(int argc, char **argv, struct options *o)
         { .name = "mpirun", .kind = CLI_STRING, .dest = &o->mpirun, .metavar = "PATH",
           .help = "mpirun to use (default: $XLA_LAUNCH_MPIRUN, else the one\nfound at build time, "
                   XLA_LAUNCH_MPIRUN_DEFAULT ")" },
+        { .name = "oversubscribe", .kind = CLI_BOOL, .dest = &o->oversubscribe,
+          .help = "in a Slurm allocation, allow --nproc above the tasks it\ngrants (srun --overcommit)" },
         { .name = "mpirun-arg", .kind = CLI_STRINGS, .dest = &o->mpirun_args, .metavar = "ARG",
-          .help = "pass ARG to mpirun" },
+          .help = "pass ARG to mpirun (to srun in a Slurm allocation)" },
         { .name = "verbose", .kind = CLI_BOOL, .dest = &o->verbose,
           .help = "show the mpirun command and mpirun's own messages" },
     };
@@ -164,6 +168,15 @@ void xl_check_program(const char *prog)
     if (strchr(prog, '/') && stat(prog, &st) == 0)
         xl_die("program '%s' is not an executable file", prog);
     xl_die("program '%s' not found", prog);
+}
+
+char *xl_find_srun(void)
+{
+    char *p = find_executable("srun");
+    if (!p)
+        xl_die("srun not found: in a Slurm allocation (SLURM_JOB_ID is set) xla-launch starts the ranks as a job "
+               "step with srun (Debian: slurm-client)");
+    return p;
 }
 
 char *xl_find_mpirun(const struct options *o)

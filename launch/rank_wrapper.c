@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include "launch.h"
 
+#include "cx_job.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,7 +40,8 @@
 /* How long to wait for the output pipes to close once PROGRAM and its group are dead. */
 #define DRAIN_GRACE 1.0
 
-static const int k_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGCHLD };
+/* SIGUSR1: the early warning of a Slurm job (--signal=USR1@T), a stop like SIGTERM */
+static const int k_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD };
 #define N_SIGNALS ((int)(sizeof k_signals / sizeof k_signals[0]))
 
 struct wrapper {
@@ -54,15 +57,6 @@ struct wrapper {
     int64_t ended_ns;    /* CLOCK_MONOTONIC when PROGRAM was reaped */
 };
 
-static int env_int(const char *name)
-{
-    const char *v = getenv(name);
-    int out;
-    if (!v) xl_die("--rank-wrapper is internal and runs under mpirun (%s is not set)", name);
-    if (!xl_parse_int(v, 0, 1 << 30, &out)) xl_die("bad value '%s' for %s", v, name);
-    return out;
-}
-
 static void set_env_int(const char *name, int v)
 {
     char buf[24];
@@ -73,11 +67,17 @@ static void set_env_int(const char *name, int v)
 /* Export the torchrun-style variables and the thread budget for PROGRAM. */
 static void export_rank_env(struct wrapper *w)
 {
-    w->rank = env_int("OMPI_COMM_WORLD_RANK");
-    w->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
-    w->world = env_int("OMPI_COMM_WORLD_SIZE");
-    w->local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (w->local_world < 1) w->local_world = 1;
+    /* the library's reader of the launchers' variables: the rank a program
+     * finds through cx_job_place is the one its output is prefixed with */
+    cx_job_info j;
+    char msg[512];
+    if (!cx_job_read(&j, msg, sizeof msg)) xl_die("%s", msg);
+    if (!cx_job_has_mpi(&j) || j.rank < 0 || j.world < 1 || j.local_rank < 0)
+        xl_die("--rank-wrapper is internal and runs under mpirun or srun --mpi=pmix (no rank in the environment)");
+    w->rank = j.rank;
+    w->local_rank = j.local_rank;
+    w->world = j.world;
+    w->local_world = j.local_world < 1 ? 1 : j.local_world;
     set_env_int("RANK", w->rank);
     set_env_int("LOCAL_RANK", w->local_rank);
     set_env_int("WORLD_SIZE", w->world);
@@ -122,13 +122,20 @@ static void send_msg(struct wrapper *w, const void *payload, size_t n, const voi
     if (!xl_sendv_all(w->sock, iov, body ? 3 : 2)) launcher_lost(w);
 }
 
+/* The node's name goes along: a node that vanishes is named by it, not
+ * only by the address its connection came from. */
 static void send_hello(struct wrapper *w, const char *token)
 {
     unsigned char msg[XL_HELLO_LEN] = { XL_MSG_HELLO };
     xl_put32(msg + 4, (uint32_t)w->rank);
     xl_put32(msg + 8, (uint32_t)getpid());
     memcpy(msg + 12, token, XL_TOKEN_LEN);
-    send_msg(w, msg, sizeof msg, NULL, 0);
+    char node[XL_NODE_NAME_MAX + 2] = "";
+    const char *slurm = getenv("SLURMD_NODENAME");   /* Slurm's name for it, as scontrol shows it */
+    if (slurm && *slurm) snprintf(node, sizeof node, "%s", slurm);
+    else if (gethostname(node, sizeof node - 1) != 0) node[0] = '\0';
+    node[XL_NODE_NAME_MAX] = '\0';
+    send_msg(w, msg, sizeof msg, node, strlen(node));
 }
 
 static int connect_unix(void)

@@ -76,8 +76,10 @@ static bool cma_works(void)
     return ok;
 }
 
-/* Appends to the NULL-terminated mpirun command line. */
-static void add_arg(char ***v, int *n, const char *a)
+/* srun exports the whole environment to the step; mpirun only what -x names */
+static bool g_via_srun;
+
+void xl_add_arg(char ***v, int *n, const char *a)
 {
     *v = xl_realloc_array(*v, (size_t)*n + 2, sizeof **v);
     (*v)[(*n)++] = (char *)a;
@@ -87,8 +89,9 @@ static void add_arg(char ***v, int *n, const char *a)
 static void export_var(char ***v, int *n, const char *name, const char *value)
 {
     if (value) setenv(name, value, 1);
-    add_arg(v, n, "-x"); /* mpirun passes it on to other nodes too */
-    add_arg(v, n, name);
+    if (g_via_srun) return;
+    xl_add_arg(v, n, "-x"); /* mpirun passes it on to other nodes too */
+    xl_add_arg(v, n, name);
 }
 
 /* The settings of cxla, PyTorch/XLA, OpenMP and OpenBLAS set where the
@@ -120,7 +123,7 @@ static char **forward_settings(char ***v, int *n)
  * ranks of every node, so anything else is a mistake to name before mpirun runs. */
 static void check_nodes(const struct options *o, int n_hosts)
 {
-    if (o->nnodes > 1 && !o->hostfile)
+    if (o->nnodes > 1 && !o->hostfile && !g_via_srun)
         xl_die("--nnodes %d needs --hostfile: Open MPI starts the ranks of every node from "
                "this one command, so run xla-launch once, on one node, with a hostfile listing "
                "all nodes", o->nnodes);
@@ -129,6 +132,8 @@ static void check_nodes(const struct options *o, int n_hosts)
     if (o->node_rank > 0)
         xl_die("--node-rank %d: run xla-launch once, on node 0 only; with a hostfile it starts "
                "the ranks of every node itself", o->node_rank);
+    if (o->nnodes > n_hosts && g_via_srun)
+        xl_die("the Slurm allocation has %d node(s), fewer than --nnodes %d", n_hosts, o->nnodes);
     if (o->nnodes > n_hosts)
         xl_die("hostfile '%s' lists %d host(s), fewer than --nnodes %d", o->hostfile, n_hosts,
                o->nnodes);
@@ -138,23 +143,23 @@ static void check_nodes(const struct options *o, int n_hosts)
 static void add_mpirun_flags(char ***av, int *ac, const struct options *o, int nproc, bool cma_off)
 {
     static char nbuf[16];   /* an argument of the command line, which outlives this call */
-    add_arg(av, ac, "--allow-run-as-root"); /* containers often run as root */
-    add_arg(av, ac, "--oversubscribe");     /* more ranks than cores is allowed */
-    add_arg(av, ac, "--bind-to");           /* ranks share cores via CX_NUM_THREADS */
-    add_arg(av, ac, "none");
+    xl_add_arg(av, ac, "--allow-run-as-root"); /* containers often run as root */
+    xl_add_arg(av, ac, "--oversubscribe");     /* more ranks than cores is allowed */
+    xl_add_arg(av, ac, "--bind-to");           /* ranks share cores via CX_NUM_THREADS */
+    xl_add_arg(av, ac, "none");
     if (nproc > 0) {
         snprintf(nbuf, sizeof nbuf, "%d", nproc);
-        add_arg(av, ac, "-np");
-        add_arg(av, ac, nbuf);
+        xl_add_arg(av, ac, "-np");
+        xl_add_arg(av, ac, nbuf);
     }
     if (o->hostfile) {
-        add_arg(av, ac, "--hostfile");
-        add_arg(av, ac, o->hostfile);
+        xl_add_arg(av, ac, "--hostfile");
+        xl_add_arg(av, ac, o->hostfile);
     }
     if (cma_off) {
-        add_arg(av, ac, "--mca");
-        add_arg(av, ac, "btl_vader_single_copy_mechanism");
-        add_arg(av, ac, "none");
+        xl_add_arg(av, ac, "--mca");
+        xl_add_arg(av, ac, "btl_vader_single_copy_mechanism");
+        xl_add_arg(av, ac, "none");
     }
 }
 
@@ -210,14 +215,20 @@ int main(int argc, char **argv)
     struct options o;
     xl_parse_options(argc, argv, &o);
 
-    char *mpirun = xl_find_mpirun(&o);
+    /* in an allocation the ranks are one job step of it, unless a hostfile
+     * names the nodes (then mpirun over ssh, as outside Slurm) */
+    struct xl_slurm slurm;
+    xl_slurm_read(&slurm);
+    g_via_srun = slurm.in_alloc && !o.hostfile;
+    char *mpirun = g_via_srun ? xl_find_srun() : xl_find_mpirun(&o);
     xl_check_program(o.prog[0]);
     /* the ranks would each report a bad value and carry on with the default */
     char bad[512];
     if (!cx_settings_check(bad, sizeof bad)) xl_die("%s", bad);
 
     char *first_host = NULL;
-    int n_hosts = o.hostfile ? xl_read_hostfile(o.hostfile, &first_host) : 1;
+    int n_hosts = o.hostfile ? xl_read_hostfile(o.hostfile, &first_host) : g_via_srun ? slurm.nodes : 1;
+    if (g_via_srun && slurm.first_host[0] && !(first_host = strdup(slurm.first_host))) xl_die("out of memory");
     check_nodes(&o, n_hosts);
     if (o.log_dir) xl_make_log_dir(o.log_dir);
 
@@ -229,8 +240,7 @@ int main(int argc, char **argv)
     /* before any signal handler exists: the probe's child must not run ours */
     bool cma_off = !getenv("OMPI_MCA_btl_vader_single_copy_mechanism") && !cma_works();
 
-    int cores = xl_cpu_count();
-    int nproc = o.nproc ? o.nproc : (o.hostfile ? 0 : cores);
+    int nproc = g_via_srun ? xl_slurm_nproc(&slurm, &o) : o.nproc ? o.nproc : (o.hostfile ? 0 : xl_cpu_count());
 
     /* Launcher state that must exist before any child does. */
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans of the job come back to us to be ended */
@@ -240,22 +250,25 @@ int main(int argc, char **argv)
     char sockname[64];
     l.unix_fd = xl_listen_unix(sockname, sizeof sockname);
     char tcp_env[1024];
-    /* a hostfile may place ranks on other nodes: they report over TCP */
-    if (o.hostfile) l.tcp_fd = xl_listen_tcp(tcp_env, sizeof tcp_env);
+    /* a hostfile or an allocation may place ranks on other nodes: they report over TCP */
+    if (o.hostfile || n_hosts > 1) l.tcp_fd = xl_listen_tcp(tcp_env, sizeof tcp_env);
 
     char **av = NULL;
     int ac = 0;
-    add_arg(&av, &ac, mpirun);
-    add_mpirun_flags(&av, &ac, &o, nproc, cma_off);
+    xl_add_arg(&av, &ac, mpirun);
+    if (g_via_srun) xl_slurm_srun_flags(&av, &ac, &o, nproc);
+    else add_mpirun_flags(&av, &ac, &o, nproc, cma_off);
+    if (g_via_srun && cma_off) setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
     export_job_env(&av, &ac, &o, first_host, n_hosts, sockname, l.tcp_fd >= 0 ? tcp_env : NULL);
     char **forwarded = forward_settings(&av, &ac);
-    for (int i = 0; i < o.mpirun_args.n; i++) add_arg(&av, &ac, o.mpirun_args.v[i]);
-    add_arg(&av, &ac, self);
-    add_arg(&av, &ac, "--rank-wrapper");
-    for (int i = 0; i < o.nprog; i++) add_arg(&av, &ac, o.prog[i]);
+    for (int i = 0; i < o.mpirun_args.n; i++) xl_add_arg(&av, &ac, o.mpirun_args.v[i]);
+    xl_add_arg(&av, &ac, self);
+    xl_add_arg(&av, &ac, "--rank-wrapper");
+    for (int i = 0; i < o.nprog; i++) xl_add_arg(&av, &ac, o.prog[i]);
     if (o.verbose) print_command(av, ac);
 
     l.mpirun_argv = av;
+    l.via_srun = g_via_srun;
     int rc = xl_run_attempts(&l);
     for (int i = 0; forwarded && forwarded[i]; i++) free(forwarded[i]);
     free(forwarded);

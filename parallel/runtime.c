@@ -11,6 +11,7 @@
 #include <cxla/parallel.h>
 
 #include "cx_bf16.h"
+#include "cx_job.h"
 #include "cx_log.h"
 #include "cx_settings.h"
 #include "parallel_internal.h"
@@ -484,32 +485,35 @@ MPI_Comm cx_dist_world_comm(void) { return R.world; }
 
 /* ---- init / finalize --------------------------------------------------------------- */
 
-static bool launched_by_mpi(void)
+/* Who started us, from the one reader of the launchers' variables
+ * (util/cx_job.c). Several processes without a world to share would each
+ * train alone: torchrun's (RANK/WORLD_SIZE, no MPI), or srun's tasks
+ * without PMIx. */
+static cx_status read_place(cx_job_info *j)
 {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
-}
-
-/* torchrun (or a hand-made environment) says there are several processes,
- * but they share no MPI world: each would train alone. */
-static cx_status refuse_lonely_world(void)
-{
-    const char *ws = getenv("WORLD_SIZE");
-    long n = ws ? strtol(ws, NULL, 10) : 0;
-    if (n <= 1 || launched_by_mpi()) return CX_OK;
-    cx_set_last_error("dist_init: WORLD_SIZE=%ld but this process is in no MPI world (torchrun's processes share "
-                      "none): start the program with `xla-launch --nproc-per-node N PROGRAM ...` instead", n);
-    return CX_ERR_COMM;
+    char msg[512];
+    if (!cx_job_read(j, msg, sizeof msg)) {
+        cx_set_last_error("dist_init: %s", msg);
+        return CX_ERR_COMM;
+    }
+    if (j->source == CX_JOB_TORCHRUN && j->world > 1) {
+        cx_set_last_error("dist_init: WORLD_SIZE=%d but this process is in no MPI world (torchrun's processes share "
+                          "none): start the program with `xla-launch --nproc-per-node N PROGRAM ...` instead", j->world);
+        return CX_ERR_COMM;
+    }
+    return CX_OK;
 }
 
 cx_status cx_dist_init(int *argc, char ***argv)
 {
     if (R.initialized) return CX_OK;
-    if (refuse_lonely_world() != CX_OK) return CX_ERR_COMM;
+    cx_job_info place;
+    if (read_place(&place) != CX_OK) return CX_ERR_COMM;
     R.rank = 0;
     R.size = 1;
     R.local_rank = 0;
     R.local_size = 1;
-    if (launched_by_mpi()) {
+    if (cx_job_has_mpi(&place)) {
         int provided = 0;
         /* blocking collectives run on the progress thread: let MPI's wait
          * loops yield the core (the user's own setting wins) */

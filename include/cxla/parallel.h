@@ -28,6 +28,20 @@ extern "C" {
  * threads to cores / local ranks unless CX_NUM_THREADS says otherwise.
  * @return CX_OK, or CX_ERR_COMM with a message when MPI cannot start. */
 CX_API cx_status cx_dist_init(int *argc, char ***argv);
+/* Where this process sits in its job, before cx_dist_init and without MPI,
+ * from the launcher's environment: mpirun's OMPI_COMM_WORLD_*, PMIx's
+ * PMIX_RANK with Slurm's layout (srun --mpi=pmix), PMI's PMI_RANK/PMI_SIZE,
+ * srun's SLURM_PROCID/SLURM_STEP_NUM_TASKS/SLURM_LOCALID/
+ * SLURM_STEP_TASKS_PER_NODE, or torchrun's RANK/WORLD_SIZE/LOCAL_RANK/
+ * LOCAL_WORLD_SIZE; without a launcher rank 0 of 1. cx_dist_init reads the
+ * same. Any pointer may be NULL; *launcher gets "none", "mpirun", "pmix",
+ * "pmi" or "torchrun"; a count the launcher does not give is -1.
+ * @return true; false with one line in msg[cap] (no newline; msg may be
+ * NULL when cap is 0) when the job cannot form one world: srun started
+ * several tasks without PMIx (each would run alone; add --mpi=pmix), or a
+ * variable is not a number. */
+CX_API bool cx_job_place(int *rank, int *world_size, int *local_rank, int *local_world_size, const char **launcher,
+                         char *msg, size_t cap);
 /* Drains pending collectives and finalizes MPI. Safe to call twice. */
 CX_API void cx_dist_finalize(void);
 CX_API bool cx_dist_is_initialized(void);

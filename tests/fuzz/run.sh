@@ -14,10 +14,10 @@ command -v "$CC" > /dev/null || { echo "fuzz: $CC not found (scripts/install-dep
 mkdir -p "$B"
 CC=$CC cmake -S "$ROOT" -B "$B" -DCX_FUZZ=ON -DCX_WERROR="${CX_WERROR:-OFF}" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$B/configure.log" 2>&1 ||
     { cat "$B/configure.log"; exit 1; }
-cmake --build "$B" -j2 --target fuzz_idx fuzz_text fuzz_cli fuzz_ckpt fuzz_cache fuzz_hostfile > "$B/build.log" 2>&1 ||
+cmake --build "$B" -j2 --target fuzz_idx fuzz_text fuzz_cli fuzz_ckpt fuzz_cache fuzz_hostfile fuzz_slurm > "$B/build.log" 2>&1 ||
     { tail -30 "$B/build.log"; exit 1; }
 status=0
-for h in idx text cli ckpt cache hostfile; do
+for h in idx text cli ckpt cache hostfile slurm; do
     work=$(mktemp -d /tmp/cx_fuzz_$h.XXXXXX)
     cp "$ROOT/tests/fuzz/corpus/$h"/* "$work/"
     log="$B/fuzz_$h.log"
