@@ -30,6 +30,9 @@ void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, in
 
 /* ---- what this thread records into (record.c) ---- */
 
+#define CX_AUTOCAST_MAX_DEPTH 16
+#define CX_RECORD_MAX_STEPS 16 /* ir/tensor.c's step nesting */
+
 typedef struct {
     int step_depth;          /* open steps: new handles belong to the innermost */
     int no_grad;             /* open no_grad regions */
@@ -37,11 +40,20 @@ typedef struct {
     uint64_t remat_region;   /* ... and the tag their nodes carry */
     const char *site_file;   /* the user's line that syncs (cx_sync_at & co.), or NULL */
     int site_line;
+    int autocast_depth;      /* open autocast regions, innermost last ... */
+    uint8_t autocast_dtype[CX_AUTOCAST_MAX_DEPTH]; /* ... each one's dtype (CX_F32: turned off) */
+    /* autocast_depth when each open step began: a region a step opened must close in it */
+    int autocast_at_step[CX_RECORD_MAX_STEPS + 1];
 } cx_record_ctx;
 
 cx_record_ctx *cx_record(void);
 /* The tag of the open rematerialization region, 0 outside one. */
 uint64_t cx_remat_region(void);
+/* Step depth d (1-based) began: regions opened from here on belong to it. */
+void cx_autocast_step_began(int d);
+/* The innermost step is ending: an autocast region it opened and left open
+ * is closed and reported. @return CX_OK or CX_ERR_STATE (last error set). */
+cx_status cx_autocast_step_check(void);
 
 /* ---- a tiny lock for the core's shared lists (uncontended almost always) ---- */
 

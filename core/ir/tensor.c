@@ -56,7 +56,7 @@ bool cx_tensor_released(const cx_tensor *t, const char *op)
 }
 
 /* Steps: each open step owns the handles made while it is innermost. */
-#define CX_MAX_STEP_DEPTH 16
+#define CX_MAX_STEP_DEPTH CX_RECORD_MAX_STEPS
 typedef struct {
     cx_tensor **items;
     int n, cap;
@@ -224,6 +224,7 @@ void cx_step_begin(void)
         return;
     }
     int d = ++rec->step_depth;
+    cx_autocast_step_began(d);
     /* last step's kept handles now belong to this step */
     tensor_list *c = &t_carry[d];
     for (int i = 0; i < c->n; i++) {

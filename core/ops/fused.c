@@ -9,7 +9,7 @@
 
 /* ---- attention --------------------------------------------------------------------- */
 
-static bool f32_rank4(cx_tensor *t) { return t && t->node->ndim == 4 && t->node->dtype == CX_F32; }
+static bool float_rank4(cx_tensor *t, cx_dtype dt) { return t && t->node->ndim == 4 && t->node->dtype == dt; }
 
 /* q (N, T, H, D), k and v (N, S, H, D): the kernel's heads-inside layout. */
 static cx_tensor *attention_prim(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool causal, double scale)
@@ -19,15 +19,36 @@ static cx_tensor *attention_prim(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool 
     return cx_make_op(OP_ATTENTION, CX_F32, q->node->shape, 4, ins, 3, attrs, CX_AT_ATTN_COUNT, scale);
 }
 
+static cx_tensor *attention_f32(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal, double scale);
+
 cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal, double scale)
+{
+    cx_tensor *in[3] = { q, k, v };
+    if (cx_autocast_low(in, 3)) {
+        cx_tensor *r = cx_scaled_dot_product_attention(in[0], in[1], in[2], is_causal, scale);
+        cx_autocast_drop(in, 3);
+        return r;
+    }
+    if (!(float_rank4(q, CX_BF16) && float_rank4(k, CX_BF16) && float_rank4(v, CX_BF16)))
+        return attention_f32(q, k, v, is_causal, scale);
+    /* bf16 q, k, v (autocast) are computed in f32 and cast back, as
+     * contract.c does for matmul, until the kernel takes bf16 */
+    cx_tensor *qf = cx_cast(q, CX_F32), *kf = cx_cast(k, CX_F32), *vf = cx_cast(v, CX_F32);
+    cx_tensor *o = attention_f32(qf, kf, vf, is_causal, scale);
+    cx_tensor *r = cx_cast(o, CX_BF16);
+    cx_drop(qf); cx_drop(kf); cx_drop(vf); cx_drop(o);
+    return r;
+}
+
+static cx_tensor *attention_f32(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal, double scale)
 {
     cx_tensor *in[3] = { q, k, v };
     for (int i = 0; i < 3; i++) {
         if (!in[i]) return cx_poisoned("scaled_dot_product_attention: input %d is NULL", i);
         if (in[i]->node->op == OP_ERROR) return cx_tensor_of(in[i]->node);
-        if (!f32_rank4(in[i])) {
+        if (!float_rank4(in[i], CX_F32)) {
             char b[160];
-            return cx_poisoned("scaled_dot_product_attention: input %d %s %s must be f32 (B, H, T, D)", i,
+            return cx_poisoned("scaled_dot_product_attention: input %d %s %s must be f32 (B, H, T, D), or all three bf16", i,
                                cx_shape_str(b, sizeof b, in[i]->node->shape, in[i]->node->ndim),
                                cx_dtype_name(cx_dtype_of(in[i])));
         }

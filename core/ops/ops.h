@@ -84,6 +84,24 @@ static inline cx_dtype cx_promote(cx_dtype a, cx_dtype b)
     return rank[a] >= rank[b] ? a : b;
 }
 
+/* ---- autocast (autocast.c) ---- */
+
+/* A bf16 autocast region is open on this thread. Inline: the f32-list ops
+ * ask on every call. */
+static inline bool cx_autocast_on(void)
+{
+    const cx_record_ctx *r = cx_record();
+    return r->autocast_depth > 0 && r->autocast_dtype[r->autocast_depth - 1] == CX_BF16;
+}
+/* In a bf16 region with an operand to cast: replaces ts[0..n) by new
+ * handles (bf16 casts of the float operands for the bf16-list ops, f32
+ * casts of the bf16 ones for the f32 list; aliases of the rest, NULLs
+ * kept), for the op to record itself on and cx_autocast_drop to release.
+ * @return whether it did; ts is untouched when not. */
+bool cx_autocast_low(cx_tensor **ts, int n);
+bool cx_autocast_f32(cx_tensor **ts, int n);
+void cx_autocast_drop(cx_tensor **ts, int n);
+
 /* The RNG op chains cx_rand/cx_randn record, drawn at counter `offset` of
  * stream `seed`: one definition for the eager draws and deferred ranges,
  * so both give the same bits. */
