@@ -27,6 +27,10 @@ int64_t cx_shape_numel(const int64_t *shape, int ndim);
 const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 /* Converts n values between dtypes (a copy when equal). */
 void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n);
+/* The dtype a tensor created as `dt` is held in: bf16 for f32 under
+ * XLA_USE_BF16=1 or XLA_DOWNCAST_BF16=1 (seed 000: torch.float is bf16 on
+ * the device; cxla has no f64 for the two to differ on), else dt. */
+cx_dtype cx_held_dtype(cx_dtype dt);
 
 /* ---- what this thread records into (record.c) ---- */
 

@@ -16,6 +16,9 @@ cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b);
 /* Pad with interior padding (the slice's gradient). */
 cx_tensor *cx_pad_interior(cx_tensor *a, const int64_t *lo, const int64_t *hi, const int64_t *interior, double value);
 cx_tensor *cx_scalar_like(cx_tensor *a, double v);
+/* cx_full in `dtype` itself, never the held dtype (XLA_USE_BF16): for
+ * values the ops compute with in f32. */
+cx_tensor *cx_full_exact(const int64_t *shape, int ndim, double value, cx_dtype dtype);
 /* Layer norm over the last dim with weight and bias, all f32, as one kernel
  * (ops_fused.c; cx_layer_norm picks it). */
 cx_tensor *cx_layer_norm_fused(cx_tensor *x, cx_tensor *w, cx_tensor *b, double eps);
