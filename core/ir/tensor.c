@@ -288,7 +288,8 @@ cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dty
     if (bytes && !data) return cx_poisoned("from_host: data is NULL for %lld elements", (long long)numel);
     cx_buffer *b = cx_buffer_new(bytes);
     if (!b) return cx_poisoned("from_host: %s", cx_last_error());
-    if (bytes) cx_convert_values(b->data, held, data, dtype, numel);
+    if (bytes && held != dtype) cx_f32_to_bf16_row(b->data, data, numel); /* only f32 is held otherwise */
+    else if (bytes) memcpy(b->data, data, bytes);
     cx_node *n = cx_node_data(b, held, shape, ndim);
     if (!n) { cx_buffer_unref(b); return cx_poisoned("from_host: out of memory"); }
     double t1 = cx_now();
@@ -319,7 +320,7 @@ cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_
     }
     cx_status st = fill(ctx, dst, bytes);
     if (held != dtype) {
-        if (st == CX_OK) cx_convert_values(b->data, held, dst, dtype, numel);
+        if (st == CX_OK) cx_f32_to_bf16_row(b->data, dst, numel);
         free(dst);
     }
     if (st != CX_OK) {
