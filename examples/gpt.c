@@ -375,6 +375,8 @@ static cx_status wrap(const config *c, trainer *t)
         fo.reshard_after_forward = c->zero == 3;
         fo.auto_wrap_types = units;
         fo.n_auto_wrap_types = 1;
+        /* bf16-mixed: parameters gathered in bf16, gradients reduce-scattered in f32 */
+        if (c->precision == PRECISION_BF16_MIXED) fo.compute_dtype = CX_BF16;
         t->fsdp = cx_fsdp_wrap(t->model, fo);
         return t->fsdp ? CX_OK : CX_ERR_ARG;
     }

@@ -441,7 +441,7 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
                                    : cx_module_forward(model, x);
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
         precision_forward_end(c->precision);
-        cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : cx_backward(loss);
+        cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : par->fsdp ? cx_fsdp_backward(par->fsdp, loss) : cx_backward(loss);
         if (st == CX_OK) st = par->xm ? cx_optimizer_step_as(opt, par->grad_comm) : cx_optim_step(opt);
         if (st != CX_OK) {
             fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
@@ -713,6 +713,8 @@ int main(int argc, char **argv)
         fo.auto_wrap_min_params = c.auto_wrap_min_params;
         if (c.nested) { fo.auto_wrap_types = unit_types; fo.n_auto_wrap_types = 2; }
         fo.grad_ckpt = c.grad_ckpt;
+        /* bf16-mixed: parameters gathered in bf16, gradients reduce-scattered in f32 */
+        if (c.precision == PRECISION_BF16_MIXED) fo.compute_dtype = CX_BF16;
         par.fsdp = cx_fsdp_wrap(model, fo);
         if (!par.fsdp) {
             fprintf(stderr, "train: %s\n", cx_last_error());

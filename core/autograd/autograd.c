@@ -32,7 +32,9 @@ cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink)
     if (!value || !sink) return cx_poisoned("grad_tap: NULL argument");
     if (value->node->op == OP_ERROR) return cx_tensor_of(value->node);
     cx_node *v = value->node;
-    bool same = v->ndim == sink->node->ndim && v->dtype == sink->node->dtype && cx_dtype_is_float((cx_dtype)v->dtype);
+    /* the dtypes may differ (FSDP gathers bf16 into an f32 sink): accumulation casts to the sink's */
+    bool same = v->ndim == sink->node->ndim && cx_dtype_is_float((cx_dtype)sink->node->dtype) &&
+                cx_dtype_is_float((cx_dtype)v->dtype);
     for (int i = 0; same && i < v->ndim; i++) same = v->shape[i] == sink->node->shape[i];
     if (!same) {
         char a[160], b[160];

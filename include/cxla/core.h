@@ -482,8 +482,10 @@ CX_API bool cx_get_requires_grad(const cx_tensor *t);
 CX_API cx_status cx_backward(cx_tensor *loss);
 /* `value` again, as a node where backward stops and accumulates the
  * gradient reaching it into sink's grad (sink: a persistent float tensor of
- * the same shape, e.g. a placeholder). For wrappers that accumulate the
- * gradient of a computed value (FSDP's no_sync). */
+ * the same shape, e.g. a placeholder; its dtype may differ from value's,
+ * the gradient is cast to it). For wrappers that accumulate the gradient
+ * of a computed value (FSDP's no_sync, its f32 reduce-scatter of bf16
+ * gathers). */
 CX_API cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink);
 /* The gradient of t (NULL if none yet). Owned by t. */
 CX_API cx_tensor *cx_grad(cx_tensor *t);
