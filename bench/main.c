@@ -31,6 +31,13 @@ static const subcommand g_subcommands[] = {
       "gpt_attention_share: the fused attention's share of a step (forward + backward of every layer)\n"
       "vs the plain attention's share of the same step built with it\n"
       "gpt_peak_bytes: peak device memory of a step vs the model state (parameters, gradients, Adam moments)", 0, 0 },
+    { "precision", bench_precision,
+      "Run directly.\n"
+      "gpt_bf16_tokens_per_s: gpt training steps (the gpt bench's model and recipe) with --precision bf16-mixed\n"
+      "(autocast around the forward, f32 weights) vs the same steps in f32, in the same rounds\n"
+      "cnn_bf16_images_per_s: the same for the seed cnn, batch 64\n"
+      "gpt_bf16_peak_bytes: peak device memory of a bf16-mixed gpt step vs an f32 one (each measured alone,\n"
+      "after the compile cache and arena of the other were released; not a timing: rounds 1)", 0, 0 },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"
       "ckpt_save_gbps: saving a 640 MiB model vs a raw sequential write (with fsync) of as many bytes\n"
