@@ -314,7 +314,8 @@ cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_
     cx_buffer *b = cx_buffer_new((size_t)numel * cx_dtype_size(held));
     /* fill writes `dtype`; a held bf16 tensor is filled through an f32 copy */
     void *dst = held == dtype ? (b ? b->data : NULL) : malloc(bytes ? bytes : 1);
-    if (!b || !dst) {
+    if (!b || (held != dtype && !dst)) {
+        if (held != dtype) free(dst);
         if (b) cx_buffer_unref(b);
         return cx_poisoned("from_fill: %s", b ? "out of memory" : cx_last_error());
     }
