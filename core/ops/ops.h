@@ -101,9 +101,12 @@ static inline bool cx_autocast_on(void)
  * casts of the bf16 ones for the f32 list; aliases of the rest, NULLs
  * kept), for the op to record itself on and cx_autocast_drop to release.
  * @return whether it did; ts is untouched when not. */
-bool cx_autocast_low(cx_tensor **ts, int n);
-bool cx_autocast_f32(cx_tensor **ts, int n);
+bool cx_autocast_cast_low(cx_tensor **ts, int n);
+bool cx_autocast_cast_f32(cx_tensor **ts, int n);
 void cx_autocast_drop(cx_tensor **ts, int n);
+/* Inline: outside a region an op pays one branch, not a call. */
+static inline bool cx_autocast_low(cx_tensor **ts, int n) { return cx_autocast_on() && cx_autocast_cast_low(ts, n); }
+static inline bool cx_autocast_f32(cx_tensor **ts, int n) { return cx_autocast_on() && cx_autocast_cast_f32(ts, n); }
 
 /* The RNG op chains cx_rand/cx_randn record, drawn at counter `offset` of
  * stream `seed`: one definition for the eager draws and deferred ranges,
