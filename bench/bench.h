@@ -127,6 +127,9 @@ bench_trainer *bench_trainer_new_spmd(struct cx_module *m, int64_t global_batch,
                                       const cx_spec_entry *spec);
 /* bench_side unit: one step. */
 double bench_trainer_step(void *trainer);
+/* bf16-mixed from now on (the forward under autocast), then the warm-up
+ * steps again. @return false after printing why. */
+bool bench_trainer_set_autocast(bench_trainer *t, bool on);
 void bench_trainer_free(bench_trainer *t);
 
 /* GPT training steps (the gpt program's default recipe: AdamW, clipping;
@@ -140,6 +143,8 @@ typedef enum { BENCH_GPT_ONE, BENCH_GPT_DDP, BENCH_GPT_SPMD } bench_gpt_par;
 bench_gpt_trainer *bench_gpt_trainer_new(cx_gpt_config c, int64_t batch, bench_gpt_par par, const struct cx_mesh *mesh);
 /* bench_side unit: one step. */
 double bench_gpt_trainer_step(void *trainer);
+/* bf16-mixed from now on, then the warm-up steps again. @return false after printing why. */
+bool bench_gpt_trainer_set_autocast(bench_gpt_trainer *t, bool on);
 /* Bytes of the parameters and optimizer state: this rank's shards (local)
  * or the whole tensors. */
 int64_t bench_gpt_trainer_state_bytes(bench_gpt_trainer *t, bool local);
@@ -165,5 +170,8 @@ int bench_fsdp(int argc, char **argv, bench_cfg cfg);
 int bench_cache(int argc, char **argv, bench_cfg cfg);
 int bench_gpt(int argc, char **argv, bench_cfg cfg);
 int bench_precision(int argc, char **argv, bench_cfg cfg);
+/* precision's training rows (bench_precision_train.c) */
+int bench_precision_gpt(const bench_cfg *cfg);
+int bench_precision_cnn(const bench_cfg *cfg);
 
 #endif

@@ -27,6 +27,7 @@ struct bench_gpt_trainer {
     int64_t *tokens;   /* N_BATCHES x (B, T + 1) */
     int64_t batch, block;
     int next;
+    bool autocast;   /* bf16-mixed: the forward under autocast */
 };
 typedef struct bench_gpt_trainer gpt_trainer;
 
@@ -48,8 +49,10 @@ static void gpt_forward(gpt_trainer *t, cx_tensor **in, cx_tensor **out)
         cx_mark_sharding(in[0], t->mesh, t->in_spec, 2);
         cx_mark_sharding(in[1], t->mesh, t->in_spec, 2);
     }
+    if (t->autocast) cx_autocast_begin(CX_BF16);
     if (t->ddp) cx_ddp_forward_many(t->ddp, in, 2, out, 2);
     else cx_module_forward_many(t->m, in, 2, out, 2);
+    if (t->autocast) cx_autocast_end();
 }
 
 double bench_gpt_trainer_step(void *p)
@@ -135,6 +138,14 @@ bench_gpt_trainer *bench_gpt_trainer_new(cx_gpt_config c, int64_t batch, bench_g
     for (int s = 0; s < WARMUP_STEPS; s++)
         if (gpt_step(t) < 0) { gpt_trainer_free(t); return NULL; }
     return t;
+}
+
+bool bench_gpt_trainer_set_autocast(bench_gpt_trainer *t, bool on)
+{
+    t->autocast = on;
+    for (int s = 0; s < WARMUP_STEPS; s++)
+        if (gpt_step(t) < 0) return false;
+    return true;
 }
 
 static int64_t tensor_bytes(cx_tensor *t, bool local)

@@ -258,6 +258,8 @@ typedef struct {
 static const precision_figure g_figures[] = {
     { "bf16_gemm_gflops", bf16_gemm },
     { "bf16_matmul_vs_f32", bf16_matmul_vs_f32 },
+    { "gpt_bf16_tokens_per_s", bench_precision_gpt }, /* and gpt_bf16_peak_bytes */
+    { "cnn_bf16_images_per_s", bench_precision_cnn },
 };
 #define N_FIGURES ((int)(sizeof g_figures / sizeof *g_figures))
 

@@ -27,6 +27,7 @@ struct bench_trainer {
     int next;
     cx_mesh *input_mesh;   /* SPMD: the batch splits over this mesh ... */
     cx_spec_entry input_spec[4];   /* ... as this spec says */
+    bool autocast;                 /* bf16-mixed: the forward under autocast */
 };
 
 static bench_trainer *trainer_new(cx_module *m, int64_t batch, bool ddp, cx_mesh *input_mesh, const cx_spec_entry *spec)
@@ -91,8 +92,10 @@ double bench_trainer_step(void *p)
     cx_optim_zero_grad(t->opt);
     cx_tensor *x = cx_from_host(hx, sx, 4, CX_F32), *y = cx_from_host(hy, &t->batch, 1, CX_I64);
     if (t->input_mesh) cx_mark_sharding(x, t->input_mesh, t->input_spec, 4);
+    if (t->autocast) cx_autocast_begin(CX_BF16);
     cx_tensor *out = t->d ? cx_ddp_forward(t->d, x) : cx_module_forward(t->m, x);
     cx_tensor *loss = cx_nll_loss(out, y, CX_REDUCE_MEAN, -100);
+    if (t->autocast) cx_autocast_end();
     /* a bad shape poisons the loss: backward is where it surfaces */
     cx_status bst = t->d ? cx_ddp_backward(t->d, loss) : cx_backward(loss);
     cx_optim_step(t->opt);
@@ -105,6 +108,14 @@ double bench_trainer_step(void *p)
         return -1;
     }
     return dt;
+}
+
+bool bench_trainer_set_autocast(bench_trainer *t, bool on)
+{
+    t->autocast = on;
+    for (int s = 0; s < WARMUP_STEPS; s++)
+        if (bench_trainer_step(t) < 0) return false;
+    return true;
 }
 
 void bench_trainer_free(bench_trainer *t)

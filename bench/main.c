@@ -38,6 +38,11 @@ static const subcommand g_subcommands[] = {
       "matmul and OpenBLAS's sgemm on the same values, with as many threads\n"
       "bf16_matmul_vs_f32: the gpt default model's three linear shapes as bf16 matmuls through the core vs the same\n"
       "in f32 (target: >= 1.5 with AVX512_BF16, >= 1.0 without)\n"
+      "gpt_bf16_tokens_per_s: gpt training steps (the gpt bench's model and batch) with --precision bf16-mixed\n"
+      "(autocast around the forward, f32 weights) vs the same steps in f32, in the same rounds\n"
+      "cnn_bf16_images_per_s: the same for the seed cnn, batch 64\n"
+      "gpt_bf16_peak_bytes (with gpt_bf16_tokens_per_s): peak device memory of a bf16-mixed gpt step vs an f32 one\n"
+      "(each measured alone, after the compile cache and arena of the other were released; rounds 1)\n"
       "--figure NAME runs one figure", 0, 0 },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"

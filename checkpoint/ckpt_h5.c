@@ -3,6 +3,7 @@
 /* memfd_create */
 #define _GNU_SOURCE
 #include "ckpt_internal.h"
+#include "cx_settings.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -89,6 +90,13 @@ void ckpt_h5_discard_close(hid_t fid)
     }
     H5Fclose(fid);
     H5Eclear2(H5E_DEFAULT);
+}
+
+cx_dtype ckpt_saved_dtype(const cx_tensor *t)
+{
+    cx_dtype dt = cx_dtype_of(t);
+    bool held = cx_setting_enum("XLA_USE_BF16") == 1 || cx_setting_enum("XLA_DOWNCAST_BF16") == 1;
+    return dt == CX_BF16 && held ? CX_F32 : dt;
 }
 
 hid_t ckpt_h5_type(cx_dtype dt)

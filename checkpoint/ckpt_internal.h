@@ -77,6 +77,10 @@ int ckpt_zstd_register(void);
 cx_status ckpt_zstd_check_level(const char *who, int level);
 
 hid_t ckpt_h5_type(cx_dtype dt);          /* file/memory type (native LE) */
+/* The dtype t is saved in: f32 for a bf16 tensor under XLA_USE_BF16 /
+ * XLA_DOWNCAST_BF16 (held as bf16, f32 to the program, as PyTorch/XLA
+ * moves it to the CPU), else its own. */
+cx_dtype ckpt_saved_dtype(const cx_tensor *t);
 int ckpt_attr_write_str(hid_t obj, const char *name, const char *v);
 int ckpt_attr_write_i64(hid_t obj, const char *name, int64_t v);
 int ckpt_attr_write_u64(hid_t obj, const char *name, uint64_t v);

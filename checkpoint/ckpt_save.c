@@ -29,7 +29,7 @@ static cx_status write_tensor(hid_t parent, const char *name, cx_tensor *t, cons
         cx_set_last_error("%s: %s is SPMD-sharded %s; save the model with cx_ckpt_model_spmd", path, name, spec);
         return CX_ERR_ARG;
     }
-    cx_dtype dt = cx_dtype_of(t);
+    cx_dtype dt = ckpt_saved_dtype(t);
     int64_t n = cx_numel(t);
     size_t bytes = (size_t)n * cx_dtype_size(dt);
     void *buf = malloc(bytes ? bytes : 1);

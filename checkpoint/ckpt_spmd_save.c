@@ -132,7 +132,7 @@ static int put_sharding(hid_t d, cx_tensor *t, const cx_mesh *mesh, const cx_sha
 static cx_status local_shard(cx_tensor *t, const cx_shard_box *b, int nb, int64_t numel, int64_t *local, void **out,
                              const char *path, const char *name)
 {
-    cx_dtype dt = cx_dtype_of(t);
+    cx_dtype dt = ckpt_saved_dtype(t);
     size_t bytes = (size_t)numel * cx_dtype_size(dt);
     char *buf = malloc(bytes ? bytes : 1);
     if (!buf) {
@@ -159,7 +159,7 @@ static cx_status write_whole(hid_t parent, const char *name, cx_tensor *t, const
     void *buf = NULL;
     cx_status st = local_shard(t, NULL, 0, cx_numel(t), shape, &buf, path, name);
     if (st != CX_OK) return st;
-    hid_t d = put_dataset(parent, name, cx_dtype_of(t), cx_shape(t), cx_ndim(t), buf, kind, level, path);
+    hid_t d = put_dataset(parent, name, ckpt_saved_dtype(t), cx_shape(t), cx_ndim(t), buf, kind, level, path);
     free(buf);
     if (d < 0) return CX_ERR_IO;
     H5Dclose(d);
@@ -202,7 +202,7 @@ static cx_status write_shard(hid_t parent, const char *name, cx_tensor *t, const
         !lower_rank_holds(mesh, spec, nd, cx_shape(t), cx_global_ordinal(), b, nb, b + nb)) {
         void *buf = NULL;
         st = local_shard(t, b, nb, numel, local, &buf, path, name);
-        hid_t d = st == CX_OK ? put_dataset(parent, name, cx_dtype_of(t), local, nd, buf, kind, level, path) : -1;
+        hid_t d = st == CX_OK ? put_dataset(parent, name, ckpt_saved_dtype(t), local, nd, buf, kind, level, path) : -1;
         if (st == CX_OK && d < 0) st = CX_ERR_IO;
         if (d >= 0 && put_sharding(d, t, mesh, b, nb, nd) < 0) {
             cx_set_last_error("%s: cannot write the sharding of %s: %s", path, name, ckpt_h5_msg());

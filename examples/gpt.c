@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "cx_cli.h"
+#include "precision.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_PREEMPTED = 75 };
 
@@ -53,6 +54,8 @@ typedef struct {
     const char *parallel;       /* none, ddp, fsdp, spmd */
     const char *mesh;           /* spmd: "data=D,model=M" (NULL: data = every rank) */
     const char *grad_comm;      /* ddp: f32 or bf16 */
+    const char *precision_flag;
+    precision precision;
     int zero;
     int threads;
     const char *ckpt_dir, *resume, *log_file;
@@ -75,7 +78,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     int n_layer = 4, n_head = 4;
     int64_t n_embd = 256, block = 128;
     *c = (config){ .steps = 600, .batch_size = 16, .warmup = 50, .log_every = 10, .seed = 1, .lr = 1e-3,
-                   .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .grad_comm = "f32", .zero = 3,
+                   .min_lr = 1e-4, .weight_decay = 0.1, .grad_clip = 1.0, .parallel = "none", .grad_comm = "f32", .precision_flag = "f32", .zero = 3,
                    .tokens = 200, .temperature = 1.0 };
     const cli_flag flags[] = {
         { .name = "data", .kind = CLI_STRING, .dest = &c->data, .metavar = "FILE",
@@ -110,6 +113,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "fsdp: ZeRO stage" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
           .help = "ddp: gradients all-reduced as they are, or as\nbf16 summed in f32 (bf16_compress_hook)" },
+        { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P",
+          .help = "train, eval: " PRECISION_HELP },
         { .name = "log-every", .kind = CLI_I64, .dest = &c->log_every, .min = 1, .max = 0x1p40,
           .help = "log the loss every N steps" },
         { .name = "eval-every", .kind = CLI_I64, .dest = &c->eval_every, .min = 0, .max = 0x1p40,
@@ -339,6 +344,7 @@ typedef struct {
     cx_tensor **decay_masks;   /* FSDP: which shard elements are 2-D weights */
     int nmasks;
     cx_ckpt_manager *ckpts;    /* --ckpt-dir: interval, --keep, preemption */
+    precision precision;       /* bf16-mixed: the forward under autocast */
 } trainer;
 
 static void trainer_free(trainer *t)
@@ -369,6 +375,8 @@ static cx_status wrap(const config *c, trainer *t)
         fo.reshard_after_forward = c->zero == 3;
         fo.auto_wrap_types = units;
         fo.n_auto_wrap_types = 1;
+        /* bf16-mixed: parameters gathered in bf16, gradients reduce-scattered in f32 */
+        if (c->precision == PRECISION_BF16_MIXED) fo.compute_dtype = CX_BF16;
         t->fsdp = cx_fsdp_wrap(t->model, fo);
         return t->fsdp ? CX_OK : CX_ERR_ARG;
     }
@@ -410,7 +418,7 @@ static cx_status build_optimizer(const config *c, trainer *t)
 /* @return 0 or an exit code after one line on stderr. */
 static int build_trainer(const config *c, trainer *t, bool train)
 {
-    *t = (trainer){ 0 };
+    *t = (trainer){ .precision = c->precision };
     cx_manual_seed((uint64_t)c->seed);
     t->model = cx_nn_gpt(c->model);
     if (!t->model || (train && wrap(c, t) != CX_OK) || (train && build_optimizer(c, t) != CX_OK)) {
@@ -458,8 +466,10 @@ static double val_loss(trainer *t, cx_dataset *val)
     cx_batch b;
     while (cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
         cx_tensor *in[2] = { cx_batch_field(&b, CX_FIELD_X), cx_batch_field(&b, CX_FIELD_Y) }, *out[2] = { 0 };
+        precision_forward_begin(t->precision);
         if (t->fsdp) cx_fsdp_forward_many(t->fsdp, in, 2, out, 2);
         else cx_module_forward_many(t->model, in, 2, out, 2);
+        precision_forward_end(t->precision);
         /* a batch's mean times its size: the windows' mean at the end */
         cx_assign(total, cx_add(total, cx_mul_scalar(out[1], (double)b.size)));
         windows += b.size;
@@ -612,9 +622,11 @@ static cx_tensor *train_step(const config *c, trainer *t, const cx_batch *b, int
 {
     cx_optim_zero_grad(t->opt);
     cx_tensor *in[2] = { cx_batch_field(b, CX_FIELD_X), cx_batch_field(b, CX_FIELD_Y) }, *out[2] = { 0 };
+    precision_forward_begin(c->precision);
     int n = t->fsdp ? cx_fsdp_forward_many(t->fsdp, in, 2, out, 2)
           : t->ddp  ? cx_ddp_forward_many(t->ddp, in, 2, out, 2)
                     : cx_module_forward_many(t->model, in, 2, out, 2);
+    precision_forward_end(c->precision);
     if (n != 2) return cx_poisoned("gpt: forward: %s", cx_last_error());
     cx_tensor *loss = out[1];   // () mean cross-entropy
     cx_status st = t->fsdp ? cx_fsdp_backward(t->fsdp, loss) : t->ddp ? cx_ddp_backward(t->ddp, loss) : cx_backward(loss);
@@ -1084,6 +1096,7 @@ int main(int argc, char **argv)
             rc = EXIT_RUNTIME;
         }
     }
+    if (parsed == CLI_OK && !rc && precision_setup("gpt", c.precision_flag, &c.precision) != 0) rc = EXIT_USAGE;
     if (parsed == CLI_OK && !rc) {
         if (c.threads > 0) cx_set_num_threads(c.threads);
         if (!strcmp(c.cmd, "train")) rc = cmd_train(&c);

@@ -20,6 +20,7 @@
 
 #include "cx_cli.h"
 #include "models.h"
+#include "precision.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21, EXIT_PREEMPTED = 75 };
 
@@ -42,6 +43,8 @@ typedef struct {
     int depth;
     const char *parallel;     /* none, ddp, xm, fsdp, spmd */
     const char *grad_comm;    /* ddp, xm: f32 or bf16 */
+    const char *precision_flag;
+    precision precision;
     int zero;                 /* fsdp: 2 or 3 */
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
     int64_t auto_wrap_min_params;   /* 0: not given */
@@ -69,7 +72,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     *c = (config){
         .model = "cnn", .data = "fashion-mnist", .epochs = 1, .batch_size = 64, .lr = 0.01, .momentum = 0.5,
         .optimizer = "sgd", .seed = 1, .log_every = 100, .width = 128, .depth = 2, .parallel = "none", .zero = 3,
-        .grad_comm = "f32",
+        .grad_comm = "f32", .precision_flag = "f32",
     };
     const cli_flag flags[] = {
         { .name = "model", .kind = CLI_CHOICE, .dest = &c->model, .choices = k_models, .help = "model" },
@@ -102,6 +105,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
                   "spmd = the seed's mnist_xla.py\nshardings (cnn; an even number of ranks)" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
           .help = "ddp, xm: gradients all-reduced as they are, or\nas bf16 summed in f32 (bf16_compress_hook)" },
+        { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P", .help = PRECISION_HELP },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage, 3 reshards after forward" },
         { .name = "nested", .kind = CLI_BOOL, .dest = &c->nested, .help = "fsdp: every Linear / Conv2d is its own unit" },
@@ -432,10 +436,12 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         flush_log(&log, c, &pr, dataset_size);
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
+        precision_forward_begin(c->precision);
         cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
                                    : cx_module_forward(model, x);
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
-        cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : cx_backward(loss);
+        precision_forward_end(c->precision);
+        cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : par->fsdp ? cx_fsdp_backward(par->fsdp, loss) : cx_backward(loss);
         if (st == CX_OK) st = par->xm ? cx_optimizer_step_as(opt, par->grad_comm) : cx_optim_step(opt);
         if (st != CX_OK) {
             fprintf(stderr, "train: step %lld: %s\n", (long long)b.index, cx_last_error());
@@ -473,6 +479,9 @@ static void sum_reduce(const double *all, int world, int n, double *out)
 
 /* Accuracy in percent over a whole split. Correct predictions are summed on
  * the device into one persistent counter, read once at the end. */
+/* the run's --precision: evaluation runs as training does */
+static precision g_precision;
+
 static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
 {
     cx_module_train(model, false);
@@ -483,7 +492,9 @@ static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
     cx_no_grad_begin();
     cx_batch b;
     while (cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
+        precision_forward_begin(g_precision);
         cx_tensor *pred = cx_argmax(cx_module_forward(model, cx_batch_field(&b, CX_FIELD_IMAGES)), 1, false);   // (B) i64
+        precision_forward_end(g_precision);
         cx_tensor *hits = cx_sum(cx_cast(cx_eq(pred, cx_batch_field(&b, CX_FIELD_LABELS)), CX_I64), NULL, 0, false);
         cx_assign(correct, cx_add(correct, hits));
         seen += b.size;
@@ -648,6 +659,11 @@ int main(int argc, char **argv)
         cx_dist_finalize();
         return EXIT_USAGE;
     }
+    if (precision_setup("train", c.precision_flag, &c.precision) != 0) {
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
+    g_precision = c.precision;
     if (c.resume && !strcmp(c.resume, "auto") && !c.ckpt_dir) {
         if (rank == 0) fprintf(stderr, "train: --resume auto needs --ckpt-dir (the directory to take the latest checkpoint from)\n");
         cx_dist_finalize();
@@ -699,6 +715,8 @@ int main(int argc, char **argv)
         fo.auto_wrap_min_params = c.auto_wrap_min_params;
         if (c.nested) { fo.auto_wrap_types = unit_types; fo.n_auto_wrap_types = 2; }
         fo.grad_ckpt = c.grad_ckpt;
+        /* bf16-mixed: parameters gathered in bf16, gradients reduce-scattered in f32 */
+        if (c.precision == PRECISION_BF16_MIXED) fo.compute_dtype = CX_BF16;
         par.fsdp = cx_fsdp_wrap(model, fo);
         if (!par.fsdp) {
             fprintf(stderr, "train: %s\n", cx_last_error());

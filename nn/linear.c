@@ -10,6 +10,17 @@ typedef struct {
 /* x (..., in) is multiplied as one (N, in) matrix, not as a batch of
  * matrices: the weight's gradient is then one GEMM over all N rows instead
  * of a batched GEMM followed by a sum over the batch. */
+/* Under autocast the bias joins in bf16, as torch's autocast linear takes
+ * it: the output stays bf16 instead of promoting to f32. */
+static cx_tensor *add_bias(cx_tensor *y, cx_tensor *b)
+{
+    if (cx_autocast_dtype() != CX_BF16 || cx_dtype_of(y) != CX_BF16 || cx_dtype_of(b) == CX_BF16) return cx_add(y, b);
+    cx_tensor *bc = cx_cast(b, CX_BF16);
+    cx_tensor *r = cx_add(y, bc);
+    cx_drop(bc);
+    return r;
+}
+
 static cx_tensor *linear_forward(cx_module *m, cx_tensor *x)
 {
     const linear *l = cx_module_impl(m);
@@ -28,7 +39,7 @@ static cx_tensor *linear_forward(cx_module *m, cx_tensor *x)
     cx_tensor *flat = nd == 2 ? x : cx_reshape(x, flat_shape, 2);   // (N, in)
     cx_tensor *wt = cx_transpose(w, 0, 1);                           // (in, out)
     cx_tensor *y = cx_matmul(flat, wt);                              // (N, out)
-    cx_tensor *yb = l->b < 0 ? y : cx_add(y, cx_module_param(m, l->b));
+    cx_tensor *yb = l->b < 0 ? y : add_bias(y, cx_module_param(m, l->b));
     cx_tensor *out = nd == 2 ? yb : cx_reshape(yb, out_shape, nd);  // (..., out)
     if (flat != x) cx_drop(flat);
     cx_drop(wt);

@@ -89,6 +89,11 @@ static const cx_setting g_table[] = {
       "names the file" },
     { "XLA_METRICS_FILE", CX_SET_STRING, NULL, 0, 0, NULL, false, NULL, "a file, `STDOUT` or `STDERR`",
       "the metrics report at every step end is appended here" },
+    /* enums, not bools: PyTorch/XLA reads them as 0/1, so `yes` is refused rather than guessed */
+    { "XLA_USE_BF16", CX_SET_ENUM, "0", 0, 0, "0|1", false, NULL, NULL,
+      "tensors made as f32 are held and computed as bf16 (`cx_dtype_of` says bf16; checkpoints save f32); read at the first tensor made" },
+    { "XLA_DOWNCAST_BF16", CX_SET_ENUM, "0", 0, 0, "0|1", false, NULL, NULL,
+      "as `XLA_USE_BF16` (PyTorch/XLA's f64 becomes f32 there; cxla has no f64)" },
     { "XLA_USE_EAGER_DEBUG_MODE", CX_SET_BOOL, "0", 0, 0, NULL, false, NULL, NULL,
       "every op runs when it is recorded (eager mode)" },
     { "CX_PROFILE_PORT", CX_SET_INT, "0", 0, 65535, NULL, false, NULL, NULL,

@@ -388,6 +388,11 @@ void cx_set_step_observer(cx_step_observer_fn fn, void *arg)
 
 static cx_status step_end(const char *cause)
 {
+    /* the step still ends: its handles are released and its graph runs, so
+     * the program can report the error and go on */
+    cx_status ac = cx_autocast_step_check();
+    char ac_msg[256] = "";
+    if (ac != CX_OK) snprintf(ac_msg, sizeof ac_msg, "%s", cx_last_error());
     if (!cx_step_close()) return CX_ERR_STATE;
     cx_status st = cx_materialize(NULL, 0, cause);
     cx_counter_add("MarkStep", 1);
@@ -399,6 +404,10 @@ static cx_status step_end(const char *cause)
     if ((obs & OBS_METRICS_FILE) && cx_obs_hooks.metrics_file) cx_obs_hooks.metrics_file();
     if ((obs & OBS_DEBUG) && cx_obs_hooks.step_warnings) cx_obs_hooks.step_warnings();
     if ((obs & OBS_PROFILE_SERVER) && cx_obs_hooks.profile_server) cx_obs_hooks.profile_server();
+    if (st == CX_OK && ac != CX_OK) {
+        cx_set_last_error("%s", ac_msg);
+        return ac;
+    }
     return st;
 }
 

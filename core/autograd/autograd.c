@@ -32,7 +32,9 @@ cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink)
     if (!value || !sink) return cx_poisoned("grad_tap: NULL argument");
     if (value->node->op == OP_ERROR) return cx_tensor_of(value->node);
     cx_node *v = value->node;
-    bool same = v->ndim == sink->node->ndim && v->dtype == sink->node->dtype && cx_dtype_is_float((cx_dtype)v->dtype);
+    /* the dtypes may differ (FSDP gathers bf16 into an f32 sink): accumulation casts to the sink's */
+    bool same = v->ndim == sink->node->ndim && cx_dtype_is_float((cx_dtype)sink->node->dtype) &&
+                cx_dtype_is_float((cx_dtype)v->dtype);
     for (int i = 0; same && i < v->ndim; i++) same = v->shape[i] == sink->node->shape[i];
     if (!same) {
         char a[160], b[160];
@@ -250,6 +252,9 @@ cx_status cx_backward(cx_tensor *loss)
     w.rm.tag = ~0ull - (uint64_t)cx_mark_epoch();
     for (int i = 0; i < w.n; i++) { w.order[i]->index = i; cx_node_ref(w.order[i]); }
     cx_no_grad_begin(); /* the backward graph itself carries no gradient */
+    /* gradients take their forward's dtypes, as torch's backward runs outside autocast */
+    int autocast = cx_record()->autocast_depth;
+    cx_record()->autocast_depth = 0;
     w.grads[w.n - 1] = cx_ones(root->shape, root->ndim, (cx_dtype)root->dtype);
     for (int i = w.n - 1; i >= 0 && st != CX_ERR_OOM; i--) {
         cx_node *x = w.order[i];
@@ -265,6 +270,7 @@ cx_status cx_backward(cx_tensor *loss)
         cx_drop(g);
     }
     cx_no_grad_end();
+    cx_record()->autocast_depth = autocast;
     for (int i = 0; i < w.n; i++) if (w.grads[i]) cx_drop(w.grads[i]);
     for (int i = 0; i < w.rm.n; i++) cx_node_unref(w.rm.v[i].to);
     free(w.rm.v);

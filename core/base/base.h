@@ -27,8 +27,15 @@ int64_t cx_shape_numel(const int64_t *shape, int ndim);
 const char *cx_shape_str(char *buf, size_t cap, const int64_t *shape, int ndim);
 /* Converts n values between dtypes (a copy when equal). */
 void cx_convert_values(void *out, cx_dtype odt, const void *in, cx_dtype idt, int64_t n);
+/* The dtype a tensor created as `dt` is held in: bf16 for f32 under
+ * XLA_USE_BF16=1 or XLA_DOWNCAST_BF16=1 (seed 000: torch.float is bf16 on
+ * the device; cxla has no f64 for the two to differ on), else dt. */
+cx_dtype cx_held_dtype(cx_dtype dt);
 
 /* ---- what this thread records into (record.c) ---- */
+
+#define CX_AUTOCAST_MAX_DEPTH 16
+#define CX_RECORD_MAX_STEPS 16 /* ir/tensor.c's step nesting */
 
 typedef struct {
     int step_depth;          /* open steps: new handles belong to the innermost */
@@ -37,11 +44,20 @@ typedef struct {
     uint64_t remat_region;   /* ... and the tag their nodes carry */
     const char *site_file;   /* the user's line that syncs (cx_sync_at & co.), or NULL */
     int site_line;
+    int autocast_depth;      /* open autocast regions, innermost last ... */
+    uint8_t autocast_dtype[CX_AUTOCAST_MAX_DEPTH]; /* ... each one's dtype (CX_F32: turned off) */
+    /* autocast_depth when each open step began: a region a step opened must close in it */
+    int autocast_at_step[CX_RECORD_MAX_STEPS + 1];
 } cx_record_ctx;
 
 cx_record_ctx *cx_record(void);
 /* The tag of the open rematerialization region, 0 outside one. */
 uint64_t cx_remat_region(void);
+/* Step depth d (1-based) began: regions opened from here on belong to it. */
+void cx_autocast_step_began(int d);
+/* The innermost step is ending: an autocast region it opened and left open
+ * is closed and reported. @return CX_OK or CX_ERR_STATE (last error set). */
+cx_status cx_autocast_step_check(void);
 
 /* ---- a tiny lock for the core's shared lists (uncontended almost always) ---- */
 

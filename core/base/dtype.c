@@ -1,5 +1,6 @@
 /* dtypes (sizes, names, bf16 conversion) and shapes (element counts, text). */
 #include "base.h"
+#include "cx_settings.h"
 
 static const struct { const char *name; size_t size; bool is_float; } g_dtypes[CX_DTYPE_COUNT] = {
     [CX_F32] = { "f32", 4, true },
@@ -43,4 +44,17 @@ int64_t cx_shape_numel(const int64_t *shape, int ndim)
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
     return n;
+}
+
+/* Read once: a process holds f32 one way from its first tensor to its last,
+ * or bf16 leaves would meet f32 ones made before a change. */
+cx_dtype cx_held_dtype(cx_dtype dt)
+{
+    static atomic_int mode = -1;
+    int m = atomic_load_explicit(&mode, memory_order_relaxed);
+    if (m < 0) {
+        m = cx_setting_enum("XLA_USE_BF16") == 1 || cx_setting_enum("XLA_DOWNCAST_BF16") == 1;
+        atomic_store_explicit(&mode, m, memory_order_relaxed);
+    }
+    return dt == CX_F32 && m ? CX_BF16 : dt;
 }

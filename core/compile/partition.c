@@ -431,8 +431,11 @@ static void rule_elementwise(const pctx *c, const cx_gnode *x, cx_sharding *want
 }
 
 /* A whole input of an add or sub that keeps a partial sum: only the first
- * member of each partial group adds it, the others add zeros, so the sum
- * over the group counts it once. */
+ * member of each partial group adds it, the others add it times zero, so
+ * the sum over the group counts it once. Times one or zero, not zeros in
+ * its place: every rank's graph keeps the input's subgraph as a reader
+ * would, so the schedule (which places collectives by their readers)
+ * issues the same collectives in the same order on every rank. */
 static int join_partial(pctx *c, int x, const cx_sharding *out)
 {
     uint8_t axes[CX_MESH_MAX_DIMS];
@@ -440,7 +443,6 @@ static int join_partial(pctx *c, int x, const cx_sharding *out)
     if (!cx_mesh_coords(out->mesh, c->rank, coords)) return x;
     bool first = true;
     for (int i = 0; i < n; i++) first = first && coords[axes[i]] == 0;
-    if (first) return x;
     const cx_gnode *v = &c->nodes[x];
     int64_t shape[CX_MAX_DIMS], ones[CX_MAX_DIMS];
     int nd = v->ndim;
@@ -450,13 +452,20 @@ static int join_partial(pctx *c, int x, const cx_sharding *out)
     memset(&z, 0, sizeof z);
     z.op = OP_CONST;
     z.dtype = v->dtype;
+    z.fval = first ? 1.0 : 0.0;
     z.input_ordinal = -1;
+    z.loc = v->loc; /* the value it keeps: where that was made */
     int k = emit(c, &z, NULL, 0, shape);
-    if (!nd) return k;
-    k = emit_reshape(c, k, ones, nd);
-    z.op = OP_EXPAND;
+    if (nd) {
+        k = emit_reshape(c, k, ones, nd);
+        z.op = OP_EXPAND;
+        z.ndim = (uint8_t)nd;
+        k = emit(c, &z, &k, 1, shape);
+    }
+    z.op = OP_MUL;
     z.ndim = (uint8_t)nd;
-    return emit(c, &z, &k, 1, shape);
+    int ins[2] = { x, k };
+    return emit(c, &z, ins, 2, shape);
 }
 
 /* Sums keep a split reduced dimension as a partial sum; maxima and padded

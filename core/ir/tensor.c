@@ -56,7 +56,7 @@ bool cx_tensor_released(const cx_tensor *t, const char *op)
 }
 
 /* Steps: each open step owns the handles made while it is innermost. */
-#define CX_MAX_STEP_DEPTH 16
+#define CX_MAX_STEP_DEPTH CX_RECORD_MAX_STEPS
 typedef struct {
     cx_tensor **items;
     int n, cap;
@@ -224,6 +224,7 @@ void cx_step_begin(void)
         return;
     }
     int d = ++rec->step_depth;
+    cx_autocast_step_began(d);
     /* last step's kept handles now belong to this step */
     tensor_list *c = &t_carry[d];
     for (int i = 0; i < c->n; i++) {
@@ -282,12 +283,14 @@ cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dty
     if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("from_host: unknown dtype %d", (int)dtype);
     double t0 = cx_now();
     int64_t numel = cx_shape_numel(shape, ndim);
-    size_t bytes = (size_t)numel * cx_dtype_size(dtype);
+    cx_dtype held = cx_held_dtype(dtype);
+    size_t bytes = (size_t)numel * cx_dtype_size(held);
     if (bytes && !data) return cx_poisoned("from_host: data is NULL for %lld elements", (long long)numel);
     cx_buffer *b = cx_buffer_new(bytes);
     if (!b) return cx_poisoned("from_host: %s", cx_last_error());
-    if (bytes) memcpy(b->data, data, bytes);
-    cx_node *n = cx_node_data(b, dtype, shape, ndim);
+    if (bytes && held != dtype) cx_f32_to_bf16_row(b->data, data, numel); /* only f32 is held otherwise */
+    else if (bytes) memcpy(b->data, data, bytes);
+    cx_node *n = cx_node_data(b, held, shape, ndim);
     if (!n) { cx_buffer_unref(b); return cx_poisoned("from_host: out of memory"); }
     double t1 = cx_now();
     cx_metric_add("TransferToDeviceTime", t1 - t0);
@@ -305,17 +308,29 @@ cx_tensor *cx_from_fill(const int64_t *shape, int ndim, cx_dtype dtype, cx_fill_
     if (!cx_check_shape("from_fill", shape, ndim)) return cx_poisoned("%s", cx_last_error());
     if ((unsigned)dtype >= CX_DTYPE_COUNT || !fill) return cx_poisoned("from_fill: bad dtype or NULL fill");
     double t0 = cx_now();
-    size_t bytes = (size_t)cx_shape_numel(shape, ndim) * cx_dtype_size(dtype);
-    cx_buffer *b = cx_buffer_new(bytes);
-    if (!b) return cx_poisoned("from_fill: %s", cx_last_error());
-    cx_status st = fill(ctx, b->data, bytes);
+    int64_t numel = cx_shape_numel(shape, ndim);
+    cx_dtype held = cx_held_dtype(dtype);
+    size_t bytes = (size_t)numel * cx_dtype_size(dtype);
+    cx_buffer *b = cx_buffer_new((size_t)numel * cx_dtype_size(held));
+    /* fill writes `dtype`; a held bf16 tensor is filled through an f32 copy */
+    void *dst = held == dtype ? (b ? b->data : NULL) : malloc(bytes ? bytes : 1);
+    if (!b || (held != dtype && !dst)) {
+        if (held != dtype) free(dst);
+        if (b) cx_buffer_unref(b);
+        return cx_poisoned("from_fill: %s", b ? "out of memory" : cx_last_error());
+    }
+    cx_status st = fill(ctx, dst, bytes);
+    if (held != dtype) {
+        if (st == CX_OK) cx_f32_to_bf16_row(b->data, dst, numel);
+        free(dst);
+    }
     if (st != CX_OK) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", cx_last_error());
         cx_buffer_unref(b);
         return cx_poisoned("%s", msg);
     }
-    cx_node *n = cx_node_data(b, dtype, shape, ndim);
+    cx_node *n = cx_node_data(b, held, shape, ndim);
     if (!n) { cx_buffer_unref(b); return cx_poisoned("from_fill: out of memory"); }
     cx_metric_add("TransferToDeviceTime", cx_now() - t0);
     cx_counter_add("CreateDataHandles", 1);
@@ -326,7 +341,7 @@ cx_tensor *cx_placeholder(const int64_t *shape, int ndim, cx_dtype dtype)
 {
     if (!cx_check_shape("placeholder", shape, ndim)) return cx_poisoned("%s", cx_last_error());
     if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("placeholder: unknown dtype %d", (int)dtype);
-    cx_node *n = cx_node_data(NULL, dtype, shape, ndim);
+    cx_node *n = cx_node_data(NULL, cx_held_dtype(dtype), shape, ndim);
     if (!n) return cx_poisoned("placeholder: out of memory");
     cx_tensor *t = cx_tensor_wrap(n);
     return cx_persist(t);

@@ -67,6 +67,12 @@ static cx_tensor *stable_shift(cx_tensor *a, int axis)
 
 cx_tensor *cx_softmax(cx_tensor *a, int axis)
 {
+    cx_tensor *ac[1] = { a };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_softmax(ac[0], axis);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
     if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poisoned("softmax: input is NULL");
     if (cx_norm_axis(axis, a->node->ndim) < 0) return cx_poisoned("softmax: axis %d out of range for rank %d", axis, a->node->ndim);
     cx_tensor *d = stable_shift(a, axis);
@@ -79,6 +85,12 @@ cx_tensor *cx_softmax(cx_tensor *a, int axis)
 
 cx_tensor *cx_log_softmax(cx_tensor *a, int axis)
 {
+    cx_tensor *ac[1] = { a };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_log_softmax(ac[0], axis);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
     if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poisoned("log_softmax: input is NULL");
     if (cx_norm_axis(axis, a->node->ndim) < 0) return cx_poisoned("log_softmax: axis %d out of range for rank %d", axis, a->node->ndim);
     cx_tensor *d = stable_shift(a, axis);
@@ -92,6 +104,12 @@ cx_tensor *cx_log_softmax(cx_tensor *a, int axis)
 
 cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *bias, double eps)
 {
+    cx_tensor *ac[3] = { a, weight, bias };
+    if (cx_autocast_f32(ac, 3)) {
+        cx_tensor *r = cx_layer_norm(ac[0], nnorm, ac[1], ac[2], eps);
+        cx_autocast_drop(ac, 3);
+        return r;
+    }
     if (!a || a->node->op == OP_ERROR) return a ? cx_alias(a) : cx_poisoned("layer_norm: input is NULL");
     int nd = a->node->ndim;
     if (nnorm <= 0 || nnorm > nd) return cx_poisoned("layer_norm: cannot normalize the last %d dims of rank %d", nnorm, nd);
@@ -189,6 +207,12 @@ static cx_tensor *check_loss_args(const char *op, cx_tensor *x, cx_tensor *targe
 
 cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int64_t ignore_index)
 {
+    cx_tensor *ac[1] = { logp };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_nll_loss(ac[0], target, red, ignore_index);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
     cx_tensor *err = check_loss_args("nll_loss", logp, target, red);
     if (err) return err;
     cx_tensor *mask;
@@ -201,6 +225,12 @@ cx_tensor *cx_nll_loss(cx_tensor *logp, cx_tensor *target, cx_reduction red, int
 cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction red, int64_t ignore_index,
                             double label_smoothing)
 {
+    cx_tensor *ac[1] = { logits };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_cross_entropy(ac[0], target, red, ignore_index, label_smoothing);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
     cx_tensor *err = check_loss_args("cross_entropy", logits, target, red);
     if (err) return err;
     if (label_smoothing < 0 || label_smoothing > 1)
@@ -228,6 +258,12 @@ cx_tensor *cx_cross_entropy(cx_tensor *logits, cx_tensor *target, cx_reduction r
 
 cx_tensor *cx_mse_loss(cx_tensor *a, cx_tensor *b, cx_reduction red)
 {
+    cx_tensor *ac[2] = { a, b };
+    if (cx_autocast_f32(ac, 2)) {
+        cx_tensor *r = cx_mse_loss(ac[0], ac[1], red);
+        cx_autocast_drop(ac, 2);
+        return r;
+    }
     if (!a || !b) return cx_poisoned("mse_loss: input is NULL");
     if (a->node->op == OP_ERROR) return cx_tensor_of(a->node);
     if (b->node->op == OP_ERROR) return cx_tensor_of(b->node);

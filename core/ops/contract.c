@@ -42,6 +42,12 @@ cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b)
 
 cx_tensor *cx_matmul(cx_tensor *a, cx_tensor *b)
 {
+    cx_tensor *ac[2] = { a, b };
+    if (cx_autocast_low(ac, 2)) {
+        cx_tensor *r = cx_matmul(ac[0], ac[1]);
+        cx_autocast_drop(ac, 2);
+        return r;
+    }
     cx_tensor *p = check_in(a, "matmul");
     if (!p) p = check_in(b, "matmul");
     if (p) return p;
@@ -106,6 +112,12 @@ cx_tensor *cx_matmul_transposed(cx_node *mm)
 cx_tensor *cx_conv2d(cx_tensor *x, cx_tensor *w, cx_tensor *bias, int stride_h, int stride_w, int pad_h,
                      int pad_w, int dil_h, int dil_w, int groups)
 {
+    cx_tensor *ac[3] = { x, w, bias };
+    if (cx_autocast_low(ac, 3)) {
+        cx_tensor *r = cx_conv2d(ac[0], ac[1], ac[2], stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups);
+        cx_autocast_drop(ac, 3);
+        return r;
+    }
     cx_tensor *p = check_in(x, "conv2d");
     if (!p) p = check_in(w, "conv2d");
     if (!p && bias) p = check_in(bias, "conv2d");

@@ -6,6 +6,11 @@
 
 cx_tensor *cx_full(const int64_t *shape, int ndim, double value, cx_dtype dtype)
 {
+    return cx_full_exact(shape, ndim, value, (unsigned)dtype < CX_DTYPE_COUNT ? cx_held_dtype(dtype) : dtype);
+}
+
+cx_tensor *cx_full_exact(const int64_t *shape, int ndim, double value, cx_dtype dtype)
+{
     if (!cx_check_shape("full", shape, ndim)) return cx_poisoned("%s", cx_last_error());
     if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("full: unknown dtype %d", (int)dtype);
     /* a 0-d constant expanded: the constant is one node whatever the shape */
@@ -26,7 +31,7 @@ cx_tensor *cx_scalar(double value, cx_dtype dtype) { return cx_full(NULL, 0, val
 cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
 {
     if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("runtime_scalar: unknown dtype %d", (int)dtype);
-    cx_node_desc d = { .op = OP_RTSCALAR, .dtype = dtype, .ndim = 0 };
+    cx_node_desc d = { .op = OP_RTSCALAR, .dtype = cx_held_dtype(dtype), .ndim = 0 };
     cx_node *n = cx_node_make(&d);
     if (!n) return cx_poisoned("runtime_scalar: out of memory");
     n->rt_f = value;
@@ -37,11 +42,11 @@ cx_tensor *cx_runtime_scalar(double value, cx_dtype dtype)
 cx_tensor *cx_arange(int64_t n, cx_dtype dtype)
 {
     if (n < 0) return cx_poisoned("arange: negative length %lld", (long long)n);
-    cx_node_desc d = { .op = OP_IOTA, .dtype = dtype, .ndim = 1, .shape = &n };
+    cx_node_desc d = { .op = OP_IOTA, .dtype = cx_held_dtype(dtype), .ndim = 1, .shape = &n };
     return cx_tensor_wrap(cx_node_make(&d));
 }
 
 cx_tensor *cx_scalar_like(cx_tensor *a, double v)
 {
-    return cx_scalar(v, a ? cx_dtype_of(a) : CX_F32);
+    return cx_full_exact(NULL, 0, v, a ? cx_dtype_of(a) : CX_F32); /* a's dtype, already the held one */
 }

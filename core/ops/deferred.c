@@ -48,7 +48,7 @@ cx_tensor *cx_init_range(const cx_init_recipe *r, int64_t start, int64_t count, 
     if (start < 0 || count < 0)
         return cx_poisoned("init_range: range [%lld, +%lld) is negative", (long long)start, (long long)count);
     if ((unsigned)dtype >= CX_DTYPE_COUNT) return cx_poisoned("init_range: unknown dtype %d", (int)dtype);
-    return init_values(r, &count, 1, (uint64_t)start, dtype);
+    return init_values(r, &count, 1, (uint64_t)start, cx_held_dtype(dtype));
 }
 
 cx_tensor *cx_deferred_values(const cx_tensor *t)

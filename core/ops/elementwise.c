@@ -75,8 +75,18 @@ static cx_tensor *unary(cx_op op, cx_tensor *a)
 }
 
 cx_tensor *cx_neg(cx_tensor *a) { return unary(OP_NEG, a); }
-cx_tensor *cx_exp(cx_tensor *a) { return unary(OP_EXP, a); }
-cx_tensor *cx_log(cx_tensor *a) { return unary(OP_LOG, a); }
+/* exp and log are on autocast's f32 list */
+static cx_tensor *unary_f32(cx_op op, cx_tensor *a)
+{
+    cx_tensor *ac[1] = { a };
+    if (!cx_autocast_f32(ac, 1)) return unary(op, a);
+    cx_tensor *r = unary(op, ac[0]);
+    cx_autocast_drop(ac, 1);
+    return r;
+}
+
+cx_tensor *cx_exp(cx_tensor *a) { return unary_f32(OP_EXP, a); }
+cx_tensor *cx_log(cx_tensor *a) { return unary_f32(OP_LOG, a); }
 cx_tensor *cx_sqrt(cx_tensor *a) { return unary(OP_SQRT, a); }
 cx_tensor *cx_rsqrt(cx_tensor *a) { return unary(OP_RSQRT, a); }
 cx_tensor *cx_tanh(cx_tensor *a) { return unary(OP_TANH, a); }

@@ -31,6 +31,11 @@ static cx_tensor *attention_prim(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool 
 cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal, double scale)
 {
     cx_tensor *in[3] = { q, k, v };
+    if (cx_autocast_low(in, 3)) {
+        cx_tensor *r = cx_scaled_dot_product_attention(in[0], in[1], in[2], is_causal, scale);
+        cx_autocast_drop(in, 3);
+        return r;
+    }
     for (int i = 0; i < 3; i++) {
         if (!in[i]) return cx_poisoned("scaled_dot_product_attention: input %d is NULL", i);
         if (in[i]->node->op == OP_ERROR) return cx_tensor_of(in[i]->node);

@@ -16,6 +16,9 @@ cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b);
 /* Pad with interior padding (the slice's gradient). */
 cx_tensor *cx_pad_interior(cx_tensor *a, const int64_t *lo, const int64_t *hi, const int64_t *interior, double value);
 cx_tensor *cx_scalar_like(cx_tensor *a, double v);
+/* cx_full in `dtype` itself, never the held dtype (XLA_USE_BF16): for
+ * values the ops compute with in f32. */
+cx_tensor *cx_full_exact(const int64_t *shape, int ndim, double value, cx_dtype dtype);
 /* Layer norm over the last dim with weight and bias, all f32, as one kernel
  * (ops_fused.c; cx_layer_norm picks it). */
 cx_tensor *cx_layer_norm_fused(cx_tensor *x, cx_tensor *w, cx_tensor *b, double eps);
@@ -83,6 +86,27 @@ static inline cx_dtype cx_promote(cx_dtype a, cx_dtype b)
     static const int rank[CX_DTYPE_COUNT] = { [CX_BOOL] = 0, [CX_U8] = 1, [CX_I32] = 2, [CX_I64] = 3 };
     return rank[a] >= rank[b] ? a : b;
 }
+
+/* ---- autocast (autocast.c) ---- */
+
+/* A bf16 autocast region is open on this thread. Inline: the f32-list ops
+ * ask on every call. */
+static inline bool cx_autocast_on(void)
+{
+    const cx_record_ctx *r = cx_record();
+    return r->autocast_depth > 0 && r->autocast_dtype[r->autocast_depth - 1] == CX_BF16;
+}
+/* In a bf16 region with an operand to cast: replaces ts[0..n) by new
+ * handles (bf16 casts of the float operands for the bf16-list ops, f32
+ * casts of the bf16 ones for the f32 list; aliases of the rest, NULLs
+ * kept), for the op to record itself on and cx_autocast_drop to release.
+ * @return whether it did; ts is untouched when not. */
+bool cx_autocast_cast_low(cx_tensor **ts, int n);
+bool cx_autocast_cast_f32(cx_tensor **ts, int n);
+void cx_autocast_drop(cx_tensor **ts, int n);
+/* Inline: outside a region an op pays one branch, not a call. */
+static inline bool cx_autocast_low(cx_tensor **ts, int n) { return cx_autocast_on() && cx_autocast_cast_low(ts, n); }
+static inline bool cx_autocast_f32(cx_tensor **ts, int n) { return cx_autocast_on() && cx_autocast_cast_f32(ts, n); }
 
 /* The RNG op chains cx_rand/cx_randn record, drawn at counter `offset` of
  * stream `seed`: one definition for the eager draws and deferred ranges,

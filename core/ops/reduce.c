@@ -75,11 +75,27 @@ static cx_tensor *reduce(cx_op op, cx_tensor *a, const int *axes, int naxes, boo
     return finish_keepdim(r, a, mask, keepdim);
 }
 
-cx_tensor *cx_sum(cx_tensor *a, const int *axes, int naxes, bool keepdim) { return reduce(OP_REDUCE_SUM, a, axes, naxes, keepdim, "sum"); }
+cx_tensor *cx_sum(cx_tensor *a, const int *axes, int naxes, bool keepdim)
+{
+    cx_tensor *ac[1] = { a };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_sum(ac[0], axes, naxes, keepdim);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
+    return reduce(OP_REDUCE_SUM, a, axes, naxes, keepdim, "sum");
+}
+
 cx_tensor *cx_max(cx_tensor *a, const int *axes, int naxes, bool keepdim) { return reduce(OP_REDUCE_MAX, a, axes, naxes, keepdim, "max"); }
 
 cx_tensor *cx_mean(cx_tensor *a, const int *axes, int naxes, bool keepdim)
 {
+    cx_tensor *ac[1] = { a };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_mean(ac[0], axes, naxes, keepdim);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
     cx_tensor *p = check_in(a, "mean");
     if (p) return p;
     uint64_t mask;
@@ -132,6 +148,12 @@ cx_tensor *cx_argmax(cx_tensor *a, int axis, bool keepdim)
 
 cx_tensor *cx_logsumexp(cx_tensor *a, int axis, bool keepdim)
 {
+    cx_tensor *ac[1] = { a };
+    if (cx_autocast_f32(ac, 1)) {
+        cx_tensor *r = cx_logsumexp(ac[0], axis, keepdim);
+        cx_autocast_drop(ac, 1);
+        return r;
+    }
     cx_tensor *p = check_in(a, "logsumexp");
     if (p) return p;
     if (cx_norm_axis(axis, a->node->ndim) < 0 || a->node->ndim == 0) {

@@ -61,7 +61,7 @@ cx_tensor *cx_rand(const int64_t *shape, int ndim, double lo, double hi, cx_dtyp
     cx_tensor *err;
     if (!check_rng_shape(shape, ndim, "rand", &err)) return err;
     uint64_t off = cx_rng_reserve((uint64_t)cx_shape_numel(shape, ndim));
-    return cx_rng_uniform_at(shape, ndim, lo, hi, dtype, cx_rng_seed(), off);
+    return cx_rng_uniform_at(shape, ndim, lo, hi, cx_held_dtype(dtype), cx_rng_seed(), off);
 }
 
 cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_dtype dtype)
@@ -69,7 +69,7 @@ cx_tensor *cx_randn(const int64_t *shape, int ndim, double mean, double std, cx_
     cx_tensor *err;
     if (!check_rng_shape(shape, ndim, "randn", &err)) return err;
     uint64_t off = cx_rng_reserve((uint64_t)cx_shape_numel(shape, ndim));
-    return cx_rng_normal_at(shape, ndim, mean, std, dtype, cx_rng_seed(), off);
+    return cx_rng_normal_at(shape, ndim, mean, std, cx_held_dtype(dtype), cx_rng_seed(), off);
 }
 
 cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtype dtype)
@@ -79,9 +79,9 @@ cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtype dtype
     if (!check_rng_shape(shape, ndim, "bernoulli", &err)) return err;
     uint64_t off = cx_rng_reserve((uint64_t)cx_shape_numel(shape, ndim));
     cx_tensor *u = rng_leaf(0, shape, ndim, cx_rng_seed(), off);
-    cx_tensor *pt = cx_scalar(p, CX_F32);
+    cx_tensor *pt = cx_full_exact(NULL, 0, p, CX_F32); /* p itself, also under XLA_USE_BF16 */
     cx_tensor *m = cx_lt(u, pt);
-    cx_tensor *c = cx_cast(m, dtype);
+    cx_tensor *c = cx_cast(m, cx_held_dtype(dtype));
     cx_drop(u); cx_drop(pt); cx_drop(m);
     return c;
 }

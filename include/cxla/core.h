@@ -511,8 +511,10 @@ CX_API bool cx_get_requires_grad(const cx_tensor *t);
 CX_API cx_status cx_backward(cx_tensor *loss);
 /* `value` again, as a node where backward stops and accumulates the
  * gradient reaching it into sink's grad (sink: a persistent float tensor of
- * the same shape, e.g. a placeholder). For wrappers that accumulate the
- * gradient of a computed value (FSDP's no_sync). */
+ * the same shape, e.g. a placeholder; its dtype may differ from value's,
+ * the gradient is cast to it). For wrappers that accumulate the gradient
+ * of a computed value (FSDP's no_sync, its f32 reduce-scatter of bf16
+ * gathers). */
 CX_API cx_tensor *cx_grad_tap(cx_tensor *value, cx_tensor *sink);
 /* The gradient of t (NULL if none yet). Owned by t. */
 CX_API cx_tensor *cx_grad(cx_tensor *t);
@@ -526,6 +528,25 @@ CX_API cx_tensor *cx_detach(cx_tensor *t);
 CX_API void cx_no_grad_begin(void);
 CX_API void cx_no_grad_end(void);
 CX_API bool cx_grad_enabled(void);
+/* Autocast, as torch.autocast("cpu", torch.bfloat16): regions are
+ * per thread and nest, like no_grad. Inside a bf16 region matmul (linear,
+ * batched), conv2d and attention cast their float inputs to bf16 (casts
+ * recorded in the graph, accumulation in f32) and give bf16; softmax,
+ * log-softmax, layer norm, the losses, sum/mean/logsumexp and exp/log cast
+ * bf16 inputs to f32; other ops run in their inputs' dtype. Backward is
+ * recorded with autocast off: gradients take the forward's dtypes, and a
+ * cast's gradient casts back, so f32 parameters get f32 gradients. A region
+ * opened inside a step must close before cx_step_end, which otherwise
+ * closes it and fails with CX_ERR_STATE (after ending the step).
+ * cx_autocast_begin(CX_F32) turns autocast off until its end.
+ * @return CX_OK; CX_ERR_ARG for a dtype other than bf16 or f32;
+ * CX_ERR_STATE when nested deeper than 16. */
+CX_API cx_status cx_autocast_begin(cx_dtype dtype);
+/* Closes the innermost region. @return CX_OK, or CX_ERR_STATE if none is open. */
+CX_API cx_status cx_autocast_end(void);
+/* The dtype the bf16-list ops take now: CX_BF16 inside a bf16 region, else
+ * CX_F32 (no region, or one turned off). */
+CX_API cx_dtype cx_autocast_dtype(void);
 /* Rematerialization (gradient checkpointing): nodes recorded between begin
  * and end are recomputed in backward from a fresh, unmerged copy. */
 CX_API void cx_remat_begin(void);

@@ -51,6 +51,14 @@ typedef struct {
     const char *const *auto_wrap_types;
     int n_auto_wrap_types;
     bool grad_ckpt;                   /* rematerialize each unit's forward in backward */
+    /* mixed precision, as torch_xla's FSDP: CX_BF16 all-gathers each unit's
+     * parameters as bf16 (half the bytes; the forward sees bf16 views, for
+     * autocast) while the f32 shards stay the masters the optimizer steps;
+     * CX_F32 (the default) gathers them as they are. */
+    cx_dtype compute_dtype;
+    /* with compute_dtype bf16: the gradients are reduce-scattered in f32
+     * (the default; cast up before the reduction) rather than in bf16 */
+    bool fp32_reduce_scatter;
 } cx_fsdp_opts;
 static inline cx_fsdp_opts cx_fsdp_default_opts(void)
 {
@@ -58,6 +66,8 @@ static inline cx_fsdp_opts cx_fsdp_default_opts(void)
     o.struct_size = sizeof o;
     o.reshard_after_forward = true;
     o.shard_size_multiple = 1;
+    o.compute_dtype = CX_F32;
+    o.fp32_reduce_scatter = true;
     return o;
 }
 
@@ -65,8 +75,9 @@ static inline cx_fsdp_opts cx_fsdp_default_opts(void)
  * wraps the same model the same way (a mismatch is an error on every rank,
  * never a hang), takes rank 0's values, and shards them.
  * @return the wrapper, or NULL with cx_last_error set (also, on every
- * rank, for a parameter tied across two units; bad options, a struct_size
- * below the first version's included). */
+ * rank, for a parameter tied across two units; bad options (a
+ * compute_dtype other than f32 or bf16, a struct_size below the first
+ * version's) included). */
 CX_API cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts);
 CX_API void cx_fsdp_free(cx_fsdp *f);
 CX_API cx_module *cx_fsdp_module(cx_fsdp *f);
@@ -78,7 +89,9 @@ CX_API cx_tensor *cx_fsdp_forward(cx_fsdp *f, cx_tensor *x);
  * @return the number of outputs written, or -1 with cx_last_error set. */
 CX_API int cx_fsdp_forward_many(cx_fsdp *f, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
 /* Backward: gradients are reduce-scattered (mean over ranks) into each
- * shard's grad. Inside no_sync they accumulate unsharded per unit instead
+ * shard's grad. With compute_dtype bf16 and fp32_reduce_scatter the
+ * reduce-scatters are recorded here, after the backward walk, so call this
+ * rather than cx_backward. Inside no_sync they accumulate unsharded per unit instead
  * (no reduce-scatter; a full-size gradient per unit, as PyTorch's FSDP) and
  * the next backward outside it reduce-scatters them onto its own. */
 CX_API cx_status cx_fsdp_backward(cx_fsdp *f, cx_tensor *loss);

@@ -53,24 +53,38 @@ struct cx_fsdp {
 
 /* ---- hooks ----------------------------------------------------------------------- */
 
+/* The unit's whole flat parameter, in compute_dtype, and the way its
+ * gradient goes back to the shard. */
+static cx_tensor *gather(unit *u)
+{
+    const cx_fsdp *f = u->f;
+    bool bf16 = f->o.compute_dtype == CX_BF16;
+    cx_tensor *src = bf16 ? cx_cast(u->shard, CX_BF16) : cx_alias(u->shard);
+    cx_tensor *full;
+    if (f->no_sync || (bf16 && f->o.fp32_reduce_scatter)) {
+        /* backward stops at the gathered value: its gradient accumulates,
+         * unsharded and in f32, in acc's grad, which cx_fsdp_backward
+         * reduce-scatters (no_sync: at the first synced backward) */
+        cx_no_grad_begin();
+        cx_tensor *g = cx_all_gather(src, 0, NULL, true);
+        cx_no_grad_end();
+        full = cx_grad_tap(g, u->acc);
+        cx_free(g);
+    } else {
+        /* the gather's gradient is the reduce-scatter (bf16: in bf16, then the cast's back to f32) */
+        full = cx_all_gather_grad_scaled(src, 0, NULL, true, 1.0 / f->world);
+    }
+    cx_free(src);
+    return full;
+}
+
 static void unit_pre(cx_module *m, void *ctx)
 {
     unit *u = ctx;
     (void)m;
     bool zero3 = u->f->o.reshard_after_forward;
     if (zero3) cx_remat_begin();
-    cx_tensor *full;
-    if (u->f->no_sync) {
-        /* no communication in backward: the gradient of the gathered
-         * parameter accumulates, unsharded, in acc's grad */
-        cx_no_grad_begin();
-        cx_tensor *g = cx_all_gather(u->shard, 0, NULL, true);
-        cx_no_grad_end();
-        full = cx_grad_tap(g, u->acc);
-        cx_free(g);
-    } else {
-        full = cx_all_gather_grad_scaled(u->shard, 0, NULL, true, 1.0 / u->f->world);
-    }
+    cx_tensor *full = gather(u);
     for (int i = 0; i < u->nparams; i++) {
         cx_fsdp_param_info *pi = &u->info[i];
         cx_tensor *piece = cx_slice(full, 0, pi->offset, pi->offset + pi->numel, 1);
@@ -361,6 +375,10 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
     opts = own_opts;
     if (opts.shard_size_multiple < 0 || opts.auto_wrap_min_params < 0) {
         cx_set_last_error("fsdp_wrap: shard_size_multiple and auto_wrap_min_params must be >= 0");
+        return NULL;
+    }
+    if (opts.compute_dtype != CX_F32 && opts.compute_dtype != CX_BF16) {
+        cx_set_last_error("fsdp_wrap: compute_dtype %s: want f32 or bf16", cx_dtype_name(opts.compute_dtype));
         return NULL;
     }
     cx_fsdp *f = calloc(1, sizeof *f);

@@ -52,6 +52,9 @@ grep -q "nope" "$W/err.out" || { cat "$W/err.out"; fail "missing checkpoint not 
 if "$GPT" train --n-head 3 $MODEL --n-head 3 --data "$W/corpus.txt" > "$W/err.out" 2>&1; then fail "bad heads accepted"; fi
 grep -q "n_head" "$W/err.out" || { cat "$W/err.out"; fail "bad config not named"; }
 if "$GPT" frobnicate > "$W/err.out" 2>&1; then fail "unknown command accepted"; fi
+"$GPT" train --precision fp16 $MODEL --data "$W/corpus.txt" > "$W/err.out" 2>&1 && fail "--precision fp16 accepted"
+[ "$(wc -l < "$W/err.out")" -eq 1 ] && grep -q "precision fp16: cxla has no float16" "$W/err.out" ||
+    { cat "$W/err.out"; fail "--precision fp16 is not one line naming it"; }
 
 if command -v gnuplot > /dev/null; then
     "$GPT" plot --log-file "$W/log.jsonl" --out "$W/loss.svg" > /dev/null || fail "plot"

@@ -73,6 +73,19 @@ Test(train_cli, bad_flags_exit_2_with_one_line, .init = find_train)
     expect_usage_error("--zero 4", "--zero: expected an integer in [2, 3]");
 }
 
+/* --precision: fp16 and a precision variable that does not parse or does
+ * not go with the flag are one line each, exit 2 */
+Test(train_cli, bad_precision_exits_2_with_one_line, .init = find_train)
+{
+    expect_usage_error("--precision fp16", "--precision fp16: cxla has no float16");
+    expect_usage_error("--precision bf17", "--precision bf17: unknown precision; use f32, bf16-mixed or bf16");
+    cr_assert_eq(setenv("XLA_USE_BF16", "yes", 1), 0);
+    expect_usage_error("--precision bf16", "bad XLA_USE_BF16 'yes': want one of 0, 1 (default 0)");
+    cr_assert_eq(setenv("XLA_USE_BF16", "1", 1), 0);
+    expect_usage_error("--precision bf16-mixed", "--precision bf16-mixed, but XLA_USE_BF16=1 holds every f32 tensor as bf16");
+    unsetenv("XLA_USE_BF16");
+}
+
 Test(train_cli, missing_data_names_path_and_package, .init = find_train)
 {
     cr_expect_eq(run("--data fashion-mnist --data-dir /nonexistent/dir", g_out, sizeof g_out), 3);
