@@ -15,9 +15,15 @@
  *    flowing back, the weight's bf16 copy), a few u per product, partly
  *    cancelling. As the relative L2 distance over the stored samples,
  *    torch-autocast sits 0.2-10 % from the float64 reference (the cnn's
- *    conv1 gradient 10 %), and cxla measured 0.1-1.1 % from torch-autocast.
- *    GRAD_TOL = 4 % leaves room for other summation orders (native bf16
- *    kernels) and still fails an f32 run, 10 % away on conv1.
+ *    conv1 gradient 10 %). cxla's native bf16 kernels (f32 sums in another
+ *    order, one rounding per output, bf16 gradients through conv) are
+ *    about as far from f64, but in other directions: 6-9 % from
+ *    torch-autocast on the cnn's convolutions. Two estimates each e from
+ *    the exact value are up to about 2e apart, so a gradient must be
+ *    within max(GRAD_TOL, 2 * torch-autocast's own distance to f64) of
+ *    torch-autocast, and no further from f64 than torch-autocast is, with
+ *    half of it again and 1 % as room (ACC_FACTOR, ACC_SLACK): as
+ *    accurate as PyTorch's autocast, not bit-equal to it.
  * And every gradient must differ from the float64 reference by more than
  * an f32 run does (1e-4 relative), or autocast silently off would pass the
  * GPT (whose near-uniform initial logits make its loss insensitive). */
@@ -29,6 +35,8 @@
 
 #define LOSS_RTOL 0x1p-7
 #define GRAD_TOL 0.04
+#define ACC_FACTOR 1.5
+#define ACC_SLACK 0.01
 #define F32_FLOOR 1e-4
 
 static const cx_golden *find_ac(const char *key)
@@ -74,9 +82,11 @@ static void check(const char *ac, const char *ref, const char *what, cx_tensor *
         }
         torch_to_f64 = r > 0 ? sqrt(d / r) : 0;
     }
-    cr_expect(to_torch <= (is_loss ? LOSS_RTOL : GRAD_TOL),
-              "%s: %.3g from torch-autocast (tolerance %.3g); torch-autocast is %.3g from f64, cxla %.3g", kac,
-              to_torch, is_loss ? LOSS_RTOL : GRAD_TOL, torch_to_f64, to_f64);
+    double tol = is_loss ? LOSS_RTOL : fmax(GRAD_TOL, 2.0 * torch_to_f64);
+    cr_expect(to_torch <= tol, "%s: %.3g from torch-autocast (tolerance %.3g); torch-autocast is %.3g from f64, cxla %.3g",
+              kac, to_torch, tol, torch_to_f64, to_f64);
+    cr_expect(is_loss || to_f64 <= ACC_FACTOR * torch_to_f64 + ACC_SLACK,
+              "%s: %.3g from the f64 reference, less accurate than torch-autocast (%.3g)", kac, to_f64, torch_to_f64);
     cr_expect(is_loss || to_f64 > F32_FLOOR, "%s: %.3g from the f64 reference, as close as f32: autocast did not engage", kac, to_f64);
     cr_log_info("%s: %.4f from torch-autocast, %.4f from f64 (torch-autocast %.4f)", kac, to_torch, to_f64, torch_to_f64);
     free(x);
