@@ -3,7 +3,7 @@
 # nothing when everything is already there.
 set -eu
 
-PACKAGES="build-essential time cmake pkg-config python3 zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev libdw-dev hdf5-tools graphviz clang-14 libclang-rt-14-dev openssh-server openssh-client iproute2 util-linux"
+PACKAGES="build-essential time cmake pkg-config python3 zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev libdw-dev hdf5-tools graphviz clang-14 libclang-rt-14-dev openssh-server openssh-client iproute2 util-linux"
 OPTIONAL="dataset-fashion-mnist bible-kjv gnuplot-nox"
 
 missing=""

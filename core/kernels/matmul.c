@@ -1,11 +1,43 @@
 /* Batched sgemm through cx_sgemm, which splits each product across the
- * worker pool (single-threaded OpenBLAS calls). */
+ * worker pool (single-threaded library calls).
+ *
+ * Which library runs a product is decided per shape (docs/architecture.md,
+ * "Dense kernels", has the figures): oneDNN's sgemm from about a million
+ * multiply-adds up, where its JIT kernels beat OpenBLAS by 5-15 % on every
+ * shape of a transformer step and of the CNN's convolutions; OpenBLAS
+ * below, where oneDNN's per-call set-up costs more than its kernel saves
+ * (attention tiles, small convolution groups). */
 #include "kernels.h"
 #include "pool.h"
 
 #include <cblas.h>
 #include <limits.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <string.h>
+
+/* OpenMP's API, declared here: clang's builds (fuzzing) have no omp.h, and
+ * these two calls are all the core needs of libgomp */
+int omp_get_max_threads(void);
+void omp_set_num_threads(int n);
+
+/* m*n*k from which oneDNN wins (measured: 128x128x64 and 64x128x128 win by
+ * 10 %, 96^3 and 128x64x64 lose by 3-10 %) */
+#define DNNL_MIN_MNK ((int64_t)1 << 20)
+
+/* oneDNN's sgemm on the calling thread only. @return false when oneDNN
+ * refused the call (its packing buffer could not be allocated), C untouched. */
+static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    /* Debian's oneDNN threads through OpenMP; the pool owns the compute
+     * threads, so each call is one OpenMP thread, and the caller's own
+     * setting (an application may use OpenMP itself) is put back */
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    omp_set_num_threads(prev);
+    return st == dnnl_success;
+}
 
 typedef struct {
     bool ta, tb, split_m;
@@ -18,6 +50,7 @@ typedef struct {
 void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
+    if (m * n * k >= DNNL_MIN_MNK && dnnl_serial(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc)) return;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
                 (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
