@@ -1,12 +1,16 @@
 /* Batched sgemm through cx_sgemm, which splits each product across the
  * worker pool (single-threaded library calls).
  *
- * Which library runs a product is decided per shape (docs/architecture.md,
- * "Dense kernels", has the figures): oneDNN's sgemm from about a million
- * multiply-adds up, where its JIT kernels beat OpenBLAS by 5-15 % on every
- * shape of a transformer step and of the CNN's convolutions; OpenBLAS
- * below, where oneDNN's per-call set-up costs more than its kernel saves
- * (attention tiles, small convolution groups). */
+ * Which library runs a product is decided on its whole shape, before the
+ * split (docs/architecture.md, "Dense kernels", has the figures): oneDNN's
+ * sgemm from about a million multiply-adds up when the product splits by
+ * rows, where its JIT kernels beat OpenBLAS by 5-15 % on every shape of a
+ * transformer step; OpenBLAS below, where oneDNN's per-call set-up costs
+ * more than its kernel saves. Products split by columns stay on OpenBLAS:
+ * oneDNN's sums over k for a column range are not always those of the
+ * whole product, and the bits must not depend on the thread count. So
+ * does cx_sgemm_serial, whose callers (convolution and attention tiles)
+ * were tuned on OpenBLAS and mostly sit below the threshold. */
 #include "kernels.h"
 #include "pool.h"
 
@@ -40,7 +44,7 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 }
 
 typedef struct {
-    bool ta, tb, split_m;
+    bool ta, tb, split_m, dnnl;
     int64_t m, n, k, lda, ldb, ldc;
     const float *a, *b;
     float *c;
@@ -50,7 +54,6 @@ typedef struct {
 void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m * n * k >= DNNL_MIN_MNK && dnnl_serial(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc)) return;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
                 (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
@@ -59,9 +62,12 @@ static void sgemm_part(void *p, int64_t lo, int64_t hi)
 {
     const sgemm_job *j = p;
     if (j->split_m) {
-        /* rows [lo, hi) of C and of op(A) */
+        /* rows [lo, hi) of C and of op(A); oneDNN's sums over k do not
+         * depend on the row range (tests/unit/test_kernels.c) */
         const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-        cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
+        float *c = j->c + lo * j->ldc;
+        if (j->dnnl && dnnl_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc)) return;
+        cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc);
     } else {
         /* columns [lo, hi) of C and of op(B) */
         const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
@@ -73,7 +79,7 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     if (m <= 0 || n <= 0) return;
-    sgemm_job j = { trans_a, trans_b, m >= n, m, n, k, lda, ldb, ldc, a, b, c, beta };
+    sgemm_job j = { trans_a, trans_b, m >= n, m >= n && m * n * k >= DNNL_MIN_MNK, m, n, k, lda, ldb, ldc, a, b, c, beta };
     /* parts of at least ~2 MFLOP and 16 rows/columns: smaller ones do not pay for a fork */
     int64_t len = j.split_m ? m : n, other = j.split_m ? n : m;
     int64_t grain = (int64_t)(2e6 / (2.0 * (double)(other * (k > 0 ? k : 1)))) + 1;
