@@ -72,7 +72,10 @@ static bool cheap_op(int op)
  * reading it back. Recomputing reads the op's operands once per reader
  * instead, so it is done only where that moves no more memory: with n
  * buffer operands and k readers, n*k reads against n + 1 + k. An operand
- * that is itself recomputed would make chains; only roots count.
+ * that is itself recomputed would make chains; only roots count. An op
+ * over a matmul or convolution output stays: it is that kernel's epilogue
+ * (a conv's bias and ReLU run inside the conv, and its ReLU mask is read
+ * by the backward's conv).
  * Forward order: operands are decided before their readers. */
 static void recompute_cheap(const cx_graph *g, const cx_uses *u, const char *force_root, char *root)
 {
@@ -86,7 +89,7 @@ static void recompute_cheap(const cx_graph *g, const cx_uses *u, const char *for
             int o = n->inputs[a];
             while (is_view(g->nodes[o].op) && !root[o]) o = g->nodes[o].inputs[0];
             if (is_leaf_value(g->nodes[o].op)) continue;
-            ok = root[o];
+            ok = root[o] && !cx_is_heavy_op(&g->nodes[o]);
             bufs++;
         }
         if (ok && bufs * k <= bufs + 1 + k && !read_by_heavy(g, u, root, i, 0)) root[i] = 0;
