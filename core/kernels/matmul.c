@@ -2,9 +2,10 @@
  * worker pool (single-threaded library calls).
  *
  * Which library runs a product is decided on its whole shape, before the
- * split (docs/architecture.md, "Dense kernels", has the figures): oneDNN's
- * sgemm from about a million multiply-adds up when the product splits by
- * rows, where its JIT kernels beat OpenBLAS by 5-15 % on every shape of a
+ * split (docs/architecture.md, "Which library runs a GEMM", has the
+ * figures): oneDNN's sgemm from about a million multiply-adds up when the
+ * product splits by rows (it is at least as tall as wide, or 128 rows
+ * tall), where its JIT kernels beat OpenBLAS by 5-15 % on every shape of a
  * transformer step; OpenBLAS below, where oneDNN's per-call set-up costs
  * more than its kernel saves. Products split by columns stay on OpenBLAS:
  * oneDNN's sums over k for a column range are not always those of the
@@ -27,6 +28,8 @@ void omp_set_num_threads(int n);
 /* m*n*k from which oneDNN wins (measured: 128x128x64 and 64x128x128 win by
  * 10 %, 96^3 and 128x64x64 lose by 3-10 %) */
 #define DNNL_MIN_MNK ((int64_t)1 << 20)
+/* rows from which a wider-than-tall product still splits by rows */
+#define DNNL_MIN_ROWS 128
 
 /* oneDNN's sgemm on the calling thread only. @return false when oneDNN
  * refused the call (its packing buffer could not be allocated), C untouched. */
@@ -79,7 +82,11 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     if (m <= 0 || n <= 0) return;
-    sgemm_job j = { trans_a, trans_b, m >= n, m >= n && m * n * k >= DNNL_MIN_MNK, m, n, k, lda, ldb, ldc, a, b, c, beta };
+    /* a product oneDNN wins splits by rows whenever it has rows enough for
+     * the parts (a GPT's MLP weight gradient, 256 x 1024); the rule reads
+     * the shape alone, so the library does not depend on the thread count */
+    bool dnnl = m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
+    sgemm_job j = { trans_a, trans_b, m >= n || dnnl, dnnl, m, n, k, lda, ldb, ldc, a, b, c, beta };
     /* parts of at least ~2 MFLOP and 16 rows/columns: smaller ones do not pay for a fork */
     int64_t len = j.split_m ? m : n, other = j.split_m ? n : m;
     int64_t grain = (int64_t)(2e6 / (2.0 * (double)(other * (k > 0 ? k : 1)))) + 1;
