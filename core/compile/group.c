@@ -1,7 +1,9 @@
 /* Pass 1, grouping: every node is either a kernel root (materialized into a
  * buffer) or inlined into the one kernel that consumes it. Elementwise ops
  * and views fuse into their consumer, so a chain is one loop and a chain
- * feeding a reduction is its prologue; views never copy. */
+ * feeding a reduction is its prologue; views never copy. A cheap
+ * arithmetic op that several kernels read is computed again in each of
+ * them rather than stored and read back (recompute_cheap). */
 #include "passes.h"
 
 enum { GRP_NONE = -1, GRP_MULTI = -3, GRP_HEAVY = -4 };
@@ -46,6 +48,54 @@ static int consumer_group(const cx_graph *g, const cx_uses *u, const int *group,
     return grp;
 }
 
+/* Whether a reader of node i, directly or through views inlined into it, is
+ * a heavy op, which reads a buffer and so needs i materialized. */
+static bool read_by_heavy(const cx_graph *g, const cx_uses *u, const char *root, int i, int depth)
+{
+    for (int k = 0; k < u->count[i]; k++) {
+        int c = u->list[i][k];
+        if (cx_is_heavy_op(&g->nodes[c])) return true;
+        if (is_view(g->nodes[c].op) && !root[c] && (depth > 8 || read_by_heavy(g, u, root, c, depth + 1))) return true;
+    }
+    return false;
+}
+
+static bool cheap_op(int op)
+{
+    return op == OP_ADD || op == OP_SUB || op == OP_MUL || op == OP_DIV || op == OP_NEG || op == OP_MAX || op == OP_MIN;
+}
+
+/* A root that is a cheap op over buffers (roots) and constants, read by
+ * several fused kernels, is inlined into each: a transformer's GELU keeps
+ * x/2 and x/sqrt(2) for its backward, and AdamW reads the clipped gradient
+ * in three updates; each was a pass writing a tensor and more passes
+ * reading it back. Recomputing reads the op's operands once per reader
+ * instead, so it is done only where that moves no more memory: with n
+ * buffer operands and k readers, n*k reads against n + 1 + k. An operand
+ * that is itself recomputed would make chains; only roots count. An op
+ * over a matmul or convolution output stays: it is that kernel's epilogue
+ * (a conv's bias and ReLU run inside the conv, and its ReLU mask is read
+ * by the backward's conv).
+ * Forward order: operands are decided before their readers. */
+static void recompute_cheap(const cx_graph *g, const cx_uses *u, const char *force_root, char *root)
+{
+    for (int i = 0; i < g->n; i++) {
+        const cx_gnode *n = &g->nodes[i];
+        if (!root[i] || !cheap_op(n->op) || intrinsic_root(n) || u->is_output[i] || (force_root && force_root[i]))
+            continue;
+        int bufs = 0, k = u->count[i];
+        bool ok = k >= 2 && k <= 4;
+        for (int a = 0; ok && a < n->ninputs; a++) {
+            int o = n->inputs[a];
+            while (is_view(g->nodes[o].op) && !root[o]) o = g->nodes[o].inputs[0];
+            if (is_leaf_value(g->nodes[o].op)) continue;
+            ok = root[o] && !cx_is_heavy_op(&g->nodes[o]);
+            bufs++;
+        }
+        if (ok && bufs * k <= bufs + 1 + k && !read_by_heavy(g, u, root, i, 0)) root[i] = 0;
+    }
+}
+
 bool cx_pass_group(const cx_graph *g, const cx_uses *u, const char *force_root, char *root)
 {
     int *group = malloc(sizeof(int) * (size_t)(g->n + 1));
@@ -70,5 +120,6 @@ bool cx_pass_group(const cx_graph *g, const cx_uses *u, const char *force_root, 
         else { root[i] = 1; group[i] = i; }
     }
     free(group);
+    recompute_cheap(g, u, force_root, root);
     return true;
 }

@@ -1,14 +1,53 @@
 /* Batched sgemm through cx_sgemm, which splits each product across the
- * worker pool (single-threaded OpenBLAS calls). */
+ * worker pool (single-threaded library calls).
+ *
+ * Which library runs a product is decided on its whole shape, before the
+ * split (docs/architecture.md, "Which library runs a GEMM", has the
+ * figures): oneDNN's sgemm from about a million multiply-adds up when the
+ * product splits by rows (it is at least as tall as wide, or 128 rows
+ * tall), where its JIT kernels beat OpenBLAS by 5-15 % on every shape of a
+ * transformer step; OpenBLAS below, where oneDNN's per-call set-up costs
+ * more than its kernel saves. Products split by columns stay on OpenBLAS:
+ * oneDNN's sums over k for a column range are not always those of the
+ * whole product, and the bits must not depend on the thread count. So
+ * does cx_sgemm_serial, whose callers (convolution and attention tiles)
+ * were tuned on OpenBLAS and mostly sit below the threshold. */
 #include "kernels.h"
 #include "pool.h"
 
 #include <cblas.h>
 #include <limits.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <string.h>
 
+/* OpenMP's API, declared here: clang's builds (fuzzing) have no omp.h, and
+ * these two calls are all the core needs of libgomp */
+int omp_get_max_threads(void);
+void omp_set_num_threads(int n);
+
+/* m*n*k from which oneDNN wins (measured: 128x128x64 and 64x128x128 win by
+ * 10 %, 96^3 and 128x64x64 lose by 3-10 %) */
+#define DNNL_MIN_MNK ((int64_t)1 << 20)
+/* rows from which a wider-than-tall product still splits by rows */
+#define DNNL_MIN_ROWS 128
+
+/* oneDNN's sgemm on the calling thread only. @return false when oneDNN
+ * refused the call (its packing buffer could not be allocated), C untouched. */
+static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    /* Debian's oneDNN threads through OpenMP; the pool owns the compute
+     * threads, so each call is one OpenMP thread, and the caller's own
+     * setting (an application may use OpenMP itself) is put back */
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(1);
+    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    omp_set_num_threads(prev);
+    return st == dnnl_success;
+}
+
 typedef struct {
-    bool ta, tb, split_m;
+    bool ta, tb, split_m, dnnl;
     int64_t m, n, k, lda, ldb, ldc;
     const float *a, *b;
     float *c;
@@ -26,9 +65,12 @@ static void sgemm_part(void *p, int64_t lo, int64_t hi)
 {
     const sgemm_job *j = p;
     if (j->split_m) {
-        /* rows [lo, hi) of C and of op(A) */
+        /* rows [lo, hi) of C and of op(A); oneDNN's sums over k do not
+         * depend on the row range (tests/unit/test_kernels.c) */
         const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-        cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
+        float *c = j->c + lo * j->ldc;
+        if (j->dnnl && dnnl_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc)) return;
+        cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc);
     } else {
         /* columns [lo, hi) of C and of op(B) */
         const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
@@ -40,7 +82,11 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     if (m <= 0 || n <= 0) return;
-    sgemm_job j = { trans_a, trans_b, m >= n, m, n, k, lda, ldb, ldc, a, b, c, beta };
+    /* a product oneDNN wins splits by rows whenever it has rows enough for
+     * the parts (a GPT's MLP weight gradient, 256 x 1024); the rule reads
+     * the shape alone, so the library does not depend on the thread count */
+    bool dnnl = m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
+    sgemm_job j = { trans_a, trans_b, m >= n || dnnl, dnnl, m, n, k, lda, ldb, ldc, a, b, c, beta };
     /* parts of at least ~2 MFLOP and 16 rows/columns: smaller ones do not pay for a fork */
     int64_t len = j.split_m ? m : n, other = j.split_m ? n : m;
     int64_t grain = (int64_t)(2e6 / (2.0 * (double)(other * (k > 0 ? k : 1)))) + 1;

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { ROW_BLOCK = 32 };
+enum { ROW_BLOCK = 32, LANES = 16 };
 
 typedef struct {
     float *out, *part;
@@ -18,15 +18,38 @@ typedef struct {
     float eps;
 } norm_job;
 
-/* mean and 1/std of one row */
-static void row_stats(const float *x, int64_t c, float eps, float *mean, float *rstd)
+/* The row sums keep LANES partial sums, element e in lane e % LANES, added
+ * pairwise at the end: one running sum is a chain of dependent adds that
+ * the compiler may not reorder, so it ran scalar, at a quarter of a GPT
+ * step's layer-norm time per sum. The order is fixed, so the bits do not
+ * depend on the thread count. */
+static inline float lanes_total(float *a)
 {
-    float s = 0.0f;
-    for (int64_t e = 0; e < c; e++) s += x[e];
-    float mu = s / (float)c, v = 0.0f;
-    for (int64_t e = 0; e < c; e++) { float t = x[e] - mu; v += t * t; }
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) a[l] += a[l + w];
+    return a[0];
+}
+
+static inline float row_sum(const float *x, int64_t c)
+{
+    float a[LANES] = { 0 };
+    int64_t e = 0;
+    for (; e + LANES <= c; e += LANES)
+        for (int l = 0; l < LANES; l++) a[l] += x[e + l];
+    for (int l = 0; e < c; e++, l++) a[l] += x[e];
+    return lanes_total(a);
+}
+
+/* mean and 1/std of one row */
+static inline void row_stats(const float *x, int64_t c, float eps, float *mean, float *rstd)
+{
+    float mu = row_sum(x, c) / (float)c, a[LANES] = { 0 };
+    int64_t e = 0;
+    for (; e + LANES <= c; e += LANES)
+        for (int l = 0; l < LANES; l++) { float t = x[e + l] - mu; a[l] += t * t; }
+    for (int l = 0; e < c; e++, l++) { float t = x[e] - mu; a[l] += t * t; }
     *mean = mu;
-    *rstd = 1.0f / sqrtf(v / (float)c + eps);
+    *rstd = 1.0f / sqrtf(lanes_total(a) / (float)c + eps);
 }
 
 CX_HOT static void fwd_rows(void *p, int64_t r0, int64_t r1)
@@ -54,6 +77,20 @@ size_t cx_layer_norm_bwd_scratch_bytes(int64_t rows, int64_t c)
     return (size_t)((rows + ROW_BLOCK - 1) / ROW_BLOCK) * (size_t)(2 * c) * sizeof(float);
 }
 
+/* Elements [e, e + n) of a row's first backward sweep: the lane sums of g
+ * and g * xhat, and the row's share of dw and db. */
+static inline void bwd_lanes(const norm_job *j, const float *x, const float *dy, float mu, float rs, int64_t e, int n,
+                             float *sg, float *sgx, float *dw, float *db)
+{
+    for (int l = 0; l < n; l++) {
+        float xh = (x[e + l] - mu) * rs, g = dy[e + l] * (j->w ? j->w[e + l] : 1.0f);
+        sg[l] += g;
+        sgx[l] += g * xh;
+        dw[e + l] += dy[e + l] * xh;
+        db[e + l] += dy[e + l];
+    }
+}
+
 /* One block of rows: dx, and its partial dw and db. */
 CX_HOT static void bwd_block(const norm_job *j, int64_t blk)
 {
@@ -62,16 +99,12 @@ CX_HOT static void bwd_block(const norm_job *j, int64_t blk)
     memset(dw, 0, sizeof *dw * (size_t)(2 * c));
     for (int64_t r = blk * ROW_BLOCK; r < r1; r++) {
         const float *x = j->x + r * c, *dy = j->dy + r * c;
-        float *dx = j->out + r * c, mu, rs, sum_g = 0.0f, sum_gx = 0.0f;
+        float *dx = j->out + r * c, mu, rs, sg[LANES] = { 0 }, sgx[LANES] = { 0 };
         row_stats(x, c, j->eps, &mu, &rs);
-        for (int64_t e = 0; e < c; e++) {
-            float xh = (x[e] - mu) * rs, g = dy[e] * (j->w ? j->w[e] : 1.0f);
-            sum_g += g;
-            sum_gx += g * xh;
-            dw[e] += dy[e] * xh;
-            db[e] += dy[e];
-        }
-        const float mg = sum_g / (float)c, mgx = sum_gx / (float)c;
+        int64_t e = 0;
+        for (; e + LANES <= c; e += LANES) bwd_lanes(j, x, dy, mu, rs, e, LANES, sg, sgx, dw, db);
+        bwd_lanes(j, x, dy, mu, rs, e, (int)(c - e), sg, sgx, dw, db);
+        const float mg = lanes_total(sg) / (float)c, mgx = lanes_total(sgx) / (float)c;
         for (int64_t e = 0; e < c; e++) {
             float xh = (x[e] - mu) * rs, g = dy[e] * (j->w ? j->w[e] : 1.0f);
             dx[e] = rs * (g - mg - xh * mgx);

@@ -21,6 +21,14 @@ static inline bool is_float_class(int dt) { return dt == CX_F32 || dt == CX_BF16
 
 typedef union { float f[CX_BLK]; int64_t i[CX_BLK]; } reg_t;
 
+/* What an instruction's readers see: its register, or, for a load of a
+ * whole contiguous f32 block, the source buffer itself. Copying such loads
+ * into registers was the largest cost of a transformer step's fused
+ * kernels (bias, GELU, AdamW): the copy streams the block through a
+ * register file that, at 2 KiB a register, does not fit in L1 for long
+ * programs. */
+typedef struct { const float *f; const int64_t *i; } val_t;
+
 static inline int64_t view_base(const cx_view *v, const int64_t *idx, int nd, int64_t j0)
 {
     int64_t a = v->offset;
@@ -129,7 +137,7 @@ CX_HOT static void bin_int(int op, int64_t *o, const int64_t *a, const int64_t *
     }
 }
 
-CX_HOT static void cmp_block(int op, int64_t *o, const reg_t *a, const reg_t *b, bool fc, int len)
+CX_HOT static void cmp_block(int op, int64_t *o, const val_t *a, const val_t *b, bool fc, int len)
 {
     if (fc) {
         switch (op) {
@@ -156,12 +164,12 @@ static inline int64_t wrap_int(int64_t v, int dt)
     }
 }
 
-CX_HOT static void cast_block(reg_t *o, int to, const reg_t *a, int from, int len)
+CX_HOT static void cast_block(reg_t *o, int to, const val_t *a, int from, int len)
 {
     bool ff = is_float_class(from), tf = is_float_class(to);
     if (ff && tf) {
         if (to == CX_BF16) for (int j = 0; j < len; j++) o->f[j] = bf16_round(a->f[j]);
-        else if (o != a) memcpy(o->f, a->f, sizeof(float) * (size_t)len);
+        else if (o->f != a->f) memcpy(o->f, a->f, sizeof(float) * (size_t)len);
     } else if (ff) {
         if (to == CX_BOOL) for (int j = 0; j < len; j++) o->i[j] = a->f[j] != 0;
         else for (int j = 0; j < len; j++) {
@@ -178,26 +186,37 @@ CX_HOT static void cast_block(reg_t *o, int to, const reg_t *a, int from, int le
     }
 }
 
-/* Evaluates a program for lanes [j0, j0+len) of the row at outer index idx.
- * @return the result register. */
-CX_HOT static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, const int64_t *idx, int nd, int64_t j0, int len)
+/* The source of a load when it can be read in place (a whole block of
+ * contiguous f32), else NULL. */
+static inline const float *direct_load(const run_ctx *rc, const cx_program *p, const cx_pinstr *in, const int64_t *idx,
+                                       int nd, int64_t j0)
+{
+    const cx_view *v = &p->views[in->view];
+    if (in->src_dtype != CX_F32 || in->dtype != CX_F32 || v->masked || nd == 0 || v->strides[nd - 1] != 1) return NULL;
+    return (const float *)rc->slot_ptr[in->slot] + view_base(v, idx, nd, j0);
+}
+
+/* the values of operand a of instruction in (only where it has one) */
+#define VA (&vals[in->a])
+
+/* Evaluates a program for lanes [j0, j0+len) of the row at outer index idx
+ * (constants and runtime scalars are already in place: prog_regs).
+ * @return the result's values. */
+CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, val_t *vals, const int64_t *idx, int nd, int64_t j0, int len)
 {
     for (int n = 0; n < p->n; n++) {
         const cx_pinstr *in = &p->ins[n];
         reg_t *r = &regs[n];
         bool fc = is_float_class(in->dtype);
+        if (in->kind != P_CONST && in->kind != P_RT) vals[n] = (val_t){ r->f, r->i };
         switch ((cx_pkind)in->kind) {
-        case P_LOAD:
-            load_block(r, rc->slot_ptr[in->slot], in->src_dtype, &p->views[in->view], idx, nd, j0, len);
+        case P_LOAD: {
+            const float *src = direct_load(rc, p, in, idx, nd, j0);
+            if (src) vals[n].f = src;
+            else load_block(r, rc->slot_ptr[in->slot], in->src_dtype, &p->views[in->view], idx, nd, j0, len);
             break;
-        case P_CONST:
-            if (fc) { float x = (float)in->f; if (in->dtype == CX_BF16) x = bf16_round(x); for (int j = 0; j < len; j++) r->f[j] = x; }
-            else { int64_t x = wrap_int((int64_t)in->f, in->dtype); for (int j = 0; j < len; j++) r->i[j] = x; }
-            break;
-        case P_RT:
-            if (fc) { float x = (float)rc->rt_f[in->slot]; for (int j = 0; j < len; j++) r->f[j] = x; }
-            else { int64_t x = rc->rt_i[in->slot]; for (int j = 0; j < len; j++) r->i[j] = x; }
-            break;
+        }
+        case P_CONST: case P_RT: break;
         case P_IOTA: {
             const cx_view *v = &p->views[in->view];
             int64_t a = view_base(v, idx, nd, j0), s = nd > 0 ? v->strides[nd - 1] : 0;
@@ -214,42 +233,42 @@ CX_HOT static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *r
             break;
         }
         case P_UN:
-            if (fc) { un_float(in->op, r->f, regs[in->a].f, len); if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]); }
-            else { un_int(in->op, r->i, regs[in->a].i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
+            if (fc) { un_float(in->op, r->f, VA->f, len); if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]); }
+            else { un_int(in->op, r->i, VA->i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
             break;
         case P_BIN:
             if (in->op == OP_LT || in->op == OP_LE || in->op == OP_EQ) {
-                cmp_block(in->op, r->i, &regs[in->a], &regs[in->b], is_float_class(in->src_dtype), len);
+                cmp_block(in->op, r->i, VA, &vals[in->b], is_float_class(in->src_dtype), len);
             } else if (fc) {
-                bin_float(in->op, r->f, regs[in->a].f, regs[in->b].f, len);
+                bin_float(in->op, r->f, VA->f, vals[in->b].f, len);
                 if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]);
             } else {
-                bin_int(in->op, r->i, regs[in->a].i, regs[in->b].i, len);
+                bin_int(in->op, r->i, VA->i, vals[in->b].i, len);
                 for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype);
             }
             break;
         case P_WHERE: {
-            const int64_t *c = regs[in->a].i;
-            if (fc) { const float *x = regs[in->b].f, *y = regs[in->c].f; for (int j = 0; j < len; j++) r->f[j] = c[j] ? x[j] : y[j]; }
-            else { const int64_t *x = regs[in->b].i, *y = regs[in->c].i; for (int j = 0; j < len; j++) r->i[j] = c[j] ? x[j] : y[j]; }
+            const int64_t *c = VA->i;
+            if (fc) { const float *x = vals[in->b].f, *y = vals[in->c].f; for (int j = 0; j < len; j++) r->f[j] = c[j] ? x[j] : y[j]; }
+            else { const int64_t *x = vals[in->b].i, *y = vals[in->c].i; for (int j = 0; j < len; j++) r->i[j] = c[j] ? x[j] : y[j]; }
             break;
         }
         case P_CAST:
-            cast_block(r, in->dtype, &regs[in->a], p->ins[in->a].dtype, len);
+            cast_block(r, in->dtype, VA, p->ins[in->a].dtype, len);
             break;
         case P_RELU: {
-            const float *x = regs[in->a].f;
+            const float *x = VA->f;
             for (int j = 0; j < len; j++) r->f[j] = x[j] > 0 ? x[j] : 0.0f;
             break;
         }
         case P_POSMASK: {
-            const float *x = regs[in->a].f, *g = regs[in->b].f;
+            const float *x = VA->f, *g = vals[in->b].f;
             for (int j = 0; j < len; j++) r->f[j] = x[j] > 0 ? g[j] : 0.0f;
             break;
         }
         case P_MASK: {
             int jlo, jhi;
-            const reg_t *a = &regs[in->a];
+            const val_t *a = VA;
             bool any = view_lanes(&p->views[in->view], idx, nd, j0, len, &jlo, &jhi);
             if (!any) { jlo = 0; jhi = 0; }
             if (fc) {
@@ -263,32 +282,61 @@ CX_HOT static reg_t *eval_block(const run_ctx *rc, const cx_program *p, reg_t *r
         }
         }
     }
-    return &regs[p->result];
+    return vals[p->result];
 }
+#undef VA
 
-CX_HOT static void store_block(void *out, int dt, int64_t off, const reg_t *r, int len)
+CX_HOT static void store_block(void *out, int dt, int64_t off, val_t r, int len)
 {
     switch (dt) {
-    case CX_F32: memcpy((float *)out + off, r->f, sizeof(float) * (size_t)len); break;
-    case CX_BF16: { uint16_t *o = (uint16_t *)out + off; for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16_inline(r->f[j]); break; }
-    case CX_I32: { int32_t *o = (int32_t *)out + off; for (int j = 0; j < len; j++) o[j] = (int32_t)r->i[j]; break; }
-    case CX_I64: memcpy((int64_t *)out + off, r->i, sizeof(int64_t) * (size_t)len); break;
-    default: { uint8_t *o = (uint8_t *)out + off; for (int j = 0; j < len; j++) o[j] = (uint8_t)r->i[j]; break; }
+    /* memmove: an in-place kernel's result may be its own input, read in place */
+    case CX_F32: memmove((float *)out + off, r.f, sizeof(float) * (size_t)len); break;
+    case CX_BF16: { uint16_t *o = (uint16_t *)out + off; for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16_inline(r.f[j]); break; }
+    case CX_I32: { int32_t *o = (int32_t *)out + off; for (int j = 0; j < len; j++) o[j] = (int32_t)r.i[j]; break; }
+    case CX_I64: memcpy((int64_t *)out + off, r.i, sizeof(int64_t) * (size_t)len); break;
+    default: { uint8_t *o = (uint8_t *)out + off; for (int j = 0; j < len; j++) o[j] = (uint8_t)r.i[j]; break; }
     }
 }
 
 /* per-thread register files, grown on demand */
 static _Thread_local reg_t *t_regs;
+static _Thread_local val_t *t_vals;
 static _Thread_local int t_nregs;
 
-static reg_t *thread_regs(int n)
+/* The calling thread's registers for p, with its constants and runtime
+ * scalars filled once for every block of a range, not once a block.
+ * @return false when they could not be allocated. */
+static bool prog_regs(const run_ctx *rc, const cx_program *p, reg_t **regs, val_t **vals)
 {
-    if (n > t_nregs) {
+    if (p->n > t_nregs) {
         free(t_regs);
-        t_regs = aligned_alloc(64, sizeof(reg_t) * (size_t)n);
-        t_nregs = t_regs ? n : 0;
+        free(t_vals);
+        t_regs = aligned_alloc(64, sizeof(reg_t) * (size_t)p->n);
+        t_vals = malloc(sizeof(val_t) * (size_t)p->n);
+        t_nregs = t_regs && t_vals ? p->n : 0;
+        if (!t_nregs) return false;
     }
-    return t_regs;
+    for (int n = 0; n < p->n; n++) {
+        const cx_pinstr *in = &p->ins[n];
+        reg_t *r = &t_regs[n];
+        bool fc = is_float_class(in->dtype);
+        t_vals[n] = (val_t){ r->f, r->i };
+        if (in->kind == P_CONST && fc) {
+            float x = (float)in->f;
+            if (in->dtype == CX_BF16) x = bf16_round(x);
+            for (int j = 0; j < CX_BLK; j++) r->f[j] = x;
+        } else if (in->kind == P_CONST) {
+            int64_t x = wrap_int((int64_t)in->f, in->dtype);
+            for (int j = 0; j < CX_BLK; j++) r->i[j] = x;
+        } else if (in->kind == P_RT && fc) {
+            for (int j = 0; j < CX_BLK; j++) r->f[j] = (float)rc->rt_f[in->slot];
+        } else if (in->kind == P_RT) {
+            for (int j = 0; j < CX_BLK; j++) r->i[j] = rc->rt_i[in->slot];
+        }
+    }
+    *regs = t_regs;
+    *vals = t_vals;
+    return true;
 }
 
 /* ---- fused kernels ----------------------------------------------------------------- */
@@ -311,8 +359,9 @@ CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
 {
     fused_job *j = p;
     const cx_kernel *k = j->k;
-    reg_t *regs = thread_regs(k->prog.n);
-    if (!regs) return;
+    reg_t *regs;
+    val_t *vals;
+    if (!prog_regs(j->rc, &k->prog, &regs, &vals)) return;
     int64_t idx[CX_MAX_DIMS] = { 0 };
     int nd = k->ndim;
     void *out = j->rc->slot_ptr[k->out_slot];
@@ -321,7 +370,7 @@ CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
         unravel_outer(k->shape, nd, row, idx);
         int64_t j0 = blk * CX_BLK;
         int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
-        reg_t *r = eval_block(j->rc, &k->prog, regs, idx, nd, j0, len);
+        val_t r = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len);
         store_block(out, k->out_dtype, row * j->inner + j0, r, len);
     }
 }
@@ -361,7 +410,7 @@ CX_HOT static double sum_block(const float *f, int len)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
+CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, val_t *vals, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
                        int64_t *acc_i, int64_t *best_idx, bool *first)
 {
     const cx_kernel *k = j->k;
@@ -387,7 +436,8 @@ CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, int64_t o, int64
         }
         for (int64_t j0 = 0; j0 < j->inner; j0 += CX_BLK) {
             int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
-            reg_t *r = eval_block(j->rc, &k->prog, regs, idx, nd, j0, len);
+            val_t v = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len);
+            const val_t *r = &v;
             if (k->red_op == OP_REDUCE_SUM) {
                 if (fc) *acc_f += sum_block(r->f, len);
                 else { int64_t s = 0; for (int q = 0; q < len; q++) s += r->i[q]; *acc_i += s; }
@@ -429,15 +479,16 @@ CX_HOT static void reduce_range(void *p, int64_t b, int64_t e)
 {
     reduce_job *j = p;
     const cx_kernel *k = j->k;
-    reg_t *regs = thread_regs(k->prog.n);
-    if (!regs) return;
+    reg_t *regs;
+    val_t *vals;
+    if (!prog_regs(j->rc, &k->prog, &regs, &vals)) return;
     void *out = j->rc->slot_ptr[k->out_slot];
     bool fc = is_float_class(k->prog.ins[k->prog.result].dtype);
     for (int64_t o = b; o < e; o++) {
         double af = 0;
         int64_t ai = 0, best = 0;
         bool first = true;
-        reduce_one(j, regs, o, 0, j->inner_rows, &af, &ai, &best, &first);
+        reduce_one(j, regs, vals, o, 0, j->inner_rows, &af, &ai, &best, &first);
         if (k->red_op == OP_ARGMAX) store_scalar(out, k->out_dtype, o, 0, best, false);
         else store_scalar(out, k->out_dtype, o, af, ai, fc);
     }
@@ -450,12 +501,13 @@ typedef struct { reduce_job *j; double f[CX_RED_CHUNKS]; int64_t i[CX_RED_CHUNKS
 CX_HOT static void reduce_split_range(void *p, int64_t b, int64_t e)
 {
     split_job *s = p;
-    reg_t *regs = thread_regs(s->j->k->prog.n);
-    if (!regs) return;
+    reg_t *regs;
+    val_t *vals;
+    if (!prog_regs(s->j->rc, &s->j->k->prog, &regs, &vals)) return;
     for (int64_t c = b; c < e; c++) {
         int64_t rb = s->j->inner_rows * c / CX_RED_CHUNKS, re = s->j->inner_rows * (c + 1) / CX_RED_CHUNKS;
         double af = 0; int64_t ai = 0, best = 0; bool first = true;
-        reduce_one(s->j, regs, 0, rb, re, &af, &ai, &best, &first);
+        reduce_one(s->j, regs, vals, 0, rb, re, &af, &ai, &best, &first);
         s->f[c] = af; s->i[c] = ai; s->any[c] = !first;
     }
 }
@@ -491,8 +543,9 @@ static void permute_view(cx_view *v, const int *perm, int nd)
 CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
 {
     colsum_job *j = p;
-    reg_t *regs = thread_regs(j->prog.n);
-    if (!regs) return;
+    reg_t *regs;
+    val_t *vals;
+    if (!prog_regs(j->rc, &j->prog, &regs, &vals)) return;
     int nd = j->nd, nlead = j->k->nkeep - 1;
     float *out = j->rc->slot_ptr[j->k->out_slot];
     double acc[CX_BLK];
@@ -506,8 +559,8 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
         for (int64_t row = 0; row < j->rows; row++) {
             int64_t rr = row;
             for (int d = nd - 2; d >= nlead; d--) { idx[d] = rr % j->shape[d]; rr /= j->shape[d]; }
-            const reg_t *r = eval_block(j->rc, &j->prog, regs, idx, nd, j0, len);
-            for (int q = 0; q < len; q++) acc[q] += r->f[q];
+            const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len).f;
+            for (int q = 0; q < len; q++) acc[q] += r[q];
         }
         for (int q = 0; q < len; q++) out[lead * j->width + j0 + q] = (float)acc[q];
     }

@@ -712,6 +712,38 @@ Test(matmul, against_reference)
     }
 }
 
+/* Products of a million multiply-adds and up run through oneDNN when they
+ * split by rows (kernels/matmul.c): right against the reference in every
+ * transpose, and the same bits with 1 and 3 threads on both sides of the
+ * library choice (a row split, a column split, and parts near the size
+ * where the library changes). */
+Test(matmul, library_paths_right_and_thread_count_free)
+{
+    rng_seed(11);
+    for (int t = 0; t < 4; t++) run_matmul_case(1, 256, 96, 64, t & 1, t & 2, 256 * 64, 0);
+    run_matmul_case(2, 96, 300, 48, false, true, 96 * 48, 300 * 48);
+    const int64_t shapes[][3] = { { 512, 192, 256 }, { 128, 1024, 64 }, { 160, 96, 80 }, { 1030, 33, 40 }, { 64, 96, 1024 } };
+    const int saved = cx_get_num_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        for (int tr = 0; tr < 4; tr++) {
+            float *a = random_buf((size_t)(m * k)), *b = random_buf((size_t)(k * n));
+            float *c[2] = { guarded((size_t)(m * n)), guarded((size_t)(m * n)) };
+            for (int run = 0; run < 2; run++) {
+                cx_set_num_threads(run ? 3 : 1);
+                cx_matmul_f32(c[run], a, b, 1, m, n, k, tr & 1, tr & 2, m * k, k * n);
+            }
+            cr_assert(memcmp(c[0], c[1], sizeof(float) * (size_t)(m * n)) == 0, "(%lld, %lld, %lld) transposes %d: 1 vs 3 threads",
+                      (long long)m, (long long)n, (long long)k, tr);
+            guarded_free(a);
+            guarded_free(b);
+            guarded_free(c[0]);
+            guarded_free(c[1]);
+        }
+    }
+    cx_set_num_threads(saved);
+}
+
 Test(matmul, empty_k_gives_zeros)
 {
     float c[6];

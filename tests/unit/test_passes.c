@@ -53,6 +53,49 @@ Test(passes, group_materializes_a_value_two_kernels_read)
     cr_assert(root[mm] && root[neg], "matmul and outputs are kernels");
 }
 
+Test(passes, group_recomputes_a_cheap_op_several_kernels_read)
+{
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), y = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int h = gb_node(&b, OP_MUL, 2, M44, 2, (int[]){ x, y });
+    int e1 = gb_node(&b, OP_EXP, 2, M44, 1, &h), e2 = gb_node(&b, OP_NEG, 2, M44, 1, &h);
+    gb_output(&b, e1, -1);
+    gb_output(&b, e2, -1);
+    /* the same op also read by a matmul, which reads buffers */
+    int h2 = gb_node(&b, OP_SUB, 2, M44, 2, (int[]){ x, y });
+    int f1 = gb_node(&b, OP_EXP, 2, M44, 1, &h2);
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ h2, w });
+    gb_output(&b, f1, -1);
+    gb_output(&b, mm, -1);
+    /* over a matmul output: the matmul's epilogue */
+    int mm2 = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ x, w });
+    int h3 = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm2, y });
+    int g1 = gb_node(&b, OP_EXP, 2, M44, 1, &h3), g2 = gb_node(&b, OP_NEG, 2, M44, 1, &h3);
+    gb_output(&b, g1, -1);
+    gb_output(&b, g2, -1);
+    char root[32];
+    group(&b, root);
+    cr_assert(!root[h], "x*y read by two kernels is computed in each, not stored");
+    cr_assert(root[e1] && root[e2]);
+    cr_assert(root[h2], "x-y read by a matmul must be a buffer");
+    cr_assert(root[h3], "an op over a matmul output stays the matmul's epilogue");
+}
+
+Test(passes, group_stores_a_cheap_op_when_recomputing_moves_more)
+{
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    /* two buffer operands and four readers: 8 reads against the 7 of storing it */
+    int s2 = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ x, w });
+    for (int r = 0; r < 4; r++) gb_output(&b, gb_node(&b, r % 2 ? OP_EXP : OP_NEG, 2, M44, 1, &s2), -1);
+    char root[8];
+    group(&b, root);
+    cr_assert(root[s2], "x+w read by four kernels would move more memory recomputed");
+}
+
 Test(passes, lower_counts_kernels_and_fuses_the_matmul_epilogue)
 {
     gbuild b;
