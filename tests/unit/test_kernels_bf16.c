@@ -258,10 +258,24 @@ static void check_summed(const char *what, const uint16_t *got, const float *wan
     }
 }
 
-/* Like attention: exactly the f32 kernels on the widened operands,
- * rounded once; for every direction, through Winograd (3x3, stride 1) and
- * through the direct kernels (strided, grouped), on one chunk of images
- * and on several. */
+/* One direction's bf16 result against the f32 kernel's on the widened
+ * operands. The widening route runs those kernels, so it must match them
+ * rounded once (bit for bit on one chunk of images); the GEMM route sums
+ * the same products in another order (and Winograd's f32 transforms
+ * round on their own), so it must lie within one bf16 rounding plus f32
+ * sums' error on the largest value (check_summed). */
+static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want, size_t n, const cx_conv_geom *g)
+{
+    static const char *const names[3] = { "y", "dx", "dw" };
+    if (gemm || (dir == 2 && g->n > 8)) check_summed(names[dir], got, want, n);
+    else check_rounded(names[dir], got, want, n);
+}
+
+/* For every direction, through Winograd (3x3, stride 1) and through the
+ * direct kernels (strided, dilated, grouped), on one chunk of images and
+ * on several: cx_conv2d_bf16 on the route this level takes, and the GEMM
+ * route itself on every level (without AVX512_BF16 its GEMM widens its
+ * tiles). */
 static void check_conv(cx_conv_geom g)
 {
     cr_assert(cx_conv_geom_finish(&g));
@@ -274,20 +288,25 @@ static void check_conv(cx_conv_geom g)
     float *f = malloc(sizeof *f * most);
     uint16_t *h = malloc(sizeof *h * most);
     cr_assert(f && h);
-    static const char *const names[3] = { "y", "dx", "dw" };
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
     for (int dir = 0; dir < 3; dir++) {
         size_t b32 = dir == 0 ? cx_conv2d_scratch_bytes(&g) : dir == 1 ? cx_conv2d_bwd_input_scratch_bytes(&g)
                                                                         : cx_conv2d_bwd_weight_scratch_bytes(&g);
-        size_t b16 = cx_conv2d_bf16_scratch_bytes(&g, dir);
-        void *s32 = scratch_of(b32), *s16 = scratch_of(b16);
+        size_t b16 = cx_conv2d_bf16_scratch_bytes(&g, dir), bg = cx_conv2d_bf16_route_scratch_bytes(&g, dir, true);
+        cr_assert(b16 == cx_conv2d_bf16_route_scratch_bytes(&g, dir, false) || (hw && b16 == bg),
+                  "the scratch is planned for a route this level runs");
+        void *s32 = scratch_of(b32), *s16 = scratch_of(b16), *sg = scratch_of(bg);
         if (dir == 0) cx_conv2d_fwd(f, xf, wf, NULL, false, &g, s32, b32);
         else if (dir == 1) cx_conv2d_bwd_input(f, dyf, wf, NULL, &g, s32, b32);
         else cx_conv2d_bwd_weight(f, xf, dyf, &g, s32, b32);
-        cx_conv2d_bf16(dir, h, dir == 1 ? dy : x, dir == 2 ? dy : w, &g, s16, b16);
         size_t n = dir == 0 ? ny : dir == 1 ? nx : nw;
-        if (dir == 2 && g.n > 8) check_summed(names[dir], h, f, n);
-        else check_rounded(names[dir], h, f, n);
-        free(s32); free(s16);
+        const uint16_t *in0 = dir == 1 ? dy : x, *in1 = dir == 2 ? dy : w;
+        cx_conv2d_bf16(dir, h, in0, in1, &g, s16, b16);
+        check_dir(dir, hw, h, f, n, &g);
+        memset(h, 0xff, sizeof *h * n);
+        cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, sg, bg);
+        check_dir(dir, true, h, f, n, &g);
+        free(s32); free(s16); free(sg);
     }
     free(x); free(w); free(dy); free(xf); free(wf); free(dyf); free(f); free(h);
 }
@@ -308,4 +327,14 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     check_conv(wino);
     direct.n = 17; /* 6, 6, 5 */
     check_conv(direct);
+    /* the seed cnn's first conv: one channel, so K = 9, odd (the GEMM pads
+     * its pairs) */
+    cx_conv_geom cnn1 = { .n = 5, .c = 1, .h = 14, .w = 13, .o = 32, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                          .dil_h = 1, .dil_w = 1, .groups = 1 };
+    check_conv(cnn1);
+    /* enough output channels and K, not Winograd's: the GEMM route with
+     * AVX512_BF16; 11 images in chunks */
+    cx_conv_geom strided = { .n = 11, .c = 8, .h = 9, .w = 10, .o = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2,
+                             .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    check_conv(strided);
 }
