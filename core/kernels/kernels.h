@@ -140,14 +140,27 @@ void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 
 /* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
- * (attention_bf16.c): widened into f32 copies in the scratch for the f32
- * kernels above, the results rounded once. */
+ * (attention_bf16.c). Two routes: with AVX512_BF16 the score and value
+ * products run on the bf16 GEMM with f32 sums, the softmax in f32, P and
+ * dS rounded to bf16 for their products (PyTorch's bf16 attention);
+ * otherwise the operands are widened into f32 copies for the f32 kernels
+ * above, the results rounded once. A scratch planned for one route only
+ * (an executable planned under another CX_CPU_ISA) runs that route. */
 size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                            const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+/* each route's scratch (gemm: the GEMM route; bwd: the backward's), and
+ * the GEMM route itself on any CPU (without AVX512_BF16 its GEMM widens
+ * its tiles); o is not read (P is recomputed) */
+size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool gemm);
+void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const uint16_t *o, const uint16_t *dout, const cx_attn_geom *g, void *scratch,
+                                size_t scratch_bytes);
 
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */

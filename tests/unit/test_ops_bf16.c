@@ -141,7 +141,10 @@ Test(ops_bf16, gradients_are_bf16_matmuls)
 }
 
 /* sdpa of bf16 q, k, v gives bf16, and its value is the f32 op's on the
- * same (rounded) inputs, rounded: within one bf16 rounding of it. The
+ * same (rounded) inputs within one bf16 rounding of it, plus, where the
+ * kernel runs its products on the bf16 GEMM (AVX512_BF16), the rounding
+ * of P to bf16 before P V, which moves an output by at most 2^-9 of the
+ * largest |v| (we allow 2^-8). The
  * gradients are bf16; they come from the bf16 output and the gradient
  * rounded to bf16, so they sit within a few bf16 roundings of the f32 op's
  * gradients: we allow 2^-6 of each value plus 2^-7 of the largest. */
@@ -180,9 +183,11 @@ Test(ops_bf16, attention_in_bf16)
     cr_assert(o16 && o32 && g16 && g32);
     sdpa_run(CX_BF16, h, w, n, o16, g16);
     sdpa_run(CX_F32, h, w, n, o32, g32);
+    double vmax = 0;
+    for (int64_t i = 2 * n; i < 3 * n; i++) vmax = fmax(vmax, fabs(h[i]));
     for (int64_t i = 0; i < n; i++)
-        cr_assert(fabs(o16[i] - o32[i]) <= ldexp(fabs(o32[i]), -8), "out[%lld] = %g, f32 op %g", (long long)i, o16[i],
-                  o32[i]);
+        cr_assert(fabs(o16[i] - o32[i]) <= ldexp(fabs(o32[i]), -8) + ldexp(vmax, -8), "out[%lld] = %g, f32 op %g",
+                  (long long)i, o16[i], o32[i]);
     double big = 0;
     for (int64_t i = 0; i < 3 * n; i++) big = fmax(big, fabs(g32[i]));
     for (int64_t i = 0; i < 3 * n; i++)
