@@ -268,17 +268,23 @@ static void attn_free(attn_case *c)
     free(c->qkv); free(c->dout); free(c->qkvf); free(c->doutf); free(c->of); free(c->g32);
 }
 
-/* one route (gemm, or cx_attention_bf16's own choice) against the f32 kernel */
-static void attn_check(const attn_case *c, bool gemm)
+/* one route (gemm, or cx_attention_bf16's own choice; other: given the
+ * scratch planned for the route this level does not take, as an
+ * executable planned under another CX_CPU_ISA is) against the f32 kernel */
+static void attn_check(const attn_case *c, bool gemm, bool other)
 {
     const int64_t hd = c->g.h * c->g.d;
     const uint16_t *q = c->qkv, *k = c->qkv + hd, *v = c->qkv + 2 * hd;
     uint16_t *o = malloc(sizeof *o * c->no), *g16 = malloc(sizeof *g16 * 3 * c->no);
     cr_assert(o && g16);
-    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, near = gemm || hw;
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, near = gemm || hw || other;
     size_t bf = gemm ? cx_attention_bf16_route_scratch_bytes(&c->g, false, true) : cx_attention_bf16_scratch_bytes(&c->g);
     size_t bb = gemm ? cx_attention_bf16_route_scratch_bytes(&c->g, true, true)
                      : cx_attention_bf16_bwd_scratch_bytes(&c->g);
+    if (other) {
+        bf = cx_attention_bf16_route_scratch_bytes(&c->g, false, !hw);
+        bb = cx_attention_bf16_route_scratch_bytes(&c->g, true, !hw);
+    }
     void *sf = scratch_of(bf), *sb = scratch_of(bb);
     if (gemm) cx_attention_bf16_gemm_fwd(o, q, k, v, &c->g, sf, bf);
     else cx_attention_bf16_fwd(o, q, k, v, &c->g, sf, bf);
@@ -298,15 +304,17 @@ static void attn_check(const attn_case *c, bool gemm)
 }
 
 /* Without AVX512_BF16 cx_attention_bf16 widens and runs the f32 kernels:
- * exactly their result rounded once. With it, and the GEMM route on every
- * level, within check_near's tolerance. 9 images of 2 heads: chunks of 8
+ * exactly their result rounded once. With it, the GEMM route on every
+ * level, and either route given the other's scratch, within check_near's
+ * tolerance. 9 images of 2 heads: chunks of 8
  * images and 1. */
 Test(bf16_attention, both_routes_against_the_f32_kernel)
 {
     rng_state = 0x9e3779b97f4a7c15ull;
     attn_case c = attn_make(9, 37, 2, 16);
-    attn_check(&c, false);
-    attn_check(&c, true);
+    attn_check(&c, false, false);
+    attn_check(&c, true, false);
+    attn_check(&c, false, true);
     attn_free(&c);
 }
 
@@ -375,7 +383,14 @@ static void check_conv(cx_conv_geom g)
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, sg, bg);
         check_dir(dir, true, h, f, n, &g);
-        free(s32); free(s16); free(sg);
+        /* given the scratch of the route this level did not plan for, as an
+         * executable planned under another CX_CPU_ISA is, it still runs */
+        size_t bo = b16 == bg ? cx_conv2d_bf16_route_scratch_bytes(&g, dir, false) : bg;
+        void *so = scratch_of(bo);
+        memset(h, 0xff, sizeof *h * n);
+        cx_conv2d_bf16(dir, h, in0, in1, &g, so, bo);
+        check_dir(dir, true, h, f, n, &g);
+        free(s32); free(s16); free(sg); free(so);
     }
     free(x); free(w); free(dy); free(xf); free(wf); free(dyf); free(f); free(h);
 }
