@@ -38,6 +38,8 @@ static const subcommand g_subcommands[] = {
       "matmul and OpenBLAS's sgemm on the same values, with as many threads\n"
       "bf16_matmul_vs_f32: the gpt default model's three linear shapes as bf16 matmuls through the core vs the same\n"
       "in f32 (target: >= 1.5 with AVX512_BF16, >= 1.0 without)\n"
+      "cnn_conv_bf16_vs_f32: the seed cnn's two convs (batch 64) forward and backward in bf16 vs f32\n"
+      "gpt_attention_bf16_vs_f32: the gpt default's causal attention forward and backward in bf16 vs f32\n"
       "--figure NAME runs one figure", 0, 0 },
     { "ckpt", bench_ckpt,
       "Run directly; files go to $CX_BENCH_DIR (default /tmp).\n"
