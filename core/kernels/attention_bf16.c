@@ -247,39 +247,46 @@ static attn_bufs attn_carve(const cx_attn_geom *g, bool bwd, void *scratch, size
     return u;
 }
 
+/* Up to four operands moved by one pool dispatch (each dispatch is a
+ * barrier of the pool's threads): gathered head-major (nb, H, rows, D)
+ * from strided views, or scattered from head-major into contiguous
+ * (nb, rows, H, D) ones. */
+enum { MOVE_MAX = 4 };
+
 typedef struct {
-    uint16_t *hm;           /* head-major (nb, H, rows, D) */
-    uint16_t *strided;      /* or the graph's layout, by element strides */
-    const uint16_t *from;
-    const int64_t *st;
-    int64_t rows, h, d;
+    int n;
+    uint16_t *hm[MOVE_MAX];
+    uint16_t *to[MOVE_MAX];          /* scatter: the contiguous destination */
+    const uint16_t *from[MOVE_MAX];  /* gather: the strided source */
+    const int64_t *st[MOVE_MAX];     /* its element strides of N, T|S, H */
+    int64_t rows[MOVE_MAX], first[MOVE_MAX + 1];   /* head rows before each operand */
+    int64_t h, d;
     bool gather;
 } move_job;
 
-/* head rows [lo, hi) of (nb, H, rows): gathered into hm from a strided
- * view, or scattered from hm into a contiguous (nb, rows, H, D) one */
+/* head rows [lo, hi) of the operands' (nb, H, rows) concatenated */
 static void move_part(void *p, int64_t lo, int64_t hi)
 {
     const move_job *m = p;
-    for (int64_t r = lo; r < hi; r++) {
-        int64_t t = r % m->rows, hh = r / m->rows % m->h, n = r / (m->rows * m->h);
+    int o = 0;
+    for (int64_t x = lo; x < hi; x++) {
+        while (x >= m->first[o + 1]) o++;
+        int64_t r = x - m->first[o], rows = m->rows[o];
+        int64_t t = r % rows, hh = r / rows % m->h, n = r / (rows * m->h);
         if (m->gather)
-            memcpy(m->hm + r * m->d, m->from + n * m->st[0] + t * m->st[1] + hh * m->st[2], sizeof(uint16_t) * (size_t)m->d);
+            memcpy(m->hm[o] + r * m->d, m->from[o] + n * m->st[o][0] + t * m->st[o][1] + hh * m->st[o][2],
+                   sizeof(uint16_t) * (size_t)m->d);
         else
-            memcpy(m->strided + ((n * m->rows + t) * m->h + hh) * m->d, m->hm + r * m->d, sizeof(uint16_t) * (size_t)m->d);
+            memcpy(m->to[o] + ((n * rows + t) * m->h + hh) * m->d, m->hm[o] + r * m->d, sizeof(uint16_t) * (size_t)m->d);
     }
 }
 
-static void gather(uint16_t *hm, const uint16_t *src, const int64_t *st, int64_t nb, int64_t rows, const cx_attn_geom *g)
+/* operand i: rows per image; the job's first[] from them, then the run */
+static void move_run(move_job *m, int64_t nb)
 {
-    move_job m = { .hm = hm, .from = src, .st = st, .rows = rows, .h = g->h, .d = g->d, .gather = true };
-    cx_pool_parallel_for(nb * g->h * rows, 64, move_part, &m);
-}
-
-static void scatter(uint16_t *dst, const uint16_t *hm, int64_t nb, int64_t rows, const cx_attn_geom *g)
-{
-    move_job m = { .hm = (uint16_t *)hm, .strided = dst, .rows = rows, .h = g->h, .d = g->d };
-    cx_pool_parallel_for(nb * g->h * rows, 64, move_part, &m);
+    m->first[0] = 0;
+    for (int i = 0; i < m->n; i++) m->first[i + 1] = m->first[i] + nb * m->h * m->rows[i];
+    cx_pool_parallel_for(m->first[m->n], 64, move_part, m);
 }
 
 typedef struct {
@@ -346,12 +353,14 @@ void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t
     attn_bufs u = attn_carve(g, false, scratch, scratch_bytes);
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
         const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk, b = nb * g->h;
-        gather(u.q, q + n0 * g->q_strides[0], g->q_strides, nb, g->t, g);
-        gather(u.k, k + n0 * g->k_strides[0], g->k_strides, nb, g->s, g);
-        gather(u.v, v + n0 * g->v_strides[0], g->v_strides, nb, g->s, g);
+        move_job in = { .n = 3, .hm = { u.q, u.k, u.v }, .st = { g->q_strides, g->k_strides, g->v_strides },
+                        .from = { q + n0 * g->q_strides[0], k + n0 * g->k_strides[0], v + n0 * g->v_strides[0] },
+                        .rows = { g->t, g->s, g->s }, .h = g->h, .d = g->d, .gather = true };
+        move_run(&in, nb);
         probabilities(g, &u, b);
         cx_matmul_bf16(u.out, u.p16, u.v, b, g->t, g->d, g->s, false, false, g->t * g->s, g->s * g->d, u.rest, u.left);
-        scatter(out + n0 * qi, u.out, nb, g->t, g);
+        move_job res = { .n = 1, .hm = { u.out }, .to = { out + n0 * qi }, .rows = { g->t }, .h = g->h, .d = g->d };
+        move_run(&res, nb);
     }
 }
 
@@ -381,15 +390,18 @@ void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_
     attn_bufs u = attn_carve(g, true, scratch, scratch_bytes);
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
         const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk, b = nb * g->h;
-        gather(u.q, q + n0 * g->q_strides[0], g->q_strides, nb, g->t, g);
-        gather(u.k, k + n0 * g->k_strides[0], g->k_strides, nb, g->s, g);
-        gather(u.v, v + n0 * g->v_strides[0], g->v_strides, nb, g->s, g);
-        gather(u.dout, dout + n0 * g->do_strides[0], g->do_strides, nb, g->t, g);
+        move_job in = { .n = 4, .hm = { u.q, u.k, u.v, u.dout },
+                        .st = { g->q_strides, g->k_strides, g->v_strides, g->do_strides },
+                        .from = { q + n0 * g->q_strides[0], k + n0 * g->k_strides[0], v + n0 * g->v_strides[0],
+                                  dout + n0 * g->do_strides[0] },
+                        .rows = { g->t, g->s, g->s, g->t }, .h = g->h, .d = g->d, .gather = true };
+        move_run(&in, nb);
         probabilities(g, &u, b);
         grads(g, &u, b);
-        scatter(dqkv + n0 * qi, u.out, nb, g->t, g);
-        scatter(dqkv + g->n * qi + n0 * ki, u.out + b * g->t * g->d, nb, g->s, g);
-        scatter(dqkv + g->n * (qi + ki) + n0 * ki, u.out + b * (g->t + g->s) * g->d, nb, g->s, g);
+        move_job res = { .n = 3, .hm = { u.out, u.out + b * g->t * g->d, u.out + b * (g->t + g->s) * g->d },
+                         .to = { dqkv + n0 * qi, dqkv + g->n * qi + n0 * ki, dqkv + g->n * (qi + ki) + n0 * ki },
+                         .rows = { g->t, g->s, g->s }, .h = g->h, .d = g->d };
+        move_run(&res, nb);
     }
 }
 
