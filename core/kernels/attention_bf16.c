@@ -303,19 +303,55 @@ static int64_t visible(const cx_attn_geom *g, int64_t i)
     return v < 0 ? 0 : v > g->s ? g->s : v;
 }
 
+/* Row reductions in 16 lanes, so they compile to vectors (a single f32
+ * accumulator must keep its order); the lanes are combined in a fixed
+ * order, so the result does not depend on the threads. */
+enum { LANES = 16 };
+
+static float lane_sum(const float *acc)
+{
+    float t = 0.0f;
+    for (int l = 0; l < LANES; l++) t += acc[l];
+    return t;
+}
+
+/* the largest scale s[c], c < n */
+CX_HOT static float row_max(const float *s, int64_t n, float scale)
+{
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = scale * s[c + l] > acc[l] ? scale * s[c + l] : acc[l];
+    for (; c < n; c++) acc[0] = scale * s[c] > acc[0] ? scale * s[c] : acc[0];
+    float m = acc[0];
+    for (int l = 1; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    return m;
+}
+
+/* s[c] = exp(scale s[c] - shift) for c < n; their sum */
+CX_HOT static float row_exp(float *s, int64_t n, float scale, float shift)
+{
+    float acc[LANES] = { 0 };
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) { s[c + l] = cx_vexpf(scale * s[c + l] - shift); acc[l] += s[c + l]; }
+    for (; c < n; c++) { s[c] = cx_vexpf(scale * s[c] - shift); acc[0] += s[c]; }
+    return lane_sum(acc);
+}
+
 /* rows [lo, hi) of (B, T): P = softmax(scale s) over the visible keys in
  * f32 (in place), 0 elsewhere, and its bf16 copy for the products */
 CX_HOT static void softmax_part(void *p, int64_t lo, int64_t hi)
 {
     const soft_job *j = p;
     const int64_t S = j->g->s;
+    const float scale = j->g->scale;
     for (int64_t r = lo; r < hi; r++) {
         float *s = j->sc + r * S;
         uint16_t *h = j->p16 + r * S;
         int64_t lim = visible(j->g, r % j->g->t);
-        float mx = -INFINITY, sum = 0.0f;
-        for (int64_t c = 0; c < lim; c++) { s[c] *= j->g->scale; mx = s[c] > mx ? s[c] : mx; }
-        for (int64_t c = 0; c < lim; c++) { s[c] = cx_vexpf(s[c] - mx); sum += s[c]; }
+        float sum = lim ? row_exp(s, lim, scale, row_max(s, lim, scale)) : 0.0f;
         float inv = lim ? 1.0f / sum : 0.0f;
         for (int64_t c = 0; c < lim; c++) { s[c] *= inv; h[c] = cx_f32_to_bf16_inline(s[c]); }
         for (int64_t c = lim; c < S; c++) { s[c] = 0.0f; h[c] = 0; }
@@ -331,9 +367,13 @@ CX_HOT static void dsoftmax_part(void *p, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++) {
         const float *pr = j->sc + r * S, *d = j->dp + r * S;
         uint16_t *h = j->ds16 + r * S;
-        float delta = 0.0f;
-        for (int64_t c = 0; c < S; c++) delta += pr[c] * d[c];
-        for (int64_t c = 0; c < S; c++) h[c] = cx_f32_to_bf16_inline(j->g->scale * pr[c] * (d[c] - delta));
+        float acc[LANES] = { 0 };
+        int64_t c = 0;
+        for (; c + LANES <= S; c += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += pr[c + l] * d[c + l];
+        for (; c < S; c++) acc[0] += pr[c] * d[c];
+        float delta = lane_sum(acc);
+        for (c = 0; c < S; c++) h[c] = cx_f32_to_bf16_inline(j->g->scale * pr[c] * (d[c] - delta));
     }
 }
 
