@@ -269,8 +269,10 @@ CX_HOT static void im2col_part(void *p, int64_t lo, int64_t hi)
                 /* an index, not a pointer: iw0 may lie left of the image */
                 const int64_t row = ih * g->w + iw0;
                 memset(dst, 0, sizeof *dst * (size_t)lo_w);
-                if (g->stride_w == 1) memcpy(dst + lo_w, src + row + lo_w, sizeof *dst * (size_t)(hi_w - lo_w));
-                else for (int64_t ow = lo_w; ow < hi_w; ow++) dst[ow] = src[row + ow * g->stride_w];
+                if (g->stride_w != 1)
+                    for (int64_t ow = lo_w; ow < hi_w; ow++) dst[ow] = src[row + ow * g->stride_w];
+                else if (hi_w > lo_w)
+                    memcpy(dst + lo_w, src + row + lo_w, sizeof *dst * (size_t)(hi_w - lo_w));
                 memset(dst + hi_w, 0, sizeof *dst * (size_t)(g->ow - hi_w));
             }
         }
