@@ -12,7 +12,7 @@
  * is a reference loop, and f32 is what bf16 storage must not fall below).
  * Both libraries get as many threads as cxla uses.
  *
- * bf16_matmul_vs_f32: below. */
+ * bf16_matmul_vs_f32, cnn_conv_bf16_vs_f32, gpt_attention_bf16_vs_f32: below. */
 #include "bench.h"
 
 #include <cxla/cxla.h>
@@ -248,6 +248,123 @@ out:
     return rc;
 }
 
+/* ---- cnn_conv_bf16_vs_f32, gpt_attention_bf16_vs_f32 --------------------------------------
+ * One dense op forward and backward (both operands' gradients) through
+ * the core, bf16 operands against f32, in the same rounds: the seed cnn's
+ * two convs at batch 64 (the second is Winograd's shape, where the bf16
+ * conv keeps the widened f32 kernels), and the gpt default's causal
+ * attention (batch 16, 4 heads, block 128, head dim 64). The loss is the
+ * sum of the output in f32, so each side adds the same small ops. */
+enum { DENSE_MAX = 4 };
+
+typedef struct {
+    int nin;
+    cx_tensor *in[DENSE_MAX];
+    cx_tensor *(*build)(cx_tensor **in);   /* the loss, one f32 value */
+    const char *what;
+} dense_set;
+
+static double dense_unit(void *p)
+{
+    dense_set *s = p;
+    double t0 = bench_now();
+    cx_step_begin();
+    for (int i = 0; i < s->nin; i++) cx_zero_grad(s->in[i]);
+    cx_status st = cx_backward(s->build(s->in));
+    cx_tensor *g[DENSE_MAX];
+    for (int i = 0; i < s->nin && st == CX_OK; i++) g[i] = cx_grad(s->in[i]);
+    if (st == CX_OK) st = cx_sync_tensors(g, s->nin);
+    cx_status end = cx_step_end();
+    double dt = bench_now() - t0;
+    if (st == CX_OK && end == CX_OK) return dt;
+    fprintf(stderr, "cxla-bench precision: %s: %s\n", s->what, cx_last_error());
+    return -1;
+}
+
+/* in[i] of shape shapes[i] (rank 4), values in [-0.5, 0.5), in dtype dt */
+static bool dense_make(dense_set *s, cx_dtype dt, const int64_t (*shapes)[4])
+{
+    for (int i = 0; i < s->nin; i++) {
+        size_t n = (size_t)(shapes[i][0] * shapes[i][1] * shapes[i][2] * shapes[i][3]);
+        float *h = malloc(sizeof *h * n);
+        if (!h) { fprintf(stderr, "cxla-bench precision: out of memory\n"); return false; }
+        for (size_t e = 0; e < n; e++) h[e] = (float)((e * 7919 + (size_t)i * 104729) % 1000) * 1e-3f - 0.5f;
+        cx_tensor *t = cx_from_host(h, shapes[i], 4, CX_F32);
+        free(h);
+        s->in[i] = cx_requires_grad(cx_persist(cx_cast(t, dt)), true);
+        cx_free(t);
+        if (cx_tensor_error(s->in[i]) || cx_sync_tensors(s->in + i, 1) != CX_OK) {
+            fprintf(stderr, "cxla-bench precision: %s: %s operands: %s\n", s->what, cx_dtype_name(dt), cx_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
+static void dense_free(dense_set *s)
+{
+    for (int i = 0; i < s->nin; i++) cx_free(s->in[i]);
+}
+
+static cx_tensor *f32_sum(cx_tensor *y) { return cx_sum(cx_cast(y, CX_F32), NULL, 0, false); }
+
+/* the two convs side by side (conv2 on its own input, so both run at
+ * their shapes in either dtype) */
+static cx_tensor *cnn_convs(cx_tensor **in)
+{
+    return cx_add(f32_sum(cx_conv2d(in[0], in[1], NULL, 1, 1, 0, 0, 1, 1, 1)),
+                  f32_sum(cx_conv2d(in[2], in[3], NULL, 1, 1, 0, 0, 1, 1, 1)));
+}
+
+static cx_tensor *gpt_attention(cx_tensor **in)
+{
+    return f32_sum(cx_scaled_dot_product_attention(in[0], in[1], in[2], true, 0));
+}
+
+/* the two sides' ratio in one figure; flop: per unit, for the unit */
+static int dense_figure(const bench_cfg *cfg, const char *name, dense_set proto, const int64_t (*shapes)[4],
+                        double flop)
+{
+    dense_set h = proto, f = proto;
+    int rc = 1;
+    if (!dense_make(&h, CX_BF16, shapes) || !dense_make(&f, CX_F32, shapes)) goto out;
+    if (dense_unit(&h) < 0 || dense_unit(&f) < 0) goto out; /* the first of each compiles */
+    fprintf(stderr, "%s: %s, forward and backward; bf16 path %s\n", name, proto.what, cx_bf16_path());
+    bench_side sides[2] = { { .unit = dense_unit, .ctx = &h }, { .unit = dense_unit, .ctx = &f } };
+    bench_series fig = { 0 };
+    for (int r = 0; r < cfg->rounds; r++) {
+        double sec[2];
+        if (!bench_round(cfg, r, sides, 2, sec)) goto out;
+        bench_add(&fig, flop / sec[0] / 1e9, flop / sec[1] / 1e9);
+    }
+    bench_emit(name, "GFLOP/s", BENCH_HIGHER, &fig);
+    rc = 0;
+out:
+    dense_free(&h);
+    dense_free(&f);
+    return rc;
+}
+
+static int cnn_conv_bf16_vs_f32(const bench_cfg *cfg)
+{
+    /* x1, w1, x2, w2: conv1 1 -> 32 on 28x28, conv2 32 -> 64 on 26x26, 3x3 */
+    static const int64_t shapes[4][4] = { { 64, 1, 28, 28 }, { 32, 1, 3, 3 }, { 64, 32, 26, 26 }, { 64, 32, 3, 3 } };
+    dense_set proto = { .nin = 4, .build = cnn_convs, .what = "the seed cnn's conv1 and conv2, batch 64" };
+    /* three products (y, dx, dw) of 2 flop per multiply-add each */
+    double flop = 3 * 2.0 * 64 * (32.0 * 9 * 26 * 26 + 64.0 * 288 * 24 * 24);
+    return dense_figure(cfg, "cnn_conv_bf16_vs_f32", proto, shapes, flop);
+}
+
+static int gpt_attention_bf16_vs_f32(const bench_cfg *cfg)
+{
+    static const int64_t shapes[3][4] = { { 16, 4, 128, 64 }, { 16, 4, 128, 64 }, { 16, 4, 128, 64 } };
+    dense_set proto = { .nin = 3, .build = gpt_attention,
+                        .what = "the gpt default's causal attention (16 x 4 heads x 128 x 64)" };
+    /* the causal half of Q K^T and P V forward, twice that backward */
+    double flop = 3 * 2 * 2.0 * 16 * 4 * 128 * 128 * 64 / 2;
+    return dense_figure(cfg, "gpt_attention_bf16_vs_f32", proto, shapes, flop);
+}
+
 /* ---- the figures ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -258,6 +375,8 @@ typedef struct {
 static const precision_figure g_figures[] = {
     { "bf16_gemm_gflops", bf16_gemm },
     { "bf16_matmul_vs_f32", bf16_matmul_vs_f32 },
+    { "cnn_conv_bf16_vs_f32", cnn_conv_bf16_vs_f32 },
+    { "gpt_attention_bf16_vs_f32", gpt_attention_bf16_vs_f32 },
     { "gpt_bf16_tokens_per_s", bench_precision_gpt }, /* and gpt_bf16_peak_bytes */
     { "cnn_bf16_images_per_s", bench_precision_cnn },
 };

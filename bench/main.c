@@ -38,6 +38,8 @@ static const subcommand g_subcommands[] = {
       "matmul and OpenBLAS's sgemm on the same values, with as many threads\n"
       "bf16_matmul_vs_f32: the gpt default model's three linear shapes as bf16 matmuls through the core vs the same\n"
       "in f32 (target: >= 1.5 with AVX512_BF16, >= 1.0 without)\n"
+      "cnn_conv_bf16_vs_f32: the seed cnn's two convs (batch 64) forward and backward in bf16 vs f32\n"
+      "gpt_attention_bf16_vs_f32: the gpt default's causal attention forward and backward in bf16 vs f32\n"
       "gpt_bf16_tokens_per_s: gpt training steps (the gpt bench's model and batch) with --precision bf16-mixed\n"
       "(autocast around the forward, f32 weights) vs the same steps in f32, in the same rounds\n"
       "cnn_bf16_images_per_s: the same for the seed cnn, batch 64\n"

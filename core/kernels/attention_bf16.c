@@ -1,12 +1,19 @@
-/* bf16 attention: the operands are widened into contiguous f32 copies in
- * the scratch, a chunk of images at a time, the f32 kernels (attention.c)
- * run on them, and the results are rounded once to bf16. The widening is O(T D) per head against the
- * kernels' O(T S D), and the graph's tensors (what is saved for backward
- * and moved between kernels) stay bf16. */
+/* bf16 attention, a chunk of images at a time, the graph's tensors (what
+ * is saved for backward and moved between kernels) bf16 throughout. Two
+ * routes:
+ *  - GEMM (with AVX512_BF16): q, k, v gathered head-major in bf16, the
+ *    score and value products (Q K^T, P V, and backward's dO V^T, P^T dO,
+ *    dS K, dS^T Q) on the bf16 GEMM (gemm_bf16.c) with f32 sums, the
+ *    softmax and its statistics in f32, P and dS rounded to bf16 for
+ *    their products, as PyTorch's bf16 attention does;
+ *  - widening: the operands widened into contiguous f32 copies in the
+ *    scratch for the f32 kernels (attention.c), the results rounded once:
+ *    O(T D) per head against the kernels' O(T S D). */
 #include "kernels.h"
 #include "pool.h"
 #include "cx_assert.h"
 #include "cx_bf16.h"
+#include "vmath.h"
 
 #include <string.h>
 
@@ -85,7 +92,7 @@ static cx_attn_geom chunk_geom(const cx_attn_geom *g, int64_t nb)
     return c;
 }
 
-size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)
+static size_t widen_fwd_scratch(const cx_attn_geom *g)
 {
     int64_t nb = chunk_of(g);
     cx_attn_geom c = chunk_geom(g, nb);
@@ -94,7 +101,7 @@ size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)
     return 2 * aligned(tq) + 2 * aligned(tk) + ALIGN_BYTES + cx_attention_scratch_bytes(&c);
 }
 
-void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+static void widen_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                            const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
     const int64_t chunk = chunk_of(g), qi = g->t * g->h * g->d;
@@ -115,7 +122,7 @@ void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, 
     }
 }
 
-size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g)
+static size_t widen_bwd_scratch(const cx_attn_geom *g)
 {
     int64_t nb = chunk_of(g);
     cx_attn_geom c = chunk_geom(g, nb);
@@ -134,7 +141,7 @@ static void round_grads(uint16_t *dqkv, const float *grads, const cx_attn_geom *
     round_all(dqkv + g->n * (qi + ki) + n0 * ki, grads + nb * (qi + ki), nb * ki);
 }
 
-void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
+static void widen_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
     const int64_t chunk = chunk_of(g);
@@ -156,4 +163,306 @@ void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k,
         cx_attention_bwd(grads, qf, kf, vf, of, df, &c, rest, scratch_bytes - (size_t)(rest - (char *)scratch));
         round_grads(dqkv, grads, g, n0, nb);
     }
+}
+
+/* ---- the GEMM route ------------------------------------------------------------------------
+ * Per chunk of nb images, B = nb * H heads, each operand head-major:
+ * q, dout (B, T, D), k, v (B, S, D), scores and P (B, T, S). */
+
+typedef struct {
+    uint16_t *q, *k, *v, *dout, *p16, *ds16, *out;   /* out: (B, T | S, D) results before scatter */
+    float *sc, *dp;                                  /* scores (then P), dP (then dS) */
+    char *rest;
+    size_t left;
+} attn_bufs;
+
+static void gemm_sizes(const cx_attn_geom *g, int64_t nb, bool bwd, size_t *fixed, size_t *mm)
+{
+    const int64_t b = nb * g->h, td = b * g->t * g->d, sd = b * g->s * g->d, ts = b * g->t * g->s;
+    size_t f = ALIGN_BYTES + aligned((size_t)td * 2) + 2 * aligned((size_t)sd * 2) + aligned((size_t)ts * 4)
+               + aligned((size_t)ts * 2);
+    /* forward: the output (B, T, D); backward: dout, dP, and dq | dk | dv
+     * (dS takes P's bf16 copy once dV has read it) */
+    f += bwd ? aligned((size_t)td * 2) + aligned((size_t)ts * 4) + aligned((size_t)(td + 2 * sd) * 2)
+             : aligned((size_t)td * 2);
+    *fixed = f;
+    /* the largest of the products' scratch: (T, S, D), (T, D, S), (S, D, T) */
+    size_t a = cx_matmul_bf16_scratch_bytes(b, g->t, g->s, g->d), c = cx_matmul_bf16_scratch_bytes(b, g->t, g->d, g->s);
+    size_t e = bwd ? cx_matmul_bf16_scratch_bytes(b, g->s, g->d, g->t) : 0;
+    *mm = a > c ? a : c;
+    *mm = *mm > e ? *mm : e;
+}
+
+/* the least the GEMM route runs in: its buffers and one thread's tiles */
+static size_t gemm_least(const cx_attn_geom *g, bool bwd)
+{
+    size_t fixed, mm;
+    int64_t nb = chunk_of(g), b = nb * g->h;
+    gemm_sizes(g, nb, bwd, &fixed, &mm);
+    size_t a = cx_matmul_bf16_min_scratch_bytes(b, g->t, g->s, g->d), c = cx_matmul_bf16_min_scratch_bytes(b, g->t, g->d, g->s);
+    size_t e = bwd ? cx_matmul_bf16_min_scratch_bytes(b, g->s, g->d, g->t) : 0;
+    a = a > c ? a : c;
+    return fixed + (a > e ? a : e);
+}
+
+size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool gemm)
+{
+    if (!gemm) return bwd ? widen_bwd_scratch(g) : widen_fwd_scratch(g);
+    size_t fixed, mm;
+    gemm_sizes(g, chunk_of(g), bwd, &fixed, &mm);
+    return fixed + mm;
+}
+
+size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)
+{
+    return cx_attention_bf16_route_scratch_bytes(g, false, cx_isa_active() >= CX_ISA_AVX512_BF16);
+}
+
+size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g)
+{
+    return cx_attention_bf16_route_scratch_bytes(g, true, cx_isa_active() >= CX_ISA_AVX512_BF16);
+}
+
+static attn_bufs attn_carve(const cx_attn_geom *g, bool bwd, void *scratch, size_t scratch_bytes)
+{
+    const int64_t b = chunk_of(g) * g->h, td = b * g->t * g->d, sd = b * g->s * g->d, ts = b * g->t * g->s;
+    attn_bufs u = { 0 };
+    char *p = (char *)(((uintptr_t)scratch + ALIGN_BYTES - 1) & ~(uintptr_t)(ALIGN_BYTES - 1));
+    u.q = (uint16_t *)p; p += aligned((size_t)td * 2);
+    u.k = (uint16_t *)p; p += aligned((size_t)sd * 2);
+    u.v = (uint16_t *)p; p += aligned((size_t)sd * 2);
+    u.sc = (float *)p; p += aligned((size_t)ts * 4);
+    u.p16 = (uint16_t *)p; p += aligned((size_t)ts * 2);
+    if (bwd) {
+        u.dout = (uint16_t *)p; p += aligned((size_t)td * 2);
+        u.dp = (float *)p; p += aligned((size_t)ts * 4);
+        u.ds16 = u.p16;
+        u.out = (uint16_t *)p; p += aligned((size_t)(td + 2 * sd) * 2);
+    } else {
+        u.out = (uint16_t *)p; p += aligned((size_t)td * 2);
+    }
+    CX_ASSERT((size_t)(p - (char *)scratch) <= scratch_bytes);
+    u.rest = p;
+    u.left = scratch_bytes - (size_t)(p - (char *)scratch);
+    return u;
+}
+
+/* Up to four operands moved by one pool dispatch (each dispatch is a
+ * barrier of the pool's threads): gathered head-major (nb, H, rows, D)
+ * from strided views, or scattered from head-major into contiguous
+ * (nb, rows, H, D) ones. */
+enum { MOVE_MAX = 4 };
+
+typedef struct {
+    int n;
+    uint16_t *hm[MOVE_MAX];
+    uint16_t *to[MOVE_MAX];          /* scatter: the contiguous destination */
+    const uint16_t *from[MOVE_MAX];  /* gather: the strided source */
+    const int64_t *st[MOVE_MAX];     /* its element strides of N, T|S, H */
+    int64_t rows[MOVE_MAX], first[MOVE_MAX + 1];   /* head rows before each operand */
+    int64_t h, d;
+    bool gather;
+} move_job;
+
+/* head rows [lo, hi) of the operands' (nb, H, rows) concatenated */
+static void move_part(void *p, int64_t lo, int64_t hi)
+{
+    const move_job *m = p;
+    int o = 0;
+    for (int64_t x = lo; x < hi; x++) {
+        while (x >= m->first[o + 1]) o++;
+        int64_t r = x - m->first[o], rows = m->rows[o];
+        int64_t t = r % rows, hh = r / rows % m->h, n = r / (rows * m->h);
+        if (m->gather)
+            memcpy(m->hm[o] + r * m->d, m->from[o] + n * m->st[o][0] + t * m->st[o][1] + hh * m->st[o][2],
+                   sizeof(uint16_t) * (size_t)m->d);
+        else
+            memcpy(m->to[o] + ((n * rows + t) * m->h + hh) * m->d, m->hm[o] + r * m->d, sizeof(uint16_t) * (size_t)m->d);
+    }
+}
+
+/* operand i: rows per image; the job's first[] from them, then the run */
+static void move_run(move_job *m, int64_t nb)
+{
+    m->first[0] = 0;
+    for (int i = 0; i < m->n; i++) m->first[i + 1] = m->first[i] + nb * m->h * m->rows[i];
+    cx_pool_parallel_for(m->first[m->n], 64, move_part, m);
+}
+
+typedef struct {
+    const cx_attn_geom *g;
+    float *sc, *dp;
+    uint16_t *p16, *ds16;
+} soft_job;
+
+/* keys a query row i sees: j < visible(i) */
+static int64_t visible(const cx_attn_geom *g, int64_t i)
+{
+    if (!g->causal) return g->s;
+    int64_t v = i + g->s - g->t + 1;
+    return v < 0 ? 0 : v > g->s ? g->s : v;
+}
+
+/* Row reductions in 16 lanes, so they compile to vectors (a single f32
+ * accumulator must keep its order); the lanes are combined in a fixed
+ * order, so the result does not depend on the threads. */
+enum { LANES = 16 };
+
+static float lane_sum(const float *acc)
+{
+    float t = 0.0f;
+    for (int l = 0; l < LANES; l++) t += acc[l];
+    return t;
+}
+
+/* the largest scale s[c], c < n */
+CX_HOT static float row_max(const float *s, int64_t n, float scale)
+{
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = scale * s[c + l] > acc[l] ? scale * s[c + l] : acc[l];
+    for (; c < n; c++) acc[0] = scale * s[c] > acc[0] ? scale * s[c] : acc[0];
+    float m = acc[0];
+    for (int l = 1; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    return m;
+}
+
+/* s[c] = exp(scale s[c] - shift) for c < n; their sum */
+CX_HOT static float row_exp(float *s, int64_t n, float scale, float shift)
+{
+    float acc[LANES] = { 0 };
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) { s[c + l] = cx_vexpf(scale * s[c + l] - shift); acc[l] += s[c + l]; }
+    for (; c < n; c++) { s[c] = cx_vexpf(scale * s[c] - shift); acc[0] += s[c]; }
+    return lane_sum(acc);
+}
+
+/* rows [lo, hi) of (B, T): P = softmax(scale s) over the visible keys in
+ * f32 (in place), 0 elsewhere, and its bf16 copy for the products */
+CX_HOT static void softmax_part(void *p, int64_t lo, int64_t hi)
+{
+    const soft_job *j = p;
+    const int64_t S = j->g->s;
+    const float scale = j->g->scale;
+    for (int64_t r = lo; r < hi; r++) {
+        float *s = j->sc + r * S;
+        uint16_t *h = j->p16 + r * S;
+        int64_t lim = visible(j->g, r % j->g->t);
+        float sum = lim ? row_exp(s, lim, scale, row_max(s, lim, scale)) : 0.0f;
+        float inv = lim ? 1.0f / sum : 0.0f;
+        for (int64_t c = 0; c < lim; c++) { s[c] *= inv; h[c] = cx_f32_to_bf16_inline(s[c]); }
+        for (int64_t c = lim; c < S; c++) { s[c] = 0.0f; h[c] = 0; }
+    }
+}
+
+/* rows [lo, hi) of (B, T): dS = scale P (dP - sum_j P dP), rounded to bf16
+ * for the products */
+CX_HOT static void dsoftmax_part(void *p, int64_t lo, int64_t hi)
+{
+    const soft_job *j = p;
+    const int64_t S = j->g->s;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *pr = j->sc + r * S, *d = j->dp + r * S;
+        uint16_t *h = j->ds16 + r * S;
+        float acc[LANES] = { 0 };
+        int64_t c = 0;
+        for (; c + LANES <= S; c += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += pr[c + l] * d[c + l];
+        for (; c < S; c++) acc[0] += pr[c] * d[c];
+        float delta = lane_sum(acc);
+        for (c = 0; c < S; c++) h[c] = cx_f32_to_bf16_inline(j->g->scale * pr[c] * (d[c] - delta));
+    }
+}
+
+/* scores, then P (f32 in u->sc, bf16 in u->p16), of the chunk's B heads */
+static void probabilities(const cx_attn_geom *g, const attn_bufs *u, int64_t b)
+{
+    cx_matmul_bf16_f32(u->sc, false, u->q, u->k, b, g->t, g->s, g->d, false, true, g->t * g->d, g->s * g->d, u->rest,
+                       u->left);
+    soft_job sj = { .g = g, .sc = u->sc, .p16 = u->p16 };
+    cx_pool_parallel_for(b * g->t, 8, softmax_part, &sj);
+}
+
+void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
+{
+    const int64_t chunk = chunk_of(g), qi = g->t * g->h * g->d;
+    attn_bufs u = attn_carve(g, false, scratch, scratch_bytes);
+    for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
+        const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk, b = nb * g->h;
+        move_job in = { .n = 3, .hm = { u.q, u.k, u.v }, .st = { g->q_strides, g->k_strides, g->v_strides },
+                        .from = { q + n0 * g->q_strides[0], k + n0 * g->k_strides[0], v + n0 * g->v_strides[0] },
+                        .rows = { g->t, g->s, g->s }, .h = g->h, .d = g->d, .gather = true };
+        move_run(&in, nb);
+        probabilities(g, &u, b);
+        cx_matmul_bf16(u.out, u.p16, u.v, b, g->t, g->d, g->s, false, false, g->t * g->s, g->s * g->d, u.rest, u.left);
+        move_job res = { .n = 1, .hm = { u.out }, .to = { out + n0 * qi }, .rows = { g->t }, .h = g->h, .d = g->d };
+        move_run(&res, nb);
+    }
+}
+
+/* the chunk's dq, dk, dv (head-major in u->out) from P and dout */
+static void grads(const cx_attn_geom *g, const attn_bufs *u, int64_t b)
+{
+    const int64_t td = g->t * g->d, sd = g->s * g->d, ts = g->t * g->s;
+    uint16_t *dq = u->out, *dk = dq + b * td, *dv = dk + b * sd;
+    /* dV = P^T dO, dP = dO V^T; then dS over P's bf16 copy */
+    cx_matmul_bf16(dv, u->p16, u->dout, b, g->s, g->d, g->t, true, false, ts, td, u->rest, u->left);
+    cx_matmul_bf16_f32(u->dp, false, u->dout, u->v, b, g->t, g->s, g->d, false, true, td, sd, u->rest, u->left);
+    soft_job sj = { .g = g, .sc = u->sc, .dp = u->dp, .ds16 = u->ds16 };
+    cx_pool_parallel_for(b * g->t, 8, dsoftmax_part, &sj);
+    /* dQ = dS K, dK = dS^T Q */
+    cx_matmul_bf16(dq, u->ds16, u->k, b, g->t, g->d, g->s, false, false, ts, sd, u->rest, u->left);
+    cx_matmul_bf16(dk, u->ds16, u->q, b, g->s, g->d, g->t, true, false, ts, td, u->rest, u->left);
+}
+
+void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const uint16_t *o, const uint16_t *dout, const cx_attn_geom *g, void *scratch,
+                                size_t scratch_bytes)
+{
+    /* P is recomputed from q and k, and softmax's backward needs only P
+     * and dP, so the forward's output is not read */
+    (void)o;
+    const int64_t chunk = chunk_of(g), qi = g->t * g->h * g->d, ki = g->s * g->h * g->d;
+    attn_bufs u = attn_carve(g, true, scratch, scratch_bytes);
+    for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
+        const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk, b = nb * g->h;
+        move_job in = { .n = 4, .hm = { u.q, u.k, u.v, u.dout },
+                        .st = { g->q_strides, g->k_strides, g->v_strides, g->do_strides },
+                        .from = { q + n0 * g->q_strides[0], k + n0 * g->k_strides[0], v + n0 * g->v_strides[0],
+                                  dout + n0 * g->do_strides[0] },
+                        .rows = { g->t, g->s, g->s, g->t }, .h = g->h, .d = g->d, .gather = true };
+        move_run(&in, nb);
+        probabilities(g, &u, b);
+        grads(g, &u, b);
+        move_job res = { .n = 3, .hm = { u.out, u.out + b * g->t * g->d, u.out + b * (g->t + g->s) * g->d },
+                         .to = { dqkv + n0 * qi, dqkv + g->n * qi + n0 * ki, dqkv + g->n * (qi + ki) + n0 * ki },
+                         .rows = { g->t, g->s, g->s }, .h = g->h, .d = g->d };
+        move_run(&res, nb);
+    }
+}
+
+/* A scratch planned for the other route (the persistent cache, another
+ * CX_CPU_ISA) runs the route it fits. */
+static bool take_gemm(const cx_attn_geom *g, bool bwd, size_t scratch_bytes)
+{
+    if (cx_isa_active() >= CX_ISA_AVX512_BF16) return scratch_bytes >= gemm_least(g, bwd);
+    return scratch_bytes < (bwd ? widen_bwd_scratch(g) : widen_fwd_scratch(g));
+}
+
+void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                           const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
+{
+    if (take_gemm(g, false, scratch_bytes)) cx_attention_bf16_gemm_fwd(out, q, k, v, g, scratch, scratch_bytes);
+    else widen_fwd(out, q, k, v, g, scratch, scratch_bytes);
+}
+
+void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
+                           const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
+{
+    if (take_gemm(g, true, scratch_bytes)) cx_attention_bf16_gemm_bwd(dqkv, q, k, v, o, dout, g, scratch, scratch_bytes);
+    else widen_bwd(dqkv, q, k, v, o, dout, g, scratch, scratch_bytes);
 }

@@ -80,6 +80,8 @@ size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, i
 
 typedef struct {
     uint16_t *c;
+    float *cf;            /* or the f32 sums, stored or added (acc) unrounded */
+    bool acc;
     const uint16_t *a, *b;
     int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
     bgemm_dims d;
@@ -270,6 +272,15 @@ CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64
         for (int64_t q = 0; q < nb; q++) c[r * ldc + q] = cx_f32_to_bf16_inline(tile[r * ldt + q]);
 }
 
+CX_HOT static void store_rows(float *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
+                              bool acc)
+{
+    for (int64_t r = 0; r < mt; r++) {
+        if (acc) for (int64_t q = 0; q < nb; q++) c[r * ldc + q] += tile[r * ldt + q];
+        else memcpy(c + r * ldc, tile + r * ldt, sizeof *c * (size_t)nb);
+    }
+}
+
 static void run_task(const bgemm_job *j, char *ws, int64_t t)
 {
     int64_t ni = t % j->nt, mi = t / j->nt % j->mt, bi = t / (j->nt * j->mt);
@@ -289,7 +300,8 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
 #endif
         block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
     }
-    round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb);
+    if (j->cf) store_rows(j->cf + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->acc);
+    else round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb);
 }
 
 static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
@@ -302,13 +314,17 @@ static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
     for (int64_t t = tid; t < total; t += j->nthr) run_task(j, ws, t);
 }
 
-void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
-                    int64_t batch, int64_t m, int64_t n, int64_t k,
-                    bool trans_a, bool trans_b,
-                    int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes)
+static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
+                      int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                      void *scratch, size_t scratch_bytes)
 {
     if (batch <= 0 || m <= 0 || n <= 0) return;
-    if (k <= 0) { memset(c, 0, sizeof(uint16_t) * (size_t)(batch * m * n)); return; }
+    if (k <= 0) {
+        /* an empty sum: zeros, or nothing to add */
+        void *out = cf ? (void *)cf : (void *)c;
+        if (!acc) memset(out, 0, (cf ? sizeof *cf : sizeof *c) * (size_t)(batch * m * n));
+        return;
+    }
     if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {
         /* a shared B under back-to-back A blocks (a linear layer over a
          * batch of sequences): one tall product, whose B panels are packed
@@ -316,7 +332,7 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
         m *= batch;
         batch = 1;
     }
-    bgemm_job j = { .c = c, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
+    bgemm_job j = { .c = c, .cf = cf, .acc = acc, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
                     .ta = trans_a, .tb = trans_b, .scratch = scratch };
 #ifdef CX_HAVE_BF16_KERNEL
     j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
@@ -341,4 +357,20 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
     j.mt = (m + j.mch - 1) / j.mch;
     j.nthr = min64(thr, batch * j.mt * j.nt);
     cx_pool_run_each(bgemm_each, &j);
+}
+
+void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
+                    int64_t batch, int64_t m, int64_t n, int64_t k,
+                    bool trans_a, bool trans_b,
+                    int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes)
+{
+    bgemm_run(c, NULL, false, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes);
+}
+
+void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
+                        int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                        void *scratch, size_t scratch_bytes)
+{
+    bgemm_run(NULL, c, accumulate, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch,
+              scratch_bytes);
 }

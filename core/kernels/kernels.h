@@ -68,11 +68,22 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
 
 /* The three over bf16 operands and output (conv_bf16.c): dir 0 y from
  * (x, w), 1 dx from (dy, w), 2 dw from (x, dy); no bias, relu or mask
- * (the graph applies them). The operands are widened into f32 copies in
- * the scratch for the f32 kernels, the result rounded once. */
+ * (the graph applies them); f32 sums, the result rounded once. Two
+ * routes: lowered to the bf16 GEMM (bf16 im2col, col2im in f32); or the
+ * operands widened into f32 copies for the f32 kernels (Winograd where it
+ * applies). cx_conv2d_bf16 takes the GEMM route with AVX512_BF16 on the
+ * shapes where it measured faster (not Winograd's, enough output channels
+ * and K), or where the scratch was planned for that route only (an
+ * executable planned under another CX_CPU_ISA), else the widening one. */
 size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
+/* each route's scratch (gemm: the GEMM route) */
+size_t cx_conv2d_bf16_route_scratch_bytes(const cx_conv_geom *g, int dir, bool gemm);
 void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                     void *scratch, size_t scratch_bytes);
+/* the GEMM route itself, on any CPU (without AVX512_BF16 the GEMM widens
+ * its tiles); scratch from cx_conv2d_bf16_route_scratch_bytes(g, dir, true) */
+void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
+                         void *scratch, size_t scratch_bytes);
 
 /* Winograd F(2x2, 3x3) (winograd.c), which the three conv2d
  * functions above use by themselves where it applies: 3x3, stride 1,
@@ -129,14 +140,27 @@ void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 
 /* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
- * (attention_bf16.c): widened into f32 copies in the scratch for the f32
- * kernels above, the results rounded once. */
+ * (attention_bf16.c). Two routes: with AVX512_BF16 the score and value
+ * products run on the bf16 GEMM with f32 sums, the softmax in f32, P and
+ * dS rounded to bf16 for their products (PyTorch's bf16 attention);
+ * otherwise the operands are widened into f32 copies for the f32 kernels
+ * above, the results rounded once. A scratch planned for one route only
+ * (an executable planned under another CX_CPU_ISA) runs that route. */
 size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                            const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+/* each route's scratch (gemm: the GEMM route; bwd: the backward's), and
+ * the GEMM route itself on any CPU (without AVX512_BF16 its GEMM widens
+ * its tiles); o is not read (P is recomputed) */
+size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool gemm);
+void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const uint16_t *o, const uint16_t *dout, const cx_attn_geom *g, void *scratch,
+                                size_t scratch_bytes);
 
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */
@@ -194,6 +218,12 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
                     int64_t batch, int64_t m, int64_t n, int64_t k,
                     bool trans_a, bool trans_b,
                     int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes);
+/* The same with the f32 sums unrounded: stored into c (batch, m, n), or
+ * added to it (accumulate), for callers that sum more before one rounding
+ * (conv's col2im and weight gradient over chunks of images). Same scratch. */
+void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
+                        int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                        void *scratch, size_t scratch_bytes);
 
 /* torch.gather / scatter_add on a tensor viewed as (outer, dim, inner):
  * out (outer, idx_dim, inner); index (outer, idx_dim, inner) of i64.

@@ -202,43 +202,120 @@ static void check_rounded(const char *what, const uint16_t *got, const float *wa
                      want[i], cx_f32_to_bf16(want[i]));
 }
 
-Test(bf16_attention, forward_and_backward_are_the_f32_kernels_rounded)
+/* The GEMM route rounds P (and dS) to bf16 for its products, as
+ * PyTorch's bf16 attention does, and sums in another order than the f32
+ * kernel: each value within two bf16 roundings of its own size plus 2^-7
+ * of the largest value of its tensor (P's rounding moves an output by at
+ * most 2^-9 of the largest |v|, dS's likewise). A wrong or missing term
+ * is of the size of the values themselves. */
+static void check_near(const char *what, const uint16_t *got, const float *want, size_t n)
+{
+    double big = 0;
+    for (size_t i = 0; i < n; i++) big = fmax(big, fabs(want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double g = cx_bf16_to_f32(got[i]);
+        cr_assert(fabs(g - want[i]) <= ldexp(fabs(want[i]), -8) + ldexp(big, -7), "%s[%zu] = %g, f32 kernel %g", what,
+                  i, g, want[i]);
+    }
+}
+
+typedef struct {
+    cx_attn_geom g;
+    uint16_t *qkv, *dout;
+    float *qkvf, *doutf, *of, *g32;
+    size_t no;
+} attn_case;
+
+/* q, k, v are column blocks of one (N, T, 3, H, D) projection, as the
+ * gpt's are: strided views; the f32 kernel's output and gradients on the
+ * widened values (the backward given the bf16 output, as the graph saves
+ * it) */
+static attn_case attn_make(int64_t N, int64_t T, int64_t H, int64_t D)
+{
+    attn_case c = { .g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = true, .scale = 0.25f } };
+    const int64_t proj[3] = { T * 3 * H * D, 3 * H * D, D }, plain[3] = { T * H * D, H * D, D };
+    memcpy(c.g.q_strides, proj, sizeof proj);
+    memcpy(c.g.k_strides, proj, sizeof proj);
+    memcpy(c.g.v_strides, proj, sizeof proj);
+    memcpy(c.g.o_strides, plain, sizeof plain);
+    memcpy(c.g.do_strides, plain, sizeof plain);
+    size_t nqkv = (size_t)(N * T * 3 * H * D);
+    c.no = (size_t)(N * T * H * D);
+    c.qkv = bf16_random(nqkv);
+    c.dout = bf16_random(c.no);
+    c.qkvf = widened(c.qkv, nqkv);
+    c.doutf = widened(c.dout, c.no);
+    c.of = malloc(sizeof *c.of * c.no);
+    c.g32 = malloc(sizeof *c.g32 * 3 * c.no);
+    cr_assert(c.of && c.g32);
+    size_t b = cx_attention_scratch_bytes(&c.g);
+    void *s = scratch_of(b);
+    cx_attention_fwd(c.of, c.qkvf, c.qkvf + H * D, c.qkvf + 2 * H * D, &c.g, s, b);
+    free(s);
+    uint16_t *o16 = malloc(sizeof *o16 * c.no);
+    cr_assert(o16);
+    for (size_t i = 0; i < c.no; i++) o16[i] = cx_f32_to_bf16(c.of[i]);
+    float *o_used = widened(o16, c.no);
+    b = cx_attention_bwd_scratch_bytes(&c.g);
+    s = scratch_of(b);
+    cx_attention_bwd(c.g32, c.qkvf, c.qkvf + H * D, c.qkvf + 2 * H * D, o_used, c.doutf, &c.g, s, b);
+    free(s); free(o16); free(o_used);
+    return c;
+}
+
+static void attn_free(attn_case *c)
+{
+    free(c->qkv); free(c->dout); free(c->qkvf); free(c->doutf); free(c->of); free(c->g32);
+}
+
+/* one route (gemm, or cx_attention_bf16's own choice; other: given the
+ * scratch planned for the route this level does not take, as an
+ * executable planned under another CX_CPU_ISA is) against the f32 kernel */
+static void attn_check(const attn_case *c, bool gemm, bool other)
+{
+    const int64_t hd = c->g.h * c->g.d;
+    const uint16_t *q = c->qkv, *k = c->qkv + hd, *v = c->qkv + 2 * hd;
+    uint16_t *o = malloc(sizeof *o * c->no), *g16 = malloc(sizeof *g16 * 3 * c->no);
+    cr_assert(o && g16);
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, near = gemm || hw || other;
+    size_t bf = gemm ? cx_attention_bf16_route_scratch_bytes(&c->g, false, true) : cx_attention_bf16_scratch_bytes(&c->g);
+    size_t bb = gemm ? cx_attention_bf16_route_scratch_bytes(&c->g, true, true)
+                     : cx_attention_bf16_bwd_scratch_bytes(&c->g);
+    if (other) {
+        bf = cx_attention_bf16_route_scratch_bytes(&c->g, false, !hw);
+        bb = cx_attention_bf16_route_scratch_bytes(&c->g, true, !hw);
+    }
+    void *sf = scratch_of(bf), *sb = scratch_of(bb);
+    if (gemm) cx_attention_bf16_gemm_fwd(o, q, k, v, &c->g, sf, bf);
+    else cx_attention_bf16_fwd(o, q, k, v, &c->g, sf, bf);
+    if (near) check_near("out", o, c->of, c->no);
+    else check_rounded("out", o, c->of, c->no);
+    /* the backward is given the f32 kernel's output rounded, as attn_make's
+     * reference was */
+    for (size_t i = 0; i < c->no; i++) o[i] = cx_f32_to_bf16(c->of[i]);
+    if (gemm) cx_attention_bf16_gemm_bwd(g16, q, k, v, o, c->dout, &c->g, sb, bb);
+    else cx_attention_bf16_bwd(g16, q, k, v, o, c->dout, &c->g, sb, bb);
+    static const char *const names[3] = { "dq", "dk", "dv" };
+    for (int t = 0; t < 3; t++) {
+        if (near) check_near(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
+        else check_rounded(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
+    }
+    free(o); free(g16); free(sf); free(sb);
+}
+
+/* Without AVX512_BF16 cx_attention_bf16 widens and runs the f32 kernels:
+ * exactly their result rounded once. With it, the GEMM route on every
+ * level, and either route given the other's scratch, within check_near's
+ * tolerance. 9 images of 2 heads: chunks of 8
+ * images and 1. */
+Test(bf16_attention, both_routes_against_the_f32_kernel)
 {
     rng_state = 0x9e3779b97f4a7c15ull;
-    /* 9 images of 2 heads: the bf16 kernels take 8 images at a time */
-    const int64_t N = 9, T = 37, H = 2, D = 16;
-    cx_attn_geom g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = true, .scale = 0.25f };
-    const int64_t proj[3] = { T * 3 * H * D, 3 * H * D, D }, plain[3] = { T * H * D, H * D, D };
-    memcpy(g.q_strides, proj, sizeof proj);
-    memcpy(g.k_strides, proj, sizeof proj);
-    memcpy(g.v_strides, proj, sizeof proj);
-    memcpy(g.o_strides, plain, sizeof plain);
-    memcpy(g.do_strides, plain, sizeof plain);
-    size_t nqkv = (size_t)(N * T * 3 * H * D), no = (size_t)(N * T * H * D);
-    uint16_t *qkv = bf16_random(nqkv), *dout = bf16_random(no);
-    float *qkvf = widened(qkv, nqkv), *doutf = widened(dout, no);
-    const uint16_t *q = qkv, *k = qkv + H * D, *v = qkv + 2 * H * D;
-    const float *qf = qkvf, *kf = qkvf + H * D, *vf = qkvf + 2 * H * D;
-
-    float *of = malloc(sizeof *of * no);
-    uint16_t *o = malloc(sizeof *o * no);
-    cr_assert(of && o);
-    void *s32 = scratch_of(cx_attention_scratch_bytes(&g)), *s16 = scratch_of(cx_attention_bf16_scratch_bytes(&g));
-    cx_attention_fwd(of, qf, kf, vf, &g, s32, cx_attention_scratch_bytes(&g));
-    cx_attention_bf16_fwd(o, q, k, v, &g, s16, cx_attention_bf16_scratch_bytes(&g));
-    check_rounded("out", o, of, no);
-
-    /* the backward takes the bf16 output, as the graph saves it */
-    float *o_used = widened(o, no), *g32 = malloc(sizeof *g32 * 3 * no);
-    uint16_t *g16 = malloc(sizeof *g16 * 3 * no);
-    cr_assert(g32 && g16);
-    size_t b32 = cx_attention_bwd_scratch_bytes(&g), b16 = cx_attention_bf16_bwd_scratch_bytes(&g);
-    void *t32 = scratch_of(b32), *t16 = scratch_of(b16);
-    cx_attention_bwd(g32, qf, kf, vf, o_used, doutf, &g, t32, b32);
-    cx_attention_bf16_bwd(g16, q, k, v, o, dout, &g, t16, b16);
-    check_rounded("dqkv", g16, g32, 3 * no);
-    free(qkv); free(dout); free(qkvf); free(doutf); free(of); free(o); free(o_used); free(g32); free(g16);
-    free(s32); free(s16); free(t32); free(t16);
+    attn_case c = attn_make(9, 37, 2, 16);
+    attn_check(&c, false, false);
+    attn_check(&c, true, false);
+    attn_check(&c, false, true);
+    attn_free(&c);
 }
 
 /* ---- convolution -------------------------------------------------------------------- */
@@ -258,10 +335,24 @@ static void check_summed(const char *what, const uint16_t *got, const float *wan
     }
 }
 
-/* Like attention: exactly the f32 kernels on the widened operands,
- * rounded once; for every direction, through Winograd (3x3, stride 1) and
- * through the direct kernels (strided, grouped), on one chunk of images
- * and on several. */
+/* One direction's bf16 result against the f32 kernel's on the widened
+ * operands. The widening route runs those kernels, so it must match them
+ * rounded once (bit for bit on one chunk of images); the GEMM route sums
+ * the same products in another order (and Winograd's f32 transforms
+ * round on their own), so it must lie within one bf16 rounding plus f32
+ * sums' error on the largest value (check_summed). */
+static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want, size_t n, const cx_conv_geom *g)
+{
+    static const char *const names[3] = { "y", "dx", "dw" };
+    if (gemm || (dir == 2 && g->n > 8)) check_summed(names[dir], got, want, n);
+    else check_rounded(names[dir], got, want, n);
+}
+
+/* For every direction, through Winograd (3x3, stride 1) and through the
+ * direct kernels (strided, dilated, grouped), on one chunk of images and
+ * on several: cx_conv2d_bf16 on the route this level takes, and the GEMM
+ * route itself on every level (without AVX512_BF16 its GEMM widens its
+ * tiles). */
 static void check_conv(cx_conv_geom g)
 {
     cr_assert(cx_conv_geom_finish(&g));
@@ -274,20 +365,32 @@ static void check_conv(cx_conv_geom g)
     float *f = malloc(sizeof *f * most);
     uint16_t *h = malloc(sizeof *h * most);
     cr_assert(f && h);
-    static const char *const names[3] = { "y", "dx", "dw" };
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
     for (int dir = 0; dir < 3; dir++) {
         size_t b32 = dir == 0 ? cx_conv2d_scratch_bytes(&g) : dir == 1 ? cx_conv2d_bwd_input_scratch_bytes(&g)
                                                                         : cx_conv2d_bwd_weight_scratch_bytes(&g);
-        size_t b16 = cx_conv2d_bf16_scratch_bytes(&g, dir);
-        void *s32 = scratch_of(b32), *s16 = scratch_of(b16);
+        size_t b16 = cx_conv2d_bf16_scratch_bytes(&g, dir), bg = cx_conv2d_bf16_route_scratch_bytes(&g, dir, true);
+        cr_assert(b16 == cx_conv2d_bf16_route_scratch_bytes(&g, dir, false) || (hw && b16 == bg),
+                  "the scratch is planned for a route this level runs");
+        void *s32 = scratch_of(b32), *s16 = scratch_of(b16), *sg = scratch_of(bg);
         if (dir == 0) cx_conv2d_fwd(f, xf, wf, NULL, false, &g, s32, b32);
         else if (dir == 1) cx_conv2d_bwd_input(f, dyf, wf, NULL, &g, s32, b32);
         else cx_conv2d_bwd_weight(f, xf, dyf, &g, s32, b32);
-        cx_conv2d_bf16(dir, h, dir == 1 ? dy : x, dir == 2 ? dy : w, &g, s16, b16);
         size_t n = dir == 0 ? ny : dir == 1 ? nx : nw;
-        if (dir == 2 && g.n > 8) check_summed(names[dir], h, f, n);
-        else check_rounded(names[dir], h, f, n);
-        free(s32); free(s16);
+        const uint16_t *in0 = dir == 1 ? dy : x, *in1 = dir == 2 ? dy : w;
+        cx_conv2d_bf16(dir, h, in0, in1, &g, s16, b16);
+        check_dir(dir, hw, h, f, n, &g);
+        memset(h, 0xff, sizeof *h * n);
+        cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, sg, bg);
+        check_dir(dir, true, h, f, n, &g);
+        /* given the scratch of the route this level did not plan for, as an
+         * executable planned under another CX_CPU_ISA is, it still runs */
+        size_t bo = b16 == bg ? cx_conv2d_bf16_route_scratch_bytes(&g, dir, false) : bg;
+        void *so = scratch_of(bo);
+        memset(h, 0xff, sizeof *h * n);
+        cx_conv2d_bf16(dir, h, in0, in1, &g, so, bo);
+        check_dir(dir, true, h, f, n, &g);
+        free(s32); free(s16); free(sg); free(so);
     }
     free(x); free(w); free(dy); free(xf); free(wf); free(dyf); free(f); free(h);
 }
@@ -308,4 +411,14 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     check_conv(wino);
     direct.n = 17; /* 6, 6, 5 */
     check_conv(direct);
+    /* the seed cnn's first conv: one channel, so K = 9, odd (the GEMM pads
+     * its pairs) */
+    cx_conv_geom cnn1 = { .n = 5, .c = 1, .h = 14, .w = 13, .o = 32, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                          .dil_h = 1, .dil_w = 1, .groups = 1 };
+    check_conv(cnn1);
+    /* enough output channels and K, not Winograd's: the GEMM route with
+     * AVX512_BF16; 11 images in chunks */
+    cx_conv_geom strided = { .n = 11, .c = 8, .h = 9, .w = 10, .o = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2,
+                             .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    check_conv(strided);
 }
