@@ -18,6 +18,8 @@
 #   usr1        the early warning of --signal=B:USR1@T (sent here at once
 #               with scancel --batch --signal=USR1) saves and stops the same way
 #   requeue     scontrol requeue of a --requeue job: it saves, runs again and resumes
+#   timelimit   a job's time limit (--time=1) ends it with SIGTERM: it saves, and
+#               the same script submitted again resumes
 #   node_kill   host 2's slurmd, step daemon and ranks killed at once: the job
 #               ends within seconds, naming the node and its ranks
 #   readme      the README's sbatch script as written: DDP, ZeRO-3 and SPMD
@@ -199,6 +201,30 @@ node_kill)
            grep -e "$TRAIN" -e 'rank-wrapper' -e "$LAUNCH" || true)
     [ -z "$left" ] || fail "processes of the job survive on host 1: $left"
     echo "slurm node_kill: ok (ended in $took s)"
+    ;;
+timelimit)
+    # the end of a time limit: Slurm signals every step and the batch
+    # shell with SIGTERM (SIGKILL KillWait later); the job's checkpoint is
+    # committed, and the same script submitted again resumes it
+    { echo "#!/bin/sh"; echo "#SBATCH -N 2 -n 4 --time=1 -o $W/tl.%j.out"
+      echo "exec $LAUNCH $TRAIN --model mlp --width 64 --depth 2 --data fake --epochs \${EPOCHS:-1000} --log-every 50 --threads 1 --parallel ddp --ckpt-dir $W/ck --resume auto"
+    } > "$W/tl.sh"
+    J=$(on1 sbatch --parsable "$W/tl.sh")
+    O=$(out_of tl "$J")
+    await "$O" "Train Epoch: 1"
+    # Slurm looks at time limits every 30 s: the end comes 60-90 s in
+    await "$O" "xla-launch: interrupted by SIGTERM; saved step [0-9]* in $W/ck; rerun with --resume auto" 200
+    gone "$J"
+    on1 scontrol show job "$J" | grep -q "JobState=TIMEOUT" || { on1 scontrol show job "$J"; fail "job $J did not end by its time limit"; }
+    step=$(sed -n "s/^xla-launch: interrupted by SIGTERM; saved step \([0-9]*\) in .*/\1/p" "$O")
+    [ -f "$W/ck/ckpt-step-$step.commit" ] || { ls "$W/ck"; fail "no committed checkpoint of step $step"; }
+    epoch=$(sed -n 's/^\(\[rank 0\] \)\{0,1\}Train Epoch: \([0-9]*\).*/\2/p' "$O" | tail -1)
+    J2=$(on1 sbatch --parsable --wait --export=ALL,EPOCHS=$((epoch + 1)) "$W/tl.sh") ||
+        { cat "$W"/tl.*.out; fail "the second job failed"; }
+    O2=$(out_of tl "$J2")
+    grep -q "Resumed from $W/ck/ckpt-step-$step:" "$O2" || { cat "$O2"; fail "did not resume from step $step"; }
+    grep -q "Done: " "$O2" || { cat "$O2"; fail "the resumed job did not finish"; }
+    echo "slurm timelimit: ok (time limit at step $step, saved, resumed)"
     ;;
 readme)
     mkdir "$W/r"
