@@ -124,3 +124,18 @@ void cx_executable_free(cx_executable *e)
     cx_spmd_notes_free(e->spmd_notes);
     free(e);
 }
+
+const char *cx_kernel_kind_name(int kind)
+{
+    static const char *const names[] = {
+        [K_FUSED] = "fused", [K_REDUCE] = "reduce", [K_MATMUL] = "matmul", [K_CONV] = "conv2d",
+        [K_CONV_BI] = "conv2d_bwd_input", [K_CONV_BW] = "conv2d_bwd_weight", [K_MAXPOOL] = "max_pool2d",
+        [K_MAXPOOL_BWD] = "max_pool2d_bwd", [K_AVGPOOL] = "avg_pool2d", [K_AVGPOOL_BWD] = "avg_pool2d_bwd",
+        [K_GATHER] = "gather", [K_SCATTER_ADD] = "scatter_add", [K_CONCAT] = "concat", [K_PAD] = "pad",
+        [K_COLL] = "collective", [K_ATTENTION] = "attention", [K_ATTENTION_BWD] = "attention_bwd",
+        [K_LAYER_NORM] = "layer_norm", [K_LAYER_NORM_BWD] = "layer_norm_bwd", [K_COPY] = "copy",
+    };
+    _Static_assert(sizeof names / sizeof *names == K_COPY + 1, "a kernel kind without a name");
+    if (kind < 0 || (size_t)kind >= sizeof names / sizeof *names || !names[kind]) return "kernel";
+    return names[kind];
+}

@@ -181,6 +181,10 @@ void cx_exec_clear_kernels(cx_executable *e);
 /* Frees e and everything it owns (NULL is fine). */
 void cx_executable_free(cx_executable *e);
 
+/* @return the kind's name as traces and dumps print it ("kernel" for an
+ * unknown kind). */
+const char *cx_kernel_kind_name(int kind);
+
 /* ---- the geometry of heavy kernels (geometry.c) ---- */
 
 /* The geometry of a conv, pool or attention kernel, from its inputs and

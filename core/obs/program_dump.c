@@ -34,19 +34,6 @@ static bool gv_leaf(const gview *v, int i)
     return op == OP_DATA || op == OP_RTSCALAR;
 }
 
-static const char *kind_name(int kind)
-{
-    static const char *const names[] = {
-        [K_FUSED] = "fused", [K_REDUCE] = "reduce", [K_MATMUL] = "matmul", [K_CONV] = "conv2d",
-        [K_CONV_BI] = "conv2d_bwd_input", [K_CONV_BW] = "conv2d_bwd_weight", [K_MAXPOOL] = "max_pool2d",
-        [K_MAXPOOL_BWD] = "max_pool2d_bwd", [K_AVGPOOL] = "avg_pool2d", [K_AVGPOOL_BWD] = "avg_pool2d_bwd",
-        [K_GATHER] = "gather", [K_SCATTER_ADD] = "scatter_add", [K_CONCAT] = "concat", [K_PAD] = "pad",
-        [K_COLL] = "collective", [K_ATTENTION] = "attention", [K_ATTENTION_BWD] = "attention_bwd",
-        [K_LAYER_NORM] = "layer_norm", [K_LAYER_NORM_BWD] = "layer_norm_bwd", [K_COPY] = "copy",
-    };
-    if (kind < 0 || (size_t)kind >= sizeof names / sizeof *names || !names[kind]) return "kernel";
-    return names[kind];
-}
 
 /* How the kernel computes: the path the runtime takes for it. */
 static void path_str(cx_sbuf *b, const cx_kernel *k)
@@ -123,7 +110,7 @@ static void group_ops(cx_sbuf *b, const gview *v, const char *is_root, int *stam
 static void kernel_str(cx_sbuf *b, const cx_executable *e, int ki)
 {
     const cx_kernel *k = &e->kernels[ki];
-    cx_sb_printf(b, "  k%d %s ", ki, k->kind == K_COLL ? cx_op_table[k->coll_op].name : kind_name(k->kind));
+    cx_sb_printf(b, "  k%d %s ", ki, k->kind == K_COLL ? cx_op_table[k->coll_op].name : cx_kernel_kind_name(k->kind));
     shape_str(b, k->out_dtype, k->shape, k->ndim);
     cx_sb_printf(b, " -> ");
     slot_str(b, e, k->out_slot);

@@ -8,19 +8,6 @@
 #include "backend.h"
 #include "obs.h"
 
-static const char *kernel_kind_name(int kind)
-{
-    static const char *const names[] = {
-        [K_FUSED] = "fused", [K_REDUCE] = "reduce", [K_MATMUL] = "matmul", [K_CONV] = "conv2d",
-        [K_CONV_BI] = "conv2d_bwd_input", [K_CONV_BW] = "conv2d_bwd_weight", [K_MAXPOOL] = "max_pool2d",
-        [K_MAXPOOL_BWD] = "max_pool2d_bwd", [K_AVGPOOL] = "avg_pool2d", [K_AVGPOOL_BWD] = "avg_pool2d_bwd",
-        [K_GATHER] = "gather", [K_SCATTER_ADD] = "scatter_add", [K_CONCAT] = "concat", [K_PAD] = "pad",
-        [K_COLL] = "collective", [K_ATTENTION] = "attention", [K_ATTENTION_BWD] = "attention_bwd",
-        [K_LAYER_NORM] = "layer_norm", [K_LAYER_NORM_BWD] = "layer_norm_bwd", [K_COPY] = "copy",
-    };
-    if (kind < 0 || (size_t)kind >= sizeof names / sizeof *names || !names[kind]) return "kernel";
-    return names[kind];
-}
 /* One profiler event for kernel ki (collectives carry their op and bytes). */
 static void trace_kernel(const cx_executable *e, int ki, double t0, double t1)
 {
@@ -33,7 +20,7 @@ static void trace_kernel(const cx_executable *e, int ki, double t0, double t1)
     } else {
         snprintf(args, sizeof args, "\"kernel\": %d, \"numel\": %lld%s", ki, (long long)k->out_numel,
                  k->has_epilogue ? ", \"epilogue\": true" : "");
-        cx_obs_trace("kernel", kernel_kind_name(k->kind), t0, t1, args);
+        cx_obs_trace("kernel", cx_kernel_kind_name(k->kind), t0, t1, args);
     }
 }
 
