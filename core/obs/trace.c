@@ -158,7 +158,7 @@ cx_status cx_trace_stop(void)
         return CX_ERR_STATE;
     }
     cx_obs_set(OBS_TRACE, false);
-    qsort(g_ev, (size_t)g_nev, sizeof *g_ev, cmp_ev);
+    if (g_nev > 0) qsort(g_ev, (size_t)g_nev, sizeof *g_ev, cmp_ev); /* g_ev is NULL before the first event */
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/trace.json", g_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
