@@ -203,5 +203,5 @@ int bench_train(int argc, char **argv, bench_cfg cfg)
         bench_sgemm_free(g);
         if (rc) return rc;
     }
-    return 0;
+    return bench_train_loader(&cfg);
 }

@@ -31,6 +31,7 @@ typedef struct {
     atomic_uchar *bad;        /* (n) known bad files (skip mode) */
     atomic_llong skipped;
     int64_t epoch;            /* written only while no item is read */
+    float lut[3][256];        /* per channel: (p / 255 - mean) / std */
 } folder;
 
 static void folder_free(void *ctx)
@@ -255,16 +256,17 @@ static int pick_scale(void *user, int w, int h)
 }
 
 /* (3, S, S) = (p / 255 - mean) / std of the RGB8 (S, S, 3) in f32, as
- * ToTensor + Normalize compute it; flipped horizontally if asked. */
-static void to_tensor(float *out, const cx_rgb8 *im, const cx_imagefolder_opts *o, bool flip)
+ * ToTensor + Normalize compute it (through the folder's table of the 256
+ * values per channel); flipped horizontally if asked. */
+static void to_tensor(float *out, const cx_rgb8 *im, const float (*lut)[256], bool flip)
 {
     int S = im->w;
     for (int c = 0; c < 3; c++) {
-        float m = o->mean[c], sd = o->std[c];
         for (int y = 0; y < S; y++) {
-            const uint8_t *row = im->px + (size_t)y * (size_t)S * 3;
+            const uint8_t *row = im->px + (size_t)y * (size_t)S * 3 + c;
             float *dst = out + ((size_t)c * (size_t)S + (size_t)y) * (size_t)S;
-            for (int x = 0; x < S; x++) dst[x] = ((float)row[(flip ? S - 1 - x : x) * 3 + c] / 255.0f - m) / sd;
+            if (flip) for (int x = 0; x < S; x++) dst[x] = lut[c][row[(S - 1 - x) * 3]];
+            else for (int x = 0; x < S; x++) dst[x] = lut[c][row[x * 3]];
         }
     }
 }
@@ -328,7 +330,7 @@ static cx_status load_item(const folder *F, int64_t j, int64_t index, float *out
     int S = F->o.image_size;
     cx_rgb8 small = { malloc((size_t)S * (size_t)S * 3), S, S };
     st = small.px ? transform(&small, &p, &im, fw, fh) : CX_ERR_OOM;
-    if (st == CX_OK) to_tensor(out, &small, &F->o, F->o.train && uniform(&p.d, 0, 1) < 0.5);
+    if (st == CX_OK) to_tensor(out, &small, F->lut, F->o.train && uniform(&p.d, 0, 1) < 0.5);
     else snprintf(err, errn, "%s: out of memory transforming a %dx%d image", F->paths[j], im.w, im.h);
     free(small.px);
     free(im.px);
@@ -398,6 +400,8 @@ cx_status cx_imagefolder_open(cx_imagefolder_opts given, cx_dataset **out)
     while (len > 1 && F->root[len - 1] == '/') F->root[--len] = 0;
     F->o = o;
     F->o.root = F->root;
+    for (int c = 0; c < 3; c++)
+        for (int p = 0; p < 256; p++) F->lut[c][p] = ((float)p / 255.0f - o.mean[c]) / o.std[c];
     if (!is_dir(F->root)) {
         cx_set_last_error("imagefolder: %s: %s", F->root, errno == ENOENT ? "no such directory" : "not a readable directory");
         folder_free(F);

@@ -76,29 +76,35 @@ static void pass_h(uint8_t *tmp, const cx_resample_src *s, const coeffs *h, int 
         uint8_t *o = tmp + (size_t)y * (size_t)ncols * 3;
         for (int xx = 0; xx < ncols; xx++) {
             const int32_t *k = h->k + (size_t)xx * (size_t)h->ksize;
-            int lo = h->bounds[2 * xx], cnt = h->bounds[2 * xx + 1];
-            for (int c = 0; c < 3; c++) {
-                int32_t ss = 1 << (PREC - 1);
-                for (int x = 0; x < cnt; x++) ss += row[(lo + x) * 3 + c] * k[x];
-                o[xx * 3 + c] = clip8(ss);
+            const uint8_t *p = row + (size_t)h->bounds[2 * xx] * 3;
+            int cnt = h->bounds[2 * xx + 1];
+            int32_t s0 = 1 << (PREC - 1), s1 = s0, s2 = s0;
+            for (int x = 0; x < cnt; x++, p += 3) {
+                s0 += p[0] * k[x];
+                s1 += p[1] * k[x];
+                s2 += p[2] * k[x];
             }
+            o[xx * 3] = clip8(s0), o[xx * 3 + 1] = clip8(s1), o[xx * 3 + 2] = clip8(s2);
         }
     }
 }
 
-/* Vertical pass from tmp (whose row 0 is the region's row y_first). */
-static void pass_v(cx_rgb8 *dst, const uint8_t *tmp, const coeffs *v, int y_first)
+/* Vertical pass from tmp (whose row 0 is the region's row y_first), a
+ * whole row at a time (acc: one row of sums) so the compiler vectorizes it. */
+static void pass_v(cx_rgb8 *dst, const uint8_t *tmp, const coeffs *v, int y_first, int32_t *acc)
 {
     size_t stride = (size_t)dst->w * 3;
     for (int yy = 0; yy < dst->h; yy++) {
         const int32_t *k = v->k + (size_t)yy * (size_t)v->ksize;
         int lo = v->bounds[2 * yy] - y_first, cnt = v->bounds[2 * yy + 1];
-        uint8_t *o = dst->px + (size_t)yy * stride;
-        for (size_t xc = 0; xc < stride; xc++) {
-            int32_t ss = 1 << (PREC - 1);
-            for (int y = 0; y < cnt; y++) ss += tmp[(size_t)(lo + y) * stride + xc] * k[y];
-            o[xc] = clip8(ss);
+        for (size_t xc = 0; xc < stride; xc++) acc[xc] = 1 << (PREC - 1);
+        for (int y = 0; y < cnt; y++) {
+            const uint8_t *in = tmp + (size_t)(lo + y) * stride;
+            int32_t ky = k[y];
+            for (size_t xc = 0; xc < stride; xc++) acc[xc] += in[xc] * ky;
         }
+        uint8_t *o = dst->px + (size_t)yy * stride;
+        for (size_t xc = 0; xc < stride; xc++) o[xc] = clip8(acc[xc]);
     }
 }
 
@@ -111,10 +117,12 @@ cx_status cx_resample(cx_rgb8 *dst, const cx_resample_src *s, int out_w, int out
     int y_first = v.bounds[0], y_last = v.bounds[2 * (dst->h - 1)] + v.bounds[2 * (dst->h - 1) + 1];
     int rows = y_last > y_first ? y_last - y_first : 1;
     uint8_t *tmp = malloc((size_t)rows * (size_t)dst->w * 3);
-    if (!tmp) { coeffs_free(&h); coeffs_free(&v); return CX_ERR_OOM; }
+    int32_t *acc = malloc((size_t)dst->w * 3 * sizeof *acc);
+    if (!tmp || !acc) { free(tmp); free(acc); coeffs_free(&h); coeffs_free(&v); return CX_ERR_OOM; }
     pass_h(tmp, s, &h, dst->w, y_first, y_last - y_first);
-    pass_v(dst, tmp, &v, y_first);
+    pass_v(dst, tmp, &v, y_first, acc);
     free(tmp);
+    free(acc);
     coeffs_free(&h);
     coeffs_free(&v);
     return CX_OK;
