@@ -438,3 +438,54 @@ Test(imagefolder, bad_roots, .init = make_dir, .fini = remove_dir)
     cr_expect_eq(cx_imagefolder_open(o, &ds), CX_ERR_ARG);
     cr_expect(strstr(cx_last_error(), "image_size"), "%s", cx_last_error());
 }
+
+/* With workers: a loader resumed mid-epoch (cx_loader_set_epoch with a
+ * position, as from a checkpoint) hands out the rest of the epoch's
+ * batches exactly, a loader freed mid-epoch stops its threads, and bad
+ * worker options are refused by name. */
+Test(imagefolder, workers_resume_and_options, .init = make_dir, .fini = remove_dir)
+{
+    make_folder("--train 96 --val 0");
+    char root[128];
+    snprintf(root, sizeof root, "%s/if/train", g_dir);
+    cx_dataset *ds = open_folder(root, true, 24, 0, true, CX_IMAGE_ERRORS_STOP);
+    const size_t per = 3 * 24 * 24;
+    float *whole = malloc(96 * per * sizeof(float)), *tail = malloc(96 * per * sizeof(float));
+    cr_assert(whole && tail);
+    for (int pass = 0; pass < 3; pass++) {
+        cx_sampler *sm = cx_sampler_new(96, cx_sampler_default_opts());
+        cx_loader_opts lo = cx_loader_default_opts();
+        lo.batch_size = 16;
+        lo.num_workers = 2;
+        lo.host_prefetch = 2;
+        lo.prefetch = 1;
+        cx_loader *l = cx_loader_new(ds, sm, lo);
+        cr_assert(l, "%s", cx_last_error());
+        cr_assert_eq(cx_loader_set_epoch(l, 3, pass == 1 ? 48 : 0), CX_OK);
+        float *dst = pass == 1 ? tail : whole;
+        cx_batch b;
+        while (cx_loader_next(l, &b) == CX_LOADER_BATCH) {
+            cr_assert_eq(cx_to_host(cx_batch_field(&b, CX_FIELD_IMAGES), dst, CX_F32), CX_OK);
+            dst += (size_t)b.size * per;
+            if (pass == 2) break;   /* freed with batches in flight */
+        }
+        cr_expect_eq(cx_loader_error(l), CX_OK, "%s", cx_last_error());
+        if (pass == 1) cr_expect_eq(cx_loader_position(l), 96);
+        cx_loader_free(l);
+        cx_sampler_free(sm);
+    }
+    cr_expect(!memcmp(whole + 48 * per, tail, 48 * per * sizeof(float)), "resumed batches differ");
+    free(whole);
+    free(tail);
+    cx_sampler *sm = cx_sampler_new(96, cx_sampler_default_opts());
+    cx_loader_opts lo = cx_loader_default_opts();
+    lo.num_workers = 300;
+    cr_expect_null(cx_loader_new(ds, sm, lo));
+    cr_expect(strstr(cx_last_error(), "num_workers 300"), "%s", cx_last_error());
+    lo.num_workers = 2;
+    lo.host_prefetch = 0;
+    cr_expect_null(cx_loader_new(ds, sm, lo));
+    cr_expect(strstr(cx_last_error(), "host_prefetch 0"), "%s", cx_last_error());
+    cx_sampler_free(sm);
+    cx_dataset_free(ds);
+}
