@@ -164,7 +164,7 @@ bool bench_loader_folder(char *dir);
 void bench_loader_folder_remove(const char *dir);
 typedef struct bench_loader bench_loader;
 /* NULL after printing why. */
-bench_loader *bench_loader_new(const char *dir, int num_workers, bool jpeg_draft);
+bench_loader *bench_loader_new(const char *dir, int num_workers, bool jpeg_fast);
 /* bench_side unit: one epoch, every batch taken (decoded, augmented and
  * uploaded), from an empty pipeline; BENCH_LOADER_IMAGES images. */
 double bench_loader_epoch(void *loader);
@@ -175,8 +175,8 @@ void bench_loader_free(bench_loader *l);
  * makes it the issue's imagefolder_loader_images_per_s. @return 0, or 1
  * after printing why. */
 int bench_loader_figure(const bench_cfg *cfg, const char *name, int num_workers, bench_side ref, double ref_images);
-/* cxla-bench train's loader figures: workers 1 and 2 vs 0, and JPEG draft
- * decoding vs full-size with 2 workers. @return 0, or 1 after printing why. */
+/* cxla-bench train's loader figures: workers 1 and 2 vs 0, and jpeg_fast
+ * vs whole decodes with 2 workers. @return 0, or 1 after printing why. */
 int bench_train_loader(const bench_cfg *cfg);
 
 /* cblas_sgemm at n x n x n with as many OpenBLAS threads as cxla uses. */

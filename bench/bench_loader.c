@@ -92,12 +92,12 @@ void bench_loader_folder_remove(const char *dir)
     if (system(cmd) != 0) fprintf(stderr, "cxla-bench: cannot remove %s\n", dir);
 }
 
-bench_loader *bench_loader_new(const char *dir, int num_workers, bool jpeg_draft)
+bench_loader *bench_loader_new(const char *dir, int num_workers, bool jpeg_fast)
 {
     bench_loader *l = calloc(1, sizeof *l);
     cx_imagefolder_opts o = cx_imagefolder_default_opts();
     o.root = dir;
-    o.jpeg_draft = jpeg_draft;
+    o.jpeg_fast = jpeg_fast;
     if (!l || cx_imagefolder_open(o, &l->ds) != CX_OK) {
         fprintf(stderr, "cxla-bench: loader: %s\n", l ? cx_last_error() : "out of memory");
         free(l);
@@ -163,16 +163,16 @@ int bench_loader_figure(const bench_cfg *cfg, const char *name, int num_workers,
     return rc;
 }
 
-/* workers 0, 1, 2 with JPEG draft, and 2 without */
+/* workers 0, 1, 2 with jpeg_fast, and 2 without */
 #define N_LOADERS 4
 
 int bench_train_loader(const bench_cfg *cfg)
 {
-    static const struct { int workers; bool draft; const char *name; int ref; } k[N_LOADERS] = {
+    static const struct { int workers; bool fast; const char *name; int ref; } k[N_LOADERS] = {
         { 0, true, "imagefolder_loader_w0_images_per_s", 0 },
         { 1, true, "imagefolder_loader_w1_vs_w0", 0 },
         { 2, true, "imagefolder_loader_w2_vs_w0", 0 },
-        { 2, false, "imagefolder_loader_w2_draft_vs_full", 3 },
+        { 2, false, "imagefolder_loader_w2_fast_vs_whole", 3 },
     };
     char dir[64];
     if (!bench_loader_folder(dir)) return 1;
@@ -180,14 +180,14 @@ int bench_train_loader(const bench_cfg *cfg)
     bench_side sides[N_LOADERS];
     int rc = 0;
     for (int i = 0; i < N_LOADERS && !rc; i++) {
-        if (!(l[i] = bench_loader_new(dir, k[i].workers, k[i].draft))) rc = 1;
+        if (!(l[i] = bench_loader_new(dir, k[i].workers, k[i].fast))) rc = 1;
         sides[i] = (bench_side){ .unit = bench_loader_epoch, .ctx = l[i] };
     }
     bench_series fig[N_LOADERS] = { { 0 } };
     for (int r = 0; r < cfg->rounds && !rc; r++) {
         double sec[N_LOADERS];
         if (!bench_round(cfg, r, sides, N_LOADERS, sec)) { rc = 1; break; }
-        /* the draft figure: side 2 (2 workers, draft) over side 3 (2 workers, full size) */
+        /* the fast figure: side 2 (2 workers, jpeg_fast) over side 3 (2 workers, whole decodes) */
         for (int i = 0; i < N_LOADERS; i++) {
             int v = i == 3 ? 2 : i;
             bench_add(&fig[i], BENCH_LOADER_IMAGES / sec[v], BENCH_LOADER_IMAGES / sec[k[i].ref]);

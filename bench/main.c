@@ -27,7 +27,7 @@ static const subcommand g_subcommands[] = {
       "at 1 and 2 threads, vs the GEMM-bound limit: model FLOPs over the cblas_sgemm rate measured in the same round\n"
       "imagefolder_loader_w0_images_per_s: decode + augment + upload rate of the image-folder loader (224x224 training\n"
       "crops of 500x375 photo-like JPEGs, batch 32) on its one thread; _w1_vs_w0, _w2_vs_w0: with 1 and 2 workers\n"
-      "vs that; _w2_draft_vs_full: 2 workers with JPEG DCT-scaled decoding vs without", 0, 0 },
+      "vs that; _w2_fast_vs_whole: 2 workers with jpeg_fast (partial and DCT-scaled JPEG decoding) vs without", 0, 0 },
     { "gpt", bench_gpt,
       "Run directly.\n"
       "gpt_tokens_per_s: training steps of the gpt program's default model (4 layers, n_embd 256, block 128,\n"

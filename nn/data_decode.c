@@ -45,21 +45,48 @@ static cx_status too_large(const char *path, int64_t w, int64_t h, char *err, si
     return CX_ERR_IO;
 }
 
+/* The plan's region, widened a pixel left and right and clamped to the
+ * W x H scaled image; all of it without a region. */
+static void region(const cx_decode_plan *pl, int W, int H, int r[4])
+{
+    bool part = pl->x1 > pl->x0 && pl->y1 > pl->y0;
+    r[0] = part && pl->x0 > 1 ? pl->x0 - 1 : 0;
+    r[1] = part && pl->y0 > 0 ? pl->y0 : 0;
+    r[2] = part && pl->x1 + 1 < W ? pl->x1 + 1 : W;
+    r[3] = part && pl->y1 < H ? pl->y1 : H;
+}
+
+/* Rows [r[1], r[3]) into px, then the rest of the entropy data: skipped
+ * short of the end and one row read (skipping to the very end would not
+ * read it, and a truncation there would pass). */
+static void read_rows(struct jpeg_decompress_struct *ci, uint8_t *px, const int r[4], uint8_t *spare)
+{
+    size_t stride = (size_t)ci->output_width * 3;
+    if (r[1] > 0) jpeg_skip_scanlines(ci, (JDIMENSION)r[1]);
+    while (ci->output_scanline < (JDIMENSION)r[3]) {
+        JSAMPROW row = px + (size_t)(ci->output_scanline - (JDIMENSION)r[1]) * stride;
+        jpeg_read_scanlines(ci, &row, 1);
+    }
+    JDIMENSION left = ci->output_height - ci->output_scanline;
+    if (left > 1) jpeg_skip_scanlines(ci, left - 1);
+    if (left > 0) jpeg_read_scanlines(ci, &spare, 1);
+}
+
 static cx_status decode_jpeg(cx_rgb8 *out, int *fw, int *fh, const uint8_t *data, size_t size, const char *path,
                              cx_pick_scale_fn pick, void *user, char *err, size_t errn)
 {
     struct jpeg_decompress_struct ci;
     jerr e;
-    uint8_t *volatile px = NULL;
-    volatile cx_status st = CX_ERR_IO;
+    uint8_t *volatile px = NULL, *volatile spare = NULL;
     ci.err = jpeg_std_error(&e.pub);
     e.pub.error_exit = jpeg_fail;
     e.pub.emit_message = jpeg_emit;
     if (setjmp(e.jb)) {
         snprintf(err, errn, "%s: corrupt JPEG: %s", path, e.msg);
         free(px);
+        free(spare);
         jpeg_destroy_decompress(&ci);
-        return st;
+        return CX_ERR_IO;
     }
     jpeg_create_decompress(&ci);
     jpeg_mem_src(&ci, data, (unsigned long)size);
@@ -71,23 +98,35 @@ static cx_status decode_jpeg(cx_rgb8 *out, int *fw, int *fh, const uint8_t *data
         return CX_ERR_IO;
     }
     if (too_large(path, *fw, *fh, err, errn) != CX_OK) { jpeg_destroy_decompress(&ci); return CX_ERR_IO; }
+    cx_decode_plan pl = { 1, 0, 0, 0, 0 };
+    if (pick) pick(user, *fw, *fh, &pl);
     ci.out_color_space = JCS_RGB;
     ci.scale_num = 1;
-    ci.scale_denom = pick ? (unsigned)pick(user, *fw, *fh) : 1;
+    ci.scale_denom = (unsigned)pl.denom;
     jpeg_start_decompress(&ci);
-    out->w = (int)ci.output_width, out->h = (int)ci.output_height;
+    int r[4];
+    out->full_w = (int)ci.output_width, out->full_h = (int)ci.output_height;
+    region(&pl, out->full_w, out->full_h, r);
+    if (r[0] > 0 || r[2] < out->full_w) {
+        JDIMENSION xo = (JDIMENSION)r[0], cw = (JDIMENSION)(r[2] - r[0]);
+        jpeg_crop_scanline(&ci, &xo, &cw);   /* moves xo left to an iMCU boundary */
+        r[0] = (int)xo;
+    }
+    out->ox = r[0], out->oy = r[1];
+    out->w = (int)ci.output_width, out->h = r[3] - r[1];
     px = malloc((size_t)out->w * (size_t)out->h * 3);
-    if (!px) {
+    spare = malloc((size_t)out->w * 3);
+    if (!px || !spare) {
         snprintf(err, errn, "%s: out of memory for a %dx%d image", path, out->w, out->h);
+        free(px);
+        free(spare);
         jpeg_destroy_decompress(&ci);
         return CX_ERR_OOM;
     }
-    while (ci.output_scanline < ci.output_height) {
-        JSAMPROW row = px + (size_t)ci.output_scanline * (size_t)out->w * 3;
-        jpeg_read_scanlines(&ci, &row, 1);
-    }
+    read_rows(&ci, px, r, spare);
     jpeg_finish_decompress(&ci);
     jpeg_destroy_decompress(&ci);
+    free(spare);
     out->px = px;
     return CX_OK;
 }
@@ -115,7 +154,8 @@ static cx_status decode_png(cx_rgb8 *out, int *fw, int *fh, const uint8_t *data,
         snprintf(err, errn, "%s: corrupt PNG: %s", path, spng_strerror(r));
         goto out;
     }
-    *fw = out->w = (int)ih.width, *fh = out->h = (int)ih.height;
+    *fw = out->w = out->full_w = (int)ih.width, *fh = out->h = out->full_h = (int)ih.height;
+    out->ox = out->oy = 0;
     out->px = px;
     px = NULL;
     st = CX_OK;
@@ -129,8 +169,7 @@ cx_status cx_image_decode(cx_rgb8 *out, int *full_w, int *full_h, const uint8_t 
                           const char *path, cx_pick_scale_fn pick, void *user, char *err, size_t errn)
 {
     static const uint8_t png_sig[8] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n' };
-    out->px = NULL;
-    out->w = out->h = 0;
+    *out = (cx_rgb8){ 0 };
     if (size == 0) {
         snprintf(err, errn, "%s: an empty file (0 bytes), not an image", path);
         return CX_ERR_IO;

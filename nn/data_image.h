@@ -8,20 +8,35 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* An 8-bit RGB image, rows of w * 3 bytes: (h, w, 3). */
+/* An 8-bit RGB image, rows of w * 3 bytes: (h, w, 3); the rectangle at
+ * (ox, oy) of a decoded image of full_w x full_h (all of it, unless a
+ * JPEG was decoded in part). */
 typedef struct {
     uint8_t *px;
     int w, h;
+    int ox, oy, full_w, full_h;
 } cx_rgb8;
 
-/* Told the full size of a JPEG before it is decoded. @return the DCT
- * scale denominator to decode at: 1, 2, 4 or 8. */
-typedef int (*cx_pick_scale_fn)(void *user, int w, int h);
+/* How to decode a JPEG: at 1 / denom scale (1, 2, 4 or 8), and only the
+ * pixels [x0, x1) x [y0, y1) of the scaled image when x1 > x0 (libjpeg's
+ * cropped and skipped scanlines; the buffer may hold more). */
+typedef struct {
+    int denom;
+    int x0, y0, x1, y1;
+} cx_decode_plan;
+
+/* Told the full size of a JPEG before it is decoded: fills *plan (which
+ * holds denom 1 and no region when called). */
+typedef void (*cx_pick_scale_fn)(void *user, int w, int h, cx_decode_plan *plan);
 
 /* Decodes `size` bytes of `path` (a JPEG or PNG, told apart by content)
- * into *out (its px malloc'ed: the caller frees it). A JPEG is decoded at
- * 1 / pick(user, w, h) scale (pick may be NULL: full size); *full_w and
- * *full_h get the image's own size, out->w and out->h the decoded one.
+ * into *out (its px malloc'ed: the caller frees it). A JPEG is decoded as
+ * pick(user, w, h, &plan) says (pick may be NULL: all of it, full size);
+ * *full_w and *full_h get the image's own size. The pixels a partial
+ * decode gives are those of the whole decode: the crop is widened by a
+ * pixel each side (libjpeg's fancy upsampling treats a partial row's ends
+ * as the image's), and the rows below it are still entropy-decoded, so a
+ * truncated file fails whatever the region.
  * @return CX_OK; CX_ERR_IO for a file that is not a JPEG or PNG, is empty,
  * corrupt, truncated, unsupported (CMYK) or too large, with one line in
  * err naming path; CX_ERR_OOM (err says so). */

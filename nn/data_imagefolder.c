@@ -235,10 +235,23 @@ static void eval_size(const folder *F, int w, int h, int *rw, int *rh)
     else *rh = r, *rw = (int)((int64_t)r * w / h);
 }
 
-/* Draws the crop (train) or sizes the resize (eval) from the full size, and
- * picks the largest DCT scale that keeps at least S (train) or the resized
- * size (eval) per side, when jpeg_draft is on. */
-static int pick_scale(void *user, int w, int h)
+/* The crop's pixels in an image decoded at sw x sh from fw x fh: the whole
+ * pixels it touches [r0, r1) and the exact box b within them (x then y). */
+static void crop_in(const crop *c, int fw, int fh, int sw, int sh, int r[4], double b[4])
+{
+    double sx = (double)sw / fw, sy = (double)sh / fh;
+    double x0 = c->j * sx, y0 = c->i * sy, x1 = (c->j + c->w) * sx, y1 = (c->i + c->h) * sy;
+    r[0] = (int)floor(x0), r[1] = (int)floor(y0), r[2] = (int)ceil(x1), r[3] = (int)ceil(y1);
+    if (r[2] > sw) r[2] = sw;
+    if (r[3] > sh) r[3] = sh;
+    b[0] = x0 - r[0], b[1] = y0 - r[1], b[2] = x1 - r[0], b[3] = y1 - r[1];
+}
+
+/* Draws the crop (train) or sizes the resize (eval) from the full size.
+ * With jpeg_fast, a JPEG is decoded at the largest DCT scale that keeps at
+ * least S (train) or the resized size (eval) per side, and for training
+ * only the crop's pixels. */
+static void pick_scale(void *user, int w, int h, cx_decode_plan *pl)
 {
     plan *p = user;
     p->planned = true;
@@ -250,9 +263,15 @@ static int pick_scale(void *user, int w, int h)
         eval_size(p->F, w, h, &p->rw, &p->rh);
         need_w = p->rw, need_h = p->rh, have_w = w, have_h = h;
     }
+    if (!pl || !p->F->o.jpeg_fast) return;
     int k = 1;
-    while (p->F->o.jpeg_draft && k < 8 && have_w / (2 * k) >= need_w && have_h / (2 * k) >= need_h) k *= 2;
-    return k;
+    while (k < 8 && have_w / (2 * k) >= need_w && have_h / (2 * k) >= need_h) k *= 2;
+    pl->denom = k;
+    if (!p->F->o.train) return;
+    double b[4];
+    int r[4];
+    crop_in(&p->c, w, h, (w + k - 1) / k, (h + k - 1) / k, r, b);   /* libjpeg's scaled size rounds up */
+    pl->x0 = r[0], pl->y0 = r[1], pl->x1 = r[2], pl->y1 = r[3];
 }
 
 /* (3, S, S) = (p / 255 - mean) / std of the RGB8 (S, S, 3) in f32, as
@@ -271,23 +290,20 @@ static void to_tensor(float *out, const cx_rgb8 *im, const float (*lut)[256], bo
     }
 }
 
-/* Resamples the decoded image (full size fw x fh, decoded at im's size)
- * into the S x S output. */
+/* Resamples the decoded image (full size fw x fh; im the part decoded,
+ * at its scale) into the S x S output. */
 static cx_status transform(cx_rgb8 *outpx, const plan *p, const cx_rgb8 *im, int fw, int fh)
 {
     int S = p->F->o.image_size;
-    double sx = (double)im->w / fw, sy = (double)im->h / fh;
     if (!p->F->o.train) {
         cx_resample_src s = { im, 0, 0, im->w, im->h, 0, 0, im->w, im->h };
         int top = (int)nearbyint((p->rh - S) / 2.0), left = (int)nearbyint((p->rw - S) / 2.0);
         return cx_resample(outpx, &s, p->rw, p->rh, left, top);
     }
-    /* the crop in decoded pixels: the whole pixels it touches, and the exact box within them */
-    double x0 = p->c.j * sx, y0 = p->c.i * sy, x1 = (p->c.j + p->c.w) * sx, y1 = (p->c.i + p->c.h) * sy;
-    int ix0 = (int)floor(x0), iy0 = (int)floor(y0), ix1 = (int)ceil(x1), iy1 = (int)ceil(y1);
-    if (ix1 > im->w) ix1 = im->w;
-    if (iy1 > im->h) iy1 = im->h;
-    cx_resample_src s = { im, ix0, iy0, ix1 - ix0, iy1 - iy0, x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0 };
+    double b[4];
+    int r[4];
+    crop_in(&p->c, fw, fh, im->full_w, im->full_h, r, b);
+    cx_resample_src s = { im, r[0] - im->ox, r[1] - im->oy, r[2] - r[0], r[3] - r[1], b[0], b[1], b[2], b[3] };
     return cx_resample(outpx, &s, S, S, 0, 0);
 }
 
@@ -326,9 +342,9 @@ static cx_status load_item(const folder *F, int64_t j, int64_t index, float *out
     st = cx_image_decode(&im, &fw, &fh, data, size, F->paths[j], pick_scale, &p, err, errn);
     free(data);
     if (st != CX_OK) return st;
-    if (!p.planned) pick_scale(&p, fw, fh);
+    if (!p.planned) pick_scale(&p, fw, fh, NULL);
     int S = F->o.image_size;
-    cx_rgb8 small = { malloc((size_t)S * (size_t)S * 3), S, S };
+    cx_rgb8 small = { malloc((size_t)S * (size_t)S * 3), S, S, 0, 0, S, S };
     st = small.px ? transform(&small, &p, &im, fw, fh) : CX_ERR_OOM;
     if (st == CX_OK) to_tensor(out, &small, F->lut, F->o.train && uniform(&p.d, 0, 1) < 0.5);
     else snprintf(err, errn, "%s: out of memory transforming a %dx%d image", F->paths[j], im.w, im.h);
@@ -389,7 +405,7 @@ cx_status cx_imagefolder_open(cx_imagefolder_opts given, cx_dataset **out)
     if (!out) { cx_set_last_error("cx_imagefolder_open: out is NULL"); return CX_ERR_ARG; }
     *out = NULL;
     cx_imagefolder_opts o = cx_imagefolder_default_opts();
-    if (!CX_TAKE_STRUCT("cx_imagefolder_open", cx_imagefolder_opts, o, &given, jpeg_draft)) return CX_ERR_ARG;
+    if (!CX_TAKE_STRUCT("cx_imagefolder_open", cx_imagefolder_opts, o, &given, jpeg_fast)) return CX_ERR_ARG;
     if (o.resize_size == 0) o.resize_size = (int)((int64_t)o.image_size * 256 / 224);
     cx_status st = check_opts(&o);
     if (st != CX_OK) return st;

@@ -216,10 +216,13 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
  * torchvision applies to PIL images): a triangle filter widened by the
  * scale factor when shrinking (antialiased), fixed-point 8-bit passes,
  * horizontal then vertical; so the eval transform of a PNG gives
- * torchvision's values exactly. With jpeg_draft, a JPEG whose crop
- * shrinks by 2x or more is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's
- * DCT scaling (PIL's draft mode) keeping at least S pixels per side of the
- * crop, then resampled: faster, slightly different pixels.
+ * torchvision's values exactly. jpeg_fast takes libjpeg-turbo's fast
+ * paths: a training crop decodes only the crop's pixels (cropped and
+ * skipped scanlines: the same pixels, less work), and a JPEG whose crop
+ * (train) or resize (eval) shrinks by 2x or more is decoded at 1/2, 1/4
+ * or 1/8 scale by DCT scaling (PIL's draft mode), keeping at least the
+ * output's size per side, then resampled: faster, slightly different
+ * pixels.
  *
  * Randomness: item i's draws in epoch e come from a hash of (seed, e, i)
  * only, so they do not depend on the loader's workers or their order.
@@ -243,11 +246,11 @@ typedef struct {
     float mean[3], std[3];       /* per RGB channel; std > 0 */
     uint64_t seed;               /* the training draws */
     cx_image_errors on_error;
-    bool jpeg_draft;             /* JPEG DCT-scaled decoding when it shrinks */
+    bool jpeg_fast;              /* JPEG: partial and DCT-scaled decoding */
 } cx_imagefolder_opts;
 
 /* train, S 224, resize 256, ImageNet's mean (0.485, 0.456, 0.406) and std
- * (0.229, 0.224, 0.225), seed 0, stop on bad files, jpeg_draft on. */
+ * (0.229, 0.224, 0.225), seed 0, stop on bad files, jpeg_fast on. */
 static inline cx_imagefolder_opts cx_imagefolder_default_opts(void)
 {
     cx_imagefolder_opts o = CX_ZEROED_;
@@ -260,7 +263,7 @@ static inline cx_imagefolder_opts cx_imagefolder_default_opts(void)
     o.std[0] = 0.229f, o.std[1] = 0.224f, o.std[2] = 0.225f;
     o.seed = 0;
     o.on_error = CX_IMAGE_ERRORS_STOP;
-    o.jpeg_draft = true;
+    o.jpeg_fast = true;
     return o;
 }
 /* Lists root's classes and samples (no file is decoded yet).

@@ -44,14 +44,14 @@ static void make_folder(const char *args)
     cr_assert(system(cmd) == 0, "%s failed", cmd);
 }
 
-static cx_dataset *open_folder(const char *root, bool train, int S, int R, bool draft, cx_image_errors on_error)
+static cx_dataset *open_folder(const char *root, bool train, int S, int R, bool fast, cx_image_errors on_error)
 {
     cx_imagefolder_opts o = cx_imagefolder_default_opts();
     o.root = root;
     o.train = train;
     o.image_size = S;
     o.resize_size = R;
-    o.jpeg_draft = draft;
+    o.jpeg_fast = fast;
     o.on_error = on_error;
     cx_dataset *ds = NULL;
     cr_assert_eq(cx_imagefolder_open(o, &ds), CX_OK, "%s", cx_last_error());
@@ -116,7 +116,7 @@ Test(imagefolder, decode_as_pil)
 }
 
 /* torchvision's Resize + CenterCrop + ToTensor + Normalize, to the bit.
- * With jpeg_draft the JPEGs, decoded at 1/2 scale, differ: on this
+ * With jpeg_fast the JPEGs, decoded at 1/2 scale, differ: on this
  * noise-like content (where libjpeg's 2x DCT reduction, a box-like filter,
  * and PIL's wider triangle differ most) by at most 0.8 in normalized
  * units (about 47 of 255) and 0.2 on average. */
@@ -488,4 +488,54 @@ Test(imagefolder, workers_resume_and_options, .init = make_dir, .fini = remove_d
     cr_expect(strstr(cx_last_error(), "host_prefetch 0"), "%s", cx_last_error());
     cx_sampler_free(sm);
     cx_dataset_free(ds);
+}
+
+/* jpeg_fast decodes a training crop's pixels only (cropped and skipped
+ * scanlines): where no DCT scaling applies (a crop never reaches 2 S on
+ * both sides) the values are those of the whole decode, bit for bit, for
+ * a 4:2:0 JPEG (fancy upsampling at the partial rows' ends). A truncated
+ * JPEG fails in every epoch, whatever part the crop needs. */
+Test(imagefolder, fast_jpeg_crop_is_exact, .init = make_dir, .fini = remove_dir)
+{
+    const int W = 161, H = 121, S = 64;
+    uint8_t *px = malloc((size_t)W * H * 3), *jpg;
+    size_t len;
+    char err[256], path[256];
+    uint32_t r = 1;
+    for (int i = 0; i < W * H * 3; i++) {
+        r = r * 1664525u + 1013904223u;
+        px[i] = (uint8_t)((i % (W * 3)) / 3 + (i / (W * 3)) + (r >> 29));   /* ramps and noise */
+    }
+    cr_assert_eq(imgw_jpeg(&jpg, &len, px, W, H, 3, 90, true, err, sizeof err), 0, "%s", err);
+    snprintf(path, sizeof path, "%s/c", g_dir);
+    cr_assert(mkdir(path, 0777) == 0);
+    snprintf(path, sizeof path, "%s/c/a.jpg", g_dir);
+    cr_assert_eq(imgw_save(path, jpg, len, err, sizeof err), 0, "%s", err);
+    cx_dataset *fast = open_folder(g_dir, true, S, 0, true, CX_IMAGE_ERRORS_STOP);
+    cx_dataset *whole = open_folder(g_dir, true, S, 0, false, CX_IMAGE_ERRORS_STOP);
+    static float a[3 * 64 * 64], b[3 * 64 * 64];
+    int differ = 0;
+    for (int e = 0; e < 200; e++) {
+        cx_dataset_set_epoch(fast, e);
+        cx_dataset_set_epoch(whole, e);
+        get_item(fast, 0, a);
+        get_item(whole, 0, b);
+        differ += memcmp(a, b, sizeof a) != 0;
+    }
+    cr_expect_eq(differ, 0, "%d of 200 crops differ from the whole decode's", differ);
+    cx_dataset_free(fast);
+    cx_dataset_free(whole);
+    cr_assert_eq(imgw_save(path, jpg, len * 3 / 5, err, sizeof err), 0, "%s", err);
+    fast = open_folder(g_dir, true, S, 0, true, CX_IMAGE_ERRORS_STOP);
+    int failed = 0;
+    for (int e = 0; e < 50; e++) {
+        cx_dataset_set_epoch(fast, e);
+        int64_t i = 0, label;
+        void *out[2] = { a, &label };
+        failed += cx_dataset_gather(fast, &i, 1, out) == CX_ERR_IO && strstr(cx_last_error(), "corrupt JPEG");
+    }
+    cr_expect_eq(failed, 50, "the truncated JPEG failed in %d of 50 epochs", failed);
+    cx_dataset_free(fast);
+    free(jpg);
+    free(px);
 }
