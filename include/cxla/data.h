@@ -201,8 +201,11 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
 
 /* root/<class>/<image>: the classes are root's subdirectories in sorted
  * (strcmp) order, label = position (torchvision's class_to_idx); the
- * samples are the files ending in .jpg, .jpeg or .png (any case) of each
- * class directory, sorted by name, class after class. Files are decoded
+ * samples are the files ending in .jpg, .jpeg or .png (any case) under
+ * each class directory, class after class, walked as torchvision walks
+ * them (sorted(os.walk()): a directory's files sorted by name, then its
+ * subdirectories in sorted order); torchvision's other extensions (.bmp,
+ * .webp, .tif, ...) are not read. Files are decoded
  * when an item is read, by content (libjpeg-turbo, libspng), into 8-bit
  * RGB: grayscale and palette images are expanded, alpha is dropped (PIL's
  * convert("RGB")). Fields: "images" f32 (3, S, S) and "labels" i64 ().
@@ -215,8 +218,9 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
  * Resizing is PIL's bilinear resampling as Image.resize does it (what
  * torchvision applies to PIL images): a triangle filter widened by the
  * scale factor when shrinking (antialiased), fixed-point 8-bit passes,
- * horizontal then vertical; so the eval transform of a PNG gives
- * torchvision's values exactly. jpeg_fast takes libjpeg-turbo's fast
+ * horizontal then vertical; so the eval transform gives torchvision's
+ * values exactly (PNG, and JPEG where no DCT scaling applies: libjpeg-turbo
+ * decodes as PIL does). jpeg_fast takes libjpeg-turbo's fast
  * paths: a training crop decodes only the crop's pixels (cropped and
  * skipped scanlines: the same pixels, less work), and a JPEG whose crop
  * (train) or resize (eval) shrinks by 2x or more is decoded at 1/2, 1/4
@@ -227,8 +231,8 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
  * Randomness: item i's draws in epoch e come from a hash of (seed, e, i)
  * only, so they do not depend on the loader's workers or their order.
  *
- * Bad files (not an image, zero bytes, corrupt or truncated data, an image
- * under 1x1): with on_error CX_IMAGE_ERRORS_STOP the read fails with one
+ * Bad files (not an image, zero bytes, corrupt or truncated data, a CMYK
+ * JPEG, an image under 1x1 or over 2^28 pixels): with on_error CX_IMAGE_ERRORS_STOP the read fails with one
  * line naming the file (the loader's batch fails: cx_loader_error); with
  * CX_IMAGE_ERRORS_SKIP the item is replaced by the next sample (in index
  * order, wrapping) that decodes, each bad file is logged once as a warning
