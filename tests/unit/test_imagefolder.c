@@ -539,3 +539,39 @@ Test(imagefolder, fast_jpeg_crop_is_exact, .init = make_dir, .fini = remove_dir)
     free(jpg);
     free(px);
 }
+
+/* The walk: classes sorted, a class's files sorted and then its
+ * subdirectories', other files ignored, extensions in any case, and the
+ * content (not the name) deciding the decoder. */
+Test(imagefolder, listing_order, .init = make_dir, .fini = remove_dir)
+{
+    static const char *const dirs[] = { "c1", "c0", "c1/sub" };
+    static const char *const files[] = { "c1/b.png", "c1/sub/0.png", "c1/a.PNG", "c0/x.jpg", "c0/readme.txt" };
+    char path[256], err[256];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, dirs[i]);
+        cr_assert(mkdir(path, 0777) == 0);
+    }
+    uint8_t px[4 * 4 * 3] = { 0 }, *png;
+    size_t len;
+    cr_assert_eq(imgw_png(&png, &len, px, 4, 4, 3, err, sizeof err), 0, "%s", err);
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, files[i]);
+        cr_assert_eq(imgw_save(path, png, len, err, sizeof err), 0, "%s", err);
+    }
+    free(png);
+    cx_dataset *ds = open_folder(g_dir, false, 4, 4, true, CX_IMAGE_ERRORS_STOP);
+    static const char *const want[] = { "c0/x.jpg", "c1/a.PNG", "c1/b.png", "c1/sub/0.png" };
+    cr_assert_eq(cx_dataset_size(ds), 4);
+    cr_expect_eq(cx_imagefolder_num_classes(ds), 2);
+    cr_expect_str_eq(cx_imagefolder_class_name(ds, 0), "c0");
+    float img[3 * 4 * 4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, want[i]);
+        cr_expect_str_eq(cx_imagefolder_path(ds, i), path);
+        cr_expect_eq(get_item(ds, i, img), i == 0 ? 0 : 1);
+    }
+    cr_expect_null(cx_imagefolder_path(ds, 4));
+    cr_expect_eq(cx_imagefolder_num_classes(NULL), 0);
+    cx_dataset_free(ds);
+}
