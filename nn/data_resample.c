@@ -67,45 +67,47 @@ static uint8_t clip8(int32_t v)
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-/* Horizontal pass: rows [y_first, y_first + rows) of the region, the
- * window's columns, into tmp (rows, ncols, 3). */
-static void pass_h(uint8_t *tmp, const cx_resample_src *s, const coeffs *h, int ncols, int y_first, int rows)
+/* n output lines of len bytes from input lines of len bytes (line i of
+ * `in` is the axis' index first + i), a whole line at a time (acc: one
+ * line of sums), which the compiler vectorizes: cloned for AVX2 and
+ * AVX-512 (chosen at load time), since baseline x86-64 has no 32-bit
+ * vector multiply and emulates it. Integer sums: every clone gives the
+ * same bytes. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void filter_lines(uint8_t *out, const uint8_t *in, size_t len, const coeffs *c, int n, int first, int32_t *acc)
 {
-    for (int y = 0; y < rows; y++) {
-        const uint8_t *row = s->src->px + ((size_t)(s->y0 + y_first + y) * (size_t)s->src->w + (size_t)s->x0) * 3;
-        uint8_t *o = tmp + (size_t)y * (size_t)ncols * 3;
-        for (int xx = 0; xx < ncols; xx++) {
-            const int32_t *k = h->k + (size_t)xx * (size_t)h->ksize;
-            const uint8_t *p = row + (size_t)h->bounds[2 * xx] * 3;
-            int cnt = h->bounds[2 * xx + 1];
-            int32_t s0 = 1 << (PREC - 1), s1 = s0, s2 = s0;
-            for (int x = 0; x < cnt; x++, p += 3) {
-                s0 += p[0] * k[x];
-                s1 += p[1] * k[x];
-                s2 += p[2] * k[x];
-            }
-            o[xx * 3] = clip8(s0), o[xx * 3 + 1] = clip8(s1), o[xx * 3 + 2] = clip8(s2);
+    for (int o = 0; o < n; o++) {
+        const int32_t *k = c->k + (size_t)o * (size_t)c->ksize;
+        int lo = c->bounds[2 * o] - first, cnt = c->bounds[2 * o + 1];
+        for (size_t j = 0; j < len; j++) acc[j] = 1 << (PREC - 1);
+        for (int t = 0; t < cnt; t++) {
+            const uint8_t *line = in + (size_t)(lo + t) * len;
+            int32_t kt = k[t];
+            for (size_t j = 0; j < len; j++) acc[j] += line[j] * kt;
         }
+        uint8_t *dst = out + (size_t)o * len;
+        for (size_t j = 0; j < len; j++) dst[j] = clip8(acc[j]);
     }
 }
 
-/* Vertical pass from tmp (whose row 0 is the region's row y_first), a
- * whole row at a time (acc: one row of sums) so the compiler vectorizes it. */
-static void pass_v(cx_rgb8 *dst, const uint8_t *tmp, const coeffs *v, int y_first, int32_t *acc)
+/* Horizontal pass: rows [y_first, y_first + rows) of the region, the
+ * window's ncols columns, into tmp (rows, ncols, 3). Done as lines too,
+ * on the region's columns transposed to (cols, rows, 3) and back: the
+ * same sums, vectorized. scratch: room for both transposes. */
+static void pass_h(uint8_t *tmp, const cx_resample_src *s, const coeffs *h, int ncols, int y_first, int rows,
+                   uint8_t *scratch, int32_t *acc)
 {
-    size_t stride = (size_t)dst->w * 3;
-    for (int yy = 0; yy < dst->h; yy++) {
-        const int32_t *k = v->k + (size_t)yy * (size_t)v->ksize;
-        int lo = v->bounds[2 * yy] - y_first, cnt = v->bounds[2 * yy + 1];
-        for (size_t xc = 0; xc < stride; xc++) acc[xc] = 1 << (PREC - 1);
-        for (int y = 0; y < cnt; y++) {
-            const uint8_t *in = tmp + (size_t)(lo + y) * stride;
-            int32_t ky = k[y];
-            for (size_t xc = 0; xc < stride; xc++) acc[xc] += in[xc] * ky;
-        }
-        uint8_t *o = dst->px + (size_t)yy * stride;
-        for (size_t xc = 0; xc < stride; xc++) o[xc] = clip8(acc[xc]);
+    int x_first = h->bounds[0], cols = h->bounds[2 * (ncols - 1)] + h->bounds[2 * (ncols - 1) + 1] - x_first;
+    size_t len = (size_t)rows * 3;
+    uint8_t *t = scratch, *tout = scratch + (size_t)cols * len;
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *row = s->src->px + ((size_t)(s->y0 + y_first + y) * (size_t)s->src->w + (size_t)(s->x0 + x_first)) * 3;
+        for (int x = 0; x < cols; x++) memcpy(t + (size_t)x * len + (size_t)y * 3, row + (size_t)x * 3, 3);
     }
+    filter_lines(tout, t, len, h, ncols, x_first, acc);
+    for (int y = 0; y < rows; y++)
+        for (int x = 0; x < ncols; x++)
+            memcpy(tmp + ((size_t)y * (size_t)ncols + (size_t)x) * 3, tout + (size_t)x * len + (size_t)y * 3, 3);
 }
 
 cx_status cx_resample(cx_rgb8 *dst, const cx_resample_src *s, int out_w, int out_h, int ox, int oy)
@@ -113,17 +115,24 @@ cx_status cx_resample(cx_rgb8 *dst, const cx_resample_src *s, int out_w, int out
     coeffs h = { 0 }, v = { 0 };
     if (!coeffs_make(&h, s->w, s->bx0, s->bx1, out_w, ox, dst->w)) return CX_ERR_OOM;
     if (!coeffs_make(&v, s->h, s->by0, s->by1, out_h, oy, dst->h)) { coeffs_free(&h); return CX_ERR_OOM; }
-    /* the rows the window's vertical filters read: bounds grow with the output row */
-    int y_first = v.bounds[0], y_last = v.bounds[2 * (dst->h - 1)] + v.bounds[2 * (dst->h - 1) + 1];
-    int rows = y_last > y_first ? y_last - y_first : 1;
-    uint8_t *tmp = malloc((size_t)rows * (size_t)dst->w * 3);
-    int32_t *acc = malloc((size_t)dst->w * 3 * sizeof *acc);
-    if (!tmp || !acc) { free(tmp); free(acc); coeffs_free(&h); coeffs_free(&v); return CX_ERR_OOM; }
-    pass_h(tmp, s, &h, dst->w, y_first, y_last - y_first);
-    pass_v(dst, tmp, &v, y_first, acc);
+    /* the rows and columns the window's filters read: bounds grow with the output index */
+    int y_first = v.bounds[0], rows = v.bounds[2 * (dst->h - 1)] + v.bounds[2 * (dst->h - 1) + 1] - y_first;
+    int cols = h.bounds[2 * (dst->w - 1)] + h.bounds[2 * (dst->w - 1) + 1] - h.bounds[0];
+    size_t len = (size_t)(rows > dst->w ? rows : dst->w) * 3;
+    uint8_t *tmp = malloc((size_t)rows * (size_t)dst->w * 3 + 1);
+    /* calloc: GCC 12 cannot see that the transpose fills every byte the filter reads */
+    uint8_t *scratch = calloc((size_t)(cols + dst->w) * (size_t)rows * 3 + 1, 1);
+    int32_t *acc = malloc(len * sizeof *acc);
+    cx_status st = CX_ERR_OOM;
+    if (tmp && scratch && acc) {
+        pass_h(tmp, s, &h, dst->w, y_first, rows, scratch, acc);
+        filter_lines(dst->px, tmp, (size_t)dst->w * 3, &v, dst->h, y_first, acc);
+        st = CX_OK;
+    }
     free(tmp);
+    free(scratch);
     free(acc);
     coeffs_free(&h);
     coeffs_free(&v);
-    return CX_OK;
+    return st;
 }
