@@ -6,13 +6,16 @@
  * and a per-item shape). Its callbacks fill items into host buffers; the
  * loader's background thread gathers a batch that way and uploads it as one
  * tensor per field, (B, item shape...). Built in: IDX images (MNIST,
- * Fashion-MNIST) and fake images, in-memory arrays, and text corpora cut
- * into windows of tokens for language models.
+ * Fashion-MNIST), image folders (JPEG/PNG with the ImageNet transforms)
+ * and fake images, in-memory arrays, and text corpora cut into windows of
+ * tokens for language models.
  *
  * Threads: a loader has one background thread that runs the data set's
  * get/collate and makes each batch's tensors (leaves: core.h says why that
- * is allowed); everything else, the data set's set_epoch and the sampler
- * included, runs on the thread calling the loader, the training thread.
+ * is allowed), and with num_workers > 0 for a data set declared
+ * concurrent, that many more threads that only run get/collate; everything
+ * else, the data set's set_epoch and the sampler included, runs on the
+ * thread calling the loader, the training thread.
  * Ownership: a data set owns its description's ctx and copies its fields;
  * a loader borrows its data set and sampler and owns the batches it hands
  * out (valid until the next cx_loader_next, cx_loader_end_step or
