@@ -231,7 +231,7 @@ static resnet_trainer *resnet_new(void)
     if (ps) t->opt = cx_optim_sgd(ps, n, so);
     free(ps);
     if (!t || !t->opt || !t->hx || !t->hy) {
-        fprintf(stderr, "cxla-bench: resnet50 set-up: %s\n", t && t->m && !t->opt ? cx_last_error() : "out of memory");
+        fprintf(stderr, "cxla-bench: resnet50 set-up: %s\n", t && (!t->m || !t->opt) ? cx_last_error() : "out of memory");
         resnet_free(t);
         return NULL;
     }
