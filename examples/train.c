@@ -684,9 +684,11 @@ int main(int argc, char **argv)
         cx_dist_finalize();
         return EXIT_USAGE;
     }
-    if (c.image_size && strcmp(c.data, "fake") && c.image_size != 28) {
-        if (rank == 0) fprintf(stderr, "train: --image-size %d: --data %s has 28 x 28 images (other sizes: --data fake)\n",
-                               c.image_size, c.data);
+    bool fixed_28 = !strcmp(c.model, "cnn") || !strcmp(c.model, "lenet");
+    if (c.image_size && c.image_size != 28 && (strcmp(c.data, "fake") || fixed_28)) {
+        if (rank == 0)
+            fprintf(stderr, "train: --image-size %d: %s %s takes 28 x 28 images (other sizes: --data fake with mlp or a resnet)\n",
+                    c.image_size, fixed_28 ? "--model" : "--data", fixed_28 ? c.model : c.data);
         cx_dist_finalize();
         return EXIT_USAGE;
     }

@@ -2,7 +2,7 @@
 # train's ResNets on fake ImageNet-shaped data, a few steps each.
 #   resnet_smoke.sh one TRAIN: resnet18 on 1 rank at 32x32 (3 channels, 1000
 #     classes), the loss near ln(1000) and finite; --image-size with an MNIST
-#     set (28 x 28 only) is one line and exit 2.
+#     set or the cnn (28 x 28 only) is one line and exit 2.
 #   resnet_smoke.sh fsdp TRAIN XLA_LAUNCH: resnet50 on 2 ranks, FSDP with a
 #     unit per Conv2d / Linear, at 64x64; the checkpoint is consolidated and
 #     the reloaded model's accuracy equals the sharded one's.
@@ -20,8 +20,11 @@ if [ "$MODE" = one ]; then
     [ "$(grep -c 'Loss: [5-9]\.[0-9]*' "$W/out")" = 3 ] || { cat "$W/out"; fail "not 3 losses near ln(1000)"; }
     grep -q '^Done: 3 steps' "$W/out" || { cat "$W/out"; fail "no summary"; }
     if "$TRAIN" --model resnet18 --data mnist --image-size 64 > "$W/bad" 2>&1; then fail "--image-size 64 with mnist ran"; fi
-    [ "$(wc -l < "$W/bad")" = 1 ] && grep -q -- '--image-size 64: --data mnist has 28 x 28 images' "$W/bad" ||
+    [ "$(wc -l < "$W/bad")" = 1 ] && grep -q -- '--image-size 64: --data mnist takes 28 x 28 images' "$W/bad" ||
         { cat "$W/bad"; fail "not one line naming --image-size"; }
+    if "$TRAIN" --model cnn --data fake --image-size 32 > "$W/bad" 2>&1; then fail "--image-size 32 with the cnn ran"; fi
+    [ "$(wc -l < "$W/bad")" = 1 ] && grep -q -- '--image-size 32: --model cnn takes 28 x 28 images' "$W/bad" ||
+        { cat "$W/bad"; fail "not one line naming --image-size for the cnn"; }
 else
     LAUNCH=$3
     "$LAUNCH" --nproc 2 "$TRAIN" --model resnet50 --data fake --image-size 64 --batch-size 4 --steps 2 --parallel fsdp \
