@@ -21,15 +21,17 @@
 #include "cx_cli.h"
 #include "models.h"
 #include "precision.h"
+#include "resnet.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21, EXIT_PREEMPTED = 75 };
 
 /* ---- flags ------------------------------------------------------------------ */
 
 typedef struct {
-    const char *model;        /* cnn, lenet, mlp */
+    const char *model;        /* cnn, lenet, mlp, resnet18, resnet50 */
     const char *data;         /* fashion-mnist, mnist, fake */
     const char *data_dir;     /* NULL: the data set's default */
+    int image_size;           /* fake: N x N; 0 = the data set's own size (28; 224 for the resnets) */
     int epochs;
     int64_t steps;            /* per epoch; 0: the whole epoch */
     int64_t batch_size;
@@ -59,7 +61,7 @@ typedef struct {
     const char *cache_dir;    /* persistent compile cache, NULL: off */
 } config;
 
-static const char *const k_models[] = { "cnn", "lenet", "mlp", NULL };
+static const char *const k_models[] = { "cnn", "lenet", "mlp", "resnet18", "resnet50", NULL };
 static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", NULL };
 static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
 static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", "spmd", NULL };
@@ -79,6 +81,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "data", .kind = CLI_CHOICE, .dest = &c->data, .choices = k_datas, .help = "data set" },
         { .name = "data-dir", .kind = CLI_STRING, .dest = &c->data_dir, .metavar = "DIR",
           .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist)" },
+        { .name = "image-size", .kind = CLI_INT, .dest = &c->image_size, .min = 8, .max = 4096,
+          .help = "fake data: N x N images (default 28; for the resnets\n3 x 224 x 224, 1000 classes)" },
         { .name = "epochs", .kind = CLI_INT, .dest = &c->epochs, .min = 1, .max = 1000000, .help = "epochs" },
         { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 0, .max = 0x1p40, .help = "steps per epoch, 0 = all" },
         { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "images per step on each rank: the global\n"
@@ -147,6 +151,22 @@ static cli_result parse_flags(config *c, int argc, char **argv)
 
 /* ---- data ------------------------------------------------------------------- */
 
+static bool is_resnet(const config *c) { return !strncmp(c->model, "resnet", 6); }
+
+/* Fake data for a resnet is ImageNet-shaped, as the seed's --fake_data:
+ * 3 x N x N (N = 224 unless --image-size), 1000 classes. Its test split is
+ * one batch per rank: on random labels accuracy is chance whatever its
+ * size, and a resnet50's forward at 224 costs ~8 GFLOP an image. */
+static void fake_shape(const config *c, cx_fake_data_opts *f, bool train)
+{
+    bool imagenet = is_resnet(c);
+    int n = c->image_size ? c->image_size : imagenet ? 224 : 28;
+    f->channels = imagenet ? 3 : 1;
+    f->height = f->width = n;
+    f->num_classes = imagenet ? 1000 : 10;
+    f->size = train ? 60000 : imagenet ? c->batch_size * cx_world_size() : 10000;
+}
+
 /* @return the split, or exits 3 naming the missing file. */
 static cx_dataset *load_split(const config *c, bool train)
 {
@@ -154,7 +174,7 @@ static cx_dataset *load_split(const config *c, bool train)
     cx_status st;
     if (!strcmp(c->data, "fake")) {
         cx_fake_data_opts f = cx_fake_data_default_opts();
-        f.size = train ? 60000 : 10000;
+        fake_shape(c, &f, train);
         f.seed = (uint64_t)c->seed + (train ? 0 : 1);
         st = cx_fake_data(f, &ds);
     } else {
@@ -173,10 +193,14 @@ static cx_dataset *load_split(const config *c, bool train)
 
 /* ---- model and optimizer ---------------------------------------------------------- */
 
-/* The image sets (MNIST, Fashion-MNIST, fake) have 10 classes. */
+/* The image sets (MNIST, Fashion-MNIST, fake) have 10 classes, fake data
+ * for a resnet 1000; a resnet takes the set's channels. */
 static cx_module *build_model(const config *c, const cx_dataset *ds)
 {
     const cx_field *img = cx_dataset_field(ds, cx_dataset_field_index(ds, CX_FIELD_IMAGES));   // (C, H, W)
+    int classes = is_resnet(c) && !strcmp(c->data, "fake") ? 1000 : 10;
+    if (!strcmp(c->model, "resnet18")) return model_resnet18((int)img->shape[0], classes, false);
+    if (!strcmp(c->model, "resnet50")) return model_resnet50((int)img->shape[0], classes, false);
     if (!strcmp(c->model, "cnn")) return model_cnn();
     if (!strcmp(c->model, "lenet")) return model_lenet();
     return model_mlp(img->shape[0] * img->shape[1] * img->shape[2], c->width, c->depth, 10);
@@ -437,8 +461,9 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
         cx_optim_zero_grad(opt);
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
         precision_forward_begin(c->precision);
-        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
+        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, classes)
                                    : cx_module_forward(model, x);
+        if (is_resnet(c)) logp = cx_log_softmax(logp, 1);   /* the resnets give logits, as torchvision's */
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
         precision_forward_end(c->precision);
         cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : par->fsdp ? cx_fsdp_backward(par->fsdp, loss) : cx_backward(loss);
@@ -656,6 +681,14 @@ int main(int argc, char **argv)
     int rank = cx_global_ordinal(), world = cx_world_size();
     if (strcmp(c.grad_comm, "f32") && strcmp(c.parallel, "ddp") && strcmp(c.parallel, "xm")) {
         if (rank == 0) fprintf(stderr, "train: --grad-comm %s applies to --parallel ddp or xm, not %s\n", c.grad_comm, c.parallel);
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
+    bool fixed_28 = !strcmp(c.model, "cnn") || !strcmp(c.model, "lenet");
+    if (c.image_size && c.image_size != 28 && (strcmp(c.data, "fake") || fixed_28)) {
+        if (rank == 0)
+            fprintf(stderr, "train: --image-size %d: %s %s takes 28 x 28 images (other sizes: --data fake with mlp or a resnet)\n",
+                    c.image_size, fixed_28 ? "--model" : "--data", fixed_28 ? c.model : c.data);
         cx_dist_finalize();
         return EXIT_USAGE;
     }
