@@ -55,6 +55,19 @@ int recipe_checkpoint_blocks(cx_module *m, const char *const *types, int n)
     return found;
 }
 
+void recipe_print_blocks(const recipe_flags *r, const char *model, const cx_fsdp *fsdp, int checkpointed)
+{
+    if (!r->use_nested_fsdp && !r->use_gradient_checkpointing) return;
+    int n, units = 0;
+    const char *const *types = recipe_block_types(model, &n);
+    if (fsdp) cx_fsdp_shard_metadata(fsdp, &units);
+    char wrapped[48] = "";
+    if (fsdp) snprintf(wrapped, sizeof wrapped, "%d FSDP units, ", units);
+    printf("blocks of %s (%s%s%s): %s%d checkpointed\n", model, types[0], n > 1 ? ", " : "", n > 1 ? types[1] : "",
+           wrapped, checkpointed);
+    fflush(stdout);
+}
+
 /* ---- flags that go together ---------------------------------------------------------------- */
 
 /* One line on rank 0. @return 2, the usage exit code. */

@@ -54,6 +54,11 @@ const char *const *recipe_block_types(const char *model, int *n);
  * cx_last_error set. */
 int recipe_checkpoint_blocks(cx_module *m, const char *const *types, int n);
 
+/* "blocks of cnn (Linear, Conv2d): 4 FSDP units, 4 checkpointed" with
+ * --use_nested_fsdp or --use_gradient_checkpointing (fsdp: the wrapper,
+ * NULL without). */
+void recipe_print_blocks(const recipe_flags *r, const char *model, const cx_fsdp *fsdp, int checkpointed);
+
 /* WarmupAndExponentialDecayScheduler (torch_xla's test/schedulers.py), its
  * state included: not a pure function of the step (it skips updates
  * smaller than 1e-6), so not a cx_lr_schedule. */

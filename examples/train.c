@@ -824,12 +824,13 @@ int main(int argc, char **argv)
         for (int i = 0; i < cx_module_num_children(model); i++) cx_checkpoint_module(cx_module_child(model, i));
     }
     /* after wrapping: under FSDP a block's region opens after its unit's gather, as the unit's own grad_ckpt */
-    int n_types;
+    int n_types, n_ckpt = 0;
     const char *const *block_types = recipe_block_types(c.model, &n_types);
-    if (c.r.use_gradient_checkpointing && recipe_checkpoint_blocks(model, block_types, n_types) < 0) {
+    if (c.r.use_gradient_checkpointing && (n_ckpt = recipe_checkpoint_blocks(model, block_types, n_types)) < 0) {
         fprintf(stderr, "train: --use_gradient_checkpointing: %s\n", cx_last_error());
         return EXIT_RUNTIME;
     }
+    if (rank == 0) recipe_print_blocks(&c.r, c.model, par.fsdp, n_ckpt);
     cx_optimizer *opt = build_optimizer(&c, model, par.fsdp);
     if (!opt) {
         fprintf(stderr, "train: cannot build the optimizer: %s\n", cx_last_error());
