@@ -125,16 +125,15 @@ cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positi
         /* a single dash (-np, -n) is not a spelling of any flag */
         const cli_flag *typed = arg[1] == '-' ? find(s, arg + 2, (size_t)len - 2) : NULL;
         if (!typed) { cli_error(s, "unknown flag %.*s", len, arg); return CLI_ERROR; }
-        /* the entry that holds the value, under the name the user typed */
+        /* the entry that holds the value */
         const cli_flag *target = typed->synonym_of ? find(s, typed->synonym_of, strlen(typed->synonym_of)) : typed;
         if (!target || target->synonym_of) {
             cli_error(s, "--%s: synonym of --%s, which is not a flag of the table", typed->name, typed->synonym_of);
             return CLI_ERROR;
         }
-        char spelled[128];
-        snprintf(spelled, sizeof spelled, "%.*s", len - 2, arg + 2);
+        /* errors name the entry as the help lists it: a synonym by its own name */
         cli_flag named = *target;
-        named.name = spelled;
+        named.name = typed->name;
         const cli_flag *f = &named;
         if (f->given) *f->given = true;
         if (f->kind == CLI_BOOL || typed->preset) {

@@ -12,7 +12,7 @@
  * --num_epochs for --epochs, --fake_data for --data fake) is a table entry
  * of its own with `synonym_of` naming the flag it stands for; with a
  * `preset` it takes no value and means --<synonym_of> <preset>. The help
- * lists it as "synonym of --epochs". Errors name the flag as it was typed. */
+ * lists it as "synonym of --epochs"; its errors name it by its own name. */
 #ifndef CX_CLI_H
 #define CX_CLI_H
 
@@ -38,7 +38,8 @@ typedef struct {
 } cli_strings;
 
 typedef struct {
-    const char *name;              /* without the dashes, '-' between words */
+    const char *name;              /* without the dashes, '-' between words (another program's
+                                    * flag may keep its '_': the help shows the name as written) */
     cli_kind kind;
     void *dest;
     const char *metavar;           /* shown in the help ("N", "DIR"); NULL: from the kind */

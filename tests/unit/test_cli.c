@@ -192,12 +192,12 @@ Test(cli, synonyms_set_their_flag)
     cr_assert_eq(o.epochs, 4);
 }
 
-Test(cli, synonym_errors_name_the_spelling_typed, .init = cr_redirect_stderr)
+Test(cli, synonym_errors_name_the_synonym, .init = cr_redirect_stderr)
 {
     char *bad[][3] = {
         { "prog", "--num_epochs", "0" },     /* the synonym's target range */
         { "prog", "--tiny=cnn", NULL },      /* a preset takes no value */
-        { "prog", "--ckpt_dir=", NULL },     /* a flag as typed, underscores kept */
+        { "prog", "--ckpt_dir=", NULL },     /* named as the help lists it */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         opts o = defaults();
@@ -206,7 +206,7 @@ Test(cli, synonym_errors_name_the_spelling_typed, .init = cr_redirect_stderr)
     fflush(stderr);
     cr_assert_stderr_eq_str("prog: --num_epochs: expected an integer in [1, 100], got '0' (see prog --help)\n"
                             "prog: --tiny takes no value (see prog --help)\n"
-                            "prog: --ckpt_dir needs a non-empty value (see prog --help)\n");
+                            "prog: --ckpt-dir needs a non-empty value (see prog --help)\n");
 }
 
 Test(cli, help_lists_synonyms, .init = cr_redirect_stdout)
