@@ -165,11 +165,16 @@ double recipe_lr_at(recipe_schedule *s, int64_t step)
 FILE *recipe_log_open(const recipe_flags *r, bool resumed, bool *failed)
 {
     *failed = false;
-    if (!r->log_file || cx_global_ordinal() != 0) return NULL;
-    FILE *f = fopen(r->log_file, resumed ? "a" : "w");
-    if (!f) {
+    if (!r->log_file) return NULL;
+    FILE *f = NULL;
+    if (cx_global_ordinal() == 0 && !(f = fopen(r->log_file, resumed ? "a" : "w")))
         fprintf(stderr, "train: cannot write --log-file %s: %s\n", r->log_file, strerror(errno));
+    /* every rank stops, not rank 0 alone (the others would wait for it in the first step) */
+    double mine = cx_global_ordinal() == 0 && !f, any = 0;
+    if (cx_mesh_reduce("log_file", &mine, 1, NULL, &any) != CX_OK || any > 0) {
+        if (f) fclose(f);
         *failed = true;
+        return NULL;
     }
     return f;
 }

@@ -79,9 +79,10 @@ recipe_schedule recipe_schedule_of(const recipe_flags *r, double lr, int64_t ste
  * (one scheduler step each); an earlier step (a resume) replays from 0. */
 double recipe_lr_at(recipe_schedule *s, int64_t step);
 
-/* The learning-curve log (rank 0 only; NULL elsewhere or without
- * --log-file). A resumed run appends. @return the file, or NULL with
- * *failed set and one line on stderr. */
+/* The learning-curve log, opened by rank 0 (every rank calls it: they
+ * agree on failure). A resumed run appends. @return the file on rank 0,
+ * NULL elsewhere, without --log-file, or with *failed set on every rank
+ * (rank 0's line on stderr). */
 FILE *recipe_log_open(const recipe_flags *r, bool resumed, bool *failed);
 void recipe_log_step(FILE *f, int64_t step, int epoch, double loss, double lr, double images_per_s);
 void recipe_log_eval(FILE *f, int64_t step, int epoch, double accuracy, int64_t images);

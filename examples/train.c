@@ -671,8 +671,8 @@ static int consolidate_and_check(const config *c, const cx_dataset *train_set, c
     }
     double total[2] = { 0, 0 };
     bool ok = true;
-    /* the images the ranks evaluated: with --drop_last, each rank's share cut as it was */
-    int ranks = c->r.drop_last ? cx_world_size() : 1;
+    /* the images the ranks evaluated: each rank's share, padded or (--drop_last) cut as it was */
+    int ranks = cx_world_size();
     for (int r = 0; ok && r < ranks; r++) {
         cx_sampler_opts so = cx_sampler_default_opts();
         so.shuffle = false;

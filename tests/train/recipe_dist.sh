@@ -4,7 +4,8 @@
 # Conv2d), --use_gradient_checkpointing rematerializes those blocks and
 # trains the same losses (within 1e-5) as without; with --drop_last the
 # consolidated checkpoint's accuracy, over the images the ranks kept,
-# equals the sharded model's (rank 0 replays each rank's share).
+# equals the sharded model's (rank 0 replays each rank's share); a log file
+# rank 0 cannot write stops every rank.
 # usage: recipe_dist.sh XLA_LAUNCH TRAIN
 set -eu
 LAUNCH=$1 TRAIN=$2
@@ -30,4 +31,9 @@ paste "$W/a" "$W/b" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5) { pri
 grep -q '"test_images": 10000}' "$W/plain.jsonl" || { cat "$W/plain.jsonl"; fail "test images without --drop_last"; }
 grep -q '"epoch": 2, "test_accuracy": [0-9.]*, "test_images": 9216}' "$W/ckpt.jsonl" || { cat "$W/ckpt.jsonl"; fail "test images"; }
 grep -q '^\[rank 0\] Checkpoint consolidated, Accuracy=' "$W/ckpt" || { cat "$W/ckpt"; fail "no consolidation check"; }
+# a log file rank 0 cannot write stops every rank (no rank waits for it)
+rc=0; timeout 60 "$LAUNCH" --nproc 2 "$TRAIN" --model mlp --width 8 --depth 1 --fake_data --steps 2 --parallel ddp \
+    --log-file "$W/no/such/dir/x.jsonl" > "$W/nolog" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^\[rank 0\] train: cannot write --log-file $W/no/such/dir/x.jsonl: No such file or directory$" "$W/nolog" ||
+    { cat "$W/nolog"; fail "unwritable --log-file: exit $rc"; }
 echo "recipe_dist: ok"
