@@ -3,6 +3,10 @@
  * Read it top to bottom: flags, data, model, optimizer, then the loop. Each
  * training step is one lazy graph: forward, backward and the optimizer
  * update are recorded between the loader's step marks and compiled once.
+ * The seed's ImageNet recipe flags (lr schedule, eval interval, drop_last,
+ * nested FSDP and checkpointing of the model's blocks) and the
+ * learning-curve log live in recipe.c; `train plot --log-file F.jsonl
+ * --out F.png|F.svg` draws that log.
  *
  * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data set missing or
  * unreadable, 21 test accuracy below --target-accuracy, 75 preempted
