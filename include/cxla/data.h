@@ -195,9 +195,14 @@ static inline cx_fake_data_opts cx_fake_data_default_opts(void)
     o.seed = 0;
     return o;
 }
-/* Random pixels and labels from a fixed seed, normalized like MNIST.
- * @return CX_OK, CX_ERR_ARG on a non-positive size or shape, more than 256
- * classes or a struct_size below the first version's, CX_ERR_OOM. */
+#define CX_FAKE_DATA_MAX_CLASSES 1000000
+/* Random pixels and labels from a fixed seed, normalized like MNIST. Each
+ * sample is generated from (seed, index) when a batch is collated: memory
+ * stays flat whatever the size and shape (ImageNet-shaped: 3x224x224,
+ * 1000 classes).
+ * @return CX_OK, CX_ERR_ARG on a non-positive size or shape, an image of
+ * 2^31 elements or more, more than CX_FAKE_DATA_MAX_CLASSES classes or a
+ * struct_size below the first version's, CX_ERR_OOM. */
 CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
 
 /* ---- image folders (torchvision's ImageFolder) ------------------------------ */
