@@ -196,7 +196,7 @@ static double resnet_step(void *p)
     cx_status st = cx_step_end();
     if (bst != CX_OK && st == CX_OK) st = bst;
     if (st != CX_OK) {
-        fprintf(stderr, "cxla-bench: resnet50 step: %s\n", cx_last_error());
+        fprintf(stderr, "cxla-bench: resnet step: %s\n", cx_last_error());
         return -1;
     }
     return bench_now() - t0;
@@ -212,15 +212,15 @@ static void resnet_free(resnet_trainer *t)
     free(t);
 }
 
-/* SGD with momentum as the other trainers; the warm-up steps run. NULL after printing why. */
-static resnet_trainer *resnet_new(void)
+/* SGD with momentum as the other trainers, on model m (taken); the
+ * warm-up steps run. NULL after printing why. */
+static resnet_trainer *resnet_new(cx_module *m)
 {
     resnet_trainer *t = calloc(1, sizeof *t);
     size_t nx = (size_t)RESNET_BATCHES * RESNET_BATCH * 3 * RESNET_SIZE * RESNET_SIZE;
     size_t ny = (size_t)RESNET_BATCHES * RESNET_BATCH;
-    cx_manual_seed(1);
     if (t) {
-        t->m = model_resnet50(3, RESNET_CLASSES, false);
+        t->m = m;
         t->hx = malloc(nx * sizeof *t->hx);
         t->hy = malloc(ny * sizeof *t->hy);
     }
@@ -231,7 +231,8 @@ static resnet_trainer *resnet_new(void)
     if (ps) t->opt = cx_optim_sgd(ps, n, so);
     free(ps);
     if (!t || !t->opt || !t->hx || !t->hy) {
-        fprintf(stderr, "cxla-bench: resnet50 set-up: %s\n", t && (!t->m || !t->opt) ? cx_last_error() : "out of memory");
+        fprintf(stderr, "cxla-bench: resnet set-up: %s\n", t && (!t->m || !t->opt) ? cx_last_error() : "out of memory");
+        if (!t) cx_module_free(m);
         resnet_free(t);
         return NULL;
     }
@@ -277,7 +278,8 @@ static int bench_resnet50(const bench_cfg *cfg)
 {
     cx_set_num_threads(2);
     bench_sgemm *g = bench_sgemm_new(2048);
-    resnet_trainer *t = g ? resnet_new() : NULL;
+    cx_manual_seed(1);
+    resnet_trainer *t = g ? resnet_new(model_resnet50(3, RESNET_CLASSES, false)) : NULL;
     int rc = 1;
     if (t) {
         bench_sgemm_run(g);
@@ -298,18 +300,45 @@ static int bench_resnet50(const bench_cfg *cfg)
     return rc;
 }
 
+/* imagefolder_loader_images_per_s: the image-folder loader with 2 workers
+ * (bench_loader.c) vs resnet18 training steps at 224^2, batch 32, 2
+ * threads: >= 2 means the loader never starves the step. */
+static int bench_loader_vs_resnet18(const bench_cfg *cfg)
+{
+    cx_set_num_threads(2);
+    cx_manual_seed(1);
+    resnet_trainer *t = resnet_new(model_resnet18(3, RESNET_CLASSES, false));
+    if (!t) return 1;
+    bench_cfg c = *cfg;
+    if (c.rounds > RESNET_ROUNDS_MAX) c.rounds = RESNET_ROUNDS_MAX;
+    int rc = bench_loader_figure(&c, "imagefolder_loader_images_per_s", 2,
+                                 (bench_side){ .unit = resnet_step, .ctx = t }, RESNET_BATCH);
+    resnet_free(t);
+    return rc;
+}
+
+/* The loader's figures (bench_loader.c's, then the ratio to resnet18). */
+static int bench_loader_all(const bench_cfg *cfg)
+{
+    int rc = bench_train_loader(cfg);
+    return rc ? rc : bench_loader_vs_resnet18(cfg);
+}
+
 /* ---- the subcommand ------------------------------------------------------------------ */
 
 #define N_CASES 3
 
 int bench_train(int argc, char **argv, bench_cfg cfg)
 {
-    bool only_resnet = false;
+    bool only_resnet = false, only_loader = false;
     const cli_flag extra[] = { { .name = "resnet-only", .kind = CLI_BOOL, .dest = &only_resnet,
-                                 .help = "only resnet50_fake_images_per_s" } };
-    int rc = bench_parse("train", argc, argv, extra, 1, &cfg);
+                                 .help = "only resnet50_fake_images_per_s" },
+                               { .name = "loader-only", .kind = CLI_BOOL, .dest = &only_loader,
+                                 .help = "only the imagefolder_loader_* figures" } };
+    int rc = bench_parse("train", argc, argv, extra, 2, &cfg);
     if (rc >= 0) return rc;
     if (only_resnet) return bench_resnet50(&cfg);
+    if (only_loader) return bench_loader_all(&cfg);
     const struct { const char *name; int64_t batch; double flops; cx_module *(*make)(void); } cases[N_CASES] = {
         { "cnn_b64", 64, cnn_flops(), bench_cnn },
         { "cnn_b256", 256, cnn_flops(), bench_cnn },
@@ -349,5 +378,6 @@ int bench_train(int argc, char **argv, bench_cfg cfg)
         bench_sgemm_free(g);
         if (rc) return rc;
     }
-    return bench_resnet50(&cfg);
+    rc = bench_resnet50(&cfg);
+    return rc ? rc : bench_loader_all(&cfg);
 }

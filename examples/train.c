@@ -27,6 +27,7 @@
 #include "precision.h"
 #include "resnet.h"
 #include "recipe.h"
+#include "train_data.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21, EXIT_PREEMPTED = 75 };
 
@@ -36,7 +37,7 @@ typedef struct {
     const char *model;        /* cnn, lenet, mlp, resnet18, resnet50 */
     const char *data;         /* fashion-mnist, mnist, fake */
     const char *data_dir;     /* NULL: the data set's default */
-    int image_size;           /* fake: N x N; 0 = the data set's own size (28; 224 for the resnets) */
+    int image_size;           /* fake: N x N, imagefolder: the crop; 0: the set's own (28; 224 for resnets, imagefolder) */
     int epochs;
     int64_t steps;            /* per epoch; 0: the whole epoch */
     int64_t batch_size;
@@ -65,10 +66,13 @@ typedef struct {
     const char *trace_dir;    /* profiler output, NULL: off */
     const char *cache_dir;    /* persistent compile cache, NULL: off */
     recipe_flags r;           /* the seed's ImageNet recipe flags (recipe.h) */
+    int num_workers;          /* loader threads decoding in parallel (imagefolder) */
+    int loader_prefetch;      /* host batches gathered ahead (with workers) */
+    int device_prefetch;      /* batches uploaded ahead */
 } config;
 
 static const char *const k_models[] = { "cnn", "lenet", "mlp", "resnet18", "resnet50", NULL };
-static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", NULL };
+static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", "imagefolder", NULL };
 static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
 static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", "spmd", NULL };
 static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
@@ -80,15 +84,24 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     *c = (config){
         .model = "cnn", .data = "fashion-mnist", .epochs = 1, .batch_size = 64, .lr = 0.01, .momentum = 0.5,
         .optimizer = "sgd", .seed = 1, .log_every = 100, .width = 128, .depth = 2, .parallel = "none", .zero = 3,
-        .grad_comm = "f32", .precision_flag = "f32", .r = recipe_default_flags(),
+        .grad_comm = "f32", .precision_flag = "f32", .r = recipe_default_flags(), .num_workers = 2,
+        .loader_prefetch = 4, .device_prefetch = 2,
     };
     const cli_flag flags[] = {
         { .name = "model", .kind = CLI_CHOICE, .dest = &c->model, .choices = k_models, .help = "model" },
         { .name = "data", .kind = CLI_CHOICE, .dest = &c->data, .choices = k_datas, .help = "data set" },
         { .name = "data-dir", .kind = CLI_STRING, .dest = &c->data_dir, .metavar = "DIR",
-          .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist)" },
+          .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist);\n"
+                  "imagefolder: ROOT with ROOT/train and ROOT/val" },
         { .name = "image-size", .kind = CLI_INT, .dest = &c->image_size, .min = 8, .max = 4096,
-          .help = "fake data: N x N images (default 28; for the resnets\n3 x 224 x 224, 1000 classes)" },
+          .help = "fake data: N x N images (default 28; for the resnets\n3 x 224 x 224, 1000 classes); imagefolder: the\n"
+                  "crop (default 224)" },
+        { .name = "num-workers", .kind = CLI_INT, .dest = &c->num_workers, .min = 0, .max = 256,
+          .help = "imagefolder: loader threads decoding in parallel" },
+        { .name = "loader-prefetch-size", .kind = CLI_INT, .dest = &c->loader_prefetch, .min = 1, .max = 1024,
+          .help = "host batches decoded ahead (with --num-workers)" },
+        { .name = "device-prefetch-size", .kind = CLI_INT, .dest = &c->device_prefetch, .min = 1, .max = 1024,
+          .help = "batches uploaded ahead of the step" },
         { .name = "epochs", .kind = CLI_INT, .dest = &c->epochs, .min = 1, .max = 1000000, .help = "epochs" },
         { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 0, .max = 0x1p40, .help = "steps per epoch, 0 = all" },
         { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "images per step on each rank: the global\n"
@@ -212,6 +225,8 @@ static cx_dataset *load_split(const config *c, bool train)
         fake_shape(c, &f, train);
         f.seed = (uint64_t)c->seed + (train ? 0 : 1);
         st = cx_fake_data(f, &ds);
+    } else if (!strcmp(c->data, "imagefolder")) {
+        st = train_data_imagefolder(c->data_dir, train, c->image_size, (uint64_t)c->seed, &ds);
     } else {
         cx_mnist_opts o = cx_mnist_default_opts();
         o.kind = !strcmp(c->data, "mnist") ? CX_DATASET_MNIST : CX_DATASET_FASHION_MNIST;
@@ -229,16 +244,18 @@ static cx_dataset *load_split(const config *c, bool train)
 /* ---- model and optimizer ---------------------------------------------------------- */
 
 /* The image sets (MNIST, Fashion-MNIST, fake) have 10 classes, fake data
- * for a resnet 1000; a resnet takes the set's channels. */
+ * for a resnet 1000, an image folder its own; a resnet takes the set's
+ * channels. */
 static cx_module *build_model(const config *c, const cx_dataset *ds)
 {
     const cx_field *img = cx_dataset_field(ds, cx_dataset_field_index(ds, CX_FIELD_IMAGES));   // (C, H, W)
-    int classes = is_resnet(c) && !strcmp(c->data, "fake") ? 1000 : 10;
+    int classes = cx_imagefolder_num_classes(ds) ? cx_imagefolder_num_classes(ds)
+                : is_resnet(c) && !strcmp(c->data, "fake") ? 1000 : 10;
     if (!strcmp(c->model, "resnet18")) return model_resnet18((int)img->shape[0], classes, false);
     if (!strcmp(c->model, "resnet50")) return model_resnet50((int)img->shape[0], classes, false);
     if (!strcmp(c->model, "cnn")) return model_cnn();
     if (!strcmp(c->model, "lenet")) return model_lenet();
-    return model_mlp(img->shape[0] * img->shape[1] * img->shape[2], c->width, c->depth, 10);
+    return model_mlp(img->shape[0] * img->shape[1] * img->shape[2], c->width, c->depth, classes);
 }
 
 /* Over the model's parameters, or FSDP's flat shards. */
@@ -762,9 +779,11 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     bool fixed_28 = !strcmp(c.model, "cnn") || !strcmp(c.model, "lenet");
-    if (c.image_size && c.image_size != 28 && (strcmp(c.data, "fake") || fixed_28)) {
+    bool any_size = !strcmp(c.data, "fake") || !strcmp(c.data, "imagefolder");
+    if (c.image_size && c.image_size != 28 && (!any_size || fixed_28)) {
         if (rank == 0)
-            fprintf(stderr, "train: --image-size %d: %s %s takes 28 x 28 images (other sizes: --data fake with mlp or a resnet)\n",
+            fprintf(stderr, "train: --image-size %d: %s %s takes 28 x 28 images (other sizes: --data fake or imagefolder "
+                    "with mlp or a resnet)\n",
                     c.image_size, fixed_28 ? "--model" : "--data", fixed_28 ? c.model : c.data);
         cx_dist_finalize();
         return EXIT_USAGE;
@@ -890,6 +909,9 @@ int main(int argc, char **argv)
     cx_loader_opts lo = cx_loader_default_opts();
     lo.batch_size = c.batch_size;
     lo.drop_last = c.r.drop_last;
+    lo.num_workers = c.num_workers;
+    lo.host_prefetch = c.loader_prefetch;
+    lo.prefetch = c.device_prefetch;
     /* spmd: x (N, 1, 28, 28) over data x dim1 (the channel padded), as the seed
      * marks it; each rank reads and uploads only its rows */
     cx_spec_entry input_spec[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
@@ -951,6 +973,8 @@ int main(int argc, char **argv)
     }
 
     if (g_run.log) fclose(g_run.log);
+    train_data_report("train", train_set);
+    train_data_report("val", test_set);
     cx_ckpt_manager_free(g_ckpt.mgr);
     cx_loader_free(train_loader);
     cx_loader_free(test_loader);
