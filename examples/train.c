@@ -69,6 +69,7 @@ typedef struct {
     int num_workers;          /* loader threads decoding in parallel (imagefolder) */
     int loader_prefetch;      /* host batches gathered ahead (with workers) */
     int device_prefetch;      /* batches uploaded ahead */
+    const char *bad_images;   /* imagefolder: skip or stop */
 } config;
 
 static const char *const k_models[] = { "cnn", "lenet", "mlp", "resnet18", "resnet50", NULL };
@@ -76,6 +77,7 @@ static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", "imagef
 static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
 static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", "spmd", NULL };
 static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
+static const char *const k_bad_images[] = { "skip", "stop", NULL };
 
 /* The defaults, then the flags given. The table is also the --help text.
  * @return a cli_result (help printed, or one error line printed). */
@@ -85,7 +87,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         .model = "cnn", .data = "fashion-mnist", .epochs = 1, .batch_size = 64, .lr = 0.01, .momentum = 0.5,
         .optimizer = "sgd", .seed = 1, .log_every = 100, .width = 128, .depth = 2, .parallel = "none", .zero = 3,
         .grad_comm = "f32", .precision_flag = "f32", .r = recipe_default_flags(), .num_workers = 2,
-        .loader_prefetch = 4, .device_prefetch = 2,
+        .loader_prefetch = 4, .device_prefetch = 2, .bad_images = "skip",
     };
     const cli_flag flags[] = {
         { .name = "model", .kind = CLI_CHOICE, .dest = &c->model, .choices = k_models, .help = "model" },
@@ -102,6 +104,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "host batches decoded ahead (with --num-workers)" },
         { .name = "device-prefetch-size", .kind = CLI_INT, .dest = &c->device_prefetch, .min = 1, .max = 1024,
           .help = "batches uploaded ahead of the step" },
+        { .name = "bad-images", .kind = CLI_CHOICE, .dest = &c->bad_images, .choices = k_bad_images,
+          .help = "imagefolder: a corrupt or truncated image is named\nand skipped (counted), or stops the run (exit 1)" },
         { .name = "epochs", .kind = CLI_INT, .dest = &c->epochs, .min = 1, .max = 1000000, .help = "epochs" },
         { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 0, .max = 0x1p40, .help = "steps per epoch, 0 = all" },
         { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "images per step on each rank: the global\n"
@@ -226,7 +230,7 @@ static cx_dataset *load_split(const config *c, bool train)
         f.seed = (uint64_t)c->seed + (train ? 0 : 1);
         st = cx_fake_data(f, &ds);
     } else if (!strcmp(c->data, "imagefolder")) {
-        st = train_data_imagefolder(c->data_dir, train, c->image_size, (uint64_t)c->seed, &ds);
+        st = train_data_imagefolder(c->data_dir, train, c->image_size, (uint64_t)c->seed, !strcmp(c->bad_images, "stop"), &ds);
     } else {
         cx_mnist_opts o = cx_mnist_default_opts();
         o.kind = !strcmp(c->data, "mnist") ? CX_DATASET_MNIST : CX_DATASET_FASHION_MNIST;

@@ -1,12 +1,14 @@
 /* train --data imagefolder: ROOT/train and ROOT/val as torchvision's
- * ImageFolder with the ImageNet transforms. A bad image is skipped rather
- * than ending a long run: the library names each one once. */
+ * ImageFolder with the ImageNet transforms. By default a bad image is
+ * skipped rather than ending a long run (the library names each one once);
+ * --bad-images stop fails the batch that reads it. */
 #include "train_data.h"
 
 #include <stdio.h>
 #include <string.h>
 
-cx_status train_data_imagefolder(const char *root, bool train, int image_size, uint64_t seed, cx_dataset **out)
+cx_status train_data_imagefolder(const char *root, bool train, int image_size, uint64_t seed, bool stop_on_bad,
+                                 cx_dataset **out)
 {
     char dir[4096];
     if (!root) {
@@ -19,7 +21,7 @@ cx_status train_data_imagefolder(const char *root, bool train, int image_size, u
     o.train = train;
     o.image_size = image_size ? image_size : TRAIN_IMAGEFOLDER_SIZE;
     o.seed = seed;
-    o.on_error = CX_IMAGE_ERRORS_SKIP;
+    o.on_error = stop_on_bad ? CX_IMAGE_ERRORS_STOP : CX_IMAGE_ERRORS_SKIP;
     return cx_imagefolder_open(o, out);
 }
 

@@ -8,9 +8,11 @@
 
 /* ROOT/train (the training transform) or ROOT/val (eval's) of the seed's
  * ImageNet layout as an image folder of image_size crops (0: 224), bad
- * files skipped (each named once on stderr, counted at the end).
+ * files skipped (each named once on stderr, counted at the end) or, with
+ * stop_on_bad, failing the batch that reads one (the error names it).
  * @return the cx_imagefolder_open status, its message in cx_last_error. */
-cx_status train_data_imagefolder(const char *root, bool train, int image_size, uint64_t seed, cx_dataset **out);
+cx_status train_data_imagefolder(const char *root, bool train, int image_size, uint64_t seed, bool stop_on_bad,
+                                 cx_dataset **out);
 
 /* Prints "train: N bad image files skipped" for a split that skipped any. */
 void train_data_report(const char *split, const cx_dataset *ds);

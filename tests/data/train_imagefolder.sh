@@ -5,7 +5,8 @@
 # when written; chance is 10%), through 2 loader workers, and the run's
 # accuracies are the same with 0 workers (determinism whatever N). Bad
 # files are named once each and counted; a missing --data-dir and a root
-# without train/ are one line and exit 3.
+# without train/ are one line and exit 3; with --bad-images stop the first
+# bad file read ends the run in one line naming it (exit 1).
 # usage: train_imagefolder.sh TRAIN MAKE_IMAGEFOLDER
 set -eu
 TRAIN=$1 MAKE=$2
@@ -33,4 +34,8 @@ mkdir "$W/empty"
 rc=0
 "$TRAIN" --model mlp --data imagefolder --data-dir "$W/empty" > "$W/o" 2> "$W/e" || rc=$?
 [ $rc = 3 ] && [ "$(wc -l < "$W/e")" = 1 ] && grep -q "$W/empty/train: no such directory" "$W/e" || { cat "$W/e"; fail "no train/: exit $rc"; }
+# --bad-images stop: the first bad file read ends the run, named in one line
+rc=0
+"$TRAIN" $A --epochs 1 --bad-images stop > "$W/o" 2> "$W/e" || rc=$?
+[ $rc = 1 ] && [ "$(wc -l < "$W/e")" = 1 ] && grep -q "_bad\.[a-z]*: " "$W/e" || { cat "$W/e"; fail "--bad-images stop: exit $rc"; }
 echo "ok"
