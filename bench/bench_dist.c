@@ -780,13 +780,13 @@ int bench_spmd(int argc, char **argv, bench_cfg cfg)
     emit0("spmd_fsdpv2_step_s", "s", BENCH_LOWER, &fst);
     rc = spmd_tp_figures(&cfg, gpt_batch) ? 0 : 1;
 out:
+    cx_spmd_fsdp_free(fw);   /* first: it unhooks the model the trainer frees */
     bench_trainer_free(s);
     bench_trainer_free(d);
     bench_trainer_free(f);   /* a trainer takes its model, even when it fails */
     bench_trainer_free(fd);
     if (fmod && !fw) cx_module_free(fmod);
     if (sm && !mesh) cx_module_free(sm);
-    cx_spmd_fsdp_free(fw);
     cx_dist_finalize();
     return rc;
 }
