@@ -454,6 +454,7 @@ typedef struct {
     int64_t block_bytes;   /* one block's parameters and state, whole */
     int wrapped;
     int64_t gathers, scatters;   /* inserted by the partitioner compiling the first step */
+    int aliased;                 /* outputs of the last step written over their old buffers */
 } gpt_run;
 
 static cx_gpt_config tiny_gpt(void)
@@ -537,6 +538,7 @@ static void gpt_fsdp_train(bool ddp, const cx_spmd_fsdp_opts *o, const cx_mesh *
         r->loss[s] = (float)mean;
         cx_free(out[1]);
         if (s == 0) { r->gathers = cx_counter_value("SpmdAllGather"); r->scatters = cx_counter_value("SpmdReduceScatter"); }
+        r->aliased = cx_last_exec_info().num_aliased;
     }
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -644,6 +646,9 @@ static void fsdpv2_gpt_per_block_equals_ddp(void)
             if (!close_rel(pf[i], pd[i], 1e-5) && bad++ == 0) first = i;
         CHECK(bad == 0, "%s: %d parameter elements differ from ddp by more than 1e-5 (first %d: %.8f, ddp %.8f)", what, bad, first,
               first >= 0 ? pf[first] : 0, first >= 0 ? pd[first] : 0);
+        /* sharded parameters, gradients and momentum are updated in their own
+         * buffers, as DDP's whole ones are (no second copy during the step) */
+        CHECK(got.aliased == ref.aliased, "%s: %d outputs of a step take their old buffers, ddp %d", what, got.aliased, ref.aliased);
         CHECK(got.state_bytes <= ref.state_bytes / nr + ref.block_bytes,
               "%s: parameters + momentum hold %lld bytes on this rank; ddp %lld, over %d ranks plus one block (%lld) is %lld", what,
               (long long)got.state_bytes, (long long)ref.state_bytes, nr, (long long)ref.block_bytes,
