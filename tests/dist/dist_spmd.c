@@ -611,6 +611,36 @@ static void fsdpv2_output_errors(const cx_mesh *mesh)
     cx_module_free(m);
 }
 
+/* The size policy picks what the type policy does on a GPT when the bound
+ * is one block's parameters (children first: the attention and MLP fall
+ * short, and nothing above a block holds that many of its own);
+ * shard_maximal splits a weight's largest dimension. */
+static void fsdpv2_policies(const cx_mesh *mesh)
+{
+    cx_manual_seed(3);
+    cx_module *m = cx_nn_gpt(tiny_gpt());
+    cx_spmd_fsdp_opts o = cx_spmd_fsdp_default_opts();
+    o.auto_wrap_min_params = cx_module_num_params(cx_module_find(m, "transformer.h.0"));
+    cx_spmd_fsdp *f = cx_spmd_fsdp_wrap_opts(m, mesh, o);
+    CHECK(f && cx_spmd_fsdp_num_wrapped(f) == 2 && !strcmp(cx_spmd_fsdp_wrapped_path(f, 0), "transformer.h.0") &&
+              !strcmp(cx_spmd_fsdp_wrapped_path(f, 1), "transformer.h.1"),
+          "size policy of %lld parameters: %d wrapped (%s, ...): %s", (long long)o.auto_wrap_min_params,
+          cx_spmd_fsdp_num_wrapped(f), cx_spmd_fsdp_wrapped_path(f, 0), f ? "" : cx_last_error());
+    char spec[256];
+    CHECK(strstr(cx_sharding_spec(cx_module_get(m, "transformer.h.0.mlp.c_fc.weight"), spec, sizeof spec), "spec=(fsdp, None)"),
+          "c_fc.weight (128, 32) is %s, not split on its first dimension", spec);
+    cx_spmd_fsdp_free(f);
+    cx_module_free(m);
+    cx_module *lin = cx_nn_linear(K, 8, true);   /* weight (8, 12) */
+    cx_spmd_fsdp_opts mx = cx_spmd_fsdp_default_opts();
+    mx.shard_maximal = true;
+    f = cx_spmd_fsdp_wrap_opts(lin, mesh, mx);
+    CHECK(f && strstr(cx_sharding_spec(cx_module_get(lin, "weight"), spec, sizeof spec), "spec=(None, fsdp)"),
+          "shard_maximal: a (8, 12) weight is %s", f ? spec : cx_last_error());
+    cx_spmd_fsdp_free(f);
+    cx_module_free(lin);
+}
+
 static void fsdpv2_gpt_per_block_equals_ddp(void)
 {
     int nr = cx_world_size(), shape[2] = { nr, 1 };
@@ -660,6 +690,7 @@ static void fsdpv2_gpt_per_block_equals_ddp(void)
                    (long long)ref.block_bytes, (long long)got.gathers, (long long)got.scatters);
     }
     fsdpv2_output_errors(mesh);
+    fsdpv2_policies(mesh);
 }
 
 /* The loader's input sharding: each rank reads only its rows of every
