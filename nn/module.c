@@ -348,7 +348,7 @@ static int run_forward(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor *
         if (!failed && m->hooks[i].outputs && m->hooks[i].outputs(m, out, k, m->hooks[i].ctx) != CX_OK) failed = true;
         if (m->hooks[i].post) m->hooks[i].post(m, m->hooks[i].ctx);
     }
-    if (failed && k > 0) {
+    if (failed && k >= 0) {
         for (int i = 0; i < k; i++) { cx_drop(out[i]); out[i] = NULL; }
         k = -1;
     }
