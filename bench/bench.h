@@ -152,6 +152,35 @@ bool bench_gpt_trainer_set_autocast(bench_gpt_trainer *t, bool on);
 int64_t bench_gpt_trainer_state_bytes(bench_gpt_trainer *t, bool local);
 void bench_gpt_trainer_free(bench_gpt_trainer *t);
 
+/* The image-folder loader at ImageNet's shapes (bench_loader.c): a folder
+ * of BENCH_LOADER_IMAGES synthetic photo-like JPEGs (500x375, 4:2:0,
+ * quality 90, one class), made in a temporary directory and read with the
+ * training transform (random-resized 224x224 crops, flip, normalize) by a
+ * loader of batch BENCH_LOADER_BATCH with num_workers workers. */
+#define BENCH_LOADER_IMAGES 192
+#define BENCH_LOADER_BATCH 32
+/* Writes the folder into a new temporary directory, its path into dir (64
+ * bytes). @return false after printing why. */
+bool bench_loader_folder(char *dir);
+/* Removes what bench_loader_folder made. */
+void bench_loader_folder_remove(const char *dir);
+typedef struct bench_loader bench_loader;
+/* NULL after printing why. */
+bench_loader *bench_loader_new(const char *dir, int num_workers, bool jpeg_fast);
+/* bench_side unit: one epoch, every batch taken (decoded, augmented and
+ * uploaded), from an empty pipeline; BENCH_LOADER_IMAGES images. */
+double bench_loader_epoch(void *loader);
+void bench_loader_free(bench_loader *l);
+/* One figure over cfg's rounds: the loader's images/s with num_workers
+ * (a folder of its own) vs `ref`, a side whose unit handles ref_images
+ * images: a resnet18 training step of batch 32 (bench_trainer_step, 224x224)
+ * makes it the issue's imagefolder_loader_images_per_s. @return 0, or 1
+ * after printing why. */
+int bench_loader_figure(const bench_cfg *cfg, const char *name, int num_workers, bench_side ref, double ref_images);
+/* cxla-bench train's loader figures: workers 1 and 2 vs 0, and jpeg_fast
+ * vs whole decodes with 2 workers. @return 0, or 1 after printing why. */
+int bench_train_loader(const bench_cfg *cfg);
+
 /* cblas_sgemm at n x n x n with as many OpenBLAS threads as cxla uses. */
 typedef struct bench_sgemm bench_sgemm;
 bench_sgemm *bench_sgemm_new(int n);

@@ -6,9 +6,12 @@
 
 #include <cxla/cxla.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "resnet.h"
 
 /* ---- the trainer (also the ddp bench's) ----------------------------------------- */
 
@@ -156,14 +159,186 @@ static double cnn_flops(void)
 }
 static double mlp_flops(void) { return 6.0 * (784.0 * 4096 + 2.0 * 4096 * 4096 + 4096.0 * 10); }
 
+/* ---- resnet50 on ImageNet-shaped batches ------------------------------------------- */
+
+/* The seed's --fake_data recipe at the figure's size: 224^2, batch 32, 1000
+ * classes. A step is ~0.8 TFLOP, seconds on 2 threads: few steps are timed
+ * (RESNET_ROUNDS_MAX rounds of one step each, after RESNET_WARMUP). */
+#define RESNET_SIZE 224
+#define RESNET_BATCH 32
+#define RESNET_CLASSES 1000
+#define RESNET_WARMUP 2   /* the first compiles; the second has the momentum buffers */
+#define RESNET_ROUNDS_MAX 3
+#define RESNET_BATCHES 2
+
+typedef struct {
+    cx_module *m;
+    cx_optimizer *opt;
+    float *hx;         /* RESNET_BATCHES x (B, 3, S, S) */
+    int64_t *hy;       /* RESNET_BATCHES x (B) */
+    int next;
+} resnet_trainer;
+
+static double resnet_step(void *p)
+{
+    resnet_trainer *t = p;
+    int64_t sx[4] = { RESNET_BATCH, 3, RESNET_SIZE, RESNET_SIZE }, sy = RESNET_BATCH;
+    size_t per = (size_t)RESNET_BATCH * 3 * RESNET_SIZE * RESNET_SIZE;
+    double t0 = bench_now();
+    cx_step_begin();
+    cx_optim_zero_grad(t->opt);
+    cx_tensor *x = cx_from_host(t->hx + (size_t)t->next * per, sx, 4, CX_F32);
+    cx_tensor *y = cx_from_host(t->hy + (size_t)t->next * RESNET_BATCH, &sy, 1, CX_I64);
+    t->next = (t->next + 1) % RESNET_BATCHES;
+    cx_tensor *loss = cx_nll_loss(cx_log_softmax(cx_module_forward(t->m, x), 1), y, CX_REDUCE_MEAN, -100);
+    cx_status bst = cx_backward(loss);
+    cx_optim_step(t->opt);
+    cx_status st = cx_step_end();
+    if (bst != CX_OK && st == CX_OK) st = bst;
+    if (st != CX_OK) {
+        fprintf(stderr, "cxla-bench: resnet step: %s\n", cx_last_error());
+        return -1;
+    }
+    return bench_now() - t0;
+}
+
+static void resnet_free(resnet_trainer *t)
+{
+    if (!t) return;
+    cx_optim_free(t->opt);
+    cx_module_free(t->m);
+    free(t->hx);
+    free(t->hy);
+    free(t);
+}
+
+/* SGD with momentum as the other trainers, on model m (taken); the
+ * warm-up steps run. NULL after printing why. */
+static resnet_trainer *resnet_new(cx_module *m)
+{
+    resnet_trainer *t = calloc(1, sizeof *t);
+    size_t nx = (size_t)RESNET_BATCHES * RESNET_BATCH * 3 * RESNET_SIZE * RESNET_SIZE;
+    size_t ny = (size_t)RESNET_BATCHES * RESNET_BATCH;
+    if (t) {
+        t->m = m;
+        t->hx = malloc(nx * sizeof *t->hx);
+        t->hy = malloc(ny * sizeof *t->hy);
+    }
+    int n = 0;
+    cx_named_tensor *ps = t && t->m ? cx_module_parameters(t->m, &n) : NULL;
+    cx_sgd_opts so = cx_sgd_default_opts();
+    so.momentum = 0.9;
+    if (ps) t->opt = cx_optim_sgd(ps, n, so);
+    free(ps);
+    if (!t || !t->opt || !t->hx || !t->hy) {
+        fprintf(stderr, "cxla-bench: resnet set-up: %s\n", t && (!t->m || !t->opt) ? cx_last_error() : "out of memory");
+        if (!t) cx_module_free(m);
+        resnet_free(t);
+        return NULL;
+    }
+    for (size_t i = 0; i < nx; i++) t->hx[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    for (size_t i = 0; i < ny; i++) t->hy[i] = (int64_t)((i * 40503u) % RESNET_CLASSES);
+    for (int s = 0; s < RESNET_WARMUP; s++)
+        if (resnet_step(t) < 0) {
+            resnet_free(t);
+            return NULL;
+        }
+    return t;
+}
+
+/* Training FLOPs per image of resnet50's convolutions and fc at side s:
+ * 3x the forward multiply-adds x 2, as the other figures count (conv1's
+ * input gradient, which autograd skips, included). 4.09 G multiply-adds
+ * forward at 224, torchvision's figure. */
+static double resnet50_flops(int s)
+{
+    static const int blocks[4] = { 3, 4, 6, 3 };
+    double h = floor((s - 1) / 2.0) + 1;                 /* conv1 7x7/2 p3 */
+    double macs = h * h * 64 * 3 * 49, in = 64;
+    h = floor((h - 1) / 2.0) + 1;                        /* maxpool 3/2 p1 */
+    for (int l = 0; l < 4; l++) {
+        double planes = 64 << l;
+        for (int b = 0; b < blocks[l]; b++) {
+            int stride = b == 0 && l > 0 ? 2 : 1;
+            double ho = floor((h - 1) / stride) + 1;
+            macs += h * h * in * planes                  /* conv1 1x1 */
+                  + ho * ho * planes * planes * 9        /* conv2 3x3, the stride */
+                  + ho * ho * planes * 4 * planes;       /* conv3 1x1 */
+            if (b == 0) macs += ho * ho * in * 4 * planes;   /* downsample 1x1 */
+            in = 4 * planes;
+            h = ho;
+        }
+    }
+    return 6.0 * (macs + in * RESNET_CLASSES);
+}
+
+/* resnet50_fake_images_per_s at 2 threads: images/s vs the GEMM-bound limit
+ * of its convolutions and fc at the sgemm rate of the same rounds. */
+static int bench_resnet50(const bench_cfg *cfg)
+{
+    cx_set_num_threads(2);
+    bench_sgemm *g = bench_sgemm_new(2048);
+    cx_manual_seed(1);
+    resnet_trainer *t = g ? resnet_new(model_resnet50(3, RESNET_CLASSES, false)) : NULL;
+    int rc = 1;
+    if (t) {
+        bench_sgemm_run(g);
+        bench_side sides[2] = { { .unit = bench_sgemm_run, .ctx = g }, { .unit = resnet_step, .ctx = t } };
+        bench_series fig = { 0 };
+        int rounds = cfg->rounds < RESNET_ROUNDS_MAX ? cfg->rounds : RESNET_ROUNDS_MAX;
+        double flops = resnet50_flops(RESNET_SIZE);
+        rc = 0;
+        for (int r = 0; r < rounds && rc == 0; r++) {
+            double sec[2];
+            if (!bench_round(cfg, r, sides, 2, sec)) rc = 1;
+            else bench_add(&fig, RESNET_BATCH / sec[1], bench_sgemm_flop(g) / sec[0] / flops);
+        }
+        if (rc == 0) bench_emit("resnet50_fake_images_per_s", "images/s", BENCH_HIGHER, &fig);
+    }
+    resnet_free(t);
+    bench_sgemm_free(g);
+    return rc;
+}
+
+/* imagefolder_loader_images_per_s: the image-folder loader with 2 workers
+ * (bench_loader.c) vs resnet18 training steps at 224^2, batch 32, 2
+ * threads: >= 2 means the loader never starves the step. */
+static int bench_loader_vs_resnet18(const bench_cfg *cfg)
+{
+    cx_set_num_threads(2);
+    cx_manual_seed(1);
+    resnet_trainer *t = resnet_new(model_resnet18(3, RESNET_CLASSES, false));
+    if (!t) return 1;
+    bench_cfg c = *cfg;
+    if (c.rounds > RESNET_ROUNDS_MAX) c.rounds = RESNET_ROUNDS_MAX;
+    int rc = bench_loader_figure(&c, "imagefolder_loader_images_per_s", 2,
+                                 (bench_side){ .unit = resnet_step, .ctx = t }, RESNET_BATCH);
+    resnet_free(t);
+    return rc;
+}
+
+/* The loader's figures (bench_loader.c's, then the ratio to resnet18). */
+static int bench_loader_all(const bench_cfg *cfg)
+{
+    int rc = bench_train_loader(cfg);
+    return rc ? rc : bench_loader_vs_resnet18(cfg);
+}
+
 /* ---- the subcommand ------------------------------------------------------------------ */
 
 #define N_CASES 3
 
 int bench_train(int argc, char **argv, bench_cfg cfg)
 {
-    int rc = bench_parse("train", argc, argv, NULL, 0, &cfg);
+    bool only_resnet = false, only_loader = false;
+    const cli_flag extra[] = { { .name = "resnet-only", .kind = CLI_BOOL, .dest = &only_resnet,
+                                 .help = "only resnet50_fake_images_per_s" },
+                               { .name = "loader-only", .kind = CLI_BOOL, .dest = &only_loader,
+                                 .help = "only the imagefolder_loader_* figures" } };
+    int rc = bench_parse("train", argc, argv, extra, 2, &cfg);
     if (rc >= 0) return rc;
+    if (only_resnet) return bench_resnet50(&cfg);
+    if (only_loader) return bench_loader_all(&cfg);
     const struct { const char *name; int64_t batch; double flops; cx_module *(*make)(void); } cases[N_CASES] = {
         { "cnn_b64", 64, cnn_flops(), bench_cnn },
         { "cnn_b256", 256, cnn_flops(), bench_cnn },
@@ -203,5 +378,6 @@ int bench_train(int argc, char **argv, bench_cfg cfg)
         bench_sgemm_free(g);
         if (rc) return rc;
     }
-    return 0;
+    rc = bench_resnet50(&cfg);
+    return rc ? rc : bench_loader_all(&cfg);
 }

@@ -24,7 +24,15 @@ static const subcommand g_subcommands[] = {
     { "train", bench_train,
       "Run directly.\n"
       "train_*_images_per_s: training steps of the cnn (batch 64, 256) and a 4096-wide mlp (batch 256),\n"
-      "at 1 and 2 threads, vs the GEMM-bound limit: model FLOPs over the cblas_sgemm rate measured in the same round", 0, 0 },
+      "at 1 and 2 threads, vs the GEMM-bound limit: model FLOPs over the cblas_sgemm rate measured in the same round\n"
+      "resnet50_fake_images_per_s: resnet50 training steps at 224x224, batch 32, 2 threads (fake ImageNet-shaped\n"
+      "batches, SGD momentum) vs the GEMM-bound limit of its convolutions and fc (at most 3 rounds of one step;\n"
+      "--resnet-only runs only this figure)\n"
+      "imagefolder_loader_w0_images_per_s: decode + augment + upload rate of the image-folder loader (224x224 training\n"
+      "crops of 500x375 photo-like JPEGs, batch 32) on its one thread; _w1_vs_w0, _w2_vs_w0: with 1 and 2 workers\n"
+      "vs that; _w2_fast_vs_whole: 2 workers with jpeg_fast (partial and DCT-scaled JPEG decoding) vs without\n"
+      "imagefolder_loader_images_per_s: the loader's rate with 2 workers vs resnet18 training steps at 224x224,\n"
+      "batch 32, 2 threads (fake batches; at most 3 rounds; --loader-only runs only the loader figures)", 0, 0 },
     { "gpt", bench_gpt,
       "Run directly.\n"
       "gpt_tokens_per_s: training steps of the gpt program's default model (4 layers, n_embd 256, block 128,\n"

@@ -123,12 +123,26 @@ cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positi
         const char *eq = strchr(arg, '=');
         int len = eq ? (int)(eq - arg) : (int)strlen(arg);
         /* a single dash (-np, -n) is not a spelling of any flag */
-        const cli_flag *f = arg[1] == '-' ? find(s, arg + 2, (size_t)len - 2) : NULL;
-        if (!f) { cli_error(s, "unknown flag %.*s", len, arg); return CLI_ERROR; }
+        const cli_flag *typed = arg[1] == '-' ? find(s, arg + 2, (size_t)len - 2) : NULL;
+        if (!typed) { cli_error(s, "unknown flag %.*s", len, arg); return CLI_ERROR; }
+        /* the entry that holds the value */
+        const cli_flag *target = typed->synonym_of ? find(s, typed->synonym_of, strlen(typed->synonym_of)) : typed;
+        if (!target || target->synonym_of) {
+            cli_error(s, "--%s: synonym of --%s, which is not a flag of the table", typed->name, typed->synonym_of);
+            return CLI_ERROR;
+        }
+        /* errors name the entry as the help lists it: a synonym by its own name */
+        cli_flag named = *target;
+        named.name = typed->name;
+        const cli_flag *f = &named;
         if (f->given) *f->given = true;
-        if (f->kind == CLI_BOOL) {
+        if (f->kind == CLI_BOOL || typed->preset) {
             if (eq) { cli_error(s, "--%s takes no value", f->name); return CLI_ERROR; }
-            *(bool *)f->dest = true;
+            if (typed->preset) {
+                if (!set_value(s, f, typed->preset)) return CLI_ERROR;
+            } else if (f->dest) {
+                *(bool *)f->dest = true;
+            }
             continue;
         }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
@@ -178,6 +192,20 @@ static void print_default(const cli_flag *f, FILE *out)
     }
 }
 
+/* "--num_epochs N    synonym of --epochs"; a preset: "--fake_data   synonym of --data fake". */
+static void help_synonym(const cli_spec *s, const cli_flag *f, FILE *out)
+{
+    const cli_flag *t = find(s, f->synonym_of, strlen(f->synonym_of));
+    char left[96];
+    bool value = t && !f->preset && t->kind != CLI_BOOL;
+    snprintf(left, sizeof left, "--%s%s%s", f->name, value ? " " : "", value ? metavar(t) : "");
+    if (strlen(left) > 32) fprintf(out, "  %s\n  %-32s ", left, "");
+    else fprintf(out, "  %-32s ", left);
+    fprintf(out, "synonym of --%s%s%s", f->synonym_of, f->preset ? " " : "", f->preset ? f->preset : "");
+    if (f->help) fprintf(out, ": %s", f->help);
+    fputc('\n', out);
+}
+
 void cli_help(const cli_spec *s, FILE *out)
 {
     fprintf(out, "usage: %s %s\n", s->prog, s->args ? s->args : "[flags]");
@@ -186,6 +214,10 @@ void cli_help(const cli_spec *s, FILE *out)
     for (int i = 0; i < s->nflags; i++) {
         const cli_flag *f = &s->flags[i];
         char left[96];
+        if (f->synonym_of) {
+            help_synonym(s, f, out);
+            continue;
+        }
         if (f->kind == CLI_CHOICE) {
             int n = snprintf(left, sizeof left, "--%s {", f->name);
             for (int c = 0; f->choices[c] && n < (int)sizeof left; c++)

@@ -6,7 +6,13 @@
  * Spellings: --batch-size and --batch_size are the same flag; a value
  * follows as --flag=V or --flag V; a bool flag takes no value. Any other
  * argument starting with '-' is taken for a (mistyped) flag, not a
- * positional: "-np 4" is an error, "--" lets a positional start with '-'. */
+ * positional: "-np 4" is an error, "--" lets a positional start with '-'.
+ *
+ * Synonyms: another program's spelling of a flag (train takes the seed's
+ * --num_epochs for --epochs, --fake_data for --data fake) is a table entry
+ * of its own with `synonym_of` naming the flag it stands for; with a
+ * `preset` it takes no value and means --<synonym_of> <preset>. The help
+ * lists it as "synonym of --epochs"; its errors name it by its own name. */
 #ifndef CX_CLI_H
 #define CX_CLI_H
 
@@ -15,7 +21,8 @@
 #include <stdio.h>
 
 typedef enum {
-    CLI_BOOL,     /* bool *: set to true when given */
+    CLI_BOOL,     /* bool *: set to true when given; dest NULL: accepted and ignored
+                   * (a spelling other programs' command lines pass) */
     CLI_INT,      /* int * */
     CLI_I64,      /* int64_t * */
     CLI_DOUBLE,   /* double * */
@@ -31,7 +38,8 @@ typedef struct {
 } cli_strings;
 
 typedef struct {
-    const char *name;              /* without the dashes, '-' between words */
+    const char *name;              /* without the dashes, '-' between words (another program's
+                                    * flag may keep its '_': the help shows the name as written) */
     cli_kind kind;
     void *dest;
     const char *metavar;           /* shown in the help ("N", "DIR"); NULL: from the kind */
@@ -41,6 +49,10 @@ typedef struct {
                                     * inside it, so an out-of-range default means "not given". */
     const char *const *choices;    /* CLI_CHOICE: NULL-terminated list */
     bool *given;                   /* optional: set when the flag appears */
+    /* A synonym: the name of the entry it stands for (kind, dest, given and
+     * range are that entry's; this one's are not used). */
+    const char *synonym_of;
+    const char *preset;            /* synonym only: takes no value, gives this one */
 } cli_flag;
 
 typedef struct {

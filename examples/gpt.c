@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "cx_cli.h"
+#include "learning_curve.h"
 #include "precision.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_PREEMPTED = 75 };
@@ -1047,46 +1048,14 @@ static int cmd_sample(const config *c)
 
 /* ---- plot -------------------------------------------------------------------------------------------- */
 
-/* Splits the log file into train and val columns for gnuplot, then draws
- * both curves (PNG or SVG by --out's extension). @return 0 or an exit code. */
+/* The train and val loss curves of the log file. @return 0 or an exit code. */
 static int cmd_plot(const config *c)
 {
-    size_t n = strlen(c->out);
-    bool svg = n > 4 && !strcmp(c->out + n - 4, ".svg"), png = n > 4 && !strcmp(c->out + n - 4, ".png");
-    if (!svg && !png) { fprintf(stderr, "gpt plot: --out %s: want a .png or .svg name\n", c->out); return EXIT_USAGE; }
-    FILE *in = fopen(c->log_file, "r");
-    if (!in) { fprintf(stderr, "gpt plot: cannot read --log-file %s: %s\n", c->log_file, strerror(errno)); return EXIT_DATA; }
-    char dat[] = "/tmp/gpt-plot-XXXXXX";
-    int fd = mkstemp(dat);
-    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!out) { fclose(in); fprintf(stderr, "gpt plot: cannot make a temporary file\n"); return EXIT_RUNTIME; }
-    char line[1024];
-    int points = 0;
-    while (fgets(line, sizeof line, in)) {
-        const char *s = strstr(line, "\"step\":"), *l = strstr(line, "\"loss\":"), *v = strstr(line, "\"val_loss\":");
-        if (!s) continue;
-        long long step = atoll(s + 7);
-        if (l) fprintf(out, "%lld %.6f NaN\n", step, strtod(l + 7, NULL));
-        if (v) fprintf(out, "%lld NaN %.6f\n", step, strtod(v + 11, NULL));
-        points++;
-    }
-    fclose(in);
-    fclose(out);
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "gnuplot -e \"set terminal %s size 800,500; set output '%s'; set xlabel 'step'; set ylabel 'loss';"
-             " set key top right; set datafile missing 'NaN';"
-             " plot '%s' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val'\" 2>&1",
-             svg ? "svg" : "pngcairo", c->out, dat);
-    int st = points ? system(cmd) : -1;
-    unlink(dat);
-    if (!points) { fprintf(stderr, "gpt plot: %s holds no logged step\n", c->log_file); return EXIT_DATA; }
-    if (st != 0) {
-        fprintf(stderr, "gpt plot: gnuplot failed (install gnuplot-nox: scripts/install-deps.sh)\n");
-        return EXIT_RUNTIME;
-    }
-    printf("wrote %s\n", c->out);
-    return 0;
+    static const lc_series curves[] = { { .key = "loss", .title = "train" },
+                                        { .key = "val_loss", .title = "val", .points = true } };
+    lc_plot_spec p = { .prog = "gpt plot", .log_file = c->log_file, .out = c->out, .ylabel = "loss",
+                       .series = curves, .nseries = 2 };
+    return lc_plot(&p);
 }
 
 /* ---- main -------------------------------------------------------------------------------------------- */

@@ -3,6 +3,10 @@
  * Read it top to bottom: flags, data, model, optimizer, then the loop. Each
  * training step is one lazy graph: forward, backward and the optimizer
  * update are recorded between the loader's step marks and compiled once.
+ * The seed's ImageNet recipe flags (lr schedule, eval interval, drop_last,
+ * nested FSDP and checkpointing of the model's blocks) and the
+ * learning-curve log live in recipe.c; `train plot --log-file F.jsonl
+ * --out F.png|F.svg` draws that log.
  *
  * Exit codes: 0 success, 1 runtime error, 2 bad flag, 3 data set missing or
  * unreadable, 21 test accuracy below --target-accuracy, 75 preempted
@@ -21,15 +25,19 @@
 #include "cx_cli.h"
 #include "models.h"
 #include "precision.h"
+#include "resnet.h"
+#include "recipe.h"
+#include "train_data.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_DATA = 3, EXIT_BELOW_TARGET = 21, EXIT_PREEMPTED = 75 };
 
 /* ---- flags ------------------------------------------------------------------ */
 
 typedef struct {
-    const char *model;        /* cnn, lenet, mlp */
+    const char *model;        /* cnn, lenet, mlp, resnet18, resnet50 */
     const char *data;         /* fashion-mnist, mnist, fake */
     const char *data_dir;     /* NULL: the data set's default */
+    int image_size;           /* fake: N x N, imagefolder: the crop; 0: the set's own (28; 224 for resnets, imagefolder) */
     int epochs;
     int64_t steps;            /* per epoch; 0: the whole epoch */
     int64_t batch_size;
@@ -57,10 +65,14 @@ typedef struct {
     bool log_all_ranks;       /* every rank prints its own loss and epoch lines */
     const char *trace_dir;    /* profiler output, NULL: off */
     const char *cache_dir;    /* persistent compile cache, NULL: off */
+    recipe_flags r;           /* the seed's ImageNet recipe flags (recipe.h) */
+    int num_workers;          /* loader threads decoding in parallel (imagefolder) */
+    int loader_prefetch;      /* host batches gathered ahead (with workers) */
+    int device_prefetch;      /* batches uploaded ahead */
 } config;
 
-static const char *const k_models[] = { "cnn", "lenet", "mlp", NULL };
-static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", NULL };
+static const char *const k_models[] = { "cnn", "lenet", "mlp", "resnet18", "resnet50", NULL };
+static const char *const k_datas[] = { "fashion-mnist", "mnist", "fake", "imagefolder", NULL };
 static const char *const k_optims[] = { "sgd", "adam", "adamw", NULL };
 static const char *const k_parallels[] = { "none", "ddp", "xm", "fsdp", "spmd", NULL };
 static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
@@ -72,13 +84,24 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     *c = (config){
         .model = "cnn", .data = "fashion-mnist", .epochs = 1, .batch_size = 64, .lr = 0.01, .momentum = 0.5,
         .optimizer = "sgd", .seed = 1, .log_every = 100, .width = 128, .depth = 2, .parallel = "none", .zero = 3,
-        .grad_comm = "f32", .precision_flag = "f32",
+        .grad_comm = "f32", .precision_flag = "f32", .r = recipe_default_flags(), .num_workers = 2,
+        .loader_prefetch = 4, .device_prefetch = 2,
     };
     const cli_flag flags[] = {
         { .name = "model", .kind = CLI_CHOICE, .dest = &c->model, .choices = k_models, .help = "model" },
         { .name = "data", .kind = CLI_CHOICE, .dest = &c->data, .choices = k_datas, .help = "data set" },
         { .name = "data-dir", .kind = CLI_STRING, .dest = &c->data_dir, .metavar = "DIR",
-          .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist)" },
+          .help = "IDX files (default " CX_FASHION_MNIST_DIR "\nfor fashion-mnist, " CX_MNIST_DIR " for mnist);\n"
+                  "imagefolder: ROOT with ROOT/train and ROOT/val" },
+        { .name = "image-size", .kind = CLI_INT, .dest = &c->image_size, .min = 8, .max = 4096,
+          .help = "fake data: N x N images (default 28; for the resnets\n3 x 224 x 224, 1000 classes); imagefolder: the\n"
+                  "crop (default 224)" },
+        { .name = "num-workers", .kind = CLI_INT, .dest = &c->num_workers, .min = 0, .max = 256,
+          .help = "imagefolder: loader threads decoding in parallel" },
+        { .name = "loader-prefetch-size", .kind = CLI_INT, .dest = &c->loader_prefetch, .min = 1, .max = 1024,
+          .help = "host batches decoded ahead (with --num-workers)" },
+        { .name = "device-prefetch-size", .kind = CLI_INT, .dest = &c->device_prefetch, .min = 1, .max = 1024,
+          .help = "batches uploaded ahead of the step" },
         { .name = "epochs", .kind = CLI_INT, .dest = &c->epochs, .min = 1, .max = 1000000, .help = "epochs" },
         { .name = "steps", .kind = CLI_I64, .dest = &c->steps, .min = 0, .max = 0x1p40, .help = "steps per epoch, 0 = all" },
         { .name = "batch-size", .kind = CLI_I64, .dest = &c->batch_size, .min = 1, .max = 0x1p20, .help = "images per step on each rank: the global\n"
@@ -99,7 +122,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .max = INFINITY, .help = "exit 21 if the final test accuracy is below, 0 = off" },
         { .name = "width", .kind = CLI_I64, .dest = &c->width, .min = 1, .max = 0x1p20, .help = "mlp hidden width" },
         { .name = "depth", .kind = CLI_INT, .dest = &c->depth, .min = 0, .max = 1000, .help = "mlp hidden layers" },
-        { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
+        { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels, .given = &c->r.parallel_given,
           .help = "data parallelism over the ranks of xla-launch:\n"
                   "ddp = DistributedDataParallel, xm = xm.optimizer_step,\nfsdp = fully sharded, "
                   "spmd = the seed's mnist_xla.py\nshardings (cnn; an even number of ranks)" },
@@ -132,9 +155,38 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "resume from the latest committed checkpoint in\n"
                   "--ckpt-dir (auto; none = fresh start), from PREFIX,\n"
                   "or from a consolidated FILE.h5 (any world size)" },
+        { .name = "log-file", .kind = CLI_STRING, .dest = &c->r.log_file, .metavar = "F.jsonl",
+          .help = "one JSON object per logged step and per evaluation\n(train plot draws it)" },
+        /* the seed's test_train_mp_imagenet(_fsdp).py, spelled as it is (recipe.h) */
+        { .name = "num_warmup_epochs", .kind = CLI_DOUBLE, .dest = &c->r.warmup_epochs, .metavar = "E", .min = 0,
+          .max = 1e6, .given = &c->r.schedule_given[0],
+          .help = "the lr ramps up linearly over E epochs, then is divided\n"
+                  "by D every K epochs (WarmupAndExponentialDecayScheduler;\non when any of the three is given)" },
+        { .name = "lr_scheduler_divide_every_n_epochs", .kind = CLI_INT, .dest = &c->r.divide_every, .metavar = "K",
+          .min = 1, .max = 1000000, .given = &c->r.schedule_given[1], .help = "see --num_warmup_epochs" },
+        { .name = "lr_scheduler_divisor", .kind = CLI_INT, .dest = &c->r.divisor, .metavar = "D", .min = 1,
+          .max = 1000000, .given = &c->r.schedule_given[2], .help = "see --num_warmup_epochs" },
+        { .name = "test_set_batch_size", .kind = CLI_I64, .dest = &c->r.test_batch_size, .min = 1, .max = 0x1p20,
+          .help = "images per evaluation step on each rank\n(default: --batch-size)" },
+        { .name = "eval_interval", .kind = CLI_INT, .dest = &c->r.eval_interval, .min = 1, .max = 1000000,
+          .help = "evaluate every N epochs and after the last" },
+        { .name = "drop_last", .kind = CLI_BOOL, .dest = &c->r.drop_last,
+          .help = "drop the last incomplete batch (train and test) and\ncut the split to a multiple of the ranks" },
+        { .name = "use_nested_fsdp", .kind = CLI_BOOL, .dest = &c->r.use_nested_fsdp,
+          .help = "--parallel fsdp with the model's blocks as units\n(resnets: the residual blocks; cnn, lenet, mlp:\nevery Linear / Conv2d)" },
+        { .name = "use_gradient_checkpointing", .kind = CLI_BOOL, .dest = &c->r.use_gradient_checkpointing,
+          .help = "rematerialize the model's blocks in backward\n(any --parallel, nested FSDP units or not)" },
+        { .name = "pjrt_distributed", .kind = CLI_BOOL,
+          .help = "accepted as the seed's launch lines pass it: the ranks\n"
+                  "come from xla-launch, mpirun or srun; the runtime is\nalways the distributed one" },
+        { .name = "num_epochs", .synonym_of = "epochs" },
+        { .name = "datadir", .synonym_of = "data-dir" },
+        { .name = "fake_data", .synonym_of = "data", .preset = "fake" },
+        { .name = "log_steps", .synonym_of = "log-every" },
     };
     const cli_spec spec = {
         .prog = "train",
+        .args = "[flags]  |  train plot --log-file F.jsonl --out F.png|F.svg",
         .summary = "The reference cxla trainer (MNIST / Fashion-MNIST classifiers); run it through\n"
                    "xla-launch for several ranks.",
         .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
@@ -147,6 +199,22 @@ static cli_result parse_flags(config *c, int argc, char **argv)
 
 /* ---- data ------------------------------------------------------------------- */
 
+static bool is_resnet(const config *c) { return !strncmp(c->model, "resnet", 6); }
+
+/* Fake data for a resnet is ImageNet-shaped, as the seed's --fake_data:
+ * 3 x N x N (N = 224 unless --image-size), 1000 classes. Its test split is
+ * one batch per rank: on random labels accuracy is chance whatever its
+ * size, and a resnet50's forward at 224 costs ~8 GFLOP an image. */
+static void fake_shape(const config *c, cx_fake_data_opts *f, bool train)
+{
+    bool imagenet = is_resnet(c);
+    int n = c->image_size ? c->image_size : imagenet ? 224 : 28;
+    f->channels = imagenet ? 3 : 1;
+    f->height = f->width = n;
+    f->num_classes = imagenet ? 1000 : 10;
+    f->size = train ? 60000 : imagenet ? c->batch_size * cx_world_size() : 10000;
+}
+
 /* @return the split, or exits 3 naming the missing file. */
 static cx_dataset *load_split(const config *c, bool train)
 {
@@ -154,9 +222,11 @@ static cx_dataset *load_split(const config *c, bool train)
     cx_status st;
     if (!strcmp(c->data, "fake")) {
         cx_fake_data_opts f = cx_fake_data_default_opts();
-        f.size = train ? 60000 : 10000;
+        fake_shape(c, &f, train);
         f.seed = (uint64_t)c->seed + (train ? 0 : 1);
         st = cx_fake_data(f, &ds);
+    } else if (!strcmp(c->data, "imagefolder")) {
+        st = train_data_imagefolder(c->data_dir, train, c->image_size, (uint64_t)c->seed, &ds);
     } else {
         cx_mnist_opts o = cx_mnist_default_opts();
         o.kind = !strcmp(c->data, "mnist") ? CX_DATASET_MNIST : CX_DATASET_FASHION_MNIST;
@@ -173,13 +243,19 @@ static cx_dataset *load_split(const config *c, bool train)
 
 /* ---- model and optimizer ---------------------------------------------------------- */
 
-/* The image sets (MNIST, Fashion-MNIST, fake) have 10 classes. */
+/* The image sets (MNIST, Fashion-MNIST, fake) have 10 classes, fake data
+ * for a resnet 1000, an image folder its own; a resnet takes the set's
+ * channels. */
 static cx_module *build_model(const config *c, const cx_dataset *ds)
 {
     const cx_field *img = cx_dataset_field(ds, cx_dataset_field_index(ds, CX_FIELD_IMAGES));   // (C, H, W)
+    int classes = cx_imagefolder_num_classes(ds) ? cx_imagefolder_num_classes(ds)
+                : is_resnet(c) && !strcmp(c->data, "fake") ? 1000 : 10;
+    if (!strcmp(c->model, "resnet18")) return model_resnet18((int)img->shape[0], classes, false);
+    if (!strcmp(c->model, "resnet50")) return model_resnet50((int)img->shape[0], classes, false);
     if (!strcmp(c->model, "cnn")) return model_cnn();
     if (!strcmp(c->model, "lenet")) return model_lenet();
-    return model_mlp(img->shape[0] * img->shape[1] * img->shape[2], c->width, c->depth, 10);
+    return model_mlp(img->shape[0] * img->shape[1] * img->shape[2], c->width, c->depth, classes);
 }
 
 /* Over the model's parameters, or FSDP's flat shards. */
@@ -220,6 +296,8 @@ static double now_s(void)
 typedef struct {
     cx_tensor *loss;
     int64_t batch;
+    double lr;
+    int64_t step;        /* optimizer steps done, this one included */
 } pending_log;
 
 /* Where an epoch is, for its progress lines. */
@@ -236,6 +314,8 @@ typedef struct {
 static struct {
     int64_t steps, images;   /* this process's run; images over all ranks */
     double train_s, t0;
+    recipe_schedule sched;   /* the lr of every step */
+    FILE *log;               /* --log-file (rank 0) */
 } g_run;
 
 /* Ranks that each read their own images: an SPMD batch is one global batch. */
@@ -266,6 +346,7 @@ static void flush_log(pending_log *p, const config *c, const progress *pr, int64
     double left = (double)(pr->per_epoch - pr->steps + (int64_t)(c->epochs - pr->epoch) * pr->per_epoch);
     char eta[32];
     format_eta(eta, sizeof eta, done > 0 ? left * dt / done : 0);
+    recipe_log_step(g_run.log, p->step, pr->epoch, loss, p->lr, dt > 0 ? (double)(pr->images * feeders()) / dt : 0.0);
     printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f  (%.1f images/s%s, ETA %s)\n", pr->epoch,
            (long long)(p->batch * c->batch_size * feeders()), (long long)total,
            100.0 * (double)p->batch / (double)pr->per_epoch, loss, dt > 0 ? (double)(pr->images * k) / dt : 0.0,
@@ -430,15 +511,17 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     cx_module_train(model, true);
     progress pr = { .epoch = epoch, .per_epoch = steps_per_epoch(c, loader), .t0 = now_s() };
     pr.first = pr.steps = ckpt_start_epoch(loader, epoch, c->batch_size);
-    pending_log log = { NULL, 0 };
+    pending_log log = { .loss = NULL };
     cx_batch b;
     while (pr.steps < pr.per_epoch && cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
         flush_log(&log, c, &pr, dataset_size);
         cx_optim_zero_grad(opt);
+        cx_optim_set_lr(opt, recipe_lr_at(&g_run.sched, cx_optim_step_count(opt)));   /* a runtime scalar: no recompile */
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
         precision_forward_begin(c->precision);
-        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, 10)
+        cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, classes)
                                    : cx_module_forward(model, x);
+        if (is_resnet(c)) logp = cx_log_softmax(logp, 1);   /* the resnets give logits, as torchvision's */
         cx_tensor *loss = cx_nll_loss(logp, y, CX_REDUCE_MEAN, -100);
         precision_forward_end(c->precision);
         cx_status st = par->ddp ? cx_ddp_backward(par->ddp, loss) : par->fsdp ? cx_fsdp_backward(par->fsdp, loss) : cx_backward(loss);
@@ -448,7 +531,8 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
             cx_loader_end_step(loader);
             return st;
         }
-        if (b.index % c->log_every == 0) log = (pending_log){ cx_keep(loss), b.index };
+        if (b.index % c->log_every == 0)
+            log = (pending_log){ cx_keep(loss), b.index, cx_optim_get_lr(opt), cx_optim_step_count(opt) };
         pr.images += b.size;
         pr.steps++;
         g_run.steps++;
@@ -482,7 +566,8 @@ static void sum_reduce(const double *all, int world, int n, double *out)
 /* the run's --precision: evaluation runs as training does */
 static precision g_precision;
 
-static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
+/* Correct predictions and images of the loader's split (this rank's share) into counts[0], counts[1]. */
+static void count_correct(cx_module *model, cx_loader *loader, double counts[2])
 {
     cx_module_train(model, false);
     cx_loader_set_epoch(loader, 0, 0);
@@ -500,16 +585,28 @@ static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks)
         seen += b.size;
     }
     cx_no_grad_end();
-    /* every rank evaluates its shard of the test set: average over ranks */
-    double local[2] = { cx_item(correct), (double)seen }, total[2] = { 0, 0 };
+    counts[0] = cx_item(correct);
+    counts[1] = (double)seen;
     cx_free(correct);
-    if (!all_ranks) return local[1] > 0 ? 100.0 * local[0] / local[1] : 0.0;
-    if (cx_mesh_reduce("test_accuracy", local, 2, sum_reduce, total) != CX_OK) return NAN;
+}
+
+/* @return the accuracy in percent (NaN if the ranks' reduction failed) and *images, the images evaluated. */
+static double evaluate_on(cx_module *model, cx_loader *loader, bool all_ranks, int64_t *images)
+{
+    /* every rank evaluates its shard of the test set: average over ranks */
+    double local[2], total[2] = { 0, 0 };
+    count_correct(model, loader, local);
+    if (!all_ranks) memcpy(total, local, sizeof total);
+    else if (cx_mesh_reduce("test_accuracy", local, 2, sum_reduce, total) != CX_OK) return NAN;
+    *images = (int64_t)total[1];
     return total[1] > 0 ? 100.0 * total[0] / total[1] : 0.0;
 }
 
 /* SPMD ranks all evaluate the whole test set as one program. */
-static double evaluate(cx_module *model, cx_loader *loader) { return evaluate_on(model, loader, !cx_is_spmd()); }
+static double evaluate(cx_module *model, cx_loader *loader, int64_t *images)
+{
+    return evaluate_on(model, loader, !cx_is_spmd(), images);
+}
 
 /* The seed's mnist_xla.py: meshes (N/2, 2, 1, 1) and (N/2, 2), the conv
  * weights split over data, fc1 over data, fc2 over data x model. @return
@@ -613,36 +710,53 @@ static int consolidate_and_check(const config *c, const cx_dataset *train_set, c
         return 0;
     }
     cx_module *full = build_model(c, train_set);
-    cx_sampler_opts so = cx_sampler_default_opts();
-    so.shuffle = false;
-    cx_sampler *sampler = full ? cx_sampler_new(cx_dataset_size(test_set), so) : NULL;
-    cx_loader_opts lo = cx_loader_default_opts();
-    lo.batch_size = c->batch_size;
-    cx_loader *loader = sampler ? cx_loader_new(test_set, sampler, lo) : NULL;
-    int rc = 0;
-    if (!loader || cx_ckpt_load_full(out, cx_ckpt_model_single(full), NULL, NULL) != CX_OK) {
+    if (!full || cx_ckpt_load_full(out, cx_ckpt_model_single(full), NULL, NULL) != CX_OK) {
         fprintf(stderr, "train: reloading %s: %s\n", out, cx_last_error());
-        rc = EXIT_RUNTIME;
-    } else {
-        double acc = evaluate_on(full, loader, false);
-        printf("Checkpoint consolidated, Accuracy=%.2f (sharded model: %.2f)\n", acc, sharded_acc);
-        fflush(stdout);
-        if (fabs(acc - sharded_acc) > 1e-9) {
-            fprintf(stderr, "train: the consolidated model's accuracy %.2f%% differs from the sharded model's %.2f%%\n", acc,
-                    sharded_acc);
-            rc = EXIT_RUNTIME;
-        }
+        cx_module_free(full);
+        return EXIT_RUNTIME;
     }
-    cx_loader_free(loader);
-    cx_sampler_free(sampler);
+    double total[2] = { 0, 0 };
+    bool ok = true;
+    /* the images the ranks evaluated: each rank's share, padded or (--drop_last) cut as it was */
+    int ranks = cx_world_size();
+    for (int r = 0; ok && r < ranks; r++) {
+        cx_sampler_opts so = cx_sampler_default_opts();
+        so.shuffle = false;
+        so.rank = r;
+        so.world_size = ranks;
+        so.drop_last = c->r.drop_last;
+        cx_sampler *sampler = cx_sampler_new(cx_dataset_size(test_set), so);
+        cx_loader_opts lo = cx_loader_default_opts();
+        lo.batch_size = c->r.test_batch_size;
+        lo.drop_last = c->r.drop_last;
+        cx_loader *loader = sampler ? cx_loader_new(test_set, sampler, lo) : NULL;
+        double counts[2];
+        if ((ok = loader != NULL)) count_correct(full, loader, counts);
+        if (ok) { total[0] += counts[0]; total[1] += counts[1]; }
+        cx_loader_free(loader);
+        cx_sampler_free(sampler);
+    }
     cx_module_free(full);
-    return rc;
+    if (!ok) {
+        fprintf(stderr, "train: evaluating %s: %s\n", out, cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    double acc = total[1] > 0 ? 100.0 * total[0] / total[1] : 0.0;
+    printf("Checkpoint consolidated, Accuracy=%.2f (sharded model: %.2f)\n", acc, sharded_acc);
+    fflush(stdout);
+    if (fabs(acc - sharded_acc) > 1e-9) {
+        fprintf(stderr, "train: the consolidated model's accuracy %.2f%% differs from the sharded model's %.2f%%\n", acc,
+                sharded_acc);
+        return EXIT_RUNTIME;
+    }
+    return 0;
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "plot")) return recipe_plot_main(argc - 1, argv + 1);
     if (cx_dist_init(&argc, &argv) != CX_OK) {
         fprintf(stderr, "train: cannot start the distributed runtime: %s\n", cx_last_error());
         return EXIT_RUNTIME;
@@ -654,8 +768,23 @@ int main(int argc, char **argv)
         return parsed == CLI_HELP ? 0 : EXIT_USAGE;
     }
     int rank = cx_global_ordinal(), world = cx_world_size();
+    if (recipe_check(&c.r, c.model, &c.parallel, c.nested, c.auto_wrap_min_params, c.grad_ckpt) != 0) {
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
+    if (!c.r.test_batch_size) c.r.test_batch_size = c.batch_size;
     if (strcmp(c.grad_comm, "f32") && strcmp(c.parallel, "ddp") && strcmp(c.parallel, "xm")) {
         if (rank == 0) fprintf(stderr, "train: --grad-comm %s applies to --parallel ddp or xm, not %s\n", c.grad_comm, c.parallel);
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
+    bool fixed_28 = !strcmp(c.model, "cnn") || !strcmp(c.model, "lenet");
+    bool any_size = !strcmp(c.data, "fake") || !strcmp(c.data, "imagefolder");
+    if (c.image_size && c.image_size != 28 && (!any_size || fixed_28)) {
+        if (rank == 0)
+            fprintf(stderr, "train: --image-size %d: %s %s takes 28 x 28 images (other sizes: --data fake or imagefolder "
+                    "with mlp or a resnet)\n",
+                    c.image_size, fixed_28 ? "--model" : "--data", fixed_28 ? c.model : c.data);
         cx_dist_finalize();
         return EXIT_USAGE;
     }
@@ -714,6 +843,7 @@ int main(int argc, char **argv)
         fo.reshard_after_forward = c.zero == 3;
         fo.auto_wrap_min_params = c.auto_wrap_min_params;
         if (c.nested) { fo.auto_wrap_types = unit_types; fo.n_auto_wrap_types = 2; }
+        if (c.r.use_nested_fsdp) fo.auto_wrap_types = recipe_block_types(c.model, &fo.n_auto_wrap_types);
         fo.grad_ckpt = c.grad_ckpt;
         /* bf16-mixed: parameters gathered in bf16, gradients reduce-scattered in f32 */
         if (c.precision == PRECISION_BF16_MIXED) fo.compute_dtype = CX_BF16;
@@ -749,6 +879,14 @@ int main(int argc, char **argv)
         /* every child of the top Sequential recomputes its forward in backward */
         for (int i = 0; i < cx_module_num_children(model); i++) cx_checkpoint_module(cx_module_child(model, i));
     }
+    /* after wrapping: under FSDP a block's region opens after its unit's gather, as the unit's own grad_ckpt */
+    int n_types, n_ckpt = 0;
+    const char *const *block_types = recipe_block_types(c.model, &n_types);
+    if (c.r.use_gradient_checkpointing && (n_ckpt = recipe_checkpoint_blocks(model, block_types, n_types)) < 0) {
+        fprintf(stderr, "train: --use_gradient_checkpointing: %s\n", cx_last_error());
+        return EXIT_RUNTIME;
+    }
+    if (rank == 0) recipe_print_blocks(&c.r, c.model, par.fsdp, n_ckpt);
     cx_optimizer *opt = build_optimizer(&c, model, par.fsdp);
     if (!opt) {
         fprintf(stderr, "train: cannot build the optimizer: %s\n", cx_last_error());
@@ -764,16 +902,22 @@ int main(int argc, char **argv)
     so.seed = (uint64_t)c.seed;
     so.rank = par.conv_mesh ? 0 : rank;              /* spmd: every rank passes the same global batch */
     so.world_size = par.conv_mesh ? 1 : world;
+    so.drop_last = c.r.drop_last;
     cx_sampler *train_sampler = cx_sampler_new(cx_dataset_size(train_set), so);
     so.shuffle = false;
     cx_sampler *test_sampler = cx_sampler_new(cx_dataset_size(test_set), so);
     cx_loader_opts lo = cx_loader_default_opts();
     lo.batch_size = c.batch_size;
+    lo.drop_last = c.r.drop_last;
+    lo.num_workers = c.num_workers;
+    lo.host_prefetch = c.loader_prefetch;
+    lo.prefetch = c.device_prefetch;
     /* spmd: x (N, 1, 28, 28) over data x dim1 (the channel padded), as the seed
      * marks it; each rank reads and uploads only its rows */
     cx_spec_entry input_spec[4] = { CX_SPEC_NAME("data"), CX_SPEC_NAME("dim1"), CX_SPEC_NONE, CX_SPEC_NONE };
     if (par.conv_mesh) { lo.input_mesh = par.conv_mesh; lo.input_spec = input_spec; lo.input_nspec = 4; }
     cx_loader *train_loader = train_sampler ? cx_loader_new(train_set, train_sampler, lo) : NULL;
+    lo.batch_size = c.r.test_batch_size;
     cx_loader *test_loader = test_sampler ? cx_loader_new(test_set, test_sampler, lo) : NULL;
     if (!train_loader || !test_loader) {
         fprintf(stderr, "train: cannot start the data loaders: %s\n", cx_last_error());
@@ -784,6 +928,10 @@ int main(int argc, char **argv)
     double acc = NAN;
     g_run.t0 = now_s();
     if (ckpt_setup(&c, &par, model, opt) != CX_OK) rc = EXIT_RUNTIME;
+    g_run.sched = recipe_schedule_of(&c.r, c.lr, steps_per_epoch(&c, train_loader));
+    bool log_failed;
+    g_run.log = recipe_log_open(&c.r, g_ckpt.last_prefix[0] != 0, &log_failed);
+    if (log_failed) rc = EXIT_RUNTIME;
     bool done = rc == 0 && resumed_at_end(&c, train_loader);
     for (int epoch = (int)g_ckpt.resume_epoch; epoch <= c.epochs && rc == 0 && !done; epoch++) {
         if (resumed_epoch_done(&c, epoch, train_loader)) continue;   /* its last step is in the checkpoint */
@@ -795,7 +943,9 @@ int main(int argc, char **argv)
             rc = EXIT_PREEMPTED;
             break;
         }
-        acc = evaluate(model, test_loader);
+        if (epoch % c.r.eval_interval && epoch != c.epochs) continue;   /* the seed's --eval_interval */
+        int64_t images;
+        acc = evaluate(model, test_loader, &images);
         if (cx_loader_error(test_loader) != CX_OK || isnan(acc)) {
             fprintf(stderr, "train: evaluation failed: %s\n", cx_last_error());
             rc = EXIT_RUNTIME;
@@ -803,6 +953,7 @@ int main(int argc, char **argv)
         }
         if (rank == 0) printf("Test accuracy: %.2f%%\n", acc);
         fflush(stdout);
+        recipe_log_eval(g_run.log, cx_optim_step_count(opt), epoch, acc, images);
     }
     if (rc == 0 && !done && ckpt_final_save(c.epochs) != CX_OK) rc = EXIT_RUNTIME;
     if (rc == 0 && !done && par.fsdp && c.ckpt_dir && g_ckpt.last_prefix[0])
@@ -821,6 +972,9 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    if (g_run.log) fclose(g_run.log);
+    train_data_report("train", train_set);
+    train_data_report("val", test_set);
     cx_ckpt_manager_free(g_ckpt.mgr);
     cx_loader_free(train_loader);
     cx_loader_free(test_loader);

@@ -4,6 +4,7 @@
 #include <cxla/data.h>
 
 #include "cx_struct.h"
+#include "data_internal.h"
 
 struct cx_dataset {
     int64_t size;
@@ -16,6 +17,7 @@ struct cx_dataset {
     cx_dataset_epoch_fn set_epoch;
     cx_dataset_free_fn free_ctx;
     void *ctx;
+    bool concurrent;
 };
 
 /* @return bytes of one item of `f`, or 0 with cx_last_error set when the
@@ -116,6 +118,7 @@ cx_dataset *cx_dataset_new(const cx_dataset_desc *desc)
     ds->set_epoch = d->set_epoch;
     ds->free_ctx = d->free;
     ds->ctx = d->ctx;
+    ds->concurrent = d->concurrent;
     return ds;
 }
 
@@ -239,4 +242,11 @@ cx_dataset *cx_dataset_from_arrays(int64_t size, int nfields, const cx_field *fi
         a->item_bytes[f] = ds->item_bytes[f];
     }
     return ds;
+}
+
+bool cx_dataset_concurrent(const cx_dataset *ds) { return ds && ds->concurrent; }
+
+void *cx_dataset_ctx_of(const cx_dataset *ds, cx_dataset_get_fn get)
+{
+    return ds && ds->get == get ? ds->ctx : NULL;
 }

@@ -1,6 +1,6 @@
 /* Image data sets: MNIST / Fashion-MNIST from IDX files, and fake images.
- * Both keep 8-bit pixels and byte labels on the host and collate a batch
- * into the "images" (f32, normalized) and "labels" (i64) fields. */
+ * MNIST keeps 8-bit pixels and byte labels on the host, fake images are
+ * generated per sample; both collate a batch into the "images" (f32, normalized) and "labels" (i64) fields. */
 #include "nn_internal.h"
 
 #include "cx_struct.h"
@@ -134,6 +134,33 @@ cx_status cx_mnist_load(cx_mnist_opts given, cx_dataset **out)
     return *out ? CX_OK : CX_ERR_OOM;
 }
 
+/* Fake images are generated when a batch is collated, never stored: at
+ * 3x224x224 a stored set of 60000 would be 9 GB. SplitMix64 is a counter
+ * (each draw adds one constant to the state), so sample i's first draw
+ * starts from seed + i * (1 + C*H*W) * gamma: the same values as drawing
+ * the samples in order (label, then its pixels), which is what the set
+ * held when it was stored. */
+typedef struct {
+    int64_t n;
+    size_t per;              /* C * H * W */
+    uint64_t seed, classes;
+    float lut[256];
+} fake_images;
+
+static cx_status fake_collate(void *ctx, const int64_t *idx, int64_t n, void *const *batch)
+{
+    const fake_images *f = ctx;
+    float *img = batch[0];   // (n, C, H, W)
+    int64_t *lab = batch[1];
+    for (int64_t b = 0; b < n; b++) {
+        uint64_t s = f->seed + (uint64_t)idx[b] * (uint64_t)(1 + f->per) * 0x9e3779b97f4a7c15ull;
+        lab[b] = (int64_t)(cx_splitmix64(&s) % f->classes);
+        float *dst = img + (size_t)b * f->per;
+        for (size_t j = 0; j < f->per; j++) dst[j] = f->lut[cx_splitmix64(&s) >> 56];
+    }
+    return CX_OK;
+}
+
 cx_status cx_fake_data(cx_fake_data_opts given, cx_dataset **out)
 {
     if (!out) { cx_set_last_error("cx_fake_data: out is NULL"); return CX_ERR_ARG; }
@@ -141,29 +168,28 @@ cx_status cx_fake_data(cx_fake_data_opts given, cx_dataset **out)
     cx_fake_data_opts o = cx_fake_data_default_opts();
     if (!CX_TAKE_STRUCT("cx_fake_data", cx_fake_data_opts, o, &given, seed)) return CX_ERR_ARG;
     if (o.size <= 0 || o.channels <= 0 || o.height <= 0 || o.width <= 0 || o.num_classes <= 0 ||
-        o.num_classes > 256) {
-        cx_set_last_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, <= 256 classes)",
-                     (long long)o.size, o.channels, o.height, o.width, o.num_classes);
+        o.num_classes > CX_FAKE_DATA_MAX_CLASSES ||
+        (double)o.channels * (double)o.height * (double)o.width > (double)(INT32_MAX)) {
+        cx_set_last_error("cx_fake_data: bad shape: size %lld, %dx%dx%d, %d classes (want positive, an image "
+                          "below 2^31 elements, <= %d classes)", (long long)o.size, o.channels, o.height, o.width,
+                          o.num_classes, CX_FAKE_DATA_MAX_CLASSES);
         return CX_ERR_ARG;
     }
-    size_t per = (size_t)o.channels * (size_t)o.height * (size_t)o.width;
-    images *im = calloc(1, sizeof *im);
-    if (im) {
-        *im = (images){ .n = o.size, .c = o.channels, .h = o.height, .w = o.width };
-        im->pixels = malloc((size_t)o.size * per);
-        im->labels = malloc((size_t)o.size);
-    }
-    if (!im || !im->pixels || !im->labels) {
-        images_free(im);
-        cx_set_last_error("cx_fake_data: out of memory for %lld samples", (long long)o.size);
+    fake_images *f = calloc(1, sizeof *f);
+    if (!f) {
+        cx_set_last_error("cx_fake_data: out of memory");
         return CX_ERR_OOM;
     }
-    uint64_t s = o.seed;
-    for (int64_t i = 0; i < o.size; i++) {
-        im->labels[i] = (uint8_t)(cx_splitmix64(&s) % (uint64_t)o.num_classes);
-        uint8_t *px = im->pixels + (size_t)i * per;
-        for (size_t j = 0; j < per; j++) px[j] = (uint8_t)(cx_splitmix64(&s) >> 56);
-    }
-    *out = images_dataset(im, 0.1307f, 0.3081f);
+    *f = (fake_images){ .n = o.size, .per = (size_t)o.channels * (size_t)o.height * (size_t)o.width, .seed = o.seed,
+                        .classes = (uint64_t)o.num_classes };
+    /* normalized like MNIST, as ToTensor + Normalize (float32) */
+    for (int p = 0; p < 256; p++) f->lut[p] = ((float)p / 255.0f - 0.1307f) / 0.3081f;
+    cx_field fields[2] = {
+        { .name = CX_FIELD_IMAGES, .dtype = CX_F32, .ndim = 3, .shape = { o.channels, o.height, o.width } },
+        { .name = CX_FIELD_LABELS, .dtype = CX_I64, .ndim = 0 },
+    };
+    cx_dataset_desc d = { CX_STRUCT_SIZE(cx_dataset_desc), .size = o.size, .nfields = 2, .fields = fields,
+                          .collate = fake_collate, .free = free, .ctx = f };
+    *out = cx_dataset_new(&d);
     return *out ? CX_OK : CX_ERR_OOM;
 }

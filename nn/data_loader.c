@@ -5,7 +5,16 @@
  * Requests form a queue of sequence numbers: the calling thread posts batch
  * seq = posted++ (taking its indices from the sampler, which only it
  * touches), the worker fills seq = worked++, and the caller takes
- * seq = taken++. Slot of seq is seq % nslots. */
+ * seq = taken++. Slot of seq is seq % nslots.
+ *
+ * With num_workers > 0 (and a data set declared concurrent) the gathering
+ * moves to a pool: the workers claim chunks of items of the oldest posted
+ * batch that still has unclaimed ones (cursor `claiming`), each chunk
+ * written to its own rows, and the last chunk done marks the slot
+ * gathered; the background thread then uploads slots in sequence order,
+ * at most `prefetch` ahead of the caller, while up to host_prefetch more
+ * wait gathered. Which worker gathered which rows never shows in a batch;
+ * of several failing items the lowest row's error is reported. */
 #include "nn_internal.h"
 
 #include "cx_struct.h"
@@ -22,6 +31,11 @@ typedef struct {
     cx_tensor **t;       /* per field; persistent: made on the worker thread */
     cx_status status;
     char err[512];
+    /* workers (under mu) */
+    int64_t row0, nrows;  /* the rows this rank reads */
+    int64_t claimed, done;
+    int64_t err_row;      /* the lowest failing row so far */
+    bool gathered;
 } slot;
 
 struct cx_loader {
@@ -33,6 +47,12 @@ struct cx_loader {
     slot *slots;
     pthread_t thread;
     bool thread_started;
+    int nworkers;            /* gathering threads (0: the background thread gathers) */
+    pthread_t *workers;
+    int workers_started;
+    int64_t claiming;        /* workers: the oldest batch that may have unclaimed items */
+    size_t *item_bytes;      /* (nfields) bytes of one item of each field */
+    pthread_cond_t gather_cv;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     int64_t posted, worked, taken;   /* sequence counters (under mu) */
@@ -84,6 +104,20 @@ static const char *upload(cx_loader *l, slot *s, int f, int64_t row0)
     return !s->t[f] ? "out of memory" : cx_tensor_error(s->t[f]);
 }
 
+/* Uploads every field of slot s (its host rows start at batch row row0). */
+static void upload_all(cx_loader *l, slot *s, int64_t row0)
+{
+    for (int f = 0; f < l->nfields; f++) {
+        const char *e = upload(l, s, f, row0);
+        if (!e) continue;
+        s->status = CX_ERR_OOM;
+        snprintf(s->err, sizeof s->err, "loader: uploading field \"%s\" of batch %lld failed: %s",
+                 cx_dataset_field(l->ds, f)->name, (long long)s->index, e);
+        free_tensors(s->t, l->nfields);
+        return;
+    }
+}
+
 static void fill_slot(cx_loader *l, slot *s)
 {
     int64_t row0 = 0, nrows = s->n;
@@ -99,15 +133,17 @@ static void fill_slot(cx_loader *l, slot *s)
         snprintf(s->err, sizeof s->err, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
         return;
     }
-    for (int f = 0; f < l->nfields; f++) {
-        const char *e = upload(l, s, f, row0);
-        if (!e) continue;
-        s->status = CX_ERR_OOM;
-        snprintf(s->err, sizeof s->err, "loader: uploading field \"%s\" of batch %lld failed: %s",
-                 cx_dataset_field(l->ds, f)->name, (long long)s->index, e);
-        free_tensors(s->t, l->nfields);
-        return;
-    }
+    upload_all(l, s, row0);
+}
+
+/* Whether the background thread has a slot to work on (under mu): with
+ * workers, the next one in order once gathered, and no more than prefetch
+ * uploaded ahead of the caller. */
+static bool upload_ready(const cx_loader *l)
+{
+    if (l->worked == l->posted) return false;
+    if (!l->nworkers) return true;
+    return l->slots[l->worked % l->nslots].gathered && l->worked - l->taken < l->o.prefetch;
 }
 
 static void *worker_main(void *arg)
@@ -115,17 +151,95 @@ static void *worker_main(void *arg)
     cx_loader *l = arg;
     pthread_mutex_lock(&l->mu);
     for (;;) {
-        while (!l->quit && l->worked == l->posted) pthread_cond_wait(&l->work_cv, &l->mu);
+        while (!l->quit && !upload_ready(l)) pthread_cond_wait(&l->work_cv, &l->mu);
         if (l->quit) break;
         slot *s = &l->slots[l->worked % l->nslots];
         pthread_mutex_unlock(&l->mu);
-        fill_slot(l, s);
+        if (!l->nworkers) fill_slot(l, s);
+        else if (s->status == CX_OK) upload_all(l, s, s->row0);
         pthread_mutex_lock(&l->mu);
         l->worked++;
         pthread_cond_broadcast(&l->done_cv);
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
+}
+
+/* The oldest posted slot with unclaimed rows, or NULL (under mu). */
+static slot *claimable(cx_loader *l)
+{
+    for (; l->claiming < l->posted; l->claiming++) {
+        slot *s = &l->slots[l->claiming % l->nslots];
+        if (s->claimed < s->nrows) return s;
+    }
+    return NULL;
+}
+
+/* Gathers rows [r, r + n) of this rank's part of slot s into their places.
+ * @return the gather's status, its message in err. */
+static cx_status gather_rows(cx_loader *l, slot *s, int64_t r, int64_t n, char *err, size_t errn)
+{
+    void **out = malloc((size_t)l->nfields * sizeof *out);
+    if (!out) {
+        snprintf(err, errn, "loader: batch %lld: out of memory", (long long)s->index);
+        return CX_ERR_OOM;
+    }
+    for (int f = 0; f < l->nfields; f++) out[f] = (char *)s->host[f] + (size_t)r * l->item_bytes[f];
+    cx_status st = cx_dataset_gather(l->ds, s->idx + s->row0 + r, n, out);
+    if (st != CX_OK) snprintf(err, errn, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
+    free(out);
+    return st;
+}
+
+static void *gatherer_main(void *arg)
+{
+    cx_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        slot *s = NULL;
+        while (!l->quit && !(s = claimable(l))) pthread_cond_wait(&l->gather_cv, &l->mu);
+        if (l->quit) break;
+        /* chunks of a quarter of a worker's share: few lock trips, balanced ends */
+        int64_t r = s->claimed, n = s->nrows / (4 * l->nworkers);
+        if (n < 1) n = 1;
+        if (n > s->nrows - r) n = s->nrows - r;
+        s->claimed += n;
+        if (s->claimed == s->nrows) l->claiming++;
+        pthread_mutex_unlock(&l->mu);
+        char err[sizeof s->err];
+        cx_status st = gather_rows(l, s, r, n, err, sizeof err);
+        pthread_mutex_lock(&l->mu);
+        if (st != CX_OK && r < s->err_row) {
+            s->err_row = r;
+            s->status = st;
+            memcpy(s->err, err, sizeof err);
+        }
+        s->done += n;
+        if (s->done == s->nrows) {
+            s->gathered = true;
+            pthread_cond_signal(&l->work_cv);
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Readies a just-filled slot for the workers: this rank's rows, nothing
+ * claimed yet (a slot with no rows, or a bad sharding, is gathered at once). */
+static void slot_prepare(cx_loader *l, slot *s)
+{
+    s->status = CX_OK;
+    s->row0 = 0;
+    s->nrows = s->n;
+    if (l->o.input_mesh &&
+        cx_shard_rows(l->o.input_mesh, l->o.input_spec, l->o.input_nspec, s->n, &s->row0, &s->nrows) != CX_OK) {
+        s->status = CX_ERR_ARG;
+        s->nrows = 0;
+        snprintf(s->err, sizeof s->err, "loader: input sharding: %s", cx_last_error());
+    }
+    s->claimed = s->done = 0;
+    s->err_row = INT64_MAX;
+    s->gathered = s->nrows == 0;
 }
 
 /* Posts the next batch of the sampler if there is one and a free slot.
@@ -143,9 +257,11 @@ static bool post_one(cx_loader *l)
     if (left <= 0 || (l->o.drop_last && left < bs)) return false;
     s->n = cx_sampler_take(l->sampler, s->idx, bs);
     s->index = l->next_batch_index++;
+    if (l->nworkers) slot_prepare(l, s);
     pthread_mutex_lock(&l->mu);
     l->posted++;
     pthread_cond_signal(&l->work_cv);
+    if (l->nworkers) pthread_cond_broadcast(&l->gather_cv);
     pthread_mutex_unlock(&l->mu);
     return true;
 }
@@ -159,11 +275,13 @@ static void release_current(cx_loader *l)
 static void drain(cx_loader *l)
 {
     pthread_mutex_lock(&l->mu);
-    while (l->worked < l->posted) pthread_cond_wait(&l->done_cv, &l->mu);
-    for (int64_t q = l->taken; q < l->posted; q++) {
-        free_tensors(l->slots[q % l->nslots].t, l->nfields);
+    /* one by one: with workers, uploads wait for the caller to take */
+    while (l->taken < l->posted) {
+        while (l->worked <= l->taken) pthread_cond_wait(&l->done_cv, &l->mu);
+        free_tensors(l->slots[l->taken % l->nslots].t, l->nfields);
+        l->taken++;
+        pthread_cond_signal(&l->work_cv);
     }
-    l->taken = l->posted;
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -176,9 +294,7 @@ static bool slot_alloc(cx_loader *l, slot *s)
     s->t = calloc((size_t)l->nfields, sizeof *s->t);
     if (!s->idx || !s->host || !s->t) return false;
     for (int f = 0; f < l->nfields; f++) {
-        const cx_field *fd = cx_dataset_field(l->ds, f);
-        size_t bytes = cx_dtype_size(fd->dtype) * (size_t)bs;
-        for (int d = 0; d < fd->ndim; d++) bytes *= (size_t)fd->shape[d];
+        size_t bytes = l->item_bytes[f] * (size_t)bs;
         if (!(s->host[f] = malloc(bytes ? bytes : 1))) return false;
     }
     return true;
@@ -197,9 +313,12 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
     cx_loader_opts own_o = cx_loader_default_opts();
     if (!CX_TAKE_STRUCT("cx_loader_new", cx_loader_opts, own_o, &o, input_nspec)) return NULL;
     o = own_o;
-    if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1) {
-        cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d)",
-                     ds ? "set" : "NULL", sampler ? "set" : "NULL", (long long)o.batch_size, o.prefetch);
+    if (!ds || !sampler || o.batch_size <= 0 || o.prefetch < 1 || o.num_workers < 0 || o.num_workers > 256 ||
+        o.host_prefetch < 1) {
+        cx_set_last_error("cx_loader_new: bad arguments (data set %s, sampler %s, batch size %lld, prefetch %d, "
+                          "num_workers %d (want 0..256), host_prefetch %d (want >= 1))",
+                          ds ? "set" : "NULL", sampler ? "set" : "NULL", (long long)o.batch_size, o.prefetch,
+                          o.num_workers, o.host_prefetch);
         return NULL;
     }
     cx_loader *l = calloc(1, sizeof *l);
@@ -222,13 +341,22 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
     l->sampler = sampler;
     l->o = o;
     l->nfields = cx_dataset_num_fields(ds);
-    l->nslots = o.prefetch;
+    l->nworkers = cx_dataset_concurrent(ds) ? o.num_workers : 0;
+    l->nslots = o.prefetch + (l->nworkers ? o.host_prefetch : 0);
     l->slots = calloc((size_t)l->nslots, sizeof *l->slots);
     l->cur = calloc((size_t)l->nfields, sizeof *l->cur);
+    l->item_bytes = calloc((size_t)l->nfields, sizeof *l->item_bytes);
+    l->workers = l->nworkers ? calloc((size_t)l->nworkers, sizeof *l->workers) : NULL;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work_cv, NULL);
     pthread_cond_init(&l->done_cv, NULL);
-    if (!l->slots || !l->cur) goto oom;
+    pthread_cond_init(&l->gather_cv, NULL);
+    if (!l->slots || !l->cur || !l->item_bytes || (l->nworkers && !l->workers)) goto oom;
+    for (int f = 0; f < l->nfields; f++) {
+        const cx_field *fd = cx_dataset_field(ds, f);
+        l->item_bytes[f] = cx_dtype_size(fd->dtype);
+        for (int d = 0; d < fd->ndim; d++) l->item_bytes[f] *= (size_t)fd->shape[d];
+    }
     for (int i = 0; i < l->nslots; i++)
         if (!slot_alloc(l, &l->slots[i])) goto oom;
     cx_dataset_set_epoch(ds, cx_sampler_epoch(sampler));
@@ -238,6 +366,14 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
         return NULL;
     }
     l->thread_started = true;
+    for (; l->workers_started < l->nworkers; l->workers_started++) {
+        if (pthread_create(&l->workers[l->workers_started], NULL, gatherer_main, l) != 0) {
+            int n = l->workers_started;
+            cx_loader_free(l);
+            cx_set_last_error("cx_loader_new: cannot start loader worker %d of %d", n + 1, o.num_workers);
+            return NULL;
+        }
+    }
     l->position = cx_sampler_position(sampler);
     return l;
 oom:
@@ -255,16 +391,21 @@ void cx_loader_free(cx_loader *l)
         pthread_mutex_lock(&l->mu);
         l->quit = true;
         pthread_cond_signal(&l->work_cv);
+        pthread_cond_broadcast(&l->gather_cv);
         pthread_mutex_unlock(&l->mu);
         pthread_join(l->thread, NULL);
+        for (int w = 0; w < l->workers_started; w++) pthread_join(l->workers[w], NULL);
     }
     release_current(l);
     for (int i = 0; l->slots && i < l->nslots; i++) slot_release(l, &l->slots[i]);
     free(l->slots);
     free(l->cur);
+    free(l->item_bytes);
+    free(l->workers);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->done_cv);
+    pthread_cond_destroy(&l->gather_cv);
     free(l);
 }
 
@@ -325,6 +466,7 @@ cx_loader_result cx_loader_next(cx_loader *l, cx_batch *out)
     while (l->worked <= l->taken) pthread_cond_wait(&l->done_cv, &l->mu);
     slot *s = &l->slots[l->taken % l->nslots];
     l->taken++;
+    pthread_cond_signal(&l->work_cv);   /* with workers, one more may be uploaded */
     pthread_mutex_unlock(&l->mu);
 
     for (int f = 0; f < l->nfields; f++) {

@@ -7,7 +7,7 @@
 # sockets). libpmix-dev holds the libpmix.so Slurm's pmix plugin loads.
 set -eu
 
-PACKAGES="build-essential time cmake pkg-config python3 zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev libdw-dev libcjson-dev hdf5-tools graphviz clang-14 libclang-rt-14-dev openssh-server openssh-client iproute2 util-linux slurmctld slurmd slurm-client munge libpmix-dev"
+PACKAGES="build-essential time cmake pkg-config python3 zlib1g-dev libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libhdf5-dev libzstd-dev libcriterion-dev libxxhash-dev libdw-dev libcjson-dev libjpeg62-turbo-dev libspng-dev hdf5-tools graphviz clang-14 libclang-rt-14-dev openssh-server openssh-client iproute2 util-linux slurmctld slurmd slurm-client munge libpmix-dev"
 OPTIONAL="dataset-fashion-mnist bible-kjv gnuplot-nox"
 
 missing=""

@@ -6,13 +6,16 @@
  * and a per-item shape). Its callbacks fill items into host buffers; the
  * loader's background thread gathers a batch that way and uploads it as one
  * tensor per field, (B, item shape...). Built in: IDX images (MNIST,
- * Fashion-MNIST) and fake images, in-memory arrays, and text corpora cut
- * into windows of tokens for language models.
+ * Fashion-MNIST), image folders (JPEG/PNG with the ImageNet transforms)
+ * and fake images, in-memory arrays, and text corpora cut into windows of
+ * tokens for language models.
  *
  * Threads: a loader has one background thread that runs the data set's
  * get/collate and makes each batch's tensors (leaves: core.h says why that
- * is allowed); everything else, the data set's set_epoch and the sampler
- * included, runs on the thread calling the loader, the training thread.
+ * is allowed), and with num_workers > 0 for a data set declared
+ * concurrent, that many more threads that only run get/collate; everything
+ * else, the data set's set_epoch and the sampler included, runs on the
+ * thread calling the loader, the training thread.
  * Ownership: a data set owns its description's ctx and copies its fields;
  * a loader borrows its data set and sampler and owns the batches it hands
  * out (valid until the next cx_loader_next, cx_loader_end_step or
@@ -55,8 +58,10 @@ typedef void (*cx_dataset_free_fn)(void *ctx);
 
 /* A user-defined data set. get or collate (or both) must be set; the loader
  * uses collate when there is one. The callbacks run on the loader's thread,
- * one at a time; set_epoch runs on the caller's thread while no batch is
- * being filled. */
+ * one at a time, unless the description sets `concurrent`: then a loader
+ * with num_workers > 0 calls get/collate from several threads at once, on
+ * disjoint items and output rows. set_epoch runs on the caller's thread
+ * while no batch is being filled. */
 typedef struct {
     size_t struct_size;                /* CX_STRUCT_SIZE(cx_dataset_desc) */
     int64_t size;                      /* items, > 0 */
@@ -67,6 +72,9 @@ typedef struct {
     cx_dataset_epoch_fn set_epoch;     /* optional */
     cx_dataset_free_fn free;           /* optional: releases ctx */
     void *ctx;
+    /* A later member (a struct_size from before it reads false): get and
+     * collate may run on several threads at once, on different items. */
+    bool concurrent;
 } cx_dataset_desc;
 
 /* A data set from a description. It owns desc->ctx from now on, also on
@@ -93,6 +101,8 @@ CX_API int cx_dataset_field_index(const cx_dataset *ds, const char *name);
 CX_API cx_status cx_dataset_gather(cx_dataset *ds, const int64_t *indices, int64_t n, void *const *out);
 /* Calls the set_epoch hook, if any (the loader does at each epoch start). */
 CX_API void cx_dataset_set_epoch(cx_dataset *ds, int64_t epoch);
+/* @return whether the description declared `concurrent` (false for NULL). */
+CX_API bool cx_dataset_concurrent(const cx_dataset *ds);
 
 /* ---- in-memory arrays (TensorDataset) -------------------------------------- */
 
@@ -185,10 +195,106 @@ static inline cx_fake_data_opts cx_fake_data_default_opts(void)
     o.seed = 0;
     return o;
 }
-/* Random pixels and labels from a fixed seed, normalized like MNIST.
- * @return CX_OK, CX_ERR_ARG on a non-positive size or shape, more than 256
- * classes or a struct_size below the first version's, CX_ERR_OOM. */
+#define CX_FAKE_DATA_MAX_CLASSES 1000000
+/* Random pixels and labels from a fixed seed, normalized like MNIST. Each
+ * sample is generated from (seed, index) when a batch is collated: memory
+ * stays flat whatever the size and shape (ImageNet-shaped: 3x224x224,
+ * 1000 classes).
+ * @return CX_OK, CX_ERR_ARG on a non-positive size or shape, an image of
+ * 2^31 elements or more, more than CX_FAKE_DATA_MAX_CLASSES classes or a
+ * struct_size below the first version's, CX_ERR_OOM. */
 CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
+
+/* ---- image folders (torchvision's ImageFolder) ------------------------------ */
+
+/* root/<class>/<image>: the classes are root's subdirectories in sorted
+ * (strcmp) order, label = position (torchvision's class_to_idx); the
+ * samples are the files ending in .jpg, .jpeg or .png (any case) under
+ * each class directory, class after class, walked as torchvision walks
+ * them (sorted(os.walk()): a directory's files sorted by name, then its
+ * subdirectories in sorted order); torchvision's other extensions (.bmp,
+ * .webp, .tif, ...) are not read. Files are decoded
+ * when an item is read, by content (libjpeg-turbo, libspng), into 8-bit
+ * RGB: grayscale and palette images are expanded, alpha is dropped (PIL's
+ * convert("RGB")). Fields: "images" f32 (3, S, S) and "labels" i64 ().
+ *
+ * Transforms (torchvision's ImageNet recipe, S = image_size):
+ *   train: RandomResizedCrop(S, scale=(0.08, 1), ratio=(3/4, 4/3)) with its
+ *     10 tries and center-crop fallback, RandomHorizontalFlip(0.5);
+ *   eval:  Resize(resize_size) of the shorter side, CenterCrop(S);
+ *   both:  ToTensor + Normalize(mean, std), in f32.
+ * Resizing is PIL's bilinear resampling as Image.resize does it (what
+ * torchvision applies to PIL images): a triangle filter widened by the
+ * scale factor when shrinking (antialiased), fixed-point 8-bit passes,
+ * horizontal then vertical; so the eval transform gives torchvision's
+ * values exactly (PNG, and JPEG where no DCT scaling applies: libjpeg-turbo
+ * decodes as PIL does). jpeg_fast takes libjpeg-turbo's fast
+ * paths: a training crop decodes only the crop's pixels (cropped and
+ * skipped scanlines: the same pixels, less work), and a JPEG whose crop
+ * (train) or resize (eval) shrinks by 2x or more is decoded at 1/2, 1/4
+ * or 1/8 scale by DCT scaling (PIL's draft mode), keeping at least the
+ * output's size per side, then resampled: faster, slightly different
+ * pixels.
+ *
+ * Randomness: item i's draws in epoch e come from a hash of (seed, e, i)
+ * only, so they do not depend on the loader's workers or their order.
+ *
+ * Bad files (not an image, zero bytes, corrupt or truncated data, a CMYK
+ * JPEG, an image under 1x1 or over 2^28 pixels): with on_error CX_IMAGE_ERRORS_STOP the read fails with one
+ * line naming the file (the loader's batch fails: cx_loader_error); with
+ * CX_IMAGE_ERRORS_SKIP the item is replaced by the next sample (in index
+ * order, wrapping) that decodes, each bad file is logged once as a warning
+ * naming it, and cx_imagefolder_skipped counts them. Items are safe to read
+ * concurrently (the data set is declared `concurrent`). */
+typedef enum { CX_IMAGE_ERRORS_STOP = 0, CX_IMAGE_ERRORS_SKIP } cx_image_errors;
+
+/* Start from cx_imagefolder_default_opts() (it sets struct_size, core.h). */
+typedef struct {
+    size_t struct_size;
+    const char *root;            /* the folder of class folders (copied) */
+    bool train;                  /* the training transform, else eval's */
+    int image_size;              /* S: 1 .. 8192 */
+    int resize_size;             /* eval's shorter side, >= S; 0: S * 256 / 224 */
+    float mean[3], std[3];       /* per RGB channel; std > 0 */
+    uint64_t seed;               /* the training draws */
+    cx_image_errors on_error;
+    bool jpeg_fast;              /* JPEG: partial and DCT-scaled decoding */
+} cx_imagefolder_opts;
+
+/* train, S 224, resize 256, ImageNet's mean (0.485, 0.456, 0.406) and std
+ * (0.229, 0.224, 0.225), seed 0, stop on bad files, jpeg_fast on. */
+static inline cx_imagefolder_opts cx_imagefolder_default_opts(void)
+{
+    cx_imagefolder_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    o.root = NULL;
+    o.train = true;
+    o.image_size = 224;
+    o.resize_size = 0;
+    o.mean[0] = 0.485f, o.mean[1] = 0.456f, o.mean[2] = 0.406f;
+    o.std[0] = 0.229f, o.std[1] = 0.224f, o.std[2] = 0.225f;
+    o.seed = 0;
+    o.on_error = CX_IMAGE_ERRORS_STOP;
+    o.jpeg_fast = true;
+    return o;
+}
+/* Lists root's classes and samples (no file is decoded yet).
+ * @return CX_OK and *out; CX_ERR_IO when root is missing or unreadable, has
+ * no class directory, or a class directory holds no image (the message
+ * names the path); CX_ERR_ARG on a NULL root, a bad size, std or
+ * on_error, or a struct_size below the first version's; CX_ERR_OOM. */
+CX_API cx_status cx_imagefolder_open(cx_imagefolder_opts opts, cx_dataset **out);
+/* @return the number of classes, or 0 when ds is not an image folder. */
+CX_API int cx_imagefolder_num_classes(const cx_dataset *ds);
+/* @return the name of class c (owned by the data set), or NULL when ds is
+ * not an image folder or c is out of range. */
+CX_API const char *cx_imagefolder_class_name(const cx_dataset *ds, int c);
+/* @return the path of sample i (owned by the data set), or NULL when ds is
+ * not an image folder or i is out of range. */
+CX_API const char *cx_imagefolder_path(const cx_dataset *ds, int64_t i);
+/* @return the distinct bad files skipped so far (skip mode), 0 when ds is
+ * not an image folder. */
+CX_API int64_t cx_imagefolder_skipped(const cx_dataset *ds);
 
 /* ---- text ------------------------------------------------------------------ */
 
@@ -328,9 +434,20 @@ typedef struct {
     const cx_mesh *input_mesh;
     const cx_spec_entry *input_spec;
     int input_nspec;
+    /* Later members (a struct_size from before them reads the defaults).
+     * num_workers 0: one background thread gathers and uploads each batch
+     * in turn (the data set's callbacks one at a time). num_workers N > 0,
+     * for a data set declared `concurrent` (others keep the one thread):
+     * N threads gather the items of the posted batches in parallel, up to
+     * host_prefetch gathered batches (the seed's loader_prefetch_size) wait
+     * beyond the `prefetch` ones uploaded ahead (device_prefetch_size), and
+     * one thread uploads them in order. A batch's contents never depend on
+     * N or on which thread gathered what. */
+    int num_workers;    /* 0 .. 256 */
+    int host_prefetch;  /* >= 1; used when num_workers > 0 */
 } cx_loader_opts;
 
-/* batch 64, drop_last off, prefetch 2, mark_step on. */
+/* batch 64, drop_last off, prefetch 2, mark_step on, no workers, host_prefetch 2. */
 static inline cx_loader_opts cx_loader_default_opts(void)
 {
     cx_loader_opts o = CX_ZEROED_;
@@ -339,6 +456,8 @@ static inline cx_loader_opts cx_loader_default_opts(void)
     o.drop_last = false;
     o.prefetch = 2;
     o.mark_step = true;
+    o.num_workers = 0;
+    o.host_prefetch = 2;
     return o;
 }
 
@@ -364,8 +483,9 @@ CX_API cx_tensor *cx_batch_field(const cx_batch *b, const char *name);
  * background thread gathers and uploads the next batches while the current
  * step runs. The data set's set_epoch is called here with the sampler's
  * epoch, and at each cx_loader_set_epoch.
- * @return a loader, or NULL with cx_last_error set (bad batch size, a
- * struct_size below the first version's, no thread, out of memory). */
+ * @return a loader, or NULL with cx_last_error set (bad batch size,
+ * prefetch, num_workers or host_prefetch, a struct_size below the first
+ * version's, no thread, out of memory). */
 CX_API cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts opts);
 /* Stops the background thread and frees the batches still held. NULL is fine. */
 CX_API void cx_loader_free(cx_loader *l);

@@ -11,6 +11,7 @@
  * between ranks are one clear error on every rank. */
 #include "dist_check.h"
 
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -695,8 +696,8 @@ static void fsdpv2_gpt_per_block_equals_ddp(void)
 
 /* The loader's input sharding: each rank reads only its rows of every
  * global batch (uneven last batch included), and the sharded batch reads
- * back as the whole batch. */
-static int64_t g_items_read;
+ * back as the whole batch; also with 2 workers on a concurrent data set. */
+static atomic_llong g_items_read;
 
 static cx_status count_get(void *ctx, int64_t index, void *const *item)
 {
@@ -707,11 +708,12 @@ static cx_status count_get(void *ctx, int64_t index, void *const *item)
     return CX_OK;
 }
 
-static void loader_reads_its_rows(void)
+static void loader_reads_its_rows(int workers)
 {
     const cx_field fields[2] = { { .name = "x", .dtype = CX_F32, .ndim = 1, .shape = { 3 } },
                                  { .name = "y", .dtype = CX_I64, .ndim = 0 } };
-    cx_dataset_desc dd = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 20, .nfields = 2, .fields = fields, .get = count_get };
+    cx_dataset_desc dd = { CX_STRUCT_SIZE(cx_dataset_desc), .size = 20, .nfields = 2, .fields = fields, .get = count_get,
+                           .concurrent = workers > 0 };
     cx_dataset *ds = cx_dataset_new(&dd);
     cx_sampler_opts so = cx_sampler_default_opts();
     so.shuffle = false;
@@ -720,6 +722,7 @@ static void loader_reads_its_rows(void)
     cx_sampler *sp = cx_sampler_new(20, so);
     cx_loader_opts lo = cx_loader_default_opts();
     lo.batch_size = 8;
+    lo.num_workers = workers;
     cx_spec_entry spec[2] = { CX_SPEC_NAME("x"), CX_SPEC_NONE };
     lo.input_mesh = g_mesh1;
     lo.input_spec = spec;
@@ -743,8 +746,8 @@ static void loader_reads_its_rows(void)
         batches++;
     }
     CHECK(batches == 3, "the loader gave %lld batches, not 3", (long long)batches);
-    CHECK(g_items_read == want_reads, "this rank read %lld items; its shards hold %lld", (long long)g_items_read,
-          (long long)want_reads);
+    CHECK(g_items_read == want_reads, "%d workers: this rank read %lld items; its shards hold %lld", workers,
+          (long long)g_items_read, (long long)want_reads);
     cx_loader_free(l);
     cx_spec_entry bad[2] = { CX_SPEC_NAME("nope"), CX_SPEC_NONE };
     lo.input_spec = bad;
@@ -816,7 +819,8 @@ int main(int argc, char **argv)
     equals_unsharded();
     deferred_shards_equal_eager();
     fsdpv2_equals_unwrapped();
-    loader_reads_its_rows();
+    loader_reads_its_rows(0);
+    loader_reads_its_rows(2);
     block_batch_split_equals_unsharded();
     gpt_batch_split_equals_unsharded();
     fsdpv2_gpt_per_block_equals_ddp();

@@ -37,8 +37,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         { .name = "path", .kind = CLI_STRING, .dest = &str, .metavar = "P", .help = "a string" },
         { .name = "mode", .kind = CLI_CHOICE, .dest = &choice, .choices = choices, .help = "a choice" },
         { .name = "arg", .kind = CLI_STRINGS, .dest = &many, .help = "repeatable" },
+        { .name = "other_n", .synonym_of = "n" },
+        { .name = "ddp", .synonym_of = "mode", .preset = "ddp" },
+        { .name = "ignored", .kind = CLI_BOOL, .help = "accepted, no effect" },
+        { .name = "dangling", .synonym_of = "nowhere" },
     };
-    const cli_spec spec = { .prog = "prog", .summary = "fuzzed", .flags = flags, .nflags = 7, .positionals = true };
+    const cli_spec spec = { .prog = "prog", .summary = "fuzzed", .flags = flags, .nflags = 11, .positionals = true };
     int first = 0;
     /* help and errors print: keep them off the terminal, but give stderr
      * back for libFuzzer's own report */

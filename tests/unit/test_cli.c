@@ -37,6 +37,9 @@ static cli_result parse(opts *o, int argc, char **argv, int *first, bool positio
         { .name = "nproc", .kind = CLI_INT, .dest = &o->nproc, .help = "ranks", .min = 1, .max = 64 },
         { .name = "seed", .kind = CLI_I64, .dest = &o->seed, .help = "seed", .min = 0, .max = 0x1p62 },
         { .name = "tag", .kind = CLI_STRINGS, .dest = &o->tags, .metavar = "T", .help = "a tag" },
+        { .name = "num_epochs", .synonym_of = "epochs" },
+        { .name = "tiny", .synonym_of = "model", .preset = "mlp" },
+        { .name = "legacy-switch", .kind = CLI_BOOL, .help = "accepted, no effect" },
     };
     cli_spec s = { .prog = "prog", .args = "[flags]", .flags = flags, .nflags = (int)(sizeof flags / sizeof *flags),
                    .positionals = positionals };
@@ -175,4 +178,47 @@ Test(cli, help_lists_flags_with_defaults, .init = cr_redirect_stdout)
     const char *np = strstr(buf, "--nproc N");
     cr_assert(np, "%s", buf);
     cr_assert(!strncmp(strchr(np, '\n') - 5, "ranks", 5), "%s", buf);
+}
+
+Test(cli, synonyms_set_their_flag)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "--num_epochs", "9", "--tiny", "--legacy_switch" };
+    cr_assert_eq(parse(&o, 5, argv, NULL, false), CLI_OK);
+    cr_assert_eq(o.epochs, 9);
+    cr_assert_str_eq(o.model, "mlp");
+    char *eq[] = { "prog", "--num-epochs=4" };
+    cr_assert_eq(parse(&o, 2, eq, NULL, false), CLI_OK);
+    cr_assert_eq(o.epochs, 4);
+}
+
+Test(cli, synonym_errors_name_the_synonym, .init = cr_redirect_stderr)
+{
+    char *bad[][3] = {
+        { "prog", "--num_epochs", "0" },     /* the synonym's target range */
+        { "prog", "--tiny=cnn", NULL },      /* a preset takes no value */
+        { "prog", "--ckpt_dir=", NULL },     /* named as the help lists it */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        opts o = defaults();
+        cr_assert_eq(parse(&o, bad[i][2] ? 3 : 2, bad[i], NULL, false), CLI_ERROR, "case %zu", i);
+    }
+    fflush(stderr);
+    cr_assert_stderr_eq_str("prog: --num_epochs: expected an integer in [1, 100], got '0' (see prog --help)\n"
+                            "prog: --tiny takes no value (see prog --help)\n"
+                            "prog: --ckpt-dir needs a non-empty value (see prog --help)\n");
+}
+
+Test(cli, help_lists_synonyms, .init = cr_redirect_stdout)
+{
+    opts o = defaults();
+    char *argv[] = { "prog", "--help" };
+    cr_assert_eq(parse(&o, 2, argv, NULL, false), CLI_HELP);
+    fflush(stdout);
+    char buf[4096] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stdout());
+    buf[n] = 0;
+    cr_assert(strstr(buf, "--num_epochs N"), "%s", buf);
+    cr_assert(strstr(buf, "synonym of --epochs\n"), "%s", buf);
+    cr_assert(strstr(buf, "synonym of --model mlp\n"), "%s", buf);
 }

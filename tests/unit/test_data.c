@@ -161,6 +161,60 @@ Test(data, fake_data_is_deterministic)
     cx_dataset_free(NULL);
 }
 
+static uint64_t seq_splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Samples are made from (seed, index) when gathered: in any order they are
+ * the values the stored set held (drawn in order: label, then pixels), and
+ * an ImageNet-shaped set of a million samples costs no memory. */
+Test(data, fake_data_per_sample)
+{
+    cx_fake_data_opts o = cx_fake_data_default_opts();
+    o.size = 6;
+    o.seed = 3;
+    o.channels = 2;
+    o.height = o.width = 5;
+    cx_dataset *ds;
+    cr_assert_eq(cx_fake_data(o, &ds), CX_OK);
+    float px[6 * 50], want[6 * 50];
+    int64_t lab[6], want_lab[6], idx[6] = { 5, 2, 0, 4, 1, 3 };
+    uint64_t s = o.seed;
+    for (int i = 0; i < 6; i++) {
+        want_lab[i] = (int64_t)(seq_splitmix(&s) % 10);
+        for (int j = 0; j < 50; j++) want[i * 50 + j] = ((float)(seq_splitmix(&s) >> 56) / 255.0f - 0.1307f) / 0.3081f;
+    }
+    cr_assert_eq(cx_dataset_gather(ds, idx, 6, (void *const[]){ px, lab }), CX_OK);
+    for (int b = 0; b < 6; b++) {
+        cr_expect_eq(lab[b], want_lab[idx[b]]);
+        cr_expect(memcmp(px + b * 50, want + idx[b] * 50, 50 * sizeof(float)) == 0, "sample %lld", (long long)idx[b]);
+    }
+    cx_dataset_free(ds);
+
+    o.size = 1281167;
+    o.channels = 3;
+    o.height = o.width = 224;
+    o.num_classes = 1000;
+    cr_assert_eq(cx_fake_data(o, &ds), CX_OK, "%s", cx_last_error());
+    float *img = malloc(3 * 224 * 224 * sizeof *img);
+    cr_assert(img);
+    bool above_255 = false;
+    for (int64_t i = 1281167 - 64; i < 1281167; i++) {
+        cr_assert_eq(cx_dataset_gather(ds, &i, 1, (void *const[]){ img, lab }), CX_OK);
+        cr_expect(lab[0] >= 0 && lab[0] < 1000);
+        above_255 |= lab[0] > 255;
+    }
+    cr_expect(above_255, "1000 classes: no label above 255 in 64 samples");
+    free(img);
+    cx_dataset_free(ds);
+    o.num_classes = CX_FAKE_DATA_MAX_CLASSES + 1;
+    cr_expect_eq(cx_fake_data(o, &ds), CX_ERR_ARG);
+}
+
 /* ---- sampler ------------------------------------------------------------- */
 
 static int64_t take_all(cx_sampler *s, int64_t *out)

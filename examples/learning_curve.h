@@ -1,0 +1,32 @@
+/* Learning curves from a program's --log-file (one JSON object a line, each
+ * with a "step"), drawn with gnuplot: gpt plot and train plot. */
+#ifndef CX_EXAMPLES_LEARNING_CURVE_H
+#define CX_EXAMPLES_LEARNING_CURVE_H
+
+#include <stdbool.h>
+
+/* One curve: the values of `key` against their line's "step". */
+typedef struct {
+    const char *key;        /* "loss", "val_loss", "test_accuracy" */
+    const char *title;      /* in the legend */
+    bool points;            /* sparse values (evaluations): lines with points */
+    bool right_axis;        /* on the right-hand y axis */
+} lc_series;
+
+typedef struct {
+    const char *prog;       /* messages start with it: "gpt plot" */
+    const char *log_file;   /* F.jsonl */
+    const char *out;        /* F.png or F.svg: the terminal follows the name */
+    const char *ylabel;
+    const char *y2label;    /* the right-hand axis, NULL: none */
+    const lc_series *series;
+    int nseries;
+} lc_plot_spec;
+
+/* Draws the curves into p->out and prints "wrote OUT".
+ * @return 0, or the exit code with its one line on stderr: 2 for an --out
+ * that is neither .png nor .svg, 3 for a log file unreadable or holding no
+ * line with a step, 1 when gnuplot is missing or fails. */
+int lc_plot(const lc_plot_spec *p);
+
+#endif
