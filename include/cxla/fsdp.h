@@ -205,8 +205,9 @@ typedef struct {
     /* auto-wrap: submodules whose type name is listed ... */
     const char *const *auto_wrap_types;
     int n_auto_wrap_types;
-    /* ... or that hold at least this many parameters (0: off); the
-     * outermost match wins, its inner modules are not wrapped again */
+    /* ... or that hold at least this many parameters outside their
+     * wrapped descendants (0: off; children are decided first, as
+     * size_based_auto_wrap_policy's recursive wrap) */
     int64_t auto_wrap_min_params;
     bool grad_ckpt;       /* rematerialize each wrapped submodule's forward in backward */
     bool shard_maximal;   /* shard the largest dimension dividing by the fsdp axis, not the first */
@@ -238,9 +239,10 @@ CX_API cx_tensor *cx_spmd_fsdp_forward(cx_spmd_fsdp *f, cx_tensor *x);
  * @return the number of outputs written, or -1 with cx_last_error set (the
  * module's error, or shard_output's, which names what to pass). */
 CX_API int cx_spmd_fsdp_forward_many(cx_spmd_fsdp *f, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
-/* The submodules the auto-wrap policy picked, in forward order of the
- * tree (depth first): their count, and the path of the i-th ("" past the
- * end or for a NULL wrapper; the wrapper's until freed). */
+/* The submodules the auto-wrap policy picked, depth first with children
+ * before their parent (the root not among them): their count, and the
+ * path of the i-th ("transformer.h.0"; "" past the end or for a NULL
+ * wrapper; the wrapper's until freed). */
 CX_API int cx_spmd_fsdp_num_wrapped(const cx_spmd_fsdp *f);
 CX_API const char *cx_spmd_fsdp_wrapped_path(const cx_spmd_fsdp *f, int i);
 CX_API cx_module *cx_spmd_fsdp_module(const cx_spmd_fsdp *f);
