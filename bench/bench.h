@@ -136,10 +136,12 @@ void bench_trainer_free(bench_trainer *t);
  * one graph per step) on synthetic tokens, in one process, under DDP (each
  * rank its own `batch` rows), or under SPMD on a (data, model) mesh (every
  * rank passes the global `batch`, split over data; with model > 1 the
- * blocks split over it, cx_gpt_tensor_parallel). Runs the warm-up steps.
+ * blocks split over it, cx_gpt_tensor_parallel), or under FSDPv2 on a
+ * (fsdp, model) mesh (the global `batch` split over fsdp, each block
+ * wrapped, as gpt --parallel fsdpv2). Runs the warm-up steps.
  * NULL after printing why. */
 typedef struct bench_gpt_trainer bench_gpt_trainer;
-typedef enum { BENCH_GPT_ONE, BENCH_GPT_DDP, BENCH_GPT_SPMD } bench_gpt_par;
+typedef enum { BENCH_GPT_ONE, BENCH_GPT_DDP, BENCH_GPT_SPMD, BENCH_GPT_FSDPV2 } bench_gpt_par;
 bench_gpt_trainer *bench_gpt_trainer_new(cx_gpt_config c, int64_t batch, bench_gpt_par par, const struct cx_mesh *mesh);
 /* bench_side unit: one step. */
 double bench_gpt_trainer_step(void *trainer);

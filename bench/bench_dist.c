@@ -5,7 +5,7 @@
  *   cxla-bench ddp                         DDP on 2 ranks x 1 thread vs 1 rank x 2 threads
  *                                          (runs the reference here, and each round one
  *                                          `xla-launch --nproc 2 cxla-bench ddp --worker`)
- *   xla-launch --nproc 4 cxla-bench fsdp   peak bytes and step time of ZeRO-2/3 vs DDP
+ *   xla-launch --nproc 4 cxla-bench fsdp   peak bytes and step time of ZeRO-2/3 and FSDPv2 vs DDP
  */
 #include "bench.h"
 
@@ -610,6 +610,76 @@ static bool bench_limit(double limit_mb)
     return true;
 }
 
+/* ---- FSDPv2 against DDP on a GPT ------------------------------------------------------ */
+
+/* Parameters and AdamW state dominate the memory: a short context and a
+ * small batch (global 8 rows of 32 tokens) on 3.2M parameters. */
+static cx_gpt_config fsdpv2_gpt(void)
+{
+    cx_gpt_config c = cx_gpt_default_config();
+    c.block_size = 32;
+    return c;
+}
+#define FSDPV2_BATCH 8
+
+/* The worst rank's peak device bytes while one side is built, warmed up
+ * (the first steps compile and make the optimizer state) and stepped
+ * twice, from an empty cache and arena, the model freed afterwards. */
+static bool fsdpv2_peak(bool v2, const cx_mesh *mesh, double *peak)
+{
+    int n = cx_world_size();
+    cx_cache_clear();
+    cx_memory_reset_peak();
+    bench_gpt_trainer *t = v2 ? bench_gpt_trainer_new(fsdpv2_gpt(), FSDPV2_BATCH, BENCH_GPT_FSDPV2, mesh)
+                              : bench_gpt_trainer_new(fsdpv2_gpt(), FSDPV2_BATCH / n, BENCH_GPT_DDP, NULL);
+    bool ok = t && bench_gpt_trainer_step(t) >= 0 && bench_gpt_trainer_step(t) >= 0;
+    double mine = (double)cx_memory_peak();
+    bench_gpt_trainer_free(t);
+    cx_cache_clear();
+    /* every rank reduces, also after a failure, so none waits alone */
+    if (cx_mesh_reduce("cxla-bench-fsdpv2-peak", &mine, 1, max_reduce, peak) != CX_OK) {
+        fprintf(stderr, "cxla-bench fsdp: %s\n", cx_last_error());
+        return false;
+    }
+    return ok;
+}
+
+/* fsdpv2_peak_bytes_per_rank and fsdpv2_step_s: FSDPv2 wrapped per block
+ * on the (fsdp = every rank, model = 1) mesh against DDP, the same GPT and
+ * global batch, sides alternated in every round. */
+static bool fsdpv2_figures(const bench_cfg *cfg)
+{
+    int n = cx_world_size(), shape[2] = { n, 1 };
+    const char *axes[2] = { "fsdp", "model" };
+    cx_use_spmd();
+    cx_mesh *mesh = cx_mesh_new(NULL, 2, shape, axes);
+    if (!mesh) { fprintf(stderr, "cxla-bench fsdp: fsdpv2 mesh: %s\n", cx_last_error()); return false; }
+    bench_series pk = { 0 }, st = { 0 };
+    for (int r = 0; r < cfg->rounds; r++) {
+        double p[2];
+        bool first = r % 2 == 0;   /* which side goes first alternates */
+        if (!fsdpv2_peak(first, mesh, &p[first ? 0 : 1]) || !fsdpv2_peak(!first, mesh, &p[first ? 1 : 0])) return false;
+        bench_add(&pk, p[0], p[1]);
+        if (cx_global_ordinal() == 0)
+            fprintf(stderr, "fsdpv2 round %d: peak %.1f MB, ddp %.1f MB on the worst rank\n", r, p[0] / 1e6, p[1] / 1e6);
+    }
+    bench_gpt_trainer *v2 = bench_gpt_trainer_new(fsdpv2_gpt(), FSDPV2_BATCH, BENCH_GPT_FSDPV2, mesh);
+    bench_gpt_trainer *dp = v2 ? bench_gpt_trainer_new(fsdpv2_gpt(), FSDPV2_BATCH / n, BENCH_GPT_DDP, NULL) : NULL;
+    bool ok = dp != NULL;
+    bench_side sides[2] = { { .unit = bench_gpt_trainer_step, .ctx = v2 }, { .unit = bench_gpt_trainer_step, .ctx = dp } };
+    for (int r = 0; ok && r < cfg->rounds; r++) {
+        double sec[2];
+        ok = bench_round(cfg, r, sides, 2, sec);
+        if (ok) bench_add(&st, sec[0], sec[1]);
+    }
+    bench_gpt_trainer_free(v2);
+    bench_gpt_trainer_free(dp);
+    if (!ok) return false;
+    emit0("fsdpv2_peak_bytes_per_rank", "bytes", BENCH_LOWER, &pk);
+    emit0("fsdpv2_step_s", "s", BENCH_LOWER, &st);
+    return true;
+}
+
 int bench_fsdp(int argc, char **argv, bench_cfg cfg)
 {
     int width = 4096;
@@ -656,6 +726,8 @@ int bench_fsdp(int argc, char **argv, bench_cfg cfg)
 out:
     fsdp_free(z);
     fsdp_free(d);
+    /* after the mlps are freed: their bytes would count in its peaks */
+    if (rc == 0) rc = fsdpv2_figures(&cfg) ? 0 : 1;
     cx_dist_finalize();
     return rc;
 }
@@ -780,13 +852,13 @@ int bench_spmd(int argc, char **argv, bench_cfg cfg)
     emit0("spmd_fsdpv2_step_s", "s", BENCH_LOWER, &fst);
     rc = spmd_tp_figures(&cfg, gpt_batch) ? 0 : 1;
 out:
+    cx_spmd_fsdp_free(fw);   /* first: it unhooks the model the trainer frees */
     bench_trainer_free(s);
     bench_trainer_free(d);
     bench_trainer_free(f);   /* a trainer takes its model, even when it fails */
     bench_trainer_free(fd);
     if (fmod && !fw) cx_module_free(fmod);
     if (sm && !mesh) cx_module_free(sm);
-    cx_spmd_fsdp_free(fw);
     cx_dist_finalize();
     return rc;
 }

@@ -19,7 +19,8 @@
 struct bench_gpt_trainer {
     cx_module *m;
     cx_ddp *ddp;
-    const cx_mesh *mesh;   /* spmd: the batch over "data", the blocks over "model" */
+    cx_spmd_fsdp *fsdpv2;
+    const cx_mesh *mesh;   /* spmd: the batch over "data", the blocks over "model"; fsdpv2: over "fsdp" */
     cx_spec_entry in_spec[2];
     cx_optimizer *opt;
     cx_named_tensor *ps;
@@ -36,8 +37,9 @@ void bench_gpt_trainer_free(bench_gpt_trainer *t)
     if (!t) return;
     cx_optim_free(t->opt);
     free(t->ps);
-    if (t->ddp) cx_ddp_free(t->ddp);
-    else cx_module_free(t->m);
+    cx_spmd_fsdp_free(t->fsdpv2);   /* before the model it unhooks */
+    cx_ddp_free(t->ddp);            /* the wrappers borrow the model */
+    cx_module_free(t->m);
     free(t->tokens);
     free(t);
 }
@@ -94,6 +96,16 @@ static bool gpt_parallel(gpt_trainer *t, bench_gpt_par par, const cx_mesh *mesh)
 {
     bool ok = true;
     if (par == BENCH_GPT_DDP) ok = (t->ddp = cx_ddp_wrap(t->m, cx_ddp_default_opts())) != NULL;
+    if (par == BENCH_GPT_FSDPV2) {
+        static const char *const blocks[] = { "Block" };
+        cx_spmd_fsdp_opts o = cx_spmd_fsdp_default_opts();
+        o.auto_wrap_types = blocks;
+        o.n_auto_wrap_types = 1;
+        t->mesh = mesh;
+        t->in_spec[0] = CX_SPEC_NAME("fsdp");
+        t->in_spec[1] = CX_SPEC_NONE;
+        ok = (t->fsdpv2 = cx_spmd_fsdp_wrap_opts(t->m, mesh, o)) != NULL;
+    }
     if (par == BENCH_GPT_SPMD) {
         int shape[CX_MESH_MAX_DIMS];
         t->mesh = mesh;
@@ -101,7 +113,9 @@ static bool gpt_parallel(gpt_trainer *t, bench_gpt_par par, const cx_mesh *mesh)
         t->in_spec[1] = CX_SPEC_NONE;
         ok = cx_mesh_shape(mesh, shape) == 2 && (shape[1] == 1 || cx_gpt_tensor_parallel(t->m, mesh, "model") == CX_OK);
     }
-    if (!ok) fprintf(stderr, "cxla-bench: gpt %s: %s\n", par == BENCH_GPT_DDP ? "ddp" : "spmd", cx_last_error());
+    if (!ok)
+        fprintf(stderr, "cxla-bench: gpt %s: %s\n", par == BENCH_GPT_DDP ? "ddp" : par == BENCH_GPT_FSDPV2 ? "fsdpv2" : "spmd",
+                cx_last_error());
     return ok;
 }
 

@@ -1,6 +1,6 @@
 /* gpt: a byte-level GPT language model, from a text file to samples.
  *
- *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp|spmd] ...   train
+ *   gpt train  [--data FILE] [--steps N] [--parallel none|ddp|fsdp|spmd|fsdpv2] ...   train
  *   gpt eval   --ckpt PREFIX [--data FILE]                                 print "val loss: X"
  *   gpt sample --ckpt PREFIX --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
  *   gpt plot   --log-file F.jsonl --out F.png|F.svg                        train and val loss curves (gnuplot)
@@ -52,8 +52,8 @@ typedef struct {
     int64_t steps, batch_size, warmup, log_every, eval_every, ckpt_every, seed;
     int keep;                   /* checkpoints kept, 0 = all */
     double lr, min_lr, weight_decay, grad_clip;
-    const char *parallel;       /* none, ddp, fsdp, spmd */
-    const char *mesh;           /* spmd: "data=D,model=M" (NULL: data = every rank) */
+    const char *parallel;       /* none, ddp, fsdp, spmd, fsdpv2 */
+    const char *mesh;           /* spmd: "data=D,model=M"; fsdpv2: "fsdp=N,model=M" (NULL: the first = every rank) */
     const char *grad_comm;      /* ddp: f32 or bf16 */
     const char *precision_flag;
     precision precision;
@@ -71,7 +71,7 @@ typedef struct {
     const char *out;            /* plot */
 } config;
 
-static const char *const k_parallels[] = { "none", "ddp", "fsdp", "spmd", NULL };
+static const char *const k_parallels[] = { "none", "ddp", "fsdp", "spmd", "fsdpv2", NULL };
 static const char *const k_grad_comms[] = { "f32", "bf16", NULL };
 
 static cli_result parse_flags(config *c, int argc, char **argv)
@@ -107,9 +107,11 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "threads", .kind = CLI_INT, .dest = &c->threads, .min = 0, .max = 4096,
           .help = "compute threads, 0 = all cores" },
         { .name = "parallel", .kind = CLI_CHOICE, .dest = &c->parallel, .choices = k_parallels,
-          .help = "data parallelism over xla-launch's ranks\n(spmd: the compiler partitions; see --mesh)" },
-        { .name = "mesh", .kind = CLI_STRING, .dest = &c->mesh, .metavar = "data=D,model=M",
-          .help = "spmd: the mesh's axes; the batch splits over data,\nthe blocks over model (tensor parallelism)\n(default: data = every rank, model = 1)" },
+          .help = "data parallelism over xla-launch's ranks\n(spmd: the compiler partitions; see --mesh;\nfsdpv2: FSDP through SPMD, wrapped per block)" },
+        { .name = "mesh", .kind = CLI_STRING, .dest = &c->mesh, .metavar = "data=D,model=M|fsdp=N,model=M",
+          .help = "spmd: data=D,model=M; the batch splits over data,\nthe blocks over model (tensor parallelism)\n"
+                  "fsdpv2: fsdp=N,model=M; the parameters and the batch\nsplit over fsdp; model > 1 only replicates (no tensor\n"
+                  "parallelism under fsdpv2 yet)\n(default: data or fsdp = every rank, model = 1)" },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
@@ -339,6 +341,7 @@ typedef struct {
     cx_module *model;
     cx_ddp *ddp;
     cx_fsdp *fsdp;
+    cx_spmd_fsdp *fsdpv2;
     cx_optimizer *opt;
     cx_named_tensor *params;   /* what the optimizer steps (FSDP: flat shards) */
     int nparams;
@@ -357,6 +360,7 @@ static void trainer_free(trainer *t)
     free(t->decay_masks);
     cx_ddp_free(t->ddp);
     cx_fsdp_free(t->fsdp);
+    cx_spmd_fsdp_free(t->fsdpv2);
     cx_module_free(t->model);
 }
 
@@ -382,6 +386,16 @@ static cx_status wrap(const config *c, trainer *t)
         return t->fsdp ? CX_OK : CX_ERR_ARG;
     }
     cx_status st = cx_world_size() > 1 ? cx_broadcast_master_params(t->model) : CX_OK;
+    if (st == CX_OK && !strcmp(c->parallel, "fsdpv2")) {
+        /* the seed's FSDPv2 with transformer_auto_wrap_policy on the blocks;
+         * the logits of (logits, loss) shard on the batch by default */
+        static const char *const blocks[] = { "Block" };
+        cx_spmd_fsdp_opts fo = cx_spmd_fsdp_default_opts();
+        fo.auto_wrap_types = blocks;
+        fo.n_auto_wrap_types = 1;
+        t->fsdpv2 = cx_spmd_fsdp_wrap_opts(t->model, cx_get_global_mesh(), fo);
+        return t->fsdpv2 ? CX_OK : CX_ERR_ARG;
+    }
     /* spmd with a model axis: Megatron's tensor parallelism, by annotations */
     const cx_mesh *mesh = cx_is_spmd() ? cx_get_global_mesh() : NULL;
     int shape[2] = { 1, 1 };
@@ -624,9 +638,10 @@ static cx_tensor *train_step(const config *c, trainer *t, const cx_batch *b, int
     cx_optim_zero_grad(t->opt);
     cx_tensor *in[2] = { cx_batch_field(b, CX_FIELD_X), cx_batch_field(b, CX_FIELD_Y) }, *out[2] = { 0 };
     precision_forward_begin(c->precision);
-    int n = t->fsdp ? cx_fsdp_forward_many(t->fsdp, in, 2, out, 2)
-          : t->ddp  ? cx_ddp_forward_many(t->ddp, in, 2, out, 2)
-                    : cx_module_forward_many(t->model, in, 2, out, 2);
+    int n = t->fsdp   ? cx_fsdp_forward_many(t->fsdp, in, 2, out, 2)
+          : t->ddp    ? cx_ddp_forward_many(t->ddp, in, 2, out, 2)
+          : t->fsdpv2 ? cx_spmd_fsdp_forward_many(t->fsdpv2, in, 2, out, 2)
+                      : cx_module_forward_many(t->model, in, 2, out, 2);
     precision_forward_end(c->precision);
     if (n != 2) return cx_poisoned("gpt: forward: %s", cx_last_error());
     cx_tensor *loss = out[1];   // () mean cross-entropy
@@ -652,29 +667,33 @@ typedef struct {
     cx_dataset *train, *val;
     cx_sampler *sampler;
     cx_loader *loader;
-    cx_spec_entry input_spec[2];   /* spmd: (data, None) */
+    cx_spec_entry input_spec[2];   /* spmd: (data, None); fsdpv2: (fsdp, None), the seed's input sharding */
 } train_data;
 
-/* --parallel spmd: the mesh (data, model) from --mesh. @return it, or NULL
- * after printing why. */
+/* --parallel spmd: the mesh (data, model) from --mesh; fsdpv2: (fsdp,
+ * model). @return it, or NULL after printing why. */
 static cx_mesh *spmd_mesh(const config *c)
 {
-    int world = cx_world_size(), data = world, model = 1;
-    if (c->mesh && (sscanf(c->mesh, "data=%d,model=%d", &data, &model) != 2 || data < 1 || model < 1)) {
-        fprintf(stderr, "gpt: --mesh '%s' is not data=D,model=M\n", c->mesh);
+    bool v2 = !strcmp(c->parallel, "fsdpv2");
+    const char *first = v2 ? "fsdp" : "data", *form = v2 ? "fsdp=N,model=M" : "data=D,model=M";
+    int world = cx_world_size(), data = world, model = 1, used = 0;
+    char fmt[32];
+    snprintf(fmt, sizeof fmt, "%s=%%d,model=%%d%%n", first);
+    if (c->mesh && (sscanf(c->mesh, fmt, &data, &model, &used) != 2 || c->mesh[used] || data < 1 || model < 1)) {
+        fprintf(stderr, "gpt: --mesh '%s' is not %s (--parallel %s)\n", c->mesh, form, c->parallel);
         return NULL;
     }
     if (data * model != world) {
-        fprintf(stderr, "gpt: --mesh data=%d,model=%d has %d devices but there are %d ranks\n", data, model, data * model, world);
+        fprintf(stderr, "gpt: --mesh %s=%d,model=%d has %d devices but there are %d ranks\n", first, data, model, data * model, world);
         return NULL;
     }
-    if (c->model.n_head % model) {
+    if (!v2 && c->model.n_head % model) {
         fprintf(stderr, "gpt: --mesh model=%d: %d heads do not split over %d ranks\n", model, c->model.n_head, model);
         return NULL;
     }
     cx_use_spmd();
     int shape[2] = { data, model };
-    const char *axes[2] = { "data", "model" };
+    const char *axes[2] = { first, "model" };
     cx_mesh *m = cx_mesh_new(NULL, 2, shape, axes);
     if (!m) fprintf(stderr, "gpt: --mesh: %s\n", cx_last_error());
     cx_set_global_mesh(m);   /* wrap() splits the blocks over its model axis */
@@ -697,11 +716,11 @@ static int open_data(const config *c, train_data *d)
     int rc = corpus_path(c, path, sizeof path);
     if (rc) return rc;
     int world = cx_world_size();
-    bool spmd = !strcmp(c->parallel, "spmd");
+    bool spmd = !strcmp(c->parallel, "spmd") || !strcmp(c->parallel, "fsdpv2");
     cx_mesh *mesh = spmd ? spmd_mesh(c) : NULL;
     if (spmd && !mesh) return EXIT_USAGE;
     if (c->mesh && !spmd) {
-        fprintf(stderr, "gpt: --mesh applies to --parallel spmd, not %s\n", c->parallel);
+        fprintf(stderr, "gpt: --mesh applies to --parallel spmd and fsdpv2, not %s\n", c->parallel);
         return EXIT_USAGE;
     }
     if (strcmp(c->grad_comm, "f32") && strcmp(c->parallel, "ddp")) {
@@ -734,7 +753,7 @@ static int open_data(const config *c, train_data *d)
     lo.batch_size = spmd ? c->batch_size : c->batch_size / world;
     lo.drop_last = true;
     if (spmd) {
-        d->input_spec[0] = CX_SPEC_NAME("data");
+        d->input_spec[0] = CX_SPEC_NAME(!strcmp(c->parallel, "fsdpv2") ? "fsdp" : "data");
         d->input_spec[1] = CX_SPEC_NONE;
         lo.input_mesh = mesh;
         lo.input_spec = d->input_spec;

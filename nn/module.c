@@ -342,7 +342,16 @@ static int run_forward(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor *
         /* writing past max_out is a bug of the module type, not the caller */
         CX_ASSERT(k <= max_out);
     }
-    for (int i = m->nhooks - 1; i >= 0; i--) if (m->hooks[i].post) m->hooks[i].post(m, m->hooks[i].ctx);
+    bool failed = k < 0;
+    for (int i = m->nhooks - 1; i >= 0; i--) {
+        /* after a failed output hook the others still close what their pre opened */
+        if (!failed && m->hooks[i].outputs && m->hooks[i].outputs(m, out, k, m->hooks[i].ctx) != CX_OK) failed = true;
+        if (m->hooks[i].post) m->hooks[i].post(m, m->hooks[i].ctx);
+    }
+    if (failed && k >= 0) {
+        for (int i = 0; i < k; i++) { cx_drop(out[i]); out[i] = NULL; }
+        k = -1;
+    }
     return k;
 }
 

@@ -1,5 +1,6 @@
 /* The optimizer object shared by SGD and Adam(W): parameters, state, step. */
 #include "optim_internal.h"
+#include <cxla/spmd.h>
 
 #include <math.h>
 #include <string.h>
@@ -126,6 +127,13 @@ static bool make_state(const cx_optim_kind *kind, cx_oparam *p, const bool *want
                               : cx_from_host(zeros, cx_shape(p->p), cx_ndim(p->p), CX_F32);
         if (!p->state[s] || cx_tensor_error(p->state[s])) return false;
         cx_persist(p->state[s]);
+        /* a state shaped like an SPMD-sharded parameter is split like it:
+         * each rank keeps only its shard, as FSDPv2 needs (the update's
+         * cx_assign then keeps it split) */
+        const cx_mesh *mesh = NULL;
+        cx_spec_entry spec[CX_MAX_DIMS];
+        int nspec = is_step ? 0 : cx_get_sharding(p->p, &mesh, spec, CX_MAX_DIMS);
+        if (nspec > 0 && cx_mark_sharding(p->state[s], mesh, spec, nspec) != CX_OK) return false;
         char label[512];
         snprintf(label, sizeof label, "%s.%s", p->name, kind->state_names[s]);
         cx_set_name(p->state[s], label);

@@ -100,8 +100,21 @@ static bool pick_outputs(sync_job *j)
     return true;
 }
 
+/* The bytes of `n`'s value on this rank under `s` (NULL: whole). */
+static int64_t local_bytes(const cx_node *n, const cx_sharding *s)
+{
+    int64_t local[CX_MAX_DIMS], numel = n->numel;
+    if (s) {
+        cx_sharding_local_shape(s, n->shape, local);
+        numel = cx_shape_numel(local, n->ndim);
+    }
+    return numel * (int64_t)cx_dtype_size((cx_dtype)n->dtype);
+}
+
 /* Phase 4: a cx_assign'd output may take its old buffer when nothing else
- * can see that buffer any more. */
+ * can see that buffer any more. A sharded donor (an SPMD parameter, its
+ * optimizer state) only when the output is annotated with its sharding
+ * (cx_assign does that), so that both hold the same local shard. */
 static bool plan_aliases(sync_job *j)
 {
     for (int i = 0; i < j->n_t; i++) {
@@ -110,7 +123,8 @@ static bool plan_aliases(sync_job *j)
         cx_node *d = t->donor;
         if (!(t->flags & TF_ASSIGNED) || !d || j->out_alias[o] >= 0) continue;
         if (d->hrefs != 0 || !d->buf || d->buf->refs != 1 || d->op != OP_DATA) continue;
-        if ((int64_t)d->buf->bytes != j->outs[o]->numel * (int64_t)cx_dtype_size((cx_dtype)j->outs[o]->dtype)) continue;
+        if (d->sharding && !(j->outs[o]->sharding && cx_sharding_equal(d->sharding, j->outs[o]->sharding))) continue;
+        if ((int64_t)d->buf->bytes != local_bytes(j->outs[o], d->sharding)) continue;
         int ord = cx_capture_input_ordinal(j->cp, d);
         if (ord < 0 && (ord = cx_capture_add_input(j->cp, d)) < 0) return false;
         bool taken = false;
@@ -257,7 +271,9 @@ static cx_status bind_and_run(sync_job *j)
     }
     for (int i = 0; st == CX_OK && i < cp->n_rts; i++) { rt_f[i] = cp->rts[i]->rt_f; rt_i[i] = cp->rts[i]->rt_i; }
     for (int o = 0; st == CX_OK && o < j->nouts; o++) {
-        if (j->out_alias[o] >= 0) {
+        /* the partitioner decides the output's shard: a planned alias whose
+         * size it changed gets a buffer of its own (the input stays intact) */
+        if (j->out_alias[o] >= 0 && cp->inputs[j->out_alias[o]]->buf->bytes == (size_t)e->out_bytes[o]) {
             j->obufs[o] = cp->inputs[j->out_alias[o]]->buf;
             cx_buffer_ref(j->obufs[o]);
         } else if (!(j->obufs[o] = by_all_reduce[o] ? cx_buffer_new_collective((size_t)e->out_bytes[o])

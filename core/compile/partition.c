@@ -1045,6 +1045,17 @@ static bool keep_notes(pctx *c)
     return true;
 }
 
+/* Each input ordinal's data node (-1: none), for the outputs' donors. @return NULL when out of memory. */
+static int *data_nodes(const cx_graph *g)
+{
+    int *at = malloc(sizeof(int) * (size_t)(g->n_inputs + 1));
+    for (int k = 0; at && k < g->n_inputs; k++) at[k] = -1;
+    for (int i = 0; at && i < g->n; i++)
+        if (g->nodes[i].op == OP_DATA && g->nodes[i].input_ordinal >= 0 && g->nodes[i].input_ordinal < g->n_inputs)
+            at[g->nodes[i].input_ordinal] = i;
+    return at;
+}
+
 bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int rank, cx_graph *out,
                        cx_sharding *out_sharding, int *inserted, cx_spmd_notes *notes)
 {
@@ -1074,15 +1085,21 @@ bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int ran
     bool ok = true;
     for (int i = 0; ok && i < g->n; i++) ok = partition_node(&c, i);
     /* outputs: partial sums finished; a sharded output keeps its shard */
+    int *donor = ok ? data_nodes(g) : NULL;
+    if (ok && !donor) { cx_set_last_error("spmd partition: out of memory"); ok = false; }
     for (int o = 0; ok && o < g->n_outputs; o++) {
         int i = g->outputs[o];
         cx_sharding s = resolved(&c.sh[i]);
         out->outputs[o] = reshard(&c, i, &s);
         out_sharding[o] = s;
-        /* a donor's buffer holds the whole value: only a whole value may take it */
-        out->out_alias[o] = cx_sharding_is_replicated(&s) ? g->out_alias[o] : -1;
+        /* a donor's buffer holds its own shard: only the same shard may take it */
+        int dn = g->out_alias[o] >= 0 ? donor[g->out_alias[o]] : -1;
+        bool same = dn >= 0 && (cx_sharding_is_replicated(&s) ? cx_sharding_is_replicated(&c.sh[dn])
+                                                               : cx_sharding_equal(&c.sh[dn], &s));
+        out->out_alias[o] = same ? g->out_alias[o] : -1;
         ok = !c.failed;
     }
+    free(donor);
     if (ok) ok = keep_notes(&c);
     if (!ok) {
         pctx_free(&c);

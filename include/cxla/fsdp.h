@@ -166,26 +166,87 @@ CX_API cx_status cx_checkpoint_module(cx_module *m);
 
 /* ---- FSDPv2: FSDP through SPMD ------------------------------------------------------
  * As torch_xla's SpmdFullyShardedDataParallel: every parameter's first
- * dimension is sharded over the mesh axis named "fsdp" (padded when it does
- * not divide), and so is the output of the forward; the compiler's SPMD
- * partitioner then all-gathers each weight where it is used and
- * reduce-scatters its gradient, and the optimizer updates shards. The input
- * batch is the caller's to shard over "fsdp" (cx_mark_sharding). Needs
- * cx_use_spmd. A deferred model (cx_deferred_init_begin) materializes only
- * each rank's shards. */
+ * dimension (or, with shard_maximal, its largest dimension that divides by
+ * the axis' size) is sharded over the mesh axis named "fsdp" (padded when it
+ * does not divide), and so is the output of the forward; the compiler's
+ * SPMD partitioner then all-gathers each weight where it is used and
+ * reduce-scatters its gradient, and the optimizer updates shards (its state
+ * is split like each parameter: build the optimizer after wrapping). The
+ * input batch is the caller's to shard over "fsdp" (cx_mark_sharding, or
+ * the loader's input sharding). Needs cx_use_spmd. A deferred model
+ * (cx_deferred_init_begin) materializes only each rank's shards.
+ *
+ * Nested wrapping (the seed's auto_wrap_policy): each submodule the policy
+ * picks (by type name, e.g. GPT's "Block" or ResNet's "BasicBlock" and
+ * "Bottleneck", as transformer_auto_wrap_policy; or by parameter count, as
+ * size_based_auto_wrap_policy) gets its outputs sharded by shard_output
+ * after its forward, and with grad_ckpt its forward is rematerialized in
+ * backward (FSDPv2(checkpoint_module(block), mesh)). Parameters are sharded
+ * alike wherever they sit. A parameter that is already SPMD-sharded over
+ * other axes (tensor parallelism over "model", cx_gpt_tensor_parallel)
+ * keeps them and adds "fsdp" on a dimension they leave whole (2-D
+ * sharding); one whose every dimension is split stays as it is. */
 typedef struct cx_spmd_fsdp cx_spmd_fsdp;
 struct cx_mesh;
 /* Shards the forward's output (the seed's shard_output). @return CX_OK or an error. */
 typedef cx_status (*cx_shard_output_fn)(cx_tensor *output, const struct cx_mesh *mesh, void *arg);
+/* The same for every output of a forward (a tuple: out[0 .. n_out)). */
+typedef cx_status (*cx_shard_outputs_fn)(cx_tensor **out, int n_out, const struct cx_mesh *mesh, void *arg);
 
-/* Wraps model (borrowed; it must outlive the wrapper). shard_output NULL:
- * the output's first dimension over "fsdp". @return the wrapper, or NULL
- * with the error set (SPMD off, no "fsdp" axis, a parameter refused). */
+/* Start from cx_spmd_fsdp_default_opts() (it sets struct_size, core.h). */
+typedef struct {
+    size_t struct_size;
+    /* NULL: the default, which shards a single output's first (batch)
+     * dimension over "fsdp", or the first element of a tuple (the
+     * activation: (logits, loss) shards the logits); anything else (a 0-d
+     * output or first element, no output) is an error asking for one */
+    cx_shard_outputs_fn shard_output;
+    void *shard_output_arg;
+    /* auto-wrap: submodules whose type name is listed ... */
+    const char *const *auto_wrap_types;
+    int n_auto_wrap_types;
+    /* ... or that hold at least this many parameters outside their
+     * wrapped descendants (0: off; children are decided first, as
+     * size_based_auto_wrap_policy's recursive wrap) */
+    int64_t auto_wrap_min_params;
+    bool grad_ckpt;       /* rematerialize each wrapped submodule's forward in backward */
+    bool shard_maximal;   /* shard the largest dimension dividing by the fsdp axis, not the first */
+} cx_spmd_fsdp_opts;
+static inline cx_spmd_fsdp_opts cx_spmd_fsdp_default_opts(void)
+{
+    cx_spmd_fsdp_opts o = CX_ZEROED_;
+    o.struct_size = sizeof o;
+    return o;
+}
+
+/* Wraps model (borrowed; it must outlive the wrapper) as opts say: shards
+ * its parameters, and hooks shard_output (and checkpointing) onto each
+ * submodule the auto-wrap policy picks. @return the wrapper, or NULL with
+ * the error set (SPMD off, no "fsdp" axis, a parameter refused naming it,
+ * a struct_size below the first version's, a negative
+ * auto_wrap_min_params, more hooks than a module holds). */
+CX_API cx_spmd_fsdp *cx_spmd_fsdp_wrap_opts(cx_module *model, const struct cx_mesh *mesh, cx_spmd_fsdp_opts opts);
+/* The root only, with a one-tensor shard_output (NULL: the default).
+ * @return as cx_spmd_fsdp_wrap_opts. */
 CX_API cx_spmd_fsdp *cx_spmd_fsdp_wrap(cx_module *model, const struct cx_mesh *mesh, cx_shard_output_fn shard_output,
                                        void *arg);
-/* The module's forward, its output sharded. @return the output (poisoned on error). */
+/* The module's forward, its output sharded. @return the output (poisoned
+ * on error, also for a wrapper whose shard_output takes a tuple and
+ * refuses a single tensor). */
 CX_API cx_tensor *cx_spmd_fsdp_forward(cx_spmd_fsdp *f, cx_tensor *x);
+/* The same for many inputs and outputs (cx_module_forward_many: a GPT's
+ * (idx, targets) -> (logits, loss)), the outputs sharded by shard_output.
+ * @return the number of outputs written, or -1 with cx_last_error set (the
+ * module's error, or shard_output's, which names what to pass). */
+CX_API int cx_spmd_fsdp_forward_many(cx_spmd_fsdp *f, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out);
+/* The submodules the auto-wrap policy picked, depth first with children
+ * before their parent (the root not among them): their count, and the
+ * path of the i-th ("transformer.h.0"; "" past the end or for a NULL
+ * wrapper; the wrapper's until freed). */
+CX_API int cx_spmd_fsdp_num_wrapped(const cx_spmd_fsdp *f);
+CX_API const char *cx_spmd_fsdp_wrapped_path(const cx_spmd_fsdp *f, int i);
 CX_API cx_module *cx_spmd_fsdp_module(const cx_spmd_fsdp *f);
+/* Removes the wrapper's hooks from the model (which keeps its shardings). NULL is fine. */
 CX_API void cx_spmd_fsdp_free(cx_spmd_fsdp *f);
 
 #ifdef __cplusplus

@@ -125,13 +125,18 @@ CX_API void cx_module_set_buffer(cx_module *m, int slot, cx_tensor *t);
 /* Forward hooks, as PyTorch's forward pre/post hooks: `pre` runs before the
  * module's forward, `post` after it (post hooks in reverse order), for
  * cx_module_forward and cx_module_forward_many alike. Used by FSDP (gather
- * parameters) and gradient checkpointing (remat region). */
+ * parameters) and gradient checkpointing (remat region). `outputs` (may be
+ * NULL) runs just before the same hook's `post` and sees the forward's
+ * outputs, which it may annotate in place (FSDPv2's shard_output); an
+ * error from it fails the forward: cx_module_forward gives a poisoned
+ * tensor naming it, cx_module_forward_many -1. */
 #define CX_MODULE_MAX_HOOKS 4
 typedef struct {
     size_t struct_size;   /* CX_STRUCT_SIZE(cx_module_hooks) */
     void (*pre)(cx_module *m, void *ctx);
     void (*post)(cx_module *m, void *ctx);
     void *ctx;
+    cx_status (*outputs)(cx_module *m, cx_tensor **out, int n_out, void *ctx);
 } cx_module_hooks;
 /* @return the hook's index, or -1 with cx_last_error set (too many hooks,
  * NULL argument, a struct_size below the first version's). */

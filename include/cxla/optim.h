@@ -5,7 +5,9 @@
  * Hyper-parameters (learning rate, bias corrections, ...) enter that graph as
  * runtime scalars, so changing them (a schedule) never recompiles. State
  * tensors are persistent, created (zero-filled, materialized) with the
- * optimizer, which makes the first step's graph the same as every other's.
+ * optimizer, which makes the first step's graph the same as every other's;
+ * the state of an SPMD-sharded parameter (cx_mark_sharding, FSDPv2) is
+ * split like it when the optimizer is made, so shard the parameters first.
  *
  * Ownership: an optimizer borrows its parameters (they must outlive it),
  * copies their names, and owns its state tensors. cx_optim_state and

@@ -440,6 +440,260 @@ static void gpt_batch_split_equals_unsharded(void)
     if (cx_global_ordinal() == 0) printf("gpt, batch split: loss %.6f -> %.6f; %lld all-gather\n", got_l[0], got_l[2], (long long)g);
 }
 
+/* FSDPv2 wrapped per GPT block (the seed's transformer_auto_wrap_policy on
+ * "Block", with and without checkpointing each block) equals DDP within
+ * 1e-5 over 3 steps, losses and parameters; each rank's parameters and
+ * optimizer state (momentum) take at most 1/N of DDP's bytes plus one
+ * block's. The default shard_output shards a tuple's first element (the
+ * logits of (logits, loss)); a user's runs on every wrapped forward; an
+ * output the default cannot shard is an error asking for shard_output. */
+enum { GB = 8, GT = 8, GV = 61 };
+typedef struct {
+    float loss[3];
+    float *params;
+    int64_t state_bytes;   /* this rank's parameters and optimizer state, as their shards hold them */
+    int64_t block_bytes;   /* one block's parameters and state, whole */
+    int wrapped;
+    int64_t gathers, scatters;   /* inserted by the partitioner compiling the first step */
+    int aliased;                 /* outputs of the last step written over their old buffers */
+} gpt_run;
+
+static cx_gpt_config tiny_gpt(void)
+{
+    return (cx_gpt_config){ CX_STRUCT_SIZE(cx_gpt_config), .vocab_size = GV, .block_size = GT, .n_layer = 2, .n_head = 2,
+                            .n_embd = 32 };
+}
+
+/* bytes t's local shard holds (a replicated tensor: all of it) */
+static int64_t local_bytes(cx_tensor *t)
+{
+    const cx_mesh *mesh;
+    cx_spec_entry spec[CX_MAX_DIMS];
+    int nd = cx_ndim(t);
+    int64_t shape[CX_MAX_DIMS], n = 1;
+    for (int d = 0; d < nd; d++) shape[d] = cx_dim(t, d);
+    if (nd > 0 && cx_get_sharding(t, &mesh, spec, CX_MAX_DIMS) == nd) cx_shard_local_shape(mesh, spec, nd, shape, nd, shape);
+    for (int d = 0; d < nd; d++) n *= shape[d];
+    return n * (int64_t)cx_dtype_size(cx_dtype_of(t));
+}
+
+static int g_user_calls;
+static cx_status user_shard_output(cx_tensor **out, int n, const cx_mesh *mesh, void *arg)
+{
+    (void)arg;
+    g_user_calls++;
+    cx_spec_entry spec[3] = { CX_SPEC_NAME("fsdp"), CX_SPEC_NONE, CX_SPEC_NONE };
+    return n >= 1 && cx_ndim(out[0]) == 3 ? cx_mark_sharding(out[0], mesh, spec, 3) : CX_ERR_ARG;
+}
+
+/* ddp: each rank its rows of the global batch; else FSDPv2 over the global
+ * batch split (fsdp, None), per block, as `o` says */
+static void gpt_fsdp_train(bool ddp, const cx_spmd_fsdp_opts *o, const cx_mesh *mesh, gpt_run *r)
+{
+    int nr = cx_world_size(), me = cx_global_ordinal();
+    cx_manual_seed(3);
+    cx_module *m = cx_nn_gpt(tiny_gpt());
+    int64_t iv[GB * GT], tv[GB * GT], rows = ddp ? GB / nr : GB, shape[2] = { rows, GT };
+    for (int i = 0; i < GB * GT; i++) { iv[i] = (i * 7 + 3) % GV; tv[i] = (i * 11 + 5) % GV; }
+    int64_t off0 = ddp ? (int64_t)me * rows * GT : 0;
+    cx_tensor *idx = cx_persist(cx_from_host(iv + off0, shape, 2, CX_I64)), *tgt = cx_persist(cx_from_host(tv + off0, shape, 2, CX_I64));
+    cx_ddp *d = ddp ? cx_ddp_wrap(m, cx_ddp_default_opts()) : NULL;
+    cx_spmd_fsdp *f = ddp ? NULL : cx_spmd_fsdp_wrap_opts(m, mesh, *o);
+    CHECK(ddp ? d != NULL : f != NULL, "gpt %s wrap: %s", ddp ? "ddp" : "fsdpv2", cx_last_error());
+    if (f) {
+        cx_spec_entry spec[2] = { CX_SPEC_NAME("fsdp"), CX_SPEC_NONE };
+        CHECK(cx_mark_sharding(idx, mesh, spec, 2) == CX_OK && cx_mark_sharding(tgt, mesh, spec, 2) == CX_OK,
+              "gpt batch: %s", cx_last_error());
+        r->wrapped = cx_spmd_fsdp_num_wrapped(f);
+        for (int i = 0; i < r->wrapped; i++) {
+            char want[32];
+            snprintf(want, sizeof want, "transformer.h.%d", i);
+            CHECK(!strcmp(cx_spmd_fsdp_wrapped_path(f, i), want), "wrapped %d is %s, not %s", i, cx_spmd_fsdp_wrapped_path(f, i), want);
+        }
+    }
+    int n;
+    cx_named_tensor *ps = cx_module_parameters(m, &n);
+    cx_sgd_opts so = cx_sgd_default_opts();   /* as gpt_train: Adam would scale rounding-level gradients up */
+    so.lr = 0.1;
+    so.momentum = 0.9;
+    cx_optimizer *opt = cx_optim_sgd(ps, n, so);
+    cx_cache_clear();   /* count what the first step compiles */
+    cx_metrics_clear();
+    for (int s = 0; s < 3 && (d || f); s++) {
+        cx_step_begin();
+        cx_optim_zero_grad(opt);
+        cx_tensor *in[2] = { idx, tgt }, *out[2] = { NULL, NULL };
+        int k = d ? cx_ddp_forward_many(d, in, 2, out, 2) : cx_spmd_fsdp_forward_many(f, in, 2, out, 2);
+        CHECK(k == 2, "gpt forward: %s", cx_last_error());
+        if (f && s == 0) {
+            char spec[256];
+            CHECK(strstr(cx_sharding_spec(out[0], spec, sizeof spec), "spec=(fsdp, None, None)") != NULL,
+                  "the logits of (logits, loss) are %s, not split on the batch", spec);
+        }
+        CHECK((d ? cx_ddp_backward(d, out[1]) : cx_backward(out[1])) == CX_OK && cx_optim_step(opt) == CX_OK,
+              "gpt step: %s", cx_last_error());
+        cx_keep(out[1]);
+        CHECK(cx_step_end() == CX_OK, "gpt step end: %s", cx_last_error());
+        double mine = cx_item(out[1]), mean = mine;
+        if (d) CHECK(cx_mesh_reduce("dist_spmd_gpt_loss", &mine, 1, NULL, &mean) == CX_OK, "loss mean: %s", cx_last_error());
+        r->loss[s] = (float)mean;
+        cx_free(out[1]);
+        if (s == 0) { r->gathers = cx_counter_value("SpmdAllGather"); r->scatters = cx_counter_value("SpmdReduceScatter"); }
+        r->aliased = cx_last_exec_info().num_aliased;
+    }
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(cx_to_host(ps[i].tensor, r->params + off, CX_F32) == CX_OK, "read %s: %s", ps[i].name, cx_last_error());
+        off += cx_numel(ps[i].tensor);
+    }
+    int ns = 0;
+    cx_named_tensor *st = cx_optim_state(opt, &ns);
+    r->state_bytes = 0;
+    for (int i = 0; i < n; i++) r->state_bytes += local_bytes(ps[i].tensor);
+    for (int i = 0; st && i < ns; i++) r->state_bytes += local_bytes(st[i].tensor);
+    /* one block's parameters, and a momentum buffer each */
+    r->block_bytes = 2 * 4 * cx_module_num_params(cx_module_find(m, "transformer.h.0"));
+    free(st);
+    free(ps);
+    cx_optim_free(opt);
+    cx_spmd_fsdp_free(f);
+    cx_ddp_free(d);
+    cx_free(idx);
+    cx_free(tgt);
+    cx_module_free(m);
+}
+
+/* A model giving (loss, logits): the default shard_output cannot tell the
+ * activation and says so. */
+static int loss_first_forward(cx_module *m, cx_tensor *const *in, int n_in, cx_tensor **out, int max_out)
+{
+    if (n_in != 1 || max_out < 2) { cx_set_last_error("LossFirst: one input, two outputs"); return -1; }
+    cx_tensor *y = cx_module_forward(cx_module_child(m, 0), in[0]);   // (B, 8)
+    out[0] = cx_mean(cx_mul(y, y), NULL, 0, false);
+    out[1] = y;
+    return 2;
+}
+
+static cx_status one_tensor_batch(cx_tensor *out, const cx_mesh *mesh, void *arg)
+{
+    (void)arg;
+    cx_spec_entry spec[2] = { CX_SPEC_NAME("fsdp"), CX_SPEC_NONE };
+    return cx_mark_sharding(out, mesh, spec, 2);
+}
+
+static void fsdpv2_output_errors(const cx_mesh *mesh)
+{
+    static const cx_module_type t = { CX_STRUCT_SIZE(cx_module_type), .name = "LossFirst", .forward_many = loss_first_forward };
+    cx_module *m = cx_module_new(&t, NULL);
+    CHECK(m && cx_module_add_child(m, "fc", cx_nn_linear(K, 8, true)) == 0, "LossFirst: %s", cx_last_error());
+    cx_spmd_fsdp *f = cx_spmd_fsdp_wrap_opts(m, mesh, cx_spmd_fsdp_default_opts());
+    CHECK(f != NULL, "LossFirst wrap: %s", cx_last_error());
+    cx_tensor *x = host(B, K, 2, 0.3, false), *out[2];
+    cx_step_begin();
+    int k = f ? cx_spmd_fsdp_forward_many(f, &x, 1, out, 2) : 0;
+    CHECK(k == -1 && strstr(cx_last_error(), "0-d") && strstr(cx_last_error(), "pass shard_output"),
+          "a (loss, logits) tuple under the default shard_output: %d outputs, %s", k, cx_last_error());
+    if (cx_global_ordinal() == 0) printf("default shard_output on (loss, logits): %s\n", cx_last_error());
+    cx_step_end();
+    cx_spmd_fsdp_free(f);
+    /* a one-tensor shard_output (cx_spmd_fsdp_wrap's) refuses a tuple */
+    f = cx_spmd_fsdp_wrap(m, mesh, one_tensor_batch, NULL);
+    cx_step_begin();
+    k = f ? cx_spmd_fsdp_forward_many(f, &x, 1, out, 2) : 0;
+    CHECK(k == -1 && strstr(cx_last_error(), "takes one tensor; the forward gave 2"), "a one-tensor shard_output given a tuple: %s",
+          cx_last_error());
+    cx_step_end();
+    cx_spmd_fsdp_free(f);
+    cx_drop(x);
+    cx_spmd_fsdp_opts bad = cx_spmd_fsdp_default_opts();
+    bad.auto_wrap_min_params = -1;
+    CHECK(cx_spmd_fsdp_wrap_opts(m, mesh, bad) == NULL && strstr(cx_last_error(), "auto_wrap_min_params"),
+          "a negative auto_wrap_min_params: %s", cx_last_error());
+    cx_module_free(m);
+}
+
+/* The size policy picks what the type policy does on a GPT when the bound
+ * is one block's parameters (children first: the attention and MLP fall
+ * short, and nothing above a block holds that many of its own);
+ * shard_maximal splits a weight's largest dimension. */
+static void fsdpv2_policies(const cx_mesh *mesh)
+{
+    cx_manual_seed(3);
+    cx_module *m = cx_nn_gpt(tiny_gpt());
+    cx_spmd_fsdp_opts o = cx_spmd_fsdp_default_opts();
+    o.auto_wrap_min_params = cx_module_num_params(cx_module_find(m, "transformer.h.0"));
+    cx_spmd_fsdp *f = cx_spmd_fsdp_wrap_opts(m, mesh, o);
+    CHECK(f && cx_spmd_fsdp_num_wrapped(f) == 2 && !strcmp(cx_spmd_fsdp_wrapped_path(f, 0), "transformer.h.0") &&
+              !strcmp(cx_spmd_fsdp_wrapped_path(f, 1), "transformer.h.1"),
+          "size policy of %lld parameters: %d wrapped (%s, ...): %s", (long long)o.auto_wrap_min_params,
+          cx_spmd_fsdp_num_wrapped(f), cx_spmd_fsdp_wrapped_path(f, 0), f ? "" : cx_last_error());
+    char spec[256];
+    CHECK(strstr(cx_sharding_spec(cx_module_get(m, "transformer.h.0.mlp.c_fc.weight"), spec, sizeof spec), "spec=(fsdp, None)"),
+          "c_fc.weight (128, 32) is %s, not split on its first dimension", spec);
+    cx_spmd_fsdp_free(f);
+    cx_module_free(m);
+    cx_module *lin = cx_nn_linear(K, 8, true);   /* weight (8, 12) */
+    cx_spmd_fsdp_opts mx = cx_spmd_fsdp_default_opts();
+    mx.shard_maximal = true;
+    f = cx_spmd_fsdp_wrap_opts(lin, mesh, mx);
+    CHECK(f && strstr(cx_sharding_spec(cx_module_get(lin, "weight"), spec, sizeof spec), "spec=(None, fsdp)"),
+          "shard_maximal: a (8, 12) weight is %s", f ? spec : cx_last_error());
+    cx_spmd_fsdp_free(f);
+    cx_module_free(lin);
+}
+
+static void fsdpv2_gpt_per_block_equals_ddp(void)
+{
+    int nr = cx_world_size(), shape[2] = { nr, 1 };
+    const char *names[2] = { "fsdp", "model" };
+    cx_mesh *mesh = cx_mesh_new(NULL, 2, shape, names);
+    CHECK(mesh != NULL, "fsdp mesh: %s", cx_last_error());
+    if (!mesh) return;
+    enum { NP = 40000 };
+    static float pd[NP], pf[NP];
+    gpt_run ref = { .params = pd };
+    gpt_fsdp_train(true, NULL, NULL, &ref);
+    static const char *const types[1] = { "Block" };
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        memset(pf, 0, sizeof pf);
+        gpt_run got = { .params = pf };
+        cx_spmd_fsdp_opts o = cx_spmd_fsdp_default_opts();
+        o.auto_wrap_types = types;
+        o.n_auto_wrap_types = 1;
+        o.grad_ckpt = ckpt;
+        if (ckpt) o.shard_output = user_shard_output;   /* the user's: on each block and the root */
+        g_user_calls = 0;
+        gpt_fsdp_train(false, &o, mesh, &got);
+        const char *what = ckpt ? "fsdpv2 per block, checkpointed, user shard_output" : "fsdpv2 per block";
+        CHECK(got.wrapped == 2, "%s: %d blocks wrapped, not 2", what, got.wrapped);
+        /* ZeRO-3: the weights are gathered where used, their gradients reduce-scattered into shards */
+        CHECK(got.gathers > 0 && got.scatters >= 8, "%s: the partitioner inserted %lld all-gather, %lld reduce-scatter", what,
+              (long long)got.gathers, (long long)got.scatters);
+        if (ckpt) CHECK(g_user_calls == 3 * 3, "the user's shard_output ran %d times in 3 steps, not 9 (2 blocks + the root)", g_user_calls);
+        for (int s = 0; s < 3; s++)
+            CHECK(close_rel(got.loss[s], ref.loss[s], 1e-5), "%s: loss %d: %.8f, ddp %.8f", what, s, got.loss[s], ref.loss[s]);
+        int bad = 0, first = -1;
+        for (int i = 0; i < NP; i++)
+            if (!close_rel(pf[i], pd[i], 1e-5) && bad++ == 0) first = i;
+        CHECK(bad == 0, "%s: %d parameter elements differ from ddp by more than 1e-5 (first %d: %.8f, ddp %.8f)", what, bad, first,
+              first >= 0 ? pf[first] : 0, first >= 0 ? pd[first] : 0);
+        /* sharded parameters, gradients and momentum are updated in their own
+         * buffers, as DDP's whole ones are (no second copy during the step) */
+        CHECK(got.aliased == ref.aliased, "%s: %d outputs of a step take their old buffers, ddp %d", what, got.aliased, ref.aliased);
+        CHECK(got.state_bytes <= ref.state_bytes / nr + ref.block_bytes,
+              "%s: parameters + momentum hold %lld bytes on this rank; ddp %lld, over %d ranks plus one block (%lld) is %lld", what,
+              (long long)got.state_bytes, (long long)ref.state_bytes, nr, (long long)ref.block_bytes,
+              (long long)(ref.state_bytes / nr + ref.block_bytes));
+        if (cx_global_ordinal() == 0)
+            printf("%s: loss %.6f -> %.6f (ddp %.6f -> %.6f); parameters + momentum %lld bytes/rank, ddp %lld (1/%d: %lld, "
+                   "one block %lld); inserted %lld all-gather, %lld reduce-scatter\n", what, got.loss[0], got.loss[2], ref.loss[0],
+                   ref.loss[2], (long long)got.state_bytes, (long long)ref.state_bytes, nr, (long long)(ref.state_bytes / nr),
+                   (long long)ref.block_bytes, (long long)got.gathers, (long long)got.scatters);
+    }
+    fsdpv2_output_errors(mesh);
+    fsdpv2_policies(mesh);
+}
+
 /* The loader's input sharding: each rank reads only its rows of every
  * global batch (uneven last batch included), and the sharded batch reads
  * back as the whole batch; also with 2 workers on a concurrent data set. */
@@ -569,6 +823,7 @@ int main(int argc, char **argv)
     loader_reads_its_rows(2);
     block_batch_split_equals_unsharded();
     gpt_batch_split_equals_unsharded();
+    fsdpv2_gpt_per_block_equals_ddp();
     bad_specs();
     return dist_finish("dist_spmd");
 }

@@ -10,7 +10,8 @@
 # data=1,model=2: the blocks split over the model axis), whose per-rank
 # checkpoints consolidate into a model with the run's val loss and resume
 # to the same end; heads that do not split over the model axis are a
-# one-line error.
+# one-line error. FSDPv2 (--parallel fsdpv2) equals one process too, and
+# resumes from its checkpoints to the same end.
 # usage: gpt_dist.sh XLA_LAUNCH GPT CONSOLIDATE_CKPTS
 set -eu
 LAUNCH=$1 GPT=$2 CONSOLIDATE=$3
@@ -61,8 +62,31 @@ if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --n-head 3 --n-embd 48 --parallel sp
 fi
 grep -q "3 heads do not split over 2 ranks" "$W/tp3.out" || { cat "$W/tp3.out"; fail "3 heads: no clear error"; }
 
+# FSDPv2 (--parallel fsdpv2: parameters and batch split over the mesh's
+# fsdp axis, each block wrapped): the losses of one process, on (fsdp=2,
+# model=1) and on (fsdp=1, model=2), whose model axis only replicates; its
+# checkpoints (parameters and AdamW state each rank's shards) resume to the
+# same end; a mesh of the spmd form is a one-line error naming the flag
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel fsdpv2 --ckpt-dir "$W/v2" --ckpt-every 15 > "$W/v2.out" 2>&1 ||
+    { cat "$W/v2.out"; fail "fsdpv2"; }
+sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/v2.out" > "$W/v2.l"
+cmp -s "$W/one.l" "$W/v2.l" || { paste "$W/one.l" "$W/v2.l"; fail "fsdpv2's losses differ from one process's"; }
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel fsdpv2 --mesh fsdp=1,model=2 > "$W/v2m.out" 2>&1 ||
+    { cat "$W/v2m.out"; fail "fsdpv2 fsdp=1,model=2"; }
+sed -n 's/^\[rank 0\] step \([0-9]*\)\/.*: loss \([0-9.]*\),.*/\1 \2/p; s/^\[rank 0\] val loss: /val /p' "$W/v2m.out" > "$W/v2m.l"
+cmp -s "$W/one.l" "$W/v2m.l" || { paste "$W/one.l" "$W/v2m.l"; fail "fsdpv2 on fsdp=1,model=2 differs from one process"; }
+mkdir "$W/v215" && cp "$W/v2/ckpt-step-15"* "$W/v215/"
+"$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel fsdpv2 --ckpt-dir "$W/v215" --resume auto > "$W/v2r.out" 2>&1 ||
+    { cat "$W/v2r.out"; fail "fsdpv2 resume"; }
+[ "$(sed -n 's/^\[rank 0\] val loss: //p' "$W/v2r.out")" = "$(sed -n 's/^val //p' "$W/v2.l")" ] ||
+    { cat "$W/v2r.out"; fail "the resumed fsdpv2 run ends elsewhere"; }
+if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --parallel fsdpv2 --mesh data=2,model=1 > "$W/v2e.out" 2>&1; then
+    fail "fsdpv2 accepted --mesh data=2,model=1"
+fi
+grep -q "mesh 'data=2,model=1' is not fsdp=N,model=M" "$W/v2e.out" || { cat "$W/v2e.out"; fail "fsdpv2 bad mesh: no clear error"; }
+
 if "$LAUNCH" --nproc 2 "$GPT" train $RECIPE --batch-size 7 --parallel ddp > "$W/err.out" 2>&1; then
     fail "a batch of 7 over 2 ranks was accepted"
 fi
 grep -q "batch-size 7 does not split over 2 ranks" "$W/err.out" || { cat "$W/err.out"; fail "batch split error"; }
-echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL; spmd data and tensor parallel equal one process: $(tail -1 "$W/spmd.l"))"
+echo "gpt on 2 ranks: ok (ddp and fsdp; consolidated val loss $EVAL; spmd data and tensor parallel, and fsdpv2, equal one process: $(tail -1 "$W/spmd.l"))"

@@ -273,6 +273,58 @@ Test(api, layer_options_refuse_a_missing_size)
     cx_module_free(lin);
 }
 
+/* cx_module_hooks.outputs: sees the forward's outputs before its hook's
+ * post; a failure poisons the forward, and every post still runs. */
+typedef struct {
+    int outputs, posts;
+    int64_t dim0;
+    bool fail;
+} hook_log;
+
+static cx_status log_outputs(cx_module *m, cx_tensor **out, int n, void *ctx)
+{
+    hook_log *l = ctx;
+    (void)m;
+    l->outputs++;
+    l->dim0 = n == 1 ? cx_dim(out[0], 0) : -1;
+    if (l->fail) { cx_set_last_error("the hook refuses"); return CX_ERR_ARG; }
+    return CX_OK;
+}
+
+static void log_post(cx_module *m, void *ctx)
+{
+    (void)m;
+    ((hook_log *)ctx)->posts++;
+}
+
+Test(api, module_output_hooks)
+{
+    cx_module *lin = cx_nn_linear(3, 2, true);
+    hook_log a = { 0 }, b = { 0 };
+    cx_module_hooks ha = { CX_STRUCT_SIZE(cx_module_hooks), .post = log_post, .ctx = &a, .outputs = log_outputs };
+    cx_module_hooks hb = { .struct_size = SIZE_THROUGH(cx_module_hooks, ctx), .post = log_post, .ctx = &b };
+    cr_assert_eq(cx_module_add_hooks(lin, &ha), 0, "%s", cx_last_error());
+    cr_assert_eq(cx_module_add_hooks(lin, &hb), 1, "a first-version hook (no outputs): %s", cx_last_error());
+    int64_t shape[2] = { 5, 3 };
+    float x[15] = { 0 };
+    cx_tensor *in = cx_from_host(x, shape, 2, CX_F32), *y = cx_module_forward(lin, in);
+    cr_expect_null(cx_tensor_error(y));
+    cr_expect(a.outputs == 1 && a.dim0 == 5 && a.posts == 1 && b.posts == 1, "outputs %d (dim0 %lld), posts %d and %d",
+              a.outputs, (long long)a.dim0, a.posts, b.posts);
+    cx_free(y);
+    a.fail = true;
+    y = cx_module_forward(lin, in);
+    cr_expect(cx_tensor_error(y) && strstr(cx_tensor_error(y), "the hook refuses"), "a failed outputs hook: %s",
+              cx_tensor_error(y) ? cx_tensor_error(y) : "no error");
+    cr_expect(a.posts == 2 && b.posts == 2, "posts after a failure: %d and %d", a.posts, b.posts);
+    cx_tensor *outs[1];
+    cr_expect_eq(cx_module_forward_many(lin, &in, 1, outs, 1), -1);
+    cr_expect_null(outs[0], "a failed forward_many leaves no output");
+    cx_free(y);
+    cx_free(in);
+    cx_module_free(lin);
+}
+
 Test(api, optimizer_options_refuse_a_missing_size)
 {
     cx_module *lin = cx_nn_linear(2, 2, true);
