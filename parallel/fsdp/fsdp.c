@@ -9,6 +9,7 @@
  * backward gets a fresh, pinned all-gather, so the forward's gathered
  * parameters die right after the unit's forward. ZeRO-2 reuses the forward's
  * gathered parameters in backward. */
+#include "fsdp_wrap_policy.h"
 #include "parallel_internal.h"
 #include <cxla/fsdp.h>
 
@@ -109,22 +110,6 @@ static void unit_post(cx_module *m, void *ctx)
 
 /* ---- unit discovery ------------------------------------------------------------------ */
 
-static bool listed(const char *s, const char *const *list, int n)
-{
-    for (int i = 0; i < n; i++) if (list[i] && !strcmp(list[i], s)) return true;
-    return false;
-}
-
-static char *join_path(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    char *p = malloc(la + lb + 2);
-    if (!p) return NULL;
-    if (la) { memcpy(p, a, la); p[la] = '.'; memcpy(p + la + 1, b, lb + 1); }
-    else memcpy(p, b, lb + 1);
-    return p;
-}
-
 static unit *add_unit(cx_fsdp *f, cx_module *m, const char *path)
 {
     if (!CX_GROW(f->units, f->cap, f->nunits + 1)) return NULL;
@@ -143,11 +128,11 @@ static bool find_units(cx_fsdp *f, cx_module *m, const char *path)
 {
     for (int c = 0; c < cx_module_num_children(m); c++) {
         cx_module *ch = cx_module_child(m, c);
-        char *p = join_path(path, cx_module_child_name(m, c));
+        char *p = cx_fsdp_join_path(path, cx_module_child_name(m, c));
         if (!p) return false;
         bool ok = find_units(f, ch, p);
-        bool wrap = listed(p, f->o.wrap_paths, f->o.n_wrap_paths) ||
-                    listed(cx_module_type_name(ch), f->o.auto_wrap_types, f->o.n_auto_wrap_types) ||
+        bool wrap = cx_fsdp_listed(p, f->o.wrap_paths, f->o.n_wrap_paths) ||
+                    cx_fsdp_listed(cx_module_type_name(ch), f->o.auto_wrap_types, f->o.n_auto_wrap_types) ||
                     (f->o.auto_wrap_min_params > 0 && cx_module_num_params(ch) >= f->o.auto_wrap_min_params);
         if (ok && wrap && cx_module_num_params(ch) > 0) ok = add_unit(f, ch, p) != NULL;
         free(p);
@@ -183,7 +168,7 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
             return false;
         cx_fsdp_param_info *pi = &u->info[u->nparams];
         memset(pi, 0, sizeof *pi);
-        pi->name = join_path(path, cx_module_param_name(m, s));
+        pi->name = cx_fsdp_join_path(path, cx_module_param_name(m, s));
         if (!pi->name) return false;
         pi->ndim = cx_ndim(t);
         memcpy(pi->shape, cx_shape(t), sizeof(int64_t) * (size_t)pi->ndim);
@@ -192,7 +177,7 @@ static bool collect_params(cx_fsdp *f, unit *u, cx_module *m, const char *path, 
         u->nparams++;
     }
     for (int c = 0; c < cx_module_num_children(m); c++) {
-        char *p = join_path(path, cx_module_child_name(m, c));
+        char *p = cx_fsdp_join_path(path, cx_module_child_name(m, c));
         if (!p) return false;
         bool ok = collect_params(f, u, cx_module_child(m, c), p, false);
         free(p);
@@ -391,7 +376,7 @@ cx_fsdp *cx_fsdp_wrap(cx_module *m, cx_fsdp_opts opts)
     for (int i = 0; ok && i < f->nunits; i++) {
         unit *u = &f->units[i];
         ok = collect_params(f, u, u->m, u->path, true);
-        u->flat_name = join_path(u->path, "flat_param");
+        u->flat_name = cx_fsdp_join_path(u->path, "flat_param");
         if (!u->flat_name) ok = false;
         u->grad_ckpt = opts.grad_ckpt;
     }

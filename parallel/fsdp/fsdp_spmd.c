@@ -6,6 +6,7 @@
 #include <cxla/spmd.h>
 
 #include "cx_struct.h"
+#include "fsdp_wrap_policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,22 +143,6 @@ static void wrapped_post(cx_module *m, void *ctx)
 
 /* ---- the auto-wrap policy -------------------------------------------------------------- */
 
-static bool listed(const char *s, const char *const *list, int n)
-{
-    for (int i = 0; i < n; i++) if (list[i] && !strcmp(list[i], s)) return true;
-    return false;
-}
-
-static char *join_path(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    char *p = malloc(la + lb + 2);
-    if (!p) return NULL;
-    if (la) { memcpy(p, a, la); p[la] = '.'; memcpy(p + la + 1, b, lb + 1); }
-    else memcpy(p, b, lb + 1);
-    return p;
-}
-
 static bool add_wrapped(cx_spmd_fsdp *f, cx_module *m, const char *path, bool ckpt)
 {
     if (f->nw == f->cap) {
@@ -182,10 +167,10 @@ static bool find_wrapped(cx_spmd_fsdp *f, cx_module *m, const char *path, int64_
     for (int s = 0; s < cx_module_num_own_params(m); s++) *unwrapped += cx_numel(cx_module_param(m, s));
     for (int c = 0; c < cx_module_num_children(m); c++) {
         cx_module *ch = cx_module_child(m, c);
-        char *p = join_path(path, cx_module_child_name(m, c));
+        char *p = cx_fsdp_join_path(path, cx_module_child_name(m, c));
         int64_t left = 0;
         bool ok = p && find_wrapped(f, ch, p, &left);
-        bool wrap = listed(cx_module_type_name(ch), f->o.auto_wrap_types, f->o.n_auto_wrap_types) ||
+        bool wrap = cx_fsdp_listed(cx_module_type_name(ch), f->o.auto_wrap_types, f->o.n_auto_wrap_types) ||
                     (f->o.auto_wrap_min_params > 0 && left >= f->o.auto_wrap_min_params);
         if (ok && wrap) ok = add_wrapped(f, ch, p, f->o.grad_ckpt);
         else *unwrapped += left;
