@@ -108,7 +108,34 @@ static const cli_flag *find(const cli_spec *s, const char *name, size_t len)
     return NULL;
 }
 
-cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positional)
+/* The spelling and value that last set an entry of the table. */
+typedef struct {
+    const char *name;    /* as typed: the entry's own name or a synonym's */
+    const char *value;   /* NULL: a switch */
+    bool preset;         /* a synonym with its value built in */
+} cli_seen;
+
+/* Two spellings of one flag (--data mnist --fake_data) that disagree are an
+ * error rather than the last one silently winning; the same spelling twice
+ * still overrides, as a repeated flag always has. @return false after the line. */
+static bool same_or_first(const cli_spec *s, cli_seen *seen, const cli_flag *typed, const char *value)
+{
+    const char *v = typed->preset ? typed->preset : value;
+    bool agree = seen->value && v ? !strcmp(seen->value, v) : seen->value == v;
+    if (seen->name && strcmp(seen->name, typed->name) && !agree) {
+        /* a preset is named bare, as it is typed (--fake_data) */
+        bool bare = !seen->value || seen->preset;
+        cli_error(s, "--%s%s%s and --%s%s%s set one flag to different values: give one", seen->name, bare ? "" : " ",
+                  bare ? "" : seen->value, typed->name, typed->preset || !v ? "" : " ", typed->preset || !v ? "" : v);
+        return false;
+    }
+    seen->name = typed->name;
+    seen->value = v;
+    seen->preset = typed->preset != NULL;
+    return true;
+}
+
+static cli_result parse_args(const cli_spec *s, int argc, char **argv, int *first_positional, cli_seen *seen)
 {
     int i = 1;
     for (; i < argc; i++) {
@@ -136,8 +163,10 @@ cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positi
         named.name = typed->name;
         const cli_flag *f = &named;
         if (f->given) *f->given = true;
+        cli_seen *last = &seen[target - s->flags];
         if (f->kind == CLI_BOOL || typed->preset) {
             if (eq) { cli_error(s, "--%s takes no value", f->name); return CLI_ERROR; }
+            if (!same_or_first(s, last, typed, NULL)) return CLI_ERROR;
             if (typed->preset) {
                 if (!set_value(s, f, typed->preset)) return CLI_ERROR;
             } else if (f->dest) {
@@ -147,10 +176,20 @@ cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positi
         }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!v) { cli_error(s, "--%s needs a value", f->name); return CLI_ERROR; }
+        if (!same_or_first(s, last, typed, v)) return CLI_ERROR;
         if (!set_value(s, f, v)) return CLI_ERROR;
     }
     if (first_positional) *first_positional = i;
     return CLI_OK;
+}
+
+cli_result cli_parse(const cli_spec *s, int argc, char **argv, int *first_positional)
+{
+    cli_seen *seen = calloc(s->nflags > 0 ? (size_t)s->nflags : 1, sizeof *seen);
+    if (!seen) { cli_error(s, "out of memory parsing the flags"); return CLI_ERROR; }
+    cli_result r = parse_args(s, argc, argv, first_positional, seen);
+    free(seen);
+    return r;
 }
 
 static const char *metavar(const cli_flag *f)

@@ -73,7 +73,10 @@ typedef enum {
     CLI_ERROR,       /* one line "prog: ... (see prog --help)" went to stderr; the program exits 2 */
 } cli_result;
 
-/* Parses argv[1..argc). "--" ends the flags. @return a cli_result. */
+/* Parses argv[1..argc). "--" ends the flags. A flag repeated under one
+ * spelling takes its last value; two spellings of one flag (a synonym and
+ * its target) with different values are an error naming both.
+ * @return a cli_result (CLI_ERROR also when out of memory). */
 cli_result cli_parse(const cli_spec *spec, int argc, char **argv, int *first_positional);
 
 /* One line "prog: <message> (see prog --help)" on stderr, for the checks a

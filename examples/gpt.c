@@ -550,8 +550,12 @@ static void log_flush(logger *g, const config *c, double val)
         if (!isnan(val)) printf("%sstep %lld: val loss %.4f\n", g->tty ? "\n" : "", (long long)step, val);
         if (g->jsonl) {
             fprintf(g->jsonl, "{\"step\": %lld", (long long)step);
-            if (g->loss) fprintf(g->jsonl, ", \"loss\": %.6f, \"lr\": %.6g, \"tokens_per_s\": %.1f", loss, g->loss_lr, tok_s);
-            if (!isnan(val)) fprintf(g->jsonl, ", \"val_loss\": %.6f", val);
+            /* JSON has no NaN: a diverged loss is null (and val's NaN means none this step) */
+            if (g->loss && isfinite(loss)) fprintf(g->jsonl, ", \"loss\": %.6f", loss);
+            else if (g->loss) fprintf(g->jsonl, ", \"loss\": null");
+            if (g->loss) fprintf(g->jsonl, ", \"lr\": %.6g, \"tokens_per_s\": %.1f", g->loss_lr, isfinite(tok_s) ? tok_s : 0.0);
+            if (isinf(val)) fprintf(g->jsonl, ", \"val_loss\": null");
+            else if (!isnan(val)) fprintf(g->jsonl, ", \"val_loss\": %.6f", val);
             fprintf(g->jsonl, "}\n");
             fflush(g->jsonl);
         }

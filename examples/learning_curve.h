@@ -20,13 +20,19 @@ typedef struct {
     const char *ylabel;
     const char *y2label;    /* the right-hand axis, NULL: none */
     const lc_series *series;
-    int nseries;
+    int nseries;            /* at most LC_MAX_SERIES */
 } lc_plot_spec;
 
-/* Draws the curves into p->out and prints "wrote OUT".
+#define LC_MAX_SERIES 8
+
+/* Draws the curves that have points into p->out (a notice line for each
+ * series without one; null and non-finite values are not points) and
+ * prints "wrote OUT".
  * @return 0, or the exit code with its one line on stderr: 2 for an --out
- * that is neither .png nor .svg, 3 for a log file unreadable or holding no
- * line with a step, 1 when gnuplot is missing or fails. */
+ * that is neither .png nor .svg or whose directory cannot be written, 3
+ * for a log file unreadable, holding no line with a step or no finite
+ * value, 1 when gnuplot cannot be started (the line says how to install
+ * it) or fails (the line is gnuplot's last message). */
 int lc_plot(const lc_plot_spec *p);
 
 #endif

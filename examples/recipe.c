@@ -7,7 +7,9 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 recipe_flags recipe_default_flags(void)
 {
@@ -164,12 +166,55 @@ double recipe_lr_at(recipe_schedule *s, int64_t step)
 
 /* ---- the learning-curve log -------------------------------------------------------------------- */
 
-FILE *recipe_log_open(const recipe_flags *r, bool resumed, bool *failed)
+/* Keeps the lines of `path` whose step is at most `last_step`, through a
+ * temporary file renamed over it (a crash leaves the old log or the new,
+ * never half of one). A line's step is the optimizer steps done when it
+ * was written: an evaluation at the step of the checkpoint is of an epoch
+ * the resumed run does not train again. @return 0, or -1 after one line. */
+static int log_keep_through(const char *path, int64_t last_step)
+{
+    FILE *in = fopen(path, "r");
+    if (!in) {
+        if (errno == ENOENT) return 0;   /* nothing logged yet: the resumed run starts the file */
+        fprintf(stderr, "train: cannot read --log-file %s to resume it: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!out) {
+        fprintf(stderr, "train: cannot rewrite --log-file %s to resume it: %s\n", path, strerror(errno));
+        if (fd >= 0) { close(fd); unlink(tmp); }
+        fclose(in);
+        return -1;
+    }
+    char line[4096];
+    bool ok = true;
+    while (fgets(line, sizeof line, in)) {
+        const char *s = strstr(line, "\"step\":");
+        /* a line cut short by the run that died is not kept */
+        if (!s || !strchr(line, '\n') || atoll(s + 7) > last_step) continue;
+        ok = ok && fputs(line, out) >= 0;
+    }
+    ok = !ferror(in) && ok;
+    fclose(in);
+    ok = fclose(out) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "train: cannot rewrite --log-file %s to resume it: %s\n", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+FILE *recipe_log_open(const recipe_flags *r, int64_t resumed_step, bool *failed)
 {
     *failed = false;
     if (!r->log_file) return NULL;
     FILE *f = NULL;
-    if (cx_global_ordinal() == 0 && !(f = fopen(r->log_file, resumed ? "a" : "w")))
+    if (cx_global_ordinal() == 0 && (resumed_step < 0 || log_keep_through(r->log_file, resumed_step) == 0) &&
+        !(f = fopen(r->log_file, resumed_step >= 0 ? "a" : "w")))
         fprintf(stderr, "train: cannot write --log-file %s: %s\n", r->log_file, strerror(errno));
     /* every rank stops, not rank 0 alone (the others would wait for it in the first step) */
     double mine = cx_global_ordinal() == 0 && !f, any = 0;
@@ -181,19 +226,30 @@ FILE *recipe_log_open(const recipe_flags *r, bool resumed, bool *failed)
     return f;
 }
 
+/* JSON has no NaN or Infinity: a diverged loss is null. */
+static const char *json_num(char *buf, size_t cap, const char *fmt, double x)
+{
+    if (!isfinite(x)) return "null";
+    snprintf(buf, cap, fmt, x);
+    return buf;
+}
+
 void recipe_log_step(FILE *f, int64_t step, int epoch, double loss, double lr, double images_per_s)
 {
     if (!f) return;
-    fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f, \"lr\": %.9g, \"images_per_s\": %.1f}\n",
-            (long long)step, epoch, loss, lr, images_per_s);
+    char l[48], r[48], v[48];
+    fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"loss\": %s, \"lr\": %s, \"images_per_s\": %s}\n", (long long)step,
+            epoch, json_num(l, sizeof l, "%.6f", loss), json_num(r, sizeof r, "%.9g", lr),
+            json_num(v, sizeof v, "%.1f", images_per_s));
     fflush(f);
 }
 
 void recipe_log_eval(FILE *f, int64_t step, int epoch, double accuracy, int64_t images)
 {
     if (!f) return;
-    fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"test_accuracy\": %.4f, \"test_images\": %lld}\n", (long long)step,
-            epoch, accuracy, (long long)images);
+    char a[48];
+    fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"test_accuracy\": %s, \"test_images\": %lld}\n", (long long)step,
+            epoch, json_num(a, sizeof a, "%.4f", accuracy), (long long)images);
     fflush(f);
 }
 

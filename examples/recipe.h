@@ -80,10 +80,13 @@ recipe_schedule recipe_schedule_of(const recipe_flags *r, double lr, int64_t ste
 double recipe_lr_at(recipe_schedule *s, int64_t step);
 
 /* The learning-curve log, opened by rank 0 (every rank calls it: they
- * agree on failure). A resumed run appends. @return the file on rank 0,
- * NULL elsewhere, without --log-file, or with *failed set on every rank
- * (rank 0's line on stderr). */
-FILE *recipe_log_open(const recipe_flags *r, bool resumed, bool *failed);
+ * agree on failure). A run resumed at step resumed_step (-1: a fresh run)
+ * first cuts the log to the lines of steps <= resumed_step (atomically:
+ * a resume from an older checkpoint would otherwise log its steps twice),
+ * then appends. Non-finite numbers are written as null. @return the file
+ * on rank 0, NULL elsewhere, without --log-file, or with *failed set on
+ * every rank (rank 0's line on stderr). */
+FILE *recipe_log_open(const recipe_flags *r, int64_t resumed_step, bool *failed);
 void recipe_log_step(FILE *f, int64_t step, int epoch, double loss, double lr, double images_per_s);
 void recipe_log_eval(FILE *f, int64_t step, int epoch, double accuracy, int64_t images);
 

@@ -6,7 +6,7 @@ build and the tests never do.
 
     train --model resnet50 --data fake --image-size 64 --steps 2 --parallel fsdp --ckpt-dir ck
     /usr/bin/python3 examples/resnet_torch_check.py ck/ckpt-step-2_consolidated.h5 \\
-        --resnet-logits build/examples/resnet_logits
+        [--resnet-logits build/examples/resnet_logits]
 
 The model (resnet18 or resnet50), its input channels and classes come from
 the weights' shapes. cxla's logits come from resnet_logits, which loads the
@@ -17,6 +17,7 @@ magnitude, 1 otherwise.
 """
 import argparse
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -38,16 +39,49 @@ def make_input(shape):
     return (u * np.float32(2.0) - np.float32(1.0)).reshape(shape)
 
 
+def fail(msg):
+    raise SystemExit("resnet_torch_check.py: " + msg)
+
+
+def default_logits():
+    """The repo's build (build/examples/, next to this script's examples/) first, then PATH."""
+    built = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "build", "examples", "resnet_logits")
+    if os.access(built, os.X_OK):
+        return os.path.normpath(built)
+    return shutil.which("resnet_logits")
+
+
+def load_state(path):
+    """The checkpoint's "model" group as tensors; one line (not a traceback) for a missing or bad file."""
+    if not os.path.isfile(path):
+        fail("%s: no such file" % path)
+    if not h5py.is_hdf5(path):
+        fail("%s: not an HDF5 file (want a consolidated checkpoint: train ... --ckpt-dir D, D/ckpt-step-N_consolidated.h5)"
+             % path)
+    try:
+        with h5py.File(path, "r") as f:
+            if "model" not in f:
+                fail("%s: no 'model' group: not a consolidated cxla checkpoint" % path)
+            return {k: torch.tensor(np.array(f["model"][k][()])) for k in f["model"].keys()}
+    except (OSError, KeyError, TypeError) as e:
+        fail("%s: cannot read the checkpoint: %s" % (path, e))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("h5")
-    ap.add_argument("--resnet-logits", default="build/examples/resnet_logits", help="cxla's logits program")
+    ap.add_argument("--resnet-logits", default=None,
+                    help="cxla's logits program (default: the repo's build/examples/resnet_logits, then PATH)")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--rtol", type=float, default=1e-4)
     a = ap.parse_args()
-    with h5py.File(a.h5, "r") as f:
-        sd = {k: torch.tensor(np.array(f["model"][k][()])) for k in f["model"].keys()}
+    logits_prog = a.resnet_logits or default_logits()
+    if not logits_prog:
+        fail("no resnet_logits in build/examples/ or on PATH: build the repo, or give --resnet-logits")
+    sd = load_state(a.h5)
+    if "fc.weight" not in sd or "conv1.weight" not in sd:
+        fail("%s: no fc.weight / conv1.weight in its model: not a ResNet checkpoint" % a.h5)
     name = "resnet50" if "layer1.0.conv3.weight" in sd else "resnet18"
     classes, in_ch = sd["fc.weight"].shape[0], sd["conv1.weight"].shape[1]
     m = getattr(torchvision.models, name)(num_classes=classes)
@@ -60,9 +94,14 @@ def main():
         want = m(torch.from_numpy(x)).double().numpy()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "logits.f32")
-        subprocess.run([a.resnet_logits, "--model", name, "--ckpt", a.h5, "--out", out, "--in-channels", str(in_ch),
-                        "--num-classes", str(classes), "--image-size", str(a.image_size), "--batch", str(a.batch)],
-                       check=True)
+        try:
+            run = subprocess.run([logits_prog, "--model", name, "--ckpt", a.h5, "--out", out, "--in-channels", str(in_ch),
+                                  "--num-classes", str(classes), "--image-size", str(a.image_size), "--batch",
+                                  str(a.batch)])
+        except OSError as e:
+            fail("cannot run %s: %s" % (logits_prog, e))
+        if run.returncode != 0:
+            fail("%s exited %d (its message above)" % (logits_prog, run.returncode))
         got = np.fromfile(out, dtype="<f4").astype(np.float64).reshape(want.shape)
     scale = np.abs(want).max()
     diff = np.abs(got - want).max()
@@ -76,7 +115,7 @@ def main():
     print("torch logits[0][:4]: %s\ncxla  logits[0][:4]: %s" % (np.array2string(want[0][:4], precision=5),
                                                                  np.array2string(got[0][:4], precision=5)))
     if not diff <= a.rtol * scale:
-        raise SystemExit("resnet_torch_check.py: logits differ by %.3g, more than %g of %.3g" % (diff, a.rtol, scale))
+        fail("logits differ by %.3g, more than %g of %.3g" % (diff, a.rtol, scale))
     print("ok")
 
 

@@ -1,4 +1,5 @@
-/* train: the reference cxla trainer (MNIST / Fashion-MNIST classifiers).
+/* train: the reference cxla trainer (MNIST / Fashion-MNIST classifiers,
+ * ResNets on fake data or image folders).
  *
  * Read it top to bottom: flags, data, model, optimizer, then the loop. Each
  * training step is one lazy graph: forward, backward and the optimizer
@@ -191,8 +192,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
     const cli_spec spec = {
         .prog = "train",
         .args = "[flags]  |  train plot --log-file F.jsonl --out F.png|F.svg",
-        .summary = "The reference cxla trainer (MNIST / Fashion-MNIST classifiers); run it through\n"
-                   "xla-launch for several ranks.",
+        .summary = "The reference cxla trainer (MNIST / Fashion-MNIST classifiers, ResNets on fake\n"
+                   "data or image folders); run it through xla-launch for several ranks.",
         .epilog = "exit codes: 0 ok, 1 runtime error, 2 bad flag, 3 data set missing or unreadable,\n"
                   "            21 below --target-accuracy, 75 preempted (SIGTERM or Ctrl-C; saved in --ckpt-dir)",
         .flags = flags,
@@ -784,6 +785,17 @@ int main(int argc, char **argv)
     }
     bool fixed_28 = !strcmp(c.model, "cnn") || !strcmp(c.model, "lenet");
     bool any_size = !strcmp(c.data, "fake") || !strcmp(c.data, "imagefolder");
+    bool folder = !strcmp(c.data, "imagefolder");
+    if (folder && (fixed_28 || !c.data_dir)) {
+        if (rank == 0 && fixed_28)
+            fprintf(stderr, "train: --model %s takes 1 x 28 x 28 images; an image folder gives 3 x S x S (use mlp or a "
+                    "resnet)\n", c.model);
+        else if (rank == 0)
+            fprintf(stderr, "train: --data imagefolder needs --data-dir ROOT (ROOT/train/<class>/*.jpg and "
+                    "ROOT/val/<class>/...)\n");
+        cx_dist_finalize();
+        return EXIT_USAGE;
+    }
     if (c.image_size && c.image_size != 28 && (!any_size || fixed_28)) {
         if (rank == 0)
             fprintf(stderr, "train: --image-size %d: %s %s takes 28 x 28 images (other sizes: --data fake or imagefolder "
@@ -823,6 +835,12 @@ int main(int argc, char **argv)
 
     cx_dataset *train_set = load_split(&c, true);
     cx_dataset *test_set = load_split(&c, false);
+    if (folder && train_data_check_classes(c.data_dir, train_set, test_set) != 0) {
+        cx_dataset_free(train_set);
+        cx_dataset_free(test_set);
+        cx_dist_finalize();
+        return EXIT_DATA;
+    }
 
     cx_memory_reset_peak();
     if (c.deferred_init) cx_deferred_init_begin();
@@ -934,7 +952,7 @@ int main(int argc, char **argv)
     if (ckpt_setup(&c, &par, model, opt) != CX_OK) rc = EXIT_RUNTIME;
     g_run.sched = recipe_schedule_of(&c.r, c.lr, steps_per_epoch(&c, train_loader));
     bool log_failed;
-    g_run.log = recipe_log_open(&c.r, g_ckpt.last_prefix[0] != 0, &log_failed);
+    g_run.log = recipe_log_open(&c.r, g_ckpt.last_prefix[0] ? g_ckpt.last_saved : -1, &log_failed);
     if (log_failed) rc = EXIT_RUNTIME;
     bool done = rc == 0 && resumed_at_end(&c, train_loader);
     for (int epoch = (int)g_ckpt.resume_epoch; epoch <= c.epochs && rc == 0 && !done; epoch++) {
@@ -977,8 +995,8 @@ int main(int argc, char **argv)
     }
 
     if (g_run.log) fclose(g_run.log);
-    train_data_report("train", train_set);
-    train_data_report("val", test_set);
+    train_data_report("train", train_set, c.log_all_ranks);
+    train_data_report("val", test_set, c.log_all_ranks);
     cx_ckpt_manager_free(g_ckpt.mgr);
     cx_loader_free(train_loader);
     cx_loader_free(test_loader);

@@ -27,17 +27,28 @@ typedef struct {
     long train, val, corrupt, size;
 } args;
 
+#define USAGE "usage: make_imagefolder ROOT --train N --val M [--corrupt K] [--size S]\n"
+
 static int usage(const char *why)
 {
-    fprintf(stderr, "make_imagefolder: %s\nusage: make_imagefolder ROOT --train N --val M [--corrupt K] [--size S]\n",
-            why);
+    fprintf(stderr, "make_imagefolder: %s\n" USAGE, why);
     return 2;
+}
+
+static int help(void)
+{
+    printf(USAGE "Writes ROOT/train/classC/*.{jpg,png} (the first N Fashion-MNIST training images)\n"
+           "and ROOT/val/classC/... (the first M test images), C the label; ROOT and its\n"
+           "parents are created. --corrupt K adds K bad files under ROOT/train; --size S\n"
+           "scales the 28x28 images to SxS (default 28).\n");
+    return -1;
 }
 
 static int parse(args *a, int argc, char **argv)
 {
     *a = (args){ .size = 28 };
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return help();
         long *dst = !strcmp(argv[i], "--train") ? &a->train : !strcmp(argv[i], "--val") ? &a->val
                   : !strcmp(argv[i], "--corrupt") ? &a->corrupt : !strcmp(argv[i], "--size") ? &a->size : NULL;
         if (!dst) {
@@ -60,11 +71,24 @@ static int parse(args *a, int argc, char **argv)
     return 0;
 }
 
+/* mkdir -p: ROOT's missing parents too. @return 0, or 1 after one line. */
 static int mkdirs(const char *path)
 {
-    if (mkdir(path, 0777) == 0 || errno == EEXIST) return 0;
-    fprintf(stderr, "make_imagefolder: cannot create %s: %s\n", path, strerror(errno));
-    return 1;
+    char p[4096];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1;; s++) {
+        if (*s && *s != '/') continue;
+        char c = *s;
+        *s = 0;
+        struct stat sb;
+        if (mkdir(p, 0777) != 0 && (errno != EEXIST || stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+            fprintf(stderr, "make_imagefolder: cannot create %s: %s\n", p,
+                    errno == EEXIST ? "not a directory" : strerror(errno));
+            return 1;
+        }
+        *s = c;
+        if (!c) return 0;
+    }
 }
 
 /* Reads <dir>/<stem>[.gz] of Fashion-MNIST. */
@@ -172,7 +196,7 @@ int main(int argc, char **argv)
 {
     args a;
     int rc = parse(&a, argc, argv);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;   /* -1: --help printed */
     if (mkdirs(a.root)) return 1;
     if (write_split(a.root, "train", "train", a.train, a.corrupt, (int)a.size)) return 1;
     if (write_split(a.root, "val", "t10k", a.val, 0, (int)a.size)) return 1;

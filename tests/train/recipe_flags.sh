@@ -8,7 +8,9 @@
 # - evaluation only every --eval_interval epochs and after the last;
 # - --drop_last drops the last batch of train and test, and
 #   --test_set_batch_size is the evaluation's batch;
-# - --log-file and `train plot`; every bad value is one line, exit 2.
+# - --log-file (null for a non-finite number; a resume cuts it back to the
+#   checkpoint's step) and `train plot` (whichever curves have points);
+#   every bad value is one line, exit 2.
 # usage: recipe_flags.sh TRAIN
 set -eu
 TRAIN=$1
@@ -98,6 +100,46 @@ run plotout plot --log-file "$W/sched.jsonl" --out "$W/curve.pdf"
 run plotempty plot --log-file "$W/empty.jsonl" --out "$W/e.svg"
 [ $rc = 3 ] && [ "$(cat "$W/plotempty.err")" = "train plot: $W/empty.jsonl holds no logged step" ] || { show plotempty; fail "plot of an empty log"; }
 
+# logs with one series only, or none finite: whatever has points is drawn
+# (a notice names the missing one); no finite value, an --out directory
+# that does not exist: one line (exit 3, 2)
+grep '"loss"' "$W/sched.jsonl" > "$W/noeval.jsonl"
+grep '"test_accuracy"' "$W/sched.jsonl" > "$W/evalonly.jsonl"
+printf '{"step": 1, "epoch": 1, "loss": null, "lr": 0.1, "images_per_s": 5.0}\n{"step": 2, "epoch": 1, "loss": nan}\n' > "$W/nan.jsonl"
+printf '{"step": 1, "epoch": 1, "loss": null, "lr": 0.1, "images_per_s": 5.0}\n{"step": 2, "epoch": 1, "loss": 2.5}\n' > "$W/null.jsonl"
+if command -v gnuplot > /dev/null; then
+    run noeval plot --log-file "$W/noeval.jsonl" --out "$W/noeval.svg"
+    [ $rc = 0 ] && [ "$(cat "$W/noeval.err")" = "train plot: notice: no test accuracy in the log" ] &&
+        grep -q "train loss" "$W/noeval.svg" || { show noeval; fail "plot of a log without evaluations"; }
+    run evalonly plot --log-file "$W/evalonly.jsonl" --out "$W/evalonly.png"
+    [ $rc = 0 ] && [ "$(cat "$W/evalonly.err")" = "train plot: notice: no train loss in the log" ] && [ -s "$W/evalonly.png" ] ||
+        { show evalonly; fail "plot of a log with evaluations only"; }
+    run null plot --log-file "$W/null.jsonl" --out "$W/null.svg"
+    [ $rc = 0 ] || { show null; fail "plot of a log with a null loss"; }
+fi
+run nanplot plot --log-file "$W/nan.jsonl" --out "$W/nan.svg"
+[ $rc = 3 ] && [ "$(cat "$W/nanplot.err")" = "train plot: $W/nan.jsonl holds no finite value to draw (every one is null or NaN)" ] ||
+    { show nanplot; fail "plot of an all-NaN log"; }
+run nodir plot --log-file "$W/sched.jsonl" --out "$W/nodir/c.svg"
+[ $rc = 2 ] && [ "$(cat "$W/nodir.err")" = "train plot: --out $W/nodir/c.svg: cannot write in $W/nodir: No such file or directory" ] ||
+    { show nodir; fail "plot into a missing directory"; }
+
+# a diverged loss is JSON null, not nan
+run diverge $A --steps 3 --lr 1e30 --log-file "$W/diverge.jsonl"
+grep -q '"loss": null' "$W/diverge.jsonl" && ! grep -qi 'nan\|inf' "$W/diverge.jsonl" ||
+    { cat "$W/diverge.jsonl"; show diverge; fail "non-finite loss not written as null"; }
+
+# a resume from an older checkpoint cuts the log back to its step: each
+# step and each evaluation once, in order
+C="$A --num_epochs 2 --log-file $W/resume.jsonl --ckpt-dir $W/ck --ckpt-every 2"
+run first $C
+[ $rc = 0 ] || { show first; fail "checkpointed run exited $rc"; }
+run resumed $C --resume "$W/ck/ckpt-step-6"
+[ $rc = 0 ] || { show resumed; fail "resumed run exited $rc"; }
+[ "$(sed 's/.*"step": \([0-9]*\),.*/\1/' "$W/resume.jsonl" | tr '\n' ' ')" = "1 2 3 4 4 5 6 7 8 8 " ] &&
+    [ "$(grep -c test_accuracy "$W/resume.jsonl")" = 2 ] || { cat "$W/resume.jsonl"; fail "resumed log not cut back to step 6"; }
+ls "$W" | grep -q 'resume.jsonl.' && fail "the log's temporary file was left"
+
 # every bad value: one line naming the flag, exit 2, no work
 bad() {   # EXPECTED-LINE ARGS...
     want=$1; shift
@@ -112,6 +154,8 @@ bad "train: --eval_interval: expected an integer in [1, 1000000], got '0' (see t
 bad "train: --test_set_batch_size: expected an integer in [1, 1048576], got '0' (see train --help)" --test_set_batch_size 0
 bad "train: --num_epochs: expected an integer in [1, 1000000], got '0' (see train --help)" --num_epochs 0
 bad "train: --fake_data takes no value (see train --help)" --fake_data=yes
+bad "train: --data mnist and --fake_data set one flag to different values: give one (see train --help)" --data mnist --fake_data
+bad "train: --datadir /x and --data-dir /y set one flag to different values: give one (see train --help)" --datadir /x --data-dir /y
 bad "train: --use_nested_fsdp wraps the model's blocks as FSDP units: it goes with --parallel fsdp (or alone), not --parallel ddp (see train --help)" \
     --use_nested_fsdp --parallel ddp
 bad "train: --use_nested_fsdp makes the model's blocks the units: drop --nested (see train --help)" --use_nested_fsdp --nested

@@ -222,3 +222,29 @@ Test(cli, help_lists_synonyms, .init = cr_redirect_stdout)
     cr_assert(strstr(buf, "synonym of --epochs\n"), "%s", buf);
     cr_assert(strstr(buf, "synonym of --model mlp\n"), "%s", buf);
 }
+
+/* Two spellings of one flag that disagree are an error naming both; the
+ * same value twice, or one spelling repeated (the last wins), is fine. */
+Test(cli, synonyms_that_disagree_are_an_error, .init = cr_redirect_stderr)
+{
+    char *bad[][5] = {
+        { "prog", "--model", "cnn", "--tiny", NULL },
+        { "prog", "--epochs", "3", "--num_epochs", "4" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        opts o = defaults();
+        cr_assert_eq(parse(&o, bad[i][4] ? 5 : 4, bad[i], NULL, false), CLI_ERROR, "case %zu", i);
+    }
+    fflush(stderr);
+    cr_assert_stderr_eq_str("prog: --model cnn and --tiny set one flag to different values: give one (see prog --help)\n"
+                            "prog: --epochs 3 and --num_epochs 4 set one flag to different values: give one "
+                            "(see prog --help)\n");
+    opts o = defaults();
+    char *same[] = { "prog", "--model", "mlp", "--tiny", "--num_epochs", "4", "--epochs=4" };
+    cr_assert_eq(parse(&o, 7, same, NULL, false), CLI_OK);
+    cr_assert_str_eq(o.model, "mlp");
+    cr_assert_eq(o.epochs, 4);
+    char *again[] = { "prog", "--epochs", "3", "--epochs", "5" };
+    cr_assert_eq(parse(&o, 5, again, NULL, false), CLI_OK);
+    cr_assert_eq(o.epochs, 5);
+}
