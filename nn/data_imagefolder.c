@@ -27,7 +27,7 @@
 /* Files above this are refused unread: a file is held whole while it is
  * decoded, by every worker at once. */
 #define MAX_FILE_MB 256
-#define MAX_LINE 1024  /* a message before escaping */
+#define MAX_LINE 1280  /* a message before escaping (err[1024] and a prefix) */
 
 typedef struct {
     cx_imagefolder_opts o;
@@ -157,7 +157,8 @@ static void classify(const char *p, const char *name, bool *sub, bool *img)
     *sub = found && S_ISDIR(st.st_mode);
     *img = !*sub && is_image_name(name);
     if (*img && !found) warn("imagefolder: ignoring %s: %s", p, strerror(errno));
-    else if (*img && !S_ISREG(st.st_mode)) warn("imagefolder: ignoring %s: %s, not a regular file", p, kind_of(st.st_mode));
+    else if (*img && !S_ISREG(st.st_mode))
+        warn("imagefolder: ignoring %s: %s, not a regular file", p, kind_of(st.st_mode));
     *img = *img && found && S_ISREG(st.st_mode);
 }
 
