@@ -165,18 +165,25 @@ out:
     return st;
 }
 
-cx_status cx_image_decode(cx_rgb8 *out, int *full_w, int *full_h, const uint8_t *data, size_t size,
-                          const char *path, cx_pick_scale_fn pick, void *user, char *err, size_t errn)
+cx_status cx_image_sniff(const uint8_t *head, size_t n, int64_t size, const char *path, char *err, size_t errn)
 {
     static const uint8_t png_sig[8] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n' };
-    *out = (cx_rgb8){ 0 };
     if (size == 0) {
         snprintf(err, errn, "%s: an empty file (0 bytes), not an image", path);
         return CX_ERR_IO;
     }
-    if (size >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff)
-        return decode_jpeg(out, full_w, full_h, data, size, path, pick, user, err, errn);
-    if (size >= 8 && !memcmp(data, png_sig, 8)) return decode_png(out, full_w, full_h, data, size, path, err, errn);
-    snprintf(err, errn, "%s: not a JPEG or PNG image (%zu bytes, unknown signature)", path, size);
+    if (n >= 3 && head[0] == 0xff && head[1] == 0xd8 && head[2] == 0xff) return CX_OK;
+    if (n >= 8 && !memcmp(head, png_sig, 8)) return CX_OK;
+    snprintf(err, errn, "%s: not a JPEG or PNG image (%lld bytes, unknown signature)", path, (long long)size);
     return CX_ERR_IO;
+}
+
+cx_status cx_image_decode(cx_rgb8 *out, int *full_w, int *full_h, const uint8_t *data, size_t size,
+                          const char *path, cx_pick_scale_fn pick, void *user, char *err, size_t errn)
+{
+    *out = (cx_rgb8){ 0 };
+    cx_status st = cx_image_sniff(data, size < 8 ? size : 8, (int64_t)size, path, err, errn);
+    if (st != CX_OK) return st;
+    if (data[0] == 0xff) return decode_jpeg(out, full_w, full_h, data, size, path, pick, user, err, errn);
+    return decode_png(out, full_w, full_h, data, size, path, err, errn);
 }

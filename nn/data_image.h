@@ -29,6 +29,12 @@ typedef struct {
  * holds denom 1 and no region when called). */
 typedef void (*cx_pick_scale_fn)(void *user, int w, int h, cx_decode_plan *plan);
 
+/* Whether a file of `size` bytes whose first n (at most 8) are head starts
+ * as a JPEG or PNG does: so a file can be refused before it is read whole.
+ * @return CX_OK; CX_ERR_IO for an empty file or an unknown signature, with
+ * one line in err naming path. */
+cx_status cx_image_sniff(const uint8_t *head, size_t n, int64_t size, const char *path, char *err, size_t errn);
+
 /* Decodes `size` bytes of `path` (a JPEG or PNG, told apart by content)
  * into *out (its px malloc'ed: the caller frees it). A JPEG is decoded as
  * pick(user, w, h, &plan) says (pick may be NULL: all of it, full size);

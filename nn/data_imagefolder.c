@@ -1,7 +1,9 @@
 /* torchvision's ImageFolder with the ImageNet transforms (data.h says what
  * it does). Listing: classes = sorted subdirectories; each class's files
  * are walked as sorted(os.walk(class_dir)) does (directory by directory in
- * sorted order, files sorted within each), keeping .jpg/.jpeg/.png. */
+ * sorted order, files sorted within each), keeping the regular files
+ * named .jpg/.jpeg/.png. Names come from the folder, so every message that
+ * may hold one is escaped (escape()) before it reaches a terminal. */
 #include "nn_internal.h"
 
 #include "cx_log.h"
@@ -14,11 +16,18 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-#define MAX_DEPTH 32   /* subdirectories within a class (symlink loops end here) */
+#define MAX_DEPTH 32   /* subdirectories within a class */
+/* Files above this are refused unread: a file is held whole while it is
+ * decoded, by every worker at once. */
+#define MAX_FILE_MB 256
+#define MAX_LINE 1280  /* a message before escaping (err[1024] and a prefix) */
 
 typedef struct {
     cx_imagefolder_opts o;
@@ -50,6 +59,64 @@ static void folder_free(void *ctx)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The length of the UTF-8 character at s if it is valid and printable
+ * (not a C1 control, U+0080..U+009F), else 0. */
+static int utf8_printable(const unsigned char *s)
+{
+    int n = s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return n == 2 && s[0] == 0xc2 && s[1] < 0xa0 ? 0 : n;
+}
+
+/* src into dst (n > 0, truncated to fit) with the bytes that could drive
+ * a terminal (C0 and C1 controls, DEL, invalid UTF-8) and backslash as
+ * \xNN: a file may be named with an ESC. dst needs 4x src's length. */
+static void escape(char *dst, size_t n, const char *src)
+{
+    size_t o = 0;
+    for (const unsigned char *s = (const unsigned char *)src; *s;) {
+        int k = *s >= 0x80 ? utf8_printable(s) : *s >= 0x20 && *s != 0x7f && *s != '\\';
+        if (k == 0) k = -1;
+        size_t need = k > 0 ? (size_t)k : 4;
+        if (o + need >= n) break;
+        if (k > 0) memcpy(dst + o, s, need);
+        else snprintf(dst + o, 5, "\\x%02x", *s);
+        o += need, s += k > 0 ? k : 1;
+    }
+    dst[o] = 0;
+}
+
+/* cx_set_last_error of the line, escaped. */
+__attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...)
+{
+    char raw[MAX_LINE], line[4 * MAX_LINE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    escape(line, sizeof line, raw);
+    cx_set_last_error("%s", line);
+}
+
+/* A warning of the line, escaped. */
+__attribute__((format(printf, 1, 2))) static void warn(const char *fmt, ...)
+{
+    char raw[MAX_LINE], line[4 * MAX_LINE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    escape(line, sizeof line, raw);
+    cx_logf(CX_LOG_WARNING, "data", "%s", line);
+}
+
+static const char *kind_of(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+         : S_ISDIR(m) ? "a directory" : "not a regular file";
+}
+
 static bool is_image_name(const char *name)
 {
     static const char *const exts[] = { ".jpg", ".jpeg", ".png" };
@@ -78,6 +145,23 @@ static bool is_dir(const char *path)
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* Whether the entry p (named `name`) is a subdirectory (symlinks followed),
+ * an image (a regular file with an image's name) or neither. An image's
+ * name on anything else (a FIFO, socket or device, a dangling link) is
+ * warned about and left out, as torchvision's is_file leaves it: reading
+ * a FIFO would block. */
+static void classify(const char *p, const char *name, bool *sub, bool *img)
+{
+    struct stat st;
+    bool found = stat(p, &st) == 0;
+    *sub = found && S_ISDIR(st.st_mode);
+    *img = !*sub && is_image_name(name);
+    if (*img && !found) warn("imagefolder: ignoring %s: %s", p, strerror(errno));
+    else if (*img && !S_ISREG(st.st_mode))
+        warn("imagefolder: ignoring %s: %s, not a regular file", p, kind_of(st.st_mode));
+    *img = *img && found && S_ISREG(st.st_mode);
+}
+
 /* The entries of dir, sorted, split into subdirectories and image files
  * (both malloc'ed arrays of malloc'ed full paths). @return CX_OK,
  * CX_ERR_IO (unreadable, named), CX_ERR_OOM. */
@@ -87,7 +171,7 @@ static cx_status list_dir(const char *dir, char ***dirs, int64_t *nd, char ***fi
     *nd = *nf = 0;
     DIR *d = opendir(dir);
     if (!d) {
-        cx_set_last_error("imagefolder: %s: %s", dir, strerror(errno));
+        fail("imagefolder: %s: %s", dir, strerror(errno));
         return CX_ERR_IO;
     }
     int64_t capd = 0, capf = 0;
@@ -95,14 +179,15 @@ static cx_status list_dir(const char *dir, char ***dirs, int64_t *nd, char ***fi
     for (struct dirent *e; st == CX_OK && (e = readdir(d));) {
         if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
         char *p = join(dir, e->d_name);
-        bool sub = p && is_dir(p), img = p && !sub && is_image_name(e->d_name);
+        bool sub = false, img = false;
+        if (p) classify(p, e->d_name, &sub, &img);
         char ***arr = sub ? dirs : files;
         int64_t *n = sub ? nd : nf, *cap = sub ? &capd : &capf;
         if (p && (sub || img) && *n == *cap) {
             char **g = realloc(*arr, (size_t)(*cap = *cap ? 2 * *cap : 16) * sizeof *g);
             if (g) *arr = g; else { free(p); p = NULL; }
         }
-        if (!p) { st = CX_ERR_OOM; cx_set_last_error("imagefolder: out of memory listing %s", dir); break; }
+        if (!p) { st = CX_ERR_OOM; fail("imagefolder: out of memory listing %s", dir); break; }
         if (sub || img) (*arr)[(*n)++] = p; else free(p);
     }
     closedir(d);
@@ -117,8 +202,36 @@ static void free_list(char **a, int64_t n)
     free(a);
 }
 
-/* Appends the images under dir (files first, then each subdirectory), label c. */
-static cx_status walk_class(folder *F, const char *dir, int32_t c, int depth)
+/* The directories (device, inode) a class's walk must not enter again:
+ * root, the class directories, and those walked in the class so far. */
+typedef struct {
+    struct { dev_t dev; ino_t ino; } *v;
+    int64_t n, cap;
+} dir_set;
+
+/* Adds dir's identity to s. @return CX_OK, CX_ERR_IO when dir cannot be
+ * stat'ed or is already in s (a symlink loop: *seen), CX_ERR_OOM. */
+static cx_status dir_set_add(dir_set *s, const char *dir, bool *seen)
+{
+    struct stat st;
+    *seen = false;
+    if (stat(dir, &st) != 0) { fail("imagefolder: %s: %s", dir, strerror(errno)); return CX_ERR_IO; }
+    for (int64_t i = 0; i < s->n; i++)
+        if (s->v[i].dev == st.st_dev && s->v[i].ino == st.st_ino) { *seen = true; return CX_ERR_IO; }
+    if (s->n == s->cap) {
+        int64_t cap = s->cap ? 2 * s->cap : 64;
+        void *v = realloc(s->v, (size_t)cap * sizeof *s->v);
+        if (!v) { fail("imagefolder: out of memory listing %s", dir); return CX_ERR_OOM; }
+        s->v = v, s->cap = cap;
+    }
+    s->v[s->n].dev = st.st_dev, s->v[s->n++].ino = st.st_ino;
+    return CX_OK;
+}
+
+/* Appends the images under dir (files first, then each subdirectory), label
+ * c; a subdirectory already walked (a symlink loop, or a link to root or a
+ * class) is warned about and skipped, so every image counts once. */
+static cx_status walk_class(folder *F, dir_set *walked, const char *dir, int32_t c, int depth)
 {
     char **dirs, **files;
     int64_t nd, nf;
@@ -130,14 +243,20 @@ static cx_status walk_class(folder *F, const char *dir, int32_t c, int depth)
             if (p) F->paths = p;
             int32_t *l = p ? realloc(F->labels, (size_t)cap * sizeof *l) : NULL;
             if (l) F->labels = l;
-            if (!p || !l) { st = CX_ERR_OOM; cx_set_last_error("imagefolder: out of memory listing %s", dir); break; }
+            if (!p || !l) { st = CX_ERR_OOM; fail("imagefolder: out of memory listing %s", dir); break; }
             F->cap = cap;
         }
         F->paths[F->n] = files[i];
         F->labels[F->n++] = c;
         files[i] = NULL;
     }
-    for (int64_t i = 0; st == CX_OK && depth < MAX_DEPTH && i < nd; i++) st = walk_class(F, dirs[i], c, depth + 1);
+    for (int64_t i = 0; st == CX_OK && depth < MAX_DEPTH && i < nd; i++) {
+        bool seen;
+        st = dir_set_add(walked, dirs[i], &seen);
+        if (seen) warn("imagefolder: skipping %s: a directory already walked (a symlink loop?)", dirs[i]);
+        if (st == CX_OK) st = walk_class(F, walked, dirs[i], c, depth + 1);
+        else if (seen) st = CX_OK;
+    }
     free_list(dirs, nd);
     free_list(files, nf);
     return st;
@@ -152,22 +271,31 @@ static cx_status list_folder(folder *F)
     if (st != CX_OK) { free_list(dirs, nd); return st; }
     if (nd == 0 || nd > INT32_MAX) {
         free_list(dirs, nd);
-        cx_set_last_error("imagefolder: %s has no class directory (want %s/<class>/<image>.jpg|png)", F->root, F->root);
+        fail("imagefolder: %s has no class directory (want %s/<class>/<image>.jpg|png)", F->root, F->root);
         return CX_ERR_IO;
     }
     F->classes = calloc((size_t)nd, sizeof *F->classes);
     if (!F->classes) { free_list(dirs, nd); cx_set_last_error("imagefolder: out of memory"); return CX_ERR_OOM; }
     F->nclasses = (int)nd;
+    dir_set walked = { 0 };
+    for (int64_t c = -1; st == CX_OK && c < nd; c++) {
+        bool seen;
+        st = dir_set_add(&walked, c < 0 ? F->root : dirs[c], &seen);
+        if (seen) st = CX_OK;   /* two class names for one directory: both are classes, as in torchvision */
+    }
+    int64_t tops = walked.n;
     for (int64_t c = 0; st == CX_OK && c < nd; c++) {
         int64_t before = F->n;
+        walked.n = tops;
         F->classes[c] = strdup(dirs[c] + strlen(F->root) + 1);
         if (!F->classes[c]) { st = CX_ERR_OOM; cx_set_last_error("imagefolder: out of memory"); break; }
-        st = walk_class(F, dirs[c], (int32_t)c, 0);
+        st = walk_class(F, &walked, dirs[c], (int32_t)c, 0);
         if (st == CX_OK && F->n == before) {
-            cx_set_last_error("imagefolder: class directory %s holds no image (.jpg, .jpeg or .png)", dirs[c]);
+            fail("imagefolder: class directory %s holds no image (.jpg, .jpeg or .png)", dirs[c]);
             st = CX_ERR_IO;
         }
     }
+    free(walked.v);
     free_list(dirs, nd);
     return st;
 }
@@ -307,24 +435,69 @@ static cx_status transform(cx_rgb8 *outpx, const plan *p, const cx_rgb8 *im, int
     return cx_resample(outpx, &s, S, S, 0, 0);
 }
 
-/* Reads a whole file. @return CX_OK, CX_ERR_IO (err names it), CX_ERR_OOM. */
+/* Reads up to n bytes of fd into buf (fewer at the end of the file).
+ * @return the count, or -1 (errno). */
+static ssize_t read_upto(int fd, uint8_t *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* The open file: a regular file (not one swapped for a FIFO or device
+ * since the listing: reading it would block) within the size limit.
+ * @return CX_OK or CX_ERR_IO (err names it). */
+static cx_status check_file(const struct stat *st, const char *path, char *err, size_t errn)
+{
+    if (!S_ISREG(st->st_mode)) {
+        snprintf(err, errn, "%s: %s, not a regular file", path, kind_of(st->st_mode));
+        return CX_ERR_IO;
+    }
+    if (st->st_size > (off_t)MAX_FILE_MB << 20) {
+        snprintf(err, errn, "%s: %lld bytes, above the %d MB limit for an image file", path, (long long)st->st_size,
+                 MAX_FILE_MB);
+        return CX_ERR_IO;
+    }
+    return CX_OK;
+}
+
+/* Reads a whole image file: checked first (regular, size, signature), so
+ * neither a FIFO nor a huge non-image file is read.
+ * @return CX_OK, CX_ERR_IO (err names it), CX_ERR_OOM. */
 static cx_status read_file(const char *path, uint8_t **data, size_t *size, char *err, size_t errn)
 {
     *data = NULL;
     *size = 0;
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0) {
+    if (fd < 0 || fstat(fd, &st) != 0) {
         snprintf(err, errn, "%s: %s", path, strerror(errno));
-        if (f) fclose(f);
+        if (fd >= 0) close(fd);
         return CX_ERR_IO;
     }
-    *data = malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
-    if (!*data) { fclose(f); snprintf(err, errn, "%s: out of memory for %lld bytes", path, (long long)st.st_size); return CX_ERR_OOM; }
-    *size = fread(*data, 1, (size_t)st.st_size, f);
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) { snprintf(err, errn, "%s: read error", path); free(*data); *data = NULL; return CX_ERR_IO; }
+    uint8_t head[8];
+    ssize_t nh = 0;
+    cx_status s = check_file(&st, path, err, errn);
+    if (s == CX_OK && (nh = read_upto(fd, head, sizeof head)) < 0) s = CX_ERR_IO;
+    if (s == CX_OK) s = cx_image_sniff(head, (size_t)nh, (int64_t)st.st_size, path, err, errn);
+    size_t want = st.st_size > nh ? (size_t)st.st_size : (size_t)nh;
+    if (s == CX_OK && !(*data = malloc(want))) {
+        snprintf(err, errn, "%s: out of memory for %zu bytes", path, want);
+        s = CX_ERR_OOM;
+    }
+    ssize_t nr = 0;
+    if (s == CX_OK && (nr = read_upto(fd, *data + nh, want - (size_t)nh)) < 0) s = CX_ERR_IO;
+    if (s == CX_ERR_IO && (nh < 0 || nr < 0)) snprintf(err, errn, "%s: read error: %s", path, strerror(errno));
+    close(fd);
+    if (s != CX_OK) { free(*data); *data = NULL; return s; }
+    memcpy(*data, head, (size_t)nh);
+    *size = (size_t)nh + (size_t)nr;
     return CX_OK;
 }
 
@@ -371,15 +544,15 @@ static cx_status folder_get(void *ctx, int64_t index, void *const *item)
             return CX_OK;
         }
         if (!skip || st != CX_ERR_IO) {
-            cx_set_last_error("imagefolder: %s", err);
+            fail("imagefolder: %s", err);
             return st;
         }
         if (!atomic_exchange(&F->bad[j], 1)) {
             atomic_fetch_add(&F->skipped, 1);
-            cx_logf(CX_LOG_WARNING, "data", "imagefolder: skipping %s", err);
+            warn("imagefolder: skipping %s", err);
         }
     }
-    cx_set_last_error("imagefolder: %s: none of its %lld images decodes", F->root, (long long)F->n);
+    fail("imagefolder: %s: none of its %lld images decodes", F->root, (long long)F->n);
     return CX_ERR_IO;
 }
 
@@ -419,7 +592,7 @@ cx_status cx_imagefolder_open(cx_imagefolder_opts given, cx_dataset **out)
     for (int c = 0; c < 3; c++)
         for (int p = 0; p < 256; p++) F->lut[c][p] = ((float)p / 255.0f - o.mean[c]) / o.std[c];
     if (!is_dir(F->root)) {
-        cx_set_last_error("imagefolder: %s: %s", F->root, errno == ENOENT ? "no such directory" : "not a readable directory");
+        fail("imagefolder: %s: %s", F->root, errno == ENOENT ? "no such directory" : "not a readable directory");
         folder_free(F);
         return CX_ERR_IO;
     }

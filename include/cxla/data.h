@@ -209,11 +209,15 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
 
 /* root/<class>/<image>: the classes are root's subdirectories in sorted
  * (strcmp) order, label = position (torchvision's class_to_idx); the
- * samples are the files ending in .jpg, .jpeg or .png (any case) under
- * each class directory, class after class, walked as torchvision walks
- * them (sorted(os.walk()): a directory's files sorted by name, then its
- * subdirectories in sorted order); torchvision's other extensions (.bmp,
- * .webp, .tif, ...) are not read. Files are decoded
+ * samples are the regular files (symlinks followed) ending in .jpg, .jpeg
+ * or .png (any case) under each class directory, class after class, walked
+ * as torchvision walks them (sorted(os.walk()): a directory's files sorted
+ * by name, then its subdirectories in sorted order); torchvision's other
+ * extensions (.bmp, .webp, .tif, ...) are not read. An image's name on
+ * something else (a FIFO, socket, device or dangling symlink) is left out
+ * with a warning naming it at open. A subdirectory that is root, a class
+ * directory or one already walked in the class (a symlink loop) is left
+ * out with a warning naming it, so each image counts once. Files are decoded
  * when an item is read, by content (libjpeg-turbo, libspng), into 8-bit
  * RGB: grayscale and palette images are expanded, alpha is dropped (PIL's
  * convert("RGB")). Fields: "images" f32 (3, S, S) and "labels" i64 ().
@@ -228,7 +232,9 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
  * scale factor when shrinking (antialiased), fixed-point 8-bit passes,
  * horizontal then vertical; so the eval transform gives torchvision's
  * values exactly (PNG, and JPEG where no DCT scaling applies: libjpeg-turbo
- * decodes as PIL does). jpeg_fast takes libjpeg-turbo's fast
+ * decodes as PIL does), except for 16-bit grayscale PNGs: PIL opens them
+ * in mode "I" and its convert("RGB") clips values to 255, where this
+ * takes each sample's high byte (v >> 8), which keeps the image. jpeg_fast takes libjpeg-turbo's fast
  * paths: a training crop decodes only the crop's pixels (cropped and
  * skipped scanlines: the same pixels, less work), and a JPEG whose crop
  * (train) or resize (eval) shrinks by 2x or more is decoded at 1/2, 1/4
@@ -240,11 +246,16 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
  * only, so they do not depend on the loader's workers or their order.
  *
  * Bad files (not an image, zero bytes, corrupt or truncated data, a CMYK
- * JPEG, an image under 1x1 or over 2^28 pixels): with on_error CX_IMAGE_ERRORS_STOP the read fails with one
- * line naming the file (the loader's batch fails: cx_loader_error); with
+ * JPEG, an image under 1x1 or over 2^28 pixels, a file over 256 MB, which
+ * is refused by its size before it is read, or one that is no longer a
+ * regular file when read): a file is read whole only after its first
+ * bytes show a JPEG or PNG signature. With on_error CX_IMAGE_ERRORS_STOP
+ * the read fails with one line naming the file (the loader's batch fails: cx_loader_error); with
  * CX_IMAGE_ERRORS_SKIP the item is replaced by the next sample (in index
  * order, wrapping) that decodes, each bad file is logged once as a warning
- * naming it, and cx_imagefolder_skipped counts them. Items are safe to read
+ * naming it, and cx_imagefolder_skipped counts them. File names in errors
+ * and warnings have control bytes, invalid UTF-8 and backslashes written
+ * as \xNN. Items are safe to read
  * concurrently (the data set is declared `concurrent`). */
 typedef enum { CX_IMAGE_ERRORS_STOP = 0, CX_IMAGE_ERRORS_SKIP } cx_image_errors;
 

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -621,4 +622,180 @@ Test(imagefolder, damaged_files_never_crash, .init = make_dir, .fini = remove_di
     cr_expect(failed > 0, "no damaged file failed");
     free(enc[0]);
     free(enc[1]);
+}
+
+/* A 4x4 PNG at g_dir/rel. */
+static void write_png(const char *rel)
+{
+    uint8_t px[4 * 4 * 3] = { 0 }, *png;
+    size_t len;
+    char err[256], path[512];
+    cr_assert_eq(imgw_png(&png, &len, px, 4, 4, 3, err, sizeof err), 0, "%s", err);
+    snprintf(path, sizeof path, "%s/%s", g_dir, rel);
+    cr_assert_eq(imgw_save(path, png, len, err, sizeof err), 0, "%s", err);
+    free(png);
+}
+
+static void make_sub(const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, rel);
+    cr_assert(mkdir(path, 0777) == 0, "mkdir %s", path);
+}
+
+/* A FIFO named like an image is not listed (warned about by name), and a
+ * file swapped for a FIFO after the listing is a bad file, not a read that
+ * blocks forever (the timeout turns a regression into a failure). */
+Test(imagefolder, fifo_neither_listed_nor_read, .init = make_dir, .fini = remove_dir, .timeout = 30)
+{
+    make_sub("c");
+    write_png("c/a.png");
+    char fifo[512], png[512];
+    snprintf(fifo, sizeof fifo, "%s/c/x.jpg", g_dir);
+    snprintf(png, sizeof png, "%s/c/a.png", g_dir);
+    cr_assert(mkfifo(fifo, 0666) == 0);
+    captured cap = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    cx_log_set_handler(capture, &cap);
+    cx_dataset *ds = open_folder(g_dir, false, 4, 4, true, CX_IMAGE_ERRORS_STOP);
+    cx_log_set_handler(NULL, NULL);
+    cr_assert_eq(cx_dataset_size(ds), 1);
+    cr_expect_str_eq(cx_imagefolder_path(ds, 0), png);
+    cr_assert_eq(cap.warnings, 1);
+    cr_expect(strstr(cap.lines[0], fifo) && strstr(cap.lines[0], "FIFO"), "%s", cap.lines[0]);
+    cr_assert(unlink(png) == 0 && mkfifo(png, 0666) == 0);
+    float img[3 * 4 * 4];
+    int64_t i = 0, label;
+    void *out[2] = { img, &label };
+    cr_expect_eq(cx_dataset_gather(ds, &i, 1, out), CX_ERR_IO);
+    cr_expect(strstr(cx_last_error(), png) && strstr(cx_last_error(), "a FIFO, not a regular file"), "%s",
+              cx_last_error());
+    cx_dataset_free(ds);
+}
+
+/* This process's data segment in bytes (VmData), 0 if unknown. */
+static long long vm_data(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmData: %lld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* A sparse g_dir/rel of `size` bytes starting with head. */
+static void write_sparse(const char *rel, const char *head, size_t n, off_t size)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, rel);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(head, 1, n, f), n);
+    cr_assert(ftruncate(fileno(f), size) == 0);
+    fclose(f);
+}
+
+/* Huge files are refused before being read: one over the size limit (with
+ * a JPEG's signature) by its size, one under it that is not an image by its
+ * first bytes. Outside ASan (whose shadow memory would count) the data
+ * segment may not grow by 64 MB, so reading either whole fails the test. */
+Test(imagefolder, huge_files_refused_unread, .init = make_dir, .fini = remove_dir)
+{
+    make_sub("c");
+    write_png("c/a.png");
+    write_sparse("c/big.jpg", "\xff\xd8\xff\xe0", 4, (off_t)300 << 20);
+    write_sparse("c/zero.png", "", 0, (off_t)200 << 20);
+    cx_dataset *ds = open_folder(g_dir, false, 4, 4, true, CX_IMAGE_ERRORS_STOP);
+    cr_assert_eq(cx_dataset_size(ds), 3);
+    struct rlimit was;
+    cr_assert(getrlimit(RLIMIT_DATA, &was) == 0 && vm_data() > 0);
+#if !defined(__SANITIZE_ADDRESS__)
+    struct rlimit rl = was;
+    rl.rlim_cur = (rlim_t)(vm_data() + (64 << 20));
+    cr_assert(setrlimit(RLIMIT_DATA, &rl) == 0);
+#endif
+    static const char *const want[] = { NULL, "314572800 bytes, above the 256 MB limit",
+                                        "not a JPEG or PNG image (209715200 bytes" };
+    float img[3 * 4 * 4];
+    int64_t label;
+    void *out[2] = { img, &label };
+    for (int64_t i = 0; i < 3; i++) {
+        cx_status st = cx_dataset_gather(ds, &i, 1, out);
+        if (!want[i]) { cr_expect_eq(st, CX_OK, "%s", cx_last_error()); continue; }
+        cr_expect_eq(st, CX_ERR_IO, "item %lld: %s", (long long)i, cx_last_error());
+        cr_expect(strstr(cx_last_error(), cx_imagefolder_path(ds, i)) && strstr(cx_last_error(), want[i]), "%s",
+                  cx_last_error());
+    }
+    cr_assert(setrlimit(RLIMIT_DATA, &was) == 0);   /* Criterion's own reporting after the test allocates */
+    cx_dataset_free(ds);
+}
+
+/* Symlinks back to root and to the class's own directory are each walked
+ * once (warned about by name), so every image counts once. */
+Test(imagefolder, symlink_loops_count_once, .init = make_dir, .fini = remove_dir)
+{
+    make_sub("c0");
+    make_sub("c0/sub");
+    make_sub("c1");
+    write_png("c0/a.png");
+    write_png("c0/sub/b.png");
+    write_png("c1/d.png");
+    char path[512];
+    snprintf(path, sizeof path, "%s/c0/loop", g_dir);
+    cr_assert(symlink("..", path) == 0);
+    snprintf(path, sizeof path, "%s/c0/sub/up", g_dir);
+    cr_assert(symlink("..", path) == 0);
+    captured cap = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    cx_log_set_handler(capture, &cap);
+    cx_dataset *ds = open_folder(g_dir, false, 4, 4, true, CX_IMAGE_ERRORS_STOP);
+    cx_log_set_handler(NULL, NULL);
+    static const char *const want[] = { "c0/a.png", "c0/sub/b.png", "c1/d.png" };
+    cr_assert_eq(cx_dataset_size(ds), 3);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, want[i]);
+        cr_expect_str_eq(cx_imagefolder_path(ds, i), path);
+    }
+    cr_assert_eq(cap.warnings, 2);
+    static const char *const loops[] = { "c0/loop", "c0/sub/up" };
+    for (int w = 0; w < 2; w++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, loops[w]);
+        cr_expect(strstr(cap.lines[w], path) && strstr(cap.lines[w], "already walked"), "%s", cap.lines[w]);
+    }
+    cx_dataset_free(ds);
+}
+
+/* A file name holding an ESC reaches messages as \x1b (UTF-8 letters as
+ * they are): in the error (stop), the warning (skip) and the listing's. */
+Test(imagefolder, names_escaped_in_messages, .init = make_dir, .fini = remove_dir)
+{
+    make_sub("c");
+    write_png("c/a.png");
+    char path[512];
+    snprintf(path, sizeof path, "%s/c/b\x1b[31m\xc3\xa9.jpg", g_dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fputs("not an image", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/c/f\x1b]0;x\x07.png", g_dir);
+    cr_assert(mkfifo(path, 0666) == 0);
+    char want[512];
+    snprintf(want, sizeof want, "%s/c/b\\x1b[31m\xc3\xa9.jpg: not a JPEG or PNG", g_dir);
+    captured cap = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    cx_log_set_handler(capture, &cap);
+    for (int skip = 0; skip < 2; skip++) {
+        cx_dataset *ds = open_folder(g_dir, false, 4, 4, true, skip ? CX_IMAGE_ERRORS_SKIP : CX_IMAGE_ERRORS_STOP);
+        cr_assert_eq(cx_dataset_size(ds), 2);
+        float img[3 * 4 * 4];
+        int64_t i = 1, label;
+        void *out[2] = { img, &label };
+        cr_expect_eq(cx_dataset_gather(ds, &i, 1, out), skip ? CX_OK : CX_ERR_IO);
+        if (!skip) cr_expect(strstr(cx_last_error(), want) && !strchr(cx_last_error(), 0x1b), "%s", cx_last_error());
+        cx_dataset_free(ds);
+    }
+    cx_log_set_handler(NULL, NULL);
+    cr_assert_eq(cap.warnings, 3);   /* the FIFO at each open, the bad file when skipped */
+    cr_expect(strstr(cap.lines[0], "/c/f\\x1b]0;x\\x07.png: a FIFO") && !strchr(cap.lines[0], 0x1b), "%s",
+              cap.lines[0]);
+    cr_expect(strstr(cap.lines[2], want) && !strchr(cap.lines[2], 0x1b), "%s", cap.lines[2]);
 }
