@@ -87,27 +87,33 @@ static void escape(char *dst, size_t n, const char *src)
     dst[o] = 0;
 }
 
+/* The formatted line into `line` (4 * MAX_LINE bytes), escaped. */
+__attribute__((format(printf, 2, 0))) static void format_escaped(char *line, const char *fmt, va_list ap)
+{
+    char raw[MAX_LINE];
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    escape(line, 4 * MAX_LINE, raw);
+}
+
 /* cx_set_last_error of the line, escaped. */
 __attribute__((format(printf, 1, 2))) static void fail(const char *fmt, ...)
 {
-    char raw[MAX_LINE], line[4 * MAX_LINE];
+    char line[4 * MAX_LINE];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(raw, sizeof raw, fmt, ap);
+    format_escaped(line, fmt, ap);
     va_end(ap);
-    escape(line, sizeof line, raw);
     cx_set_last_error("%s", line);
 }
 
 /* A warning of the line, escaped. */
 __attribute__((format(printf, 1, 2))) static void warn(const char *fmt, ...)
 {
-    char raw[MAX_LINE], line[4 * MAX_LINE];
+    char line[4 * MAX_LINE];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(raw, sizeof raw, fmt, ap);
+    format_escaped(line, fmt, ap);
     va_end(ap);
-    escape(line, sizeof line, raw);
     cx_logf(CX_LOG_WARNING, "data", "%s", line);
 }
 
