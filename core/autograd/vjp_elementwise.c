@@ -21,8 +21,11 @@ cx_tensor *cx_vjp_unary(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_ten
     case OP_EXP: return cx_mul(g, out);
     case OP_LOG: return cx_div(g, x);
     case OP_SQRT: { cx_tensor *d = cx_mul_scalar(out, 2.0); return mul_d(g, cx_div(cx_scalar_like(d, 1.0), d), false, true); }
-    case OP_RSQRT: { /* d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 out^3 */
-        cx_tensor *o3 = cx_pow_scalar(out, 3.0);
+    case OP_RSQRT: { /* d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 out^3, as products: a pow would
+                       * run powf per element wherever out is broadcast (BatchNorm's
+                       * per-channel 1/sigma over (N, C, H, W)) */
+        cx_tensor *o2 = cx_mul(out, out);
+        cx_tensor *o3 = mul_d(o2, out, true, false);
         cx_tensor *d = cx_mul_scalar(o3, -0.5);
         cx_drop(o3);
         return mul_d(g, d, false, true);
