@@ -550,12 +550,12 @@ static void log_flush(logger *g, const config *c, double val)
         if (!isnan(val)) printf("%sstep %lld: val loss %.4f\n", g->tty ? "\n" : "", (long long)step, val);
         if (g->jsonl) {
             fprintf(g->jsonl, "{\"step\": %lld", (long long)step);
-            /* JSON has no NaN: a diverged loss is null (and val's NaN means none this step) */
-            if (g->loss && isfinite(loss)) fprintf(g->jsonl, ", \"loss\": %.6f", loss);
-            else if (g->loss) fprintf(g->jsonl, ", \"loss\": null");
-            if (g->loss) fprintf(g->jsonl, ", \"lr\": %.6g, \"tokens_per_s\": %.1f", g->loss_lr, isfinite(tok_s) ? tok_s : 0.0);
-            if (isinf(val)) fprintf(g->jsonl, ", \"val_loss\": null");
-            else if (!isnan(val)) fprintf(g->jsonl, ", \"val_loss\": %.6f", val);
+            /* a non-finite number is null (val's NaN means none this step) */
+            char l[48], v[48];
+            if (g->loss)
+                fprintf(g->jsonl, ", \"loss\": %s, \"lr\": %.6g, \"tokens_per_s\": %.1f", lc_json_num(l, sizeof l, "%.6f", loss),
+                        g->loss_lr, isfinite(tok_s) ? tok_s : 0.0);
+            if (!isnan(val)) fprintf(g->jsonl, ", \"val_loss\": %s", lc_json_num(v, sizeof v, "%.6f", val));
             fprintf(g->jsonl, "}\n");
             fflush(g->jsonl);
         }

@@ -222,3 +222,10 @@ int lc_plot(const lc_plot_spec *p)
     if (rc == 0) printf("wrote %s\n", p->out);
     return rc;
 }
+
+const char *lc_json_num(char *buf, size_t cap, const char *fmt, double x)
+{
+    if (!isfinite(x)) return "null";
+    snprintf(buf, cap, fmt, x);
+    return buf;
+}

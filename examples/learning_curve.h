@@ -4,6 +4,7 @@
 #define CX_EXAMPLES_LEARNING_CURVE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* One curve: the values of `key` against their line's "step". */
 typedef struct {
@@ -34,5 +35,10 @@ typedef struct {
  * value, 1 when gnuplot cannot be started (the line says how to install
  * it) or fails (the line is gnuplot's last message). */
 int lc_plot(const lc_plot_spec *p);
+
+/* x formatted with fmt into buf, or "null" for a non-finite x (JSON has no
+ * NaN or Infinity): the writers of the log files both programs plot.
+ * @return buf or the literal. */
+const char *lc_json_num(char *buf, size_t cap, const char *fmt, double x);
 
 #endif

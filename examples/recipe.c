@@ -226,21 +226,13 @@ FILE *recipe_log_open(const recipe_flags *r, int64_t resumed_step, bool *failed)
     return f;
 }
 
-/* JSON has no NaN or Infinity: a diverged loss is null. */
-static const char *json_num(char *buf, size_t cap, const char *fmt, double x)
-{
-    if (!isfinite(x)) return "null";
-    snprintf(buf, cap, fmt, x);
-    return buf;
-}
-
 void recipe_log_step(FILE *f, int64_t step, int epoch, double loss, double lr, double images_per_s)
 {
     if (!f) return;
     char l[48], r[48], v[48];
     fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"loss\": %s, \"lr\": %s, \"images_per_s\": %s}\n", (long long)step,
-            epoch, json_num(l, sizeof l, "%.6f", loss), json_num(r, sizeof r, "%.9g", lr),
-            json_num(v, sizeof v, "%.1f", images_per_s));
+            epoch, lc_json_num(l, sizeof l, "%.6f", loss), lc_json_num(r, sizeof r, "%.9g", lr),
+            lc_json_num(v, sizeof v, "%.1f", images_per_s));
     fflush(f);
 }
 
@@ -249,7 +241,7 @@ void recipe_log_eval(FILE *f, int64_t step, int epoch, double accuracy, int64_t 
     if (!f) return;
     char a[48];
     fprintf(f, "{\"step\": %lld, \"epoch\": %d, \"test_accuracy\": %s, \"test_images\": %lld}\n", (long long)step,
-            epoch, json_num(a, sizeof a, "%.4f", accuracy), (long long)images);
+            epoch, lc_json_num(a, sizeof a, "%.4f", accuracy), (long long)images);
     fflush(f);
 }
 

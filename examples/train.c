@@ -206,6 +206,9 @@ static cli_result parse_flags(config *c, int argc, char **argv)
 
 static bool is_resnet(const config *c) { return !strncmp(c->model, "resnet", 6); }
 
+/* Fake data's classes: ImageNet's for a resnet, MNIST's otherwise. */
+static int fake_classes(const config *c) { return is_resnet(c) ? 1000 : 10; }
+
 /* Fake data for a resnet is ImageNet-shaped, as the seed's --fake_data:
  * 3 x N x N (N = 224 unless --image-size), 1000 classes. Its test split is
  * one batch per rank: on random labels accuracy is chance whatever its
@@ -216,8 +219,8 @@ static void fake_shape(const config *c, cx_fake_data_opts *f, bool train)
     int n = c->image_size ? c->image_size : imagenet ? 224 : 28;
     f->channels = imagenet ? 3 : 1;
     f->height = f->width = n;
-    f->num_classes = imagenet ? 1000 : 10;
-    f->size = train ? 60000 : imagenet ? c->batch_size * cx_world_size() : 10000;
+    f->num_classes = fake_classes(c);
+    f->size = train ? 60000 : imagenet ? c->r.test_batch_size * cx_world_size() : 10000;
 }
 
 /* @return the split, or exits 3 naming the missing file. */
@@ -255,7 +258,7 @@ static cx_module *build_model(const config *c, const cx_dataset *ds)
 {
     const cx_field *img = cx_dataset_field(ds, cx_dataset_field_index(ds, CX_FIELD_IMAGES));   // (C, H, W)
     int classes = cx_imagefolder_num_classes(ds) ? cx_imagefolder_num_classes(ds)
-                : is_resnet(c) && !strcmp(c->data, "fake") ? 1000 : 10;
+                : !strcmp(c->data, "fake") ? fake_classes(c) : 10;
     if (!strcmp(c->model, "resnet18")) return model_resnet18((int)img->shape[0], classes, false);
     if (!strcmp(c->model, "resnet50")) return model_resnet50((int)img->shape[0], classes, false);
     if (!strcmp(c->model, "cnn")) return model_cnn();
@@ -521,7 +524,8 @@ static cx_status train_epoch(const config *c, int epoch, cx_module *model, cx_op
     while (pr.steps < pr.per_epoch && cx_loader_next(loader, &b) == CX_LOADER_BATCH) {
         flush_log(&log, c, &pr, dataset_size);
         cx_optim_zero_grad(opt);
-        cx_optim_set_lr(opt, recipe_lr_at(&g_run.sched, cx_optim_step_count(opt)));   /* a runtime scalar: no recompile */
+        if (g_run.sched.on)   /* a runtime scalar: no recompile */
+            cx_optim_set_lr(opt, recipe_lr_at(&g_run.sched, cx_optim_step_count(opt)));
         cx_tensor *x = cx_batch_field(&b, CX_FIELD_IMAGES), *y = cx_batch_field(&b, CX_FIELD_LABELS);
         precision_forward_begin(c->precision);
         cx_tensor *logp = par->ddp ? cx_ddp_forward(par->ddp, x)   // (B, classes)

@@ -11,10 +11,6 @@ cx_status train_data_imagefolder(const char *root, bool train, int image_size, u
                                  cx_dataset **out)
 {
     char dir[4096];
-    if (!root) {
-        cx_set_last_error("--data imagefolder needs --data-dir ROOT (ROOT/train/<class>/*.jpg and ROOT/val/<class>/...)");
-        return CX_ERR_ARG;
-    }
     snprintf(dir, sizeof dir, "%s/%s", root, train ? "train" : "val");
     cx_imagefolder_opts o = cx_imagefolder_default_opts();
     o.root = dir;
