@@ -271,10 +271,11 @@ static cx_status bind_and_run(sync_job *j)
     }
     for (int i = 0; st == CX_OK && i < cp->n_rts; i++) { rt_f[i] = cp->rts[i]->rt_f; rt_i[i] = cp->rts[i]->rt_i; }
     for (int o = 0; st == CX_OK && o < j->nouts; o++) {
-        /* the partitioner decides the output's shard: a planned alias whose
-         * size it changed gets a buffer of its own (the input stays intact) */
-        if (j->out_alias[o] >= 0 && cp->inputs[j->out_alias[o]]->buf->bytes == (size_t)e->out_bytes[o]) {
-            j->obufs[o] = cp->inputs[j->out_alias[o]]->buf;
+        /* the executable's aliases, not the planned ones: the partitioner
+         * drops an alias whose output does not hold its donor's shard, and the
+         * program was compiled (alias-safety copies included) for what it kept */
+        if (e->out_alias[o] >= 0) {
+            j->obufs[o] = cp->inputs[e->out_alias[o]]->buf;
             cx_buffer_ref(j->obufs[o]);
         } else if (!(j->obufs[o] = by_all_reduce[o] ? cx_buffer_new_collective((size_t)e->out_bytes[o])
                                                     : cx_buffer_new((size_t)e->out_bytes[o]))) {

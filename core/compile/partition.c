@@ -1094,8 +1094,7 @@ bool cx_pass_partition(const cx_graph *g, const cx_sharding *const *ann, int ran
         out_sharding[o] = s;
         /* a donor's buffer holds its own shard: only the same shard may take it */
         int dn = g->out_alias[o] >= 0 ? donor[g->out_alias[o]] : -1;
-        bool same = dn >= 0 && (cx_sharding_is_replicated(&s) ? cx_sharding_is_replicated(&c.sh[dn])
-                                                               : cx_sharding_equal(&c.sh[dn], &s));
+        bool same = dn >= 0 && cx_sharding_equal(&c.sh[dn], &s);   /* replicated equals replicated only */
         out->out_alias[o] = same ? g->out_alias[o] : -1;
         ok = !c.failed;
     }
