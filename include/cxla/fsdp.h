@@ -47,7 +47,8 @@ typedef struct {
     int n_wrap_paths;
     /* ... or an auto-wrap policy: submodules with >= min params (size), or
      * whose type name is listed ("Linear", "Conv2d", "TransformerBlock") */
-    int64_t auto_wrap_min_params;     /* 0: off */
+    int64_t auto_wrap_min_params;     /* 0: off; all the submodule's parameters count, nested
+                                       * units' included (FSDPv2's policy counts only the rest) */
     const char *const *auto_wrap_types;
     int n_auto_wrap_types;
     bool grad_ckpt;                   /* rematerialize each unit's forward in backward */

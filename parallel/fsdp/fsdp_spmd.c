@@ -6,6 +6,7 @@
 #include <cxla/spmd.h>
 
 #include "cx_struct.h"
+#include "cx_vec.h"
 #include "fsdp_wrap_policy.h"
 
 #include <stdio.h>
@@ -145,13 +146,7 @@ static void wrapped_post(cx_module *m, void *ctx)
 
 static bool add_wrapped(cx_spmd_fsdp *f, cx_module *m, const char *path, bool ckpt)
 {
-    if (f->nw == f->cap) {
-        int cap = f->cap ? 2 * f->cap : 8;
-        wrapped *w = realloc(f->w, sizeof *w * (size_t)cap);
-        if (!w) return false;
-        f->w = w;
-        f->cap = cap;
-    }
+    if (!CX_GROW(f->w, f->cap, f->nw + 1)) return false;
     char *p = strdup(path);
     if (!p) return false;
     f->w[f->nw++] = (wrapped){ f, m, p, ckpt, false };
