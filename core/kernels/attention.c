@@ -22,16 +22,6 @@ enum { BQ = 64, BK = 64, ALIGN_FLOATS = 16 };
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 
-/* Keys query row i (of t) may see: [0, visible). Causal: the last query
- * row sees every key (bottom-right alignment, as PyTorch's is_causal for
- * t == s). */
-static int64_t visible_keys(const cx_attn_geom *g, int64_t i)
-{
-    if (!g->causal) return g->s;
-    int64_t v = i + 1 + (g->s - g->t);
-    return v < 0 ? 0 : v > g->s ? g->s : v;
-}
-
 static const float *row_of(const float *base, const int64_t *st, int64_t n, int64_t r, int64_t h)
 {
     return base + n * st[0] + r * st[1] + h * st[2];
@@ -82,7 +72,7 @@ CX_HOT static void fwd_key_tile(const cx_attn_geom *g, const fwd_lane *L, int64_
     cx_sgemm_serial(false, true, rows, cols, d, L->q, d, L->k + k0 * d, d, 0.0f, L->p, BK);
     for (int64_t i = 0; i < rows; i++) {
         float *s = L->p + i * BK;
-        int64_t lim = min64(cols, visible_keys(g, q0 + i) - k0);
+        int64_t lim = min64(cols, cx_attn_visible_keys(g, q0 + i) - k0);
         if (lim <= 0) { memset(s, 0, sizeof *s * (size_t)cols); continue; }
         float mx = L->m[i];
         for (int64_t j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
@@ -104,7 +94,7 @@ CX_HOT static void fwd_head(const cx_attn_geom *g, const fwd_lane *L, float *out
     gather_rows(L->k, k, g->k_strides, n, 0, g->s, h, d, 1.0f);
     gather_rows(L->v, v, g->v_strides, n, 0, g->s, h, d, 1.0f);
     for (int64_t q0 = 0; q0 < g->t; q0 += BQ) {
-        const int64_t rows = min64(BQ, g->t - q0), kend = visible_keys(g, q0 + rows - 1);
+        const int64_t rows = min64(BQ, g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
         gather_rows(L->q, q, g->q_strides, n, q0, rows, h, d, g->scale);
         for (int64_t i = 0; i < rows; i++) { L->m[i] = -INFINITY; L->l[i] = 0.0f; }
         memset(L->o, 0, sizeof *L->o * (size_t)(rows * d));
@@ -223,7 +213,7 @@ CX_HOT static void row_lse(const cx_attn_geom *g, const bwd_lane *L, int64_t q0,
         cx_sgemm_serial(false, true, rows, cols, g->d, L->q, g->d, L->k + k0 * g->d, g->d, 0.0f, L->p, BK);
         for (int64_t i = 0; i < rows; i++) {
             const float *s = L->p + i * BK;
-            int64_t lim = min64(cols, visible_keys(g, q0 + i) - k0);
+            int64_t lim = min64(cols, cx_attn_visible_keys(g, q0 + i) - k0);
             if (lim <= 0) continue;
             float mx = m[i], sum = 0.0f;
             for (int64_t jj = 0; jj < lim; jj++) mx = s[jj] > mx ? s[jj] : mx;
@@ -243,7 +233,7 @@ CX_HOT static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_
     cx_sgemm_serial(false, true, rows, cols, d, L->q, d, L->k + k0 * d, d, 0.0f, L->p, BK);
     for (int64_t i = 0; i < rows; i++) {
         float *s = L->p + i * BK;
-        int64_t lim = min64(cols, visible_keys(g, q0 + i) - k0);
+        int64_t lim = min64(cols, cx_attn_visible_keys(g, q0 + i) - k0);
         if (lim < 0) lim = 0;
         for (int64_t jj = 0; jj < lim; jj++) s[jj] = cx_vexpf(s[jj] - L->lse[i]);
         for (int64_t jj = lim; jj < cols; jj++) s[jj] = 0.0f;
@@ -271,7 +261,7 @@ CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h
     memset(L.dv, 0, sizeof *L.dv * (size_t)(g->s * d));
     float *dq_out = j->out, *dk_out = dq_out + g->n * g->t * g->h * d, *dv_out = dk_out + g->n * g->s * g->h * d;
     for (int64_t q0 = 0; q0 < g->t; q0 += BQ) {
-        const int64_t rows = min64(BQ, g->t - q0), kend = visible_keys(g, q0 + rows - 1);
+        const int64_t rows = min64(BQ, g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
         gather_rows(L.q, j->q, g->q_strides, n, q0, rows, h, d, g->scale);
         gather_rows(L.dout, j->dout, g->do_strides, n, q0, rows, h, d, 1.0f);
         for (int64_t i = 0; i < rows; i++) {

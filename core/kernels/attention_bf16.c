@@ -295,13 +295,6 @@ typedef struct {
     uint16_t *p16, *ds16;
 } soft_job;
 
-/* keys a query row i sees: j < visible(i) */
-static int64_t visible(const cx_attn_geom *g, int64_t i)
-{
-    if (!g->causal) return g->s;
-    int64_t v = i + g->s - g->t + 1;
-    return v < 0 ? 0 : v > g->s ? g->s : v;
-}
 
 /* Row reductions in 16 lanes, so they compile to vectors (a single f32
  * accumulator must keep its order); the lanes are combined in a fixed
@@ -350,7 +343,7 @@ CX_HOT static void softmax_part(void *p, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++) {
         float *s = j->sc + r * S;
         uint16_t *h = j->p16 + r * S;
-        int64_t lim = visible(j->g, r % j->g->t);
+        int64_t lim = cx_attn_visible_keys(j->g, r % j->g->t);
         float sum = lim ? row_exp(s, lim, scale, row_max(s, lim, scale)) : 0.0f;
         float inv = lim ? 1.0f / sum : 0.0f;
         for (int64_t c = 0; c < lim; c++) { s[c] *= inv; h[c] = cx_f32_to_bf16_inline(s[c]); }
@@ -420,12 +413,10 @@ static void grads(const cx_attn_geom *g, const attn_bufs *u, int64_t b)
 }
 
 void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                const uint16_t *o, const uint16_t *dout, const cx_attn_geom *g, void *scratch,
-                                size_t scratch_bytes)
+                                const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
     /* P is recomputed from q and k, and softmax's backward needs only P
-     * and dP, so the forward's output is not read */
-    (void)o;
+     * and dP, so the forward's output is not an input */
     const int64_t chunk = chunk_of(g), qi = g->t * g->h * g->d, ki = g->s * g->h * g->d;
     attn_bufs u = attn_carve(g, true, scratch, scratch_bytes);
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
@@ -463,6 +454,6 @@ void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, 
 void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
-    if (take_gemm(g, true, scratch_bytes)) cx_attention_bf16_gemm_bwd(dqkv, q, k, v, o, dout, g, scratch, scratch_bytes);
+    if (take_gemm(g, true, scratch_bytes)) cx_attention_bf16_gemm_bwd(dqkv, q, k, v, dout, g, scratch, scratch_bytes);
     else widen_bwd(dqkv, q, k, v, o, dout, g, scratch, scratch_bytes);
 }

@@ -129,6 +129,16 @@ typedef struct {
     float scale;
 } cx_attn_geom;
 
+/* Keys query row i (of t) may see: [0, visible). Causal: the last query
+ * row sees every key (bottom-right alignment, as PyTorch's is_causal for
+ * t == s). */
+static inline int64_t cx_attn_visible_keys(const cx_attn_geom *g, int64_t i)
+{
+    if (!g->causal) return g->s;
+    int64_t v = i + 1 + (g->s - g->t);
+    return v < 0 ? 0 : v > g->s ? g->s : v;
+}
+
 size_t cx_attention_scratch_bytes(const cx_attn_geom *g);
 /* out (N, T, H, D) contiguous. */
 void cx_attention_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
@@ -154,13 +164,12 @@ void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 /* each route's scratch (gemm: the GEMM route; bwd: the backward's), and
  * the GEMM route itself on any CPU (without AVX512_BF16 its GEMM widens
- * its tiles); o is not read (P is recomputed) */
+ * its tiles); its backward takes no o (P is recomputed) */
 size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool gemm);
 void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                 const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                const uint16_t *o, const uint16_t *dout, const cx_attn_geom *g, void *scratch,
-                                size_t scratch_bytes);
+                                const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */

@@ -293,7 +293,7 @@ static void attn_check(const attn_case *c, bool gemm, bool other)
     /* the backward is given the f32 kernel's output rounded, as attn_make's
      * reference was */
     for (size_t i = 0; i < c->no; i++) o[i] = cx_f32_to_bf16(c->of[i]);
-    if (gemm) cx_attention_bf16_gemm_bwd(g16, q, k, v, o, c->dout, &c->g, sb, bb);
+    if (gemm) cx_attention_bf16_gemm_bwd(g16, q, k, v, c->dout, &c->g, sb, bb);
     else cx_attention_bf16_bwd(g16, q, k, v, o, c->dout, &c->g, sb, bb);
     static const char *const names[3] = { "dq", "dk", "dv" };
     for (int t = 0; t < 3; t++) {
@@ -379,7 +379,10 @@ static void check_conv(cx_conv_geom g)
         size_t n = dir == 0 ? ny : dir == 1 ? nx : nw;
         const uint16_t *in0 = dir == 1 ? dy : x, *in1 = dir == 2 ? dy : w;
         cx_conv2d_bf16(dir, h, in0, in1, &g, s16, b16);
-        check_dir(dir, hw, h, f, n, &g);
+        /* the GEMM route's looser check only where that route ran: with
+         * AVX512_BF16 a shape it does not win still widens, rounded once */
+        bool took_gemm = hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false);
+        check_dir(dir, took_gemm, h, f, n, &g);
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, sg, bg);
         check_dir(dir, true, h, f, n, &g);
