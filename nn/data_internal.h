@@ -9,4 +9,8 @@
  * find their state behind the opaque cx_dataset. */
 void *cx_dataset_ctx_of(const cx_dataset *ds, cx_dataset_get_fn get);
 
+/* @return the bytes of one item of field f (0 <= f < its number of fields,
+ * unchecked) of ds: the loader sizes its staging and chunk offsets by it. */
+size_t cx_dataset_item_bytes(const cx_dataset *ds, int f);
+
 #endif

@@ -16,6 +16,7 @@
  * wait gathered. Which worker gathered which rows never shows in a batch;
  * of several failing items the lowest row's error is reported. */
 #include "nn_internal.h"
+#include "data_internal.h"
 
 #include "cx_struct.h"
 
@@ -58,7 +59,6 @@ struct cx_loader {
     void **fill_out;         /* (nfields) the background thread's gather scratch */
     int workers_started;
     int64_t claiming;        /* workers: the oldest batch that may have unclaimed items */
-    size_t *item_bytes;      /* (nfields) bytes of one item of each field */
     pthread_cond_t gather_cv;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
@@ -141,7 +141,7 @@ static slot *claimable(cx_loader *l)
 static cx_status gather_rows(void **out, char *err, size_t errn, cx_loader *l, slot *s, int64_t r, int64_t n)
 {
     if (n == 0) return CX_OK;
-    for (int f = 0; f < l->nfields; f++) out[f] = (char *)s->host[f] + (size_t)r * l->item_bytes[f];
+    for (int f = 0; f < l->nfields; f++) out[f] = (char *)s->host[f] + (size_t)r * cx_dataset_item_bytes(l->ds, f);
     cx_status st = cx_dataset_gather(l->ds, s->idx + s->row0 + r, n, out);
     if (st != CX_OK) snprintf(err, errn, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
     return st;
@@ -286,7 +286,7 @@ static bool slot_alloc(cx_loader *l, slot *s)
     s->t = calloc((size_t)l->nfields, sizeof *s->t);
     if (!s->idx || !s->host || !s->t) return false;
     for (int f = 0; f < l->nfields; f++) {
-        size_t bytes = l->item_bytes[f] * (size_t)bs;
+        size_t bytes = cx_dataset_item_bytes(l->ds, f) * (size_t)bs;
         if (!(s->host[f] = malloc(bytes ? bytes : 1))) return false;
     }
     return true;
@@ -337,7 +337,6 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
     l->nslots = o.prefetch + (l->nworkers ? o.host_prefetch : 0);
     l->slots = calloc((size_t)l->nslots, sizeof *l->slots);
     l->cur = calloc((size_t)l->nfields, sizeof *l->cur);
-    l->item_bytes = calloc((size_t)l->nfields, sizeof *l->item_bytes);
     l->workers = l->nworkers ? calloc((size_t)l->nworkers, sizeof *l->workers) : NULL;
     l->gatherers = l->nworkers ? calloc((size_t)l->nworkers, sizeof *l->gatherers) : NULL;
     l->fill_out = calloc((size_t)l->nfields + 1, sizeof *l->fill_out);
@@ -345,16 +344,11 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
     pthread_cond_init(&l->work_cv, NULL);
     pthread_cond_init(&l->done_cv, NULL);
     pthread_cond_init(&l->gather_cv, NULL);
-    if (!l->slots || !l->cur || !l->item_bytes || !l->fill_out || (l->nworkers && (!l->workers || !l->gatherers)))
+    if (!l->slots || !l->cur || !l->fill_out || (l->nworkers && (!l->workers || !l->gatherers)))
         goto oom;
     for (int w = 0; w < l->nworkers; w++) {
         l->gatherers[w].l = l;
         if (!(l->gatherers[w].out = calloc((size_t)l->nfields + 1, sizeof *l->gatherers[w].out))) goto oom;
-    }
-    for (int f = 0; f < l->nfields; f++) {
-        const cx_field *fd = cx_dataset_field(ds, f);
-        l->item_bytes[f] = cx_dtype_size(fd->dtype);
-        for (int d = 0; d < fd->ndim; d++) l->item_bytes[f] *= (size_t)fd->shape[d];
     }
     for (int i = 0; i < l->nslots; i++)
         if (!slot_alloc(l, &l->slots[i])) goto oom;
@@ -399,7 +393,6 @@ void cx_loader_free(cx_loader *l)
     for (int i = 0; l->slots && i < l->nslots; i++) slot_release(l, &l->slots[i]);
     free(l->slots);
     free(l->cur);
-    free(l->item_bytes);
     free(l->workers);
     for (int w = 0; l->gatherers && w < l->nworkers; w++) free(l->gatherers[w].out);
     free(l->gatherers);
