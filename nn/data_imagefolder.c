@@ -592,8 +592,7 @@ cx_status cx_imagefolder_open(cx_imagefolder_opts given, cx_dataset **out)
     while (len > 1 && F->root[len - 1] == '/') F->root[--len] = 0;
     F->o = o;
     F->o.root = F->root;
-    for (int c = 0; c < 3; c++)
-        for (int p = 0; p < 256; p++) F->lut[c][p] = ((float)p / 255.0f - o.mean[c]) / o.std[c];
+    for (int c = 0; c < 3; c++) cx_normalize_lut(F->lut[c], o.mean[c], o.std[c]);
     if (!is_dir(F->root)) {
         fail("imagefolder: %s: %s", F->root, errno == ENOENT ? "no such directory" : "not a readable directory");
         folder_free(F);
