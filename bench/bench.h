@@ -172,14 +172,16 @@ bench_loader *bench_loader_new(const char *dir, int num_workers, bool jpeg_fast)
 double bench_loader_epoch(void *loader);
 void bench_loader_free(bench_loader *l);
 /* One figure over cfg's rounds: the loader's images/s with num_workers
- * (a folder of its own) vs `ref`, a side whose unit handles ref_images
+ * (over dir, made by bench_loader_folder) vs `ref`, a side whose unit handles ref_images
  * images: a resnet18 training step of batch 32 (bench_trainer_step, 224x224)
  * makes it the issue's imagefolder_loader_images_per_s. @return 0, or 1
  * after printing why. */
-int bench_loader_figure(const bench_cfg *cfg, const char *name, int num_workers, bench_side ref, double ref_images);
-/* cxla-bench train's loader figures: workers 1 and 2 vs 0, and jpeg_fast
- * vs whole decodes with 2 workers. @return 0, or 1 after printing why. */
-int bench_train_loader(const bench_cfg *cfg);
+int bench_loader_figure(const bench_cfg *cfg, const char *dir, const char *name, int num_workers, bench_side ref,
+                        double ref_images);
+/* cxla-bench train's loader figures over dir (made by bench_loader_folder):
+ * workers 1 and 2 vs 0, and jpeg_fast vs whole decodes with 2 workers.
+ * @return 0, or 1 after printing why. */
+int bench_train_loader(const bench_cfg *cfg, const char *dir);
 
 /* cblas_sgemm at n x n x n with as many OpenBLAS threads as cxla uses. */
 typedef struct bench_sgemm bench_sgemm;

@@ -144,10 +144,9 @@ void bench_loader_free(bench_loader *l)
     free(l);
 }
 
-int bench_loader_figure(const bench_cfg *cfg, const char *name, int num_workers, bench_side ref, double ref_images)
+int bench_loader_figure(const bench_cfg *cfg, const char *dir, const char *name, int num_workers, bench_side ref,
+                        double ref_images)
 {
-    char dir[64];
-    if (!bench_loader_folder(dir)) return 1;
     bench_loader *l = bench_loader_new(dir, num_workers, true);
     bench_series fig = { 0 };
     int rc = l ? 0 : 1;
@@ -159,23 +158,22 @@ int bench_loader_figure(const bench_cfg *cfg, const char *name, int num_workers,
     }
     if (!rc) bench_emit(name, "images/s", BENCH_HIGHER, &fig);
     bench_loader_free(l);
-    bench_loader_folder_remove(dir);
     return rc;
 }
 
 /* workers 0, 1, 2 with jpeg_fast, and 2 without */
 #define N_LOADERS 4
 
-int bench_train_loader(const bench_cfg *cfg)
+int bench_train_loader(const bench_cfg *cfg, const char *dir)
 {
-    static const struct { int workers; bool fast; const char *name; int ref; } k[N_LOADERS] = {
-        { 0, true, "imagefolder_loader_w0_images_per_s", 0 },
-        { 1, true, "imagefolder_loader_w1_vs_w0", 0 },
-        { 2, true, "imagefolder_loader_w2_vs_w0", 0 },
-        { 2, false, "imagefolder_loader_w2_fast_vs_whole", 3 },
+    /* side i runs loader i; figure i is side `side`'s rate over side `ref`'s:
+     * the last one is 2 workers with jpeg_fast (side 2) over whole decodes (side 3) */
+    static const struct { int workers; bool fast; const char *name; int side, ref; } k[N_LOADERS] = {
+        { 0, true, "imagefolder_loader_w0_images_per_s", 0, 0 },
+        { 1, true, "imagefolder_loader_w1_vs_w0", 1, 0 },
+        { 2, true, "imagefolder_loader_w2_vs_w0", 2, 0 },
+        { 2, false, "imagefolder_loader_w2_fast_vs_whole", 2, 3 },
     };
-    char dir[64];
-    if (!bench_loader_folder(dir)) return 1;
     bench_loader *l[N_LOADERS] = { 0 };
     bench_side sides[N_LOADERS];
     int rc = 0;
@@ -187,14 +185,10 @@ int bench_train_loader(const bench_cfg *cfg)
     for (int r = 0; r < cfg->rounds && !rc; r++) {
         double sec[N_LOADERS];
         if (!bench_round(cfg, r, sides, N_LOADERS, sec)) { rc = 1; break; }
-        /* the fast figure: side 2 (2 workers, jpeg_fast) over side 3 (2 workers, whole decodes) */
-        for (int i = 0; i < N_LOADERS; i++) {
-            int v = i == 3 ? 2 : i;
-            bench_add(&fig[i], BENCH_LOADER_IMAGES / sec[v], BENCH_LOADER_IMAGES / sec[k[i].ref]);
-        }
+        for (int i = 0; i < N_LOADERS; i++)
+            bench_add(&fig[i], BENCH_LOADER_IMAGES / sec[k[i].side], BENCH_LOADER_IMAGES / sec[k[i].ref]);
     }
     for (int i = 0; i < N_LOADERS && !rc; i++) bench_emit(k[i].name, "images/s", BENCH_HIGHER, &fig[i]);
     for (int i = 0; i < N_LOADERS; i++) bench_loader_free(l[i]);
-    bench_loader_folder_remove(dir);
     return rc;
 }

@@ -303,7 +303,7 @@ static int bench_resnet50(const bench_cfg *cfg)
 /* imagefolder_loader_images_per_s: the image-folder loader with 2 workers
  * (bench_loader.c) vs resnet18 training steps at 224^2, batch 32, 2
  * threads: >= 2 means the loader never starves the step. */
-static int bench_loader_vs_resnet18(const bench_cfg *cfg)
+static int bench_loader_vs_resnet18(const bench_cfg *cfg, const char *dir)
 {
     cx_set_num_threads(2);
     cx_manual_seed(1);
@@ -311,17 +311,22 @@ static int bench_loader_vs_resnet18(const bench_cfg *cfg)
     if (!t) return 1;
     bench_cfg c = *cfg;
     if (c.rounds > RESNET_ROUNDS_MAX) c.rounds = RESNET_ROUNDS_MAX;
-    int rc = bench_loader_figure(&c, "imagefolder_loader_images_per_s", 2,
+    int rc = bench_loader_figure(&c, dir, "imagefolder_loader_images_per_s", 2,
                                  (bench_side){ .unit = resnet_step, .ctx = t }, RESNET_BATCH);
     resnet_free(t);
     return rc;
 }
 
-/* The loader's figures (bench_loader.c's, then the ratio to resnet18). */
+/* The loader's figures (bench_loader.c's, then the ratio to resnet18), over
+ * one synthetic folder. */
 static int bench_loader_all(const bench_cfg *cfg)
 {
-    int rc = bench_train_loader(cfg);
-    return rc ? rc : bench_loader_vs_resnet18(cfg);
+    char dir[64];
+    if (!bench_loader_folder(dir)) return 1;
+    int rc = bench_train_loader(cfg, dir);
+    if (!rc) rc = bench_loader_vs_resnet18(cfg, dir);
+    bench_loader_folder_remove(dir);
+    return rc;
 }
 
 /* ---- the subcommand ------------------------------------------------------------------ */

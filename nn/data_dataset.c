@@ -250,3 +250,8 @@ void *cx_dataset_ctx_of(const cx_dataset *ds, cx_dataset_get_fn get)
 {
     return ds && ds->get == get ? ds->ctx : NULL;
 }
+
+size_t cx_dataset_item_bytes(const cx_dataset *ds, int f)
+{
+    return ds->item_bytes[f];
+}

@@ -131,8 +131,10 @@ static cx_status decode_jpeg(cx_rgb8 *out, int *fw, int *fh, const uint8_t *data
     return CX_OK;
 }
 
+/* pick is told the size too, so a caller learns it the same way for both
+ * formats; its plan does not apply (a PNG is always decoded whole). */
 static cx_status decode_png(cx_rgb8 *out, int *fw, int *fh, const uint8_t *data, size_t size, const char *path,
-                            char *err, size_t errn)
+                            cx_pick_scale_fn pick, void *user, char *err, size_t errn)
 {
     spng_ctx *ctx = spng_ctx_new(0);
     if (!ctx) { snprintf(err, errn, "%s: out of memory for a PNG decoder", path); return CX_ERR_OOM; }
@@ -143,6 +145,8 @@ static cx_status decode_png(cx_rgb8 *out, int *fw, int *fh, const uint8_t *data,
     int r = spng_set_png_buffer(ctx, data, size);
     if (!r) r = spng_get_ihdr(ctx, &ih);
     if (!r && too_large(path, ih.width, ih.height, err, errn) != CX_OK) goto out;
+    cx_decode_plan pl = { 1, 0, 0, 0, 0 };
+    if (!r && pick) pick(user, (int)ih.width, (int)ih.height, &pl);
     if (!r) r = spng_decoded_image_size(ctx, SPNG_FMT_RGB8, &bytes);
     if (!r && !(px = malloc(bytes))) {
         snprintf(err, errn, "%s: out of memory for a %ux%u image", path, ih.width, ih.height);
@@ -182,8 +186,6 @@ cx_status cx_image_decode(cx_rgb8 *out, int *full_w, int *full_h, const uint8_t 
                           const char *path, cx_pick_scale_fn pick, void *user, char *err, size_t errn)
 {
     *out = (cx_rgb8){ 0 };
-    cx_status st = cx_image_sniff(data, size < 8 ? size : 8, (int64_t)size, path, err, errn);
-    if (st != CX_OK) return st;
     if (data[0] == 0xff) return decode_jpeg(out, full_w, full_h, data, size, path, pick, user, err, errn);
-    return decode_png(out, full_w, full_h, data, size, path, err, errn);
+    return decode_png(out, full_w, full_h, data, size, path, pick, user, err, errn);
 }

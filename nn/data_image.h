@@ -25,8 +25,9 @@ typedef struct {
     int x0, y0, x1, y1;
 } cx_decode_plan;
 
-/* Told the full size of a JPEG before it is decoded: fills *plan (which
- * holds denom 1 and no region when called). */
+/* Told the full size of an image before it is decoded: fills *plan (which
+ * holds denom 1 and no region when called). A JPEG is decoded as the plan
+ * says; a PNG is decoded whole whatever it says. */
 typedef void (*cx_pick_scale_fn)(void *user, int w, int h, cx_decode_plan *plan);
 
 /* Whether a file of `size` bytes whose first n (at most 8) are head starts
@@ -35,17 +36,18 @@ typedef void (*cx_pick_scale_fn)(void *user, int w, int h, cx_decode_plan *plan)
  * one line in err naming path. */
 cx_status cx_image_sniff(const uint8_t *head, size_t n, int64_t size, const char *path, char *err, size_t errn);
 
-/* Decodes `size` bytes of `path` (a JPEG or PNG, told apart by content)
- * into *out (its px malloc'ed: the caller frees it). A JPEG is decoded as
- * pick(user, w, h, &plan) says (pick may be NULL: all of it, full size);
- * *full_w and *full_h get the image's own size. The pixels a partial
+/* Decodes `size` bytes of `path`, which passed cx_image_sniff (its
+ * signature is not checked again: the first byte tells JPEG from PNG),
+ * into *out (its px malloc'ed: the caller frees it). pick(user, w, h,
+ * &plan) is called once the size is known, and a JPEG is decoded as it
+ * says (pick may be NULL: all of it, full size); *full_w and *full_h
+ * get the image's own size. The pixels a partial
  * decode gives are those of the whole decode: the crop is widened by a
  * pixel each side (libjpeg's fancy upsampling treats a partial row's ends
  * as the image's), and the rows below it are still entropy-decoded, so a
  * truncated file fails whatever the region.
- * @return CX_OK; CX_ERR_IO for a file that is not a JPEG or PNG, is empty,
- * corrupt, truncated, unsupported (CMYK) or too large, with one line in
- * err naming path; CX_ERR_OOM (err says so). */
+ * @return CX_OK; CX_ERR_IO for a file that is corrupt, truncated,
+ * unsupported (CMYK) or too large, with one line in err naming path; CX_ERR_OOM (err says so). */
 cx_status cx_image_decode(cx_rgb8 *out, int *full_w, int *full_h, const uint8_t *data, size_t size,
                           const char *path, cx_pick_scale_fn pick, void *user, char *err, size_t errn);
 

@@ -357,7 +357,6 @@ typedef struct {
     draws d;
     crop c;             /* train: the crop */
     int rw, rh;         /* eval: the resized size */
-    bool planned;       /* pick_scale ran (a JPEG's decoder calls it; a PNG's does not) */
 } plan;
 
 /* Eval's Resize(resize_size): the shorter side to it, the longer scaled
@@ -388,7 +387,6 @@ static void crop_in(const crop *c, int fw, int fh, int sw, int sh, int r[4], dou
 static void pick_scale(void *user, int w, int h, cx_decode_plan *pl)
 {
     plan *p = user;
-    p->planned = true;
     int need_w, need_h, have_w, have_h, S = p->F->o.image_size;
     if (p->F->o.train) {
         p->c = random_resized_crop(&p->d, w, h);
@@ -397,7 +395,7 @@ static void pick_scale(void *user, int w, int h, cx_decode_plan *pl)
         eval_size(p->F, w, h, &p->rw, &p->rh);
         need_w = p->rw, need_h = p->rh, have_w = w, have_h = h;
     }
-    if (!pl || !p->F->o.jpeg_fast) return;
+    if (!p->F->o.jpeg_fast) return;
     int k = 1;
     while (k < 8 && have_w / (2 * k) >= need_w && have_h / (2 * k) >= need_h) k *= 2;
     pl->denom = k;
@@ -521,7 +519,6 @@ static cx_status load_item(const folder *F, int64_t j, int64_t index, float *out
     st = cx_image_decode(&im, &fw, &fh, data, size, F->paths[j], pick_scale, &p, err, errn);
     free(data);
     if (st != CX_OK) return st;
-    if (!p.planned) pick_scale(&p, fw, fh, NULL);
     int S = F->o.image_size;
     cx_rgb8 small = { malloc((size_t)S * (size_t)S * 3), S, S, 0, 0, S, S };
     st = small.px ? transform(&small, &p, &im, fw, fh) : CX_ERR_OOM;
@@ -595,8 +592,7 @@ cx_status cx_imagefolder_open(cx_imagefolder_opts given, cx_dataset **out)
     while (len > 1 && F->root[len - 1] == '/') F->root[--len] = 0;
     F->o = o;
     F->o.root = F->root;
-    for (int c = 0; c < 3; c++)
-        for (int p = 0; p < 256; p++) F->lut[c][p] = ((float)p / 255.0f - o.mean[c]) / o.std[c];
+    for (int c = 0; c < 3; c++) cx_normalize_lut(F->lut[c], o.mean[c], o.std[c]);
     if (!is_dir(F->root)) {
         fail("imagefolder: %s: %s", F->root, errno == ENOENT ? "no such directory" : "not a readable directory");
         folder_free(F);

@@ -4,6 +4,7 @@
 #include "nn_internal.h"
 
 #include "cx_struct.h"
+#include "data_internal.h"
 
 #include <cxla/data.h>
 
@@ -43,10 +44,10 @@ static cx_status images_collate(void *ctx, const int64_t *idx, int64_t n, void *
 }
 
 /* The data set over `im` (taken, also on failure), normalized as ToTensor +
- * Normalize do, in the same float32 arithmetic: p / 255, then (x - mean) / std. */
+ * Normalize do: (p / 255 - mean) / std. */
 static cx_dataset *images_dataset(images *im, float mean, float std)
 {
-    for (int p = 0; p < 256; p++) im->lut[p] = ((float)p / 255.0f - mean) / std;
+    cx_normalize_lut(im->lut, mean, std);
     cx_field fields[2] = {
         { .name = CX_FIELD_IMAGES, .dtype = CX_F32, .ndim = 3, .shape = { im->c, im->h, im->w } },
         { .name = CX_FIELD_LABELS, .dtype = CX_I64, .ndim = 0 },
@@ -141,7 +142,6 @@ cx_status cx_mnist_load(cx_mnist_opts given, cx_dataset **out)
  * the samples in order (label, then its pixels), which is what the set
  * held when it was stored. */
 typedef struct {
-    int64_t n;
     size_t per;              /* C * H * W */
     uint64_t seed, classes;
     float lut[256];
@@ -180,10 +180,10 @@ cx_status cx_fake_data(cx_fake_data_opts given, cx_dataset **out)
         cx_set_last_error("cx_fake_data: out of memory");
         return CX_ERR_OOM;
     }
-    *f = (fake_images){ .n = o.size, .per = (size_t)o.channels * (size_t)o.height * (size_t)o.width, .seed = o.seed,
+    *f = (fake_images){ .per = (size_t)o.channels * (size_t)o.height * (size_t)o.width, .seed = o.seed,
                         .classes = (uint64_t)o.num_classes };
     /* normalized like MNIST, as ToTensor + Normalize (float32) */
-    for (int p = 0; p < 256; p++) f->lut[p] = ((float)p / 255.0f - 0.1307f) / 0.3081f;
+    cx_normalize_lut(f->lut, 0.1307f, 0.3081f);
     cx_field fields[2] = {
         { .name = CX_FIELD_IMAGES, .dtype = CX_F32, .ndim = 3, .shape = { o.channels, o.height, o.width } },
         { .name = CX_FIELD_LABELS, .dtype = CX_I64, .ndim = 0 },

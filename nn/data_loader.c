@@ -16,6 +16,7 @@
  * wait gathered. Which worker gathered which rows never shows in a batch;
  * of several failing items the lowest row's error is reported. */
 #include "nn_internal.h"
+#include "data_internal.h"
 
 #include "cx_struct.h"
 
@@ -35,8 +36,13 @@ typedef struct {
     int64_t row0, nrows;  /* the rows this rank reads */
     int64_t claimed, done;
     int64_t err_row;      /* the lowest failing row so far */
-    bool gathered;
 } slot;
+
+/* A gathering thread and its scratch: per field, where its chunk goes. */
+typedef struct {
+    cx_loader *l;
+    void **out;           /* (nfields) */
+} gatherer;
 
 struct cx_loader {
     cx_dataset *ds;
@@ -49,9 +55,10 @@ struct cx_loader {
     bool thread_started;
     int nworkers;            /* gathering threads (0: the background thread gathers) */
     pthread_t *workers;
+    gatherer *gatherers;     /* (nworkers) */
+    void **fill_out;         /* (nfields) the background thread's gather scratch */
     int workers_started;
     int64_t claiming;        /* workers: the oldest batch that may have unclaimed items */
-    size_t *item_bytes;      /* (nfields) bytes of one item of each field */
     pthread_cond_t gather_cv;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
@@ -118,22 +125,34 @@ static void upload_all(cx_loader *l, slot *s, int64_t row0)
     }
 }
 
+/* The oldest posted slot with unclaimed rows, or NULL (under mu). */
+static slot *claimable(cx_loader *l)
+{
+    for (; l->claiming < l->posted; l->claiming++) {
+        slot *s = &l->slots[l->claiming % l->nslots];
+        if (s->claimed < s->nrows) return s;
+    }
+    return NULL;
+}
+
+/* Gathers rows [r, r + n) of this rank's part of slot s into their places,
+ * through the caller's scratch out (nfields). @return the gather's status,
+ * its message in err. */
+static cx_status gather_rows(void **out, char *err, size_t errn, cx_loader *l, slot *s, int64_t r, int64_t n)
+{
+    if (n == 0) return CX_OK;
+    for (int f = 0; f < l->nfields; f++) out[f] = (char *)s->host[f] + (size_t)r * cx_dataset_item_bytes(l->ds, f);
+    cx_status st = cx_dataset_gather(l->ds, s->idx + s->row0 + r, n, out);
+    if (st != CX_OK) snprintf(err, errn, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
+    return st;
+}
+
+/* Without workers: gathers this rank's rows of slot s, then uploads them. */
 static void fill_slot(cx_loader *l, slot *s)
 {
-    int64_t row0 = 0, nrows = s->n;
-    if (l->o.input_mesh &&
-        cx_shard_rows(l->o.input_mesh, l->o.input_spec, l->o.input_nspec, s->n, &row0, &nrows) != CX_OK) {
-        s->status = CX_ERR_ARG;
-        snprintf(s->err, sizeof s->err, "loader: input sharding: %s", cx_last_error());
-        return;
-    }
-    /* only this rank's rows are read */
-    s->status = nrows > 0 ? cx_dataset_gather(l->ds, s->idx + row0, nrows, s->host) : CX_OK;
-    if (s->status != CX_OK) {
-        snprintf(s->err, sizeof s->err, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
-        return;
-    }
-    upload_all(l, s, row0);
+    if (s->status != CX_OK) return;   /* bad input sharding (slot_prepare) */
+    s->status = gather_rows(l->fill_out, s->err, sizeof s->err, l, s, 0, s->nrows);
+    if (s->status == CX_OK) upload_all(l, s, s->row0);
 }
 
 /* Whether the background thread has a slot to work on (under mu): with
@@ -143,7 +162,8 @@ static bool upload_ready(const cx_loader *l)
 {
     if (l->worked == l->posted) return false;
     if (!l->nworkers) return true;
-    return l->slots[l->worked % l->nslots].gathered && l->worked - l->taken < l->o.prefetch;
+    const slot *s = &l->slots[l->worked % l->nslots];
+    return s->done == s->nrows && l->worked - l->taken < l->o.prefetch;
 }
 
 static void *worker_main(void *arg)
@@ -165,35 +185,10 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* The oldest posted slot with unclaimed rows, or NULL (under mu). */
-static slot *claimable(cx_loader *l)
-{
-    for (; l->claiming < l->posted; l->claiming++) {
-        slot *s = &l->slots[l->claiming % l->nslots];
-        if (s->claimed < s->nrows) return s;
-    }
-    return NULL;
-}
-
-/* Gathers rows [r, r + n) of this rank's part of slot s into their places.
- * @return the gather's status, its message in err. */
-static cx_status gather_rows(cx_loader *l, slot *s, int64_t r, int64_t n, char *err, size_t errn)
-{
-    void **out = malloc((size_t)l->nfields * sizeof *out);
-    if (!out) {
-        snprintf(err, errn, "loader: batch %lld: out of memory", (long long)s->index);
-        return CX_ERR_OOM;
-    }
-    for (int f = 0; f < l->nfields; f++) out[f] = (char *)s->host[f] + (size_t)r * l->item_bytes[f];
-    cx_status st = cx_dataset_gather(l->ds, s->idx + s->row0 + r, n, out);
-    if (st != CX_OK) snprintf(err, errn, "loader: batch %lld: %s", (long long)s->index, cx_last_error());
-    free(out);
-    return st;
-}
-
 static void *gatherer_main(void *arg)
 {
-    cx_loader *l = arg;
+    gatherer *g = arg;
+    cx_loader *l = g->l;
     pthread_mutex_lock(&l->mu);
     for (;;) {
         slot *s = NULL;
@@ -207,7 +202,7 @@ static void *gatherer_main(void *arg)
         if (s->claimed == s->nrows) l->claiming++;
         pthread_mutex_unlock(&l->mu);
         char err[sizeof s->err];
-        cx_status st = gather_rows(l, s, r, n, err, sizeof err);
+        cx_status st = gather_rows(g->out, err, sizeof err, l, s, r, n);
         pthread_mutex_lock(&l->mu);
         if (st != CX_OK && r < s->err_row) {
             s->err_row = r;
@@ -215,17 +210,15 @@ static void *gatherer_main(void *arg)
             memcpy(s->err, err, sizeof err);
         }
         s->done += n;
-        if (s->done == s->nrows) {
-            s->gathered = true;
-            pthread_cond_signal(&l->work_cv);
-        }
+        if (s->done == s->nrows) pthread_cond_signal(&l->work_cv);
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
 }
 
-/* Readies a just-filled slot for the workers: this rank's rows, nothing
- * claimed yet (a slot with no rows, or a bad sharding, is gathered at once). */
+/* Readies a just-filled slot for gathering: this rank's rows, nothing
+ * claimed yet (a slot with no rows, or a bad sharding, is gathered at once:
+ * done == nrows). */
 static void slot_prepare(cx_loader *l, slot *s)
 {
     s->status = CX_OK;
@@ -239,7 +232,6 @@ static void slot_prepare(cx_loader *l, slot *s)
     }
     s->claimed = s->done = 0;
     s->err_row = INT64_MAX;
-    s->gathered = s->nrows == 0;
 }
 
 /* Posts the next batch of the sampler if there is one and a free slot.
@@ -257,7 +249,7 @@ static bool post_one(cx_loader *l)
     if (left <= 0 || (l->o.drop_last && left < bs)) return false;
     s->n = cx_sampler_take(l->sampler, s->idx, bs);
     s->index = l->next_batch_index++;
-    if (l->nworkers) slot_prepare(l, s);
+    slot_prepare(l, s);
     pthread_mutex_lock(&l->mu);
     l->posted++;
     pthread_cond_signal(&l->work_cv);
@@ -294,7 +286,7 @@ static bool slot_alloc(cx_loader *l, slot *s)
     s->t = calloc((size_t)l->nfields, sizeof *s->t);
     if (!s->idx || !s->host || !s->t) return false;
     for (int f = 0; f < l->nfields; f++) {
-        size_t bytes = l->item_bytes[f] * (size_t)bs;
+        size_t bytes = cx_dataset_item_bytes(l->ds, f) * (size_t)bs;
         if (!(s->host[f] = malloc(bytes ? bytes : 1))) return false;
     }
     return true;
@@ -345,17 +337,18 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
     l->nslots = o.prefetch + (l->nworkers ? o.host_prefetch : 0);
     l->slots = calloc((size_t)l->nslots, sizeof *l->slots);
     l->cur = calloc((size_t)l->nfields, sizeof *l->cur);
-    l->item_bytes = calloc((size_t)l->nfields, sizeof *l->item_bytes);
     l->workers = l->nworkers ? calloc((size_t)l->nworkers, sizeof *l->workers) : NULL;
+    l->gatherers = l->nworkers ? calloc((size_t)l->nworkers, sizeof *l->gatherers) : NULL;
+    l->fill_out = calloc((size_t)l->nfields + 1, sizeof *l->fill_out);
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work_cv, NULL);
     pthread_cond_init(&l->done_cv, NULL);
     pthread_cond_init(&l->gather_cv, NULL);
-    if (!l->slots || !l->cur || !l->item_bytes || (l->nworkers && !l->workers)) goto oom;
-    for (int f = 0; f < l->nfields; f++) {
-        const cx_field *fd = cx_dataset_field(ds, f);
-        l->item_bytes[f] = cx_dtype_size(fd->dtype);
-        for (int d = 0; d < fd->ndim; d++) l->item_bytes[f] *= (size_t)fd->shape[d];
+    if (!l->slots || !l->cur || !l->fill_out || (l->nworkers && (!l->workers || !l->gatherers)))
+        goto oom;
+    for (int w = 0; w < l->nworkers; w++) {
+        l->gatherers[w].l = l;
+        if (!(l->gatherers[w].out = calloc((size_t)l->nfields + 1, sizeof *l->gatherers[w].out))) goto oom;
     }
     for (int i = 0; i < l->nslots; i++)
         if (!slot_alloc(l, &l->slots[i])) goto oom;
@@ -367,7 +360,7 @@ cx_loader *cx_loader_new(cx_dataset *ds, cx_sampler *sampler, cx_loader_opts o)
     }
     l->thread_started = true;
     for (; l->workers_started < l->nworkers; l->workers_started++) {
-        if (pthread_create(&l->workers[l->workers_started], NULL, gatherer_main, l) != 0) {
+        if (pthread_create(&l->workers[l->workers_started], NULL, gatherer_main, &l->gatherers[l->workers_started]) != 0) {
             int n = l->workers_started;
             cx_loader_free(l);
             cx_set_last_error("cx_loader_new: cannot start loader worker %d of %d", n + 1, o.num_workers);
@@ -400,8 +393,10 @@ void cx_loader_free(cx_loader *l)
     for (int i = 0; l->slots && i < l->nslots; i++) slot_release(l, &l->slots[i]);
     free(l->slots);
     free(l->cur);
-    free(l->item_bytes);
     free(l->workers);
+    for (int w = 0; l->gatherers && w < l->nworkers; w++) free(l->gatherers[w].out);
+    free(l->gatherers);
+    free(l->fill_out);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->done_cv);

@@ -212,7 +212,8 @@ CX_API cx_status cx_fake_data(cx_fake_data_opts opts, cx_dataset **out);
  * samples are the regular files (symlinks followed) ending in .jpg, .jpeg
  * or .png (any case) under each class directory, class after class, walked
  * as torchvision walks them (sorted(os.walk()): a directory's files sorted
- * by name, then its subdirectories in sorted order); torchvision's other
+ * by name, then its subdirectories in sorted order, at most 32 levels
+ * below the class directory: deeper ones are not walked); torchvision's other
  * extensions (.bmp, .webp, .tif, ...) are not read. An image's name on
  * something else (a FIFO, socket, device or dangling symlink) is left out
  * with a warning naming it at open. A subdirectory that is root, a class
@@ -292,8 +293,10 @@ static inline cx_imagefolder_opts cx_imagefolder_default_opts(void)
 /* Lists root's classes and samples (no file is decoded yet).
  * @return CX_OK and *out; CX_ERR_IO when root is missing or unreadable, has
  * no class directory, or a class directory holds no image (the message
- * names the path); CX_ERR_ARG on a NULL root, a bad size, std or
- * on_error, or a struct_size below the first version's; CX_ERR_OOM. */
+ * names the path); CX_ERR_ARG on a NULL root, an image_size outside
+ * 1..8192, (eval) a resize_size below image_size or above 65536, a std not
+ * > 0 (NaN included), a non-finite mean, a bad on_error, or a struct_size
+ * below the first version's; CX_ERR_OOM. */
 CX_API cx_status cx_imagefolder_open(cx_imagefolder_opts opts, cx_dataset **out);
 /* @return the number of classes, or 0 when ds is not an image folder. */
 CX_API int cx_imagefolder_num_classes(const cx_dataset *ds);

@@ -132,7 +132,10 @@ static int encode(uint8_t **buf, size_t *len, const char **ext, const uint8_t *s
     return r ? 1 : 0;
 }
 
-/* A bad file of kind k % 4 made from a good encoding (buf, len). */
+/* Bad file k of class directory dir, <dir>/<i>_bad.<ext> (i: the good
+ * image src (28x28) it comes from, encoded at S x S), of kind k % 4: 0 the
+ * first half of a JPEG, 1 of a PNG, 2 512 bytes of noise named .jpg, 3 an
+ * empty .png. @return 0 or 1 (told). */
 static int write_bad(const char *dir, long i, long k, const uint8_t *src, int S)
 {
     uint8_t *buf = NULL, junk[512];
@@ -168,8 +171,7 @@ static int write_split(const char *root, const char *split, const char *stem, lo
         fprintf(stderr, "make_imagefolder: %s has only %lld images\n", stem, (long long)img.dims[0]);
         rc = 1;
     }
-    snprintf(dir, sizeof dir, "%s/%s", root, split);
-    rc = rc || mkdirs(dir);
+    /* mkdirs makes root/split with its first class */
     for (int c = 0; !rc && c < 10; c++) {
         snprintf(dir, sizeof dir, "%s/%s/class%d", root, split, c);
         rc = mkdirs(dir);
