@@ -7,6 +7,8 @@
  *                peephole.c    (relu patterns, dead code, dim coalescing)
  *   3. epilogue  (epilogue.c)  an elementwise kernel that only post-processes
  *                              a matmul/conv runs in place after it, or inside it
+ *      recompute (recompute.c) an elementwise value of the inputs alone is
+ *                              computed again for a late reader, not kept
  *   4. schedule  (schedule.c)  collectives in place, the DDP overlap order, the
  *                              FSDP gather prefetch, where each collective waits
  *   5. alias     (alias.c)     outputs that may take their donor input's buffer
@@ -103,6 +105,12 @@ int cx_prog_coalesce(cx_program *p, int64_t *shape, int nd, int *split);
 /* ---- 3-4. epilogues and schedule (epilogue.c, schedule.c) ------------------------------ */
 
 void cx_pass_fuse_epilogues(cx_executable *e);
+/* A fused kernel that loads only inputs (and is short) gets a copy right
+ * before each reader that would otherwise find its buffer idle across more
+ * than twice its size of other writes, unless an output taking one of its
+ * inputs' buffers is written before that reader.
+ * @return false when out of memory (error set). */
+bool cx_pass_recompute_input_values(cx_executable *e);
 /* An all-reduce / broadcast whose input only it reads writes over that input
  * (MPI_IN_PLACE). */
 void cx_pass_collectives_in_place(cx_executable *e);

@@ -406,3 +406,59 @@ Test(passes, prefetch_moves_each_gather_one_unit_ahead)
     cr_assert_lt(position(e, 1), position(e, 3), "the issue order of the collectives is unchanged");
     cx_executable_free(e);
 }
+
+/* input 0 (slot 0) -> cast (slot 1), read at once by kernel 1 and again by
+ * the last kernel, after `between` kernels each writing a 64-byte slot */
+static cx_executable *late_reader(int between)
+{
+    cx_executable *e = exec_new(0, 0);
+    cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
+    cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
+    fused(e, 1, 1, (int[]){ 0 });
+    fused(e, 2, 1, (int[]){ 1 });
+    int prev = 2;
+    for (int i = 0; i < between; i++) {
+        int s = cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
+        fused(e, s, 1, (int[]){ prev });
+        prev = s;
+    }
+    int out = cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64);
+    fused(e, out, 2, (int[]){ prev, 1 });
+    e->n_outputs = 1;
+    e->out_slot = calloc(1, sizeof(int));
+    e->out_slot[0] = out;
+    e->out_alias = calloc(1, sizeof(int));
+    e->out_alias[0] = -1;
+    return e;
+}
+
+Test(passes, a_value_of_the_inputs_alone_is_computed_again_for_a_late_reader)
+{
+    cx_executable *e = late_reader(4);
+    cr_assert(cx_pass_recompute_input_values(e));
+    cr_assert_eq(e->nkernels, 8, "one copy of the cast (got %d kernels)", e->nkernels);
+    const cx_kernel *copy = &e->kernels[6], *last = &e->kernels[7];
+    cr_assert_eq(copy->kind, K_FUSED);
+    cr_assert_eq(copy->prog.ins[0].slot, 0, "the copy reads the input");
+    cr_assert_neq(copy->out_slot, 1, "into a buffer of its own");
+    cr_assert_eq(last->prog.ins[1].slot, copy->out_slot, "the late reader reads the copy");
+    cr_assert_eq(e->kernels[1].prog.ins[0].slot, 1, "the early reader keeps the first buffer");
+    cx_pass_liveness(e);
+    cr_assert_eq(e->slots[1].last, 1, "the first buffer dies after its early reader");
+    cx_executable_free(e);
+
+    e = late_reader(1);
+    cr_assert(cx_pass_recompute_input_values(e));
+    cr_assert_eq(e->nkernels, 4, "a reader soon after keeps the buffer: a copy would cost a pass for nothing");
+    cx_executable_free(e);
+
+    /* the input is the donor of an output written before the late reader:
+     * a copy there would read the new value */
+    e = late_reader(4);
+    e->out_alias[0] = 0;
+    e->kernels[2].out_slot = e->out_slot[0];
+    cr_assert(cx_pass_recompute_input_values(e));
+    cr_assert_eq(e->nkernels, 7, "no copy once the donor's output is written");
+    cx_executable_free(e);
+}
