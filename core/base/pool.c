@@ -94,7 +94,11 @@ void cx_pool_shutdown(void)
 
 int cx_pool_threads(void)
 {
-    if (!g_pool.started) return cx_get_num_threads();
+    /* what the next dispatch runs on: after cx_set_num_threads the pool
+     * restarts with the new count, so the running pool's own is stale */
+    int want = cx_get_num_threads();
+    if (want > CX_POOL_MAX) want = CX_POOL_MAX;
+    if (!g_pool.started || g_pool.nthreads != want) return want;
     return g_pool.nthreads;
 }
 

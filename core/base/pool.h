@@ -11,6 +11,8 @@ typedef void (*cx_range_fn)(void *ctx, int64_t begin, int64_t end);
 /* Runs fn over [0, n) split into at most num_threads chunks of at least
  * `grain` iterations each. */
 void cx_pool_parallel_for(int64_t n, int64_t grain, cx_range_fn fn, void *ctx);
+/* The number of threads the next dispatch runs on (cx_pool_run_each may
+ * still start fewer when the system refuses a thread). */
 int cx_pool_threads(void);
 /* Runs fn(ctx, t, nthreads) once on each of the pool's threads (t = 0 is
  * the caller). */

@@ -6,8 +6,10 @@
  *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]); A is read in
  *    place where its rows hold the pairs (else packed into MR-row panels
  *    of pairs); a 12x32 micro-kernel keeps its tile in 24 registers.
- *  - otherwise: the blocks are widened to f32 and multiplied by OpenBLAS,
- *    so memory and the arena hold bf16 while the arithmetic is f32's. */
+ *  - otherwise: the blocks are widened to f32 and multiplied by the
+ *    library cx_sgemm would pick for the whole product (oneDNN from about a
+ *    million multiply-adds, else OpenBLAS), so memory and the arena hold
+ *    bf16 while the arithmetic is f32's. */
 #include "kernels.h"
 #include "pool.h"
 #include "cx_assert.h"
@@ -86,6 +88,7 @@ typedef struct {
     int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
     bgemm_dims d;
     bool ta, tb, hw;
+    bool dnnl;            /* the f32 route's library, chosen on the whole product as cx_sgemm does */
     char *scratch;
     size_t per;
 } bgemm_job;
@@ -129,7 +132,7 @@ static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk,
 {
     widen_b(bblk, j, b, k0, kb, j0, nb);
     widen_a(ablk, j, a, i0, mt, k0, kb);
-    cx_sgemm_serial(false, false, mt, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile, j->d.nc);
+    cx_sgemm_serial_on(j->dnnl, false, false, mt, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile, j->d.nc);
 }
 
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
@@ -306,12 +309,14 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
 
 static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
 {
-    (void)nthreads;
     const bgemm_job *j = ctx;
-    if (tid >= j->nthr) return;
+    /* the tasks are dealt over the threads that run, which may be fewer
+     * than the scratch was planned for (a pool that could not start one) */
+    const int64_t lanes = min64(j->nthr, nthreads);
+    if (tid >= lanes) return;
     char *ws = (char *)(((uintptr_t)j->scratch + (size_t)tid * j->per + 63) & ~(uintptr_t)63);
     int64_t total = j->batch * j->mt * j->nt;
-    for (int64_t t = tid; t < total; t += j->nthr) run_task(j, ws, t);
+    for (int64_t t = tid; t < total; t += lanes) run_task(j, ws, t);
 }
 
 static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
@@ -337,6 +342,7 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const
 #ifdef CX_HAVE_BF16_KERNEL
     j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
 #endif
+    j.dnnl = cx_sgemm_prefers_dnnl(m, n, k);
     j.d = dims_of(m, n, k, j.hw);
     if (scratch_bytes < per_thread_bytes(&j.d)) j.d = dims_of(m, n, k, true);
     j.per = per_thread_bytes(&j.d);

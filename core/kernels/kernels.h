@@ -191,6 +191,14 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
  * their own tasks over the pool. */
 void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Whether cx_sgemm runs a whole (m, n, k) product on oneDNN: decided on the
+ * whole product, so the library does not depend on how it is split. */
+bool cx_sgemm_prefers_dnnl(int64_t m, int64_t n, int64_t k);
+/* cx_sgemm_serial on oneDNN (dnnl, falling back to OpenBLAS when oneDNN
+ * refuses the call) or OpenBLAS: for kernels that split a product into
+ * parts of their own and chose the library for the whole of it. */
+void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* Batched matmul: for each b in [0, batch): C_b (M, N) = op(A_b) op(B_b),
  * A_b at a + b*stride_a (stride 0 = broadcast), row-major with leading

@@ -61,6 +61,18 @@ void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                 (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+bool cx_sgemm_prefers_dnnl(int64_t m, int64_t n, int64_t k)
+{
+    return m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
+}
+
+void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (dnnl && dnnl_serial(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc)) return;
+    cx_sgemm_serial(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
 static void sgemm_part(void *p, int64_t lo, int64_t hi)
 {
     const sgemm_job *j = p;
@@ -69,8 +81,7 @@ static void sgemm_part(void *p, int64_t lo, int64_t hi)
          * depend on the row range (tests/unit/test_kernels.c) */
         const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
         float *c = j->c + lo * j->ldc;
-        if (j->dnnl && dnnl_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc)) return;
-        cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc);
+        cx_sgemm_serial_on(j->dnnl, j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc);
     } else {
         /* columns [lo, hi) of C and of op(B) */
         const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
@@ -85,7 +96,7 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
     /* a product oneDNN wins splits by rows whenever it has rows enough for
      * the parts (a GPT's MLP weight gradient, 256 x 1024); the rule reads
      * the shape alone, so the library does not depend on the thread count */
-    bool dnnl = m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
+    bool dnnl = cx_sgemm_prefers_dnnl(m, n, k);
     sgemm_job j = { trans_a, trans_b, m >= n || dnnl, dnnl, m, n, k, lda, ldb, ldc, a, b, c, beta };
     /* parts of at least ~2 MFLOP and 16 rows/columns: smaller ones do not pay for a fork */
     int64_t len = j.split_m ? m : n, other = j.split_m ? n : m;

@@ -158,6 +158,42 @@ Test(bf16_gemm, scratch_planned_for_either_route)
         for (int route = 0; route < 2; route++) check_case_route(&cases[i], route);
 }
 
+/* the bits depend neither on the thread count nor on the library the f32
+ * route hands its widened blocks to (oneDNN for these shapes): two column
+ * blocks and two K blocks, rows split 1 and 3 ways */
+Test(bf16_gemm, thread_count_free)
+{
+    rng_state = 0x9e3779b97f4a7c15ull;
+    static const mm_case cases[] = {
+        { 1, 1030, 1100, 600, false, false, false, false },
+        { 1, 300, 1100, 520, true, true, false, false },
+    };
+    const int saved = cx_get_num_threads();
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const mm_case *c = &cases[i];
+        size_t nc = (size_t)(c->m * c->n);
+        uint16_t *a = bf16_random((size_t)(c->m * c->k)), *b = bf16_random((size_t)(c->k * c->n));
+        uint16_t *out[2] = { malloc(sizeof(uint16_t) * nc), malloc(sizeof(uint16_t) * nc) };
+        cr_assert(out[0] && out[1]);
+        for (int run = 0; run < 2; run++) {
+            cx_set_num_threads(run ? 3 : 1);
+            size_t sb = cx_matmul_bf16_scratch_bytes(1, c->m, c->n, c->k);
+            void *scratch = malloc(sb);
+            cr_assert(scratch);
+            cx_matmul_bf16(out[run], a, b, 1, c->m, c->n, c->k, c->ta, c->tb, c->m * c->k, c->k * c->n, scratch, sb);
+            free(scratch);
+        }
+        size_t diff = 0;
+        while (diff < nc && out[0][diff] == out[1][diff]) diff++;
+        cr_assert(diff == nc, "%s: (%lld, %lld, %lld): 1 vs 3 threads differ first at [%lld][%lld]: %g vs %g",
+                  cx_isa_name(cx_isa_active()), (long long)c->m, (long long)c->n, (long long)c->k,
+                  (long long)(diff / (size_t)c->n), (long long)(diff % (size_t)c->n), cx_bf16_to_f32(out[0][diff]),
+                  cx_bf16_to_f32(out[1][diff]));
+        free(a); free(b); free(out[0]); free(out[1]);
+    }
+    cx_set_num_threads(saved);
+}
+
 Test(bf16_gemm, empty_k_gives_zeros)
 {
     uint16_t c[6] = { 1, 2, 3, 4, 5, 6 }, a[1] = { 0 }, b[1] = { 0 };
