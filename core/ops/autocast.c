@@ -16,6 +16,25 @@ static bool wants_cast(const cx_tensor *t, cx_dtype to, cx_dtype from)
     return cx_dtype_is_float(dt) && dt != to && (from == CX_DTYPE_COUNT || dt == from);
 }
 
+/* A transposed operand (Linear's W^T) is cast before its permute: the cast
+ * then reads its source in order, not across rows, and the op still sees
+ * a permuted view, which the matmul reads as a transposed operand (and
+ * whose gradient it writes in the source's layout), as it does in f32. */
+static cx_tensor *cast_unpermuted(cx_tensor *t, cx_dtype to)
+{
+    const cx_node *n = t->node;
+    if (n->op != OP_PERMUTE || (n->flags & NF_REQUIRES_GRAD) != (n->inputs[0]->flags & NF_REQUIRES_GRAD))
+        return cx_cast(t, to);
+    int perm[CX_MAX_DIMS];
+    for (int i = 0; i < n->ndim; i++) perm[i] = (int)CX_ATTR(n, CX_AT_PERM(i));
+    cx_tensor *base = cx_tensor_of(n->inputs[0]);
+    cx_tensor *cast = cx_cast(base, to);
+    cx_tensor *r = cx_permute(cast, perm);
+    cx_drop(cast);
+    cx_drop(base);
+    return r;
+}
+
 /* Replaces each operand to cast by its cast, the others by an alias, so
  * the caller drops all n alike. @return whether any was cast. */
 static bool cast_operands(cx_tensor **ts, int n, cx_dtype to, cx_dtype from)
@@ -28,7 +47,7 @@ static bool cast_operands(cx_tensor **ts, int n, cx_dtype to, cx_dtype from)
     }
     if (!need) return false;
     for (int i = 0; i < n; i++)
-        if (ts[i]) ts[i] = wants_cast(ts[i], to, from) ? cx_cast(ts[i], to) : cx_alias(ts[i]);
+        if (ts[i]) ts[i] = wants_cast(ts[i], to, from) ? cast_unpermuted(ts[i], to) : cx_alias(ts[i]);
     return true;
 }
 
