@@ -47,15 +47,21 @@ cx_tensor *cx_vjp_pool(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tens
 {
     (void)out; (void)i;
     cx_node *x = in[0]->node;
+    /* the gradient runs in the forward's dtype (f32 or bf16) */
+    const cx_dtype dt = (cx_dtype)n->dtype;
+    cx_tensor *gd = cx_cast(g, dt), *r;
     if (n->op == OP_MAXPOOL) {
-        cx_tensor *ins[2] = { in[0], g };
-        return cx_make_op(OP_MAXPOOL_BWD, CX_F32, x->shape, 4, ins, 2, n->attrs, CX_AT_POOL_COUNT, 0);
+        cx_tensor *ins[2] = { in[0], gd };
+        r = cx_make_op(OP_MAXPOOL_BWD, dt, x->shape, 4, ins, 2, n->attrs, CX_AT_POOL_COUNT, 0);
+    } else {
+        /* dy is the gradient's only input: the input shape rides along */
+        int64_t attrs[CX_AT_POOL_BWD_COUNT];
+        memcpy(attrs, n->attrs, CX_AT_POOL_COUNT * sizeof(int64_t));
+        memcpy(attrs + CX_AT_POOL_SHAPE, x->shape, 4 * sizeof(int64_t));
+        r = cx_make_op(OP_AVGPOOL_BWD, dt, x->shape, 4, &gd, 1, attrs, CX_AT_POOL_BWD_COUNT, 0);
     }
-    /* dy is the gradient's only input: the input shape rides along */
-    int64_t attrs[CX_AT_POOL_BWD_COUNT];
-    memcpy(attrs, n->attrs, CX_AT_POOL_COUNT * sizeof(int64_t));
-    memcpy(attrs + CX_AT_POOL_SHAPE, x->shape, 4 * sizeof(int64_t));
-    return cx_make_op(OP_AVGPOOL_BWD, CX_F32, x->shape, 4, &g, 1, attrs, CX_AT_POOL_BWD_COUNT, 0);
+    cx_drop(gd);
+    return r;
 }
 
 cx_tensor *cx_vjp_gather(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_tensor *g, int i)

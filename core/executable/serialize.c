@@ -239,13 +239,15 @@ static bool attrs_ok(const cx_kernel *k)
     }
 }
 
-/* The dense kernels run in their output's dtype, f32 or bf16, and read
- * every operand in it (the executor picks the kernel by dtype); a bf16
- * matmul needs at least one thread's tiles of scratch. */
+/* The dense kernels and pools run in their output's dtype, f32 or bf16,
+ * and read every operand in it (the executor picks the kernel by dtype); a
+ * bf16 matmul needs at least one thread's tiles of scratch, a bf16 pool one
+ * thread's planes. */
 static bool dense_ok(const cx_executable *e, const cx_kernel *k)
 {
     switch (k->kind) {
     case K_MATMUL: case K_CONV: case K_CONV_BI: case K_CONV_BW: case K_ATTENTION: case K_ATTENTION_BWD: break;
+    case K_MAXPOOL: case K_AVGPOOL: case K_MAXPOOL_BWD: case K_AVGPOOL_BWD: break;
     default: return true;
     }
     if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
@@ -253,6 +255,12 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
         if (k->in[i].dtype != k->out_dtype) return false;
     if (k->out_dtype == CX_F32) return true;
     if (k->scratch_slot >= 0 && k->scratch_bytes > e->slots[k->scratch_slot].bytes) return false;
+    if (k->kind == K_MAXPOOL || k->kind == K_AVGPOOL || k->kind == K_MAXPOOL_BWD || k->kind == K_AVGPOOL_BWD) {
+        cx_pool_geom g;
+        cx_kernel_pool_geom(k, &g);
+        return cx_pool_geom_finish(&g) && k->scratch_slot >= 0 &&
+               (size_t)k->scratch_bytes >= cx_pool2d_bf16_min_scratch_bytes(&g);
+    }
     if (k->kind != K_MATMUL) return k->scratch_slot >= 0 && k->scratch_bytes > 0;
     if (k->nin != 2 || k->in[0].ndim < 2 || k->in[0].ndim != k->in[1].ndim) return false;
     const cx_kin *a = &k->in[0], *b = &k->in[1];

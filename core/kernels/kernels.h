@@ -115,6 +115,22 @@ void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const float *
 /* Average pool, count_include_pad = true (divisor kh*kw always). */
 void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
 void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
+/* bf16 pools: which one cx_pool2d_bf16 runs. */
+enum { CX_POOL_BF16_MAX, CX_POOL_BF16_AVG, CX_POOL_BF16_MAX_BWD, CX_POOL_BF16_AVG_BWD };
+/* The f32 kernel `kind` over g's planes on the calling thread only (for
+ * kernels that deal planes to the pool themselves); max backward reads x
+ * and dy, average backward dy alone. */
+void cx_pool2d_plane_f32(int kind, float *out, const float *x, const float *dy, const cx_pool_geom *g);
+/* Scratch of cx_pool2d_bf16 for g: one plane's f32 copies per thread. */
+size_t cx_pool2d_bf16_scratch_bytes(const cx_pool_geom *g);
+/* One thread's share: what a loaded executable's bf16 pool must have. */
+size_t cx_pool2d_bf16_min_scratch_bytes(const cx_pool_geom *g);
+/* A bf16 pool or its gradient (kind): out is y (N, C, OH, OW) forward, dx
+ * (N, C, H, W) backward; the same bits as widening the operands, the f32
+ * kernel, and rounding its result once. scratch: at least one thread's
+ * share of cx_pool2d_bf16_scratch_bytes (more threads use more). */
+void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const cx_pool_geom *g,
+                    void *scratch, size_t scratch_bytes);
 
 /* Scaled dot-product attention over heads: q (N, T, H, D), k and v
  * (N, S, H, D), each a strided view whose head dim is contiguous (element

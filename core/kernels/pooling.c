@@ -423,6 +423,14 @@ static void run_planes(const cx_pool_geom *g, cx_range_fn fn, float *out, const 
     cx_pool_parallel_for(g->n * g->c, grain > 1 ? grain : 1, fn, &j);
 }
 
+void cx_pool2d_plane_f32(int kind, float *out, const float *x, const float *dy, const cx_pool_geom *g)
+{
+    static const cx_range_fn fns[] = { [CX_POOL_BF16_MAX] = max_fwd_range, [CX_POOL_BF16_AVG] = avg_fwd_range,
+                                       [CX_POOL_BF16_MAX_BWD] = max_bwd_range, [CX_POOL_BF16_AVG_BWD] = avg_bwd_range };
+    pool_job j = { .g = g, .out = out, .x = x, .dy = dy };
+    fns[kind](&j, 0, g->n * g->c);
+}
+
 void cx_max_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g)
 {
     run_planes(g, max_fwd_range, y, x, NULL, NULL);

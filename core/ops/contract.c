@@ -182,10 +182,12 @@ static cx_tensor *pool(cx_op op, const char *name, cx_tensor *x, int kh, int kw,
     int64_t attrs[CX_AT_POOL_COUNT] = { [CX_AT_POOL_KH] = kh, [CX_AT_POOL_KW] = kw, [CX_AT_POOL_SH] = sh,
                                         [CX_AT_POOL_SW] = sw, [CX_AT_POOL_PH] = ph, [CX_AT_POOL_PW] = pw };
     int64_t shape[4] = { g.n, g.c, g.oh, g.ow };
-    cx_tensor *xf = cx_cast(x, CX_F32);
-    cx_tensor *y = cx_make_op(op, CX_F32, shape, 4, &xf, 1, attrs, CX_AT_POOL_COUNT, 0);
+    /* bf16 pools in bf16 (the kernel widens each plane); other floats in f32 */
+    cx_dtype kdt = cx_dtype_of(x) == CX_BF16 ? CX_BF16 : CX_F32;
+    cx_tensor *xf = cx_cast(x, kdt);
+    cx_tensor *y = cx_make_op(op, kdt, shape, 4, &xf, 1, attrs, CX_AT_POOL_COUNT, 0);
     cx_drop(xf);
-    if (cx_dtype_of(x) != CX_F32) { cx_tensor *c = cx_cast(y, cx_dtype_of(x)); cx_drop(y); y = c; }
+    if (cx_dtype_of(x) != kdt) { cx_tensor *c = cx_cast(y, cx_dtype_of(x)); cx_drop(y); y = c; }
     return y;
 }
 

@@ -145,11 +145,28 @@ static bool run_conv_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void
     return true;
 }
 
+/* A bf16 pool or its gradient: likewise no folded mask. */
+static bool run_pool_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
+{
+    int kind = k->kind == K_MAXPOOL ? CX_POOL_BF16_MAX : k->kind == K_AVGPOOL ? CX_POOL_BF16_AVG
+             : k->kind == K_MAXPOOL_BWD ? CX_POOL_BF16_MAX_BWD : k->kind == K_AVGPOOL_BWD ? CX_POOL_BF16_AVG_BWD : -1;
+    if (kind < 0 || k->out_dtype != CX_BF16) return false;
+    CX_ASSERT(k->epi == EPI_PROG);
+    cx_pool_geom g;
+    cx_kernel_pool_geom(k, &g);
+    const void *x = kind == CX_POOL_BF16_AVG_BWD ? NULL : rc->slot_ptr[k->in[0].slot];
+    const void *dy = kind == CX_POOL_BF16_MAX_BWD ? rc->slot_ptr[k->in[1].slot]
+                   : kind == CX_POOL_BF16_AVG_BWD ? rc->slot_ptr[k->in[0].slot] : NULL;
+    cx_pool2d_bf16(kind, out, x, dy, &g, scratch, (size_t)k->scratch_bytes);
+    return true;
+}
+
 cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
 {
     void *out = rc->slot_ptr[k->out_slot];
     void *scratch = k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL;
-    switch (run_conv_bf16(rc, k, out, scratch) ? -1 : (int)k->kind) {
+    bool bf16 = run_conv_bf16(rc, k, out, scratch) || run_pool_bf16(rc, k, out, scratch);
+    switch (bf16 ? -1 : (int)k->kind) {
     case -1: break;
     case K_MATMUL: run_matmul(rc, k); break;
     case K_CONV: {

@@ -461,3 +461,61 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
                              .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
     check_conv(strided);
 }
+
+/* ---- pools ------------------------------------------------------------------------------- */
+
+TestSuite(bf16_pool, .init = expect_requested_isa);
+
+/* out (n values) against the f32 result rounded once */
+static void expect_rounded(const uint16_t *out, const float *ref, size_t n, const char *what, const cx_pool_geom *g)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(out[i], cx_f32_to_bf16(ref[i]), "%s %dx%d stride %d pad %d on %lldx%lld: [%zu] = %g, want %g", what,
+                     g->kh, g->kw, g->sh, g->ph, (long long)g->h, (long long)g->w, i, cx_bf16_to_f32(out[i]),
+                     cx_bf16_to_f32(cx_f32_to_bf16(ref[i])));
+}
+
+/* Every pool and gradient gives the bits of casting around the f32
+ * kernels, which is what the graph computed before the pools took bf16:
+ * 2x2 windows (the vector path), overlapping and padded windows (the
+ * gradient's sums), ties (values from a few levels) */
+Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
+{
+    rng_state = 0x51ed270b27d3a1c5ull;
+    static const int geoms[][5] = { { 2, 2, 2, 2, 0 }, { 3, 3, 2, 2, 1 }, { 3, 3, 1, 1, 1 }, { 2, 3, 1, 2, 0 } };
+    const int64_t sizes[][2] = { { 24, 24 }, { 13, 17 } };
+    for (size_t gi = 0; gi < sizeof geoms / sizeof *geoms; gi++)
+        for (size_t si = 0; si < 2; si++) {
+            cx_pool_geom g = { .n = 3, .c = 5, .h = sizes[si][0], .w = sizes[si][1], .kh = geoms[gi][0],
+                               .kw = geoms[gi][1], .sh = geoms[gi][2], .sw = geoms[gi][3], .ph = geoms[gi][4],
+                               .pw = geoms[gi][4] };
+            cr_assert(cx_pool_geom_finish(&g));
+            size_t nin = (size_t)(g.n * g.c * g.h * g.w), nout = (size_t)(g.n * g.c * g.oh * g.ow);
+            uint16_t *x = malloc(sizeof *x * nin), *dy = bf16_random(nout);
+            cr_assert(x);
+            for (size_t i = 0; i < nin; i++) x[i] = cx_f32_to_bf16((float)(int)(rng_uniform() * 4.0f) * 0.75f);
+            float *xf = widened(x, nin), *dyf = widened(dy, nout);
+            float *ref = malloc(sizeof *ref * nin);
+            uint16_t *out = malloc(sizeof *out * nin);
+            size_t sb = cx_pool2d_bf16_scratch_bytes(&g);
+            void *scratch = malloc(sb);
+            cr_assert(ref && out && scratch);
+            cx_max_pool2d_fwd(ref, xf, &g);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, &g, scratch, sb);
+            expect_rounded(out, ref, nout, "max pool", &g);
+            cx_avg_pool2d_fwd(ref, xf, &g);
+            cx_pool2d_bf16(CX_POOL_BF16_AVG, out, x, NULL, &g, scratch, sb);
+            expect_rounded(out, ref, nout, "avg pool", &g);
+            cx_max_pool2d_bwd(ref, xf, dyf, NULL, &g);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, &g, scratch, sb);
+            expect_rounded(out, ref, nin, "max pool gradient", &g);
+            cx_avg_pool2d_bwd(ref, dyf, &g);
+            cx_pool2d_bf16(CX_POOL_BF16_AVG_BWD, out, NULL, dy, &g, scratch, sb);
+            expect_rounded(out, ref, nin, "avg pool gradient", &g);
+            /* one thread's share of the scratch is enough */
+            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, &g, scratch, cx_pool2d_bf16_min_scratch_bytes(&g));
+            cx_max_pool2d_bwd(ref, xf, dyf, NULL, &g);
+            expect_rounded(out, ref, nin, "max pool gradient on one lane", &g);
+            free(x); free(dy); free(xf); free(dyf); free(ref); free(out); free(scratch);
+        }
+}
