@@ -43,38 +43,58 @@ static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k, bool hw)
     return d;
 }
 
-/* f32 tile, B block and A block, each 64-byte aligned */
-static size_t per_thread_bytes(const bgemm_dims *d)
+/* f32 tile, B block and A block, each 64-byte aligned. The AVX512_BF16
+ * route packs B as bf16 pairs and A at most MC rows at a time; the f32
+ * route widens B and all the task's rows of A at once (one sgemm call per
+ * K block: OpenBLAS packs its B panel once per call). */
+static size_t per_thread_bytes(const bgemm_dims *d, bool hw)
 {
-    /* the f32 route widens all the task's rows of A at once (one sgemm call
-     * per K block: OpenBLAS packs its B panel once per call) */
-    size_t tile = (size_t)(d->mch * d->nc) * 4, bblk = (size_t)(d->kc * d->nc) * 4;
-    size_t ablk = (size_t)((d->mch > MC ? d->mch : MC) * d->kc) * 4;
-    return round_up((int64_t)tile, 64) + round_up((int64_t)bblk, 64) + round_up((int64_t)ablk, 64) + 64;
+    int64_t tile = d->mch * d->nc * 4, bblk = d->kc * d->nc * (hw ? 2 : 4);
+    int64_t ablk = hw ? min64(MC, d->mch) * d->kc * 2 : d->mch * d->kc * 4;
+    return (size_t)(round_up(tile, 64) + round_up(bblk, 64) + round_up(ablk, 64) + 64);
+}
+
+/* The f32 route in a scratch planned for the AVX512_BF16 route's tiles
+ * (the persistent cache shares executables between processes with another
+ * CX_CPU_ISA): those column and K blocks, as many rows as fit. */
+static bgemm_dims fit_f32(int64_t m, int64_t n, int64_t k, size_t budget)
+{
+    bgemm_dims d = dims_of(m, n, k, true);
+    while (d.mch > MR && per_thread_bytes(&d, false) > budget) d.mch -= MR;
+    return d;
+}
+
+/* One thread's share of a plan for the AVX512_BF16 route: its tiles, and
+ * room for the f32 route's at MR rows, so either route runs in it. */
+static size_t hw_plan_bytes(int64_t m, int64_t n, int64_t k)
+{
+    bgemm_dims d = dims_of(m, n, k, true), rows = d;
+    rows.mch = MR;
+    size_t hw = per_thread_bytes(&d, true), f32 = per_thread_bytes(&rows, false);
+    return hw > f32 ? hw : f32;
 }
 
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
     /* the route this process runs (the f32 route's tasks are larger); an
      * executable planned under another CX_CPU_ISA (the persistent cache)
-     * runs in the AVX512_BF16 route's tiles, the smallest */
+     * runs in the AVX512_BF16 route's blocks, the smallest */
     return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
 }
 
 size_t cx_matmul_bf16_min_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
-    /* the smaller route's tiles for one thread, M folded or not */
-    bgemm_dims d = dims_of(m * batch, n, k, true);
-    return per_thread_bytes(&d);
+    /* the smaller route's plan for one thread, M folded or not */
+    return hw_plan_bytes(m * batch, n, k);
 }
 
 size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route)
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
     /* cx_matmul_bf16 may fold the batch into M: size for both */
-    bgemm_dims d = dims_of(m * batch, n, k, bf16_route);
-    size_t per = per_thread_bytes(&d);
+    bgemm_dims d = dims_of(m * batch, n, k, false);
+    size_t per = bf16_route ? hw_plan_bytes(m * batch, n, k) : per_thread_bytes(&d, false);
     /* the most tasks there can be: row chunks are never below MR rows */
     int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR);
     return per * (size_t)min64(cx_pool_threads(), tasks);
@@ -292,7 +312,7 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     /* the tile's rows are padded to MR so the micro-kernel's last panel fits */
     float *tile = (float *)ws;
     char *bblk = ws + round_up(j->d.mch * j->d.nc * 4, 64);
-    char *ablk = bblk + round_up(j->d.kc * j->d.nc * 4, 64);
+    char *ablk = bblk + round_up(j->d.kc * j->d.nc * (j->hw ? 2 : 4), 64);
     for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
         int64_t kb = min64(j->d.kc, j->k - k0);
 #ifdef CX_HAVE_BF16_KERNEL
@@ -344,8 +364,8 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const
 #endif
     j.dnnl = cx_sgemm_prefers_dnnl(m, n, k);
     j.d = dims_of(m, n, k, j.hw);
-    if (scratch_bytes < per_thread_bytes(&j.d)) j.d = dims_of(m, n, k, true);
-    j.per = per_thread_bytes(&j.d);
+    if (!j.hw && scratch_bytes < per_thread_bytes(&j.d, false)) j.d = fit_f32(m, n, k, scratch_bytes);
+    j.per = per_thread_bytes(&j.d, j.hw);
     j.nt = (n + j.d.nc - 1) / j.d.nc;
     int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
     CX_ASSERT(thr >= 1);
