@@ -50,8 +50,9 @@ static bool copy_program(cx_program *dst, const cx_program *src)
         *dst = (cx_program){ 0 };
         return false;
     }
-    memcpy(dst->ins, src->ins, sizeof *dst->ins * (size_t)src->n);
-    memcpy(dst->views, src->views, sizeof *dst->views * (size_t)src->nviews);
+    /* a program without views (constants, iotas) has no array to copy */
+    if (src->n) memcpy(dst->ins, src->ins, sizeof *dst->ins * (size_t)src->n);
+    if (src->nviews) memcpy(dst->views, src->views, sizeof *dst->views * (size_t)src->nviews);
     dst->cap = src->n;
     dst->vcap = src->nviews;
     return true;
