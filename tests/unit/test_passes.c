@@ -453,6 +453,18 @@ Test(passes, a_value_of_the_inputs_alone_is_computed_again_for_a_late_reader)
     cr_assert_eq(e->nkernels, 4, "a reader soon after keeps the buffer: a copy would cost a pass for nothing");
     cx_executable_free(e);
 
+    /* a constant (a program of no loads and no views) is made again too */
+    e = late_reader(4);
+    cx_kernel *fill = &e->kernels[0];
+    free(fill->prog.views);
+    fill->prog.views = NULL;
+    fill->prog.nviews = fill->prog.vcap = 0;
+    fill->prog.ins[0] = (cx_pinstr){ .kind = P_CONST, .dtype = CX_F32, .f = 1.0 };
+    cr_assert(cx_pass_recompute_input_values(e));
+    cr_assert_eq(e->nkernels, 8);
+    cr_assert_eq(e->kernels[6].prog.ins[0].kind, P_CONST);
+    cx_executable_free(e);
+
     /* the input is the donor of an output written before the late reader:
      * a copy there would read the new value */
     e = late_reader(4);
