@@ -412,6 +412,7 @@ Test(passes, prefetch_moves_each_gather_one_unit_ahead)
 static cx_executable *late_reader(int between)
 {
     cx_executable *e = exec_new(0, 0);
+    e->n_inputs = 1;
     cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
     cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
     cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
