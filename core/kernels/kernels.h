@@ -148,6 +148,16 @@ size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g);
  * forward's output o and its gradient dout (strided like q). Overwrites. */
 void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o, const float *dout,
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+/* The routes (attention.c) by name, for tests: rows (a query block
+ * against all its keys at once, s up to 1024, row strides >= d) or tiled
+ * (an online softmax over key tiles, any geometry). The functions above
+ * take rows wherever it fits; asked for rows where it does not fit, or
+ * given a scratch planned for tiled only, these run tiled too. */
+size_t cx_attention_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool tiled);
+void cx_attention_route_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
+                            void *scratch, size_t scratch_bytes, bool tiled);
+void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o,
+                            const float *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes, bool tiled);
 
 /* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
  * (attention_bf16.c). Two routes: with AVX512_BF16 the score and value
