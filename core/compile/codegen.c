@@ -85,6 +85,7 @@ typedef enum {
     LAYOUT_CONTIGUOUS,   /* the input's own row-major layout */
     LAYOUT_MATMUL,       /* also transposed or batch-broadcast rows */
     LAYOUT_STRIDED,      /* any affine view whose last dim is contiguous (attention) */
+    LAYOUT_SHIFTED,      /* the own row-major layout at an offset (a concat's part sliced out of a packed buffer) */
 } layout;
 
 /* Any unmasked view with non-negative strides whose innermost dim is
@@ -97,6 +98,18 @@ static bool strided_layout(const cx_gnode *xn, const cx_view *v, cx_kin *out)
     for (int d = 0; d < nd; d++) if (v->strides[d] < 0) return false;
     out->view = *v;
     out->view.strides[nd - 1] = 1;
+    out->offset = v->offset;
+    return true;
+}
+
+/* The input's own row-major layout, starting `offset` elements into the
+ * buffer (unmasked): one run of memory. */
+static bool shifted_layout(const cx_gnode *xn, const cx_view *v, const int64_t *S, cx_kin *out)
+{
+    if (v->masked || v->offset < 0) return false;
+    for (int d = 0; d < xn->ndim; d++) if (xn->shape[d] > 1 && v->strides[d] != S[d]) return false;
+    out->view = *v;
+    memcpy(out->view.strides, S, sizeof(int64_t) * (size_t)xn->ndim);
     out->offset = v->offset;
     return true;
 }
@@ -124,6 +137,7 @@ static bool resolve_input(const cgctx *c, int x, layout lay, cx_kin *out)
         return true;
     }
     if (lay == LAYOUT_STRIDED) return strided_layout(xn, &v, out);
+    if (lay == LAYOUT_SHIFTED) return shifted_layout(xn, &v, S, out);
     return lay == LAYOUT_MATMUL && matmul_layout(xn, &v, out);
 }
 
@@ -227,7 +241,7 @@ static bool lower_concat(cgctx *c, int i)
         k->attrs[CX_AT_AXIS] = ax;
         k->attrs[CX_AT_CONCAT_OFFSET] = off;
         k->nin = 1;
-        if (!resolve_input(c, n->inputs[j], LAYOUT_CONTIGUOUS, &k->in[0])) { c->fail_node = n->inputs[j]; return false; }
+        if (!resolve_input(c, n->inputs[j], LAYOUT_SHIFTED, &k->in[0])) { c->fail_node = n->inputs[j]; return false; }
         off += c->g->nodes[n->inputs[j]].shape[ax];
     }
     return true;
