@@ -233,17 +233,27 @@ CX_HOT static void rows_dscores(float *dp, const float *p, const float *delta, i
 
 typedef struct {
     const float *q, *k, *v, *o, *dout;   /* the head's first rows */
-    float *dq, *dk, *dv;                 /* the head's first rows in the packed gradient, zeroed */
+    float *dq, *dk, *dv;                 /* the head's first rows in the packed gradient */
 } rows_head;
+
+/* rows of a head's (rows, d) slice of an (.., h, d) tensor to 0: each task
+ * zeroes what it accumulates into, in parallel, rather than the caller
+ * the whole packed gradient on one thread */
+static void zero_rows(float *x, int64_t rows, int64_t ld, int64_t d)
+{
+    for (int64_t r = 0; r < rows; r++) memset(x + r * ld, 0, sizeof *x * (size_t)d);
+}
 
 /* per query block: dV += P^T dO, dP = dO V^T, dQ = dS K, dK += dS^T Q */
 static void rows_bwd_head(const cx_attn_geom *g, float *lane, const rows_head *x)
 {
     const int64_t d = g->d, od = g->h * d, ld = rows_ld(g);
     float *p = lane, *dp = p + round_up(RB * ld), *delta = dp + round_up(RB * ld);
+    zero_rows(x->dk, g->s, od, d);
+    zero_rows(x->dv, g->s, od, d);
     for (int64_t q0 = 0; q0 < g->t; q0 += rows_block(g)) {
         const int64_t rows = min64(rows_block(g), g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
-        if (kend == 0) continue;   /* dq stays 0 */
+        if (kend == 0) { zero_rows(x->dq + q0 * od, rows, od, d); continue; }
         const float *q = x->q + q0 * g->q_strides[1], *dout = x->dout + q0 * g->do_strides[1];
         rows_probs(g, p, q, x->k, q0, rows, kend);
         rows_delta(g, delta, dout, x->o + q0 * g->o_strides[1], rows);
@@ -486,9 +496,11 @@ size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g) { return cx_attenti
 void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o,
                             const float *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes, bool tiled)
 {
-    const int64_t total = g->n * g->h * g->d * (g->t + 2 * g->s);
-    memset(dqkv, 0, sizeof *dqkv * (size_t)total);
-    if (g->n * g->h == 0 || g->t == 0 || g->s == 0) return;
+    /* both routes write every element of a head's dq, dk and dv */
+    if (g->n * g->h == 0 || g->t == 0 || g->s == 0) {
+        memset(dqkv, 0, sizeof *dqkv * (size_t)(g->n * g->h * g->d * (g->t + 2 * g->s)));
+        return;
+    }
     const bool rows = take_rows(g, true, tiled, scratch_bytes);
     attn_job j = { .g = g, .lane_floats = lane_floats_of(g, true, !rows), .out = dqkv, .q = q, .k = k, .v = v,
                    .o = o, .dout = dout, .backward = true, .rows = rows };
