@@ -116,6 +116,25 @@ CX_HOT static void fwd_head(const cx_attn_geom *g, const fwd_lane *L, float *out
     }
 }
 
+/* Where head (n, h)'s gradients start in dqkv, and their row stride:
+ * packed (dq (n, t, h, d), then dk and dv (n, s, h, d)) or interleaved
+ * ((n, t, 3, h, d), t == s: the gradient of one q|k|v projection). */
+typedef struct {
+    float *dq, *dk, *dv;
+    int64_t ld;
+} grad_head;
+
+static grad_head grads_of(const cx_attn_geom *g, float *dqkv, int64_t n, int64_t h)
+{
+    const int64_t hd = g->h * g->d;
+    if (g->interleaved) {
+        float *row0 = dqkv + n * g->t * 3 * hd + h * g->d;
+        return (grad_head){ row0, row0 + hd, row0 + 2 * hd, 3 * hd };
+    }
+    float *dk = dqkv + g->n * g->t * hd, *dv = dk + g->n * g->s * hd;
+    return (grad_head){ dqkv + n * g->t * hd + h * g->d, dk + n * g->s * hd + h * g->d, dv + n * g->s * hd + h * g->d, hd };
+}
+
 /* ---- the rows route ---------------------------------------------------------------------- */
 
 static int64_t rows_ld(const cx_attn_geom *g) { return round_up(g->s); }
@@ -233,7 +252,7 @@ CX_HOT static void rows_dscores(float *dp, const float *p, const float *delta, i
 
 typedef struct {
     const float *q, *k, *v, *o, *dout;   /* the head's first rows */
-    float *dq, *dk, *dv;                 /* the head's first rows in the packed gradient */
+    grad_head grad;
 } rows_head;
 
 /* rows of a head's (rows, d) slice of an (.., h, d) tensor to 0: each task
@@ -247,21 +266,22 @@ static void zero_rows(float *x, int64_t rows, int64_t ld, int64_t d)
 /* per query block: dV += P^T dO, dP = dO V^T, dQ = dS K, dK += dS^T Q */
 static void rows_bwd_head(const cx_attn_geom *g, float *lane, const rows_head *x)
 {
-    const int64_t d = g->d, od = g->h * d, ld = rows_ld(g);
+    const int64_t d = g->d, gl = x->grad.ld, ld = rows_ld(g);
     float *p = lane, *dp = p + round_up(RB * ld), *delta = dp + round_up(RB * ld);
-    zero_rows(x->dk, g->s, od, d);
-    zero_rows(x->dv, g->s, od, d);
+    float *dq = x->grad.dq, *dk = x->grad.dk, *dv = x->grad.dv;
+    zero_rows(dk, g->s, gl, d);
+    zero_rows(dv, g->s, gl, d);
     for (int64_t q0 = 0; q0 < g->t; q0 += rows_block(g)) {
         const int64_t rows = min64(rows_block(g), g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
-        if (kend == 0) { zero_rows(x->dq + q0 * od, rows, od, d); continue; }
+        if (kend == 0) { zero_rows(dq + q0 * gl, rows, gl, d); continue; }
         const float *q = x->q + q0 * g->q_strides[1], *dout = x->dout + q0 * g->do_strides[1];
         rows_probs(g, p, q, x->k, q0, rows, kend);
         rows_delta(g, delta, dout, x->o + q0 * g->o_strides[1], rows);
-        cx_sgemm_serial(true, false, kend, d, rows, p, ld, dout, g->do_strides[1], 1.0f, x->dv, od);
+        cx_sgemm_serial(true, false, kend, d, rows, p, ld, dout, g->do_strides[1], 1.0f, dv, gl);
         cx_sgemm_serial(false, true, rows, kend, d, dout, g->do_strides[1], x->v, g->v_strides[1], 0.0f, dp, ld);
         rows_dscores(dp, p, delta, rows, kend, ld, g->scale);
-        cx_sgemm_serial(false, false, rows, d, kend, dp, ld, x->k, g->k_strides[1], 0.0f, x->dq + q0 * od, od);
-        cx_sgemm_serial(true, false, kend, d, rows, dp, ld, q, g->q_strides[1], 1.0f, x->dk, od);
+        cx_sgemm_serial(false, false, rows, d, kend, dp, ld, x->k, g->k_strides[1], 0.0f, dq + q0 * gl, gl);
+        cx_sgemm_serial(true, false, kend, d, rows, dp, ld, q, g->q_strides[1], 1.0f, dk, gl);
     }
 }
 
@@ -290,11 +310,9 @@ static void rows_task(const attn_job *j, float *lane, int64_t n, int64_t h)
                       head_of(j->k, g->k_strides, n, h), head_of(j->v, g->v_strides, n, h));
         return;
     }
-    float *dk = j->out + g->n * g->t * od, *dv = dk + g->n * g->s * od;
     rows_head x = { .q = head_of(j->q, g->q_strides, n, h), .k = head_of(j->k, g->k_strides, n, h),
                     .v = head_of(j->v, g->v_strides, n, h), .o = head_of(j->o, g->o_strides, n, h),
-                    .dout = head_of(j->dout, g->do_strides, n, h), .dq = j->out + n * g->t * od + h * d,
-                    .dk = dk + n * g->s * od + h * d, .dv = dv + n * g->s * od + h * d };
+                    .dout = head_of(j->dout, g->do_strides, n, h), .grad = grads_of(g, j->out, n, h) };
     rows_bwd_head(g, lane, &x);
 }
 
@@ -455,7 +473,6 @@ CX_HOT static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_
     cx_sgemm_serial(true, false, cols, d, rows, L->dp, BK, L->q, d, 1.0f, L->dk + k0 * d, d);
 }
 
-/* The packed gradient: dq (n, t, h, d), then dk and dv (n, s, h, d). */
 CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h)
 {
     const cx_attn_geom *g = j->g;
@@ -465,7 +482,7 @@ CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h
     gather_rows(L.v, j->v, g->v_strides, n, 0, g->s, h, d, 1.0f);
     memset(L.dk, 0, sizeof *L.dk * (size_t)(g->s * d));
     memset(L.dv, 0, sizeof *L.dv * (size_t)(g->s * d));
-    float *dq_out = j->out, *dk_out = dq_out + g->n * g->t * g->h * d, *dv_out = dk_out + g->n * g->s * g->h * d;
+    const grad_head out = grads_of(g, j->out, n, h);
     for (int64_t q0 = 0; q0 < g->t; q0 += BQ) {
         const int64_t rows = min64(BQ, g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
         gather_rows(L.q, j->q, g->q_strides, n, q0, rows, h, d, g->scale);
@@ -480,14 +497,14 @@ CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h
         row_lse(g, &L, q0, rows, kend);
         for (int64_t k0 = 0; k0 < kend; k0 += BK) bwd_key_tile(g, &L, q0, rows, k0, min64(BK, kend - k0));
         for (int64_t i = 0; i < rows; i++) {
-            float *dst = dq_out + ((n * g->t + q0 + i) * g->h + h) * d;
+            float *dst = out.dq + (q0 + i) * out.ld;
             for (int64_t e = 0; e < d; e++) dst[e] = L.dq[i * d + e] * g->scale;
         }
     }
     /* dK accumulated dS^T (scale Q): the scale is already in */
     for (int64_t r = 0; r < g->s; r++) {
-        memcpy(dk_out + ((n * g->s + r) * g->h + h) * d, L.dk + r * d, sizeof(float) * (size_t)d);
-        memcpy(dv_out + ((n * g->s + r) * g->h + h) * d, L.dv + r * d, sizeof(float) * (size_t)d);
+        memcpy(out.dk + r * out.ld, L.dk + r * d, sizeof(float) * (size_t)d);
+        memcpy(out.dv + r * out.ld, L.dv + r * d, sizeof(float) * (size_t)d);
     }
 }
 

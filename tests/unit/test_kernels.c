@@ -980,6 +980,27 @@ static void run_attn_route(attn_bufs *b, const cx_attn_geom *g, const float *o_r
     check_guards(b->dqkv, b->ng, "attention dqkv");
 }
 
+/* The interleaved backward writes the same bits as the packed one b holds,
+ * each row's dq, dk, dv side by side */
+static void check_interleaved(const attn_bufs *b, const cx_attn_geom *g, const float *o_in, bool tiled, size_t bwd_bytes)
+{
+    cx_attn_geom gi = *g;
+    gi.interleaved = true;
+    attn_bufs x = *b;
+    x.dqkv = guarded(b->ng);
+    unsigned char *sb = scratch_alloc(bwd_bytes);
+    fill_nan(x.dqkv, x.ng);
+    const int64_t hd = g->h * g->d, rows = g->n * g->t;
+    cx_attention_route_bwd(x.dqkv, b->qkv, b->qkv + hd, b->qkv + 2 * hd, o_in, b->dout, &gi, sb, bwd_bytes, tiled);
+    scratch_check_free(sb, bwd_bytes);
+    check_guards(x.dqkv, x.ng, "interleaved dqkv");
+    for (int64_t r = 0; r < rows; r++)
+        for (int part = 0; part < 3; part++)
+            cr_assert(memcmp(x.dqkv + (r * 3 + part) * hd, b->dqkv + (part * rows + r) * hd, sizeof(float) * (size_t)hd) == 0,
+                      "%s interleaved: row %lld part %d differs from the packed", tiled ? "tiled" : "rows", (long long)r, part);
+    guarded_free(x.dqkv);
+}
+
 static void run_attention_case(const attn_shape *a)
 {
     const cx_attn_geom g = attn_geom_of(a);
@@ -999,6 +1020,7 @@ static void run_attention_case(const attn_shape *a)
         run_attn_route(&b, &g, o_in, tiled, fb, bb);
         check_attn(b.o, o_ref, b.no, tiled ? "tiled out" : "rows out", a);
         check_attn(b.dqkv, g_ref, b.ng, tiled ? "tiled dqkv" : "rows dqkv", a);
+        if (a->t == a->s) check_interleaved(&b, &g, o_in, tiled, bb);
     }
     free(o_ref);
     free(g_ref);
