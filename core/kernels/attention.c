@@ -1,12 +1,13 @@
 /* Scaled dot-product attention on a CPU, per (batch, head) task, the
  * (T, S) score matrix never in memory at once. Two routes:
  *
- * rows: a block of query rows (RB, or RB_CAUSAL) against all the keys it may see at once,
- * (rows, visible) scores in the lane's scratch: one plain softmax per row
- * (no running max), the GEMMs read q, k, v, dout in place (their strided
- * rows are BLAS leading dimensions) and write out, dq, dk, dv in place.
- * A causal block computes only the keys its last row sees. Up to
- * ROWS_MAX_S keys, where the block's scores and their gradient stay in L2.
+ * rows: a block of query rows (RB, or RB_CAUSAL) against all the keys it
+ * may see at once, (rows, visible) scores in the lane's scratch: one plain
+ * softmax per row (no running max); the GEMMs read q, k, v, dout in place
+ * (their strided rows are BLAS leading dimensions) and write out, dq, dk,
+ * dv in place (the gradients packed or interleaved, kernels.h). A causal
+ * block computes only the keys its last row sees. Up to ROWS_MAX_S keys,
+ * where the block's scores and their gradient stay in L2.
  *
  * tiled: (BQ, BK) tiles with an online softmax (running max and sum per
  * row), gathered copies of the head: any S, any strides. Its backward
