@@ -49,8 +49,10 @@ enum {
     CX_AT_COLL_CONCAT_AXIS = CX_AT_COLL_AXIS2,
     CX_AT_COLL_ROOT = CX_AT_COLL_AXIS2,
 };
-/* OP_ATTENTION, OP_ATTENTION_BWD (fval: the score scale) */
-enum { CX_AT_ATTN_CAUSAL = 0, CX_AT_ATTN_COUNT };
+/* OP_ATTENTION, OP_ATTENTION_BWD (fval: the score scale); a backward
+ * kernel's own, after the op's: CX_AT_ATTN_INTERLEAVED, its gradients
+ * written as (N, T, 3, H, D) (codegen sets it, compile/codegen.c) */
+enum { CX_AT_ATTN_CAUSAL = 0, CX_AT_ATTN_COUNT, CX_AT_ATTN_INTERLEAVED = CX_AT_ATTN_COUNT };
 /* OP_LAYER_NORM, OP_LAYER_NORM_BWD: none (fval: eps) */
 /* OP_PERMUTE: output dim d reads input dim CX_ATTR(n, CX_AT_PERM(d)) */
 #define CX_AT_PERM(d) (d)

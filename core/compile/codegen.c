@@ -85,6 +85,7 @@ typedef enum {
     LAYOUT_CONTIGUOUS,   /* the input's own row-major layout */
     LAYOUT_MATMUL,       /* also transposed or batch-broadcast rows */
     LAYOUT_STRIDED,      /* any affine view whose last dim is contiguous (attention) */
+    LAYOUT_SHIFTED,      /* the own row-major layout at an offset (a concat's part sliced out of a packed buffer) */
 } layout;
 
 /* Any unmasked view with non-negative strides whose innermost dim is
@@ -97,6 +98,18 @@ static bool strided_layout(const cx_gnode *xn, const cx_view *v, cx_kin *out)
     for (int d = 0; d < nd; d++) if (v->strides[d] < 0) return false;
     out->view = *v;
     out->view.strides[nd - 1] = 1;
+    out->offset = v->offset;
+    return true;
+}
+
+/* The input's own row-major layout, starting `offset` elements into the
+ * buffer (unmasked): one run of memory. */
+static bool shifted_layout(const cx_gnode *xn, const cx_view *v, const int64_t *S, cx_kin *out)
+{
+    if (v->masked || v->offset < 0) return false;
+    for (int d = 0; d < xn->ndim; d++) if (xn->shape[d] > 1 && v->strides[d] != S[d]) return false;
+    out->view = *v;
+    memcpy(out->view.strides, S, sizeof(int64_t) * (size_t)xn->ndim);
     out->offset = v->offset;
     return true;
 }
@@ -124,6 +137,7 @@ static bool resolve_input(const cgctx *c, int x, layout lay, cx_kin *out)
         return true;
     }
     if (lay == LAYOUT_STRIDED) return strided_layout(xn, &v, out);
+    if (lay == LAYOUT_SHIFTED) return shifted_layout(xn, &v, S, out);
     return lay == LAYOUT_MATMUL && matmul_layout(xn, &v, out);
 }
 
@@ -220,10 +234,61 @@ static cx_kernel *root_kernel(cgctx *c, int i, cx_kkind kind)
     return k;
 }
 
+/* readers of node x in the graph (an output counts as one more) */
+static int readers(const cx_graph *g, int x)
+{
+    int r = 0;
+    for (int j = 0; j < g->n; j++)
+        for (int a = 0; a < g->nodes[j].ninputs; a++) r += g->nodes[j].inputs[a] == x;
+    for (int o = 0; o < g->n_outputs; o++) r += g->outputs[o] == x;
+    return r;
+}
+
+/* Whether concat i's parts are views read by nothing else down to one node
+ * that only these parts read. */
+static bool parts_read_alone(const cgctx *c, int i, int packed)
+{
+    const cx_gnode *n = &c->g->nodes[i];
+    for (int j = 0; j < n->ninputs; j++)
+        for (int x = n->inputs[j]; x != packed; x = c->g->nodes[x].inputs[0])
+            if (c->root[x] || c->g->nodes[x].ninputs != 1 || readers(c->g, x) != 1) return false;
+    return readers(c->g, packed) == n->ninputs;
+}
+
+/* A concat along the last axis of the three parts of an f32 attention
+ * backward's packed output, in order, each (.., H * D) over as many rows
+ * as the backward has queries and keys, nothing else reading them: the
+ * gradient of q, k and v sliced from one projection. The backward writes
+ * its rows interleaved straight into the concat's buffer, and the concat
+ * is no kernel (it was a copy per part). */
+static bool concat_attention_in_place(cgctx *c, int i)
+{
+    const cx_gnode *n = &c->g->nodes[i];
+    const int nd = n->ndim;
+    if (n->ninputs != 3 || nd < 2 || CX_ATTR(n, CX_AT_AXIS) != nd - 1 || n->dtype != CX_F32) return false;
+    cx_kin part[3];
+    for (int j = 0; j < 3; j++)
+        if (!resolve_input(c, n->inputs[j], LAYOUT_SHIFTED, &part[j]) || part[j].slot != part[0].slot) return false;
+    cx_kernel *k = NULL;
+    for (int q = c->e->nkernels - 1; q >= 0 && !k; q--)
+        if (c->e->kernels[q].out_slot == part[0].slot) k = &c->e->kernels[q];
+    if (!k || k->kind != K_ATTENTION_BWD || k->out_dtype != CX_F32 || k->nattrs != CX_AT_ATTN_COUNT) return false;
+    const int64_t *qs = k->in[0].shape, per = qs[0] * qs[1] * qs[2] * qs[3];
+    if (k->in[1].shape[1] != qs[1] || n->shape[nd - 1] != 3 * qs[2] * qs[3]) return false;
+    for (int j = 0; j < 3; j++)
+        if (part[j].view.offset != j * per || part[j].numel != per || part[j].shape[nd - 1] != qs[2] * qs[3]) return false;
+    if (!parts_read_alone(c, i, k->node)) return false;
+    k->out_slot = c->slot_of[i];
+    k->attrs[CX_AT_ATTN_INTERLEAVED] = 1;
+    k->nattrs = CX_AT_ATTN_INTERLEAVED + 1;
+    return true;
+}
+
 /* concat: one copy kernel per input into its place in the output */
 static bool lower_concat(cgctx *c, int i)
 {
     const cx_gnode *n = &c->g->nodes[i];
+    if (concat_attention_in_place(c, i)) return true;
     int ax = (int)CX_ATTR(n, CX_AT_AXIS);
     int64_t off = 0;
     for (int j = 0; j < n->ninputs; j++) {
@@ -233,7 +298,7 @@ static bool lower_concat(cgctx *c, int i)
         k->attrs[CX_AT_AXIS] = ax;
         k->attrs[CX_AT_CONCAT_OFFSET] = off;
         k->nin = 1;
-        if (!resolve_input(c, n->inputs[j], LAYOUT_CONTIGUOUS, &k->in[0])) { c->fail_node = n->inputs[j]; return false; }
+        if (!resolve_input(c, n->inputs[j], LAYOUT_SHIFTED, &k->in[0])) { c->fail_node = n->inputs[j]; return false; }
         off += c->g->nodes[n->inputs[j]].shape[ax];
     }
     return true;

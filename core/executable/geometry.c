@@ -32,12 +32,14 @@ void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g)
 }
 
 /* Attention: q (N, T, H, D), k and v (N, S, H, D) as strided views; the
- * backward's forward output and its gradient are strided like q. */
+ * backward's forward output and its gradient are strided like q, its
+ * output packed or interleaved. */
 void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g)
 {
     const cx_kin *q = &k->in[0], *kk = &k->in[1];
     *g = (cx_attn_geom){ .n = q->shape[0], .t = q->shape[1], .h = q->shape[2], .d = q->shape[3], .s = kk->shape[1],
-                         .causal = CX_ATTR(k, CX_AT_ATTN_CAUSAL) != 0, .scale = (float)k->fval };
+                         .causal = CX_ATTR(k, CX_AT_ATTN_CAUSAL) != 0, .scale = (float)k->fval,
+                         .interleaved = k->nattrs > CX_AT_ATTN_INTERLEAVED && CX_ATTR(k, CX_AT_ATTN_INTERLEAVED) != 0 };
     int64_t *st[5] = { g->q_strides, g->k_strides, g->v_strides, g->o_strides, g->do_strides };
     for (int i = 0; i < k->nin && i < 5; i++)
         for (int d = 0; d < 3; d++) st[i][d] = k->in[i].view.strides[d];

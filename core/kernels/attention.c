@@ -1,12 +1,21 @@
-/* Scaled dot-product attention, flash style on a CPU: per (batch, head) a
- * task walks query tiles and, for each, the key tiles it may see, keeping a
- * running max and sum per query row (online softmax). The (T, S) score
- * matrix never exists in memory: one (BQ, BK) tile at a time, in cache.
+/* Scaled dot-product attention on a CPU, per (batch, head) task, the
+ * (T, S) score matrix never in memory at once. Two routes:
  *
- * The backward pass recomputes each score tile from the row's log-sum-exp
- * (one extra pass over the keys per query tile) and accumulates dK and dV of
- * the whole head in the task's scratch, so no two tasks write the same
- * element and the result does not depend on the thread count. */
+ * rows: a block of query rows (RB, or RB_CAUSAL) against all the keys it
+ * may see at once, (rows, visible) scores in the lane's scratch: one plain
+ * softmax per row (no running max); the GEMMs read q, k, v, dout in place
+ * (their strided rows are BLAS leading dimensions) and write out, dq, dk,
+ * dv in place (the gradients packed or interleaved, kernels.h). A causal
+ * block computes only the keys its last row sees. Up to ROWS_MAX_S keys,
+ * where the block's scores and their gradient stay in L2.
+ *
+ * tiled: (BQ, BK) tiles with an online softmax (running max and sum per
+ * row), gathered copies of the head: any S, any strides. Its backward
+ * recomputes each row's log-sum-exp in an extra pass over the keys.
+ *
+ * Both backwards accumulate dK and dV of a head in the task alone, so no two
+ * tasks write the same element and the result does not depend on the
+ * thread count. */
 #include "kernels.h"
 #include "pool.h"
 #include "vmath.h"
@@ -17,7 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { BQ = 64, BK = 64, ALIGN_FLOATS = 16 };
+enum { BQ = 64, BK = 64, RB = 64, RB_CAUSAL = 32, ROWS_MAX_S = 1024, LANES = 16, ALIGN_FLOATS = 16 };
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
@@ -108,6 +117,175 @@ CX_HOT static void fwd_head(const cx_attn_geom *g, const fwd_lane *L, float *out
     }
 }
 
+/* Where head (n, h)'s gradients start in dqkv, and their row stride:
+ * packed (dq (n, t, h, d), then dk and dv (n, s, h, d)) or interleaved
+ * ((n, t, 3, h, d), t == s: the gradient of one q|k|v projection). */
+typedef struct {
+    float *dq, *dk, *dv;
+    int64_t ld;
+} grad_head;
+
+static grad_head grads_of(const cx_attn_geom *g, float *dqkv, int64_t n, int64_t h)
+{
+    const int64_t hd = g->h * g->d;
+    if (g->interleaved) {
+        float *row0 = dqkv + n * g->t * 3 * hd + h * g->d;
+        return (grad_head){ row0, row0 + hd, row0 + 2 * hd, 3 * hd };
+    }
+    float *dk = dqkv + g->n * g->t * hd, *dv = dk + g->n * g->s * hd;
+    return (grad_head){ dqkv + n * g->t * hd + h * g->d, dk + n * g->s * hd + h * g->d, dv + n * g->s * hd + h * g->d, hd };
+}
+
+/* ---- the rows route ---------------------------------------------------------------------- */
+
+static int64_t rows_ld(const cx_attn_geom *g) { return round_up(g->s); }
+
+/* query rows per block: a causal block computes the keys its last row
+ * sees, so smaller blocks skip more of the masked triangle (measured on
+ * t = 128 and d 64 or 128: 32 rows beat 64 by 5-10 %; at t = 1024 they
+ * lose 4 %) */
+static int64_t rows_block(const cx_attn_geom *g) { return g->causal ? RB_CAUSAL : RB; }
+
+/* the forward's scores (RB, s); the backward's also their gradient and delta */
+static int64_t rows_lane_floats(const cx_attn_geom *g, bool bwd)
+{
+    const int64_t p = round_up(RB * rows_ld(g));
+    return bwd ? 2 * p + round_up(RB) : p;
+}
+
+/* BLAS reads a head's rows in place when its row stride is a leading
+ * dimension (>= d); a broadcast or overlapping view takes the tiled route */
+static bool rows_fit(const cx_attn_geom *g, bool bwd)
+{
+    bool ok = g->s <= ROWS_MAX_S && g->q_strides[1] >= g->d && g->k_strides[1] >= g->d && g->v_strides[1] >= g->d;
+    return ok && (!bwd || g->do_strides[1] >= g->d);
+}
+
+static float lanes_max(const float *a)
+{
+    float m = a[0];
+    for (int e = 1; e < LANES; e++) m = a[e] > m ? a[e] : m;
+    return m;
+}
+
+static float lanes_sum(const float *a)
+{
+    float s = 0.0f;
+    for (int e = 0; e < LANES; e++) s += a[e];
+    return s;
+}
+
+/* s[0, lim) <- softmax(scale * s) and s[lim, cols) <- 0, a row that sees no
+ * key all 0. Element j in lane j % LANES of the max and the sum, so the
+ * loops vectorize (the compiler keeps a scalar reduction in order); the
+ * last partial vector masked rather than a scalar tail, which a causal
+ * row (lim = i + 1) has every time. s holds round_up(cols) floats. */
+CX_HOT static void softmax_row(float *s, int64_t lim, int64_t cols, float scale)
+{
+    float m[LANES], l[LANES];
+    for (int e = 0; e < LANES; e++) { m[e] = -INFINITY; l[e] = 0.0f; }
+    const int64_t vec = round_up(lim);
+    for (int64_t j = 0; j < vec; j += LANES)
+        for (int e = 0; e < LANES; e++) m[e] = j + e < lim && s[j + e] > m[e] ? s[j + e] : m[e];
+    const float mx = lanes_max(m);
+    for (int64_t j = 0; j < vec; j += LANES)
+        for (int e = 0; e < LANES; e++) {
+            float x = j + e < lim ? cx_vexpf((s[j + e] - mx) * scale) : 0.0f;
+            s[j + e] = x;
+            l[e] += x;
+        }
+    const float sum = lanes_sum(l), inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t j = 0; j < vec; j++) s[j] *= inv;
+    for (int64_t j = vec; j < cols; j++) s[j] = 0.0f;
+}
+
+/* P (rows, kend) = the softmax of the block's scores, ld rows_ld */
+CX_HOT static void rows_probs(const cx_attn_geom *g, float *p, const float *q, const float *k, int64_t q0, int64_t rows,
+                              int64_t kend)
+{
+    const int64_t ld = rows_ld(g);
+    cx_sgemm_serial(false, true, rows, kend, g->d, q, g->q_strides[1], k, g->k_strides[1], 0.0f, p, ld);
+    for (int64_t i = 0; i < rows; i++)
+        softmax_row(p + i * ld, cx_attn_visible_keys(g, q0 + i), kend, g->scale);
+}
+
+/* q, k, v at the head's first row; out at the head's first row of (n, t, h, d) */
+static void rows_fwd_head(const cx_attn_geom *g, float *lane, float *out, const float *q, const float *k, const float *v)
+{
+    const int64_t od = g->h * g->d;
+    for (int64_t q0 = 0; q0 < g->t; q0 += rows_block(g)) {
+        const int64_t rows = min64(rows_block(g), g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
+        float *o = out + q0 * od;
+        if (kend == 0) {
+            for (int64_t i = 0; i < rows; i++) memset(o + i * od, 0, sizeof *o * (size_t)g->d);
+            continue;
+        }
+        rows_probs(g, lane, q + q0 * g->q_strides[1], k, q0, rows, kend);
+        cx_sgemm_serial(false, false, rows, g->d, kend, lane, rows_ld(g), v, g->v_strides[1], 0.0f, o, od);
+    }
+}
+
+/* delta_i = rowsum(dO * O) of the block's rows */
+CX_HOT static void rows_delta(const cx_attn_geom *g, float *delta, const float *dout, const float *o, int64_t rows)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        const float *a = dout + i * g->do_strides[1], *b = o + i * g->o_strides[1];
+        float acc[LANES] = { 0 };
+        int64_t e = 0;
+        for (; e + LANES <= g->d; e += LANES)
+            for (int u = 0; u < LANES; u++) acc[u] += a[e + u] * b[e + u];
+        for (int u = 0; e + u < g->d; u++) acc[u] += a[e + u] * b[e + u];
+        delta[i] = lanes_sum(acc);
+    }
+}
+
+/* dS = scale * P (dP - delta) in place of dP: the scale of the scores
+ * folded in, so dQ and dK need no pass of their own */
+CX_HOT static void rows_dscores(float *dp, const float *p, const float *delta, int64_t rows, int64_t kend, int64_t ld,
+                                float scale)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        float *ds = dp + i * ld;
+        const float *pp = p + i * ld, di = delta[i];
+        for (int64_t j = 0; j < kend; j++) ds[j] = scale * pp[j] * (ds[j] - di);
+    }
+}
+
+typedef struct {
+    const float *q, *k, *v, *o, *dout;   /* the head's first rows */
+    grad_head grad;
+} rows_head;
+
+/* rows of a head's (rows, d) slice of an (.., h, d) tensor to 0: each task
+ * zeroes what it accumulates into, in parallel, rather than the caller
+ * the whole packed gradient on one thread */
+static void zero_rows(float *x, int64_t rows, int64_t ld, int64_t d)
+{
+    for (int64_t r = 0; r < rows; r++) memset(x + r * ld, 0, sizeof *x * (size_t)d);
+}
+
+/* per query block: dV += P^T dO, dP = dO V^T, dQ = dS K, dK += dS^T Q */
+static void rows_bwd_head(const cx_attn_geom *g, float *lane, const rows_head *x)
+{
+    const int64_t d = g->d, gl = x->grad.ld, ld = rows_ld(g);
+    float *p = lane, *dp = p + round_up(RB * ld), *delta = dp + round_up(RB * ld);
+    float *dq = x->grad.dq, *dk = x->grad.dk, *dv = x->grad.dv;
+    zero_rows(dk, g->s, gl, d);
+    zero_rows(dv, g->s, gl, d);
+    for (int64_t q0 = 0; q0 < g->t; q0 += rows_block(g)) {
+        const int64_t rows = min64(rows_block(g), g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
+        if (kend == 0) { zero_rows(dq + q0 * gl, rows, gl, d); continue; }
+        const float *q = x->q + q0 * g->q_strides[1], *dout = x->dout + q0 * g->do_strides[1];
+        rows_probs(g, p, q, x->k, q0, rows, kend);
+        rows_delta(g, delta, dout, x->o + q0 * g->o_strides[1], rows);
+        cx_sgemm_serial(true, false, kend, d, rows, p, ld, dout, g->do_strides[1], 1.0f, dv, gl);
+        cx_sgemm_serial(false, true, rows, kend, d, dout, g->do_strides[1], x->v, g->v_strides[1], 0.0f, dp, ld);
+        rows_dscores(dp, p, delta, rows, kend, ld, g->scale);
+        cx_sgemm_serial(false, false, rows, d, kend, dp, ld, x->k, g->k_strides[1], 0.0f, dq + q0 * gl, gl);
+        cx_sgemm_serial(true, false, kend, d, rows, dp, ld, q, g->q_strides[1], 1.0f, dk, gl);
+    }
+}
+
 /* ---- lanes: one scratch block per participating thread ---------------------------------- */
 
 typedef struct {
@@ -117,10 +295,27 @@ typedef struct {
     atomic_int_fast64_t next;
     float *out;
     const float *q, *k, *v, *o, *dout;
-    bool backward;
+    bool backward, rows;
 } attn_job;
 
 static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h);
+
+static const float *head_of(const float *base, const int64_t *st, int64_t n, int64_t h) { return row_of(base, st, n, 0, h); }
+
+static void rows_task(const attn_job *j, float *lane, int64_t n, int64_t h)
+{
+    const cx_attn_geom *g = j->g;
+    const int64_t d = g->d, od = g->h * d;
+    if (!j->backward) {
+        rows_fwd_head(g, lane, j->out + n * g->t * od + h * d, head_of(j->q, g->q_strides, n, h),
+                      head_of(j->k, g->k_strides, n, h), head_of(j->v, g->v_strides, n, h));
+        return;
+    }
+    rows_head x = { .q = head_of(j->q, g->q_strides, n, h), .k = head_of(j->k, g->k_strides, n, h),
+                    .v = head_of(j->v, g->v_strides, n, h), .o = head_of(j->o, g->o_strides, n, h),
+                    .dout = head_of(j->dout, g->do_strides, n, h), .grad = grads_of(g, j->out, n, h) };
+    rows_bwd_head(g, lane, &x);
+}
 
 static void attn_each(void *p, int64_t tid, int64_t nthreads)
 {
@@ -128,11 +323,12 @@ static void attn_each(void *p, int64_t tid, int64_t nthreads)
     if (tid >= min64(j->lanes, nthreads)) return;
     float *lane = (float *)(void *)(j->scratch + (size_t)tid * (size_t)j->lane_floats * sizeof(float));
     const cx_attn_geom *g = j->g;
-    fwd_lane L = j->backward ? (fwd_lane){ 0 } : fwd_lane_at(g, lane);
+    fwd_lane L = j->backward || j->rows ? (fwd_lane){ 0 } : fwd_lane_at(g, lane);
     for (;;) {
         int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (t >= g->n * g->h) return;
-        if (j->backward) bwd_head(j, lane, t / g->h, t % g->h);
+        if (j->rows) rows_task(j, lane, t / g->h, t % g->h);
+        else if (j->backward) bwd_head(j, lane, t / g->h, t % g->h);
         else fwd_head(g, &L, j->out, j->q, j->k, j->v, t / g->h, t % g->h);
     }
 }
@@ -159,15 +355,44 @@ static void run_lanes(attn_job *j, void *scratch, size_t scratch_bytes)
     cx_pool_run_each(attn_each, j);
 }
 
-size_t cx_attention_scratch_bytes(const cx_attn_geom *g) { return scratch_for(fwd_lane_floats(g), g); }
+static int64_t fwd_lane_floats(const cx_attn_geom *g);
+static int64_t bwd_lane_floats(const cx_attn_geom *g);
+
+static int64_t lane_floats_of(const cx_attn_geom *g, bool bwd, bool tiled)
+{
+    return tiled ? (bwd ? bwd_lane_floats(g) : fwd_lane_floats(g)) : rows_lane_floats(g, bwd);
+}
+
+size_t cx_attention_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool tiled)
+{
+    return scratch_for(lane_floats_of(g, bwd, tiled || !rows_fit(g, bwd)), g);
+}
+
+/* The rows route where it fits and the scratch has room for one of its
+ * lanes: a scratch planned by an older build (a persistent-cache
+ * executable) may be sized for the tiled route only. */
+static bool take_rows(const cx_attn_geom *g, bool bwd, bool tiled, size_t scratch_bytes)
+{
+    return !tiled && rows_fit(g, bwd) && scratch_bytes >= (size_t)rows_lane_floats(g, bwd) * sizeof(float) + 64;
+}
+
+size_t cx_attention_scratch_bytes(const cx_attn_geom *g) { return cx_attention_route_scratch_bytes(g, false, false); }
+
+void cx_attention_route_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
+                            void *scratch, size_t scratch_bytes, bool tiled)
+{
+    if (g->n * g->h * g->t == 0) return;
+    if (g->s == 0) { memset(out, 0, sizeof *out * (size_t)(g->n * g->t * g->h * g->d)); return; }
+    const bool rows = take_rows(g, false, tiled, scratch_bytes);
+    attn_job j = { .g = g, .lane_floats = lane_floats_of(g, false, !rows), .out = out, .q = q, .k = k, .v = v,
+                   .rows = rows };
+    run_lanes(&j, scratch, scratch_bytes);
+}
 
 void cx_attention_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
                       void *scratch, size_t scratch_bytes)
 {
-    if (g->n * g->h * g->t == 0) return;
-    attn_job j = { .g = g, .lane_floats = fwd_lane_floats(g), .out = out, .q = q, .k = k, .v = v };
-    if (g->s == 0) { memset(out, 0, sizeof *out * (size_t)(g->n * g->t * g->h * g->d)); return; }
-    run_lanes(&j, scratch, scratch_bytes);
+    cx_attention_route_fwd(out, q, k, v, g, scratch, scratch_bytes, false);
 }
 
 /* ---- backward ---------------------------------------------------------------------------- */
@@ -249,7 +474,6 @@ CX_HOT static void bwd_key_tile(const cx_attn_geom *g, const bwd_lane *L, int64_
     cx_sgemm_serial(true, false, cols, d, rows, L->dp, BK, L->q, d, 1.0f, L->dk + k0 * d, d);
 }
 
-/* The packed gradient: dq (n, t, h, d), then dk and dv (n, s, h, d). */
 CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h)
 {
     const cx_attn_geom *g = j->g;
@@ -259,7 +483,7 @@ CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h
     gather_rows(L.v, j->v, g->v_strides, n, 0, g->s, h, d, 1.0f);
     memset(L.dk, 0, sizeof *L.dk * (size_t)(g->s * d));
     memset(L.dv, 0, sizeof *L.dv * (size_t)(g->s * d));
-    float *dq_out = j->out, *dk_out = dq_out + g->n * g->t * g->h * d, *dv_out = dk_out + g->n * g->s * g->h * d;
+    const grad_head out = grads_of(g, j->out, n, h);
     for (int64_t q0 = 0; q0 < g->t; q0 += BQ) {
         const int64_t rows = min64(BQ, g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
         gather_rows(L.q, j->q, g->q_strides, n, q0, rows, h, d, g->scale);
@@ -274,26 +498,35 @@ CX_HOT static void bwd_head(const attn_job *j, float *lane, int64_t n, int64_t h
         row_lse(g, &L, q0, rows, kend);
         for (int64_t k0 = 0; k0 < kend; k0 += BK) bwd_key_tile(g, &L, q0, rows, k0, min64(BK, kend - k0));
         for (int64_t i = 0; i < rows; i++) {
-            float *dst = dq_out + ((n * g->t + q0 + i) * g->h + h) * d;
+            float *dst = out.dq + (q0 + i) * out.ld;
             for (int64_t e = 0; e < d; e++) dst[e] = L.dq[i * d + e] * g->scale;
         }
     }
     /* dK accumulated dS^T (scale Q): the scale is already in */
     for (int64_t r = 0; r < g->s; r++) {
-        memcpy(dk_out + ((n * g->s + r) * g->h + h) * d, L.dk + r * d, sizeof(float) * (size_t)d);
-        memcpy(dv_out + ((n * g->s + r) * g->h + h) * d, L.dv + r * d, sizeof(float) * (size_t)d);
+        memcpy(out.dk + r * out.ld, L.dk + r * d, sizeof(float) * (size_t)d);
+        memcpy(out.dv + r * out.ld, L.dv + r * d, sizeof(float) * (size_t)d);
     }
 }
 
-size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g) { return scratch_for(bwd_lane_floats(g), g); }
+size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g) { return cx_attention_route_scratch_bytes(g, true, false); }
+
+void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o,
+                            const float *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes, bool tiled)
+{
+    /* both routes write every element of a head's dq, dk and dv */
+    if (g->n * g->h == 0 || g->t == 0 || g->s == 0) {
+        memset(dqkv, 0, sizeof *dqkv * (size_t)(g->n * g->h * g->d * (g->t + 2 * g->s)));
+        return;
+    }
+    const bool rows = take_rows(g, true, tiled, scratch_bytes);
+    attn_job j = { .g = g, .lane_floats = lane_floats_of(g, true, !rows), .out = dqkv, .q = q, .k = k, .v = v,
+                   .o = o, .dout = dout, .backward = true, .rows = rows };
+    run_lanes(&j, scratch, scratch_bytes);
+}
 
 void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o, const float *dout,
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes)
 {
-    const int64_t total = g->n * g->h * g->d * (g->t + 2 * g->s);
-    memset(dqkv, 0, sizeof *dqkv * (size_t)total);
-    if (g->n * g->h == 0 || g->t == 0 || g->s == 0) return;
-    attn_job j = { .g = g, .lane_floats = bwd_lane_floats(g), .out = dqkv, .q = q, .k = k, .v = v, .o = o,
-                   .dout = dout, .backward = true };
-    run_lanes(&j, scratch, scratch_bytes);
+    cx_attention_route_bwd(dqkv, q, k, v, o, dout, g, scratch, scratch_bytes, false);
 }

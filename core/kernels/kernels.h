@@ -142,6 +142,10 @@ typedef struct {
     int64_t n, t, s, h, d;
     int64_t q_strides[3], k_strides[3], v_strides[3], o_strides[3], do_strides[3];
     bool causal;
+    /* the f32 backward's dqkv as (N, T, 3, H, D), each row's dq, dk, dv
+     * side by side: the gradient of one q|k|v projection, written in
+     * place (t == s only); false: packed, below */
+    bool interleaved;
     float scale;
 } cx_attn_geom;
 
@@ -160,10 +164,21 @@ size_t cx_attention_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
                       void *scratch, size_t scratch_bytes);
 size_t cx_attention_bwd_scratch_bytes(const cx_attn_geom *g);
-/* dqkv: dq (N, T, H, D), then dk and dv (N, S, H, D), contiguous, from the
- * forward's output o and its gradient dout (strided like q). Overwrites. */
+/* dqkv: dq (N, T, H, D), then dk and dv (N, S, H, D), contiguous (or
+ * interleaved, above), from the forward's output o and its gradient dout
+ * (strided like q). Overwrites. */
 void cx_attention_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o, const float *dout,
                       const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+/* The routes (attention.c) by name, for tests: rows (a query block
+ * against all its keys at once, s up to 1024, row strides >= d) or tiled
+ * (an online softmax over key tiles, any geometry). The functions above
+ * take rows wherever it fits; asked for rows where it does not fit, or
+ * given a scratch planned for tiled only, these run tiled too. */
+size_t cx_attention_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool tiled);
+void cx_attention_route_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
+                            void *scratch, size_t scratch_bytes, bool tiled);
+void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o,
+                            const float *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes, bool tiled);
 
 /* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
  * (attention_bf16.c). Two routes: with AVX512_BF16 the score and value

@@ -56,6 +56,9 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
     case K_COLL: cx_sb_printf(b, "comm backend"); break;
     case K_ATTENTION: case K_ATTENTION_BWD: case K_LAYER_NORM: case K_LAYER_NORM_BWD:
         cx_sb_printf(b, "fused kernel");
+        /* the output is the concat of the gradients its readers see */
+        if (k->kind == K_ATTENTION_BWD && k->nattrs > CX_AT_ATTN_INTERLEAVED && k->attrs[CX_AT_ATTN_INTERLEAVED])
+            cx_sb_printf(b, ", dq|dk|dv rows interleaved");
         break;
     default: cx_sb_printf(b, "direct"); break;
     }

@@ -94,6 +94,55 @@ cx_tensor *cx_erf(cx_tensor *a) { return unary(OP_ERF, a); }
 cx_tensor *cx_abs(cx_tensor *a) { return unary(OP_ABS, a); }
 cx_tensor *cx_sign(cx_tensor *a) { return unary(OP_SIGN, a); }
 
+/* The one axis pad node n fills with zeros around its input (no interior
+ * padding, no other axis), the input at [*lo, *lo + *len) of it: -1 when n
+ * pads another way or is no pad. */
+static int zero_pad_axis(const cx_node *n, int64_t *lo, int64_t *len)
+{
+    if (n->op != OP_PAD || n->fval != 0.0) return -1;
+    const int nd = n->ndim;
+    int ax = -1;
+    for (int i = 0; i < nd; i++) {
+        if (CX_ATTR(n, CX_AT_PAD_INTERIOR(nd, i))) return -1;
+        if (!CX_ATTR(n, CX_AT_PAD_LO(nd, i)) && !CX_ATTR(n, CX_AT_PAD_HI(nd, i))) continue;
+        if (ax >= 0) return -1;
+        ax = i;
+    }
+    if (ax < 0) return -1;
+    *lo = CX_ATTR(n, CX_AT_PAD_LO(nd, ax));
+    *len = n->inputs[0]->shape[ax];
+    return ax;
+}
+
+/* a + b where both are zero pads along one axis, of the same shape and
+ * dtype, and the data of one ends where the other's starts: the concat of
+ * the two data, padded. The gradient of slices of one tensor adds up this
+ * way (q, k and v of one projection), and the concat is a copy per part
+ * where the sum read every part over the whole padded shape. NULL when
+ * the operands are not such pads. */
+static cx_tensor *adjacent_pads(cx_tensor *a, cx_tensor *b)
+{
+    int64_t la, na, lb, nb;
+    const int ax = zero_pad_axis(a->node, &la, &na), bx = zero_pad_axis(b->node, &lb, &nb);
+    if (ax < 0 || ax != bx || a->node->dtype != b->node->dtype) return NULL;
+    if (la + na != lb) {
+        if (lb + nb != la) return NULL;
+        cx_tensor *t = a; a = b; b = t;
+        int64_t l = la; la = lb; lb = l;
+    }
+    const cx_node *n = a->node;
+    cx_tensor *parts[2] = { cx_tensor_of(n->inputs[0]), cx_tensor_of(b->node->inputs[0]) };
+    cx_tensor *cat = cx_concat(parts, 2, ax);
+    int64_t lo[CX_MAX_DIMS] = { 0 }, hi[CX_MAX_DIMS] = { 0 };
+    lo[ax] = la;
+    hi[ax] = n->shape[ax] - (lb + b->node->inputs[0]->shape[ax]);
+    cx_tensor *r = cx_pad(cat, lo, hi, 0.0);
+    cx_drop(parts[0]);
+    cx_drop(parts[1]);
+    cx_drop(cat);
+    return r;
+}
+
 static cx_tensor *binary(cx_op op, cx_tensor *a, cx_tensor *b)
 {
     cx_tensor *ins[2] = { a, b };
@@ -121,7 +170,8 @@ static cx_tensor *binary(cx_op op, cx_tensor *a, cx_tensor *b)
         if (ops[1]) cx_drop(ops[1]);
         return cx_alias(x);
     }
-    cx_tensor *r = cx_make_op(op, cmp ? CX_BOOL : dt, shape, nd, use, 2, NULL, 0, 0);
+    cx_tensor *r = op == OP_ADD && !ops[0] && !ops[1] ? adjacent_pads(a, b) : NULL;
+    if (!r) r = cx_make_op(op, cmp ? CX_BOOL : dt, shape, nd, use, 2, NULL, 0, 0);
     if (ops[0]) cx_drop(ops[0]);
     if (ops[1]) cx_drop(ops[1]);
     return r;

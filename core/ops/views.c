@@ -184,6 +184,11 @@ cx_tensor *cx_pad(cx_tensor *a, const int64_t *lo, const int64_t *hi, double val
     return cx_pad_interior(a, lo, hi, NULL, value);
 }
 
+static bool concat_on(const cx_node *x, int ax, cx_dtype dt)
+{
+    return x->op == OP_CONCAT && CX_ATTR(x, CX_AT_AXIS) == ax && x->dtype == dt;
+}
+
 cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
 {
     if (n <= 0 || !ts) return cx_poisoned("concat: no inputs");
@@ -209,12 +214,21 @@ cx_tensor *cx_concat(cx_tensor **ts, int n, int axis)
         dt = cx_promote(dt, (cx_dtype)x->dtype);
     }
     if (n == 1) return cx_alias(ts[0]);
-    cx_tensor **cast = malloc((size_t)n * sizeof *cast);
+    /* a concat along the same axis among the inputs gives its own inputs
+     * (cast to its dtype already): one copy of each part, not two */
+    int parts = 0;
+    for (int i = 0; i < n; i++) parts += concat_on(ts[i]->node, ax, dt) ? ts[i]->node->ninputs : 1;
+    cx_tensor **cast = malloc((size_t)parts * sizeof *cast);
     if (!cast) return cx_poisoned("concat: out of memory");
-    for (int i = 0; i < n; i++) cast[i] = cx_cast(ts[i], dt);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        cx_node *x = ts[i]->node;
+        if (!concat_on(x, ax, dt)) { cast[k++] = cx_cast(ts[i], dt); continue; }
+        for (int j = 0; j < x->ninputs; j++) cast[k++] = cx_tensor_of(x->inputs[j]);
+    }
     int64_t attr = ax;
-    cx_tensor *r = cx_make_op(OP_CONCAT, dt, shape, nd, cast, n, &attr, 1, 0);
-    for (int i = 0; i < n; i++) cx_drop(cast[i]);
+    cx_tensor *r = cx_make_op(OP_CONCAT, dt, shape, nd, cast, parts, &attr, 1, 0);
+    for (int i = 0; i < parts; i++) cx_drop(cast[i]);
     free(cast);
     return r;
 }

@@ -126,7 +126,7 @@ static void run_concat(const run_ctx *rc, const cx_kernel *k)
     int64_t inner = prod(k->shape, ax + 1, k->ndim), outer = prod(k->shape, 0, ax);
     int64_t piece = x->shape[ax] * inner, row = k->shape[ax] * inner;
     char *out = rc->slot_ptr[k->out_slot];
-    const char *in = rc->slot_ptr[x->slot];
+    const char *in = (const char *)rc->slot_ptr[x->slot] + (size_t)x->view.offset * es;
     for (int64_t o = 0; o < outer; o++)
         memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
 }

@@ -433,9 +433,10 @@ CX_API cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_t
 /* Attention as torch.nn.functional.scaled_dot_product_attention: q (B, H, T,
  * D), k and v (B, H, S, D), all f32; softmax(scale * q k^T) v per head,
  * with is_causal query i seeing keys j <= i + S - T. scale <= 0: 1/sqrt(D).
- * One fused kernel (online softmax over key tiles): the (T, S) scores are
- * never written. A query that sees no key gives 0. @return (B, H, T, D), or
- * a poisoned tensor on bad shapes or dtypes. */
+ * One fused kernel (blocks of query rows against their keys; key tiles with
+ * an online softmax beyond 1024 keys): the (T, S) scores are never written.
+ * A query that sees no key gives 0. @return (B, H, T, D), or a poisoned
+ * tensor on bad shapes or dtypes. */
 CX_API cx_tensor *cx_scaled_dot_product_attention(cx_tensor *q, cx_tensor *k, cx_tensor *v, bool is_causal,
                                                   double scale);
 

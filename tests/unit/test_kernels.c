@@ -868,6 +868,256 @@ Test(gather, reports_every_bad_index)
     for (int i = 0; i < 6; i++) cr_assert_eq(acc[i], want[i]);
 }
 
+/* ---- attention: the rows route and the tiled route ------------------------------------ */
+
+typedef struct {
+    int64_t n, h, t, s, d;
+    bool causal;
+} attn_shape;
+
+/* q, k, v column blocks of one (N, L, 3, H, D) projection (L = max(T, S)),
+ * as the gpt's are; o and dout contiguous (N, T, H, D) */
+static cx_attn_geom attn_geom_of(const attn_shape *a)
+{
+    const int64_t l = a->t > a->s ? a->t : a->s, hd = a->h * a->d;
+    cx_attn_geom g = { .n = a->n, .t = a->t, .s = a->s, .h = a->h, .d = a->d, .causal = a->causal,
+                       .scale = 1.0f / sqrtf((float)a->d) };
+    const int64_t proj[3] = { l * 3 * hd, 3 * hd, a->d }, plain[3] = { a->t * hd, hd, a->d };
+    memcpy(g.q_strides, proj, sizeof proj);
+    memcpy(g.k_strides, proj, sizeof proj);
+    memcpy(g.v_strides, proj, sizeof proj);
+    memcpy(g.o_strides, plain, sizeof plain);
+    memcpy(g.do_strides, plain, sizeof plain);
+    return g;
+}
+
+static double at_of(const float *base, const int64_t *st, int64_t n, int64_t r, int64_t h, int64_t e)
+{
+    return base[n * st[0] + r * st[1] + h * st[2] + e];
+}
+
+/* The definition in double, per head: P = softmax(scale q k^T) over the
+ * visible keys, o = P v; dP = dout v^T, dS = P (dP - rowsum(P dP)),
+ * dq = scale dS k, dk = scale dS^T q, dv = P^T dout (packed as the kernel's). */
+static void ref_attention(double *o, double *dqkv, const float *q, const float *k, const float *v, const float *dout,
+                          const cx_attn_geom *g)
+{
+    const int64_t t = g->t, s = g->s, d = g->d, hd = g->h * d;
+    double *p = malloc(sizeof *p * (size_t)(t * s)), *dp = malloc(sizeof *dp * (size_t)(t * s));
+    cr_assert(p && dp);
+    memset(dqkv, 0, sizeof *dqkv * (size_t)(g->n * hd * (t + 2 * s)));
+    double *dq = dqkv, *dk = dq + g->n * t * hd, *dv = dk + g->n * s * hd;
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t h = 0; h < g->h; h++) {
+            for (int64_t i = 0; i < t; i++) {
+                const int64_t vis = cx_attn_visible_keys(g, i);
+                double mx = -INFINITY, sum = 0, delta = 0;
+                for (int64_t j = 0; j < s; j++) {
+                    double acc = 0;
+                    for (int64_t e = 0; e < d; e++) acc += at_of(q, g->q_strides, n, i, h, e) * at_of(k, g->k_strides, n, j, h, e);
+                    p[i * s + j] = j < vis ? acc * g->scale : -INFINITY;
+                    if (j < vis && p[i * s + j] > mx) mx = p[i * s + j];
+                }
+                for (int64_t j = 0; j < s; j++) sum += p[i * s + j] = j < vis ? exp(p[i * s + j] - mx) : 0.0;
+                for (int64_t j = 0; j < s; j++) p[i * s + j] = sum > 0 ? p[i * s + j] / sum : 0.0;
+                for (int64_t e = 0; e < d; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < s; j++) acc += p[i * s + j] * at_of(v, g->v_strides, n, j, h, e);
+                    o[(n * t + i) * hd + h * d + e] = acc;
+                }
+                for (int64_t j = 0; j < s; j++) {
+                    double acc = 0;
+                    for (int64_t e = 0; e < d; e++) acc += at_of(dout, g->do_strides, n, i, h, e) * at_of(v, g->v_strides, n, j, h, e);
+                    dp[i * s + j] = acc;
+                    delta += p[i * s + j] * acc;
+                }
+                for (int64_t j = 0; j < s; j++) {
+                    const double ds = p[i * s + j] * (dp[i * s + j] - delta) * g->scale;
+                    for (int64_t e = 0; e < d; e++) {
+                        dq[(n * t + i) * hd + h * d + e] += ds * at_of(k, g->k_strides, n, j, h, e);
+                        dk[(n * s + j) * hd + h * d + e] += ds * at_of(q, g->q_strides, n, i, h, e);
+                        dv[(n * s + j) * hd + h * d + e] += p[i * s + j] * at_of(dout, g->do_strides, n, i, h, e);
+                    }
+                }
+            }
+        }
+    free(p);
+    free(dp);
+}
+
+/* within 1e-4 of the tensor's largest reference value: a wrong or missing
+ * term is of the size of the values themselves */
+static void check_attn(const float *got, const double *ref, size_t n, const char *what, const attn_shape *a)
+{
+    double big = 0;
+    for (size_t i = 0; i < n; i++) big = fmax(big, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs((double)got[i] - ref[i]) <= 1e-4 * big + 1e-7, "%s[%zu] (N%lld H%lld T%lld S%lld D%lld%s): got %.8g, want %.8g",
+                  what, i, (long long)a->n, (long long)a->h, (long long)a->t, (long long)a->s, (long long)a->d,
+                  a->causal ? " causal" : "", (double)got[i], ref[i]);
+}
+
+typedef struct {
+    float *qkv, *dout, *o, *dqkv;
+    size_t no, ng;
+} attn_bufs;
+
+/* one route's forward and backward into b->o and b->dqkv (the backward
+ * given the reference output), scratch of `fwd_bytes` / `bwd_bytes` */
+static void run_attn_route(attn_bufs *b, const cx_attn_geom *g, const float *o_ref, bool tiled, size_t fwd_bytes,
+                           size_t bwd_bytes)
+{
+    const int64_t hd = g->h * g->d;
+    const float *q = b->qkv, *k = b->qkv + hd, *v = b->qkv + 2 * hd;
+    unsigned char *sf = scratch_alloc(fwd_bytes), *sb = scratch_alloc(bwd_bytes);
+    fill_nan(b->o, b->no);
+    cx_attention_route_fwd(b->o, q, k, v, g, sf, fwd_bytes, tiled);
+    fill_nan(b->dqkv, b->ng);
+    cx_attention_route_bwd(b->dqkv, q, k, v, o_ref, b->dout, g, sb, bwd_bytes, tiled);
+    scratch_check_free(sf, fwd_bytes);
+    scratch_check_free(sb, bwd_bytes);
+    check_guards(b->o, b->no, "attention out");
+    check_guards(b->dqkv, b->ng, "attention dqkv");
+}
+
+/* The interleaved backward writes the same bits as the packed one b holds,
+ * each row's dq, dk, dv side by side */
+static void check_interleaved(const attn_bufs *b, const cx_attn_geom *g, const float *o_in, bool tiled, size_t bwd_bytes)
+{
+    cx_attn_geom gi = *g;
+    gi.interleaved = true;
+    attn_bufs x = *b;
+    x.dqkv = guarded(b->ng);
+    unsigned char *sb = scratch_alloc(bwd_bytes);
+    fill_nan(x.dqkv, x.ng);
+    const int64_t hd = g->h * g->d, rows = g->n * g->t;
+    cx_attention_route_bwd(x.dqkv, b->qkv, b->qkv + hd, b->qkv + 2 * hd, o_in, b->dout, &gi, sb, bwd_bytes, tiled);
+    scratch_check_free(sb, bwd_bytes);
+    check_guards(x.dqkv, x.ng, "interleaved dqkv");
+    for (int64_t r = 0; r < rows; r++)
+        for (int part = 0; part < 3; part++)
+            cr_assert(memcmp(x.dqkv + (r * 3 + part) * hd, b->dqkv + (part * rows + r) * hd, sizeof(float) * (size_t)hd) == 0,
+                      "%s interleaved: row %lld part %d differs from the packed", tiled ? "tiled" : "rows", (long long)r, part);
+    guarded_free(x.dqkv);
+}
+
+static void run_attention_case(const attn_shape *a)
+{
+    const cx_attn_geom g = attn_geom_of(a);
+    const int64_t l = a->t > a->s ? a->t : a->s, hd = a->h * a->d;
+    attn_bufs b = { .no = (size_t)(a->n * a->t * hd), .ng = (size_t)(a->n * hd * (a->t + 2 * a->s)) };
+    b.qkv = random_buf((size_t)(a->n * l * 3 * hd));
+    b.dout = random_buf(b.no);
+    b.o = guarded(b.no);
+    b.dqkv = guarded(b.ng);
+    double *o_ref = malloc(sizeof *o_ref * b.no), *g_ref = malloc(sizeof *g_ref * b.ng);
+    float *o_in = malloc(sizeof *o_in * b.no);
+    cr_assert(o_ref && g_ref && o_in);
+    ref_attention(o_ref, g_ref, b.qkv, b.qkv + hd, b.qkv + 2 * hd, b.dout, &g);
+    for (size_t i = 0; i < b.no; i++) o_in[i] = (float)o_ref[i];
+    for (int tiled = 0; tiled < 2; tiled++) {
+        const size_t fb = cx_attention_route_scratch_bytes(&g, false, tiled), bb = cx_attention_route_scratch_bytes(&g, true, tiled);
+        run_attn_route(&b, &g, o_in, tiled, fb, bb);
+        check_attn(b.o, o_ref, b.no, tiled ? "tiled out" : "rows out", a);
+        check_attn(b.dqkv, g_ref, b.ng, tiled ? "tiled dqkv" : "rows dqkv", a);
+        if (a->t == a->s) check_interleaved(&b, &g, o_in, tiled, bb);
+    }
+    free(o_ref);
+    free(g_ref);
+    free(o_in);
+    guarded_free(b.qkv);
+    guarded_free(b.dout);
+    guarded_free(b.o);
+    guarded_free(b.dqkv);
+}
+
+Test(attention, both_routes_against_reference, .timeout = 120)
+{
+    rng_seed(21);
+    static const attn_shape cases[] = {
+        { 2, 2, 128, 128, 64, true },    /* the gpt's head: four causal row blocks */
+        { 1, 2, 128, 128, 64, false },   /* two full row blocks */
+        { 2, 1, 130, 130, 16, true },    /* ragged last block */
+        { 1, 2, 70, 150, 32, false },    /* fewer queries than keys */
+        { 1, 1, 3, 7, 4, true },         /* causal with S > T: bottom-right aligned */
+        { 1, 2, 40, 20, 128, true },     /* causal with S < T: the first rows see no key */
+        { 1, 1, 33, 1030, 8, true },     /* more keys than the rows route takes: both tiled */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) run_attention_case(&cases[c]);
+}
+
+static attn_bufs attn_bufs_of(float *qkv, float *dout, const attn_shape *a)
+{
+    const int64_t hd = a->h * a->d;
+    attn_bufs b = { .qkv = qkv, .dout = dout, .no = (size_t)(a->n * a->t * hd), .ng = (size_t)(a->n * hd * (a->t + 2 * a->s)) };
+    b.o = guarded(b.no);
+    b.dqkv = guarded(b.ng);
+    return b;
+}
+
+static void attn_same(const attn_bufs *x, const attn_bufs *y, const char *what)
+{
+    cr_assert(memcmp(x->o, y->o, sizeof(float) * x->no) == 0, "%s: out differs", what);
+    cr_assert(memcmp(x->dqkv, y->dqkv, sizeof(float) * x->ng) == 0, "%s: dqkv differs", what);
+}
+
+/* The rows route's result does not depend on the thread count; with
+ * strides BLAS cannot take (a broadcast key row) it runs tiled, bit for
+ * bit. */
+Test(attention, rows_route_thread_count_free_and_strides)
+{
+    rng_seed(22);
+    const attn_shape a = { 3, 2, 96, 96, 32, true };
+    cx_attn_geom g = attn_geom_of(&a);
+    const size_t n = (size_t)(a.n * a.t * a.h * a.d);
+    float *qkv = random_buf(3 * n), *dout = random_buf(n), *o_in = random_buf(n);
+    attn_bufs r[3] = { attn_bufs_of(qkv, dout, &a), attn_bufs_of(qkv, dout, &a), attn_bufs_of(qkv, dout, &a) };
+    const int saved = cx_get_num_threads();
+    for (int run = 0; run < 3; run++) {
+        cx_set_num_threads(run == 1 ? 3 : 1);
+        run_attn_route(&r[run], &g, o_in, run == 2, cx_attention_route_scratch_bytes(&g, false, run == 2),
+                       cx_attention_route_scratch_bytes(&g, true, run == 2));
+    }
+    cx_set_num_threads(saved);
+    attn_same(&r[0], &r[1], "rows route, 1 vs 3 threads");
+    cr_assert(memcmp(r[0].o, r[2].o, sizeof(float) * r[0].no) != 0, "the rows route ran tiled");
+    g.k_strides[1] = 0;
+    run_attn_route(&r[0], &g, o_in, false, cx_attention_route_scratch_bytes(&g, false, false),
+                   cx_attention_route_scratch_bytes(&g, true, false));
+    run_attn_route(&r[1], &g, o_in, true, cx_attention_route_scratch_bytes(&g, false, true),
+                   cx_attention_route_scratch_bytes(&g, true, true));
+    attn_same(&r[0], &r[1], "broadcast key row: rows route vs tiled");
+    for (int run = 0; run < 3; run++) { guarded_free(r[run].o); guarded_free(r[run].dqkv); }
+    guarded_free(qkv);
+    guarded_free(dout);
+    guarded_free(o_in);
+}
+
+/* A scratch planned for the tiled route with no room for a rows lane (as
+ * a persistent-cache executable from an older build has): the rows route
+ * runs tiled, bit for bit, and writes nothing past the scratch. */
+Test(attention, rows_route_given_tiled_scratch_runs_tiled)
+{
+    rng_seed(23);
+    const attn_shape a = { 1, 1, 64, 1000, 8, false };
+    const cx_attn_geom g = attn_geom_of(&a);
+    const size_t n = (size_t)(a.n * a.s * a.h * a.d);
+    float *qkv = random_buf(3 * n), *dout = random_buf(n), *o_in = random_buf(n);
+    attn_bufs r[2] = { attn_bufs_of(qkv, dout, &a), attn_bufs_of(qkv, dout, &a) };
+    const int saved = cx_get_num_threads();
+    cx_set_num_threads(1);
+    const size_t fb = cx_attention_route_scratch_bytes(&g, false, true), bb = cx_attention_route_scratch_bytes(&g, true, true);
+    cr_assert(fb < cx_attention_route_scratch_bytes(&g, false, false) && bb < cx_attention_route_scratch_bytes(&g, true, false),
+              "the case needs a rows lane larger than a tiled one");
+    for (int run = 0; run < 2; run++) run_attn_route(&r[run], &g, o_in, run == 1, fb, bb);
+    cx_set_num_threads(saved);
+    attn_same(&r[0], &r[1], "rows route on the tiled scratch vs tiled");
+    for (int run = 0; run < 2; run++) { guarded_free(r[run].o); guarded_free(r[run].dqkv); }
+    guarded_free(qkv);
+    guarded_free(dout);
+    guarded_free(o_in);
+}
+
 /* ---- the vectorizable exp and erf (kernels/vmath.h) ------------------------------------ */
 
 #include "vmath.h"

@@ -3,6 +3,7 @@
  * back through cx_to_host. Each test runs inside one step and checks that
  * the step ends cleanly. */
 #include "ref.h"
+#include <cxla/debug.h>
 
 #define TOL 1e-5      /* plain arithmetic, reductions, movement, matmul */
 #define TOL_T 1e-4    /* transcendental chains, conv */
@@ -2252,6 +2253,108 @@ Test(ops, attention_never_writes_the_score_matrix)
                  (long long)info.arena_bytes, (long long)scores);
     for (int i = 0; i < 3; i++) cx_free(p[i]);
     free(x);
+}
+
+/* One step of an attention block whose q, k and v are slices of one
+ * (B, T, 3C) projection, as the gpt's are; `grads` gets the projection's
+ * gradient (NULL: q, k and v are leaves of their own, their gradients
+ * concatenated on the host instead). @return the step's kernels. */
+static int qkv_block_step(const float *x, const float *w, int64_t B, int64_t T, int64_t H, int64_t D, bool one_projection,
+                          float *grads)
+{
+    const int64_t C = H * D, sx[3] = { B, T, 3 * C }, s4[4] = { B, T, H, D }, sw[4] = { B, H, T, D };
+    const int perm[4] = { 0, 2, 1, 3 };
+    cx_tensor *leaf[3] = { NULL, NULL, NULL }, *qkv[3];
+    cx_tensor *proj = one_projection ? cx_requires_grad(cx_persist(cx_from_host(x, sx, 3, CX_F32)), true) : NULL;
+    float *part = malloc(sizeof(float) * (size_t)(B * T * C));
+    cr_assert(part);
+    for (int i = 0; i < 3; i++) {
+        if (!one_projection) {
+            for (int64_t r = 0; r < B * T; r++) memcpy(part + r * C, x + r * 3 * C + i * C, sizeof(float) * (size_t)C);
+            leaf[i] = cx_requires_grad(cx_persist(cx_from_host(part, s4, 4, CX_F32)), true);
+        }
+    }
+    cx_step_begin();
+    for (int i = 0; i < 3; i++) {
+        cx_tensor *heads = one_projection ? cx_reshape(cx_slice(proj, 2, i * C, (i + 1) * C, 1), s4, 4) : leaf[i];
+        qkv[i] = cx_permute(heads, perm);
+    }
+    cx_tensor *o = cx_scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true, 0);
+    cx_tensor *loss = cx_sum(cx_mul(o, cx_from_host(w, sw, 4, CX_F32)), NULL, 0, false);
+    cr_assert_eq(cx_backward(loss), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    const int kernels = cx_last_exec_info().num_kernels;
+    if (one_projection) {
+        cr_assert_eq(cx_to_host(cx_grad(proj), grads, CX_F32), CX_OK, "%s", cx_last_error());
+    } else {
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(cx_to_host(cx_grad(leaf[i]), part, CX_F32), CX_OK, "%s", cx_last_error());
+            for (int64_t r = 0; r < B * T; r++) memcpy(grads + r * 3 * C + i * C, part + r * C, sizeof(float) * (size_t)C);
+        }
+    }
+    for (int i = 0; i < 3; i++) if (leaf[i]) cx_free(leaf[i]);
+    if (proj) cx_free(proj);
+    free(part);
+    return kernels;
+}
+
+/* The projection's gradient is the sum of three zero pads of the packed
+ * backward's parts, which adds up as one concat (ops/elementwise.c), and
+ * the backward writes that concat itself, its rows interleaved
+ * (compile/codegen.c): the step is the attention and its backward (the
+ * loss's gradient is w itself, no kernel). It was 6 kernels: 3 slice
+ * copies and a padded sum over the whole (B, T, 3C) besides. Values as
+ * from separate leaves. */
+static void qkv_gradient_case(int64_t B, int64_t T, int64_t H, int64_t D)
+{
+    const int64_t n = B * T * 3 * H * D;
+    float *x = rand_f32(n, -1, 1), *w = rand_f32(B * T * H * D, -1, 1);
+    float *got = malloc(sizeof(float) * (size_t)n), *want = malloc(sizeof(float) * (size_t)n);
+    cr_assert(got && want);
+    const int one = qkv_block_step(x, w, B, T, H, D, true, got);
+    cr_assert_eq(one, 2, "T %lld: the attention and its backward writing the projection's gradient expected; %d kernels",
+                 (long long)T, one);
+    qkv_block_step(x, w, B, T, H, D, false, want);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_float_eq(got[i], want[i], 1e-6f * (1.0f + fabsf(want[i])), "T %lld: d proj[%lld]: %g, from leaves %g",
+                           (long long)T, (long long)i, (double)got[i], (double)want[i]);
+    free(x); free(w); free(got); free(want);
+}
+
+Test(ops, attention_qkv_gradient_of_one_projection)
+{
+    rng_seed(727);
+    qkv_gradient_case(2, 24, 2, 8);     /* the kernel's row-block route */
+    qkv_gradient_case(1, 1030, 1, 4);   /* more keys than it takes: the tiled route */
+}
+
+/* Zero pads along one axis whose data are adjacent add up as their
+ * concat; a gap between them keeps the sum (values either way). */
+Test(ops, adjacent_zero_pads_add_up_as_a_concat)
+{
+    const float a[6] = { 1, 2, 3, 4, 5, 6 }, b[4] = { -1, -2, -3, -4 };
+    const int64_t sa[2] = { 2, 3 }, sb[2] = { 2, 2 };
+    for (int gap = 0; gap < 2; gap++) {
+        cx_step_begin();
+        cx_tensor *ta = cx_from_host(a, sa, 2, CX_F32), *tb = cx_from_host(b, sb, 2, CX_F32);
+        int64_t lo_a[2] = { 0, 0 }, hi_a[2] = { 0, 2 + gap }, lo_b[2] = { 0, 3 + gap }, hi_b[2] = { 0, 0 };
+        cx_tensor *pa = cx_pad(ta, lo_a, hi_a, 0.0), *pb = cx_pad(tb, lo_b, hi_b, 0.0);
+        cx_tensor *sum = cx_keep(cx_add(pb, pa));
+        char *ir = cx_ir_text(&sum, 1);
+        cr_assert(ir);
+        const bool cat = strstr(ir, " concat(") != NULL, add = strstr(ir, " add(") != NULL;
+        cr_assert(gap ? add && !cat : cat && !add, "pads %s a gap: %s", gap ? "with" : "without", ir);
+        free(ir);
+        cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+        float *v = fetch_f32("sum of pads", sum);
+        for (int r = 0; r < 2; r++)
+            for (int c = 0; c < 5 + gap; c++) {
+                float want = c < 3 ? a[r * 3 + c] : c >= 3 + gap ? b[r * 2 + c - 3 - gap] : 0.0f;
+                cr_assert_eq(v[r * (5 + gap) + c], want, "gap %d [%d, %d]: %g, want %g", gap, r, c, (double)v[r * (5 + gap) + c],
+                             (double)want);
+            }
+        free(v);
+    }
 }
 
 Test(ops, layer_norm_fused_matches_the_definition)
