@@ -540,6 +540,18 @@ static void permute_view(cx_view *v, const int *perm, int nd)
     }
 }
 
+/* acc[q] += r[0][q], then r[1][q], ... (n <= 4), in that order */
+static inline void add_rows(double *acc, const float *const *r, int n, int len)
+{
+    switch (n) {
+    case 4: for (int q = 0; q < len; q++) acc[q] = (((acc[q] + r[0][q]) + r[1][q]) + r[2][q]) + r[3][q]; break;
+    case 3: for (int q = 0; q < len; q++) acc[q] = ((acc[q] + r[0][q]) + r[1][q]) + r[2][q]; break;
+    case 2: for (int q = 0; q < len; q++) acc[q] = (acc[q] + r[0][q]) + r[1][q]; break;
+    case 1: for (int q = 0; q < len; q++) acc[q] += r[0][q]; break;
+    default: break;
+    }
+}
+
 CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
 {
     colsum_job *j = p;
@@ -556,11 +568,19 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
         int64_t t = lead;
         for (int d = nlead - 1; d >= 0; d--) { idx[d] = t % j->shape[d]; t /= j->shape[d]; }
         for (int q = 0; q < len; q++) acc[q] = 0;
+        /* Rows read in place (a lone load: a bias gradient) are added four
+         * at a time, each lane's sum in the same order: a quarter of the
+         * accumulators' loads and stores. A row computed into a register is
+         * added before the next row overwrites it. */
+        const float *rp[4];
+        int np = 0;
         for (int64_t row = 0; row < j->rows; row++) {
             int64_t rr = row;
             for (int d = nd - 2; d >= nlead; d--) { idx[d] = rr % j->shape[d]; rr /= j->shape[d]; }
             const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len).f;
-            for (int q = 0; q < len; q++) acc[q] += r[q];
+            rp[np++] = r;
+            bool in_reg = r == regs[j->prog.result].f;
+            if (np == 4 || in_reg || row + 1 == j->rows) { add_rows(acc, rp, np, len); np = 0; }
         }
         for (int q = 0; q < len; q++) out[lead * j->width + j0 + q] = (float)acc[q];
     }
