@@ -1,11 +1,12 @@
-/* exp and erf in forms the compiler vectorizes: libm's expf and erff stay
- * one scalar call per element without -ffast-math, and the fused kernels
+/* exp, log and erf in forms the compiler vectorizes: libm's expf, logf and
+ * erff stay one scalar call per element without -ffast-math, and the fused kernels
  * (softmax, cross entropy, GELU and their gradients) and attention spend
  * their time there. Straight-line code with selects: no branch, no table. */
 #ifndef CX_KERNELS_VMATH_H
 #define CX_KERNELS_VMATH_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 static inline float cx_vmath_pow2i(int32_t n)
@@ -38,6 +39,56 @@ static inline float cx_vexpf(float x)
     float y = p * cx_vmath_pow2i(half) * cx_vmath_pow2i(ni - half);
     y = x > 88.72283935546875f ? INFINITY : y;
     y = x < -87.33654475f ? 0.0f : y;
+    return x == x ? y : x;
+}
+
+static inline float cx_vmath_from_bits(uint32_t u)
+{
+    union { uint32_t u; float f; } v = { .u = u };
+    return v.f;
+}
+
+static inline uint32_t cx_vmath_bits(float x)
+{
+    union { float f; uint32_t u; } v = { .f = x };
+    return v.u;
+}
+
+/* log(x) within 2 ulp: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) =
+ * f - f^2/2 + f^3 P(f) in f = m - 1 (Cephes' logf polynomial), e ln 2
+ * added in two parts. Subnormals are scaled by 2^23 first; 0 gives -inf,
+ * a negative x NaN, +inf +inf, NaN NaN. The loss's log-softmax calls it
+ * on every logit. Its selects vectorize under -fno-trapping-math only
+ * (exec_program.c has it): otherwise GCC keeps some of them as branches. */
+static inline float cx_vlogf(float x)
+{
+    /* both arms of every select computed first: with -ftrapping-math the
+     * compiler does not speculate a float op, and a branch is not vectorized */
+    bool tiny = x < 1.17549435e-38f;
+    float scaled = x * 8388608.0f;   /* a subnormal * 2^23 */
+    uint32_t u = cx_vmath_bits(tiny ? scaled : x);
+    int32_t e = (int32_t)((u >> 23) & 0xff) - (tiny ? 150 : 127);
+    float m = cx_vmath_from_bits((u & 0x007fffffu) | 0x3f800000u);   /* [1, 2) */
+    float half = m * 0.5f;
+    bool big = m > 1.41421356f;
+    m = big ? half : m;
+    e = big ? e + 1 : e;
+    float f = m - 1.0f, z = f * f;
+    float p = 7.0376836292e-2f;
+    p = p * f - 1.1514610310e-1f;
+    p = p * f + 1.1676998740e-1f;
+    p = p * f - 1.2420140846e-1f;
+    p = p * f + 1.4249322787e-1f;
+    p = p * f - 1.6668057665e-1f;
+    p = p * f + 2.0000714765e-1f;
+    p = p * f - 2.4999993993e-1f;
+    p = p * f + 3.3333331174e-1f;
+    float fe = (float)e;
+    float y = f * z * p + fe * -2.12194440e-4f - 0.5f * z;
+    y = f + y + fe * 0.693359375f;
+    y = x == INFINITY ? x : y;
+    y = x == 0.0f ? -INFINITY : y;
+    y = x < 0.0f ? NAN : y;
     return x == x ? y : x;
 }
 

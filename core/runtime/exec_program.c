@@ -90,7 +90,7 @@ CX_HOT static void un_float(int op, float *o, const float *a, int len)
     switch (op) {
     case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
     case OP_EXP: for (int j = 0; j < len; j++) o[j] = cx_vexpf(a[j]); break;
-    case OP_LOG: for (int j = 0; j < len; j++) o[j] = logf(a[j]); break;
+    case OP_LOG: for (int j = 0; j < len; j++) o[j] = cx_vlogf(a[j]); break;
     case OP_SQRT: for (int j = 0; j < len; j++) o[j] = sqrtf(a[j]); break;
     case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = 1.0f / sqrtf(a[j]); break;
     case OP_TANH: for (int j = 0; j < len; j++) o[j] = tanhf(a[j]); break;
@@ -272,8 +272,11 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             bool any = view_lanes(&p->views[in->view], idx, nd, j0, len, &jlo, &jhi);
             if (!any) { jlo = 0; jhi = 0; }
             if (fc) {
+                /* three plain loops: a select around a load is not vectorized */
                 float pv = (float)in->f;
-                for (int j = 0; j < len; j++) r->f[j] = (j >= jlo && j < jhi) ? a->f[j] : pv;
+                for (int j = 0; j < jlo; j++) r->f[j] = pv;
+                for (int j = jlo; j < jhi; j++) r->f[j] = a->f[j];
+                for (int j = jhi; j < len; j++) r->f[j] = pv;
             } else {
                 int64_t pv = (int64_t)in->f;
                 for (int j = 0; j < len; j++) r->i[j] = (j >= jlo && j < jhi) ? a->i[j] : pv;
@@ -540,18 +543,6 @@ static void permute_view(cx_view *v, const int *perm, int nd)
     }
 }
 
-/* acc[q] += r[0][q], then r[1][q], ... (n <= 4), in that order */
-static inline void add_rows(double *acc, const float *const *r, int n, int len)
-{
-    switch (n) {
-    case 4: for (int q = 0; q < len; q++) acc[q] = (((acc[q] + r[0][q]) + r[1][q]) + r[2][q]) + r[3][q]; break;
-    case 3: for (int q = 0; q < len; q++) acc[q] = ((acc[q] + r[0][q]) + r[1][q]) + r[2][q]; break;
-    case 2: for (int q = 0; q < len; q++) acc[q] = (acc[q] + r[0][q]) + r[1][q]; break;
-    case 1: for (int q = 0; q < len; q++) acc[q] += r[0][q]; break;
-    default: break;
-    }
-}
-
 CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
 {
     colsum_job *j = p;
@@ -568,19 +559,11 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
         int64_t t = lead;
         for (int d = nlead - 1; d >= 0; d--) { idx[d] = t % j->shape[d]; t /= j->shape[d]; }
         for (int q = 0; q < len; q++) acc[q] = 0;
-        /* Rows read in place (a lone load: a bias gradient) are added four
-         * at a time, each lane's sum in the same order: a quarter of the
-         * accumulators' loads and stores. A row computed into a register is
-         * added before the next row overwrites it. */
-        const float *rp[4];
-        int np = 0;
         for (int64_t row = 0; row < j->rows; row++) {
             int64_t rr = row;
             for (int d = nd - 2; d >= nlead; d--) { idx[d] = rr % j->shape[d]; rr /= j->shape[d]; }
             const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len).f;
-            rp[np++] = r;
-            bool in_reg = r == regs[j->prog.result].f;
-            if (np == 4 || in_reg || row + 1 == j->rows) { add_rows(acc, rp, np, len); np = 0; }
+            for (int q = 0; q < len; q++) acc[q] += r[q];
         }
         for (int q = 0; q < len; q++) out[lead * j->width + j0 + q] = (float)acc[q];
     }
