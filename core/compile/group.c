@@ -69,11 +69,12 @@ static bool cheap_op(int op)
 }
 
 /* Ops a reader may compute again: the cheap ones, and the unary ones the
- * executor runs in vector lanes (exp and erf through vmath.h, sqrt). log,
+ * executor runs in vector lanes (exp, log and erf through vmath.h, sqrt).
  * tanh and pow stay one libm call per element: computed once. */
 static bool recompute_op(int op)
 {
-    return cheap_op(op) || op == OP_EXP || op == OP_ERF || op == OP_ABS || op == OP_SQRT || op == OP_RSQRT;
+    return cheap_op(op) || op == OP_EXP || op == OP_LOG || op == OP_ERF || op == OP_ABS || op == OP_SQRT ||
+           op == OP_RSQRT;
 }
 
 /* A root's expression, down to the roots and leaf values it reads */
