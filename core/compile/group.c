@@ -8,6 +8,9 @@
 
 enum { GRP_NONE = -1, GRP_MULTI = -3, GRP_HEAVY = -4 };
 
+/* the most ops a recomputed expression may hold */
+#define RECOMPUTE_MAX_OPS 8
+
 static bool is_view(int op)
 {
     return op == OP_RESHAPE || op == OP_PERMUTE || op == OP_EXPAND || op == OP_SLICE || op == OP_PAD;
@@ -65,34 +68,67 @@ static bool cheap_op(int op)
     return op == OP_ADD || op == OP_SUB || op == OP_MUL || op == OP_DIV || op == OP_NEG || op == OP_MAX || op == OP_MIN;
 }
 
-/* A root that is a cheap op over buffers (roots) and constants, read by
- * several fused kernels, is inlined into each: a transformer's GELU keeps
- * x/2 and x/sqrt(2) for its backward, and AdamW reads the clipped gradient
- * in three updates; each was a pass writing a tensor and more passes
- * reading it back. Recomputing reads the op's operands once per reader
- * instead, so it is done only where that moves no more memory: with n
- * buffer operands and k readers, n*k reads against n + 1 + k. An operand
- * that is itself recomputed would make chains; only roots count. An op
- * over a matmul or convolution output stays: it is that kernel's epilogue
- * (a conv's bias and ReLU run inside the conv, and its ReLU mask is read
- * by the backward's conv).
- * Forward order: operands are decided before their readers. */
+/* Ops a reader may compute again: the cheap ones, and the unary ones the
+ * executor runs in vector lanes (exp, log and erf through vmath.h, sqrt).
+ * tanh and pow stay one libm call per element: computed once. */
+static bool recompute_op(int op)
+{
+    return cheap_op(op) || op == OP_EXP || op == OP_LOG || op == OP_ERF || op == OP_ABS || op == OP_SQRT ||
+           op == OP_RSQRT;
+}
+
+/* A root's expression, down to the roots and leaf values it reads */
+typedef struct {
+    int ops;
+    int nbufs;
+    int bufs[RECOMPUTE_MAX_OPS + 1];
+} rc_tree;
+
+/* Walks what node x computes (x == top: the root itself; otherwise a node
+ * inlined into it) and collects the distinct roots it reads.
+ * @return false when it holds an op not worth computing again, more than
+ * RECOMPUTE_MAX_OPS ops, or reads a heavy op's own output. */
+static bool recompute_tree(const cx_graph *g, const char *root, int x, int top, rc_tree *t)
+{
+    const cx_gnode *n = &g->nodes[x];
+    if (x != top && root[x]) {
+        if (cx_is_heavy_op(n)) return false;
+        for (int b = 0; b < t->nbufs; b++) if (t->bufs[b] == x) return true;
+        if (t->nbufs > RECOMPUTE_MAX_OPS) return false;
+        t->bufs[t->nbufs++] = x;
+        return true;
+    }
+    if (is_leaf_value(n->op)) return true;
+    if (is_view(n->op)) return x != top && recompute_tree(g, root, n->inputs[0], top, t);
+    if (!recompute_op(n->op) || ++t->ops > RECOMPUTE_MAX_OPS) return false;
+    for (int a = 0; a < n->ninputs; a++)
+        if (!recompute_tree(g, root, n->inputs[a], top, t)) return false;
+    return true;
+}
+
+/* A root that is a short elementwise expression over buffers (roots) and
+ * constants, read by several fused kernels, is inlined into each: a
+ * transformer's GELU keeps x/2, x/sqrt(2) and 1 + erf(x/sqrt(2)) for its
+ * backward, and AdamW reads the clipped gradient in three updates; each was
+ * a pass writing a tensor and more passes reading it back. Recomputing reads
+ * the expression's buffers once per reader instead, so it is done only where
+ * that moves no more memory: with n buffers and k readers, n*k reads against
+ * n + 1 + k. Forward order: a recomputed root's readers are decided after
+ * it, and see its expression (through the roots it reads) as their own. An
+ * expression over a matmul or convolution output stays: it is that
+ * kernel's epilogue (a conv's bias and ReLU run inside the conv, and its
+ * ReLU mask is read by the backward's conv). */
 static void recompute_cheap(const cx_graph *g, const cx_uses *u, const char *force_root, char *root)
 {
     for (int i = 0; i < g->n; i++) {
         const cx_gnode *n = &g->nodes[i];
-        if (!root[i] || !cheap_op(n->op) || intrinsic_root(n) || u->is_output[i] || (force_root && force_root[i]))
+        int k = u->count[i];
+        if (!root[i] || !recompute_op(n->op) || intrinsic_root(n) || u->is_output[i] || (force_root && force_root[i]) ||
+            k < 2 || k > 4)
             continue;
-        int bufs = 0, k = u->count[i];
-        bool ok = k >= 2 && k <= 4;
-        for (int a = 0; ok && a < n->ninputs; a++) {
-            int o = n->inputs[a];
-            while (is_view(g->nodes[o].op) && !root[o]) o = g->nodes[o].inputs[0];
-            if (is_leaf_value(g->nodes[o].op)) continue;
-            ok = root[o] && !cx_is_heavy_op(&g->nodes[o]);
-            bufs++;
-        }
-        if (ok && bufs * k <= bufs + 1 + k && !read_by_heavy(g, u, root, i, 0)) root[i] = 0;
+        rc_tree t = { 0 };
+        if (recompute_tree(g, root, i, i, &t) && t.nbufs * k <= t.nbufs + 1 + k && !read_by_heavy(g, u, root, i, 0))
+            root[i] = 0;
     }
 }
 

@@ -1,11 +1,12 @@
-/* exp and erf in forms the compiler vectorizes: libm's expf and erff stay
- * one scalar call per element without -ffast-math, and the fused kernels
+/* exp, log and erf in forms the compiler vectorizes: libm's expf, logf and
+ * erff stay one scalar call per element without -ffast-math, and the fused kernels
  * (softmax, cross entropy, GELU and their gradients) and attention spend
  * their time there. Straight-line code with selects: no branch, no table. */
 #ifndef CX_KERNELS_VMATH_H
 #define CX_KERNELS_VMATH_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 static inline float cx_vmath_pow2i(int32_t n)
@@ -41,30 +42,83 @@ static inline float cx_vexpf(float x)
     return x == x ? y : x;
 }
 
-/* erf(x) within 6 ulp: the Taylor series of x e^0 below |x| = 0.5,
- * where it is exact to 3e-8 relative, and Abramowitz and Stegun 7.1.26
- * (1.5e-7 absolute, so a few ulp of results >= 0.52) above. */
+static inline float cx_vmath_from_bits(uint32_t u)
+{
+    union { uint32_t u; float f; } v = { .u = u };
+    return v.f;
+}
+
+static inline uint32_t cx_vmath_bits(float x)
+{
+    union { float f; uint32_t u; } v = { .f = x };
+    return v.u;
+}
+
+/* log(x) within 2 ulp: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) =
+ * f - f^2/2 + f^3 P(f) in f = m - 1 (Cephes' logf polynomial), e ln 2
+ * added in two parts. Subnormals are scaled by 2^23 first; 0 gives -inf,
+ * a negative x NaN, +inf +inf, NaN NaN. The loss's log-softmax calls it
+ * on every logit. Its selects vectorize under -fno-trapping-math only
+ * (exec_program.c has it): otherwise GCC keeps some of them as branches. */
+static inline float cx_vlogf(float x)
+{
+    /* both arms of every select computed first: with -ftrapping-math the
+     * compiler does not speculate a float op, and a branch is not vectorized */
+    bool tiny = x < 1.17549435e-38f;
+    float scaled = x * 8388608.0f;   /* a subnormal * 2^23 */
+    uint32_t u = cx_vmath_bits(tiny ? scaled : x);
+    int32_t e = (int32_t)((u >> 23) & 0xff) - (tiny ? 150 : 127);
+    float m = cx_vmath_from_bits((u & 0x007fffffu) | 0x3f800000u);   /* [1, 2) */
+    float half = m * 0.5f;
+    bool big = m > 1.41421356f;
+    m = big ? half : m;
+    e = big ? e + 1 : e;
+    float f = m - 1.0f, z = f * f;
+    float p = 7.0376836292e-2f;
+    p = p * f - 1.1514610310e-1f;
+    p = p * f + 1.1676998740e-1f;
+    p = p * f - 1.2420140846e-1f;
+    p = p * f + 1.4249322787e-1f;
+    p = p * f - 1.6668057665e-1f;
+    p = p * f + 2.0000714765e-1f;
+    p = p * f - 2.4999993993e-1f;
+    p = p * f + 3.3333331174e-1f;
+    float fe = (float)e;
+    float y = f * z * p + fe * -2.12194440e-4f - 0.5f * z;
+    y = f + y + fe * 0.693359375f;
+    y = x == INFINITY ? x : y;
+    y = x == 0.0f ? -INFINITY : y;
+    y = x < 0.0f ? NAN : y;
+    return x == x ? y : x;
+}
+
+/* erf(x) within 6 ulp (5.98 at worst, checked on every float): x P(t)/Q(t)
+ * in t = x^2, a rational fit of erf(x)/x on [0, 3.9] (2e-8 relative;
+ * scripts/fit_erf.py made the coefficients), t held at 3.9^2 beyond, where
+ * erf rounds to 1 within an ulp, and the result held to [-1, 1]. One
+ * division and ten FMAs: a GPT step's GELU and its gradient evaluate it on
+ * every activation, and the former form (a series below 0.5, Abramowitz
+ * and Stegun 7.1.26 with an exp above, both computed for every lane) took
+ * twice as long. NaN propagates through the arithmetic. */
 static inline float cx_verff(float x)
 {
-    float a = fabsf(x), x2 = x * x;
-    /* 2/sqrt(pi) (x - x^3/3 + x^5/10 - x^7/42 + x^9/216 - x^11/1320) */
-    float s = -1.0f / 1320.0f;
-    s = s * x2 + 1.0f / 216.0f;
-    s = s * x2 - 1.0f / 42.0f;
-    s = s * x2 + 1.0f / 10.0f;
-    s = s * x2 - 1.0f / 3.0f;
-    s = s * x2 + 1.0f;
-    float small = 1.1283791670955126f * x * s;
-    float t = 1.0f / (1.0f + 0.3275911f * a);
-    float q = 1.061405429f;
-    q = q * t - 1.453152027f;
-    q = q * t + 1.421413741f;
-    q = q * t - 0.284496736f;
-    q = q * t + 0.254829592f;
-    float large = 1.0f - q * t * cx_vexpf(-x2);
-    large = x < 0.0f ? -large : large;
-    float y = a < 0.5f ? small : large;
-    return x == x ? y : x;
+    float t = x * x;
+    t = t < 15.21f ? t : 15.21f;
+    float p = 2.06638783e-06f;
+    p = p * t + 2.85056307e-04f;
+    p = p * t + 3.73834467e-03f;
+    p = p * t + 5.26680431e-02f;
+    p = p * t + 1.89667579e-01f;
+    p = p * t + 1.12837915f;
+    float q = 3.82688333e-05f;
+    q = q * t + 1.15736525e-03f;
+    q = q * t + 1.49142732e-02f;
+    q = q * t + 1.13819145e-01f;
+    q = q * t + 5.01421297e-01f;
+    q = q * t + 1.0f;
+    float y = x * p / q;
+    y = y > 1.0f ? 1.0f : y;
+    return y < -1.0f ? -1.0f : y;
 }
 
 #endif

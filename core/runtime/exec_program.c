@@ -90,7 +90,7 @@ CX_HOT static void un_float(int op, float *o, const float *a, int len)
     switch (op) {
     case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
     case OP_EXP: for (int j = 0; j < len; j++) o[j] = cx_vexpf(a[j]); break;
-    case OP_LOG: for (int j = 0; j < len; j++) o[j] = logf(a[j]); break;
+    case OP_LOG: for (int j = 0; j < len; j++) o[j] = cx_vlogf(a[j]); break;
     case OP_SQRT: for (int j = 0; j < len; j++) o[j] = sqrtf(a[j]); break;
     case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = 1.0f / sqrtf(a[j]); break;
     case OP_TANH: for (int j = 0; j < len; j++) o[j] = tanhf(a[j]); break;
@@ -272,8 +272,11 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             bool any = view_lanes(&p->views[in->view], idx, nd, j0, len, &jlo, &jhi);
             if (!any) { jlo = 0; jhi = 0; }
             if (fc) {
+                /* three plain loops: a select around a load is not vectorized */
                 float pv = (float)in->f;
-                for (int j = 0; j < len; j++) r->f[j] = (j >= jlo && j < jhi) ? a->f[j] : pv;
+                for (int j = 0; j < jlo; j++) r->f[j] = pv;
+                for (int j = jlo; j < jhi; j++) r->f[j] = a->f[j];
+                for (int j = jhi; j < len; j++) r->f[j] = pv;
             } else {
                 int64_t pv = (int64_t)in->f;
                 for (int j = 0; j < len; j++) r->i[j] = (j >= jlo && j < jhi) ? a->i[j] : pv;

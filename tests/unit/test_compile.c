@@ -750,6 +750,39 @@ Test(compile, threads_setting)
     cx_free(t);
 }
 
+/* A sum over the leading axis (a bias gradient) is each column's rows
+ * added in order in double, whatever the thread count: read in place (the
+ * rows four at a time) or computed by a prologue (x * x) alike. 1001 rows
+ * and 300 columns leave a partial group of rows and a partial block. */
+Test(compile, column_sums_add_rows_in_order)
+{
+    const int64_t R = 1001, C = 300, xs[2] = { R, C };
+    rng_seed(91);
+    float *x = rand_f32(R * C, -2, 2);
+    cx_tensor *X = cx_persist(tf32(x, xs, 2));
+    const int saved = cx_get_num_threads();
+    for (int sq = 0; sq < 2; sq++)
+        for (int th = 1; th <= 3; th += 2) {
+            cx_set_num_threads(th);
+            cx_step_begin();
+            cx_tensor *s = cx_keep(cx_sum(sq ? cx_mul(X, X) : X, (const int[]){ 0 }, 1, false));
+            step_end_ok("column sum");
+            float *got = read_all(s);
+            for (int64_t c = 0; c < C; c++) {
+                double acc = 0;
+                for (int64_t r = 0; r < R; r++) acc += sq ? (double)(x[r * C + c] * x[r * C + c]) : (double)x[r * C + c];
+                float want = (float)acc;
+                cr_assert(memcmp(&got[c], &want, sizeof want) == 0, "%s, %d threads, column %lld: %.9g, want %.9g",
+                          sq ? "x*x" : "x", th, (long long)c, (double)got[c], (double)want);
+            }
+            free(got);
+            cx_free(s);
+        }
+    cx_set_num_threads(saved);
+    free(x);
+    cx_free(X);
+}
+
 /* A gradient bucket (DDP): each gradient is copied into the bucket right
  * after it is computed, and the all-reduce runs in place over the bucket.
  * The arena then holds the bucket and one gradient, not every gradient

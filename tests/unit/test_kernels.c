@@ -1145,6 +1145,27 @@ Test(kernels, vexpf_is_within_2_ulp)
     cr_assert(isnan(cx_vexpf(NAN)));
 }
 
+Test(kernels, vlogf_is_within_2_ulp)
+{
+    double worst = 0, at = 0;
+    /* every 4097th positive float, subnormals included */
+    for (uint32_t u = 1; u < 0x7f800000u; u += 4097) {
+        float x;
+        memcpy(&x, &u, sizeof x);
+        double r = log((double)x);
+        double e = ulp_err(cx_vlogf(x), r);
+        if (e > worst) { worst = e; at = x; }
+    }
+    cr_assert_leq(worst, 2.0, "log: %.2f ulp at x = %g", worst, at);
+    cr_assert_eq(cx_vlogf(1.0f), 0.0f);
+    cr_assert(isinf(cx_vlogf(0.0f)) && cx_vlogf(0.0f) < 0);
+    cr_assert(isinf(cx_vlogf(-0.0f)) && cx_vlogf(-0.0f) < 0);
+    cr_assert(isinf(cx_vlogf(INFINITY)) && cx_vlogf(INFINITY) > 0);
+    cr_assert(isnan(cx_vlogf(-1.0f)));
+    cr_assert(isnan(cx_vlogf(-INFINITY)));
+    cr_assert(isnan(cx_vlogf(NAN)));
+}
+
 Test(kernels, verff_is_within_6_ulp)
 {
     double worst = 0, at = 0;

@@ -96,6 +96,45 @@ Test(passes, group_stores_a_cheap_op_when_recomputing_moves_more)
     cr_assert(root[s2], "x+w read by four kernels would move more memory recomputed");
 }
 
+/* GELU as a transformer's MLP runs it: h = x w + b; u = 1 + erf(h c),
+ * which the backward reads again; y = (h / 2) u. u is an expression over
+ * one buffer read by two kernels: each computes it, and nothing stores it. */
+Test(passes, lower_recomputes_an_erf_expression_two_kernels_read)
+{
+    gbuild b;
+    gb_init(&b);
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), w = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int bias = gb_node(&b, OP_DATA, 2, M44, 0, NULL), g = gb_node(&b, OP_DATA, 2, M44, 0, NULL);
+    int mm = gb_node(&b, OP_MATMUL, 2, M44, 2, (int[]){ x, w });
+    int h = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ mm, bias });
+    int c = gb_node(&b, OP_CONST, 2, M44, 0, NULL), one = gb_node(&b, OP_CONST, 2, M44, 0, NULL);
+    b.g.nodes[c].fval = 0.7071067811865476;
+    b.g.nodes[one].fval = 1;
+    int hc = gb_node(&b, OP_MUL, 2, M44, 2, (int[]){ h, c });
+    int er = gb_node(&b, OP_ERF, 2, M44, 1, &hc);
+    int u = gb_node(&b, OP_ADD, 2, M44, 2, (int[]){ er, one });
+    int y = gb_node(&b, OP_MUL, 2, M44, 2, (int[]){ h, u });
+    int dz = gb_node(&b, OP_MUL, 2, M44, 2, (int[]){ u, g });
+    gb_output(&b, y, -1);
+    gb_output(&b, dz, -1);
+    char root[32];
+    group(&b, root);
+    cr_assert(!root[u] && !root[er] && !root[hc], "1 + erf(h c) read by two kernels is computed in each");
+    cr_assert(root[h], "h, over a matmul output, stays the matmul's epilogue");
+    cx_executable *e = cx_lower(&b.g);
+    cr_assert_not_null(e, "%s", cx_last_error());
+    cr_assert_eq(e->nkernels, 3, "%d kernels, expected the matmul with its bias and the two readers of u", e->nkernels);
+    cx_executable_free(e);
+    /* with a tanh instead of the erf (one libm call an element) u is stored */
+    b.g.nodes[er].op = OP_TANH;
+    group(&b, root);
+    cr_assert(root[u], "tanh(h c) + 1 is computed once");
+    e = cx_lower(&b.g);
+    cr_assert_not_null(e, "%s", cx_last_error());
+    cr_assert_eq(e->nkernels, 4, "%d kernels with tanh, expected 4", e->nkernels);
+    cx_executable_free(e);
+}
+
 Test(passes, lower_counts_kernels_and_fuses_the_matmul_epilogue)
 {
     gbuild b;
