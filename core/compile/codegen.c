@@ -255,8 +255,8 @@ static bool parts_read_alone(const cgctx *c, int i, int packed)
     return readers(c->g, packed) == n->ninputs;
 }
 
-/* A concat along the last axis of the three parts of an f32 attention
- * backward's packed output, in order, each (.., H * D) over as many rows
+/* A concat along the last axis of the three parts of an attention
+ * backward's packed output (f32 or bf16, the concat's dtype), in order, each (.., H * D) over as many rows
  * as the backward has queries and keys, nothing else reading them: the
  * gradient of q, k and v sliced from one projection. The backward writes
  * its rows interleaved straight into the concat's buffer, and the concat
@@ -265,14 +265,15 @@ static bool concat_attention_in_place(cgctx *c, int i)
 {
     const cx_gnode *n = &c->g->nodes[i];
     const int nd = n->ndim;
-    if (n->ninputs != 3 || nd < 2 || CX_ATTR(n, CX_AT_AXIS) != nd - 1 || n->dtype != CX_F32) return false;
+    if (n->ninputs != 3 || nd < 2 || CX_ATTR(n, CX_AT_AXIS) != nd - 1 || (n->dtype != CX_F32 && n->dtype != CX_BF16))
+        return false;
     cx_kin part[3];
     for (int j = 0; j < 3; j++)
         if (!resolve_input(c, n->inputs[j], LAYOUT_SHIFTED, &part[j]) || part[j].slot != part[0].slot) return false;
     cx_kernel *k = NULL;
     for (int q = c->e->nkernels - 1; q >= 0 && !k; q--)
         if (c->e->kernels[q].out_slot == part[0].slot) k = &c->e->kernels[q];
-    if (!k || k->kind != K_ATTENTION_BWD || k->out_dtype != CX_F32 || k->nattrs != CX_AT_ATTN_COUNT) return false;
+    if (!k || k->kind != K_ATTENTION_BWD || k->out_dtype != n->dtype || k->nattrs != CX_AT_ATTN_COUNT) return false;
     const int64_t *qs = k->in[0].shape, per = qs[0] * qs[1] * qs[2] * qs[3];
     if (k->in[1].shape[1] != qs[1] || n->shape[nd - 1] != 3 * qs[2] * qs[3]) return false;
     for (int j = 0; j < 3; j++)

@@ -234,10 +234,10 @@ static bool attrs_ok(const cx_kernel *k)
     case K_PAD: return k->nin >= 1 && k->nattrs >= CX_AT_PAD_COUNT(k->in[0].ndim);
     case K_ATTENTION: return k->nin == 3 && k->nattrs >= CX_AT_ATTN_COUNT && k->in[0].ndim == 4 && k->in[1].ndim == 4;
     case K_ATTENTION_BWD:
-        /* interleaved: f32 rows of dq, dk, dv side by side, so as many keys as queries */
+        /* interleaved: rows of dq, dk, dv side by side, so as many keys as queries */
         return k->nin == 5 && k->nattrs >= CX_AT_ATTN_COUNT && k->in[0].ndim == 4 && k->in[1].ndim == 4 &&
                (k->nattrs <= CX_AT_ATTN_INTERLEAVED || !k->attrs[CX_AT_ATTN_INTERLEAVED] ||
-                (k->out_dtype == CX_F32 && k->in[0].shape[1] == k->in[1].shape[1]));
+                k->in[0].shape[1] == k->in[1].shape[1]);
     case K_LAYER_NORM: case K_LAYER_NORM_BWD: return k->nin == 3 && k->in[0].ndim >= 1;
     default: return true;
     }

@@ -31,6 +31,7 @@ static cx_attn_geom contiguous(const cx_attn_geom *g)
     memcpy(c.do_strides, qs, sizeof qs);
     memcpy(c.k_strides, ks, sizeof ks);
     memcpy(c.v_strides, ks, sizeof ks);
+    c.interleaved = false;   /* the f32 copies' gradients are packed; round_grads places them */
     return c;
 }
 
@@ -132,13 +133,20 @@ static size_t widen_bwd_scratch(const cx_attn_geom *g)
 }
 
 /* one chunk of images [n0, n0 + nb): its f32 gradients dq | dk | dv into
- * their places in dqkv (dq (N, T, H, D), then dk and dv (N, S, H, D)) */
+ * their places in dqkv: packed (dq (N, T, H, D), then dk and dv (N, S, H,
+ * D)) or interleaved ((N, T, 3, H, D), t == s) */
 static void round_grads(uint16_t *dqkv, const float *grads, const cx_attn_geom *g, int64_t n0, int64_t nb)
 {
-    const int64_t qi = g->t * g->h * g->d, ki = g->s * g->h * g->d;
-    round_all(dqkv + n0 * qi, grads, nb * qi);
-    round_all(dqkv + g->n * qi + n0 * ki, grads + nb * qi, nb * ki);
-    round_all(dqkv + g->n * (qi + ki) + n0 * ki, grads + nb * (qi + ki), nb * ki);
+    const int64_t hd = g->h * g->d, qi = g->t * hd, ki = g->s * hd;
+    if (!g->interleaved) {
+        round_all(dqkv + n0 * qi, grads, nb * qi);
+        round_all(dqkv + g->n * qi + n0 * ki, grads + nb * qi, nb * ki);
+        round_all(dqkv + g->n * (qi + ki) + n0 * ki, grads + nb * (qi + ki), nb * ki);
+        return;
+    }
+    for (int part = 0; part < 3; part++)
+        for (int64_t r = 0; r < nb * g->t; r++)
+            round_all(dqkv + (n0 * g->t + r) * 3 * hd + part * hd, grads + part * nb * qi + r * hd, hd);
 }
 
 static void widen_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
@@ -256,7 +264,8 @@ enum { MOVE_MAX = 4 };
 typedef struct {
     int n;
     uint16_t *hm[MOVE_MAX];
-    uint16_t *to[MOVE_MAX];          /* scatter: the contiguous destination */
+    uint16_t *to[MOVE_MAX];          /* scatter: the destination, rows ld[] apart */
+    int64_t ld[MOVE_MAX];
     const uint16_t *from[MOVE_MAX];  /* gather: the strided source */
     const int64_t *st[MOVE_MAX];     /* its element strides of N, T|S, H */
     int64_t rows[MOVE_MAX], first[MOVE_MAX + 1];   /* head rows before each operand */
@@ -277,7 +286,7 @@ static void move_part(void *p, int64_t lo, int64_t hi)
             memcpy(m->hm[o] + r * m->d, m->from[o] + n * m->st[o][0] + t * m->st[o][1] + hh * m->st[o][2],
                    sizeof(uint16_t) * (size_t)m->d);
         else
-            memcpy(m->to[o] + ((n * rows + t) * m->h + hh) * m->d, m->hm[o] + r * m->d, sizeof(uint16_t) * (size_t)m->d);
+            memcpy(m->to[o] + (n * rows + t) * m->ld[o] + hh * m->d, m->hm[o] + r * m->d, sizeof(uint16_t) * (size_t)m->d);
     }
 }
 
@@ -392,7 +401,8 @@ void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t
         move_run(&in, nb);
         probabilities(g, &u, b);
         cx_matmul_bf16(u.out, u.p16, u.v, b, g->t, g->d, g->s, false, false, g->t * g->s, g->s * g->d, u.rest, u.left);
-        move_job res = { .n = 1, .hm = { u.out }, .to = { out + n0 * qi }, .rows = { g->t }, .h = g->h, .d = g->d };
+        move_job res = { .n = 1, .hm = { u.out }, .to = { out + n0 * qi }, .ld = { g->h * g->d }, .rows = { g->t },
+                         .h = g->h, .d = g->d };
         move_run(&res, nb);
     }
 }
@@ -417,7 +427,7 @@ void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_
 {
     /* P is recomputed from q and k, and softmax's backward needs only P
      * and dP, so the forward's output is not an input */
-    const int64_t chunk = chunk_of(g), qi = g->t * g->h * g->d, ki = g->s * g->h * g->d;
+    const int64_t chunk = chunk_of(g), hd = g->h * g->d, qi = g->t * hd, ki = g->s * hd;
     attn_bufs u = attn_carve(g, true, scratch, scratch_bytes);
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
         const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk, b = nb * g->h;
@@ -431,7 +441,12 @@ void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_
         grads(g, &u, b);
         move_job res = { .n = 3, .hm = { u.out, u.out + b * g->t * g->d, u.out + b * (g->t + g->s) * g->d },
                          .to = { dqkv + n0 * qi, dqkv + g->n * qi + n0 * ki, dqkv + g->n * (qi + ki) + n0 * ki },
-                         .rows = { g->t, g->s, g->s }, .h = g->h, .d = g->d };
+                         .ld = { hd, hd, hd }, .rows = { g->t, g->s, g->s }, .h = g->h, .d = g->d };
+        if (g->interleaved) {
+            /* (N, T, 3, H, D): each row's dq, dk, dv side by side */
+            uint16_t *row0 = dqkv + n0 * g->t * 3 * hd;
+            for (int part = 0; part < 3; part++) { res.to[part] = row0 + part * hd; res.ld[part] = 3 * hd; }
+        }
         move_run(&res, nb);
     }
 }

@@ -142,7 +142,7 @@ typedef struct {
     int64_t n, t, s, h, d;
     int64_t q_strides[3], k_strides[3], v_strides[3], o_strides[3], do_strides[3];
     bool causal;
-    /* the f32 backward's dqkv as (N, T, 3, H, D), each row's dq, dk, dv
+    /* the backward's dqkv as (N, T, 3, H, D), each row's dq, dk, dv
      * side by side: the gradient of one q|k|v projection, written in
      * place (t == s only); false: packed, below */
     bool interleaved;

@@ -336,6 +336,21 @@ static void attn_check(const attn_case *c, bool gemm, bool other)
         if (near) check_near(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
         else check_rounded(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
     }
+    /* interleaved ((N, T, 3, H, D), the gradient of the one projection q, k
+     * and v are sliced from): the same bits, each row's parts side by side */
+    cx_attn_geom gi = c->g;
+    gi.interleaved = true;
+    uint16_t *g16i = malloc(sizeof *g16i * 3 * c->no);
+    cr_assert(g16i);
+    if (gemm) cx_attention_bf16_gemm_bwd(g16i, q, k, v, c->dout, &gi, sb, bb);
+    else cx_attention_bf16_bwd(g16i, q, k, v, o, c->dout, &gi, sb, bb);
+    const size_t rows = c->no / (size_t)hd;
+    for (int t = 0; t < 3; t++)
+        for (size_t r = 0; r < rows; r++)
+            cr_assert(memcmp(g16i + (r * 3 + (size_t)t) * (size_t)hd, g16 + (size_t)t * c->no + r * (size_t)hd,
+                             sizeof *g16i * (size_t)hd) == 0,
+                      "%s row %zu: interleaved differs from packed", names[t], r);
+    free(g16i);
     free(o); free(g16); free(sf); free(sb);
 }
 
