@@ -219,6 +219,30 @@ static bool view_fits(const cx_kin *x, int64_t slot_bytes)
     return x->numel == 0 || fits(end, x->dtype, slot_bytes);
 }
 
+/* A pool reads its operands and writes its output whole from their
+ * buffers' starts, by its geometry: n*c*h*w input values (the average
+ * pool's gradient: n*c*oh*ow of dy) and the other side's count. The
+ * geometry must be the buffers' (their sizes are checked against numel). */
+static bool pool_ok(const cx_kernel *k)
+{
+    if (k->kind != K_MAXPOOL && k->kind != K_AVGPOOL && k->kind != K_MAXPOOL_BWD && k->kind != K_AVGPOOL_BWD)
+        return true;
+    if (k->nin != (k->kind == K_MAXPOOL_BWD ? 2 : 1)) return false;
+    if (k->kind != K_AVGPOOL_BWD && k->in[0].ndim != 4) return false;
+    cx_pool_geom g;
+    cx_kernel_pool_geom(k, &g);
+    if (g.h > INT32_MAX || g.w > INT32_MAX || !cx_pool_geom_finish(&g)) return false;
+    int64_t planes, in_n, out_n;
+    if (__builtin_mul_overflow(g.n, g.c, &planes) || __builtin_mul_overflow(planes, g.h * g.w, &in_n) ||
+        __builtin_mul_overflow(planes, g.oh * g.ow, &out_n))
+        return false;
+    switch (k->kind) {
+    case K_MAXPOOL: case K_AVGPOOL: return k->in[0].numel == in_n && k->out_numel == out_n;
+    case K_MAXPOOL_BWD: return k->in[0].numel == in_n && k->in[1].numel == out_n && k->out_numel == in_n;
+    default: return k->in[0].numel == out_n && k->out_numel == in_n;
+    }
+}
+
 /* Every attribute the executor reads (CX_ATTR) exists. */
 static bool attrs_ok(const cx_kernel *k)
 {
@@ -323,13 +347,16 @@ static bool exec_ok(const cx_executable *e)
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
         if (k->kind == K_COLL && (k->coll_op < OP_ALL_REDUCE || k->coll_op > OP_BROADCAST || k->nin < 1)) return false;
-        if (!attrs_ok(k) || !dense_ok(e, k)) return false;
+        if (!attrs_ok(k) || !pool_ok(k) || !dense_ok(e, k)) return false;
+        /* every kernel's scratch is a slot of at least its size */
+        if (k->scratch_bytes > 0 && (k->scratch_slot < 0 || k->scratch_bytes > e->slots[k->scratch_slot].bytes)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
         if (k->epi > EPI_POSMASK) return false;
         if (k->epi != EPI_PROG) {
             if (!k->has_epilogue || k->epi_load < 0 || k->epi_load >= k->prog.n || k->prog.ins[k->epi_load].kind != P_LOAD)
                 return false;
             if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD : k->kind != K_CONV) return false;
+            if (k->out_dtype != CX_F32) return false;   /* the folds exist in the f32 kernels only */
         }
         if (!prog_ok(e, k, &k->prog)) return false;
     }

@@ -381,7 +381,8 @@ size_t cx_attention_scratch_bytes(const cx_attn_geom *g) { return cx_attention_r
 void cx_attention_route_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
                             void *scratch, size_t scratch_bytes, bool tiled)
 {
-    if (g->n * g->h * g->t == 0) return;
+    /* no head dimension: nothing to write (and no matrix a BLAS accepts) */
+    if (g->n * g->h * g->t == 0 || g->d == 0) return;
     if (g->s == 0) { memset(out, 0, sizeof *out * (size_t)(g->n * g->t * g->h * g->d)); return; }
     const bool rows = take_rows(g, false, tiled, scratch_bytes);
     attn_job j = { .g = g, .lane_floats = lane_floats_of(g, false, !rows), .out = out, .q = q, .k = k, .v = v,
@@ -515,7 +516,7 @@ void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const f
                             const float *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes, bool tiled)
 {
     /* both routes write every element of a head's dq, dk and dv */
-    if (g->n * g->h == 0 || g->t == 0 || g->s == 0) {
+    if (g->n * g->h * g->d == 0 || g->t == 0 || g->s == 0) {
         memset(dqkv, 0, sizeof *dqkv * (size_t)(g->n * g->h * g->d * (g->t + 2 * g->s)));
         return;
     }

@@ -364,7 +364,13 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const
 #endif
     j.dnnl = cx_sgemm_prefers_dnnl(m, n, k);
     j.d = dims_of(m, n, k, j.hw);
-    if (!j.hw && scratch_bytes < per_thread_bytes(&j.d, false)) j.d = fit_f32(m, n, k, scratch_bytes);
+    if (!j.hw && scratch_bytes < per_thread_bytes(&j.d, false) * (size_t)cx_pool_threads()) {
+        /* a plan for the other route: each thread's share, so all of them
+         * run (the plan holds the f32 route at MR rows for each) */
+        bgemm_dims whole = j.d;
+        size_t share = scratch_bytes / (size_t)min64(cx_pool_threads(), batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR));
+        if (share < per_thread_bytes(&whole, false)) j.d = fit_f32(m, n, k, share);
+    }
     j.per = per_thread_bytes(&j.d, j.hw);
     j.nt = (n + j.d.nc - 1) / j.d.nc;
     int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));

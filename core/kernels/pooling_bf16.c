@@ -11,11 +11,13 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* one lane: the input plane (or dy's) widened, dy's plane, the f32 result */
+/* one lane: the input plane widened, dy's plane widened, the f32 result
+ * (an output plane forward, an input plane backward; an output plane may
+ * be the larger: stride 1 with padding) */
 static int64_t lane_floats(const cx_pool_geom *g)
 {
     int64_t in = g->h * g->w, out = g->oh * g->ow;
-    return (2 * in + out + 15) / 16 * 16;
+    return (in + out + (in > out ? in : out) + 15) / 16 * 16;
 }
 
 size_t cx_pool2d_bf16_scratch_bytes(const cx_pool_geom *g)

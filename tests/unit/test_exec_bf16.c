@@ -1,6 +1,7 @@
 /* The rules a loaded executable's dense kernels must meet now that they
  * run in f32 or bf16 (core/executable/serialize.c): every operand in the
- * output's dtype, and a bf16 matmul with at least one thread's scratch.
+ * output's dtype, a bf16 matmul or pool with at least one thread's scratch,
+ * and a pool's geometry that of its buffers.
  * A hand-built one-matmul executable goes through the serialized form
  * with each rule broken in turn. */
 #include <criterion/criterion.h>
@@ -86,4 +87,64 @@ Test(bf16_exec, dense_kernels_keep_one_dtype_and_bf16_matmul_has_scratch)
     cx_executable *wide_out = one_matmul(CX_F32, -1);
     wide_out->kernels[0].out_dtype = CX_I32;
     cr_assert(!loads(wide_out), "a matmul must run in f32 or bf16");
+}
+
+/* a 2x2 stride-2 max pool of (2, 3, 8, 8) in dt, with `scratch` bytes of
+ * scratch (-1: none) */
+static cx_executable *one_pool(cx_dtype dt, int64_t scratch)
+{
+    cx_executable *e = calloc(1, sizeof *e);
+    cr_assert(e);
+    const int64_t es = (int64_t)cx_dtype_size(dt), in_n = 2 * 3 * 8 * 8, out_n = 2 * 3 * 4 * 4;
+    int sx = cx_exec_add_slot(e, SLOT_ARENA, -1, in_n * es), sy = cx_exec_add_slot(e, SLOT_ARENA, -1, out_n * es);
+    int ss = scratch >= 0 ? cx_exec_add_slot(e, SLOT_ARENA, -1, scratch) : -1;
+    cr_assert(sx >= 0 && sy >= 0 && (scratch < 0 || ss >= 0));
+    int64_t off = 0;
+    for (int s = 0; s < e->nslots; s++) { e->slots[s].offset = off; off += e->slots[s].bytes; }
+    e->arena_bytes = off;
+    cx_kernel *k = cx_exec_add_kernel(e);
+    cr_assert(k);
+    k->kind = K_MAXPOOL;
+    k->out_slot = sy;
+    k->out_dtype = (uint8_t)dt;
+    k->out_numel = out_n;
+    k->ndim = 4;
+    const int64_t ys[4] = { 2, 3, 4, 4 }, xs[4] = { 2, 3, 8, 8 };
+    memcpy(k->shape, ys, sizeof ys);
+    k->nin = 1;
+    cx_kin *x = &k->in[0];
+    x->slot = sx;
+    x->dtype = (uint8_t)dt;
+    x->ndim = 4;
+    memcpy(x->shape, xs, sizeof xs);
+    x->numel = in_n;
+    cx_contiguous_strides(xs, 4, x->view.strides);
+    k->nattrs = CX_AT_POOL_COUNT;
+    k->attrs[CX_AT_POOL_KH] = k->attrs[CX_AT_POOL_KW] = k->attrs[CX_AT_POOL_SH] = k->attrs[CX_AT_POOL_SW] = 2;
+    k->scratch_slot = ss;
+    k->scratch_bytes = scratch > 0 ? scratch : 0;
+    return e;
+}
+
+/* A loaded pool's geometry is its buffers' (the kernel reads and writes
+ * them whole from their starts), and a bf16 pool has one thread's planes
+ * of scratch; no kernel claims more scratch than its slot has. */
+Test(bf16_exec, pools_keep_their_geometry_and_bf16_pools_have_scratch)
+{
+    cx_pool_geom g = { .n = 2, .c = 3, .h = 8, .w = 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2 };
+    cr_assert(cx_pool_geom_finish(&g));
+    const int64_t need = (int64_t)cx_pool2d_bf16_min_scratch_bytes(&g);
+    cr_assert(loads(one_pool(CX_F32, -1)), "an f32 pool needs no scratch");
+    cr_assert(loads(one_pool(CX_BF16, need)), "a bf16 pool with one thread's planes is valid");
+    cr_assert(!loads(one_pool(CX_BF16, -1)), "a bf16 pool without scratch must be refused");
+    cr_assert(!loads(one_pool(CX_BF16, need - 1)), "a bf16 pool with too little scratch must be refused");
+    cx_executable *small_out = one_pool(CX_BF16, need);
+    small_out->kernels[0].out_numel = 1;
+    cr_assert(!loads(small_out), "a pool whose output is not its geometry's must be refused");
+    cx_executable *big_in = one_pool(CX_F32, -1);
+    big_in->kernels[0].in[0].shape[2] = 16;
+    cr_assert(!loads(big_in), "a pool whose input is not its geometry's must be refused");
+    cx_executable *claims = one_pool(CX_F32, 64);
+    claims->kernels[0].scratch_bytes = 1 << 20;
+    cr_assert(!loads(claims), "a kernel claiming more scratch than its slot must be refused");
 }

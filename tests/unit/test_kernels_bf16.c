@@ -497,7 +497,9 @@ static void expect_rounded(const uint16_t *out, const float *ref, size_t n, cons
 Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
 {
     rng_state = 0x51ed270b27d3a1c5ull;
-    static const int geoms[][5] = { { 2, 2, 2, 2, 0 }, { 3, 3, 2, 2, 1 }, { 3, 3, 1, 1, 1 }, { 2, 3, 1, 2, 0 } };
+    /* the last: stride 1 with padding, an output plane larger than its input */
+    static const int geoms[][5] = { { 2, 2, 2, 2, 0 }, { 3, 3, 2, 2, 1 }, { 3, 3, 1, 1, 1 }, { 2, 3, 1, 2, 0 },
+                                    { 2, 2, 1, 1, 1 } };
     const int64_t sizes[][2] = { { 24, 24 }, { 13, 17 } };
     for (size_t gi = 0; gi < sizeof geoms / sizeof *geoms; gi++)
         for (size_t si = 0; si < 2; si++) {
@@ -510,8 +512,9 @@ Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
             cr_assert(x);
             for (size_t i = 0; i < nin; i++) x[i] = cx_f32_to_bf16((float)(int)(rng_uniform() * 4.0f) * 0.75f);
             float *xf = widened(x, nin), *dyf = widened(dy, nout);
-            float *ref = malloc(sizeof *ref * nin);
-            uint16_t *out = malloc(sizeof *out * nin);
+            const size_t most = nin > nout ? nin : nout;
+            float *ref = malloc(sizeof *ref * most);
+            uint16_t *out = malloc(sizeof *out * most);
             size_t sb = cx_pool2d_bf16_scratch_bytes(&g);
             void *scratch = malloc(sb);
             cr_assert(ref && out && scratch);
@@ -527,10 +530,20 @@ Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
             cx_avg_pool2d_bwd(ref, dyf, &g);
             cx_pool2d_bf16(CX_POOL_BF16_AVG_BWD, out, NULL, dy, &g, scratch, sb);
             expect_rounded(out, ref, nin, "avg pool gradient", &g);
-            /* one thread's share of the scratch is enough */
-            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, &g, scratch, cx_pool2d_bf16_min_scratch_bytes(&g));
+            /* one thread's share of the scratch is enough, and no kernel
+             * writes past it */
+            const size_t one = cx_pool2d_bf16_min_scratch_bytes(&g);
+            unsigned char *lane = malloc(one + 256);
+            cr_assert(lane);
+            memset(lane + one, 0xa5, 256);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, &g, lane, one);
             cx_max_pool2d_bwd(ref, xf, dyf, NULL, &g);
             expect_rounded(out, ref, nin, "max pool gradient on one lane", &g);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, &g, lane, one);
+            cx_max_pool2d_fwd(ref, xf, &g);
+            expect_rounded(out, ref, nout, "max pool on one lane", &g);
+            for (int b = 0; b < 256; b++) cr_assert_eq(lane[one + (size_t)b], 0xa5, "a write past the scratch");
+            free(lane);
             free(x); free(dy); free(xf); free(dyf); free(ref); free(out); free(scratch);
         }
 }
