@@ -243,6 +243,26 @@ static bool pool_ok(const cx_kernel *k)
     }
 }
 
+/* A concat copies its part (outer rows of piece values, read contiguously
+ * from the part's view offset) to an axis offset of its output: the part
+ * must be in the output's shape but on the axis, and land inside it. */
+static bool concat_ok(const cx_executable *e, const cx_kernel *k)
+{
+    if (k->kind != K_CONCAT) return true;
+    const cx_kin *x = &k->in[0];
+    const int64_t ax = CX_ATTR(k, CX_AT_AXIS), at = CX_ATTR(k, CX_AT_CONCAT_OFFSET);
+    if (k->nin != 1 || x->ndim != k->ndim || ax < 0 || ax >= k->ndim || x->dtype != k->out_dtype) return false;
+    int64_t n = 1, out = 1;
+    for (int d = 0; d < k->ndim; d++) {
+        if (d != ax && x->shape[d] != k->shape[d]) return false;
+        if (__builtin_mul_overflow(n, x->shape[d], &n) || __builtin_mul_overflow(out, k->shape[d], &out)) return false;
+    }
+    int64_t end;
+    if (at < 0 || __builtin_add_overflow(at, x->shape[ax], &end) || end > k->shape[ax]) return false;
+    if (x->numel != n || out != k->out_numel || __builtin_add_overflow(x->view.offset, n, &end)) return false;
+    return x->view.offset >= 0 && fits(end, x->dtype, e->slots[x->slot].bytes);
+}
+
 /* Every attribute the executor reads (CX_ATTR) exists. */
 static bool attrs_ok(const cx_kernel *k)
 {
@@ -347,7 +367,7 @@ static bool exec_ok(const cx_executable *e)
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;
         if (k->kind == K_REDUCE && k->red_op != OP_REDUCE_SUM && k->red_op != OP_REDUCE_MAX && k->red_op != OP_ARGMAX) return false;
         if (k->kind == K_COLL && (k->coll_op < OP_ALL_REDUCE || k->coll_op > OP_BROADCAST || k->nin < 1)) return false;
-        if (!attrs_ok(k) || !pool_ok(k) || !dense_ok(e, k)) return false;
+        if (!attrs_ok(k) || !pool_ok(k) || !concat_ok(e, k) || !dense_ok(e, k)) return false;
         /* every kernel's scratch is a slot of at least its size */
         if (k->scratch_bytes > 0 && (k->scratch_slot < 0 || k->scratch_bytes > e->slots[k->scratch_slot].bytes)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
