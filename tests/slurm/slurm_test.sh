@@ -139,7 +139,10 @@ sbatch_zero3)
     echo "slurm sbatch_zero3: ok"
     ;;
 scancel | usr1 | requeue)
-    RUN="--model mlp --width 64 --depth 2 --data fake --epochs 3 --log-every 50 --threads 1 --parallel ddp"
+    # long enough that the signal, sent once epoch 2 starts, lands while it
+    # trains however fast the steps are (at 3 epochs a faster build finished
+    # before slurm delivered USR1: "job stopped", nothing left to save)
+    RUN="--model mlp --width 64 --depth 2 --data fake --epochs 8 --log-every 50 --threads 1 --parallel ddp"
     script ref "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ref"
     on1 sbatch --parsable --wait "$W/ref.sh" > /dev/null || { cat "$W"/ref.*.out; fail "the uninterrupted job failed"; }
     script run "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ck" --resume auto
