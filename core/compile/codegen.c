@@ -192,8 +192,7 @@ static int64_t heavy_scratch(const cgctx *c, const cx_gnode *n, const cx_kernel 
         for (int d = 0; d < nd - 2; d++) batch *= a->shape[d];
         return (int64_t)cx_matmul_bf16_scratch_bytes(batch, a->shape[nd - 2], b->shape[nd - 1], a->shape[nd - 1]);
     }
-    if ((k->kind == K_MAXPOOL || k->kind == K_AVGPOOL || k->kind == K_MAXPOOL_BWD || k->kind == K_AVGPOOL_BWD) &&
-        k->out_dtype == CX_BF16) {
+    if (cx_kernel_is_pool(k) && k->out_dtype == CX_BF16) {
         cx_pool_geom g;
         cx_kernel_pool_geom(k, &g);
         return (int64_t)cx_pool2d_bf16_scratch_bytes(&g);

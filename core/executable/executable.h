@@ -191,6 +191,11 @@ const char *cx_kernel_kind_name(int kind);
  * attributes: what the compiler sizes scratch by and the runtime runs. */
 void cx_kernel_conv_geom(const cx_kernel *k, cx_conv_geom *g);
 void cx_kernel_pool_geom(const cx_kernel *k, cx_pool_geom *g);
+/* Whether k is a pool or a pool's gradient (the kernels with a pool geometry). */
+static inline bool cx_kernel_is_pool(const cx_kernel *k)
+{
+    return k->kind == K_MAXPOOL || k->kind == K_AVGPOOL || k->kind == K_MAXPOOL_BWD || k->kind == K_AVGPOOL_BWD;
+}
 void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g);
 
 /* ---- the serialized form (serialize.c) ---- */

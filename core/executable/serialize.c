@@ -225,8 +225,7 @@ static bool view_fits(const cx_kin *x, int64_t slot_bytes)
  * geometry must be the buffers' (their sizes are checked against numel). */
 static bool pool_ok(const cx_kernel *k)
 {
-    if (k->kind != K_MAXPOOL && k->kind != K_AVGPOOL && k->kind != K_MAXPOOL_BWD && k->kind != K_AVGPOOL_BWD)
-        return true;
+    if (!cx_kernel_is_pool(k)) return true;
     if (k->nin != (k->kind == K_MAXPOOL_BWD ? 2 : 1)) return false;
     if (k->kind != K_AVGPOOL_BWD && k->in[0].ndim != 4) return false;
     cx_pool_geom g;
@@ -303,7 +302,7 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
         if (k->in[i].dtype != k->out_dtype) return false;
     if (k->out_dtype == CX_F32) return true;
     if (k->scratch_slot >= 0 && k->scratch_bytes > e->slots[k->scratch_slot].bytes) return false;
-    if (k->kind == K_MAXPOOL || k->kind == K_AVGPOOL || k->kind == K_MAXPOOL_BWD || k->kind == K_AVGPOOL_BWD) {
+    if (cx_kernel_is_pool(k)) {
         cx_pool_geom g;
         cx_kernel_pool_geom(k, &g);
         return cx_pool_geom_finish(&g) && k->scratch_slot >= 0 &&

@@ -74,6 +74,13 @@ static size_t hw_plan_bytes(int64_t m, int64_t n, int64_t k)
     return hw > f32 ? hw : f32;
 }
 
+/* The threads a plan has tiles for: the pool's, or fewer when there are
+ * fewer tasks (row chunks are never below MR rows). */
+static int64_t threads_for(int64_t batch, int64_t m, int64_t n)
+{
+    return min64(cx_pool_threads(), batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR));
+}
+
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
     /* the route this process runs (the f32 route's tasks are larger); an
@@ -95,9 +102,7 @@ size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, i
     /* cx_matmul_bf16 may fold the batch into M: size for both */
     bgemm_dims d = dims_of(m * batch, n, k, false);
     size_t per = bf16_route ? hw_plan_bytes(m * batch, n, k) : per_thread_bytes(&d, false);
-    /* the most tasks there can be: row chunks are never below MR rows */
-    int64_t tasks = batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR);
-    return per * (size_t)min64(cx_pool_threads(), tasks);
+    return per * (size_t)threads_for(batch, m, n);
 }
 
 typedef struct {
@@ -364,12 +369,11 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const
 #endif
     j.dnnl = cx_sgemm_prefers_dnnl(m, n, k);
     j.d = dims_of(m, n, k, j.hw);
-    if (!j.hw && scratch_bytes < per_thread_bytes(&j.d, false) * (size_t)cx_pool_threads()) {
-        /* a plan for the other route: each thread's share, so all of them
-         * run (the plan holds the f32 route at MR rows for each) */
-        bgemm_dims whole = j.d;
-        size_t share = scratch_bytes / (size_t)min64(cx_pool_threads(), batch * ((m + MR - 1) / MR) * ((n + NR - 1) / NR));
-        if (share < per_thread_bytes(&whole, false)) j.d = fit_f32(m, n, k, share);
+    if (!j.hw) {
+        /* a plan for the other route holds each thread's share of fewer
+         * rows (and the f32 route at MR rows): fit the rows to that share */
+        size_t share = scratch_bytes / (size_t)threads_for(batch, m, n);
+        if (share < per_thread_bytes(&j.d, false)) j.d = fit_f32(m, n, k, share);
     }
     j.per = per_thread_bytes(&j.d, j.hw);
     j.nt = (n + j.d.nc - 1) / j.d.nc;

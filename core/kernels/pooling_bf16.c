@@ -61,29 +61,13 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
      * with a single image and channel */
     cx_pool_geom one = *g;
     one.n = one.c = 1;
-    switch (j->kind) {
-    case CX_POOL_BF16_MAX:
-        widen(xf, j->x + t * in, in);
-        cx_pool2d_plane_f32(CX_POOL_BF16_MAX, res, xf, NULL, &one);
-        narrow(j->out + t * out, res, out);
-        break;
-    case CX_POOL_BF16_AVG:
-        widen(xf, j->x + t * in, in);
-        cx_pool2d_plane_f32(CX_POOL_BF16_AVG, res, xf, NULL, &one);
-        narrow(j->out + t * out, res, out);
-        break;
-    case CX_POOL_BF16_MAX_BWD:
-        widen(xf, j->x + t * in, in);
-        widen(dyf, j->dy + t * out, out);
-        cx_pool2d_plane_f32(CX_POOL_BF16_MAX_BWD, res, xf, dyf, &one);
-        narrow(j->out + t * in, res, in);
-        break;
-    default: /* CX_POOL_BF16_AVG_BWD */
-        widen(dyf, j->dy + t * out, out);
-        cx_pool2d_plane_f32(CX_POOL_BF16_AVG_BWD, res, NULL, dyf, &one);
-        narrow(j->out + t * in, res, in);
-        break;
-    }
+    /* forward: x's plane to y's; backward: x's (max) and dy's to dx's */
+    const bool bwd = j->kind == CX_POOL_BF16_MAX_BWD || j->kind == CX_POOL_BF16_AVG_BWD;
+    if (j->kind != CX_POOL_BF16_AVG_BWD) widen(xf, j->x + t * in, in);
+    if (bwd) widen(dyf, j->dy + t * out, out);
+    cx_pool2d_plane_f32(j->kind, res, j->kind == CX_POOL_BF16_AVG_BWD ? NULL : xf, bwd ? dyf : NULL, &one);
+    const int64_t n = bwd ? in : out;
+    narrow(j->out + t * n, res, n);
 }
 
 static void each(void *p, int64_t tid, int64_t nthreads)

@@ -27,6 +27,14 @@ static void kin(cx_kin *x, int slot, cx_dtype dt, int64_t rows, int64_t cols)
     x->batch_stride = rows * cols;
 }
 
+/* every slot in the arena, one after the other */
+static void lay_out_arena(cx_executable *e)
+{
+    int64_t off = 0;
+    for (int s = 0; s < e->nslots; s++) { e->slots[s].offset = off; off += e->slots[s].bytes; }
+    e->arena_bytes = off;
+}
+
 /* a (M, K) @ b (K, N) -> c, all in dt, with `scratch` bytes of scratch
  * (-1: no scratch slot) */
 static cx_executable *one_matmul(cx_dtype dt, int64_t scratch)
@@ -38,9 +46,7 @@ static cx_executable *one_matmul(cx_dtype dt, int64_t scratch)
     int sc = cx_exec_add_slot(e, SLOT_ARENA, -1, M * N * es);
     int ss = scratch >= 0 ? cx_exec_add_slot(e, SLOT_ARENA, -1, scratch) : -1;
     cr_assert(sa >= 0 && sb >= 0 && sc >= 0 && (scratch < 0 || ss >= 0));
-    int64_t off = 0;
-    for (int s = 0; s < e->nslots; s++) { e->slots[s].offset = off; off += e->slots[s].bytes; }
-    e->arena_bytes = off;
+    lay_out_arena(e);
     cx_kernel *k = cx_exec_add_kernel(e);
     cr_assert(k);
     k->kind = K_MATMUL;
@@ -99,9 +105,7 @@ static cx_executable *one_pool(cx_dtype dt, int64_t scratch)
     int sx = cx_exec_add_slot(e, SLOT_ARENA, -1, in_n * es), sy = cx_exec_add_slot(e, SLOT_ARENA, -1, out_n * es);
     int ss = scratch >= 0 ? cx_exec_add_slot(e, SLOT_ARENA, -1, scratch) : -1;
     cr_assert(sx >= 0 && sy >= 0 && (scratch < 0 || ss >= 0));
-    int64_t off = 0;
-    for (int s = 0; s < e->nslots; s++) { e->slots[s].offset = off; off += e->slots[s].bytes; }
-    e->arena_bytes = off;
+    lay_out_arena(e);
     cx_kernel *k = cx_exec_add_kernel(e);
     cr_assert(k);
     k->kind = K_MAXPOOL;
