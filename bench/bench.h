@@ -189,6 +189,11 @@ bench_sgemm *bench_sgemm_new(int n);
 /* bench_side unit: one sgemm. */
 double bench_sgemm_run(void *sgemm);
 double bench_sgemm_flop(const bench_sgemm *g);
+/* Around a reference OpenBLAS call: its threads as many as cxla's, then
+ * back to 1 with its worker threads stopped, so none spins into the next
+ * side's time. */
+void bench_openblas_begin(void);
+void bench_openblas_end(void);
 void bench_sgemm_free(bench_sgemm *g);
 
 /* ---- subcommands ----------------------------------------------------------------- */

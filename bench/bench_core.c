@@ -6,6 +6,9 @@
 
 /* the reference is OpenBLAS with all the threads cxla uses */
 extern void openblas_set_num_threads(int);
+/* exported by every OpenBLAS build, not in its headers; its threads start
+ * again at the next threaded call */
+extern void blas_thread_shutdown_(void);
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +44,24 @@ double bench_sgemm_run(void *p)
 {
     bench_sgemm *g = p;
     int n = g->n;
-    openblas_set_num_threads(cx_get_num_threads());
+    bench_openblas_begin();
     double t0 = bench_now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, g->a, n, g->b, n, 0.0f, g->c, n);
     double dt = bench_now() - t0;
-    /* cxla's workers each call OpenBLAS single-threaded */
-    openblas_set_num_threads(1);
+    bench_openblas_end();
     return dt;
+}
+
+void bench_openblas_begin(void) { openblas_set_num_threads(cx_get_num_threads()); }
+
+void bench_openblas_end(void)
+{
+    /* cxla's workers each call OpenBLAS single-threaded. OpenBLAS's own
+     * workers spin for up to 2^28 cycles after a call before they sleep:
+     * left running, one took a CPU from the side timed next (a gpt step
+     * after the sgemm took 250-320 ms, after any other side 245-265). */
+    openblas_set_num_threads(1);
+    blas_thread_shutdown_();
 }
 
 double bench_sgemm_flop(const bench_sgemm *g) { return 2.0 * g->n * (double)g->n * g->n; }

@@ -24,8 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern void openblas_set_num_threads(int);
-
 static int g_gemm_n = 2048;
 
 /* ---- bf16_gemm_gflops -------------------------------------------------------------- */
@@ -72,11 +70,11 @@ static double sgemm_unit(void *p)
 {
     gemm_ctx *g = p;
     int n = g->n;
-    openblas_set_num_threads(cx_get_num_threads());
+    bench_openblas_begin();
     double t0 = bench_now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, g->af, n, g->bf, n, 0.0f, g->cf, n);
     double dt = bench_now() - t0;
-    openblas_set_num_threads(1);   /* cxla's workers call OpenBLAS single-threaded */
+    bench_openblas_end();
     return dt;
 }
 
