@@ -78,7 +78,12 @@ CX_HOT static void load_block(reg_t *r, const void *base, int dt, const cx_view 
         else for (int j = jlo; j < jhi; j++) r->f[j] = p[j * s];
         break;
     }
-    case CX_BF16: { const uint16_t *p = (const uint16_t *)base + a; for (int j = jlo; j < jhi; j++) r->f[j] = cx_bf16_to_f32_inline(p[j * s]); break; }
+    case CX_BF16: {
+        const uint16_t *p = (const uint16_t *)base + a;
+        if (s == 1) for (int j = jlo; j < jhi; j++) r->f[j] = cx_bf16_to_f32_inline(p[j]);
+        else for (int j = jlo; j < jhi; j++) r->f[j] = cx_bf16_to_f32_inline(p[j * s]);
+        break;
+    }
     case CX_I32: { const int32_t *p = (const int32_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
     case CX_I64: { const int64_t *p = (const int64_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
     default: { const uint8_t *p = (const uint8_t *)base + a; for (int j = jlo; j < jhi; j++) r->i[j] = p[j * s]; break; }
@@ -550,7 +555,8 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
     val_t *vals;
     if (!prog_regs(j->rc, &j->prog, &regs, &vals)) return;
     int nd = j->nd, nlead = j->k->nkeep - 1;
-    float *out = j->rc->slot_ptr[j->k->out_slot];
+    void *out = j->rc->slot_ptr[j->k->out_slot];
+    bool bf16 = j->k->out_dtype == CX_BF16;
     double acc[CX_BLK];
     for (int64_t u = b; u < e; u++) {
         int64_t lead = u / j->blocks, j0 = (u % j->blocks) * CX_BLK;
@@ -565,17 +571,20 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
             const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len).f;
             for (int q = 0; q < len; q++) acc[q] += r[q];
         }
-        for (int q = 0; q < len; q++) out[lead * j->width + j0 + q] = (float)acc[q];
+        int64_t o = lead * j->width + j0;
+        if (bf16) for (int q = 0; q < len; q++) ((uint16_t *)out)[o + q] = cx_f32_to_bf16_inline((float)acc[q]);
+        else for (int q = 0; q < len; q++) ((float *)out)[o + q] = (float)acc[q];
     }
 }
 
-/* @return whether k was run as a column sum (an f32 sum over axes that are
- * not contiguous, whose last kept axis is contiguous or broadcast in every
- * input). */
+/* @return whether k was run as a column sum (an f32 or bf16 sum over axes
+ * that are not contiguous, whose last kept axis is contiguous or broadcast
+ * in every input; a bf16 sum is rounded once, from the double sum, as the
+ * row-wise path rounds it). */
 static bool try_run_colsum(const run_ctx *rc, const cx_kernel *k)
 {
     int nd = k->ndim, nk = k->nkeep;
-    if (k->red_op != OP_REDUCE_SUM || k->out_dtype != CX_F32 || nk < 1 || nd <= nk || nd > CX_MAX_DIMS ||
+    if (k->red_op != OP_REDUCE_SUM || (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) || nk < 1 || nd <= nk || nd > CX_MAX_DIMS ||
         !is_float_class(k->prog.ins[k->prog.result].dtype) || k->shape[nk - 1] < 8 || k->prog.nviews > 64)
         return false;
     bool strided_inner = false;

@@ -783,6 +783,44 @@ Test(compile, column_sums_add_rows_in_order)
     cx_free(X);
 }
 
+/* A bf16 sum over the leading axis (autocast's bias gradient) takes the
+ * same column route: each column's rows added in order in double and
+ * rounded once to bf16, for a bf16 tensor read from memory and for an f32
+ * one cast to bf16 in the sum's prologue, with 1 and 3 threads. */
+Test(compile, bf16_column_sums_round_once)
+{
+    const int64_t R = 1001, C = 300, xs[2] = { R, C };
+    rng_seed(92);
+    float *x = rand_f32(R * C, -2, 2);
+    cx_tensor *X = cx_persist(tf32(x, xs, 2));
+    cx_step_begin();
+    cx_tensor *Xb = cx_persist(cx_cast(X, CX_BF16));
+    step_end_ok("bf16 copy");
+    const int saved = cx_get_num_threads();
+    for (int in_memory = 0; in_memory < 2; in_memory++)
+        for (int th = 1; th <= 3; th += 2) {
+            cx_set_num_threads(th);
+            cx_step_begin();
+            cx_tensor *s = cx_keep(cx_sum(in_memory ? Xb : cx_cast(X, CX_BF16), (const int[]){ 0 }, 1, false));
+            step_end_ok("bf16 column sum");
+            cr_assert_eq(cx_dtype_of(s), CX_BF16);
+            float *got = read_all(s);
+            for (int64_t c = 0; c < C; c++) {
+                double acc = 0;
+                for (int64_t r = 0; r < R; r++) acc += (double)cx_bf16_to_f32(cx_f32_to_bf16(x[r * C + c]));
+                float want = cx_bf16_to_f32(cx_f32_to_bf16((float)acc));
+                cr_assert(memcmp(&got[c], &want, sizeof want) == 0, "%s, %d threads, column %lld: %.9g, want %.9g",
+                          in_memory ? "bf16 tensor" : "cast", th, (long long)c, (double)got[c], (double)want);
+            }
+            free(got);
+            cx_free(s);
+        }
+    cx_set_num_threads(saved);
+    free(x);
+    cx_free(Xb);
+    cx_free(X);
+}
+
 /* A gradient bucket (DDP): each gradient is copied into the bucket right
  * after it is computed, and the all-reduce runs in place over the bucket.
  * The arena then holds the bucket and one gradient, not every gradient
