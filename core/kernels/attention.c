@@ -286,6 +286,42 @@ static void rows_bwd_head(const cx_attn_geom *g, float *lane, const rows_head *x
     }
 }
 
+/* ---- one head over contiguous copies (attention_bf16.c's heads route) ---------------------- */
+
+/* g's head alone: one image, one head, rows d apart */
+static cx_attn_geom head_geom(const cx_attn_geom *g)
+{
+    cx_attn_geom c = *g;
+    const int64_t qs[3] = { g->t * g->d, g->d, g->d }, ks[3] = { g->s * g->d, g->d, g->d };
+    c.n = 1;
+    c.h = 1;
+    memcpy(c.q_strides, qs, sizeof qs);
+    memcpy(c.o_strides, qs, sizeof qs);
+    memcpy(c.do_strides, qs, sizeof qs);
+    memcpy(c.k_strides, ks, sizeof ks);
+    memcpy(c.v_strides, ks, sizeof ks);
+    c.interleaved = false;
+    return c;
+}
+
+bool cx_attention_head_fits(const cx_attn_geom *g) { return g->s <= ROWS_MAX_S && g->d > 0; }
+
+int64_t cx_attention_head_lane_floats(const cx_attn_geom *g, bool bwd) { return rows_lane_floats(g, bwd); }
+
+void cx_attention_head_fwd(const cx_attn_geom *g, float *lane, float *out, const float *q, const float *k, const float *v)
+{
+    const cx_attn_geom c = head_geom(g);
+    rows_fwd_head(&c, lane, out, q, k, v);
+}
+
+void cx_attention_head_bwd(const cx_attn_geom *g, float *lane, float *dq, float *dk, float *dv, const float *q,
+                           const float *k, const float *v, const float *o, const float *dout)
+{
+    const cx_attn_geom c = head_geom(g);
+    const rows_head x = { .q = q, .k = k, .v = v, .o = o, .dout = dout, .grad = { dq, dk, dv, g->d } };
+    rows_bwd_head(&c, lane, &x);
+}
+
 /* ---- lanes: one scratch block per participating thread ---------------------------------- */
 
 typedef struct {

@@ -180,27 +180,44 @@ void cx_attention_route_fwd(float *out, const float *q, const float *k, const fl
 void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const float *v, const float *o,
                             const float *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes, bool tiled);
 
+/* One (image, head) of the rows route over contiguous f32 copies of the
+ * head (rows d apart): q, o, dout, out and dq (t, d); k, v, dk and dv
+ * (s, d). g gives t, s, d, causal and scale; its n, h and strides are not
+ * read. lane: cx_attention_head_lane_floats(g, bwd) floats, 64-byte
+ * aligned. Only where cx_attention_head_fits(g) (s up to the rows route's
+ * 1024 keys, d > 0). For a caller that converts a head at a time. */
+bool cx_attention_head_fits(const cx_attn_geom *g);
+int64_t cx_attention_head_lane_floats(const cx_attn_geom *g, bool bwd);
+void cx_attention_head_fwd(const cx_attn_geom *g, float *lane, float *out, const float *q, const float *k, const float *v);
+void cx_attention_head_bwd(const cx_attn_geom *g, float *lane, float *dq, float *dk, float *dv, const float *q,
+                           const float *k, const float *v, const float *o, const float *dout);
+
 /* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
- * (attention_bf16.c). Two routes: with AVX512_BF16 the score and value
- * products run on the bf16 GEMM with f32 sums, the softmax in f32, P and
- * dS rounded to bf16 for their products (PyTorch's bf16 attention);
- * otherwise the operands are widened into f32 copies for the f32 kernels
- * above, the results rounded once. A scratch planned for one route only
- * (an executable planned under another CX_CPU_ISA) runs that route. */
+ * (attention_bf16.c says how each route computes): heads (each head
+ * widened into f32 copies for the rows route above, the result rounded
+ * once) wherever it fits (up to 1024 keys); beyond, the GEMM route with
+ * AVX512_BF16 (bf16 products with f32 sums, P and dS rounded to bf16, as
+ * PyTorch's bf16 attention) and widening without (chunks of images for
+ * the f32 kernels above). A scratch planned for another route (an
+ * executable planned by another build or CX_CPU_ISA) runs a route it
+ * fits. */
 size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                            const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
 size_t cx_attention_bf16_bwd_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
                            const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
-/* each route's scratch (gemm: the GEMM route; bwd: the backward's), and
- * the GEMM route itself on any CPU (without AVX512_BF16 its GEMM widens
- * its tiles); its backward takes no o (P is recomputed) */
-size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, bool gemm);
-void cx_attention_bf16_gemm_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
-void cx_attention_bf16_gemm_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                const uint16_t *dout, const cx_attn_geom *g, void *scratch, size_t scratch_bytes);
+/* Each route by name, on any CPU, for tests and benches (the GEMM route
+ * without AVX512_BF16 widens its tiles; heads where it does not fit runs
+ * widening); its scratch (bwd: the backward's). The GEMM backward does
+ * not read o (P is recomputed). */
+typedef enum { CX_ATTN_BF16_HEADS, CX_ATTN_BF16_GEMM, CX_ATTN_BF16_WIDEN } cx_attn_bf16_route;
+size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, cx_attn_bf16_route r);
+void cx_attention_bf16_route_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const cx_attn_geom *g, void *scratch, size_t scratch_bytes, cx_attn_bf16_route r);
+void cx_attention_bf16_route_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const uint16_t *o, const uint16_t *dout, const cx_attn_geom *g, void *scratch,
+                                 size_t scratch_bytes, cx_attn_bf16_route r);
 
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */

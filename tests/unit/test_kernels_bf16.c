@@ -304,33 +304,45 @@ static void attn_free(attn_case *c)
     free(c->qkv); free(c->dout); free(c->qkvf); free(c->doutf); free(c->of); free(c->g32);
 }
 
-/* one route (gemm, or cx_attention_bf16's own choice; other: given the
- * scratch planned for the route this level does not take, as an
- * executable planned under another CX_CPU_ISA is) against the f32 kernel */
-static void attn_check(const attn_case *c, bool gemm, bool other)
+/* How attn_check runs the bf16 attention: a route by name, or
+ * cx_attention_bf16's own choice given the scratch it plans (AUTO) or the
+ * scratch of the long-sequence route this level does not plan (OTHER, as
+ * an executable planned under another CX_CPU_ISA is). */
+enum { HEADS = CX_ATTN_BF16_HEADS, GEMM = CX_ATTN_BF16_GEMM, WIDEN = CX_ATTN_BF16_WIDEN, AUTO, OTHER };
+
+static void attn_run(const attn_case *c, int how, const cx_attn_geom *g, uint16_t *o, uint16_t *g16, bool bwd)
 {
     const int64_t hd = c->g.h * c->g.d;
     const uint16_t *q = c->qkv, *k = c->qkv + hd, *v = c->qkv + 2 * hd;
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
+    size_t n = how < AUTO ? cx_attention_bf16_route_scratch_bytes(g, bwd, (cx_attn_bf16_route)how)
+               : how == AUTO ? (bwd ? cx_attention_bf16_bwd_scratch_bytes(g) : cx_attention_bf16_scratch_bytes(g))
+                             : cx_attention_bf16_route_scratch_bytes(g, bwd, hw ? CX_ATTN_BF16_WIDEN : CX_ATTN_BF16_GEMM);
+    void *s = scratch_of(n);
+    if (!bwd && how < AUTO) cx_attention_bf16_route_fwd(o, q, k, v, g, s, n, (cx_attn_bf16_route)how);
+    else if (!bwd) cx_attention_bf16_fwd(o, q, k, v, g, s, n);
+    else if (how < AUTO) cx_attention_bf16_route_bwd(g16, q, k, v, o, c->dout, g, s, n, (cx_attn_bf16_route)how);
+    else cx_attention_bf16_bwd(g16, q, k, v, o, c->dout, g, s, n);
+    free(s);
+}
+
+/* One way of running it against the f32 kernel: heads and widening run
+ * the f32 kernels on the widened values, so they give exactly their
+ * result rounded once; the GEMM route within check_near's tolerance. */
+static void attn_check(const attn_case *c, int how)
+{
+    const int64_t hd = c->g.h * c->g.d;
     uint16_t *o = malloc(sizeof *o * c->no), *g16 = malloc(sizeof *g16 * 3 * c->no);
     cr_assert(o && g16);
-    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, near = gemm || hw || other;
-    size_t bf = gemm ? cx_attention_bf16_route_scratch_bytes(&c->g, false, true) : cx_attention_bf16_scratch_bytes(&c->g);
-    size_t bb = gemm ? cx_attention_bf16_route_scratch_bytes(&c->g, true, true)
-                     : cx_attention_bf16_bwd_scratch_bytes(&c->g);
-    if (other) {
-        bf = cx_attention_bf16_route_scratch_bytes(&c->g, false, !hw);
-        bb = cx_attention_bf16_route_scratch_bytes(&c->g, true, !hw);
-    }
-    void *sf = scratch_of(bf), *sb = scratch_of(bb);
-    if (gemm) cx_attention_bf16_gemm_fwd(o, q, k, v, &c->g, sf, bf);
-    else cx_attention_bf16_fwd(o, q, k, v, &c->g, sf, bf);
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, fits = c->g.s <= 1024;
+    const bool near = how == GEMM || (!fits && (how == OTHER || (how == AUTO && hw)));
+    attn_run(c, how, &c->g, o, g16, false);
     if (near) check_near("out", o, c->of, c->no);
     else check_rounded("out", o, c->of, c->no);
     /* the backward is given the f32 kernel's output rounded, as attn_make's
      * reference was */
     for (size_t i = 0; i < c->no; i++) o[i] = cx_f32_to_bf16(c->of[i]);
-    if (gemm) cx_attention_bf16_gemm_bwd(g16, q, k, v, c->dout, &c->g, sb, bb);
-    else cx_attention_bf16_bwd(g16, q, k, v, o, c->dout, &c->g, sb, bb);
+    attn_run(c, how, &c->g, o, g16, true);
     static const char *const names[3] = { "dq", "dk", "dv" };
     for (int t = 0; t < 3; t++) {
         if (near) check_near(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
@@ -342,8 +354,7 @@ static void attn_check(const attn_case *c, bool gemm, bool other)
     gi.interleaved = true;
     uint16_t *g16i = malloc(sizeof *g16i * 3 * c->no);
     cr_assert(g16i);
-    if (gemm) cx_attention_bf16_gemm_bwd(g16i, q, k, v, c->dout, &gi, sb, bb);
-    else cx_attention_bf16_bwd(g16i, q, k, v, o, c->dout, &gi, sb, bb);
+    attn_run(c, how, &gi, o, g16i, true);
     const size_t rows = c->no / (size_t)hd;
     for (int t = 0; t < 3; t++)
         for (size_t r = 0; r < rows; r++)
@@ -351,22 +362,24 @@ static void attn_check(const attn_case *c, bool gemm, bool other)
                              sizeof *g16i * (size_t)hd) == 0,
                       "%s row %zu: interleaved differs from packed", names[t], r);
     free(g16i);
-    free(o); free(g16); free(sf); free(sb);
+    free(o); free(g16);
 }
 
-/* Without AVX512_BF16 cx_attention_bf16 widens and runs the f32 kernels:
- * exactly their result rounded once. With it, the GEMM route on every
- * level, and either route given the other's scratch, within check_near's
- * tolerance. 9 images of 2 heads: chunks of 8
- * images and 1. */
-Test(bf16_attention, both_routes_against_the_f32_kernel)
+/* Every route by name on every level, and cx_attention_bf16's own choice:
+ * heads up to 1024 keys (exactly the f32 kernel's result rounded once);
+ * beyond, the GEMM route with AVX512_BF16 and widening without, and each
+ * given the other's scratch. 9 images of 2 heads: widening's and the GEMM
+ * route's chunks of 8 images and 1; a longer sequence of 1030 keys. */
+Test(bf16_attention, every_route_against_the_f32_kernel)
 {
     rng_state = 0x9e3779b97f4a7c15ull;
     attn_case c = attn_make(9, 37, 2, 16);
-    attn_check(&c, false, false);
-    attn_check(&c, true, false);
-    attn_check(&c, false, true);
+    for (int how = HEADS; how <= OTHER; how++) attn_check(&c, how);
     attn_free(&c);
+    attn_case l = attn_make(1, 1030, 1, 8);
+    attn_check(&l, AUTO);
+    attn_check(&l, OTHER);
+    attn_free(&l);
 }
 
 /* ---- convolution -------------------------------------------------------------------- */
