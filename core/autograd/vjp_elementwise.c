@@ -45,6 +45,7 @@ cx_tensor *cx_vjp_unary(cx_node *n, cx_tensor *const *in, cx_tensor *out, cx_ten
         cx_drop(x2); cx_drop(nx2); cx_drop(e);
         return mul_d(g, d, false, true);
     }
+    case OP_GELU: return mul_d(g, cx_gelu_grad(x), false, true);
     case OP_ABS: return mul_d(g, cx_sign(x), false, true);
     case OP_SIGN: return cx_mul_scalar(g, 0.0);
     case OP_CAST:

@@ -19,6 +19,8 @@ const cx_vjp_fn cx_vjp_table[] = {
     [OP_ABS] = cx_vjp_unary,
     [OP_SIGN] = cx_vjp_unary,
     [OP_CAST] = cx_vjp_unary,
+    [OP_GELU] = cx_vjp_unary,
+    [OP_GELU_GRAD] = NULL,   /* a gradient's op, as the other *_BWD */
     [OP_ADD] = cx_vjp_binary,
     [OP_SUB] = cx_vjp_binary,
     [OP_MUL] = cx_vjp_binary,
@@ -62,4 +64,4 @@ const cx_vjp_fn cx_vjp_table[] = {
 };
 
 _Static_assert(sizeof cx_vjp_table / sizeof *cx_vjp_table == OP_COUNT, "every op needs a row (NULL: no gradient)");
-_Static_assert(OP_COUNT == 55, "give the new op its gradient rule (or NULL) here");
+_Static_assert(OP_COUNT == 57, "give the new op its gradient rule (or NULL) here");

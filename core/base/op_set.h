@@ -13,6 +13,10 @@ typedef enum {
     OP_DATA = 0, OP_CONST, OP_RTSCALAR, OP_IOTA, OP_RNG,
     /* elementwise unary */
     OP_NEG, OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_TANH, OP_ERF, OP_ABS, OP_SIGN, OP_CAST,
+    /* GELU (erf form) and its derivative, one op each: as a composite a
+     * GPT's gradient of it was ~16 program instructions over every
+     * hidden value, each through the register file */
+    OP_GELU, OP_GELU_GRAD,
     /* elementwise binary / ternary */
     OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN, OP_POW, OP_LT, OP_LE, OP_EQ, OP_WHERE,
     /* reductions */

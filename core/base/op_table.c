@@ -19,6 +19,8 @@ const cx_op_info cx_op_table[OP_COUNT] = {
     [OP_ABS] = { "abs", 1, G_UNARY },
     [OP_SIGN] = { "sign", 1, G_UNARY },
     [OP_CAST] = { "cast", 1, G_UNARY },
+    [OP_GELU] = { "gelu", 1, G_UNARY },
+    [OP_GELU_GRAD] = { "gelu_grad", 1, G_UNARY },
     [OP_ADD] = { "add", 2, G_BINARY },
     [OP_SUB] = { "sub", 2, G_BINARY },
     [OP_MUL] = { "mul", 2, G_BINARY },
@@ -61,4 +63,4 @@ const cx_op_info cx_op_table[OP_COUNT] = {
     [OP_ERROR] = { "error", 0, G_ERROR },
 };
 
-_Static_assert(OP_COUNT == 55, "update cx_op_table, autograd's cx_vjp_table and the executor when adding an op");
+_Static_assert(OP_COUNT == 57, "update cx_op_table, autograd's cx_vjp_table and the executor when adding an op");

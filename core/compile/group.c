@@ -74,7 +74,7 @@ static bool cheap_op(int op)
 static bool recompute_op(int op)
 {
     return cheap_op(op) || op == OP_EXP || op == OP_LOG || op == OP_ERF || op == OP_ABS || op == OP_SQRT ||
-           op == OP_RSQRT;
+           op == OP_RSQRT || op == OP_GELU || op == OP_GELU_GRAD;
 }
 
 /* A root's expression, down to the roots and leaf values it reads */

@@ -192,7 +192,8 @@ static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program
         case P_POSMASK: if (in->a < 0 || in->a >= i || in->b < 0 || in->b >= i) return false; break;
         default: return false;
         }
-        if ((in->kind == P_UN) && in->op >= OP_COUNT) return false;
+        if (in->kind == P_UN && (in->op >= OP_COUNT || cx_op_table[in->op].group != G_UNARY || in->op == OP_CAST))
+            return false;
         if (uses_view && (in->view < 0 || in->view >= p->nviews)) return false;
         if (in->kind == P_LOAD && !view_in_bounds(&p->views[in->view], k->shape, k->ndim, slot_elems(e, in->slot, in->src_dtype)))
             return false;

@@ -37,22 +37,16 @@ cx_tensor *cx_silu(cx_tensor *a)
 
 cx_tensor *cx_gelu(cx_tensor *a, bool tanh_approx)
 {
-    cx_tensor *inner, *t;
-    if (tanh_approx) {
-        cx_tensor *x3 = cx_pow_scalar(a, 3.0);
-        cx_tensor *c = cx_mul_scalar(x3, 0.044715);
-        cx_tensor *s = cx_add(a, c);
-        inner = cx_mul_scalar(s, sqrt(2.0 / M_PI));
-        t = cx_tanh(inner);
-        DROP(x3, c, s);
-    } else {
-        inner = cx_mul_scalar(a, M_SQRT1_2);
-        t = cx_erf(inner);
-    }
+    if (!tanh_approx) return cx_gelu_erf(a);
+    cx_tensor *x3 = cx_pow_scalar(a, 3.0);
+    cx_tensor *c = cx_mul_scalar(x3, 0.044715);
+    cx_tensor *s = cx_add(a, c);
+    cx_tensor *inner = cx_mul_scalar(s, sqrt(2.0 / M_PI));
+    cx_tensor *t = cx_tanh(inner);
     cx_tensor *one = cx_add_scalar(t, 1.0);
     cx_tensor *h = cx_mul_scalar(a, 0.5);
     cx_tensor *r = cx_mul(h, one);
-    DROP(inner, t, one, h);
+    DROP(x3, c, s, inner, t, one, h);
     return r;
 }
 

@@ -91,6 +91,8 @@ cx_tensor *cx_sqrt(cx_tensor *a) { return unary(OP_SQRT, a); }
 cx_tensor *cx_rsqrt(cx_tensor *a) { return unary(OP_RSQRT, a); }
 cx_tensor *cx_tanh(cx_tensor *a) { return unary(OP_TANH, a); }
 cx_tensor *cx_erf(cx_tensor *a) { return unary(OP_ERF, a); }
+cx_tensor *cx_gelu_erf(cx_tensor *a) { return unary(OP_GELU, a); }
+cx_tensor *cx_gelu_grad(cx_tensor *x) { return unary(OP_GELU_GRAD, x); }
 cx_tensor *cx_abs(cx_tensor *a) { return unary(OP_ABS, a); }
 cx_tensor *cx_sign(cx_tensor *a) { return unary(OP_SIGN, a); }
 

@@ -16,6 +16,12 @@ cx_tensor *cx_matmul_prim(cx_tensor *a, cx_tensor *b);
 /* Pad with interior padding (the slice's gradient). */
 cx_tensor *cx_pad_interior(cx_tensor *a, const int64_t *lo, const int64_t *hi, const int64_t *interior, double value);
 cx_tensor *cx_scalar_like(cx_tensor *a, double v);
+/* The erf GELU, x Phi(x), as one op (its derivative one more): the
+ * executor computes each in vector lanes, nothing stored between steps. */
+cx_tensor *cx_gelu_erf(cx_tensor *a);
+/* gelu'(x) = Phi(x) + x phi(x) (the erf GELU's derivative), elementwise:
+ * the gradient rule of cx_gelu's op. */
+cx_tensor *cx_gelu_grad(cx_tensor *x);
 /* cx_full in `dtype` itself, never the held dtype (XLA_USE_BF16): for
  * values the ops compute with in f32. */
 cx_tensor *cx_full_exact(const int64_t *shape, int ndim, double value, cx_dtype dtype);

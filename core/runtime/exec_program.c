@@ -100,6 +100,14 @@ CX_HOT static void un_float(int op, float *o, const float *a, int len)
     case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = 1.0f / sqrtf(a[j]); break;
     case OP_TANH: for (int j = 0; j < len; j++) o[j] = tanhf(a[j]); break;
     case OP_ERF: for (int j = 0; j < len; j++) o[j] = cx_verff(a[j]); break;
+    /* as the composite (0.5 x) (1 + erf(x / sqrt 2)) computed, to the bit */
+    case OP_GELU: for (int j = 0; j < len; j++) o[j] = (a[j] * 0.5f) * (cx_verff(a[j] * (float)M_SQRT1_2) + 1.0f); break;
+    case OP_GELU_GRAD:
+        for (int j = 0; j < len; j++) {
+            float x = a[j], cdf = 0.5f * (cx_verff(x * (float)M_SQRT1_2) + 1.0f);
+            o[j] = cdf + x * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2) * cx_vexpf(-0.5f * x * x);
+        }
+        break;
     case OP_ABS: for (int j = 0; j < len; j++) o[j] = fabsf(a[j]); break;
     case OP_SIGN: for (int j = 0; j < len; j++) o[j] = (float)((a[j] > 0) - (a[j] < 0)); break;
     default: CX_ASSERT(!"unary op");

@@ -286,3 +286,42 @@ Test(ops_bf16, conv_on_the_bf16_gemm)
     const conv_case cc = { .n = 3, .c = 8, .hw = 9, .o = 64, .k = 3, .ohw = 5, .stride = 2, .pad = 1 };
     conv_compare(&cc, 12);
 }
+
+/* GELU is one op: in bf16 it computes in f32 and rounds once, so its
+ * output is exactly the f32 GELU of the same (widened) values rounded to
+ * bf16, as PyTorch's bf16 gelu. Its gradient, g * gelu'(x) with gelu'
+ * rounded to bf16 and the product rounded again, lies within two bf16
+ * roundings (2^-8 |ref|) of the double reference. */
+Test(ops_bf16, gelu_rounds_once)
+{
+    enum { N = 1000 };
+    rng_seed(12);
+    float *xf = rand_f32(N, -5, 5);
+    uint16_t *x = to_bf16(xf, N);
+    float wide[N], f32_out[N], got[N], grad[N];
+    for (int i = 0; i < N; i++) wide[i] = cx_bf16_to_f32(x[i]);
+    const int64_t s[] = { N };
+    cx_step_begin();
+    cx_tensor *ref = cx_gelu(tf32(wide, s, 1), false);
+    cr_assert_eq(cx_to_host(ref, f32_out, CX_F32), CX_OK, "%s", cx_last_error());
+    end_ok();
+    cx_tensor *p = cx_requires_grad(cx_persist(tbf16(x, s, 1)), true);
+    cx_step_begin();
+    cx_tensor *y = cx_keep(cx_gelu(p, false));
+    cr_assert_eq(cx_dtype_of(y), CX_BF16);
+    cr_assert_eq(cx_backward(cx_sum(cx_cast(y, CX_F32), NULL, 0, false)), CX_OK, "%s", cx_last_error());
+    end_ok();
+    cr_assert_eq(cx_to_host(y, got, CX_F32), CX_OK, "%s", cx_last_error());
+    cx_free(y);
+    cr_assert_eq(cx_to_host(cx_grad(p), grad, CX_F32), CX_OK, "%s", cx_last_error());
+    for (int i = 0; i < N; i++) {
+        float want = cx_bf16_to_f32(cx_f32_to_bf16(f32_out[i]));
+        cr_assert(memcmp(&got[i], &want, sizeof want) == 0, "gelu(%g) = %.9g, want %.9g", (double)wide[i],
+                  (double)got[i], (double)want);
+        double v = wide[i], d = 0.5 * (1.0 + erf(v / sqrt(2.0))) + v * exp(-0.5 * v * v) / sqrt(2.0 * M_PI);
+        cr_assert(fabs(grad[i] - d) <= ldexp(fabs(d), -7) + 1e-6, "gelu'(%g) = %.9g, want %.9g", v, (double)grad[i], d);
+    }
+    cx_free(p);
+    free(xf);
+    free(x);
+}
