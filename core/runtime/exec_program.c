@@ -90,29 +90,39 @@ CX_HOT static void load_block(reg_t *r, const void *base, int dt, const cx_view 
     }
 }
 
-CX_HOT static void un_float(int op, float *o, const float *a, int len)
-{
-    switch (op) {
-    case OP_NEG: for (int j = 0; j < len; j++) o[j] = -a[j]; break;
-    case OP_EXP: for (int j = 0; j < len; j++) o[j] = cx_vexpf(a[j]); break;
-    case OP_LOG: for (int j = 0; j < len; j++) o[j] = cx_vlogf(a[j]); break;
-    case OP_SQRT: for (int j = 0; j < len; j++) o[j] = sqrtf(a[j]); break;
-    case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = 1.0f / sqrtf(a[j]); break;
-    case OP_TANH: for (int j = 0; j < len; j++) o[j] = tanhf(a[j]); break;
-    case OP_ERF: for (int j = 0; j < len; j++) o[j] = cx_verff(a[j]); break;
-    /* as the composite (0.5 x) (1 + erf(x / sqrt 2)) computed, to the bit */
-    case OP_GELU: for (int j = 0; j < len; j++) o[j] = (a[j] * 0.5f) * (cx_verff(a[j] * (float)M_SQRT1_2) + 1.0f); break;
-    case OP_GELU_GRAD:
-        for (int j = 0; j < len; j++) {
-            float x = a[j], cdf = 0.5f * (cx_verff(x * (float)M_SQRT1_2) + 1.0f);
-            o[j] = cdf + x * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2) * cx_vexpf(-0.5f * x * x);
-        }
-        break;
-    case OP_ABS: for (int j = 0; j < len; j++) o[j] = fabsf(a[j]); break;
-    case OP_SIGN: for (int j = 0; j < len; j++) o[j] = (float)((a[j] > 0) - (a[j] < 0)); break;
-    default: CX_ASSERT(!"unary op");
+/* The float ops, each a plain loop the compiler vectorizes, in two
+ * copies: f32, and bf16, where each result is rounded to bf16 in the same
+ * loop (a rounding pass of its own after every instruction had made a
+ * bf16 program cost 2-3x the f32 one). R is what a result goes through. */
+#define F32_RESULT(x) (x)
+#define DEFINE_UN_FLOAT(NAME, R)                                                                               \
+    CX_HOT static void NAME(int op, float *o, const float *a, int len)                                         \
+    {                                                                                                          \
+        switch (op) {                                                                                          \
+        case OP_NEG: for (int j = 0; j < len; j++) o[j] = R(-a[j]); break;                                     \
+        case OP_EXP: for (int j = 0; j < len; j++) o[j] = R(cx_vexpf(a[j])); break;                           \
+        case OP_LOG: for (int j = 0; j < len; j++) o[j] = R(cx_vlogf(a[j])); break;                           \
+        case OP_SQRT: for (int j = 0; j < len; j++) o[j] = R(sqrtf(a[j])); break;                             \
+        case OP_RSQRT: for (int j = 0; j < len; j++) o[j] = R(1.0f / sqrtf(a[j])); break;                     \
+        case OP_TANH: for (int j = 0; j < len; j++) o[j] = R(tanhf(a[j])); break;                             \
+        case OP_ERF: for (int j = 0; j < len; j++) o[j] = R(cx_verff(a[j])); break;                           \
+        /* as the composite (0.5 x) (1 + erf(x / sqrt 2)) computed, to the bit */                            \
+        case OP_GELU:                                                                                          \
+            for (int j = 0; j < len; j++) o[j] = R((a[j] * 0.5f) * (cx_verff(a[j] * (float)M_SQRT1_2) + 1.0f)); \
+            break;                                                                                             \
+        case OP_GELU_GRAD:                                                                                     \
+            for (int j = 0; j < len; j++) {                                                                    \
+                float x = a[j], cdf = 0.5f * (cx_verff(x * (float)M_SQRT1_2) + 1.0f);                          \
+                o[j] = R(cdf + x * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2) * cx_vexpf(-0.5f * x * x));           \
+            }                                                                                                  \
+            break;                                                                                             \
+        case OP_ABS: for (int j = 0; j < len; j++) o[j] = R(fabsf(a[j])); break;                              \
+        case OP_SIGN: for (int j = 0; j < len; j++) o[j] = R((float)((a[j] > 0) - (a[j] < 0))); break;        \
+        default: CX_ASSERT(!"unary op");                                                                       \
+        }                                                                                                      \
     }
-}
+DEFINE_UN_FLOAT(un_float, F32_RESULT)
+DEFINE_UN_FLOAT(un_bf16, bf16_round)
 
 CX_HOT static void un_int(int op, int64_t *o, const int64_t *a, int len)
 {
@@ -124,19 +134,25 @@ CX_HOT static void un_int(int op, int64_t *o, const int64_t *a, int len)
     }
 }
 
-CX_HOT static void bin_float(int op, float *o, const float *a, const float *b, int len)
-{
-    switch (op) {
-    case OP_ADD: for (int j = 0; j < len; j++) o[j] = a[j] + b[j]; break;
-    case OP_SUB: for (int j = 0; j < len; j++) o[j] = a[j] - b[j]; break;
-    case OP_MUL: for (int j = 0; j < len; j++) o[j] = a[j] * b[j]; break;
-    case OP_DIV: for (int j = 0; j < len; j++) o[j] = a[j] / b[j]; break;
-    case OP_MAX: for (int j = 0; j < len; j++) o[j] = (a[j] != a[j] || a[j] > b[j]) ? a[j] : b[j]; break;
-    case OP_MIN: for (int j = 0; j < len; j++) o[j] = (a[j] != a[j] || a[j] < b[j]) ? a[j] : b[j]; break;
-    case OP_POW: for (int j = 0; j < len; j++) o[j] = powf(a[j], b[j]); break;
-    default: CX_ASSERT(!"binary op");
+#define DEFINE_BIN_FLOAT(NAME, R)                                                                              \
+    CX_HOT static void NAME(int op, float *o, const float *a, const float *b, int len)                         \
+    {                                                                                                          \
+        switch (op) {                                                                                          \
+        case OP_ADD: for (int j = 0; j < len; j++) o[j] = R(a[j] + b[j]); break;                               \
+        case OP_SUB: for (int j = 0; j < len; j++) o[j] = R(a[j] - b[j]); break;                               \
+        case OP_MUL: for (int j = 0; j < len; j++) o[j] = R(a[j] * b[j]); break;                               \
+        case OP_DIV: for (int j = 0; j < len; j++) o[j] = R(a[j] / b[j]); break;                               \
+        case OP_MAX: for (int j = 0; j < len; j++) o[j] = R((a[j] != a[j] || a[j] > b[j]) ? a[j] : b[j]); break; \
+        case OP_MIN: for (int j = 0; j < len; j++) o[j] = R((a[j] != a[j] || a[j] < b[j]) ? a[j] : b[j]); break; \
+        case OP_POW: for (int j = 0; j < len; j++) o[j] = R(powf(a[j], b[j])); break;                          \
+        default: CX_ASSERT(!"binary op");                                                                      \
+        }                                                                                                      \
     }
-}
+DEFINE_BIN_FLOAT(bin_float, F32_RESULT)
+DEFINE_BIN_FLOAT(bin_bf16, bf16_round)
+#undef DEFINE_UN_FLOAT
+#undef DEFINE_BIN_FLOAT
+#undef F32_RESULT
 
 CX_HOT static void bin_int(int op, int64_t *o, const int64_t *a, const int64_t *b, int len)
 {
@@ -246,15 +262,17 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             break;
         }
         case P_UN:
-            if (fc) { un_float(in->op, r->f, VA->f, len); if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]); }
+            if (in->dtype == CX_BF16) un_bf16(in->op, r->f, VA->f, len);
+            else if (fc) un_float(in->op, r->f, VA->f, len);
             else { un_int(in->op, r->i, VA->i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
             break;
         case P_BIN:
             if (in->op == OP_LT || in->op == OP_LE || in->op == OP_EQ) {
                 cmp_block(in->op, r->i, VA, &vals[in->b], is_float_class(in->src_dtype), len);
+            } else if (in->dtype == CX_BF16) {
+                bin_bf16(in->op, r->f, VA->f, vals[in->b].f, len);
             } else if (fc) {
                 bin_float(in->op, r->f, VA->f, vals[in->b].f, len);
-                if (in->dtype == CX_BF16) for (int j = 0; j < len; j++) r->f[j] = bf16_round(r->f[j]);
             } else {
                 bin_int(in->op, r->i, VA->i, vals[in->b].i, len);
                 for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype);
