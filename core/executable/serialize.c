@@ -290,7 +290,8 @@ static bool attrs_ok(const cx_kernel *k)
 /* The dense kernels and pools run in their output's dtype, f32 or bf16,
  * and read every operand in it (the executor picks the kernel by dtype); a
  * bf16 matmul needs at least one thread's tiles of scratch, a bf16 pool one
- * thread's planes. */
+ * thread's planes, an attention (f32 or bf16) what its route needs at the
+ * least. */
 static bool dense_ok(const cx_executable *e, const cx_kernel *k)
 {
     switch (k->kind) {
@@ -301,8 +302,16 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
     if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
     for (int i = 0; i < k->nin; i++)
         if (k->in[i].dtype != k->out_dtype) return false;
-    if (k->out_dtype == CX_F32) return true;
     if (k->scratch_slot >= 0 && k->scratch_bytes > e->slots[k->scratch_slot].bytes) return false;
+    if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_BWD) {
+        cx_attn_geom g;
+        cx_kernel_attn_geom(k, &g);
+        bool bwd = k->kind == K_ATTENTION_BWD;
+        size_t need = k->out_dtype == CX_F32 ? cx_attention_min_scratch_bytes(&g, bwd)
+                                             : cx_attention_bf16_min_scratch_bytes(&g, bwd);
+        return k->scratch_slot >= 0 && (size_t)k->scratch_bytes >= need;
+    }
+    if (k->out_dtype == CX_F32) return true;
     if (cx_kernel_is_pool(k)) {
         cx_pool_geom g;
         cx_kernel_pool_geom(k, &g);

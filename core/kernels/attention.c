@@ -414,6 +414,15 @@ static bool take_rows(const cx_attn_geom *g, bool bwd, bool tiled, size_t scratc
 
 size_t cx_attention_scratch_bytes(const cx_attn_geom *g) { return cx_attention_route_scratch_bytes(g, false, false); }
 
+size_t cx_attention_min_scratch_bytes(const cx_attn_geom *g, bool bwd)
+{
+    /* take_rows: rows from one rows lane up, tiled below it */
+    size_t tiled = (size_t)lane_floats_of(g, bwd, true) * sizeof(float) + 64;
+    if (!rows_fit(g, bwd)) return tiled;
+    size_t rows = (size_t)rows_lane_floats(g, bwd) * sizeof(float) + 64;
+    return rows < tiled ? rows : tiled;
+}
+
 void cx_attention_route_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
                             void *scratch, size_t scratch_bytes, bool tiled)
 {

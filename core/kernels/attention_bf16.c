@@ -5,9 +5,10 @@
  *    (attention.c) on them and rounds its result into place: the copies
  *    are O(T D) against the head's O(T S D) work and stay in L2. Where the
  *    rows route fits (up to 1024 keys), on every CPU: on the gpt's shape
- *    it beat the GEMM route by ~1.3x on a Zen 4 with AVX512_BF16 (the
- *    f32 row blocks' products are larger than the GEMM route's bf16
- *    tiles gain);
+ *    it ran at 1.08x of the f32 kernel where the GEMM route ran at 0.74x
+ *    (Zen 4, AVX512_BF16): the row blocks skip the masked keys and make
+ *    fewer passes than the GEMM route's whole-chunk products gain from
+ *    bf16;
  *  - GEMM (with AVX512_BF16, longer sequences): a chunk of images at a
  *    time, q, k, v gathered head-major in bf16, the score and value
  *    products (Q K^T, P V, and backward's dO V^T, P^T dO, dS K, dS^T Q) on
@@ -600,6 +601,14 @@ size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, cx
         return fixed + mm;
     }
     return bwd ? widen_bwd_scratch(g) : widen_fwd_scratch(g);
+}
+
+size_t cx_attention_bf16_min_scratch_bytes(const cx_attn_geom *g, bool bwd)
+{
+    /* route_for takes heads from one lane up; beyond it, any scratch from
+     * the GEMM route's least runs the GEMM route or (without AVX512_BF16,
+     * from widening's whole plan up) widening */
+    return heads_fit(g) ? heads_least(g, bwd) : gemm_least(g, bwd);
 }
 
 size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)

@@ -160,6 +160,9 @@ static inline int64_t cx_attn_visible_keys(const cx_attn_geom *g, int64_t i)
 }
 
 size_t cx_attention_scratch_bytes(const cx_attn_geom *g);
+/* The least scratch cx_attention_fwd (bwd: _bwd) runs in, one thread's
+ * lane of the route it then takes: what a loaded executable must have. */
+size_t cx_attention_min_scratch_bytes(const cx_attn_geom *g, bool bwd);
 /* out (N, T, H, D) contiguous. */
 void cx_attention_fwd(float *out, const float *q, const float *k, const float *v, const cx_attn_geom *g,
                       void *scratch, size_t scratch_bytes);
@@ -212,6 +215,9 @@ void cx_attention_bf16_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k,
  * widening); its scratch (bwd: the backward's). The GEMM backward does
  * not read o (P is recomputed). */
 typedef enum { CX_ATTN_BF16_HEADS, CX_ATTN_BF16_GEMM, CX_ATTN_BF16_WIDEN } cx_attn_bf16_route;
+/* The least scratch cx_attention_bf16_fwd (bwd: _bwd) runs in: what a
+ * loaded executable's bf16 attention must have. */
+size_t cx_attention_bf16_min_scratch_bytes(const cx_attn_geom *g, bool bwd);
 size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, cx_attn_bf16_route r);
 void cx_attention_bf16_route_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                  const cx_attn_geom *g, void *scratch, size_t scratch_bytes, cx_attn_bf16_route r);

@@ -1,7 +1,8 @@
 /* The rules a loaded executable's dense kernels must meet now that they
  * run in f32 or bf16 (core/executable/serialize.c): every operand in the
  * output's dtype, a bf16 matmul or pool with at least one thread's scratch,
- * and a pool's geometry that of its buffers.
+ * an attention (f32 or bf16) with the least its route runs in, and a
+ * pool's geometry that of its buffers.
  * A hand-built one-matmul executable goes through the serialized form
  * with each rule broken in turn. */
 #include <criterion/criterion.h>
@@ -151,4 +152,64 @@ Test(bf16_exec, pools_keep_their_geometry_and_bf16_pools_have_scratch)
     cx_executable *claims = one_pool(CX_F32, 64);
     claims->kernels[0].scratch_bytes = 1 << 20;
     cr_assert(!loads(claims), "a kernel claiming more scratch than its slot must be refused");
+}
+
+/* a causal attention over q, k, v (2, 8, 2, 4) each, in dt, with
+ * `scratch` bytes of scratch (-1: none) */
+static cx_executable *one_attention(cx_dtype dt, int64_t scratch)
+{
+    cx_executable *e = calloc(1, sizeof *e);
+    cr_assert(e);
+    const int64_t es = (int64_t)cx_dtype_size(dt), shape[4] = { 2, 8, 2, 4 }, n = 2 * 8 * 2 * 4;
+    int sq[3], so = -1;
+    for (int i = 0; i < 3; i++) sq[i] = cx_exec_add_slot(e, SLOT_ARENA, -1, n * es);
+    so = cx_exec_add_slot(e, SLOT_ARENA, -1, n * es);
+    int ss = scratch >= 0 ? cx_exec_add_slot(e, SLOT_ARENA, -1, scratch) : -1;
+    cr_assert(sq[0] >= 0 && sq[1] >= 0 && sq[2] >= 0 && so >= 0 && (scratch < 0 || ss >= 0));
+    lay_out_arena(e);
+    cx_kernel *k = cx_exec_add_kernel(e);
+    cr_assert(k);
+    k->kind = K_ATTENTION;
+    k->out_slot = so;
+    k->out_dtype = (uint8_t)dt;
+    k->out_numel = n;
+    k->ndim = 4;
+    memcpy(k->shape, shape, sizeof shape);
+    k->nin = 3;
+    for (int i = 0; i < 3; i++) {
+        cx_kin *x = &k->in[i];
+        x->slot = sq[i];
+        x->dtype = (uint8_t)dt;
+        x->ndim = 4;
+        memcpy(x->shape, shape, sizeof shape);
+        x->numel = n;
+        cx_contiguous_strides(shape, 4, x->view.strides);
+    }
+    k->nattrs = CX_AT_ATTN_COUNT;
+    k->attrs[CX_AT_ATTN_CAUSAL] = 1;
+    k->fval = 0.5;
+    k->scratch_slot = ss;
+    k->scratch_bytes = scratch > 0 ? scratch : 0;
+    return e;
+}
+
+/* A loaded attention, f32 or bf16, has at least the scratch the route it
+ * then takes runs in (one thread's lane): with less, the kernel would
+ * write past it. */
+Test(bf16_exec, attention_has_its_least_scratch)
+{
+    cx_attn_geom g = { .n = 2, .t = 8, .s = 8, .h = 2, .d = 4, .causal = true, .scale = 0.5f };
+    const int64_t st[3] = { 64, 8, 4 };   /* (2, 8, 2, 4) contiguous, as one_attention's views */
+    int64_t *views[5] = { g.q_strides, g.k_strides, g.v_strides, g.o_strides, g.do_strides };
+    for (int i = 0; i < 5; i++) memcpy(views[i], st, sizeof st);
+    const int64_t f32 = (int64_t)cx_attention_min_scratch_bytes(&g, false);
+    cr_assert(f32 > 0);
+    cr_assert(loads(one_attention(CX_F32, f32)), "an f32 attention with one lane of scratch is valid");
+    cr_assert(!loads(one_attention(CX_F32, -1)), "an f32 attention without scratch must be refused");
+    cr_assert(!loads(one_attention(CX_F32, f32 - 1)), "an f32 attention with too little scratch must be refused");
+    const int64_t need = (int64_t)cx_attention_bf16_min_scratch_bytes(&g, false);
+    cr_assert(need > 0);
+    cr_assert(loads(one_attention(CX_BF16, need)), "a bf16 attention with its least scratch is valid");
+    cr_assert(!loads(one_attention(CX_BF16, -1)), "a bf16 attention without scratch must be refused");
+    cr_assert(!loads(one_attention(CX_BF16, need - 1)), "a bf16 attention with too little scratch must be refused");
 }
