@@ -6,9 +6,10 @@
 
 /* the reference is OpenBLAS with all the threads cxla uses */
 extern void openblas_set_num_threads(int);
-/* exported by every OpenBLAS build, not in its headers; its threads start
- * again at the next threaded call */
-extern void blas_thread_shutdown_(void);
+/* OpenBLAS's threaded builds export it (not in their headers; a serial
+ * build has no threads to stop): its threads start again at the next
+ * threaded call */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +62,7 @@ void bench_openblas_end(void)
      * left running, one took a CPU from the side timed next (a gpt step
      * after the sgemm took 250-320 ms, after any other side 245-265). */
     openblas_set_num_threads(1);
-    blas_thread_shutdown_();
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
 }
 
 double bench_sgemm_flop(const bench_sgemm *g) { return 2.0 * g->n * (double)g->n * g->n; }

@@ -5,6 +5,21 @@
  * relu, the relu-gradient mask), it does, and no program runs at all. */
 #include "passes.h"
 
+/* Whether x's view (the bias) reads one value per channel of the conv h's
+ * (N, O, OH*OW) output as the merged kernel m iterates it. */
+static bool per_channel(const cx_kernel *h, const cx_kernel *m, const cx_view *v)
+{
+    const int nd = m->ndim;
+    const int64_t *shape = m->shape;
+    if (nd < 3 || nd > 4 || h->ndim != 4 || shape[0] != h->shape[0] || shape[1] != h->shape[1]) return false;
+    int64_t plane = 1;
+    for (int d = 2; d < nd; d++) plane *= shape[d];
+    if (plane != h->shape[2] * h->shape[3] || v->offset != 0 || v->masked) return false;
+    for (int d = 0; d < nd; d++)
+        if (shape[d] > 1 && v->strides[d] != (d == 1 ? 1 : 0)) return false;
+    return true;
+}
+
 /* Whether an epilogue the heavy kernel h took over (merged: its program
  * now loads the output from merged->out_slot) is one the kernel applies
  * itself while the output is in cache:
@@ -12,33 +27,40 @@
  *    ReLU), over the conv's own (N, O, OH*OW) element split;
  *  - after a conv input gradient or max-pool backward, where(m > 0, out, 0)
  *    with m in the output's layout (relu's gradient, as P_POSMASK).
+ * In f32 every instruction is f32. In bf16 (autocast) the mask is bf16
+ * and the f32 bias is cast to bf16 first, each step rounded as the
+ * program would: the bf16 kernels apply exactly these steps.
  * @return the cx_epi, with the index of the load of the bias or mask in
  * *load. */
 static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *load)
 {
     const cx_program *p = &merged->prog;
     const cx_pinstr *in = p->ins;
+    const int dt = merged->out_dtype;
     if (p->n < 3 || p->result != p->n - 1 || in[0].kind != P_LOAD || in[1].kind != P_LOAD) return EPI_PROG;
-    for (int i = 0; i < p->n; i++)
-        if (in[i].dtype != CX_F32 || (in[i].kind == P_LOAD && in[i].src_dtype != CX_F32)) return EPI_PROG;
+    if (dt != CX_F32 && dt != CX_BF16) return EPI_PROG;
     const int o = in[0].slot == merged->out_slot ? 0 : 1, x = 1 - o;
     if (in[o].slot != merged->out_slot || in[x].slot == merged->out_slot) return EPI_PROG;
+    /* every instruction in the output's dtype but a bf16 program's bias
+     * load and its cast */
+    const bool cast_bias = dt == CX_BF16 && h->kind == K_CONV;
+    for (int i = 0; i < p->n; i++) {
+        int want = cast_bias && i == x ? CX_F32 : dt;
+        if (in[i].dtype != want || (in[i].kind == P_LOAD && in[i].src_dtype != want)) return EPI_PROG;
+    }
     const cx_view *v = &p->views[in[x].view];
-    const int nd = merged->ndim;
-    const int64_t *shape = merged->shape;
-    if (h->kind == K_CONV && in[2].kind == P_BIN && in[2].op == OP_ADD && in[2].a + in[2].b == 1 &&
-        (p->n == 3 || (p->n == 4 && in[3].kind == P_RELU && in[3].a == 2))) {
-        if (nd < 3 || nd > 4 || h->ndim != 4 || shape[0] != h->shape[0] || shape[1] != h->shape[1]) return EPI_PROG;
-        int64_t plane = 1;
-        for (int d = 2; d < nd; d++) plane *= shape[d];
-        if (plane != h->shape[2] * h->shape[3] || v->offset != 0 || v->masked) return EPI_PROG;
-        for (int d = 0; d < nd; d++)
-            if (shape[d] > 1 && v->strides[d] != (d == 1 ? 1 : 0)) return EPI_PROG;
+    const int b = cast_bias ? 2 : x;   /* the bias's register, cast or not */
+    const int add = b + (cast_bias ? 1 : 2 - b);
+    if (h->kind == K_CONV && (!cast_bias || (in[2].kind == P_CAST && in[2].a == x)) && add < p->n &&
+        in[add].kind == P_BIN && in[add].op == OP_ADD &&
+        ((in[add].a == o && in[add].b == b) || (in[add].a == b && in[add].b == o)) &&
+        (p->n == add + 1 || (p->n == add + 2 && in[add + 1].kind == P_RELU && in[add + 1].a == add))) {
+        if (!per_channel(h, merged, v)) return EPI_PROG;
         *load = x;
-        return p->n == 4 ? EPI_BIAS_RELU : EPI_BIAS;
+        return p->n == add + 2 ? EPI_BIAS_RELU : EPI_BIAS;
     }
     if ((h->kind == K_CONV_BI || h->kind == K_MAXPOOL_BWD) && p->n == 3 && in[2].kind == P_POSMASK &&
-        in[2].a == x && in[2].b == o && cx_view_is_identity(v, shape, nd)) {
+        in[2].a == x && in[2].b == o && cx_view_is_identity(v, merged->shape, merged->ndim)) {
         *load = x;
         return EPI_POSMASK;
     }

@@ -309,7 +309,7 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
         bool bwd = k->kind == K_ATTENTION_BWD;
         size_t need = k->out_dtype == CX_F32 ? cx_attention_min_scratch_bytes(&g, bwd)
                                              : cx_attention_bf16_min_scratch_bytes(&g, bwd);
-        return k->scratch_slot >= 0 && (size_t)k->scratch_bytes >= need;
+        return need == 0 || (k->scratch_slot >= 0 && (size_t)k->scratch_bytes >= need);
     }
     if (k->out_dtype == CX_F32) return true;
     if (cx_kernel_is_pool(k)) {
@@ -385,7 +385,10 @@ static bool exec_ok(const cx_executable *e)
             if (!k->has_epilogue || k->epi_load < 0 || k->epi_load >= k->prog.n || k->prog.ins[k->epi_load].kind != P_LOAD)
                 return false;
             if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD : k->kind != K_CONV) return false;
-            if (k->out_dtype != CX_F32) return false;   /* the folds exist in the f32 kernels only */
+            /* what the kernel reads: a mask in its own dtype, a bias in f32 */
+            const cx_pinstr *ld = &k->prog.ins[k->epi_load];
+            if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
+            if (ld->src_dtype != (k->epi == EPI_POSMASK ? k->out_dtype : CX_F32)) return false;
         }
         if (!prog_ok(e, k, &k->prog)) return false;
     }

@@ -416,6 +416,8 @@ size_t cx_attention_scratch_bytes(const cx_attn_geom *g) { return cx_attention_r
 
 size_t cx_attention_min_scratch_bytes(const cx_attn_geom *g, bool bwd)
 {
+    /* nothing to compute: the routes return before the scratch */
+    if (g->n * g->h * g->t == 0 || g->s == 0 || g->d == 0) return 0;
     /* take_rows: rows from one rows lane up, tiled below it */
     size_t tiled = (size_t)lane_floats_of(g, bwd, true) * sizeof(float) + 64;
     if (!rows_fit(g, bwd)) return tiled;

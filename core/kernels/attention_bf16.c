@@ -574,7 +574,9 @@ static void heads_bwd(uint16_t *dqkv, const uint16_t *q, const uint16_t *k, cons
 /* ---- the route --------------------------------------------------------------------------- */
 
 /* The route a scratch runs: heads wherever it fits and the scratch holds
- * one lane (every route's plan does); else the GEMM with AVX512_BF16 and
+ * one of its lanes (its own plan does; another route's plan, planned
+ * under another CX_CPU_ISA for a longer sequence, may not, and then runs
+ * its own route as below); else the GEMM with AVX512_BF16 and
  * widening without, and a scratch planned for the other of those two
  * (the persistent cache, another CX_CPU_ISA) runs the one it fits. */
 static cx_attn_bf16_route route_for(const cx_attn_geom *g, bool bwd, size_t scratch_bytes)
@@ -605,10 +607,14 @@ size_t cx_attention_bf16_route_scratch_bytes(const cx_attn_geom *g, bool bwd, cx
 
 size_t cx_attention_bf16_min_scratch_bytes(const cx_attn_geom *g, bool bwd)
 {
-    /* route_for takes heads from one lane up; beyond it, any scratch from
-     * the GEMM route's least runs the GEMM route or (without AVX512_BF16,
-     * from widening's whole plan up) widening */
-    return heads_fit(g) ? heads_least(g, bwd) : gemm_least(g, bwd);
+    /* nothing to compute: the kernels return before the scratch */
+    if (g->n * g->h * g->t == 0 || g->s == 0 || g->d == 0) return 0;
+    if (heads_fit(g)) return heads_least(g, bwd);
+    /* route_for: from the GEMM route's least it runs the GEMM route, or
+     * without AVX512_BF16 widening once the scratch holds widening's
+     * whole plan; below the GEMM route's least, widening (its whole plan) */
+    size_t gemm = gemm_least(g, bwd), widen = bwd ? widen_bwd_scratch(g) : widen_fwd_scratch(g);
+    return gemm < widen ? gemm : widen;
 }
 
 size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g)

@@ -106,13 +106,53 @@ static conv_bufs carve(const cx_conv_geom *g, int dir, void *scratch, size_t scr
     return u;
 }
 
+/* ---- the epilogue, a chunk of images at a time ---------------------------------------- */
+
+typedef struct {
+    uint16_t *y;
+    const cx_bf16_epi *e;
+    const uint16_t *mask;   /* at the chunk's first element */
+    int64_t plane, channels;
+} epi_job;
+
+/* planes [lo, hi) of the chunk: (image, channel) pairs */
+CX_HOT static void epi_part(void *p, int64_t lo, int64_t hi)
+{
+    const epi_job *j = p;
+    for (int64_t q = lo; q < hi; q++) {
+        uint16_t *y = j->y + q * j->plane;
+        if (j->mask) {
+            const uint16_t *m = j->mask + q * j->plane;
+            for (int64_t i = 0; i < j->plane; i++) y[i] = cx_bf16_to_f32_inline(m[i]) > 0.0f ? y[i] : 0;
+            continue;
+        }
+        const float b = j->e->bias ? cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(j->e->bias[q % j->channels])) : 0.0f;
+        for (int64_t i = 0; i < j->plane; i++) {
+            float v = cx_bf16_to_f32_inline(y[i]);
+            if (j->e->bias) v = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(v + b));
+            if (j->e->relu) v = v > 0.0f ? v : 0.0f;
+            y[i] = cx_f32_to_bf16_inline(v);
+        }
+    }
+}
+
+/* epi over images [n0, n0 + nb) of out: y (dir 0) or dx (dir 1) */
+static void apply_epi(int dir, uint16_t *out, const cx_conv_geom *g, const cx_bf16_epi *e, int64_t n0, int64_t nb)
+{
+    if (!e || dir == 2 || (dir == 0 && !e->bias && !e->relu) || (dir == 1 && !e->posmask)) return;
+    const int64_t ch = dir == 0 ? g->o : g->c, plane = dir == 0 ? g->oh * g->ow : g->h * g->w;
+    epi_job j = { .y = out + n0 * ch * plane, .e = e, .plane = plane, .channels = ch,
+                  .mask = dir == 1 ? e->posmask + n0 * ch * plane : NULL };
+    cx_pool_parallel_for(nb * ch, plane >= 4096 ? 1 : 4096 / (plane ? plane : 1) + 1, epi_part, &j);
+}
+
 CX_HOT static void add_into(float *acc, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
 static void widen_route(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
-                        void *scratch, size_t scratch_bytes)
+                        const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
     const int64_t chunk = chunk_of(g), xi = g->c * g->h * g->w, yi = g->o * g->oh * g->ow;
     const int64_t nw = g->o * (g->c / g->groups) * g->kh * g->kw;
@@ -125,10 +165,12 @@ static void widen_route(int dir, uint16_t *out, const uint16_t *in0, const uint1
             widen_n(u.f0, in0 + n0 * xi, nb * xi);
             cx_conv2d_fwd(u.fo, u.f0, u.f1, NULL, false, &c, u.rest, u.left);
             round_n(out + n0 * yi, u.fo, nb * yi);
+            apply_epi(0, out, g, epi, n0, nb);
         } else if (dir == 1) {
             widen_n(u.f0, in0 + n0 * yi, nb * yi);
             cx_conv2d_bwd_input(u.fo, u.f0, u.f1, NULL, &c, u.rest, u.left);
             round_n(out + n0 * xi, u.fo, nb * xi);
+            apply_epi(1, out, g, epi, n0, nb);
         } else {
             widen_n(u.f0, in0 + n0 * xi, nb * xi);
             widen_n(u.f1, in1 + n0 * yi, nb * yi);
@@ -380,22 +422,25 @@ static void gemm_chunk_run(int dir, uint16_t *out, const uint16_t *in0, const ui
 }
 
 void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
-                         void *scratch, size_t scratch_bytes)
+                         const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
     const int64_t chunk = gemm_chunk(g);
     gemm_bufs u = gemm_carve(g, dir, chunk, scratch, scratch_bytes);
-    for (int64_t n0 = 0; n0 < g->n; n0 += chunk)
-        gemm_chunk_run(dir, out, in0, in1, g, &u, n0, g->n - n0 < chunk ? g->n - n0 : chunk);
+    for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
+        const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk;
+        gemm_chunk_run(dir, out, in0, in1, g, &u, n0, nb);
+        apply_epi(dir, out, g, epi, n0, nb);
+    }
     if (dir == 2) round_n(out, u.acc, g->o * (g->c / g->groups) * g->kh * g->kw);
 }
 
 void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
-                    void *scratch, size_t scratch_bytes)
+                    const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
     /* a scratch planned for the other route (the persistent cache, another
      * CX_CPU_ISA) runs the route it fits */
     bool gemm = cx_isa_active() >= CX_ISA_AVX512_BF16 && gemm_wins(g) ? scratch_bytes >= gemm_scratch(g, dir, true)
                                                                       : scratch_bytes < widen_scratch(g, dir);
-    if (gemm) cx_conv2d_bf16_gemm(dir, out, in0, in1, g, scratch, scratch_bytes);
-    else widen_route(dir, out, in0, in1, g, scratch, scratch_bytes);
+    if (gemm) cx_conv2d_bf16_gemm(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
+    else widen_route(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
 }

@@ -67,8 +67,11 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
                    size_t scratch_bytes);
 
 /* The three over bf16 operands and output (conv_bf16.c): dir 0 y from
- * (x, w), 1 dx from (dy, w), 2 dw from (x, dy); no bias, relu or mask
- * (the graph applies them); f32 sums, the result rounded once. Two
+ * (x, w), 1 dx from (dy, w), 2 dw from (x, dy); f32 sums, the result
+ * rounded once, then the epilogue `epi` (NULL: none), the steps of the
+ * program it replaces each rounded as that program would: forward
+ * y = relu?(bf16(y + bf16(bias[o]))), input gradient dx where posmask > 0
+ * (else 0), one chunk of images at a time while it is in cache. Two
  * routes: lowered to the bf16 GEMM (bf16 im2col, col2im in f32); or the
  * operands widened into f32 copies for the f32 kernels (Winograd where it
  * applies). cx_conv2d_bf16 takes the GEMM route with AVX512_BF16 on the
@@ -78,12 +81,17 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
 size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
 /* each route's scratch (gemm: the GEMM route) */
 size_t cx_conv2d_bf16_route_scratch_bytes(const cx_conv_geom *g, int dir, bool gemm);
+typedef struct {
+    const float *bias;         /* forward: (O) f32, or NULL */
+    bool relu;                 /* forward, after the bias */
+    const uint16_t *posmask;   /* input gradient, max-pool backward: bf16 like the output, or NULL */
+} cx_bf16_epi;
 void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
-                    void *scratch, size_t scratch_bytes);
+                    const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
 /* the GEMM route itself, on any CPU (without AVX512_BF16 the GEMM widens
  * its tiles); scratch from cx_conv2d_bf16_route_scratch_bytes(g, dir, true) */
 void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
-                         void *scratch, size_t scratch_bytes);
+                         const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
 
 /* Winograd F(2x2, 3x3) (winograd.c), which the three conv2d
  * functions above use by themselves where it applies: 3x3, stride 1,
@@ -127,10 +135,12 @@ size_t cx_pool2d_bf16_scratch_bytes(const cx_pool_geom *g);
 size_t cx_pool2d_bf16_min_scratch_bytes(const cx_pool_geom *g);
 /* A bf16 pool or its gradient (kind): out is y (N, C, OH, OW) forward, dx
  * (N, C, H, W) backward; the same bits as widening the operands, the f32
- * kernel, and rounding its result once. scratch: at least one thread's
- * share of cx_pool2d_bf16_scratch_bytes (more threads use more). */
-void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const cx_pool_geom *g,
-                    void *scratch, size_t scratch_bytes);
+ * kernel, and rounding its result once; a max backward's dx then kept
+ * where posmask (bf16, dx's layout; NULL: none) > 0, else 0. scratch: at
+ * least one thread's share of cx_pool2d_bf16_scratch_bytes (more threads
+ * use more). */
+void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const uint16_t *posmask,
+                    const cx_pool_geom *g, void *scratch, size_t scratch_bytes);
 
 /* Scaled dot-product attention over heads: q (N, T, H, D), k and v
  * (N, S, H, D), each a strided view whose head dim is contiguous (element
@@ -202,8 +212,7 @@ void cx_attention_head_bwd(const cx_attn_geom *g, float *lane, float *dq, float 
  * AVX512_BF16 (bf16 products with f32 sums, P and dS rounded to bf16, as
  * PyTorch's bf16 attention) and widening without (chunks of images for
  * the f32 kernels above). A scratch planned for another route (an
- * executable planned by another build or CX_CPU_ISA) runs a route it
- * fits. */
+ * executable planned under another CX_CPU_ISA) runs a route it fits. */
 size_t cx_attention_bf16_scratch_bytes(const cx_attn_geom *g);
 void cx_attention_bf16_fwd(uint16_t *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                            const cx_attn_geom *g, void *scratch, size_t scratch_bytes);

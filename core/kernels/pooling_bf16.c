@@ -36,7 +36,7 @@ typedef struct {
     int kind;   /* CX_POOL_BF16_* */
     const cx_pool_geom *g;
     uint16_t *out;
-    const uint16_t *x, *dy;
+    const uint16_t *x, *dy, *posmask;
     float *scratch;
     int64_t lanes;
     atomic_int_fast64_t next;
@@ -68,6 +68,12 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
     cx_pool2d_plane_f32(j->kind, res, j->kind == CX_POOL_BF16_AVG_BWD ? NULL : xf, bwd ? dyf : NULL, &one);
     const int64_t n = bwd ? in : out;
     narrow(j->out + t * n, res, n);
+    if (j->posmask) {
+        /* relu's gradient folded in: where(mask > 0, dx, 0) */
+        uint16_t *dx = j->out + t * n;
+        const uint16_t *m = j->posmask + t * n;
+        for (int64_t i = 0; i < n; i++) dx[i] = cx_bf16_to_f32_inline(m[i]) > 0.0f ? dx[i] : 0;
+    }
 }
 
 /* Planes are claimed a run at a time, about 8 runs per thread: one
@@ -88,10 +94,11 @@ static void each(void *p, int64_t tid, int64_t nthreads)
     }
 }
 
-void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const cx_pool_geom *g,
-                    void *scratch, size_t scratch_bytes)
+void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const uint16_t *posmask,
+                    const cx_pool_geom *g, void *scratch, size_t scratch_bytes)
 {
-    bf16_job j = { .kind = kind, .g = g, .out = out, .x = x, .dy = dy };
+    bf16_job j = { .kind = kind, .g = g, .out = out, .x = x, .dy = dy,
+                   .posmask = kind == CX_POOL_BF16_MAX_BWD ? posmask : NULL };
     uintptr_t p = ((uintptr_t)scratch + 63) & ~(uintptr_t)63;
     j.scratch = (float *)(void *)p;
     size_t usable = scratch_bytes - (size_t)(p - (uintptr_t)scratch);

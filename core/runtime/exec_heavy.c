@@ -131,33 +131,39 @@ static void run_concat(const run_ctx *rc, const cx_kernel *k)
         memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
 }
 
-/* A bf16 convolution or gradient: the compiler attached no bias, relu or
- * mask to it (they fold only over f32), so any epilogue is a program. */
+/* The bias (f32) or mask (bf16) a bf16 kernel's folded epilogue reads. */
+static cx_bf16_epi bf16_epi(const run_ctx *rc, const cx_kernel *k)
+{
+    const void *p = k->epi != EPI_PROG ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL;
+    return (cx_bf16_epi){ .bias = k->epi == EPI_BIAS || k->epi == EPI_BIAS_RELU ? p : NULL,
+                          .relu = k->epi == EPI_BIAS_RELU, .posmask = k->epi == EPI_POSMASK ? p : NULL };
+}
+
+/* A bf16 convolution or gradient, with its folded bias, relu or mask. */
 static bool run_conv_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
 {
     int dir = k->kind == K_CONV ? 0 : k->kind == K_CONV_BI ? 1 : k->kind == K_CONV_BW ? 2 : -1;
     if (dir < 0 || k->in[0].dtype != CX_BF16) return false;
-    CX_ASSERT(k->epi == EPI_PROG);
     cx_conv_geom g;
     cx_kernel_conv_geom(k, &g);
-    cx_conv2d_bf16(dir, out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, scratch,
+    const cx_bf16_epi e = bf16_epi(rc, k);
+    cx_conv2d_bf16(dir, out, rc->slot_ptr[k->in[0].slot], rc->slot_ptr[k->in[1].slot], &g, &e, scratch,
                    (size_t)k->scratch_bytes);
     return true;
 }
 
-/* A bf16 pool or its gradient: likewise no folded mask. */
+/* A bf16 pool or its gradient, a max backward with its folded mask. */
 static bool run_pool_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)
 {
     int kind = k->kind == K_MAXPOOL ? CX_POOL_BF16_MAX : k->kind == K_AVGPOOL ? CX_POOL_BF16_AVG
              : k->kind == K_MAXPOOL_BWD ? CX_POOL_BF16_MAX_BWD : k->kind == K_AVGPOOL_BWD ? CX_POOL_BF16_AVG_BWD : -1;
     if (kind < 0 || k->out_dtype != CX_BF16) return false;
-    CX_ASSERT(k->epi == EPI_PROG);
     cx_pool_geom g;
     cx_kernel_pool_geom(k, &g);
     const void *x = kind == CX_POOL_BF16_AVG_BWD ? NULL : rc->slot_ptr[k->in[0].slot];
     const void *dy = kind == CX_POOL_BF16_MAX_BWD ? rc->slot_ptr[k->in[1].slot]
                    : kind == CX_POOL_BF16_AVG_BWD ? rc->slot_ptr[k->in[0].slot] : NULL;
-    cx_pool2d_bf16(kind, out, x, dy, &g, scratch, (size_t)k->scratch_bytes);
+    cx_pool2d_bf16(kind, out, x, dy, bf16_epi(rc, k).posmask, &g, scratch, (size_t)k->scratch_bytes);
     return true;
 }
 

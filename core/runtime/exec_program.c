@@ -605,8 +605,8 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
 
 /* @return whether k was run as a column sum (an f32 or bf16 sum over axes
  * that are not contiguous, whose last kept axis is contiguous or broadcast
- * in every input; a bf16 sum is rounded once, from the double sum, as the
- * row-wise path rounds it). */
+ * in every input; a bf16 sum is rounded from the double sum through f32,
+ * as the row-wise path rounds it). */
 static bool try_run_colsum(const run_ctx *rc, const cx_kernel *k)
 {
     int nd = k->ndim, nk = k->nkeep;

@@ -784,14 +784,19 @@ Test(compile, column_sums_add_rows_in_order)
 }
 
 /* A bf16 sum over the leading axis (autocast's bias gradient) takes the
- * same column route: each column's rows added in order in double and
- * rounded once to bf16, for a bf16 tensor read from memory and for an f32
- * one cast to bf16 in the sum's prologue, with 1 and 3 threads. */
-Test(compile, bf16_column_sums_round_once)
+ * same column route: each column's rows added in order in double, then
+ * rounded (through f32) to bf16, for a bf16 tensor read from memory and
+ * for an f32 one cast to bf16 in the sum's prologue, with 1 and 3
+ * threads. Column 0 starts 1, 0, 2^60, -2^60: in row order the 1 is lost
+ * (0), while the row-wise route's eight partial sums keep it (1). */
+Test(compile, bf16_column_sums_add_rows_in_order)
 {
     const int64_t R = 1001, C = 300, xs[2] = { R, C };
     rng_seed(92);
     float *x = rand_f32(R * C, -2, 2);
+    const float first[4] = { 1.0f, 0.0f, 0x1p60f, -0x1p60f };
+    for (int r = 0; r < 4; r++) x[r * C] = first[r];
+    for (int64_t r = 4; r < R; r++) x[r * C] = 0.0f;
     cx_tensor *X = cx_persist(tf32(x, xs, 2));
     cx_step_begin();
     cx_tensor *Xb = cx_persist(cx_cast(X, CX_BF16));

@@ -154,13 +154,13 @@ Test(bf16_exec, pools_keep_their_geometry_and_bf16_pools_have_scratch)
     cr_assert(!loads(claims), "a kernel claiming more scratch than its slot must be refused");
 }
 
-/* a causal attention over q, k, v (2, 8, 2, 4) each, in dt, with
+/* a causal attention over q, k, v (2, t, 2, 4) each, in dt, with
  * `scratch` bytes of scratch (-1: none) */
-static cx_executable *one_attention(cx_dtype dt, int64_t scratch)
+static cx_executable *attention_of(int64_t t, cx_dtype dt, int64_t scratch)
 {
     cx_executable *e = calloc(1, sizeof *e);
     cr_assert(e);
-    const int64_t es = (int64_t)cx_dtype_size(dt), shape[4] = { 2, 8, 2, 4 }, n = 2 * 8 * 2 * 4;
+    const int64_t es = (int64_t)cx_dtype_size(dt), shape[4] = { 2, t, 2, 4 }, n = 2 * t * 2 * 4;
     int sq[3], so = -1;
     for (int i = 0; i < 3; i++) sq[i] = cx_exec_add_slot(e, SLOT_ARENA, -1, n * es);
     so = cx_exec_add_slot(e, SLOT_ARENA, -1, n * es);
@@ -193,15 +193,24 @@ static cx_executable *one_attention(cx_dtype dt, int64_t scratch)
     return e;
 }
 
+static cx_executable *one_attention(cx_dtype dt, int64_t scratch) { return attention_of(8, dt, scratch); }
+
+/* g of attention_of(t, ...) */
+static cx_attn_geom attention_geom(int64_t t)
+{
+    cx_attn_geom g = { .n = 2, .t = t, .s = t, .h = 2, .d = 4, .causal = true, .scale = 0.5f };
+    const int64_t st[3] = { t * 8, 8, 4 };   /* (2, t, 2, 4) contiguous */
+    int64_t *views[5] = { g.q_strides, g.k_strides, g.v_strides, g.o_strides, g.do_strides };
+    for (int i = 0; i < 5; i++) memcpy(views[i], st, sizeof st);
+    return g;
+}
+
 /* A loaded attention, f32 or bf16, has at least the scratch the route it
  * then takes runs in (one thread's lane): with less, the kernel would
  * write past it. */
 Test(bf16_exec, attention_has_its_least_scratch)
 {
-    cx_attn_geom g = { .n = 2, .t = 8, .s = 8, .h = 2, .d = 4, .causal = true, .scale = 0.5f };
-    const int64_t st[3] = { 64, 8, 4 };   /* (2, 8, 2, 4) contiguous, as one_attention's views */
-    int64_t *views[5] = { g.q_strides, g.k_strides, g.v_strides, g.o_strides, g.do_strides };
-    for (int i = 0; i < 5; i++) memcpy(views[i], st, sizeof st);
+    cx_attn_geom g = attention_geom(8);
     const int64_t f32 = (int64_t)cx_attention_min_scratch_bytes(&g, false);
     cr_assert(f32 > 0);
     cr_assert(loads(one_attention(CX_F32, f32)), "an f32 attention with one lane of scratch is valid");
@@ -212,4 +221,14 @@ Test(bf16_exec, attention_has_its_least_scratch)
     cr_assert(loads(one_attention(CX_BF16, need)), "a bf16 attention with its least scratch is valid");
     cr_assert(!loads(one_attention(CX_BF16, -1)), "a bf16 attention without scratch must be refused");
     cr_assert(!loads(one_attention(CX_BF16, need - 1)), "a bf16 attention with too little scratch must be refused");
+    /* beyond the heads route's 1024 keys: the plans of both long routes
+     * load, whichever level planned them */
+    cx_attn_geom l = attention_geom(1030);
+    for (int r = CX_ATTN_BF16_GEMM; r <= CX_ATTN_BF16_WIDEN; r++) {
+        int64_t plan = (int64_t)cx_attention_bf16_route_scratch_bytes(&l, false, (cx_attn_bf16_route)r);
+        cr_assert(loads(attention_of(1030, CX_BF16, plan)), "a 1030-key %s plan must load",
+                  r == CX_ATTN_BF16_GEMM ? "GEMM" : "widening");
+    }
+    int64_t least = (int64_t)cx_attention_bf16_min_scratch_bytes(&l, false);
+    cr_assert(!loads(attention_of(1030, CX_BF16, least - 1)), "a 1030-key bf16 attention below its least must be refused");
 }

@@ -266,9 +266,9 @@ typedef struct {
  * gpt's are: strided views; the f32 kernel's output and gradients on the
  * widened values (the backward given the bf16 output, as the graph saves
  * it) */
-static attn_case attn_make(int64_t N, int64_t T, int64_t H, int64_t D)
+static attn_case attn_make_as(int64_t N, int64_t T, int64_t H, int64_t D, bool causal)
 {
-    attn_case c = { .g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = true, .scale = 0.25f } };
+    attn_case c = { .g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = causal, .scale = 0.25f } };
     const int64_t proj[3] = { T * 3 * H * D, 3 * H * D, D }, plain[3] = { T * H * D, H * D, D };
     memcpy(c.g.q_strides, proj, sizeof proj);
     memcpy(c.g.k_strides, proj, sizeof proj);
@@ -298,6 +298,8 @@ static attn_case attn_make(int64_t N, int64_t T, int64_t H, int64_t D)
     free(s); free(o16); free(o_used);
     return c;
 }
+
+static attn_case attn_make(int64_t N, int64_t T, int64_t H, int64_t D) { return attn_make_as(N, T, H, D, true); }
 
 static void attn_free(attn_case *c)
 {
@@ -380,6 +382,12 @@ Test(bf16_attention, every_route_against_the_f32_kernel)
     attn_check(&l, AUTO);
     attn_check(&l, OTHER);
     attn_free(&l);
+    /* not causal; and one (image, head) task, fewer than the threads */
+    attn_case u = attn_make_as(3, 21, 2, 8, false), one = attn_make(1, 40, 1, 16);
+    attn_check(&u, HEADS);
+    attn_check(&one, HEADS);
+    attn_free(&u);
+    attn_free(&one);
 }
 
 /* ---- convolution -------------------------------------------------------------------- */
@@ -442,20 +450,20 @@ static void check_conv(cx_conv_geom g)
         else cx_conv2d_bwd_weight(f, xf, dyf, &g, s32, b32);
         size_t n = dir == 0 ? ny : dir == 1 ? nx : nw;
         const uint16_t *in0 = dir == 1 ? dy : x, *in1 = dir == 2 ? dy : w;
-        cx_conv2d_bf16(dir, h, in0, in1, &g, s16, b16);
+        cx_conv2d_bf16(dir, h, in0, in1, &g, NULL, s16, b16);
         /* the GEMM route's looser check only where that route ran: with
          * AVX512_BF16 a shape it does not win still widens, rounded once */
         bool took_gemm = hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false);
         check_dir(dir, took_gemm, h, f, n, &g);
         memset(h, 0xff, sizeof *h * n);
-        cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, sg, bg);
+        cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, NULL, sg, bg);
         check_dir(dir, true, h, f, n, &g);
         /* given the scratch of the route this level did not plan for, as an
          * executable planned under another CX_CPU_ISA is, it still runs */
         size_t bo = b16 == bg ? cx_conv2d_bf16_route_scratch_bytes(&g, dir, false) : bg;
         void *so = scratch_of(bo);
         memset(h, 0xff, sizeof *h * n);
-        cx_conv2d_bf16(dir, h, in0, in1, &g, so, bo);
+        cx_conv2d_bf16(dir, h, in0, in1, &g, NULL, so, bo);
         check_dir(dir, true, h, f, n, &g);
         free(s32); free(s16); free(sg); free(so);
     }
@@ -532,16 +540,16 @@ Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
             void *scratch = malloc(sb);
             cr_assert(ref && out && scratch);
             cx_max_pool2d_fwd(ref, xf, &g);
-            cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, &g, scratch, sb);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, NULL, &g, scratch, sb);
             expect_rounded(out, ref, nout, "max pool", &g);
             cx_avg_pool2d_fwd(ref, xf, &g);
-            cx_pool2d_bf16(CX_POOL_BF16_AVG, out, x, NULL, &g, scratch, sb);
+            cx_pool2d_bf16(CX_POOL_BF16_AVG, out, x, NULL, NULL, &g, scratch, sb);
             expect_rounded(out, ref, nout, "avg pool", &g);
             cx_max_pool2d_bwd(ref, xf, dyf, NULL, &g);
-            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, &g, scratch, sb);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, NULL, &g, scratch, sb);
             expect_rounded(out, ref, nin, "max pool gradient", &g);
             cx_avg_pool2d_bwd(ref, dyf, &g);
-            cx_pool2d_bf16(CX_POOL_BF16_AVG_BWD, out, NULL, dy, &g, scratch, sb);
+            cx_pool2d_bf16(CX_POOL_BF16_AVG_BWD, out, NULL, dy, NULL, &g, scratch, sb);
             expect_rounded(out, ref, nin, "avg pool gradient", &g);
             /* one thread's share of the scratch is enough, and no kernel
              * writes past it */
@@ -549,10 +557,10 @@ Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
             unsigned char *lane = malloc(one + 256);
             cr_assert(lane);
             memset(lane + one, 0xa5, 256);
-            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, &g, lane, one);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, NULL, &g, lane, one);
             cx_max_pool2d_bwd(ref, xf, dyf, NULL, &g);
             expect_rounded(out, ref, nin, "max pool gradient on one lane", &g);
-            cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, &g, lane, one);
+            cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, NULL, &g, lane, one);
             cx_max_pool2d_fwd(ref, xf, &g);
             expect_rounded(out, ref, nout, "max pool on one lane", &g);
             for (int b = 0; b < 256; b++) cr_assert_eq(lane[one + (size_t)b], 0xa5, "a write past the scratch");

@@ -287,11 +287,12 @@ Test(ops_bf16, conv_on_the_bf16_gemm)
     conv_compare(&cc, 12);
 }
 
-/* GELU is one op: in bf16 it computes in f32 and rounds once, so its
- * output is exactly the f32 GELU of the same (widened) values rounded to
- * bf16, as PyTorch's bf16 gelu. Its gradient, g * gelu'(x) with gelu'
- * rounded to bf16 and the product rounded again, lies within two bf16
- * roundings (2^-8 |ref|) of the double reference. */
+/* GELU is one op. In f32 it gives the bits of the composite it replaced,
+ * (x / 2) (1 + erf(x / sqrt 2)) built from the graph's own ops; in bf16
+ * it computes in f32 and rounds once, so its output is exactly that
+ * value rounded to bf16, as PyTorch's bf16 gelu. Its gradient, g *
+ * gelu'(x) with gelu' rounded to bf16 and the product rounded again, lies
+ * within 2^-7 |ref| (plus 1e-6 near 0) of the double reference. */
 Test(ops_bf16, gelu_rounds_once)
 {
     enum { N = 1000 };
@@ -301,10 +302,17 @@ Test(ops_bf16, gelu_rounds_once)
     float wide[N], f32_out[N], got[N], grad[N];
     for (int i = 0; i < N; i++) wide[i] = cx_bf16_to_f32(x[i]);
     const int64_t s[] = { N };
+    float composite[N];
     cx_step_begin();
-    cx_tensor *ref = cx_gelu(tf32(wide, s, 1), false);
+    cx_tensor *w = tf32(wide, s, 1);
+    cx_tensor *ref = cx_gelu(w, false);
+    cx_tensor *old = cx_mul(cx_mul_scalar(w, 0.5), cx_add_scalar(cx_erf(cx_mul_scalar(w, M_SQRT1_2)), 1.0));
     cr_assert_eq(cx_to_host(ref, f32_out, CX_F32), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_to_host(old, composite, CX_F32), CX_OK, "%s", cx_last_error());
     end_ok();
+    for (int i = 0; i < N; i++)
+        cr_assert(memcmp(&f32_out[i], &composite[i], sizeof(float)) == 0, "f32 gelu(%g) = %.9g, the composite %.9g",
+                  (double)wide[i], (double)f32_out[i], (double)composite[i]);
     cx_tensor *p = cx_requires_grad(cx_persist(tbf16(x, s, 1)), true);
     cx_step_begin();
     cx_tensor *y = cx_keep(cx_gelu(p, false));
@@ -324,4 +332,93 @@ Test(ops_bf16, gelu_rounds_once)
     cx_free(p);
     free(xf);
     free(x);
+}
+
+/* ---- folded epilogues in bf16 ---- */
+
+static cx_tensor *persist_bf16(const float *v, const int64_t *shape, int nd, int64_t n, bool grad)
+{
+    uint16_t *h = to_bf16(v, n);
+    cx_tensor *t = cx_persist(tbf16(h, shape, nd));
+    free(h);
+    return grad ? cx_requires_grad(t, true) : t;
+}
+
+static uint16_t *read_bf16(cx_tensor *t, int64_t n)
+{
+    uint16_t *h = malloc(sizeof *h * (size_t)n);
+    cr_assert(h);
+    cr_assert_eq(cx_to_host(t, h, CX_BF16), CX_OK, "%s", cx_last_error());
+    return h;
+}
+
+/* The bf16 kernels apply a folded epilogue exactly as the program they
+ * replace would, bit for bit (test_passes_codegen checks what folds):
+ *  - forward: relu(conv(x, w) + cast(b, bf16)), the f32 bias cast in the
+ *    program, folds; the same with the bias already bf16 in memory stays
+ *    a program, and the two give the same bits;
+ *  - relu's gradient through a conv input gradient and a max-pool
+ *    backward: where(relu(z) > 0, g, 0) folds; it must equal the unmasked
+ *    gradient (a step where relu's output is a leaf) masked on the host.
+ * Two convs: 3x3 with 8 channels each way (Winograd's shape: the widening
+ * route) and 1x1 with 32 -> 48 (the GEMM route where the CPU has
+ * AVX512_BF16). */
+static void folds_match(int64_t c, int64_t o, int64_t k, unsigned seed)
+{
+    enum { NB = 2, HW = 10 };
+    const int64_t oh = HW - k + 1, ph = oh / 2;
+    const int64_t sx[] = { NB, c, HW, HW }, sw[] = { o, c, k, k }, sb[] = { o }, sg[] = { NB, o, ph, ph };
+    const int64_t nx = NB * c * HW * HW, nw = o * c * k * k, ny = NB * o * oh * oh, np = NB * o * ph * ph;
+    rng_seed(seed);
+    float *z = rand_f32(nx, -1, 1), *w = rand_f32(nw, -1, 1), *b = rand_f32(o, -0.5f, 0.5f), *g = rand_f32(np, -1, 1);
+    cx_tensor *Z = persist_bf16(z, sx, 4, nx, true), *W = persist_bf16(w, sw, 4, nw, false);
+    cx_tensor *B = cx_persist(tf32(b, sb, 1)), *Bb = persist_bf16(b, sb, 1, o, false);
+    cx_tensor *G = cx_persist(tf32(g, sg, 4));
+    /* folded: y = relu(conv(relu(z), w, b)), pooled; the loss's gradient
+     * reaches z through the pool's and the conv's folded masks */
+    cx_step_begin();
+    cx_tensor *x = cx_relu(Z);
+    cx_tensor *y = cx_keep(cx_relu(cx_conv2d(x, W, cx_cast(B, CX_BF16), 1, 1, 0, 0, 1, 1, 1)));
+    cx_tensor *p = cx_max_pool2d(y, 2, 2, 2, 2, 0, 0);
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(cx_cast(p, CX_F32), G), NULL, 0, false)), CX_OK, "%s", cx_last_error());
+    end_ok();
+    uint16_t *y_fold = read_bf16(y, ny), *dz_fold = read_bf16(cx_grad(Z), nx);
+    /* programs: the bias already bf16; relu's outputs as leaves */
+    cx_step_begin();
+    cx_tensor *xr = cx_keep(cx_relu(Z));
+    cx_tensor *y2 = cx_keep(cx_relu(cx_conv2d(xr, W, Bb, 1, 1, 0, 0, 1, 1, 1)));
+    end_ok();
+    uint16_t *y_prog = read_bf16(y2, ny), *xh = read_bf16(xr, nx), *yh = read_bf16(y2, ny);
+    for (int64_t i = 0; i < ny; i++)
+        cr_assert_eq(y_fold[i], y_prog[i], "conv %lldx%lld, y[%lld]: folded %#x, program %#x", (long long)k,
+                     (long long)k, (long long)i, y_fold[i], y_prog[i]);
+    cx_tensor *X = cx_requires_grad(cx_persist(cx_alias(xr)), true), *Y = cx_requires_grad(cx_persist(cx_alias(y2)), true);
+    cx_step_begin();
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(cx_cast(cx_max_pool2d(Y, 2, 2, 2, 2, 0, 0), CX_F32), G), NULL, 0, false)),
+                 CX_OK, "%s", cx_last_error());
+    end_ok();
+    uint16_t *dy = read_bf16(cx_grad(Y), ny);
+    /* the pool's gradient masked by relu(conv) > 0, then through the conv */
+    for (int64_t i = 0; i < ny; i++) dy[i] = cx_bf16_to_f32(yh[i]) > 0 ? dy[i] : 0;
+    cx_tensor *DY = cx_persist(tbf16(dy, (const int64_t[]){ NB, o, oh, oh }, 4));
+    cx_step_begin();
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(cx_cast(cx_conv2d(X, W, NULL, 1, 1, 0, 0, 1, 1, 1), CX_F32),
+                                           cx_cast(DY, CX_F32)), NULL, 0, false)),
+                 CX_OK, "%s", cx_last_error());
+    end_ok();
+    uint16_t *dx = read_bf16(cx_grad(X), nx);
+    for (int64_t i = 0; i < nx; i++) {
+        uint16_t want = cx_bf16_to_f32(xh[i]) > 0 ? dx[i] : 0;
+        cr_assert_eq(dz_fold[i], want, "conv %lldx%lld, dz[%lld]: folded %#x, masked %#x", (long long)k, (long long)k,
+                     (long long)i, dz_fold[i], want);
+    }
+    cx_free(Z); cx_free(W); cx_free(B); cx_free(Bb); cx_free(G); cx_free(X); cx_free(Y); cx_free(DY);
+    cx_free(y); cx_free(xr); cx_free(y2);
+    free(z); free(w); free(b); free(g); free(y_fold); free(dz_fold); free(y_prog); free(xh); free(yh); free(dy); free(dx);
+}
+
+Test(ops_bf16, conv_and_pool_epilogues_folded_in_bf16)
+{
+    folds_match(8, 8, 3, 31);
+    folds_match(32, 48, 1, 32);
 }

@@ -475,6 +475,52 @@ Test(epilogue, a_conv_input_gradient_applies_relus_gradient_mask_itself)
     cr_assert_eq(fold_conv(K_CONV_BI, 3, (cx_pinstr[]){ LOAD(2, 1), LOAD(3, 0), POSMASK(0, 1) }, &load), EPI_PROG);
 }
 
+/* The same fold in bf16 (autocast): the conv's output and the program
+ * are bf16, the f32 bias is cast to bf16 in the program, and the mask is
+ * bf16; the bf16 kernels then apply each step rounded as the program
+ * would (ops_bf16/conv_and_pool_epilogues_folded_in_bf16 checks the bits). */
+static cx_epi fold_bf16(cx_kkind heavy, int n, cx_pinstr *ins, int *load)
+{
+    cx_executable *e = conv_then(heavy, n, ins);
+    e->kernels[0].out_dtype = e->kernels[1].out_dtype = CX_BF16;
+    cx_pass_fuse_epilogues(e);
+    cr_assert_eq(e->nkernels, 1, "the kernel after the conv folds into it");
+    cx_epi epi = (cx_epi)e->kernels[0].epi;
+    *load = e->kernels[0].epi_load;
+    cx_executable_free(e);
+    return epi;
+}
+
+#define B16(x) ({ cx_pinstr b16_ = (x); b16_.dtype = CX_BF16; if (b16_.kind == P_LOAD) b16_.src_dtype = CX_BF16; b16_; })
+#define CAST16(x) ((cx_pinstr){ .kind = P_CAST, .dtype = CX_BF16, .a = (x) })
+
+Test(epilogue, a_bf16_conv_applies_the_cast_bias_relu_and_mask_itself)
+{
+    int load;
+    cr_assert_eq(fold_bf16(K_CONV, 5, (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)), B16(RELU(3)) }, &load),
+                 EPI_BIAS_RELU);
+    cr_assert_eq(load, 1, "the f32 bias is the second load");
+    cr_assert_eq(fold_bf16(K_CONV, 4, (cx_pinstr[]){ LOAD(2, 1), B16(LOAD(3, 0)), CAST16(0), B16(BIN(OP_ADD, 2, 1)) }, &load),
+                 EPI_BIAS);
+    cr_assert_eq(load, 0);
+    /* a bias already bf16 in memory, or added in f32, is the program's */
+    cr_assert_eq(fold_bf16(K_CONV, 3, (cx_pinstr[]){ B16(LOAD(3, 0)), B16(LOAD(2, 1)), B16(BIN(OP_ADD, 0, 1)) }, &load),
+                 EPI_PROG);
+    cr_assert_eq(fold_bf16(K_CONV, 5, (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), BIN(OP_ADD, 0, 2), B16(RELU(3)) }, &load),
+                 EPI_PROG);
+    /* the cast must be of the bias */
+    cr_assert_eq(fold_bf16(K_CONV, 5, (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(0), B16(BIN(OP_ADD, 0, 2)), B16(RELU(3)) }, &load),
+                 EPI_PROG);
+    cr_assert_eq(fold_bf16(K_CONV_BI, 3, (cx_pinstr[]){ B16(LOAD(2, 0)), B16(LOAD(3, 0)), B16(POSMASK(0, 1)) }, &load),
+                 EPI_POSMASK);
+    cr_assert_eq(load, 0, "the mask is the first load");
+    cr_assert_eq(fold_bf16(K_MAXPOOL_BWD, 3, (cx_pinstr[]){ B16(LOAD(2, 0)), B16(LOAD(3, 0)), B16(POSMASK(0, 1)) }, &load),
+                 EPI_POSMASK);
+    /* an f32 mask under a bf16 output is the program's */
+    cr_assert_eq(fold_bf16(K_CONV_BI, 3, (cx_pinstr[]){ LOAD(2, 0), B16(LOAD(3, 0)), B16(POSMASK(0, 1)) }, &load),
+                 EPI_PROG);
+}
+
 /* ---- hand-built programs -------------------------------------------------------------- */
 
 #define ZERO ((cx_pinstr){ .kind = P_CONST, .dtype = CX_F32, .f = 0.0 })
