@@ -117,9 +117,22 @@ CX_HOT static void fwd_head(const cx_attn_geom *g, const fwd_lane *L, float *out
     }
 }
 
-/* Where head (n, h)'s gradients start in dqkv, and their row stride:
- * packed (dq (n, t, h, d), then dk and dv (n, s, h, d)) or interleaved
- * ((n, t, 3, h, d), t == s: the gradient of one q|k|v projection). */
+void cx_attn_grad_places(const cx_attn_geom *g, int64_t n, int64_t h, int64_t at[3], int64_t *ld)
+{
+    const int64_t hd = g->h * g->d;
+    if (g->interleaved) {
+        at[0] = n * g->t * 3 * hd + h * g->d;
+        at[1] = at[0] + hd;
+        at[2] = at[0] + 2 * hd;
+        *ld = 3 * hd;
+        return;
+    }
+    at[0] = n * g->t * hd + h * g->d;
+    at[1] = g->n * g->t * hd + n * g->s * hd + h * g->d;
+    at[2] = at[1] + g->n * g->s * hd;
+    *ld = hd;
+}
+
 typedef struct {
     float *dq, *dk, *dv;
     int64_t ld;
@@ -127,13 +140,9 @@ typedef struct {
 
 static grad_head grads_of(const cx_attn_geom *g, float *dqkv, int64_t n, int64_t h)
 {
-    const int64_t hd = g->h * g->d;
-    if (g->interleaved) {
-        float *row0 = dqkv + n * g->t * 3 * hd + h * g->d;
-        return (grad_head){ row0, row0 + hd, row0 + 2 * hd, 3 * hd };
-    }
-    float *dk = dqkv + g->n * g->t * hd, *dv = dk + g->n * g->s * hd;
-    return (grad_head){ dqkv + n * g->t * hd + h * g->d, dk + n * g->s * hd + h * g->d, dv + n * g->s * hd + h * g->d, hd };
+    int64_t at[3], ld;
+    cx_attn_grad_places(g, n, h, at, &ld);
+    return (grad_head){ dqkv + at[0], dqkv + at[1], dqkv + at[2], ld };
 }
 
 /* ---- the rows route ---------------------------------------------------------------------- */

@@ -515,22 +515,11 @@ static void heads_task(const heads_job *j, float *lane, int64_t n, int64_t h)
     widen_head(o, j->o, g->o_strides, n, h, g->t, d);
     widen_head(dout, j->dout, g->do_strides, n, h, g->t, d);
     cx_attention_head_bwd(g, lane, dq, dk, dv, q, k, v, o, dout);
-    /* packed (dq (N, T, H, D), then dk and dv (N, S, H, D)) or interleaved (N, T, 3, H, D) */
-    uint16_t *gq, *gk, *gv;
-    int64_t ld = hd;
-    if (g->interleaved) {
-        gq = j->out + n * g->t * 3 * hd + h * d;
-        gk = gq + hd;
-        gv = gq + 2 * hd;
-        ld = 3 * hd;
-    } else {
-        gq = j->out + n * g->t * hd + h * d;
-        gk = j->out + g->n * g->t * hd + n * g->s * hd + h * d;
-        gv = gk + g->n * g->s * hd;
-    }
-    round_head(gq, ld, dq, g->t, d);
-    round_head(gk, ld, dk, g->s, d);
-    round_head(gv, ld, dv, g->s, d);
+    int64_t at[3], ld;
+    cx_attn_grad_places(g, n, h, at, &ld);
+    round_head(j->out + at[0], ld, dq, g->t, d);
+    round_head(j->out + at[1], ld, dk, g->s, d);
+    round_head(j->out + at[2], ld, dv, g->s, d);
 }
 
 static void heads_each(void *p, int64_t tid, int64_t nthreads)

@@ -115,31 +115,35 @@ typedef struct {
     int64_t plane, channels;
 } epi_job;
 
+CX_HOT void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = cx_bf16_to_f32_inline(mask[i]) > 0.0f ? y[i] : 0;
+}
+
 /* planes [lo, hi) of the chunk: (image, channel) pairs */
 CX_HOT static void epi_part(void *p, int64_t lo, int64_t hi)
 {
     const epi_job *j = p;
+    const bool relu = j->e->relu;
     for (int64_t q = lo; q < hi; q++) {
         uint16_t *y = j->y + q * j->plane;
         if (j->mask) {
-            const uint16_t *m = j->mask + q * j->plane;
-            for (int64_t i = 0; i < j->plane; i++) y[i] = cx_bf16_to_f32_inline(m[i]) > 0.0f ? y[i] : 0;
+            cx_bf16_posmask(y, j->mask + q * j->plane, j->plane);
             continue;
         }
-        const float b = j->e->bias ? cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(j->e->bias[q % j->channels])) : 0.0f;
+        const float b = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(j->e->bias[q % j->channels]));
         for (int64_t i = 0; i < j->plane; i++) {
-            float v = cx_bf16_to_f32_inline(y[i]);
-            if (j->e->bias) v = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(v + b));
-            if (j->e->relu) v = v > 0.0f ? v : 0.0f;
-            y[i] = cx_f32_to_bf16_inline(v);
+            float v = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(cx_bf16_to_f32_inline(y[i]) + b));
+            y[i] = cx_f32_to_bf16_inline(relu && !(v > 0.0f) ? 0.0f : v);
         }
     }
 }
 
-/* epi over images [n0, n0 + nb) of out: y (dir 0) or dx (dir 1) */
+/* epi over images [n0, n0 + nb) of out: y (dir 0; a fold always has its
+ * bias) or dx (dir 1) */
 static void apply_epi(int dir, uint16_t *out, const cx_conv_geom *g, const cx_bf16_epi *e, int64_t n0, int64_t nb)
 {
-    if (!e || dir == 2 || (dir == 0 && !e->bias && !e->relu) || (dir == 1 && !e->posmask)) return;
+    if (!e || dir == 2 || (dir == 0 && !e->bias) || (dir == 1 && !e->posmask)) return;
     const int64_t ch = dir == 0 ? g->o : g->c, plane = dir == 0 ? g->oh * g->ow : g->h * g->w;
     epi_job j = { .y = out + n0 * ch * plane, .e = e, .plane = plane, .channels = ch,
                   .mask = dir == 1 ? e->posmask + n0 * ch * plane : NULL };

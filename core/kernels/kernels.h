@@ -82,12 +82,14 @@ size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
 /* each route's scratch (gemm: the GEMM route) */
 size_t cx_conv2d_bf16_route_scratch_bytes(const cx_conv_geom *g, int dir, bool gemm);
 typedef struct {
-    const float *bias;         /* forward: (O) f32, or NULL */
+    const float *bias;         /* forward: (O) f32, or NULL (then no epilogue) */
     bool relu;                 /* forward, after the bias */
     const uint16_t *posmask;   /* input gradient, max-pool backward: bf16 like the output, or NULL */
 } cx_bf16_epi;
 void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                     const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
+/* y[i] kept where mask[i] > 0, else 0: relu's gradient over bf16 values. */
+void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n);
 /* the GEMM route itself, on any CPU (without AVX512_BF16 the GEMM widens
  * its tiles); scratch from cx_conv2d_bf16_route_scratch_bytes(g, dir, true) */
 void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
@@ -200,6 +202,11 @@ void cx_attention_route_bwd(float *dqkv, const float *q, const float *k, const f
  * aligned. Only where cx_attention_head_fits(g) (s up to the rows route's
  * 1024 keys, d > 0). For a caller that converts a head at a time. */
 bool cx_attention_head_fits(const cx_attn_geom *g);
+/* Where head (n, h)'s dq, dk and dv start in a dqkv of g's layout (in
+ * elements, whatever the dtype), and their row stride: packed (dq (N, T,
+ * H, D), then dk and dv (N, S, H, D)) or interleaved ((N, T, 3, H, D),
+ * t == s: the gradient of one q|k|v projection). */
+void cx_attn_grad_places(const cx_attn_geom *g, int64_t n, int64_t h, int64_t at[3], int64_t *ld);
 int64_t cx_attention_head_lane_floats(const cx_attn_geom *g, bool bwd);
 void cx_attention_head_fwd(const cx_attn_geom *g, float *lane, float *out, const float *q, const float *k, const float *v);
 void cx_attention_head_bwd(const cx_attn_geom *g, float *lane, float *dq, float *dk, float *dv, const float *q,

@@ -68,12 +68,7 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
     cx_pool2d_plane_f32(j->kind, res, j->kind == CX_POOL_BF16_AVG_BWD ? NULL : xf, bwd ? dyf : NULL, &one);
     const int64_t n = bwd ? in : out;
     narrow(j->out + t * n, res, n);
-    if (j->posmask) {
-        /* relu's gradient folded in: where(mask > 0, dx, 0) */
-        uint16_t *dx = j->out + t * n;
-        const uint16_t *m = j->posmask + t * n;
-        for (int64_t i = 0; i < n; i++) dx[i] = cx_bf16_to_f32_inline(m[i]) > 0.0f ? dx[i] : 0;
-    }
+    if (j->posmask) cx_bf16_posmask(j->out + t * n, j->posmask + t * n, n);   /* relu's gradient, folded in */
 }
 
 /* Planes are claimed a run at a time, about 8 runs per thread: one
