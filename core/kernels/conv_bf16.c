@@ -115,7 +115,7 @@ typedef struct {
     int64_t plane, channels;
 } epi_job;
 
-CX_HOT void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n)
+void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] = cx_bf16_to_f32_inline(mask[i]) > 0.0f ? y[i] : 0;
 }
