@@ -120,44 +120,28 @@ typedef struct {
 
 /* ---- the f32 route --------------------------------------------------------------------- */
 
-/* af (mb, kb) = op(A)[i0.., k0..] widened */
-CX_HOT static void widen_a(float *af, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
-                           int64_t kb)
+/* Each block is widened in its source's layout, row by contiguous row,
+ * and the sgemm reads the transpose: widening a transposed operand into
+ * op()'s layout went one scalar element at a time across rows (the
+ * linear layer's weights, the weight gradient's activations), and cost
+ * 0.15 of a bf16-mixed gpt step under CX_CPU_ISA=avx2. */
+CX_HOT static void widen_rows(float *dst, int64_t ldd, const uint16_t *src, int64_t lds, int64_t rows, int64_t cols)
 {
-    for (int64_t r = 0; r < mb; r++) {
-        if (!j->ta) {
-            const uint16_t *s = a + (i0 + r) * j->k + k0;
-            for (int64_t q = 0; q < kb; q++) af[r * kb + q] = cx_bf16_to_f32_inline(s[q]);
-        } else {
-            for (int64_t q = 0; q < kb; q++) af[r * kb + q] = cx_bf16_to_f32_inline(a[(k0 + q) * j->m + i0 + r]);
-        }
-    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * ldd + c] = cx_bf16_to_f32_inline(src[r * lds + c]);
 }
 
-/* bf (kb, nb) = op(B)[k0.., j0..] widened */
-CX_HOT static void widen_b(float *bf, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
-                           int64_t nb)
-{
-    if (!j->tb) {
-        for (int64_t q = 0; q < kb; q++) {
-            const uint16_t *s = b + (k0 + q) * j->n + j0;
-            for (int64_t c = 0; c < nb; c++) bf[q * nb + c] = cx_bf16_to_f32_inline(s[c]);
-        }
-        return;
-    }
-    for (int64_t c = 0; c < nb; c++) {
-        const uint16_t *s = b + (j0 + c) * j->k + k0;
-        for (int64_t q = 0; q < kb; q++) bf[q * nb + c] = cx_bf16_to_f32_inline(s[q]);
-    }
-}
-
-/* tile rows [0, mt) (ld nc) += op(A)[i0.., k0..] op(B)[k0.., j0..] */
+/* tile rows [0, mt) (ld nc) += op(A)[i0.., k0..] op(B)[k0.., j0..]; A's
+ * block is (mt, kb) or transposed (kb, mt), B's (kb, nb) or (nb, kb) */
 static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk, const uint16_t *a,
                       const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
 {
-    widen_b(bblk, j, b, k0, kb, j0, nb);
-    widen_a(ablk, j, a, i0, mt, k0, kb);
-    cx_sgemm_serial_on(j->dnnl, false, false, mt, nb, kb, ablk, kb, bblk, nb, k0 ? 1.0f : 0.0f, tile, j->d.nc);
+    if (j->tb) widen_rows(bblk, kb, b + j0 * j->k + k0, j->k, nb, kb);
+    else widen_rows(bblk, nb, b + k0 * j->n + j0, j->n, kb, nb);
+    if (j->ta) widen_rows(ablk, mt, a + k0 * j->m + i0, j->m, kb, mt);
+    else widen_rows(ablk, kb, a + i0 * j->k + k0, j->k, mt, kb);
+    cx_sgemm_serial_on(j->dnnl, j->ta, j->tb, mt, nb, kb, ablk, j->ta ? mt : kb, bblk, j->tb ? kb : nb,
+                       k0 ? 1.0f : 0.0f, tile, j->d.nc);
 }
 
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
