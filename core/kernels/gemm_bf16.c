@@ -144,36 +144,91 @@ static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk,
                        k0 ? 1.0f : 0.0f, tile, j->d.nc);
 }
 
+CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb)
+{
+    for (int64_t r = 0; r < mt; r++)
+        for (int64_t q = 0; q < nb; q++) c[r * ldc + q] = cx_f32_to_bf16_inline(tile[r * ldt + q]);
+}
+
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
 
 #ifdef CX_HAVE_BF16_KERNEL
+/* One pair of source rows into panel words: word r of the panel holding
+ * element e = p + r (p a multiple of width) is lo[e] | hi[e] << 16 (hi
+ * NULL past an odd K's end: 0). The packers walk K a pair of rows at a
+ * time, each row read once and contiguously, with the rows a few pairs on
+ * prefetched: walking one panel's width down all of K (one cache line
+ * from each of 512 rows, n apart) stalled on the loads. Packing took 5 %
+ * of a bf16-mixed gpt step's samples, 3 % since. */
+static inline __attribute__((always_inline)) void pair_panel(uint32_t *restrict d, const uint16_t *restrict l, const uint16_t *restrict h,
+                                                             int64_t w)
+{
+    if (h)
+        for (int64_t r = 0; r < w; r++) d[r] = (uint32_t)l[r] | (uint32_t)h[r] << 16;
+    else
+        for (int64_t r = 0; r < w; r++) d[r] = l[r];
+}
+
+/* The width is a constant in each copy, so a full panel's loop is whole
+ * vectors (an MR = 12 panel was left to the scalar remainder loop). */
+#define CX_PAIR_ROWS(name, width)                                                                                 \
+    CX_HOT static void name(uint32_t *dst, int64_t panel_words, const uint16_t *lo, const uint16_t *hi, int64_t count) \
+    {                                                                                                             \
+        int64_t full = count / (width) * (width);                                                                 \
+        for (int64_t p = 0; p < full; p += (width))                                                               \
+            pair_panel(dst + p / (width) * panel_words, lo + p, hi ? hi + p : NULL, (width));                     \
+        if (full < count)                                                                                         \
+            pair_panel(dst + full / (width) * panel_words, lo + full, hi ? hi + full : NULL, count - full);       \
+    }
+CX_PAIR_ROWS(pair_rows_nr, NR)
+CX_PAIR_ROWS(pair_rows_mr, MR)
+#undef CX_PAIR_ROWS
+
+/* The packers read a new pair of rows, ld apart, per step: ask for the
+ * rows `ahead` pairs on (the hardware's stride prefetcher did not keep
+ * up: the loads of each new row stalled the packing). */
+static void prefetch_pair(const uint16_t *row, int64_t ld, int64_t count)
+{
+    for (int64_t e = 0; e < count; e += 32) {
+        __builtin_prefetch(row + e);
+        __builtin_prefetch(row + ld + e);
+    }
+}
+
+/* Only the last panel, when count is not a multiple of width, has lanes
+ * no element lands in: zero it. (An odd K's missing high halves the
+ * packers write as 0 themselves.) */
+static void zero_ragged_panel(uint32_t *panels, int64_t pairs, int64_t width, int64_t count)
+{
+    int64_t tail = count % width;
+    if (tail) memset(panels + count / width * pairs * width, 0, sizeof *panels * (size_t)(pairs * width));
+}
+
 /* bp: NR-column panels of (kb/2) pairs x NR lanes x 2; zero past the
- * edges. Each layout is read along its contiguous dimension: rows of B,
- * or for a transposed B, its columns, whose pairs are one 32-bit word. */
+ * edges. Each layout is read along its contiguous dimension: rows of B
+ * a pair at a time, or for a transposed B, its columns, whose pairs are
+ * one 32-bit word. */
 static void pack_b(uint16_t *bp, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
                    int64_t nb)
 {
     int64_t pairs = (kb + 1) / 2;
-    for (int64_t p = 0; p < nb; p += NR) {
-        uint16_t *panel = bp + p * 2 * pairs;
-        int64_t w = min64(NR, nb - p);
-        if (w < NR || (kb & 1)) memset(panel, 0, sizeof *panel * (size_t)(2 * NR * pairs));
-        if (j->tb) {
-            uint32_t *dst = (uint32_t *)panel;
-            for (int64_t c = 0; c < w; c++) {
-                const uint16_t *s = b + (j0 + p + c) * j->k + k0;
-                for (int64_t q = 0; q < kb / 2; q++) dst[q * NR + c] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
-                if (kb & 1) dst[(pairs - 1) * NR + c] = s[kb - 1];
-            }
-            continue;
-        }
+    uint32_t *words = (uint32_t *)bp;
+    zero_ragged_panel(words, pairs, NR, nb);
+    if (!j->tb) {
         for (int64_t q = 0; q < pairs; q++) {
-            uint16_t *dst = panel + q * 2 * NR;
-            const uint16_t *r0 = b + (k0 + 2 * q) * j->n + j0 + p, *r1 = r0 + j->n;
-            if (2 * q + 1 < kb)
-                for (int64_t c = 0; c < w; c++) { dst[2 * c] = r0[c]; dst[2 * c + 1] = r1[c]; }
-            else
-                for (int64_t c = 0; c < w; c++) dst[2 * c] = r0[c];
+            const uint16_t *r0 = b + (k0 + 2 * q) * j->n + j0;
+            if (2 * (q + 4) + 1 < kb) prefetch_pair(r0 + 8 * j->n, j->n, nb);
+            pair_rows_nr(words + q * NR, pairs * NR, r0, 2 * q + 1 < kb ? r0 + j->n : NULL, nb);
+        }
+        return;
+    }
+    for (int64_t p = 0; p < nb; p += NR) {
+        uint32_t *dst = words + p * pairs;
+        int64_t w = min64(NR, nb - p);
+        for (int64_t c = 0; c < w; c++) {
+            const uint16_t *s = b + (j0 + p + c) * j->k + k0;
+            for (int64_t q = 0; q < kb / 2; q++) dst[q * NR + c] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+            if (kb & 1) dst[(pairs - 1) * NR + c] = s[kb - 1];
         }
     }
 }
@@ -184,20 +239,18 @@ static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t 
                    int64_t kb)
 {
     int64_t pairs = (kb + 1) / 2;
+    zero_ragged_panel(ap, pairs, MR, mb);
+    if (j->ta) {
+        for (int64_t q = 0; q < pairs; q++) {
+            const uint16_t *lo = a + (k0 + 2 * q) * j->m + i0;
+            if (2 * (q + 4) + 1 < kb) prefetch_pair(lo + 8 * j->m, j->m, mb);
+            pair_rows_mr(ap + q * MR, pairs * MR, lo, 2 * q + 1 < kb ? lo + j->m : NULL, mb);
+        }
+        return;
+    }
     for (int64_t p = 0; p < mb; p += MR) {
         uint32_t *dst = ap + p * pairs;
         int64_t w = min64(MR, mb - p);
-        if (w < MR || (kb & 1)) memset(dst, 0, sizeof *dst * (size_t)(MR * pairs));
-        if (j->ta) {
-            for (int64_t q = 0; q < pairs; q++) {
-                const uint16_t *lo = a + (k0 + 2 * q) * j->m + i0 + p, *hi = lo + j->m;
-                if (2 * q + 1 < kb)
-                    for (int64_t r = 0; r < w; r++) dst[q * MR + r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
-                else
-                    for (int64_t r = 0; r < w; r++) dst[q * MR + r] = lo[r];
-            }
-            continue;
-        }
         for (int64_t r = 0; r < w; r++) {
             const uint16_t *s = a + (i0 + p + r) * j->k + k0;
             for (int64_t q = 0; q < kb / 2; q++) dst[q * MR + r] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
@@ -206,13 +259,25 @@ static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t 
     }
 }
 
-/* c (MR, NR) (ld ldc) = (first ? 0 : c) + A . bp panel over `pairs`, pair
- * q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes) */
+/* 16 sums rounded to bf16 as cx_f32_to_bf16_inline does, to the bit
+ * (vcvtneps2bf16 would flush denormal sums to zero) */
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline void micro_bf16(float *c, int64_t ldc, const char *a, int64_t rs, int64_t qs, const uint16_t *bp,
-                              int64_t pairs, bool first)
+static inline __m256i round_bf16x16(__m512 x)
 {
-    __m512 acc[MR][2];
+    __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* acc = (first ? 0 : c (MR, NR), ld ldc) + A . bp panel over `pairs`,
+ * pair q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes) */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void micro_sums(__m512 acc[MR][2], const float *c, int64_t ldc, const char *a, int64_t rs,
+                              int64_t qs, const uint16_t *bp, int64_t pairs, bool first)
+{
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) {
         acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
@@ -230,6 +295,11 @@ static inline void micro_bf16(float *c, int64_t ldc, const char *a, int64_t rs, 
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
     }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2])
+{
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++) {
         _mm512_storeu_ps(c + r * ldc, acc[r][0]);
@@ -237,26 +307,63 @@ static inline void micro_bf16(float *c, int64_t ldc, const char *a, int64_t rs, 
     }
 }
 
-/* from a packed panel */
+/* the sums rounded into cb (ld ldc) */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2])
+{
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        _mm256_storeu_si256((__m256i *)(cb + r * ldc), round_bf16x16(acc[r][0]));
+        _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16), round_bf16x16(acc[r][1]));
+    }
+}
+
+/* c (MR, NR) (ld ldc) = (first ? 0 : c) + A . B from a packed panel */
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void micro_packed(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first)
 {
-    micro_bf16(c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first);
+    __m512 acc[MR][2];
+    micro_sums(acc, c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first);
+    micro_store(c, ldc, acc);
 }
 
-/* straight from MR rows of A (row stride rs bytes): no packing */
+/* the same straight from MR rows of A (row stride rs bytes): no packing */
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp, int64_t pairs,
                        bool first)
 {
-    micro_bf16(c, ldc, (const char *)a, rs, 4, bp, pairs, first);
+    __m512 acc[MR][2];
+    micro_sums(acc, c, ldc, (const char *)a, rs, 4, bp, pairs, first);
+    micro_store(c, ldc, acc);
+}
+
+/* cb (MR, NR) (ld ldc) = A . B over all of K, rounded */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_packed_out(uint16_t *cb, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs)
+{
+    __m512 acc[MR][2];
+    micro_sums(acc, NULL, 0, (const char *)ap, 4, 4 * MR, bp, pairs, true);
+    micro_store_bf16(cb, ldc, acc);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void micro_rows_out(uint16_t *cb, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp,
+                           int64_t pairs)
+{
+    __m512 acc[MR][2];
+    micro_sums(acc, NULL, 0, (const char *)a, rs, 4, bp, pairs, true);
+    micro_store_bf16(cb, ldc, acc);
 }
 
 /* A is read in place where its rows hold whole pairs (not transposed, an
  * even K block, a full MR-row panel): packing it cost a fifth of the time,
- * and its MC x KC block stays in L2 either way. */
+ * and its MC x KC block stays in L2 either way. With out (the task's
+ * corner of C, ld n; only when K is one block) each full micro-tile is
+ * rounded straight into C and each ragged one through the tile: the f32
+ * tile's round trip cost a K = 256 product 0.1-0.2 of its time. */
 static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *ap, const uint16_t *a,
-                       const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb)
+                       const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb,
+                       uint16_t *out)
 {
     int64_t pairs = (kb + 1) / 2;
     pack_b(bp, j, b, k0, kb, j0, nb);
@@ -268,21 +375,23 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
         for (int64_t cp = 0; cp < nb; cp += NR)
             for (int64_t rp = 0; rp < mb; rp += MR) {
                 float *ct = tile + (r0 + rp) * j->d.nc + cp;
-                const uint16_t *bpp = bp + cp * 2 * pairs;
+                const uint16_t *bpp = bp + cp * 2 * pairs, *arow = a + (i0 + r0 + rp) * j->k + k0;
+                uint16_t *co = out ? out + (r0 + rp) * j->n + cp : NULL;
+                int64_t rows = min64(MR, mb - rp), cols = min64(NR, nb - cp);
+                if (co && rows == MR && cols == NR) {
+                    if (packed) micro_packed_out(co, j->n, ap + rp * pairs, bpp, pairs);
+                    else micro_rows_out(co, j->n, arow, 2 * j->k, bpp, pairs);
+                    continue;
+                }
                 if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0);
-                else micro_rows(ct, j->d.nc, a + (i0 + r0 + rp) * j->k + k0, 2 * j->k, bpp, pairs, k0 == 0);
+                else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0);
+                if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols);
             }
     }
 }
 #endif
 
 /* ---- tasks ------------------------------------------------------------------------------- */
-
-CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb)
-{
-    for (int64_t r = 0; r < mt; r++)
-        for (int64_t q = 0; q < nb; q++) c[r * ldc + q] = cx_f32_to_bf16_inline(tile[r * ldt + q]);
-}
 
 CX_HOT static void store_rows(float *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
                               bool acc)
@@ -302,16 +411,19 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     float *tile = (float *)ws;
     char *bblk = ws + round_up(j->d.mch * j->d.nc * 4, 64);
     char *ablk = bblk + round_up(j->d.kc * j->d.nc * (j->hw ? 2 : 4), 64);
+    /* one K block into a bf16 C: the micro-tiles round into C themselves */
+    uint16_t *direct = j->hw && j->c && j->k <= j->d.kc ? j->c + bi * j->m * j->n + i0 * j->n + j0 : NULL;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
         int64_t kb = min64(j->d.kc, j->k - k0);
 #ifdef CX_HAVE_BF16_KERNEL
         if (j->hw) {
-            block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb);
+            block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct);
             continue;
         }
 #endif
         block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
     }
+    if (direct) return;
     if (j->cf) store_rows(j->cf + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->acc);
     else round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb);
 }

@@ -194,6 +194,46 @@ Test(bf16_gemm, thread_count_free)
     cx_set_num_threads(saved);
 }
 
+/* A product whose K is one block rounds each full micro-tile straight
+ * into C; with more K blocks the sums go through the f32 tile. Both must
+ * round as cx_f32_to_bf16 does, ties to even, overflow to inf and NaN
+ * included: C = A (m, 2) . ones (2, n) against the same A padded with
+ * zero columns past the first K block (adding zeros to a sum that is not
+ * -0 leaves its bits). Rows 13 and columns 33 give ragged tiles too. */
+static void rounded_sums(uint16_t *c, const uint16_t *pair, int64_t m, int64_t n, int64_t k)
+{
+    uint16_t *a = calloc((size_t)(m * k), sizeof *a), *b = calloc((size_t)(k * n), sizeof *b);
+    cr_assert(a && b);
+    for (int64_t i = 0; i < m; i++) memcpy(a + i * k, pair + 2 * i, 2 * sizeof *a);
+    for (int64_t j = 0; j < 2 * n; j++) b[j] = cx_f32_to_bf16(1.0f);
+    size_t sb = cx_matmul_bf16_scratch_bytes(1, m, n, k);
+    void *scratch = malloc(sb);
+    cr_assert(scratch);
+    cx_matmul_bf16(c, a, b, 1, m, n, k, false, false, m * k, k * n, scratch, sb);
+    free(a); free(b); free(scratch);
+}
+
+Test(bf16_gemm, one_k_block_rounds_as_the_tile_does)
+{
+    const float hi[] = { 1.0f, 1.0f, 1.0f + 0x1p-7f, -3.0f, 0x1.fep127f, INFINITY, NAN, 5.0f, -0x1p-120f, 1.0f };
+    const float lo[] = { 0x1p-8f, 0x1.8p-8f, 0x1p-8f, 0x1p-9f, 0x1p120f, 1.0f, 1.0f, -5.0f, -0x1p-122f, -0x1p-9f };
+    enum { M = 25, N = 33, NV = sizeof hi / sizeof *hi };
+    uint16_t pair[2 * M], direct[M * N], tiled[M * N];
+    for (int i = 0; i < M; i++) {
+        pair[2 * i] = cx_f32_to_bf16(hi[i % NV]);
+        pair[2 * i + 1] = cx_f32_to_bf16(lo[i % NV] * (float)(1 + i / NV));
+    }
+    rounded_sums(direct, pair, M, N, 2);
+    rounded_sums(tiled, pair, M, N, 514);
+    for (int i = 0; i < M * N; i++) {
+        float want = cx_bf16_to_f32(pair[2 * (i / N)]) + cx_bf16_to_f32(pair[2 * (i / N) + 1]);
+        cr_assert_eq(direct[i], tiled[i], "%s: C[%d][%d]: one K block gives %#06x, two give %#06x (sum %a)",
+                     cx_isa_name(cx_isa_active()), i / N, i % N, direct[i], tiled[i], want);
+        if (want == want) cr_assert_eq(direct[i], cx_f32_to_bf16(want), "C[%d][%d] = %#06x, want %#06x", i / N,
+                                       i % N, direct[i], cx_f32_to_bf16(want));
+    }
+}
+
 Test(bf16_gemm, empty_k_gives_zeros)
 {
     uint16_t c[6] = { 1, 2, 3, 4, 5, 6 }, a[1] = { 0 }, b[1] = { 0 };
