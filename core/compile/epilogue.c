@@ -20,11 +20,24 @@ static bool per_channel(const cx_kernel *h, const cx_kernel *m, const cx_view *v
     return true;
 }
 
+/* Whether x's view (the bias) reads one value per column of the bf16
+ * matmul h's output, (..., n) in m's element order. */
+static bool per_column(const cx_kernel *h, const cx_kernel *m, const cx_view *v)
+{
+    const int nd = m->ndim, hb = h->in[1].ndim;
+    if (nd < 1 || hb < 2 || m->shape[nd - 1] != h->in[1].shape[hb - 1] || v->offset != 0 || v->masked) return false;
+    for (int d = 0; d < nd; d++)
+        if (m->shape[d] > 1 && v->strides[d] != (d == nd - 1 ? 1 : 0)) return false;
+    return true;
+}
+
 /* Whether an epilogue the heavy kernel h took over (merged: its program
  * now loads the output from merged->out_slot) is one the kernel applies
  * itself while the output is in cache:
  *  - after a conv, out + bias[channel], optionally then relu (Conv2d and
  *    ReLU), over the conv's own (N, O, OH*OW) element split;
+ *  - after a bf16 matmul, out + bias[column], optionally then relu
+ *    (autocast's Linear: the f32 matmul's program runs as it is);
  *  - after a conv input gradient or max-pool backward, where(m > 0, out, 0)
  *    with m in the output's layout (relu's gradient, as P_POSMASK).
  * In f32 every instruction is f32. In bf16 (autocast) the mask is bf16
@@ -43,7 +56,8 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
     if (in[o].slot != merged->out_slot || in[x].slot == merged->out_slot) return EPI_PROG;
     /* every instruction in the output's dtype but a bf16 program's bias
      * load and its cast */
-    const bool cast_bias = dt == CX_BF16 && h->kind == K_CONV;
+    const bool bias_kind = h->kind == K_CONV || (h->kind == K_MATMUL && dt == CX_BF16);
+    const bool cast_bias = dt == CX_BF16 && bias_kind;
     for (int i = 0; i < p->n; i++) {
         int want = cast_bias && i == x ? CX_F32 : dt;
         if (in[i].dtype != want || (in[i].kind == P_LOAD && in[i].src_dtype != want)) return EPI_PROG;
@@ -51,11 +65,11 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
     const cx_view *v = &p->views[in[x].view];
     const int b = cast_bias ? 2 : x;   /* the bias's register, cast or not */
     const int add = b + (cast_bias ? 1 : 2 - b);
-    if (h->kind == K_CONV && (!cast_bias || (in[2].kind == P_CAST && in[2].a == x)) && add < p->n &&
+    if (bias_kind && (!cast_bias || (in[2].kind == P_CAST && in[2].a == x)) && add < p->n &&
         in[add].kind == P_BIN && in[add].op == OP_ADD &&
         ((in[add].a == o && in[add].b == b) || (in[add].a == b && in[add].b == o)) &&
         (p->n == add + 1 || (p->n == add + 2 && in[add + 1].kind == P_RELU && in[add + 1].a == add))) {
-        if (!per_channel(h, merged, v)) return EPI_PROG;
+        if (h->kind == K_CONV ? !per_channel(h, merged, v) : !per_column(h, merged, v)) return EPI_PROG;
         *load = x;
         return p->n == add + 2 ? EPI_BIAS_RELU : EPI_BIAS;
     }

@@ -85,8 +85,8 @@ typedef struct {
  * folded into the kernel itself (decided once, when lowering). */
 typedef enum {
     EPI_PROG,         /* run prog over the output */
-    EPI_BIAS,         /* conv: + bias[channel] (read by prog's instruction epi_load) */
-    EPI_BIAS_RELU,    /* conv: + bias[channel], then relu */
+    EPI_BIAS,         /* conv: + bias[channel]; bf16 matmul: + bias[column] (read by prog's instruction epi_load) */
+    EPI_BIAS_RELU,    /* the same, then relu */
     EPI_POSMASK,      /* conv input gradient, max-pool backward: keep where mask (epi_load) > 0 */
 } cx_epi;
 

@@ -384,11 +384,22 @@ static bool exec_ok(const cx_executable *e)
         if (k->epi != EPI_PROG) {
             if (!k->has_epilogue || k->epi_load < 0 || k->epi_load >= k->prog.n || k->prog.ins[k->epi_load].kind != P_LOAD)
                 return false;
-            if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD : k->kind != K_CONV) return false;
-            /* what the kernel reads: a mask in its own dtype, a bias in f32 */
+            const bool bf16_linear = k->kind == K_MATMUL && k->out_dtype == CX_BF16 && k->nin == 2 &&
+                                     k->in[0].dtype == CX_BF16 && k->in[1].ndim >= 2;
+            if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD
+                                      : k->kind != K_CONV && !bf16_linear)
+                return false;
+            /* what the kernel reads: a mask in its own dtype, a bias in f32,
+             * one per output channel or column */
             const cx_pinstr *ld = &k->prog.ins[k->epi_load];
             if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
             if (ld->src_dtype != (k->epi == EPI_POSMASK ? k->out_dtype : CX_F32)) return false;
+            if (ld->slot < 0 || ld->slot >= e->nslots) return false;
+            if (k->epi != EPI_POSMASK) {
+                if (k->nin < 2 || k->in[1].ndim < 1) return false;
+                int64_t per = k->kind == K_CONV ? k->in[1].shape[0] : k->in[1].shape[k->in[1].ndim - 1];
+                if (!fits(per, CX_F32, e->slots[ld->slot].bytes)) return false;
+            }
         }
         if (!prog_ok(e, k, &k->prog)) return false;
     }

@@ -272,9 +272,14 @@ static bool gemm_wins(const cx_conv_geom *g)
     return !cx_wino_applies(g) && g->o / g->groups >= 48 && g->c / g->groups * g->kh * g->kw >= 32;
 }
 
+bool cx_conv2d_bf16_plans_gemm(const cx_conv_geom *g)
+{
+    return cx_isa_active() >= CX_ISA_AVX512_BF16 && gemm_wins(g);
+}
+
 size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir)
 {
-    return cx_conv2d_bf16_route_scratch_bytes(g, dir, cx_isa_active() >= CX_ISA_AVX512_BF16 && gemm_wins(g));
+    return cx_conv2d_bf16_route_scratch_bytes(g, dir, cx_conv2d_bf16_plans_gemm(g));
 }
 
 typedef struct {
@@ -443,8 +448,8 @@ void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t 
 {
     /* a scratch planned for the other route (the persistent cache, another
      * CX_CPU_ISA) runs the route it fits */
-    bool gemm = cx_isa_active() >= CX_ISA_AVX512_BF16 && gemm_wins(g) ? scratch_bytes >= gemm_scratch(g, dir, true)
-                                                                      : scratch_bytes < widen_scratch(g, dir);
+    bool gemm = cx_conv2d_bf16_plans_gemm(g) ? scratch_bytes >= gemm_scratch(g, dir, true)
+                                             : scratch_bytes < widen_scratch(g, dir);
     if (gemm) cx_conv2d_bf16_gemm(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
     else widen_route(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
 }

@@ -113,6 +113,8 @@ typedef struct {
     int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
     bgemm_dims d;
     bool ta, tb, hw;
+    const float *bias;    /* bf16 c only: c = round(round(sum) + bf16(bias[col])), then relu */
+    bool relu;
     bool dnnl;            /* the f32 route's library, chosen on the whole product as cx_sgemm does */
     char *scratch;
     size_t per;
@@ -144,10 +146,25 @@ static void block_f32(const bgemm_job *j, float *tile, float *bblk, float *ablk,
                        k0 ? 1.0f : 0.0f, tile, j->d.nc);
 }
 
-CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb)
+/* c = the tile's sums rounded; with a bias (bias[0] is column 0's), each
+ * then plus the bias rounded to bf16 and rounded again, and with relu
+ * clamped at 0, as the folded program's steps would (NaN to 0) */
+CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
+                              const float *bias, bool relu)
 {
-    for (int64_t r = 0; r < mt; r++)
-        for (int64_t q = 0; q < nb; q++) c[r * ldc + q] = cx_f32_to_bf16_inline(tile[r * ldt + q]);
+    for (int64_t r = 0; r < mt; r++) {
+        uint16_t *cr = c + r * ldc;
+        const float *t = tile + r * ldt;
+        if (!bias) {
+            for (int64_t q = 0; q < nb; q++) cr[q] = cx_f32_to_bf16_inline(t[q]);
+            continue;
+        }
+        for (int64_t q = 0; q < nb; q++) {
+            float sum = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(t[q]));
+            float v = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(sum + cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[q]))));
+            cr[q] = cx_f32_to_bf16_inline(relu && !(v > 0.0f) ? 0.0f : v);
+        }
+    }
 }
 
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
@@ -307,15 +324,34 @@ static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2])
     }
 }
 
-/* the sums rounded into cb (ld ldc) */
+/* bf16 lanes widened back to f32 */
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2])
+static inline __m512 widen_bf16x16(__m256i h)
 {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* the sums rounded into cb (ld ldc); with a bias (bias[0] is the tile's
+ * first column's), round_rows's epilogue */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2], const float *bias, bool relu)
+{
+    if (!bias) {
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; r++) {
-        _mm256_storeu_si256((__m256i *)(cb + r * ldc), round_bf16x16(acc[r][0]));
-        _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16), round_bf16x16(acc[r][1]));
+        for (int r = 0; r < MR; r++) {
+            _mm256_storeu_si256((__m256i *)(cb + r * ldc), round_bf16x16(acc[r][0]));
+            _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16), round_bf16x16(acc[r][1]));
+        }
+        return;
     }
+    const __m512 b[2] = { widen_bf16x16(round_bf16x16(_mm512_loadu_ps(bias))),
+                          widen_bf16x16(round_bf16x16(_mm512_loadu_ps(bias + 16))) };
+    for (int r = 0; r < MR; r++)
+        for (int h = 0; h < 2; h++) {
+            __m512 v = widen_bf16x16(round_bf16x16(_mm512_add_ps(widen_bf16x16(round_bf16x16(acc[r][h])), b[h])));
+            if (relu) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), v);
+            _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16 * h), round_bf16x16(v));
+        }
 }
 
 /* c (MR, NR) (ld ldc) = (first ? 0 : c) + A . B from a packed panel */
@@ -339,20 +375,21 @@ static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, con
 
 /* cb (MR, NR) (ld ldc) = A . B over all of K, rounded */
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void micro_packed_out(uint16_t *cb, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs)
+static void micro_packed_out(uint16_t *cb, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs,
+                             const float *bias, bool relu)
 {
     __m512 acc[MR][2];
     micro_sums(acc, NULL, 0, (const char *)ap, 4, 4 * MR, bp, pairs, true);
-    micro_store_bf16(cb, ldc, acc);
+    micro_store_bf16(cb, ldc, acc, bias, relu);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void micro_rows_out(uint16_t *cb, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp,
-                           int64_t pairs)
+                           int64_t pairs, const float *bias, bool relu)
 {
     __m512 acc[MR][2];
     micro_sums(acc, NULL, 0, (const char *)a, rs, 4, bp, pairs, true);
-    micro_store_bf16(cb, ldc, acc);
+    micro_store_bf16(cb, ldc, acc, bias, relu);
 }
 
 /* A is read in place where its rows hold whole pairs (not transposed, an
@@ -379,13 +416,14 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
                 uint16_t *co = out ? out + (r0 + rp) * j->n + cp : NULL;
                 int64_t rows = min64(MR, mb - rp), cols = min64(NR, nb - cp);
                 if (co && rows == MR && cols == NR) {
-                    if (packed) micro_packed_out(co, j->n, ap + rp * pairs, bpp, pairs);
-                    else micro_rows_out(co, j->n, arow, 2 * j->k, bpp, pairs);
+                    const float *bias = j->bias ? j->bias + j0 + cp : NULL;
+                    if (packed) micro_packed_out(co, j->n, ap + rp * pairs, bpp, pairs, bias, j->relu);
+                    else micro_rows_out(co, j->n, arow, 2 * j->k, bpp, pairs, bias, j->relu);
                     continue;
                 }
                 if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0);
                 else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0);
-                if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols);
+                if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols, j->bias ? j->bias + j0 + cp : NULL, j->relu);
             }
     }
 }
@@ -425,7 +463,8 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     }
     if (direct) return;
     if (j->cf) store_rows(j->cf + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->acc);
-    else round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb);
+    else round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->bias ? j->bias + j0 : NULL,
+                    j->relu);
 }
 
 static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
@@ -440,15 +479,21 @@ static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
     for (int64_t t = tid; t < total; t += lanes) run_task(j, ws, t);
 }
 
-static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
-                      int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
-                      void *scratch, size_t scratch_bytes)
+static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b,
+                      int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a,
+                      int64_t stride_b, void *scratch, size_t scratch_bytes)
 {
     if (batch <= 0 || m <= 0 || n <= 0) return;
+    const float *bias = c && epi ? epi->bias : NULL;
     if (k <= 0) {
-        /* an empty sum: zeros, or nothing to add */
+        /* an empty sum: zeros, or nothing to add; then the epilogue */
         void *out = cf ? (void *)cf : (void *)c;
         if (!acc) memset(out, 0, (cf ? sizeof *cf : sizeof *c) * (size_t)(batch * m * n));
+        if (!bias) return;
+        const float zeros[NR] = { 0 };
+        for (int64_t r = 0; r < batch * m; r++)
+            for (int64_t q = 0; q < n; q += NR)
+                round_rows(c + r * n + q, n, zeros, NR, 1, min64(NR, n - q), bias + q, epi->relu);
         return;
     }
     if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {
@@ -459,7 +504,7 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const uint16_t *a, const
         batch = 1;
     }
     bgemm_job j = { .c = c, .cf = cf, .acc = acc, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
-                    .ta = trans_a, .tb = trans_b, .scratch = scratch };
+                    .ta = trans_a, .tb = trans_b, .scratch = scratch, .bias = bias, .relu = bias && epi->relu };
 #ifdef CX_HAVE_BF16_KERNEL
     j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
 #endif
@@ -496,13 +541,20 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
                     bool trans_a, bool trans_b,
                     int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes)
 {
-    bgemm_run(c, NULL, false, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes);
+    bgemm_run(c, NULL, false, NULL, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes);
+}
+
+void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                        void *scratch, size_t scratch_bytes)
+{
+    bgemm_run(c, NULL, false, epi, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes);
 }
 
 void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
                         int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                         void *scratch, size_t scratch_bytes)
 {
-    bgemm_run(NULL, c, accumulate, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch,
+    bgemm_run(NULL, c, accumulate, NULL, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch,
               scratch_bytes);
 }

@@ -79,6 +79,9 @@ void cx_conv2d_bwd_weight(float *dw, const float *x, const float *dy, const cx_c
  * and K), or where the scratch was planned for that route only (an
  * executable planned under another CX_CPU_ISA), else the widening one. */
 size_t cx_conv2d_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
+/* Whether this process plans g's bf16 conv for the GEMM route (the
+ * program dump names the route). */
+bool cx_conv2d_bf16_plans_gemm(const cx_conv_geom *g);
 /* each route's scratch (gemm: the GEMM route) */
 size_t cx_conv2d_bf16_route_scratch_bytes(const cx_conv_geom *g, int dir, bool gemm);
 typedef struct {
@@ -305,6 +308,13 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
                     int64_t batch, int64_t m, int64_t n, int64_t k,
                     bool trans_a, bool trans_b,
                     int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes);
+/* The same with a folded epilogue: epi->bias (n) f32, per column, so
+ * c = round(round(sum) + bf16(bias[col])), then relu if epi->relu (the
+ * steps of autocast's linear bias, each rounded as the bf16 program
+ * would); epi->posmask is not read. epi NULL: cx_matmul_bf16. */
+void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                        void *scratch, size_t scratch_bytes);
 /* The same with the f32 sums unrounded: stored into c (batch, m, n), or
  * added to it (accumulate), for callers that sum more before one rounding
  * (conv's col2im and weight gradient over chunks of images). Same scratch. */

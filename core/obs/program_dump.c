@@ -46,11 +46,30 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
         cx_sb_printf(b, "%s over %d kept dims, prologue of %d instructions", cx_op_table[k->red_op].name, k->nkeep,
                      k->prog.n);
         break;
-    case K_MATMUL: cx_sb_printf(b, "BLAS sgemm"); break;
+    case K_MATMUL: {
+        const cx_kin *a = &k->in[0], *w = &k->in[1];
+        if (a->dtype == CX_BF16) {
+            cx_sb_printf(b, "bf16 GEMM, %s", cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
+                                                                                   : "blocks widened into sgemm");
+            break;
+        }
+        /* the product cx_matmul_f32 hands the library: a shared B under
+         * back-to-back A blocks is one tall product */
+        const int nd = a->ndim;
+        int64_t batch = 1, m = nd >= 2 ? a->shape[nd - 2] : 1, kk = nd >= 1 ? a->shape[nd - 1] : 1;
+        for (int d = 0; d + 2 < nd; d++) batch *= a->shape[d];
+        bool tall = batch > 1 && w->batch_stride == 0 && !a->trans && a->batch_stride == m * kk;
+        bool dnnl = nd >= 2 && cx_sgemm_prefers_dnnl(tall ? batch * m : m, w->shape[w->ndim - 1], kk);
+        cx_sb_printf(b, "sgemm, %s", dnnl ? "oneDNN" : "OpenBLAS");
+        break;
+    }
     case K_CONV: case K_CONV_BI: case K_CONV_BW: {
         cx_conv_geom g;
         cx_kernel_conv_geom(k, &g);
-        cx_sb_printf(b, "%s", cx_wino_applies(&g) ? "Winograd F(2x2,3x3)" : "im2col + BLAS sgemm");
+        bool bf16 = k->in[0].dtype == CX_BF16;
+        if (bf16 && cx_conv2d_bf16_plans_gemm(&g)) cx_sb_printf(b, "bf16 im2col + bf16 GEMM");
+        else cx_sb_printf(b, "%s%s", bf16 ? "bf16 widened, " : "",
+                          cx_wino_applies(&g) ? "Winograd F(2x2,3x3)" : "im2col + sgemm");
         break;
     }
     case K_COLL: cx_sb_printf(b, "comm backend"); break;

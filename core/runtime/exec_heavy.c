@@ -13,6 +13,14 @@ static void run_epilogue(const run_ctx *rc, const cx_kernel *k)
     cx_run_fused(rc, &f);
 }
 
+/* The bias (f32) or mask (bf16) a bf16 kernel's folded epilogue reads. */
+static cx_bf16_epi bf16_epi(const run_ctx *rc, const cx_kernel *k)
+{
+    const void *p = k->epi != EPI_PROG ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL;
+    return (cx_bf16_epi){ .bias = k->epi == EPI_BIAS || k->epi == EPI_BIAS_RELU ? p : NULL,
+                          .relu = k->epi == EPI_BIAS_RELU, .posmask = k->epi == EPI_POSMASK ? p : NULL };
+}
+
 static void run_matmul(const run_ctx *rc, const cx_kernel *k)
 {
     const cx_kin *A = &k->in[0], *B = &k->in[1];
@@ -25,8 +33,9 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
     if (A->dtype == CX_BF16) {
         const uint16_t *ah = (const uint16_t *)rc->slot_ptr[A->slot] + A->offset;
         const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
-        cx_matmul_bf16(rc->slot_ptr[k->out_slot], ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
-                       rc->slot_ptr[k->scratch_slot], (size_t)k->scratch_bytes);
+        const cx_bf16_epi e = bf16_epi(rc, k);
+        cx_matmul_bf16_epi(rc->slot_ptr[k->out_slot], &e, ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
+                           rc->slot_ptr[k->scratch_slot], (size_t)k->scratch_bytes);
         return;
     }
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
@@ -131,13 +140,6 @@ static void run_concat(const run_ctx *rc, const cx_kernel *k)
         memcpy(out + ((size_t)(o * row + at * inner)) * es, in + (size_t)(o * piece) * es, (size_t)piece * es);
 }
 
-/* The bias (f32) or mask (bf16) a bf16 kernel's folded epilogue reads. */
-static cx_bf16_epi bf16_epi(const run_ctx *rc, const cx_kernel *k)
-{
-    const void *p = k->epi != EPI_PROG ? rc->slot_ptr[k->prog.ins[k->epi_load].slot] : NULL;
-    return (cx_bf16_epi){ .bias = k->epi == EPI_BIAS || k->epi == EPI_BIAS_RELU ? p : NULL,
-                          .relu = k->epi == EPI_BIAS_RELU, .posmask = k->epi == EPI_POSMASK ? p : NULL };
-}
 
 /* A bf16 convolution or gradient, with its folded bias, relu or mask. */
 static bool run_conv_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void *scratch)

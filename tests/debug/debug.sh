@@ -52,7 +52,7 @@ check_program() {
     has "$f" '^Key parts: library .*options ".*xla_dump_to' "cache key parts"
     has "$f" '^## Arena: [0-9]+ bytes' "arena plan"
     if [ "$mm" = matmul ]; then
-        has "$f" 'path: BLAS sgemm' "kernel path"
+        has "$f" 'path: sgemm, (OpenBLAS|oneDNN)' "kernel path"
         has "$f" '^    ops: .*matmul' "fusion group ops"
     else
         has "$f" '^    ops: .*mul' "fusion group ops"

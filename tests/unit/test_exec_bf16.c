@@ -96,6 +96,44 @@ Test(bf16_exec, dense_kernels_keep_one_dtype_and_bf16_matmul_has_scratch)
     cr_assert(!loads(wide_out), "a matmul must run in f32 or bf16");
 }
 
+/* one_matmul with autocast's Linear bias folded (EPI_BIAS): the program
+ * out + cast(bias, bf16) over (M, N), its bias a slot of bias_floats
+ * f32 read through strides {0, col_stride} */
+static cx_executable *matmul_with_bias(cx_dtype dt, int64_t bias_floats, int64_t col_stride)
+{
+    cx_executable *e = one_matmul(dt, (int64_t)cx_matmul_bf16_min_scratch_bytes(1, M, N, K));
+    int sbias = cx_exec_add_slot(e, SLOT_ARENA, -1, bias_floats * 4);
+    cr_assert(sbias >= 0);
+    lay_out_arena(e);
+    cx_kernel *k = &e->kernels[0];
+    k->has_epilogue = true;
+    k->epi = EPI_BIAS;
+    k->epi_load = 1;
+    cx_program *p = &k->prog;
+    p->views = calloc(2, sizeof *p->views);
+    p->ins = calloc(4, sizeof *p->ins);
+    cr_assert(p->views && p->ins);
+    p->views[0].strides[0] = N;
+    p->views[0].strides[1] = 1;
+    p->views[1].strides[1] = col_stride;
+    p->nviews = p->vcap = 2;
+    p->ins[0] = (cx_pinstr){ .kind = P_LOAD, .dtype = (uint8_t)dt, .src_dtype = (uint8_t)dt, .slot = k->out_slot, .view = 0 };
+    p->ins[1] = (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = sbias, .view = 1 };
+    p->ins[2] = (cx_pinstr){ .kind = P_CAST, .dtype = (uint8_t)dt, .a = 1 };
+    p->ins[3] = (cx_pinstr){ .kind = P_BIN, .op = OP_ADD, .dtype = (uint8_t)dt, .src_dtype = (uint8_t)dt, .a = 0, .b = 2 };
+    p->n = p->cap = 4;
+    p->result = 3;
+    return e;
+}
+
+Test(bf16_exec, a_bf16_linear_bias_fold_reads_a_whole_bias)
+{
+    cr_assert(loads(matmul_with_bias(CX_BF16, N, 1)), "a bf16 matmul adding an (N) f32 bias itself is valid");
+    cr_assert(!loads(matmul_with_bias(CX_BF16, N - 1, 0)),
+              "a folded bias of fewer than N floats must be refused (the kernel reads N, whatever the view)");
+    cr_assert(!loads(matmul_with_bias(CX_F32, N, 1)), "an f32 matmul does not fold its bias");
+}
+
 /* a 2x2 stride-2 max pool of (2, 3, 8, 8) in dt, with `scratch` bytes of
  * scratch (-1: none) */
 static cx_executable *one_pool(cx_dtype dt, int64_t scratch)

@@ -241,6 +241,22 @@ Test(bf16_gemm, empty_k_gives_zeros)
     for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0);
 }
 
+/* an empty sum with a folded bias: the bias rounded to bf16, then relu */
+Test(bf16_gemm, empty_k_with_bias_gives_the_bias)
+{
+    uint16_t c[6] = { 1, 2, 3, 4, 5, 6 }, a[1] = { 0 }, b[1] = { 0 };
+    const float bias[3] = { 1.00390625f, -2.0f, 0.5f };
+    for (int relu = 0; relu < 2; relu++) {
+        const cx_bf16_epi e = { .bias = bias, .relu = relu };
+        cx_matmul_bf16_epi(c, &e, a, b, 1, 2, 3, 0, false, false, 0, 0, NULL, 0);
+        for (int i = 0; i < 6; i++) {
+            float want = relu && bias[i % 3] <= 0 ? 0.0f : bias[i % 3];
+            cr_assert_eq(c[i], cx_f32_to_bf16(want), "relu %d: c[%d] = %#x, want %#x", relu, i, c[i],
+                         cx_f32_to_bf16(want));
+        }
+    }
+}
+
 /* cxla-bench's machine line names the path through cx_bf16_path: it must
  * be the one the kernel takes at this level. */
 Test(bf16_gemm, path_name_matches_level)

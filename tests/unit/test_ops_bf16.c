@@ -12,6 +12,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <cxla/debug.h>
 
 #include "ref.h"
 
@@ -421,4 +423,68 @@ Test(ops_bf16, conv_and_pool_epilogues_folded_in_bf16)
 {
     folds_match(8, 8, 3, 31);
     folds_match(32, 48, 1, 32);
+}
+
+/* ---- autocast's Linear bias, folded into the bf16 matmul ---- */
+
+/* Whether a program dumped into dir has a matmul that applies its bias
+ * itself ("epilogue fused: bias"). */
+static bool dumped_bias_fold(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "grep -l 'matmul bf16.*epilogue fused: bias' %s/*.program.txt >/dev/null 2>&1", dir);
+    return system(cmd) == 0;
+}
+
+/* y = matmul(x, w^T) + cast(b, bf16) [then relu], the f32 bias cast in the
+ * graph, folds into the bf16 matmul (the dump says so); the same with the
+ * bias already bf16 in memory stays a program; the two give the same
+ * bits. Shapes: one K block with ragged rows and columns (the micro-tiles
+ * that round straight into C and those through the tile), K over one
+ * block (through the tile), and a batch of sequences; test_ops_bf16_avx2
+ * runs the f32 route. */
+static void linear_fold_matches(int64_t batch, int64_t m, int64_t k, int64_t n, bool relu, unsigned seed)
+{
+    const int64_t rows = batch * m, nx = rows * k, nw = n * k, ny = rows * n;
+    const int64_t sx3[] = { batch, m, k }, sw[] = { n, k }, sb[] = { n };
+    rng_seed(seed);
+    float *x = rand_f32(nx, -1, 1), *w = rand_f32(nw, -1, 1), *b = rand_f32(n, -2, 2);
+    cx_tensor *X = persist_bf16(x, batch > 1 ? sx3 : sx3 + 1, batch > 1 ? 3 : 2, nx, false);
+    cx_tensor *W = persist_bf16(w, sw, 2, nw, false), *Bb = persist_bf16(b, sb, 1, n, false);
+    cx_tensor *B = cx_persist(tf32(b, sb, 1));
+    char dir[] = "/tmp/cxla_linear_fold_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    setenv("CX_DUMP_DIR", dir, 1);
+    cx_debug_reload_env();
+    cx_step_begin();
+    cx_tensor *y = cx_add(cx_matmul(X, cx_transpose(W, 0, 1)), cx_cast(B, CX_BF16));
+    if (relu) y = cx_relu(y);
+    uint16_t *fold = read_bf16(y, ny);
+    end_ok();
+    unsetenv("CX_DUMP_DIR");
+    cx_debug_reload_env();
+    cr_assert(dumped_bias_fold(dir), "(%lld x %lld) x (%lld x %lld): the bias did not fold into the matmul", (long long)rows,
+              (long long)k, (long long)k, (long long)n);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    cr_assert_eq(system(rm), 0);
+    cx_step_begin();
+    cx_tensor *y2 = cx_add(cx_matmul(X, cx_transpose(W, 0, 1)), Bb);
+    if (relu) y2 = cx_relu(y2);
+    uint16_t *prog = read_bf16(y2, ny);
+    end_ok();
+    for (int64_t i = 0; i < ny; i++)
+        cr_assert_eq(fold[i], prog[i], "(%lld x %lld) x (%lld x %lld)%s, y[%lld]: folded %#x, program %#x",
+                     (long long)rows, (long long)k, (long long)k, (long long)n, relu ? ", relu" : "", (long long)i,
+                     fold[i], prog[i]);
+    cx_free(X); cx_free(W); cx_free(B); cx_free(Bb);
+    free(x); free(w); free(b); free(fold); free(prog);
+}
+
+Test(ops_bf16, linear_bias_folded_in_bf16)
+{
+    linear_fold_matches(1, 30, 24, 40, false, 41);
+    linear_fold_matches(1, 36, 64, 64, true, 42);
+    linear_fold_matches(1, 26, 600, 70, false, 43);
+    linear_fold_matches(2, 13, 48, 33, true, 44);
 }

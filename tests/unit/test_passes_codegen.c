@@ -521,6 +521,52 @@ Test(epilogue, a_bf16_conv_applies_the_cast_bias_relu_and_mask_itself)
                  EPI_PROG);
 }
 
+/* A bf16 matmul (6, 8) x (8, 16) before a bf16 program over its (6, 16)
+ * output whose second view reads bias_view's strides; dtype is the
+ * matmul's and the program's. */
+static cx_epi fold_matmul(int dtype, const int64_t *bias_strides, int n, cx_pinstr *ins, int *load)
+{
+    cx_executable *e = conv_then(K_MATMUL, n, ins);
+    cx_kernel *h = &e->kernels[0], *f = &e->kernels[1];
+    h->out_dtype = f->out_dtype = dtype;
+    h->ndim = 2;
+    memcpy(h->shape, (int64_t[]){ 6, 16 }, 2 * sizeof(int64_t));
+    h->in[0].ndim = h->in[1].ndim = 2;
+    memcpy(h->in[0].shape, (int64_t[]){ 6, 8 }, 2 * sizeof(int64_t));
+    memcpy(h->in[1].shape, (int64_t[]){ 8, 16 }, 2 * sizeof(int64_t));
+    f->ndim = 2;
+    memcpy(f->shape, (int64_t[]){ 6, 16 }, 2 * sizeof(int64_t));
+    f->prog.views[0] = (cx_view){ .strides = { 16, 1 } };
+    f->prog.views[1] = (cx_view){ .strides = { bias_strides[0], bias_strides[1] } };
+    cx_pass_fuse_epilogues(e);
+    cr_assert_eq(e->nkernels, 1, "the kernel after the matmul folds into it");
+    cx_epi epi = (cx_epi)e->kernels[0].epi;
+    *load = e->kernels[0].epi_load;
+    cx_executable_free(e);
+    return epi;
+}
+
+/* autocast's Linear: a bf16 matmul adds the f32 bias cast to bf16 (and a
+ * relu after it) itself; a bias per row, a bias already bf16, or an f32
+ * matmul's bias stay the program's (ops_bf16/linear_bias_folded_in_bf16
+ * checks the bits) */
+Test(epilogue, a_bf16_linear_applies_its_cast_bias_itself)
+{
+    int load;
+    const int64_t col[2] = { 0, 1 }, row[2] = { 1, 0 };
+    cr_assert_eq(fold_matmul(CX_BF16, col, 4, (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)) }, &load),
+                 EPI_BIAS);
+    cr_assert_eq(load, 1, "the f32 bias is the second load");
+    cr_assert_eq(fold_matmul(CX_BF16, col, 5, (cx_pinstr[]){ LOAD(2, 1), B16(LOAD(3, 0)), CAST16(0), B16(BIN(OP_ADD, 2, 1)), B16(RELU(3)) }, &load),
+                 EPI_BIAS_RELU);
+    cr_assert_eq(load, 0);
+    cr_assert_eq(fold_matmul(CX_BF16, row, 4, (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)) }, &load),
+                 EPI_PROG);
+    cr_assert_eq(fold_matmul(CX_BF16, col, 3, (cx_pinstr[]){ B16(LOAD(3, 0)), B16(LOAD(2, 1)), B16(BIN(OP_ADD, 0, 1)) }, &load),
+                 EPI_PROG);
+    cr_assert_eq(fold_matmul(CX_F32, col, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1) }, &load), EPI_PROG);
+}
+
 /* ---- hand-built programs -------------------------------------------------------------- */
 
 #define ZERO ((cx_pinstr){ .kind = P_CONST, .dtype = CX_F32, .f = 0.0 })
