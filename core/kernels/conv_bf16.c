@@ -110,6 +110,7 @@ static conv_bufs carve(const cx_conv_geom *g, int dir, void *scratch, size_t scr
 
 typedef struct {
     uint16_t *y;
+    const float *from;      /* the chunk's f32 sums, rounded into y in the same pass; NULL: y holds them */
     const cx_bf16_epi *e;
     const uint16_t *mask;   /* at the chunk's first element */
     int64_t plane, channels;
@@ -127,6 +128,9 @@ CX_HOT static void epi_part(void *p, int64_t lo, int64_t hi)
     const bool relu = j->e->relu;
     for (int64_t q = lo; q < hi; q++) {
         uint16_t *y = j->y + q * j->plane;
+        const float *f = j->from ? j->from + q * j->plane : NULL;
+        if (f)
+            for (int64_t i = 0; i < j->plane; i++) y[i] = cx_f32_to_bf16_inline(f[i]);
         if (j->mask) {
             cx_bf16_posmask(y, j->mask + q * j->plane, j->plane);
             continue;
@@ -139,13 +143,21 @@ CX_HOT static void epi_part(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* epi over images [n0, n0 + nb) of out: y (dir 0; a fold always has its
- * bias) or dx (dir 1) */
-static void apply_epi(int dir, uint16_t *out, const cx_conv_geom *g, const cx_bf16_epi *e, int64_t n0, int64_t nb)
+static bool has_epi(int dir, const cx_bf16_epi *e)
 {
-    if (!e || dir == 2 || (dir == 0 && !e->bias) || (dir == 1 && !e->posmask)) return;
+    return e && dir != 2 && (dir == 0 ? e->bias != NULL : e->posmask != NULL);
+}
+
+/* epi over images [n0, n0 + nb) of out: y (dir 0; a fold always has its
+ * bias) or dx (dir 1); with from (the chunk's f32 sums), each plane is
+ * rounded into out first, in the same pass (a rounding pass of its own
+ * and then this one cost the cnn's bf16 convs a pass over their output) */
+static void apply_epi(int dir, uint16_t *out, const float *from, const cx_conv_geom *g, const cx_bf16_epi *e,
+                      int64_t n0, int64_t nb)
+{
+    if (!has_epi(dir, e)) return;
     const int64_t ch = dir == 0 ? g->o : g->c, plane = dir == 0 ? g->oh * g->ow : g->h * g->w;
-    epi_job j = { .y = out + n0 * ch * plane, .e = e, .plane = plane, .channels = ch,
+    epi_job j = { .y = out + n0 * ch * plane, .from = from, .e = e, .plane = plane, .channels = ch,
                   .mask = dir == 1 ? e->posmask + n0 * ch * plane : NULL };
     cx_pool_parallel_for(nb * ch, plane >= 4096 ? 1 : 4096 / (plane ? plane : 1) + 1, epi_part, &j);
 }
@@ -168,13 +180,13 @@ static void widen_route(int dir, uint16_t *out, const uint16_t *in0, const uint1
         if (dir == 0) {
             widen_n(u.f0, in0 + n0 * xi, nb * xi);
             cx_conv2d_fwd(u.fo, u.f0, u.f1, NULL, false, &c, u.rest, u.left);
-            round_n(out + n0 * yi, u.fo, nb * yi);
-            apply_epi(0, out, g, epi, n0, nb);
+            if (has_epi(0, epi)) apply_epi(0, out, u.fo, g, epi, n0, nb);
+            else round_n(out + n0 * yi, u.fo, nb * yi);
         } else if (dir == 1) {
             widen_n(u.f0, in0 + n0 * yi, nb * yi);
             cx_conv2d_bwd_input(u.fo, u.f0, u.f1, NULL, &c, u.rest, u.left);
-            round_n(out + n0 * xi, u.fo, nb * xi);
-            apply_epi(1, out, g, epi, n0, nb);
+            if (has_epi(1, epi)) apply_epi(1, out, u.fo, g, epi, n0, nb);
+            else round_n(out + n0 * xi, u.fo, nb * xi);
         } else {
             widen_n(u.f0, in0 + n0 * xi, nb * xi);
             widen_n(u.f1, in1 + n0 * yi, nb * yi);
@@ -438,7 +450,7 @@ void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint
     for (int64_t n0 = 0; n0 < g->n; n0 += chunk) {
         const int64_t nb = g->n - n0 < chunk ? g->n - n0 : chunk;
         gemm_chunk_run(dir, out, in0, in1, g, &u, n0, nb);
-        apply_epi(dir, out, g, epi, n0, nb);
+        apply_epi(dir, out, NULL, g, epi, n0, nb);
     }
     if (dir == 2) round_n(out, u.acc, g->o * (g->c / g->groups) * g->kh * g->kw);
 }
