@@ -1,7 +1,8 @@
 /* bf16 matmul with f32 sums. The output is cut into tasks (row chunks by
  * column blocks) dealt to the pool's threads; each task sums its f32 tile
- * over K in KC blocks and rounds it to bf16 once at the end, so the result
- * does not depend on the blocking or the thread count.
+ * over K in KC blocks and rounds it to bf16 once at the end (where K is one
+ * block, each full micro-tile rounds straight into C), so the result does
+ * not depend on the blocking or the thread count.
  *  - AVX512_BF16: B's block is packed into pairs of rows interleaved (the
  *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]); A is read in
  *    place where its rows hold the pairs (else packed into MR-row panels
@@ -202,8 +203,9 @@ CX_PAIR_ROWS(pair_rows_mr, MR)
 #undef CX_PAIR_ROWS
 
 /* The packers read a new pair of rows, ld apart, per step: ask for the
- * rows `ahead` pairs on (the hardware's stride prefetcher did not keep
+ * pair PREFETCH_PAIRS on (the hardware's stride prefetcher did not keep
  * up: the loads of each new row stalled the packing). */
+enum { PREFETCH_PAIRS = 4 };
 static void prefetch_pair(const uint16_t *row, int64_t ld, int64_t count)
 {
     for (int64_t e = 0; e < count; e += 32) {
@@ -234,7 +236,7 @@ static void pack_b(uint16_t *bp, const bgemm_job *j, const uint16_t *b, int64_t 
     if (!j->tb) {
         for (int64_t q = 0; q < pairs; q++) {
             const uint16_t *r0 = b + (k0 + 2 * q) * j->n + j0;
-            if (2 * (q + 4) + 1 < kb) prefetch_pair(r0 + 8 * j->n, j->n, nb);
+            if (2 * (q + PREFETCH_PAIRS) + 1 < kb) prefetch_pair(r0 + 2 * PREFETCH_PAIRS * j->n, j->n, nb);
             pair_rows_nr(words + q * NR, pairs * NR, r0, 2 * q + 1 < kb ? r0 + j->n : NULL, nb);
         }
         return;
@@ -260,7 +262,7 @@ static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t 
     if (j->ta) {
         for (int64_t q = 0; q < pairs; q++) {
             const uint16_t *lo = a + (k0 + 2 * q) * j->m + i0;
-            if (2 * (q + 4) + 1 < kb) prefetch_pair(lo + 8 * j->m, j->m, mb);
+            if (2 * (q + PREFETCH_PAIRS) + 1 < kb) prefetch_pair(lo + 2 * PREFETCH_PAIRS * j->m, j->m, mb);
             pair_rows_mr(ap + q * MR, pairs * MR, lo, 2 * q + 1 < kb ? lo + j->m : NULL, mb);
         }
         return;

@@ -311,7 +311,8 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
 /* The same with a folded epilogue: epi->bias (n) f32, per column, so
  * c = round(round(sum) + bf16(bias[col])), then relu if epi->relu (the
  * steps of autocast's linear bias, each rounded as the bf16 program
- * would); epi->posmask is not read. epi NULL: cx_matmul_bf16. */
+ * would); relu without a bias and epi->posmask are not read. epi NULL, or
+ * its bias NULL: cx_matmul_bf16. */
 void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b, int64_t batch,
                         int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                         void *scratch, size_t scratch_bytes);

@@ -59,7 +59,7 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
         int64_t batch = 1, m = nd >= 2 ? a->shape[nd - 2] : 1, kk = nd >= 1 ? a->shape[nd - 1] : 1;
         for (int d = 0; d + 2 < nd; d++) batch *= a->shape[d];
         bool tall = batch > 1 && w->batch_stride == 0 && !a->trans && a->batch_stride == m * kk;
-        bool dnnl = nd >= 2 && cx_sgemm_prefers_dnnl(tall ? batch * m : m, w->shape[w->ndim - 1], kk);
+        bool dnnl = nd >= 2 && cx_sgemm_prefers_dnnl(tall ? batch * m : m, w->shape[nd - 1], kk);
         cx_sb_printf(b, "sgemm, %s", dnnl ? "oneDNN" : "OpenBLAS");
         break;
     }

@@ -35,7 +35,7 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
         const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
         const cx_bf16_epi e = bf16_epi(rc, k);
         cx_matmul_bf16_epi(rc->slot_ptr[k->out_slot], &e, ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
-                           rc->slot_ptr[k->scratch_slot], (size_t)k->scratch_bytes);
+                           k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL, (size_t)k->scratch_bytes);
         return;
     }
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);

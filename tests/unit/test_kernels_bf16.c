@@ -215,8 +215,9 @@ static void rounded_sums(uint16_t *c, const uint16_t *pair, int64_t m, int64_t n
 
 Test(bf16_gemm, one_k_block_rounds_as_the_tile_does)
 {
-    const float hi[] = { 1.0f, 1.0f, 1.0f + 0x1p-7f, -3.0f, 0x1.fep127f, INFINITY, NAN, 5.0f, -0x1p-120f, 1.0f };
-    const float lo[] = { 0x1p-8f, 0x1.8p-8f, 0x1p-8f, 0x1p-9f, 0x1p120f, 1.0f, 1.0f, -5.0f, -0x1p-122f, -0x1p-9f };
+    /* 0x1.fep127 + 2^119 is finite in f32 and rounds up to bf16's inf */
+    const float hi[] = { 1.0f, 1.0f, 1.0f + 0x1p-7f, -3.0f, 0x1.fep127f, INFINITY, NAN, 5.0f, -0x1p-120f, 1.0f, 0x1.fep127f };
+    const float lo[] = { 0x1p-8f, 0x1.8p-8f, 0x1p-8f, 0x1p-9f, 0x1p119f, 1.0f, 1.0f, -5.0f, -0x1p-122f, -0x1p-9f, 0x1p118f };
     enum { M = 25, N = 33, NV = sizeof hi / sizeof *hi };
     uint16_t pair[2 * M], direct[M * N], tiled[M * N];
     for (int i = 0; i < M; i++) {

@@ -524,7 +524,8 @@ Test(epilogue, a_bf16_conv_applies_the_cast_bias_relu_and_mask_itself)
 /* A bf16 matmul (6, 8) x (8, 16) before a bf16 program over its (6, 16)
  * output whose second view reads bias_view's strides; dtype is the
  * matmul's and the program's. */
-static cx_epi fold_matmul(int dtype, const int64_t *bias_strides, int n, cx_pinstr *ins, int *load)
+static cx_epi fold_matmul_view(int dtype, const int64_t *bias_strides, int64_t offset, bool masked, int n,
+                               cx_pinstr *ins, int *load)
 {
     cx_executable *e = conv_then(K_MATMUL, n, ins);
     cx_kernel *h = &e->kernels[0], *f = &e->kernels[1];
@@ -537,13 +538,19 @@ static cx_epi fold_matmul(int dtype, const int64_t *bias_strides, int n, cx_pins
     f->ndim = 2;
     memcpy(f->shape, (int64_t[]){ 6, 16 }, 2 * sizeof(int64_t));
     f->prog.views[0] = (cx_view){ .strides = { 16, 1 } };
-    f->prog.views[1] = (cx_view){ .strides = { bias_strides[0], bias_strides[1] } };
+    f->prog.views[1] = (cx_view){ .offset = offset, .strides = { bias_strides[0], bias_strides[1] }, .masked = masked,
+                                  .hi = { 6, 16 } };
     cx_pass_fuse_epilogues(e);
     cr_assert_eq(e->nkernels, 1, "the kernel after the matmul folds into it");
     cx_epi epi = (cx_epi)e->kernels[0].epi;
     *load = e->kernels[0].epi_load;
     cx_executable_free(e);
     return epi;
+}
+
+static cx_epi fold_matmul(int dtype, const int64_t *bias_strides, int n, cx_pinstr *ins, int *load)
+{
+    return fold_matmul_view(dtype, bias_strides, 0, false, n, ins, load);
 }
 
 /* autocast's Linear: a bf16 matmul adds the f32 bias cast to bf16 (and a
@@ -565,6 +572,13 @@ Test(epilogue, a_bf16_linear_applies_its_cast_bias_itself)
     cr_assert_eq(fold_matmul(CX_BF16, col, 3, (cx_pinstr[]){ B16(LOAD(3, 0)), B16(LOAD(2, 1)), B16(BIN(OP_ADD, 0, 1)) }, &load),
                  EPI_PROG);
     cr_assert_eq(fold_matmul(CX_F32, col, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1) }, &load), EPI_PROG);
+    /* a bias read from an offset or through a mask (padding) is not bias[column] */
+    cr_assert_eq(fold_matmul_view(CX_BF16, col, 3, false, 4,
+                                  (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)) }, &load),
+                 EPI_PROG);
+    cr_assert_eq(fold_matmul_view(CX_BF16, col, 0, true, 4,
+                                  (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)) }, &load),
+                 EPI_PROG);
 }
 
 /* ---- hand-built programs -------------------------------------------------------------- */
