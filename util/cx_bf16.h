@@ -3,6 +3,7 @@
 #ifndef CX_UTIL_BF16_H
 #define CX_UTIL_BF16_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 static inline float cx_bf16_to_f32_inline(uint16_t h)
@@ -18,6 +19,15 @@ static inline uint16_t cx_f32_to_bf16_inline(float f)
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
     uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)((v.u + rounding) >> 16);
+}
+
+/* y + b rounded, then relu if asked (NaN to 0): the steps of autocast's
+ * bias (b the f32 bias cast to bf16, as a float) after a bf16 product, as
+ * the bf16 program computes them; the kernels that fold them use this. */
+static inline uint16_t cx_bf16_add_bias_inline(uint16_t y, float b, bool relu)
+{
+    uint16_t r = cx_f32_to_bf16_inline(cx_bf16_to_f32_inline(y) + b);
+    return relu && !(cx_bf16_to_f32_inline(r) > 0.0f) ? 0 : r;
 }
 
 #endif

@@ -64,7 +64,7 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
     }
     const cx_view *v = &p->views[in[x].view];
     const int b = cast_bias ? 2 : x;   /* the bias's register, cast or not */
-    const int add = b + (cast_bias ? 1 : 2 - b);
+    const int add = cast_bias ? 3 : 2;   /* after the two loads (and the cast) */
     if (bias_kind && (!cast_bias || (in[2].kind == P_CAST && in[2].a == x)) && add < p->n &&
         in[add].kind == P_BIN && in[add].op == OP_ADD &&
         ((in[add].a == o && in[add].b == b) || (in[add].a == b && in[add].b == o)) &&

@@ -384,8 +384,8 @@ static bool exec_ok(const cx_executable *e)
         if (k->epi != EPI_PROG) {
             if (!k->has_epilogue || k->epi_load < 0 || k->epi_load >= k->prog.n || k->prog.ins[k->epi_load].kind != P_LOAD)
                 return false;
-            const bool bf16_linear = k->kind == K_MATMUL && k->out_dtype == CX_BF16 && k->nin == 2 &&
-                                     k->in[0].dtype == CX_BF16 && k->in[1].ndim >= 2;
+            /* dense_ok has checked a matmul's operands: two, bf16 like it, rank >= 2 */
+            const bool bf16_linear = k->kind == K_MATMUL && k->out_dtype == CX_BF16;
             if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD
                                       : k->kind != K_CONV && !bf16_linear)
                 return false;

@@ -136,10 +136,7 @@ CX_HOT static void epi_part(void *p, int64_t lo, int64_t hi)
             continue;
         }
         const float b = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(j->e->bias[q % j->channels]));
-        for (int64_t i = 0; i < j->plane; i++) {
-            float v = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(cx_bf16_to_f32_inline(y[i]) + b));
-            y[i] = cx_f32_to_bf16_inline(relu && !(v > 0.0f) ? 0.0f : v);
-        }
+        for (int64_t i = 0; i < j->plane; i++) y[i] = cx_bf16_add_bias_inline(y[i], b, relu);
     }
 }
 

@@ -160,11 +160,9 @@ CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64
             for (int64_t q = 0; q < nb; q++) cr[q] = cx_f32_to_bf16_inline(t[q]);
             continue;
         }
-        for (int64_t q = 0; q < nb; q++) {
-            float sum = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(t[q]));
-            float v = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(sum + cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[q]))));
-            cr[q] = cx_f32_to_bf16_inline(relu && !(v > 0.0f) ? 0.0f : v);
-        }
+        for (int64_t q = 0; q < nb; q++)
+            cr[q] = cx_bf16_add_bias_inline(cx_f32_to_bf16_inline(t[q]),
+                                            cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[q])), relu);
     }
 }
 
@@ -179,8 +177,8 @@ CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64
  * from each of 512 rows, n apart) stalled on the loads. Packing took 5 %
  * of a bf16-mixed gpt step's samples, about 4.4 % since (the prefetches
  * included). */
-static inline __attribute__((always_inline)) void pair_panel(uint32_t *restrict d, const uint16_t *restrict l, const uint16_t *restrict h,
-                                                             int64_t w)
+static inline __attribute__((always_inline)) void pair_panel(uint32_t *restrict d, const uint16_t *restrict l,
+                                                             const uint16_t *restrict h, int64_t w)
 {
     if (h)
         for (int64_t r = 0; r < w; r++) d[r] = (uint32_t)l[r] | (uint32_t)h[r] << 16;
@@ -188,20 +186,27 @@ static inline __attribute__((always_inline)) void pair_panel(uint32_t *restrict 
         for (int64_t r = 0; r < w; r++) d[r] = l[r];
 }
 
-/* The width is a constant in each copy, so a full panel's loop is whole
+static inline __attribute__((always_inline)) void pair_rows(uint32_t *dst, int64_t panel_words, int64_t width,
+                                                            const uint16_t *lo, const uint16_t *hi, int64_t count)
+{
+    int64_t full = count / width * width;
+    for (int64_t p = 0; p < full; p += width) pair_panel(dst + p / width * panel_words, lo + p, hi ? hi + p : NULL, width);
+    if (full < count) pair_panel(dst + full / width * panel_words, lo + full, hi ? hi + full : NULL, count - full);
+}
+
+/* The width a constant in each copy, so a full panel's loop is whole
  * vectors (an MR = 12 panel was left to the scalar remainder loop). */
-#define CX_PAIR_ROWS(name, width)                                                                                 \
-    CX_HOT static void name(uint32_t *dst, int64_t panel_words, const uint16_t *lo, const uint16_t *hi, int64_t count) \
-    {                                                                                                             \
-        int64_t full = count / (width) * (width);                                                                 \
-        for (int64_t p = 0; p < full; p += (width))                                                               \
-            pair_panel(dst + p / (width) * panel_words, lo + p, hi ? hi + p : NULL, (width));                     \
-        if (full < count)                                                                                         \
-            pair_panel(dst + full / (width) * panel_words, lo + full, hi ? hi + full : NULL, count - full);       \
-    }
-CX_PAIR_ROWS(pair_rows_nr, NR)
-CX_PAIR_ROWS(pair_rows_mr, MR)
-#undef CX_PAIR_ROWS
+CX_HOT static void pair_rows_nr(uint32_t *dst, int64_t panel_words, const uint16_t *lo, const uint16_t *hi,
+                                int64_t count)
+{
+    pair_rows(dst, panel_words, NR, lo, hi, count);
+}
+
+CX_HOT static void pair_rows_mr(uint32_t *dst, int64_t panel_words, const uint16_t *lo, const uint16_t *hi,
+                                int64_t count)
+{
+    pair_rows(dst, panel_words, MR, lo, hi, count);
+}
 
 /* The packers read a new pair of rows, ld apart, per step: ask for the
  * pair PREFETCH_PAIRS on (the hardware's stride prefetcher did not keep
@@ -224,59 +229,54 @@ static void zero_ragged_panel(uint32_t *panels, int64_t pairs, int64_t width, in
     if (tail) memset(panels + count / width * pairs * width, 0, sizeof *panels * (size_t)(pairs * width));
 }
 
-/* bp: NR-column panels of (kb/2) pairs x NR lanes x 2; zero past the
- * edges. Each layout is read along its contiguous dimension: rows of B
- * a pair at a time, or for a transposed B, its columns, whose pairs are
- * one 32-bit word. */
+/* One contiguous run s[0, kb) into a panel's lane: its pairs, each one
+ * 32-bit word, at dst[0], dst[width], ...; an odd K's last word with a 0
+ * high half. (A transposed B's columns, an untransposed A's rows.) */
+static void pair_lane(uint32_t *dst, int64_t width, const uint16_t *s, int64_t kb)
+{
+    for (int64_t q = 0; q < kb / 2; q++) dst[q * width] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
+    if (kb & 1) dst[kb / 2 * width] = s[kb - 1];
+}
+
+/* Panels of `width` lanes x (kb/2) pairs, each pair one 32-bit word, from
+ * a block whose first element is src: with k_major, K runs down src's
+ * rows (row q at src + q ld, the count lanes along it: B, a transposed A)
+ * and each pair of rows is read once; else each lane is a row (lane c at
+ * src + c ld, K along it: a transposed B, A). The ragged last panel's
+ * empty lanes are 0. */
+static void pack_panels(uint32_t *dst, int64_t width, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
+                        int64_t kb)
+{
+    int64_t pairs = (kb + 1) / 2;
+    zero_ragged_panel(dst, pairs, width, count);
+    if (k_major) {
+        for (int64_t q = 0; q < pairs; q++) {
+            const uint16_t *lo = src + 2 * q * ld;
+            if (2 * (q + PREFETCH_PAIRS) + 1 < kb) prefetch_pair(lo + 2 * PREFETCH_PAIRS * ld, ld, count);
+            const uint16_t *hi = 2 * q + 1 < kb ? lo + ld : NULL;
+            if (width == NR) pair_rows_nr(dst + q * NR, pairs * NR, lo, hi, count);
+            else pair_rows_mr(dst + q * MR, pairs * MR, lo, hi, count);
+        }
+        return;
+    }
+    for (int64_t p = 0; p < count; p += width)
+        for (int64_t c = 0; c < min64(width, count - p); c++) pair_lane(dst + p * pairs + c, width, src + (p + c) * ld, kb);
+}
+
+/* bp: op(B)[k0.., j0..] as NR-column panels (the vdpbf16ps layout) */
 static void pack_b(uint16_t *bp, const bgemm_job *j, const uint16_t *b, int64_t k0, int64_t kb, int64_t j0,
                    int64_t nb)
 {
-    int64_t pairs = (kb + 1) / 2;
-    uint32_t *words = (uint32_t *)bp;
-    zero_ragged_panel(words, pairs, NR, nb);
-    if (!j->tb) {
-        for (int64_t q = 0; q < pairs; q++) {
-            const uint16_t *r0 = b + (k0 + 2 * q) * j->n + j0;
-            if (2 * (q + PREFETCH_PAIRS) + 1 < kb) prefetch_pair(r0 + 2 * PREFETCH_PAIRS * j->n, j->n, nb);
-            pair_rows_nr(words + q * NR, pairs * NR, r0, 2 * q + 1 < kb ? r0 + j->n : NULL, nb);
-        }
-        return;
-    }
-    for (int64_t p = 0; p < nb; p += NR) {
-        uint32_t *dst = words + p * pairs;
-        int64_t w = min64(NR, nb - p);
-        for (int64_t c = 0; c < w; c++) {
-            const uint16_t *s = b + (j0 + p + c) * j->k + k0;
-            for (int64_t q = 0; q < kb / 2; q++) dst[q * NR + c] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
-            if (kb & 1) dst[(pairs - 1) * NR + c] = s[kb - 1];
-        }
-    }
+    if (j->tb) pack_panels((uint32_t *)bp, NR, false, b + j0 * j->k + k0, j->k, nb, kb);
+    else pack_panels((uint32_t *)bp, NR, true, b + k0 * j->n + j0, j->n, nb, kb);
 }
 
-/* ap: MR-row panels of (kb/2) pairs x MR rows, each pair one 32-bit word;
- * read along A's contiguous dimension as pack_b does */
+/* ap: op(A)[i0.., k0..] as MR-row panels */
 static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t i0, int64_t mb, int64_t k0,
                    int64_t kb)
 {
-    int64_t pairs = (kb + 1) / 2;
-    zero_ragged_panel(ap, pairs, MR, mb);
-    if (j->ta) {
-        for (int64_t q = 0; q < pairs; q++) {
-            const uint16_t *lo = a + (k0 + 2 * q) * j->m + i0;
-            if (2 * (q + PREFETCH_PAIRS) + 1 < kb) prefetch_pair(lo + 2 * PREFETCH_PAIRS * j->m, j->m, mb);
-            pair_rows_mr(ap + q * MR, pairs * MR, lo, 2 * q + 1 < kb ? lo + j->m : NULL, mb);
-        }
-        return;
-    }
-    for (int64_t p = 0; p < mb; p += MR) {
-        uint32_t *dst = ap + p * pairs;
-        int64_t w = min64(MR, mb - p);
-        for (int64_t r = 0; r < w; r++) {
-            const uint16_t *s = a + (i0 + p + r) * j->k + k0;
-            for (int64_t q = 0; q < kb / 2; q++) dst[q * MR + r] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
-            if (kb & 1) dst[(pairs - 1) * MR + r] = s[kb - 1];
-        }
-    }
+    if (j->ta) pack_panels(ap, MR, true, a + k0 * j->m + i0, j->m, mb, kb);
+    else pack_panels(ap, MR, false, a + i0 * j->k + k0, j->k, mb, kb);
 }
 
 /* 16 sums rounded to bf16 as cx_f32_to_bf16_inline does, to the bit
@@ -492,11 +492,11 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, 
         /* an empty sum: zeros, or nothing to add; then the epilogue */
         void *out = cf ? (void *)cf : (void *)c;
         if (!acc) memset(out, 0, (cf ? sizeof *cf : sizeof *c) * (size_t)(batch * m * n));
-        if (!bias) return;
-        const float zeros[NR] = { 0 };
-        for (int64_t r = 0; r < batch * m; r++)
-            for (int64_t q = 0; q < n; q += NR)
-                round_rows(c + r * n + q, n, zeros, NR, 1, min64(NR, n - q), bias + q, epi->relu);
+        if (bias)
+            for (int64_t r = 0; r < batch * m; r++)
+                for (int64_t q = 0; q < n; q++)
+                    c[r * n + q] = cx_bf16_add_bias_inline(0, cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[q])),
+                                                           epi->relu);
         return;
     }
     if (batch > 1 && stride_b == 0 && !trans_a && stride_a == m * k) {

@@ -280,6 +280,10 @@ void cx_matmul_f32(float *c, const float *a, const float *b,
                    int64_t batch, int64_t m, int64_t n, int64_t k,
                    bool trans_a, bool trans_b,
                    int64_t stride_a, int64_t stride_b);
+/* Whether cx_matmul_f32 with these operands hands its products to oneDNN
+ * (else OpenBLAS): the program dump names the library. */
+bool cx_matmul_f32_on_dnnl(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, int64_t stride_a,
+                           int64_t stride_b);
 
 /* Instruction sets the kernels choose between at run time (isa.c), in
  * increasing order. */

@@ -111,6 +111,21 @@ static void gemm(float *c, const float *a, const float *b, int64_t m, int64_t n,
     cx_sgemm(trans_a, trans_b, m, n, k, a, trans_a ? m : k, b, trans_b ? k : n, 0.0f, c, n);
 }
 
+/* A shared B under back-to-back untransposed A blocks: one tall
+ * (batch*M, K) product, the C blocks stacked the same way. */
+static bool tall_product(int64_t m, int64_t k, bool trans_a, int64_t stride_a, int64_t stride_b)
+{
+    return stride_a != 0 && stride_b == 0 && !trans_a && stride_a == m * k;
+}
+
+bool cx_matmul_f32_on_dnnl(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, int64_t stride_a,
+                           int64_t stride_b)
+{
+    int64_t per = m > 0 ? INT_MAX / m : 0;
+    int64_t rows = batch > 1 && tall_product(m, k, trans_a, stride_a, stride_b) ? (batch < per ? batch : per) * m : m;
+    return cx_sgemm_prefers_dnnl(rows, n, k);
+}
+
 void cx_matmul_f32(float *c, const float *a, const float *b,
                    int64_t batch, int64_t m, int64_t n, int64_t k,
                    bool trans_a, bool trans_b,
@@ -129,7 +144,7 @@ void cx_matmul_f32(float *c, const float *a, const float *b,
         for (int64_t i = 1; i < batch; i++) memcpy(c + i * c_size, c, sizeof(float) * (size_t)c_size);
         return;
     }
-    if (stride_b == 0 && !trans_a && stride_a == m * k) {
+    if (tall_product(m, k, trans_a, stride_a, stride_b)) {
         /* A shared B and back-to-back untransposed A blocks form one tall
          * (batch*M, K) matrix, and the C blocks stack the same way: one
          * large sgemm instead of `batch` small ones. Split only if the row

@@ -53,13 +53,12 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
                                                                                    : "blocks widened into sgemm");
             break;
         }
-        /* the product cx_matmul_f32 hands the library: a shared B under
-         * back-to-back A blocks is one tall product */
+        /* the operands run_matmul hands cx_matmul_f32 */
         const int nd = a->ndim;
-        int64_t batch = 1, m = nd >= 2 ? a->shape[nd - 2] : 1, kk = nd >= 1 ? a->shape[nd - 1] : 1;
+        int64_t batch = 1;
         for (int d = 0; d + 2 < nd; d++) batch *= a->shape[d];
-        bool tall = batch > 1 && w->batch_stride == 0 && !a->trans && a->batch_stride == m * kk;
-        bool dnnl = nd >= 2 && cx_sgemm_prefers_dnnl(tall ? batch * m : m, w->shape[nd - 1], kk);
+        bool dnnl = nd >= 2 && cx_matmul_f32_on_dnnl(batch, a->shape[nd - 2], w->shape[nd - 1], a->shape[nd - 1], a->trans,
+                                                     batch > 1 ? a->batch_stride : 0, batch > 1 ? w->batch_stride : 0);
         cx_sb_printf(b, "sgemm, %s", dnnl ? "oneDNN" : "OpenBLAS");
         break;
     }

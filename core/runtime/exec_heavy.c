@@ -21,7 +21,7 @@ static cx_bf16_epi bf16_epi(const run_ctx *rc, const cx_kernel *k)
                           .relu = k->epi == EPI_BIAS_RELU, .posmask = k->epi == EPI_POSMASK ? p : NULL };
 }
 
-static void run_matmul(const run_ctx *rc, const cx_kernel *k)
+static void run_matmul(const run_ctx *rc, const cx_kernel *k, void *scratch)
 {
     const cx_kin *A = &k->in[0], *B = &k->in[1];
     int nd = A->ndim;
@@ -35,7 +35,7 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k)
         const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
         const cx_bf16_epi e = bf16_epi(rc, k);
         cx_matmul_bf16_epi(rc->slot_ptr[k->out_slot], &e, ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
-                           k->scratch_slot >= 0 ? rc->slot_ptr[k->scratch_slot] : NULL, (size_t)k->scratch_bytes);
+                           scratch, (size_t)k->scratch_bytes);
         return;
     }
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
@@ -176,7 +176,7 @@ cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
     bool bf16 = run_conv_bf16(rc, k, out, scratch) || run_pool_bf16(rc, k, out, scratch);
     switch (bf16 ? -1 : (int)k->kind) {
     case -1: break;
-    case K_MATMUL: run_matmul(rc, k); break;
+    case K_MATMUL: run_matmul(rc, k, scratch); break;
     case K_CONV: {
         cx_conv_geom g;
         cx_kernel_conv_geom(k, &g);

@@ -438,7 +438,7 @@ static bool dumped_bias_fold(const char *dir)
     cr_assert(d, "no dump directory %s", dir);
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.') continue;
-        char path[512], line[4096];
+        char path[1024], line[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         FILE *f = fopen(path, "r");
         while (f && fgets(line, sizeof line, f))
@@ -469,8 +469,11 @@ static void linear_fold_matches(int64_t batch, int64_t m, int64_t k, int64_t n, 
     cx_tensor *X = persist_bf16(x, batch > 1 ? sx3 : sx3 + 1, batch > 1 ? 3 : 2, nx, false);
     cx_tensor *W = persist_bf16(w, sw, 2, nw, false), *Bb = persist_bf16(b, sb, 1, n, false);
     cx_tensor *B = cx_persist(tf32(b, sb, 1));
-    char dir[] = "/tmp/cxla_linear_fold_XXXXXX";
-    cr_assert(mkdtemp(dir));
+    /* a fresh dump directory: mkdtemp replaces the template's X's */
+    char dir[512];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/cxla_linear_fold_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert(mkdtemp(dir), "mkdtemp %s failed", dir);
     setenv("CX_DUMP_DIR", dir, 1);
     cx_debug_reload_env();
     cx_step_begin();
