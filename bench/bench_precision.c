@@ -250,7 +250,8 @@ out:
  * One dense op forward and backward (both operands' gradients) through
  * the core, bf16 operands against f32, in the same rounds: the seed cnn's
  * two convs at batch 64 (the second is Winograd's shape, where the bf16
- * conv keeps the widened f32 kernels), and the gpt default's causal
+ * conv runs Winograd's f32 transforms and products on the bf16 tensors),
+ * and the gpt default's causal
  * attention (batch 16, 4 heads, block 128, head dim 64). The loss is the
  * sum of the output in f32, so each side adds the same small ops. */
 enum { DENSE_MAX = 4 };

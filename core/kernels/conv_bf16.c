@@ -1,11 +1,14 @@
 /* bf16 convolution and its two gradients, f32 sums rounded once to bf16.
  * With AVX512_BF16, on the shapes where it wins (gemm_wins), they are
  * lowered to the bf16 GEMM (gemm_bf16.c) over bf16 im2col columns, so the
- * products run on vdpbf16ps. Elsewhere the operands are widened into f32 copies in the scratch, up to 8 images at
- * a time, for the f32 kernels (conv.c, winograd.c), the weight gradient
- * summed over the chunks in f32 first: widening is O(inputs) against the
- * kernels' O(inputs x kernel window x channels), and the graph's tensors
- * (activations saved for backward included) stay bf16. */
+ * products run on vdpbf16ps. Where Winograd applies, its transforms read
+ * and write bf16 themselves (winograd.c) and the epilogue is applied as
+ * they round. Elsewhere the operands are widened into f32 copies in the
+ * scratch, up to 8 images at a time, for the f32 kernels (conv.c), the
+ * weight gradient summed over the chunks in f32 first: widening is
+ * O(inputs) against the kernels' O(inputs x kernel window x channels),
+ * and the graph's tensors (activations saved for backward included) stay
+ * bf16. */
 #include "kernels.h"
 #include "pool.h"
 #include "cx_assert.h"
@@ -164,9 +167,43 @@ CX_HOT static void add_into(float *acc, const float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
+/* the Winograd route's own buffer, the weights (or their gradient) in f32, before winograd.c's scratch */
+static size_t wino_fixed(const cx_conv_geom *g)
+{
+    return aligned((size_t)(g->o * g->c * 9) * 4) + ALIGN_BYTES;
+}
+
+/* Winograd straight on the bf16 tensors: widening a chunk of images, the
+ * f32 kernel and then a rounding and epilogue pass over its output cost
+ * the cnn's conv2 three passes over memory the transforms make anyway */
+static void wino_route(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
+                       const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
+{
+    const int64_t nw = g->o * g->c * 9;
+    float *wf = (float *)(((uintptr_t)scratch + ALIGN_BYTES - 1) & ~(uintptr_t)(ALIGN_BYTES - 1));
+    char *rest = (char *)wf + aligned((size_t)nw * 4);
+    CX_ASSERT((size_t)(rest - (char *)scratch) <= scratch_bytes);
+    const size_t left = scratch_bytes - (size_t)(rest - (char *)scratch);
+    if (dir == 2) {
+        cx_wino_bwd_weight_bf16(wf, in0, in1, g, rest, left);
+        round_n(out, wf, nw);
+        return;
+    }
+    widen_n(wf, in1, nw);
+    const bool epi_on = has_epi(dir, epi);
+    if (dir == 0)
+        cx_wino_fwd_bf16(out, in0, wf, epi_on ? epi->bias : NULL, epi_on && epi->relu, g, rest, left);
+    else
+        cx_wino_bwd_input_bf16(out, in0, wf, epi_on ? epi->posmask : NULL, g, rest, left);
+}
+
 static void widen_route(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                         const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
+    if (cx_wino_applies(g)) {
+        wino_route(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
+        return;
+    }
     const int64_t chunk = chunk_of(g), xi = g->c * g->h * g->w, yi = g->o * g->oh * g->ow;
     const int64_t nw = g->o * (g->c / g->groups) * g->kh * g->kw;
     conv_bufs u = carve(g, dir, scratch, scratch_bytes);
@@ -254,6 +291,7 @@ static size_t gemm_scratch(const cx_conv_geom *g, int dir, bool least)
 
 static size_t widen_scratch(const cx_conv_geom *g, int dir)
 {
+    if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_scratch_bytes(g, dir);
     int64_t chunk = chunk_of(g), a, b, o;
     cx_conv_geom c = with_images(g, chunk), last = with_images(g, g->n - (g->n - 1) / chunk * chunk);
     roles(&c, dir, &a, &b, &o);

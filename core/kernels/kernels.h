@@ -110,6 +110,17 @@ void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const float *
                        void *scratch, size_t scratch_bytes);
 void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                         size_t scratch_bytes);
+/* The same on bf16 tensors, in the same scratch: the f32 kernels' sums
+ * (bit for bit), rounded once into y or dx. w is the bf16 weights widened
+ * (f32); y gets round(sum), then with a bias + bias rounded to bf16,
+ * rounded, and relu; dx is zeroed where posmask (or NULL) is not > 0; dw
+ * stays f32 for the caller to round. */
+void cx_wino_fwd_bf16(uint16_t *y, const uint16_t *x, const float *w, const float *bias, bool relu,
+                      const cx_conv_geom *g, void *scratch, size_t scratch_bytes);
+void cx_wino_bwd_input_bf16(uint16_t *dx, const uint16_t *dy, const float *w, const uint16_t *posmask,
+                            const cx_conv_geom *g, void *scratch, size_t scratch_bytes);
+void cx_wino_bwd_weight_bf16(float *dw, const uint16_t *x, const uint16_t *dy, const cx_conv_geom *g, void *scratch,
+                             size_t scratch_bytes);
 
 typedef struct {
     int64_t n, c, h, w;        /* input (N, C, H, W) */

@@ -17,9 +17,17 @@
  *
  * The transforms use only additions and halvings, so the results differ
  * from im2col's by rounding only (a few ulps of the sums involved).
+ *
+ * The bf16 entry points run the same f32 transforms and products on bf16
+ * tensors: the transforms widen what they read (rows a tile row at a
+ * time, already copied for the padding) and round what they write, a
+ * tile row in L1, so the bf16 conv needs no widened copy of its operands
+ * and no rounding pass over its output; the sums are the f32 kernel's
+ * bit for bit.
  */
 #include "kernels.h"
 #include "pool.h"
+#include "cx_bf16.h"
 
 #include <cxla/core.h>
 #include <stdatomic.h>
@@ -81,10 +89,12 @@ static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
 }
 
 /* Per-thread scratch, in floats: V, M (or the transformed dy), a block's
- * zero-padded input rows, and for the weight gradient the thread's dU and
- * the block's input rows in channels-last order. */
+ * zero-padded input rows, its output rows (the bf16 entry points' rows
+ * in f32: the sums before rounding, or dy widened), and for the weight
+ * gradient the thread's dU and the block's input rows in channels-last
+ * order. */
 typedef struct {
-    size_t v, m, rows, du, xt, total;
+    size_t v, m, rows, stage, du, xt, total;
 } lane_layout;
 
 static lane_layout lane_of(const wino_shape *s, wino_dir dir)
@@ -94,7 +104,8 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir)
     l.v = 0;
     l.m = l.v + (size_t)(16 * xi_stride(s->cin * tb));
     l.rows = l.m + (size_t)(16 * xi_stride(s->cout * tb));
-    l.du = l.rows + round16((2 * s->rows + 2) * (2 * s->tw + 2));
+    l.stage = l.rows + round16((2 * s->rows + 2) * (2 * s->tw + 2));
+    l.du = l.stage + round16(2 * s->rows * s->ow);
     l.xt = l.du + (dir == WINO_BWD_WEIGHT ? (size_t)(16 * xi_stride(s->cout * s->cin)) : 0);
     l.total = l.xt + (dir == WINO_BWD_WEIGHT ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
     return l;
@@ -195,22 +206,33 @@ typedef int32_t i4v __attribute__((vector_size(16)));
         INPUT_CORE(T, d_, dst, stride, j);                                                          \
     } while (0)
 
+static inline void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n)
+{
+    for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_to_f32_inline(src[q]);
+}
+
 /* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
- * image x (cin, h, w); t counts tiles from the block's first. Tile row i
- * reads input rows 2i - pad .. 2i - pad + 3 and columns 2j - pad ..; the
- * block's rows are read in place when no padding is involved, else from
- * a zero-padded copy in `rows` ((2 (i1 - i0) + 2) x (2 tw + 2) floats). */
-CX_HOT static void transform_input(float *v, float *rows, const float *x, const wino_shape *s, int64_t i0, int64_t i1)
+ * image (cin, h, w), x or, widened, xh; t counts tiles from the block's
+ * first. Tile row i reads input rows 2i - pad .. 2i - pad + 3 and columns
+ * 2j - pad ..; the block's rows are read in place when no padding is
+ * involved and x is f32, else from a zero-padded copy in `rows`
+ * ((2 (i1 - i0) + 2) x (2 tw + 2) floats). */
+CX_HOT static void transform_input(float *v, float *rows, const float *x, const uint16_t *xh, const wino_shape *s,
+                                   int64_t i0, int64_t i1)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw, wp = 2 * tw + 2;
     const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
+    /* no padding involved: the block is nrows whole rows of the plane */
     const bool in_place = s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h;
     const int64_t copy = min64(s->w, wp - s->pad_w);
     for (int64_t c = 0; c < s->cin; c++) {
-        const float *plane = x + c * s->h * s->w, *blk = rows;
+        const int64_t at = c * s->h * s->w;
+        const float *blk = rows;
         int64_t rs = s->w;
-        if (in_place) {
-            blk = plane + r0 * s->w;
+        if (in_place && xh) {
+            widen_row(rows, xh + at + r0 * s->w, nrows * s->w);
+        } else if (in_place) {
+            blk = x + at + r0 * s->w;
         } else {
             for (int64_t r = 0; r < nrows; r++) {
                 float *dst = rows + r * wp;
@@ -219,7 +241,8 @@ CX_HOT static void transform_input(float *v, float *rows, const float *x, const 
                     continue;
                 }
                 memset(dst, 0, sizeof(float) * (size_t)s->pad_w);
-                memcpy(dst + s->pad_w, plane + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
+                if (xh) widen_row(dst + s->pad_w, xh + at + (r0 + r) * s->w, copy);
+                else memcpy(dst + s->pad_w, x + at + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
                 memset(dst + s->pad_w + copy, 0, sizeof(float) * (size_t)(wp - s->pad_w - copy));
             }
             rs = wp;
@@ -298,36 +321,69 @@ static inline float epilogue1(float v, float b, bool relu, const float *pm, int6
     return v;
 }
 
+/* A bf16 output's n values from their f32 sums, with the steps the
+ * unfolded bf16 program would take: round; then + the bias rounded to
+ * bf16 (bh), rounded again, and relu; or else the input gradient's
+ * posmask (a forward has no mask, an input gradient no bias). */
+static inline void round_out(uint16_t *restrict dst, const float *restrict sums, int64_t n, const float *bh, bool relu,
+                             const uint16_t *restrict pm)
+{
+    /* one loop per case, each of which the compiler vectorizes */
+    if (bh) {
+        const float b = *bh;
+        for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_add_bias_inline(cx_f32_to_bf16_inline(sums[q]), b, relu);
+    } else if (pm) {
+        for (int64_t q = 0; q < n; q++)
+            dst[q] = cx_bf16_to_f32_inline(pm[q]) > 0.0f ? cx_f32_to_bf16_inline(sums[q]) : 0;
+    } else {
+        for (int64_t q = 0; q < n; q++) dst[q] = cx_f32_to_bf16_inline(sums[q]);
+    }
+}
+
 /* y[o][2i + a][2j + b] = (A^T M A)[a][b] (+ bias[o], relu, posmask) for
- * the block's tiles, clipped to the output plane. */
-CX_HOT static void transform_output(float *y, const float *m, const wino_shape *s, int64_t i0, int64_t i1,
-                             const float *bias, bool relu, const float *posmask)
+ * the block's tiles, clipped to the output plane. With yh (bf16), the
+ * block's output rows of a channel go to `stage` as plain sums and
+ * round_out applies the epilogue (posmask: pmh) rounding them into yh in
+ * one run (a tile row's two rows alone were too short a run to vectorize
+ * well). */
+CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const float *m, const wino_shape *s,
+                                    int64_t i0, int64_t i1, const float *bias, bool relu, const float *posmask,
+                                    const uint16_t *pmh)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
+    const bool f32_epi = !yh;
     for (int64_t o = 0; o < s->cout; o++) {
-        float *plane = y + o * s->oh * ow;
-        const float *mplane = posmask ? posmask + o * s->oh * ow : NULL;
+        float *plane = f32_epi ? y + o * s->oh * ow : NULL;
+        const float *mplane = f32_epi && posmask ? posmask + o * s->oh * ow : NULL;
         /* adding 0 would turn -0 into +0: without a bias, add nothing */
-        const float b = bias ? bias[o] : -0.0f;
+        const float b = f32_epi && bias ? bias[o] : -0.0f;
+        const bool frelu = f32_epi && relu;
+        const float bh = bias ? cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[o])) : 0.0f;
         for (int64_t i = i0; i < i1; i++) {
             const float *src = m + o * tb + (i - i0) * tw;
-            float *y0 = plane + 2 * i * ow, *y1 = 2 * i + 1 < s->oh ? y0 + ow : NULL;
+            float *y0 = f32_epi ? plane + 2 * i * ow : stage + 2 * (i - i0) * ow;
+            float *y1 = 2 * i + 1 < s->oh ? y0 + ow : NULL;
             const float *pm0 = mplane ? mplane + 2 * i * ow : NULL, *pm1 = pm0 && y1 ? pm0 + ow : NULL;
             int64_t j = 0;
             for (; 2 * j + 16 <= ow; j += 8)
-                OUTPUT_TILES(v8, i8v, 8, EV8, OD8, LO8, HI8, src, stride, j, y0, y1, pm0, pm1, b, relu);
+                OUTPUT_TILES(v8, i8v, 8, EV8, OD8, LO8, HI8, src, stride, j, y0, y1, pm0, pm1, b, frelu);
             for (; 2 * j + 8 <= ow; j += 4)
-                OUTPUT_TILES(v4, i4v, 4, EV4, OD4, LO4, HI4, src, stride, j, y0, y1, pm0, pm1, b, relu);
+                OUTPUT_TILES(v4, i4v, 4, EV4, OD4, LO4, HI4, src, stride, j, y0, y1, pm0, pm1, b, frelu);
             for (; j < tw; j++) {
                 float e0, o0, e1, o1;
                 OUTPUT_CORE(float, src, stride, j, e0, o0, e1, o1);
-                y0[2 * j] = epilogue1(e0, b, relu, pm0, 2 * j);
-                if (2 * j + 1 < ow) y0[2 * j + 1] = epilogue1(o0, b, relu, pm0, 2 * j + 1);
+                y0[2 * j] = epilogue1(e0, b, frelu, pm0, 2 * j);
+                if (2 * j + 1 < ow) y0[2 * j + 1] = epilogue1(o0, b, frelu, pm0, 2 * j + 1);
                 if (y1) {
-                    y1[2 * j] = epilogue1(e1, b, relu, pm1, 2 * j);
-                    if (2 * j + 1 < ow) y1[2 * j + 1] = epilogue1(o1, b, relu, pm1, 2 * j + 1);
+                    y1[2 * j] = epilogue1(e1, b, frelu, pm1, 2 * j);
+                    if (2 * j + 1 < ow) y1[2 * j + 1] = epilogue1(o1, b, frelu, pm1, 2 * j + 1);
                 }
             }
+        }
+        if (!f32_epi) {
+            /* the block's rows lie back to back in the plane as in the stage */
+            const int64_t at = (o * s->oh + 2 * i0) * ow, n = (min64(2 * i1, s->oh) - 2 * i0) * ow;
+            round_out(yh + at, stage, n, bias ? &bh : NULL, relu, pmh ? pmh + at : NULL);
         }
     }
 }
@@ -351,16 +407,20 @@ CX_HOT static void transform_output(float *y, const float *m, const wino_shape *
         }                                                                                           \
     } while (0)
 
-/* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow) in
+/* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow),
+ * or of dyh widened a channel's block of rows at a time into `stage`, in
  * tile rows [i0, i1); outputs past the plane count as 0 (`zero` holds ow
  * zeros for a missing second row). */
-CX_HOT static void transform_grad(float *z, const float *zero, const float *dy, const wino_shape *s, int64_t i0, int64_t i1)
+CX_HOT static void transform_grad(float *z, float *stage, const float *zero, const float *dy, const uint16_t *dyh,
+                                  const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
     for (int64_t o = 0; o < s->cout; o++) {
-        const float *plane = dy + o * s->oh * ow;
+        const int64_t at = (o * s->oh + 2 * i0) * ow;
+        const float *block = dy ? dy + at : stage;
+        if (dyh) widen_row(stage, dyh + at, (min64(2 * i1, s->oh) - 2 * i0) * ow);
         for (int64_t i = i0; i < i1; i++) {
-            const float *ra = plane + 2 * i * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
+            const float *ra = block + 2 * (i - i0) * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
             float *dst = z + o * tb + (i - i0) * tw;
             int64_t j = 0;
             for (; 2 * j + 16 <= ow; j += 8)
@@ -383,20 +443,22 @@ CX_HOT static void transform_grad(float *z, const float *zero, const float *dy, 
 }
 
 /* xt (2 (i1 - i0) + 2 rows, wp = 2 tw + 2 columns, cin): the input rows of
- * tile rows [i0, i1) of one image in channels-last order, shifted by the
- * padding and zero outside the plane. */
-CX_HOT static void block_channels_last(float *restrict xt, const float *restrict x, const wino_shape *s, int64_t i0,
-                                int64_t i1)
+ * tile rows [i0, i1) of one image, x or xh widened, in channels-last
+ * order, shifted by the padding and zero outside the plane. */
+CX_HOT static void block_channels_last(float *restrict xt, const float *restrict x, const uint16_t *restrict xh,
+                                       const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h, wp = 2 * s->tw + 2, cin = s->cin;
     memset(xt, 0, sizeof(float) * (size_t)(nrows * wp * cin));
     for (int64_t c = 0; c < cin; c++) {
-        const float *plane = x + c * s->h * s->w;
         for (int64_t r = 0; r < nrows; r++) {
             if (r0 + r < 0 || r0 + r >= s->h) continue;
-            const float *restrict src = plane + (r0 + r) * s->w;
+            const int64_t at = c * s->h * s->w + (r0 + r) * s->w;
             float *restrict dst = xt + (r * wp + s->pad_w) * cin + c;
-            for (int64_t q = 0; q < s->w; q++) dst[q * cin] = src[q];
+            if (xh)
+                for (int64_t q = 0; q < s->w; q++) dst[q * cin] = cx_bf16_to_f32_inline(xh[at + q]);
+            else
+                for (int64_t q = 0; q < s->w; q++) dst[q * cin] = x[at + q];
         }
     }
 }
@@ -463,9 +525,12 @@ typedef struct {
     const float *in;         /* x, or dy for the input gradient */
     const float *dy;         /* weight gradient */
     float *out;              /* y or dx */
+    const uint16_t *in_h, *dy_h;   /* bf16 in place of in and dy */
+    uint16_t *out_h;               /* bf16 in place of out */
     const float *bias;       /* forward epilogue, or NULL */
     bool relu;
     const float *posmask;    /* input gradient: keep dx where posmask > 0, or NULL */
+    const uint16_t *posmask_h;     /* the same for a bf16 dx */
     atomic_int_fast64_t next;
     atomic_int_fast64_t used;
 } wino_job;
@@ -476,12 +541,16 @@ CX_HOT static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i
     const wino_shape *s = &j->s;
     const int64_t tb = (i1 - i0) * s->tw;
     float *v = lane + j->lane.v, *m = lane + j->lane.m;
-    transform_input(v, lane + j->lane.rows, j->in + n * s->cin * s->h * s->w, s, i0, i1);
+    const int64_t in_at = n * s->cin * s->h * s->w;
+    transform_input(v, lane + j->lane.rows, j->in_h ? NULL : j->in + in_at, j->in_h ? j->in_h + in_at : NULL, s, i0,
+                    i1);
     for (int x = 0; x < 16; x++)
         cx_sgemm_serial(false, false, s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin,
                         v + x * xi_stride(s->cin * tb), tb, 0.0f, m + x * xi_stride(s->cout * tb), tb);
-    const int64_t plane = s->cout * s->oh * s->ow;
-    transform_output(j->out + n * plane, m, s, i0, i1, j->bias, j->relu, j->posmask ? j->posmask + n * plane : NULL);
+    const int64_t at = n * s->cout * s->oh * s->ow;
+    transform_output(j->out_h ? NULL : j->out + at, j->out_h ? j->out_h + at : NULL, lane + j->lane.stage, m, s, i0,
+                     i1, j->bias, j->relu, j->posmask ? j->posmask + at : NULL,
+                     j->posmask_h ? j->posmask_h + at : NULL);
 }
 
 /* dU (+)= sum over the images [n0, n1) of Z[xi] @ Vt[xi]. */
@@ -491,12 +560,16 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
     float *v = lane + j->lane.v, *z = lane + j->lane.m, *du = lane + j->lane.du, *zero = lane + j->lane.rows;
     memset(zero, 0, sizeof(float) * (size_t)s->ow);
     bool first = true;
+    const bool bf16 = j->in_h != NULL;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t i0 = 0; i0 < s->th; i0 += s->rows) {
             const int64_t i1 = min64(i0 + s->rows, s->th), tb = (i1 - i0) * s->tw;
-            block_channels_last(lane + j->lane.xt, j->in + n * s->cin * s->h * s->w, s, i0, i1);
+            const int64_t x_at = n * s->cin * s->h * s->w, dy_at = n * s->cout * s->oh * s->ow;
+            block_channels_last(lane + j->lane.xt, bf16 ? NULL : j->in + x_at, bf16 ? j->in_h + x_at : NULL, s, i0,
+                                i1);
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
-            transform_grad(z, zero, j->dy + n * s->cout * s->oh * s->ow, s, i0, i1);
+            transform_grad(z, lane + j->lane.stage, zero, bf16 ? NULL : j->dy + dy_at, bf16 ? j->dy_h + dy_at : NULL,
+                           s, i0, i1);
             for (int x = 0; x < 16; x++)
                 cx_sgemm_serial(false, false, s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb,
                                 v + x * xi_stride(tb * s->cin), s->cin, first ? 0.0f : 1.0f,
@@ -572,20 +645,45 @@ void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const float *
     run_forward_like(&j, g, WINO_BWD_INPUT, w, dy, dx, scratch, scratch_bytes);
 }
 
-void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
-                        size_t scratch_bytes)
+/* dw from the job's x and dy, f32 or bf16 */
+static void run_weight_grad(wino_job *j, float *dw, const cx_conv_geom *g, void *scratch, size_t scratch_bytes)
 {
-    wino_job j = { .bias = NULL };
-    setup(&j, g, WINO_BWD_WEIGHT, scratch, scratch_bytes);
-    j.in = x;
-    j.dy = dy;
-    cx_pool_run_each(wino_each, &j);
-    const int64_t used = atomic_load(&j.used), len = g->o * g->c, xs = xi_stride(len);
-    float *du = j.lanes_base + j.lane.du;
+    setup(j, g, WINO_BWD_WEIGHT, scratch, scratch_bytes);
+    cx_pool_run_each(wino_each, j);
+    const int64_t used = atomic_load(&j->used), len = g->o * g->c, xs = xi_stride(len);
+    float *du = j->lanes_base + j->lane.du;
     for (int64_t t = 1; t < used; t++) {
-        const float *part = j.lanes_base + (size_t)t * j.lane.total + j.lane.du;
+        const float *part = j->lanes_base + (size_t)t * j->lane.total + j->lane.du;
         for (int x = 0; x < 16; x++)
             for (int64_t i = 0; i < len; i++) du[x * xs + i] += part[x * xs + i];
     }
     finish_weight_grad(dw, du, g->o, g->c);
+}
+
+void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
+                        size_t scratch_bytes)
+{
+    wino_job j = { .in = x, .dy = dy };
+    run_weight_grad(&j, dw, g, scratch, scratch_bytes);
+}
+
+void cx_wino_fwd_bf16(uint16_t *y, const uint16_t *x, const float *w, const float *bias, bool relu,
+                      const cx_conv_geom *g, void *scratch, size_t scratch_bytes)
+{
+    wino_job j = { .in_h = x, .out_h = y, .bias = bias, .relu = relu };
+    run_forward_like(&j, g, WINO_FWD, w, NULL, NULL, scratch, scratch_bytes);
+}
+
+void cx_wino_bwd_input_bf16(uint16_t *dx, const uint16_t *dy, const float *w, const uint16_t *posmask,
+                            const cx_conv_geom *g, void *scratch, size_t scratch_bytes)
+{
+    wino_job j = { .in_h = dy, .out_h = dx, .posmask_h = posmask };
+    run_forward_like(&j, g, WINO_BWD_INPUT, w, NULL, NULL, scratch, scratch_bytes);
+}
+
+void cx_wino_bwd_weight_bf16(float *dw, const uint16_t *x, const uint16_t *dy, const cx_conv_geom *g, void *scratch,
+                             size_t scratch_bytes)
+{
+    wino_job j = { .in_h = x, .dy_h = dy };
+    run_weight_grad(&j, dw, g, scratch, scratch_bytes);
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cx_bf16.h"
 #include "kernels.h"
 #include <cxla/core.h>
 
@@ -449,10 +450,10 @@ Test(bf16_attention, every_route_against_the_f32_kernel)
 
 /* ---- convolution -------------------------------------------------------------------- */
 
-/* The weight gradient of more than 8 images is summed over chunks of
- * images in f32 (the kernel takes up to 8 at a time), in another order
- * than the f32 kernel's over the whole batch: within one bf16 rounding of
- * it, plus f32 sums' error on the largest value. */
+/* The widening route's weight gradient of more than 8 images is summed
+ * over chunks of images in f32 (the kernel takes up to 8 at a time), in
+ * another order than the f32 kernel's over the whole batch: within one
+ * bf16 rounding of it, plus f32 sums' error on the largest value. */
 static void check_summed(const char *what, const uint16_t *got, const float *want, size_t n)
 {
     double big = 0;
@@ -465,16 +466,40 @@ static void check_summed(const char *what, const uint16_t *got, const float *wan
 }
 
 /* One direction's bf16 result against the f32 kernel's on the widened
- * operands. The widening route runs those kernels, so it must match them
- * rounded once (bit for bit on one chunk of images); the GEMM route sums
- * the same products in another order (and Winograd's f32 transforms
- * round on their own), so it must lie within one bf16 rounding plus f32
- * sums' error on the largest value (check_summed). */
+ * operands. Winograd on bf16 and the widening route run those kernels'
+ * sums, so they must match them rounded once (bit for bit; the widening
+ * route on one chunk of images); the GEMM route sums the same products
+ * in another order (and Winograd's f32 transforms round on their own),
+ * so it must lie within one bf16 rounding plus f32 sums' error on the
+ * largest value (check_summed). */
 static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want, size_t n, const cx_conv_geom *g)
 {
     static const char *const names[3] = { "y", "dx", "dw" };
-    if (gemm || (dir == 2 && g->n > 8)) check_summed(names[dir], got, want, n);
+    if (gemm || (dir == 2 && g->n > 8 && !cx_wino_applies(g))) check_summed(names[dir], got, want, n);
     else check_rounded(names[dir], got, want, n);
+}
+
+/* The folded epilogue on the route that does not take the GEMM, against
+ * the unfolded program's steps on the f32 kernel's sums f: y =
+ * relu(round(round(f) + bf16(bias[o]))), dx = round(f) where posmask > 0. */
+static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, const float *f, const cx_conv_geom *g,
+                           void *scratch, size_t bytes)
+{
+    const int64_t ch = dir == 0 ? g->o : g->c, plane = dir == 0 ? g->oh * g->ow : g->h * g->w;
+    const size_t n = (size_t)(g->n * ch * plane);
+    float *bias = malloc(sizeof *bias * (size_t)g->o);
+    uint16_t *mask = bf16_random(n), *h = malloc(sizeof *h * n);
+    cr_assert(bias && h);
+    for (int64_t o = 0; o < g->o; o++) bias[o] = rng_uniform() - 0.5f;
+    cx_bf16_epi e = { .bias = dir == 0 ? bias : NULL, .relu = dir == 0, .posmask = dir == 1 ? mask : NULL };
+    cx_conv2d_bf16(dir, h, in0, in1, g, &e, scratch, bytes);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = cx_f32_to_bf16(f[i]);
+        if (dir == 0) want = cx_bf16_add_bias_inline(want, cx_bf16_to_f32(cx_f32_to_bf16(bias[(int64_t)i / plane % ch])), true);
+        else want = cx_bf16_to_f32(mask[i]) > 0.0f ? want : 0;
+        cr_assert_eq(h[i], want, "%s[%zu] with its epilogue: 0x%04x, want 0x%04x", dir ? "dx" : "y", i, h[i], want);
+    }
+    free(bias); free(mask); free(h);
 }
 
 /* For every direction, through Winograd (3x3, stride 1) and through the
@@ -512,6 +537,7 @@ static void check_conv(cx_conv_geom g)
          * AVX512_BF16 a shape it does not win still widens, rounded once */
         bool took_gemm = hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false);
         check_dir(dir, took_gemm, h, f, n, &g);
+        if (dir < 2 && !took_gemm) check_epilogue(dir, in0, in1, f, &g, s16, b16);
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, NULL, sg, bg);
         check_dir(dir, true, h, f, n, &g);
@@ -539,8 +565,17 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     cx_conv_geom direct = { .n = 3, .c = 6, .h = 10, .w = 7, .o = 4, .kh = 5, .kw = 3, .stride_h = 2, .stride_w = 1,
                             .pad_h = 2, .pad_w = 0, .dil_h = 1, .dil_w = 2, .groups = 2 };
     check_conv(direct);
-    wino.n = 11; /* chunks of 6 and 5 images */
+    wino.n = 11; /* on bf16 in one call, the weight gradient summed as the f32 kernel's */
     check_conv(wino);
+    /* no padding (the f32 kernel reads rows in place, bf16 copies them
+     * widened), and a row wide enough for the 8-tile vectors with 4-tile
+     * and single-tile ends */
+    cx_conv_geom wide = { .n = 3, .c = 9, .h = 12, .w = 39, .o = 10, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                          .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&wide) && cx_wino_applies(&wide), "the wide geometry must take Winograd");
+    check_conv(wide);
+    wide.pad_h = 2; wide.pad_w = 2; /* dx's padding 0 */
+    check_conv(wide);
     direct.n = 17; /* 6, 6, 5 */
     check_conv(direct);
     /* the seed cnn's first conv: one channel, so K = 9, odd (the GEMM pads
