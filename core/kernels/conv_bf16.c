@@ -291,7 +291,7 @@ static size_t gemm_scratch(const cx_conv_geom *g, int dir, bool least)
 
 static size_t widen_scratch(const cx_conv_geom *g, int dir)
 {
-    if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_scratch_bytes(g, dir);
+    if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_bf16_scratch_bytes(g, dir);
     int64_t chunk = chunk_of(g), a, b, o;
     cx_conv_geom c = with_images(g, chunk), last = with_images(g, g->n - (g->n - 1) / chunk * chunk);
     roles(&c, dir, &a, &b, &o);

@@ -561,3 +561,123 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
     bgemm_run(NULL, c, accumulate, NULL, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch,
               scratch_bytes);
 }
+
+/* ---- products on panels, for kernels that make their own operands -------------------------
+ * Winograd's bf16 products: its transforms write f32 operands, rounded
+ * here as they are packed, and a pool task runs all 16 products of its
+ * block itself. The rounding is vcvtneps2bf16's: to nearest even, with
+ * denormals flushed to zero (the operands of a product, not a result). */
+
+size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side)
+{
+    return (size_t)(round_up(lanes, a_side ? MR : NR) * ((k + 1) / 2));
+}
+
+#ifdef CX_HAVE_BF16_KERNEL
+#define CX_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+CX_BF16_TARGET static inline __m512i cvt_words16(const float *lo, const float *hi, __mmask16 keep)
+{
+    __m512 l = _mm512_maskz_loadu_ps(keep, lo), h = hi ? _mm512_maskz_loadu_ps(keep, hi) : _mm512_setzero_ps();
+    __m512i wl = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(l));
+    __m512i wh = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(h));
+    return _mm512_or_si512(wl, _mm512_slli_epi32(wh, 16));
+}
+
+CX_BF16_TARGET void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                                       int64_t cols, int64_t width)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *d = dst + r * ldd;
+        const float *f = src + r * lds;
+        for (int64_t c = 0; c < cols; c += 16) {
+            __mmask16 keep = cols - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - c)) - 1);
+            _mm256_mask_storeu_epi16(d + c, keep, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(keep, f + c)));
+        }
+        for (int64_t c = cols; c < width; c++) d[c] = 0;
+    }
+}
+
+CX_BF16_TARGET void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n)
+{
+    const int64_t pairs = (k + 1) / 2;
+    zero_ragged_panel(bp, pairs, NR, n);
+    for (int64_t q = 0; q < pairs; q++) {
+        const float *lo = b + 2 * q * ldb, *hi = 2 * q + 1 < k ? lo + ldb : NULL;
+        for (int64_t e = 0; e < n; e += 16) {
+            __mmask16 keep = n - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - e)) - 1);
+            uint32_t *d = bp + (e / NR * pairs + q) * NR + e % NR;
+            _mm512_mask_storeu_epi32(d, keep, cvt_words16(lo + e, hi ? hi + e : NULL, keep));
+        }
+    }
+}
+
+void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k)
+{
+    pack_panels(ap, MR, false, a, lda, m, k);
+}
+
+/* one MR x NR tile of c: whole (c has the room), or through a tile */
+CX_BF16_TARGET static void tile_product(float *ct, int64_t ldc, bool accumulate, const char *a, int64_t rs,
+                                        int64_t qs, const uint16_t *bpp, int64_t pairs, int64_t rows, int64_t cols,
+                                        bool whole)
+{
+    __m512 acc[MR][2];
+    if (whole || (rows == MR && cols == NR)) {
+        micro_sums(acc, ct, ldc, a, rs, qs, bpp, pairs, !accumulate);
+        micro_store(ct, ldc, acc);
+        return;
+    }
+    float tile[MR * NR] = { 0 };
+    if (accumulate)
+        for (int64_t r = 0; r < rows; r++) memcpy(tile + r * NR, ct + r * ldc, sizeof *tile * (size_t)cols);
+    micro_sums(acc, tile, NR, a, rs, qs, bpp, pairs, !accumulate);
+    micro_store(tile, NR, acc);
+    for (int64_t r = 0; r < rows; r++) memcpy(ct + r * ldc, tile + r * NR, sizeof *tile * (size_t)cols);
+}
+
+CX_BF16_TARGET void cx_bf16_gemm_panels(float *c, int64_t ldc, bool accumulate, const uint32_t *ap, const uint16_t *a,
+                                        int64_t lda, const uint32_t *bp, int64_t m, int64_t n, int64_t k, bool room)
+{
+    const int64_t pairs = (k + 1) / 2;
+    for (int64_t cp = 0; cp < n; cp += NR) {
+        const uint16_t *bpp = (const uint16_t *)(bp + cp * pairs);
+        for (int64_t rp = 0; rp < m; rp += MR) {
+            const int64_t rows = min64(MR, m - rp), cols = min64(NR, n - cp);
+            if (ap) tile_product(c + rp * ldc + cp, ldc, accumulate, (const char *)(ap + rp * pairs), 4, 4 * MR, bpp,
+                                 pairs, rows, cols, room);
+            else tile_product(c + rp * ldc + cp, ldc, accumulate, (const char *)(a + rp * lda), 2 * lda, 4, bpp,
+                              pairs, rows, cols, room);
+        }
+    }
+}
+#else
+/* without the micro-kernel no caller asks for these (cx_isa_active() is
+ * below CX_ISA_AVX512_BF16) */
+void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
+                        int64_t width)
+{
+    (void)dst; (void)ldd; (void)src; (void)lds; (void)rows; (void)cols; (void)width;
+    CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
+}
+
+void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n)
+{
+    (void)bp; (void)b; (void)ldb; (void)k; (void)n;
+    CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
+}
+
+void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k)
+{
+    (void)ap; (void)a; (void)lda; (void)m; (void)k;
+    CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
+}
+
+void cx_bf16_gemm_panels(float *c, int64_t ldc, bool accumulate, const uint32_t *ap, const uint16_t *a, int64_t lda,
+                         const uint32_t *bp, int64_t m, int64_t n, int64_t k, bool room)
+{
+    (void)c; (void)ldc; (void)accumulate; (void)ap; (void)a; (void)lda; (void)bp; (void)m; (void)n; (void)k;
+    (void)room;
+    CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
+}
+#endif

@@ -110,11 +110,15 @@ void cx_wino_bwd_input(float *dx, const float *dy, const float *w, const float *
                        void *scratch, size_t scratch_bytes);
 void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_conv_geom *g, void *scratch,
                         size_t scratch_bytes);
-/* The same on bf16 tensors, in the same scratch: the f32 kernels' sums
- * (bit for bit), rounded once into y or dx. w is the bf16 weights widened
- * (f32); y gets round(sum), then with a bias + bias rounded to bf16,
- * rounded, and relu; dx is zeroed where posmask (or NULL) is not > 0; dw
- * stays f32 for the caller to round. */
+/* The same on bf16 tensors, in cx_wino_bf16_scratch_bytes. Without
+ * AVX512_BF16 the sums are the f32 kernels' (bit for bit); with it the 16
+ * products run on vdpbf16ps, their operands (U and V, or Z and Vt)
+ * rounded to bf16 as cx_bf16_round_rows does and summed in f32. The sums
+ * are rounded once into y or dx. w is the bf16 weights widened (f32); y
+ * gets round(sum), then with a bias + bias rounded to bf16, rounded, and
+ * relu; dx is zeroed where posmask (or NULL) is not > 0; dw stays f32 for
+ * the caller to round. */
+size_t cx_wino_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
 void cx_wino_fwd_bf16(uint16_t *y, const uint16_t *x, const float *w, const float *bias, bool relu,
                       const cx_conv_geom *g, void *scratch, size_t scratch_bytes);
 void cx_wino_bwd_input_bf16(uint16_t *dx, const uint16_t *dy, const float *w, const uint16_t *posmask,
@@ -337,6 +341,29 @@ void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, 
 void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
                         int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                         void *scratch, size_t scratch_bytes);
+
+/* Products for a pool task that makes its own operands in f32
+ * (Winograd's bf16 products), in the calling thread; only with
+ * AVX512_BF16 (cx_isa_active()). Operands are rounded to bf16 by
+ * vcvtneps2bf16: to nearest even, denormals flushed to zero.
+ *  - cx_bf16_round_rows: dst (rows, width) (ld ldd) = src (rows, cols)
+ *    (ld lds) rounded, columns past cols 0;
+ *  - cx_bf16_pack_b_f32: B (k, n) f32 (ld ldb) rounded into
+ *    cx_bf16_panel_words(n, k, false) words of panels;
+ *  - cx_bf16_pack_a: A (m, k) bf16 (ld lda) into
+ *    cx_bf16_panel_words(m, k, true) words;
+ *  - cx_bf16_gemm_panels: c (m, n) (ld ldc) = A B, or c + A B with
+ *    accumulate, summed in f32; A packed (ap), or else bf16 rows read in
+ *    place (a, ld lda, k even, and round_up(m, 12) rows readable). With
+ *    room, c has round_up(m, 12) rows and round_up(n, 32) columns to
+ *    write whole tiles into (the excess gets what the padding gives). */
+size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side);
+void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
+                        int64_t width);
+void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n);
+void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k);
+void cx_bf16_gemm_panels(float *c, int64_t ldc, bool accumulate, const uint32_t *ap, const uint16_t *a, int64_t lda,
+                         const uint32_t *bp, int64_t m, int64_t n, int64_t k, bool room);
 
 /* torch.gather / scatter_add on a tensor viewed as (outer, dim, inner):
  * out (outer, idx_dim, inner); index (outer, idx_dim, inner) of i64.

@@ -18,12 +18,16 @@
  * The transforms use only additions and halvings, so the results differ
  * from im2col's by rounding only (a few ulps of the sums involved).
  *
- * The bf16 entry points run the same f32 transforms and products on bf16
- * tensors: the transforms widen what they read (rows a tile row at a
- * time, already copied for the padding) and round what they write, a
- * tile row in L1, so the bf16 conv needs no widened copy of its operands
- * and no rounding pass over its output; the sums are the f32 kernel's
- * bit for bit.
+ * The bf16 entry points run the same f32 transforms on bf16 tensors: the
+ * transforms widen what they read (rows a tile row at a time, already
+ * copied for the padding) and round what they write, a tile row in L1,
+ * so the bf16 conv needs no widened copy of its operands and no rounding
+ * pass over its output. Without AVX512_BF16 the products are the f32
+ * kernel's too, and so are the sums, bit for bit. With it the 16
+ * products run on vdpbf16ps (gemm_bf16.c's micro-kernel): U, and V or Z
+ * and Vt, are rounded to bf16 as they are packed, and M (forward-like)
+ * is padded to whole 12 x 32 tiles so the micro-kernel stores it
+ * directly.
  */
 #include "kernels.h"
 #include "pool.h"
@@ -94,36 +98,73 @@ static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
  * gradient the thread's dU and the block's input rows in channels-last
  * order. */
 typedef struct {
-    size_t v, m, rows, stage, du, xt, total;
+    size_t v, m, rows, stage, du, xt, zh, bp, total;
 } lane_layout;
 
-static lane_layout lane_of(const wino_shape *s, wino_dir dir)
+enum { TILE_ROWS = 12, TILE_COLS = 32 };   /* the bf16 micro-kernel's tile */
+
+static int64_t round_to(int64_t x, int64_t to) { return ceil_div(x, to) * to; }
+
+/* M's row length: tb, or with the bf16 products whole tiles' worth */
+static int64_t m_ld(int64_t tb, bool products_bf16) { return products_bf16 ? round_to(tb, TILE_COLS) : tb; }
+
+/* the distance between M's 16 matrices of a block of tb tiles */
+static int64_t m_stride(const wino_shape *s, int64_t tb, bool products_bf16)
+{
+    return products_bf16 ? xi_stride(round_to(s->cout, TILE_ROWS) * m_ld(tb, true)) : xi_stride(s->cout * tb);
+}
+
+/* Z rounded for the weight gradient's bf16 products: rows of an even
+ * length (pairs read in place), whole tiles' worth of rows */
+static int64_t zh_ld(int64_t tb) { return round_to(tb, 2); }
+static int64_t zh_stride(const wino_shape *s, int64_t tb) { return xi_stride(round_to(s->cout, TILE_ROWS) * zh_ld(tb)); }
+
+/* With bf16 tensors, also room for the bf16 products (which of the
+ * routes runs is the CPU's: the plan holds either): M's padding, one
+ * product's B panels, and for the weight gradient Z rounded. */
+static lane_layout lane_of(const wino_shape *s, wino_dir dir, bool bf16)
 {
     lane_layout l;
     const int64_t tb = s->rows * s->tw;
+    const bool weight = dir == WINO_BWD_WEIGHT;
     l.v = 0;
     l.m = l.v + (size_t)(16 * xi_stride(s->cin * tb));
-    l.rows = l.m + (size_t)(16 * xi_stride(s->cout * tb));
+    l.rows = l.m + (size_t)(16 * (bf16 && !weight ? m_stride(s, tb, true) : xi_stride(s->cout * tb)));
     l.stage = l.rows + round16((2 * s->rows + 2) * (2 * s->tw + 2));
     l.du = l.stage + round16(2 * s->rows * s->ow);
     l.xt = l.du + (dir == WINO_BWD_WEIGHT ? (size_t)(16 * xi_stride(s->cout * s->cin)) : 0);
-    l.total = l.xt + (dir == WINO_BWD_WEIGHT ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
+    l.zh = l.xt + (weight ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
+    l.bp = l.zh + (bf16 && weight ? round16(16 * zh_stride(s, tb) / 2 + 8) : 0);
+    l.total = l.bp + (!bf16 ? 0
+                      : weight ? round16((int64_t)cx_bf16_panel_words(s->cin, tb, false))
+                               : round16((int64_t)cx_bf16_panel_words(tb, s->cin, false)));
     return l;
 }
 
-/* Floats shared by all threads: the transformed weights. */
-static size_t shared_floats(const wino_shape *s, wino_dir dir)
+/* The transformed weights, shared by all threads (forward-like): U in
+ * f32, and with bf16 tensors U rounded to bf16 and its 16 products' A
+ * panels (up_words() words each). */
+static size_t u_floats(const wino_shape *s) { return (size_t)(16 * xi_stride(s->cout * s->cin)); }
+static size_t uh_floats(const wino_shape *s) { return round16(8 * xi_stride(s->cout * s->cin) + 8); }
+static int64_t up_words(const wino_shape *s) { return (int64_t)round16((int64_t)cx_bf16_panel_words(s->cout, s->cin, true)); }
+
+static size_t shared_floats(const wino_shape *s, wino_dir dir, bool bf16)
 {
-    return dir == WINO_BWD_WEIGHT ? 0 : (size_t)(16 * xi_stride(s->cout * s->cin));
+    if (dir == WINO_BWD_WEIGHT) return 0;
+    return u_floats(s) + (bf16 ? uh_floats(s) + 16 * (size_t)up_words(s) : 0);
 }
 
-size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir)
+static size_t scratch_bytes(const cx_conv_geom *g, int dir, bool bf16)
 {
     wino_shape s = shape_of(g, (wino_dir)dir);
     int64_t lanes = min64(g->n, max64(1, cx_get_num_threads()));
-    return (shared_floats(&s, (wino_dir)dir) + (size_t)lanes * lane_of(&s, (wino_dir)dir).total) * sizeof(float) +
+    return (shared_floats(&s, (wino_dir)dir, bf16) + (size_t)lanes * lane_of(&s, (wino_dir)dir, bf16).total) *
+               sizeof(float) +
            WINO_ALIGN;
 }
+
+size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir) { return scratch_bytes(g, dir, false); }
+size_t cx_wino_bf16_scratch_bytes(const cx_conv_geom *g, int dir) { return scratch_bytes(g, dir, true); }
 
 /* ---- transforms ----------------------------------------------------------- */
 
@@ -346,11 +387,11 @@ static inline void round_out(uint16_t *restrict dst, const float *restrict sums,
  * round_out applies the epilogue (posmask: pmh) rounding them into yh in
  * one run (a tile row's two rows alone were too short a run to vectorize
  * well). */
-CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const float *m, const wino_shape *s,
-                                    int64_t i0, int64_t i1, const float *bias, bool relu, const float *posmask,
-                                    const uint16_t *pmh)
+CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const float *m, int64_t ldm, int64_t stride,
+                                    const wino_shape *s, int64_t i0, int64_t i1, const float *bias, bool relu,
+                                    const float *posmask, const uint16_t *pmh)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
+    const int64_t tw = s->tw, ow = s->ow;
     const bool f32_epi = !yh;
     for (int64_t o = 0; o < s->cout; o++) {
         float *plane = f32_epi ? y + o * s->oh * ow : NULL;
@@ -360,7 +401,7 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
         const bool frelu = f32_epi && relu;
         const float bh = bias ? cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[o])) : 0.0f;
         for (int64_t i = i0; i < i1; i++) {
-            const float *src = m + o * tb + (i - i0) * tw;
+            const float *src = m + o * ldm + (i - i0) * tw;
             float *y0 = f32_epi ? plane + 2 * i * ow : stage + 2 * (i - i0) * ow;
             float *y1 = 2 * i + 1 < s->oh ? y0 + ow : NULL;
             const float *pm0 = mplane ? mplane + 2 * i * ow : NULL, *pm1 = pm0 && y1 ? pm0 + ow : NULL;
@@ -522,6 +563,8 @@ typedef struct {
     float *lanes_base;       /* lanes * lane.total floats */
     int64_t lanes;
     const float *u;          /* transformed weights (forward-like) */
+    bool products_bf16;      /* bf16 tensors with AVX512_BF16: the products on vdpbf16ps */
+    const uint32_t *up;      /* then U's A panels, up_words() each */
     const float *in;         /* x, or dy for the input gradient */
     const float *dy;         /* weight gradient */
     float *out;              /* y or dx */
@@ -544,12 +587,23 @@ CX_HOT static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i
     const int64_t in_at = n * s->cin * s->h * s->w;
     transform_input(v, lane + j->lane.rows, j->in_h ? NULL : j->in + in_at, j->in_h ? j->in_h + in_at : NULL, s, i0,
                     i1);
-    for (int x = 0; x < 16; x++)
-        cx_sgemm_serial(false, false, s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin,
-                        v + x * xi_stride(s->cin * tb), tb, 0.0f, m + x * xi_stride(s->cout * tb), tb);
+    const bool half = j->products_bf16;
+    const int64_t ldm = m_ld(tb, half), ms = m_stride(s, tb, half);
+    if (half) {
+        uint32_t *bp = (uint32_t *)(lane + j->lane.bp);
+        for (int x = 0; x < 16; x++) {
+            cx_bf16_pack_b_f32(bp, v + x * xi_stride(s->cin * tb), tb, s->cin, tb);
+            cx_bf16_gemm_panels(m + x * ms, ldm, false, j->up + x * up_words(s), NULL, 0, bp, s->cout, tb, s->cin,
+                                true);
+        }
+    } else {
+        for (int x = 0; x < 16; x++)
+            cx_sgemm_serial(false, false, s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin,
+                            v + x * xi_stride(s->cin * tb), tb, 0.0f, m + x * ms, ldm);
+    }
     const int64_t at = n * s->cout * s->oh * s->ow;
-    transform_output(j->out_h ? NULL : j->out + at, j->out_h ? j->out_h + at : NULL, lane + j->lane.stage, m, s, i0,
-                     i1, j->bias, j->relu, j->posmask ? j->posmask + at : NULL,
+    transform_output(j->out_h ? NULL : j->out + at, j->out_h ? j->out_h + at : NULL, lane + j->lane.stage, m, ldm, ms,
+                     s, i0, i1, j->bias, j->relu, j->posmask ? j->posmask + at : NULL,
                      j->posmask_h ? j->posmask_h + at : NULL);
 }
 
@@ -560,7 +614,9 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
     float *v = lane + j->lane.v, *z = lane + j->lane.m, *du = lane + j->lane.du, *zero = lane + j->lane.rows;
     memset(zero, 0, sizeof(float) * (size_t)s->ow);
     bool first = true;
-    const bool bf16 = j->in_h != NULL;
+    const bool bf16 = j->in_h != NULL, half = j->products_bf16;
+    uint16_t *zh = (uint16_t *)(lane + j->lane.zh);
+    uint32_t *bp = (uint32_t *)(lane + j->lane.bp);
     for (int64_t n = n0; n < n1; n++)
         for (int64_t i0 = 0; i0 < s->th; i0 += s->rows) {
             const int64_t i1 = min64(i0 + s->rows, s->th), tb = (i1 - i0) * s->tw;
@@ -570,7 +626,15 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             transform_grad(z, lane + j->lane.stage, zero, bf16 ? NULL : j->dy + dy_at, bf16 ? j->dy_h + dy_at : NULL,
                            s, i0, i1);
-            for (int x = 0; x < 16; x++)
+            for (int x = 0; x < 16 && half; x++) {
+                /* Z's rows rounded, read in place as the micro-kernel's A */
+                uint16_t *zx = zh + x * zh_stride(s, tb);
+                cx_bf16_round_rows(zx, zh_ld(tb), z + x * xi_stride(s->cout * tb), tb, s->cout, tb, zh_ld(tb));
+                cx_bf16_pack_b_f32(bp, v + x * xi_stride(tb * s->cin), s->cin, tb, s->cin);
+                cx_bf16_gemm_panels(du + x * xi_stride(s->cout * s->cin), s->cin, !first, NULL, zx, zh_ld(tb), bp,
+                                    s->cout, s->cin, zh_ld(tb), false);
+            }
+            for (int x = 0; x < 16 && !half; x++)
                 cx_sgemm_serial(false, false, s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb,
                                 v + x * xi_stride(tb * s->cin), s->cin, first ? 0.0f : 1.0f,
                                 du + x * xi_stride(s->cout * s->cin), s->cin);
@@ -604,13 +668,15 @@ CX_HOT static void wino_each(void *p, int64_t tid, int64_t nthreads)
  * (the thread count may have grown since the scratch was sized). */
 static float *setup(wino_job *j, const cx_conv_geom *g, wino_dir dir, void *scratch, size_t scratch_bytes)
 {
+    const bool bf16 = j->in_h != NULL;
     j->s = shape_of(g, dir);
     j->dir = dir;
-    j->lane = lane_of(&j->s, dir);
+    j->lane = lane_of(&j->s, dir, bf16);
+    j->products_bf16 = bf16 && cx_isa_active() >= CX_ISA_AVX512_BF16;
     uintptr_t p = ((uintptr_t)scratch + WINO_ALIGN - 1) & ~(uintptr_t)(WINO_ALIGN - 1);
     float *base = (float *)p;
     size_t usable = (scratch_bytes - (size_t)(p - (uintptr_t)scratch)) / sizeof(float);
-    size_t shared = shared_floats(&j->s, dir);
+    size_t shared = shared_floats(&j->s, dir, bf16);
     j->lanes_base = base + shared;
     j->lanes = usable > shared ? min64(g->n, (int64_t)((usable - shared) / j->lane.total)) : 0;
     if (j->lanes < 1) j->lanes = 1;   /* never: the scratch is sized for one lane at least */
@@ -626,6 +692,17 @@ static void run_forward_like(wino_job *j, const cx_conv_geom *g, wino_dir dir, c
     float *u = setup(j, g, dir, scratch, scratch_bytes);
     transform_weights(u, w, g->o, g->c, dir == WINO_BWD_INPUT);
     j->u = u;
+    if (j->products_bf16) {
+        const wino_shape *s = &j->s;
+        const int64_t xs = xi_stride(s->cout * s->cin);
+        uint16_t *uh = (uint16_t *)(u + u_floats(s));
+        uint32_t *up = (uint32_t *)(u + u_floats(s) + uh_floats(s));
+        for (int x = 0; x < 16; x++) {
+            cx_bf16_round_rows(uh + x * xs, s->cin, u + x * xs, s->cin, s->cout, s->cin, s->cin);
+            cx_bf16_pack_a(up + x * up_words(s), uh + x * xs, s->cin, s->cout, s->cin);
+        }
+        j->up = up;
+    }
     j->in = in;
     j->out = out;
     cx_pool_run_each(wino_each, j);

@@ -67,8 +67,10 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
         cx_kernel_conv_geom(k, &g);
         bool bf16 = k->in[0].dtype == CX_BF16;
         if (bf16 && cx_conv2d_bf16_plans_gemm(&g)) cx_sb_printf(b, "bf16 im2col + bf16 GEMM");
+        else if (cx_wino_applies(&g) && !bf16) cx_sb_printf(b, "Winograd F(2x2,3x3)");
         else if (cx_wino_applies(&g))
-            cx_sb_printf(b, "%s", bf16 ? "Winograd F(2x2,3x3) on bf16, f32 transforms and sgemm" : "Winograd F(2x2,3x3)");
+            cx_sb_printf(b, "Winograd F(2x2,3x3) on bf16, f32 transforms, %s",
+                         cx_isa_active() >= CX_ISA_AVX512_BF16 ? "products on vdpbf16ps" : "sgemm products");
         else cx_sb_printf(b, "%s", bf16 ? "bf16 widened, im2col + sgemm" : "im2col + sgemm");
         break;
     }

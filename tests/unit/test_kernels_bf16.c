@@ -480,10 +480,11 @@ static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want
 }
 
 /* The folded epilogue on the route that does not take the GEMM, against
- * the unfolded program's steps on the f32 kernel's sums f: y =
- * relu(round(round(f) + bf16(bias[o]))), dx = round(f) where posmask > 0. */
-static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, const float *f, const cx_conv_geom *g,
-                           void *scratch, size_t bytes)
+ * the unfolded program's steps on the same kernel's output without it
+ * (plain, the rounded sums): y = relu(round(plain + bf16(bias[o]))), dx =
+ * plain where posmask > 0. */
+static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, const uint16_t *plain,
+                           const cx_conv_geom *g, void *scratch, size_t bytes)
 {
     const int64_t ch = dir == 0 ? g->o : g->c, plane = dir == 0 ? g->oh * g->ow : g->h * g->w;
     const size_t n = (size_t)(g->n * ch * plane);
@@ -494,7 +495,7 @@ static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, co
     cx_bf16_epi e = { .bias = dir == 0 ? bias : NULL, .relu = dir == 0, .posmask = dir == 1 ? mask : NULL };
     cx_conv2d_bf16(dir, h, in0, in1, g, &e, scratch, bytes);
     for (size_t i = 0; i < n; i++) {
-        uint16_t want = cx_f32_to_bf16(f[i]);
+        uint16_t want = plain[i];
         if (dir == 0) want = cx_bf16_add_bias_inline(want, cx_bf16_to_f32(cx_f32_to_bf16(bias[(int64_t)i / plane % ch])), true);
         else want = cx_bf16_to_f32(mask[i]) > 0.0f ? want : 0;
         cr_assert_eq(h[i], want, "%s[%zu] with its epilogue: 0x%04x, want 0x%04x", dir ? "dx" : "y", i, h[i], want);
@@ -502,11 +503,198 @@ static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, co
     free(bias); free(mask); free(h);
 }
 
+/* ---- Winograd's bf16 products, emulated -------------------------------------------------
+ * With AVX512_BF16 a bf16 conv of Winograd's shape rounds the transformed
+ * operands to bf16 for vdpbf16ps: U = G g G^T and V = B^T d B (the
+ * forward, and the input gradient as a forward of dy with the kernels
+ * rotated and transposed, padding 2 - pad), Z = A dy A^T and V for the
+ * weight gradient, dw = G^T (sum Z V) G. This computes the same in
+ * double, with the same roundings (of values that are exact in f32 here:
+ * sums of a few bf16 values), and the sum of the terms' magnitudes: the
+ * kernel's f32 sums and final rounding lie within 2^-8 of the value plus
+ * 2^-14 of that magnitude, while a lost or misplaced product moves a
+ * value by about 2^-8 of it or more. */
+
+static double bf16_rounded(double v) { return cx_bf16_to_f32(cx_f32_to_bf16((float)v)); }
+
+/* U (16) of the 3x3 kernel k, as transform_weights computes it */
+static void wino_u(double u[16], const float k[9])
+{
+    double t[4][3];
+    for (int b = 0; b < 3; b++) {
+        t[0][b] = k[b];
+        t[1][b] = 0.5 * (k[b] + k[3 + b] + k[6 + b]);
+        t[2][b] = 0.5 * (k[b] - k[3 + b] + k[6 + b]);
+        t[3][b] = k[6 + b];
+    }
+    for (int a = 0; a < 4; a++) {
+        u[a * 4 + 0] = t[a][0];
+        u[a * 4 + 1] = 0.5 * (t[a][0] + t[a][1] + t[a][2]);
+        u[a * 4 + 2] = 0.5 * (t[a][0] - t[a][1] + t[a][2]);
+        u[a * 4 + 3] = t[a][2];
+    }
+}
+
+/* V (16) = B^T d B of the 4x4 tile at (r0, c0) of plane p (h, w), zero outside */
+static void wino_v(double v[16], const float *p, int64_t h, int64_t w, int64_t r0, int64_t c0)
+{
+    double d[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) {
+            int64_t y = r0 + r, x = c0 + c;
+            d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? p[y * w + x] : 0.0;
+        }
+    double t[4][4];
+    for (int c = 0; c < 4; c++) {
+        t[0][c] = d[0][c] - d[2][c];
+        t[1][c] = d[1][c] + d[2][c];
+        t[2][c] = d[2][c] - d[1][c];
+        t[3][c] = d[1][c] - d[3][c];
+    }
+    for (int a = 0; a < 4; a++) {
+        v[a * 4 + 0] = t[a][0] - t[a][2];
+        v[a * 4 + 1] = t[a][1] + t[a][2];
+        v[a * 4 + 2] = t[a][2] - t[a][1];
+        v[a * 4 + 3] = t[a][1] - t[a][3];
+    }
+}
+
+/* out (2x2) = A^T m A */
+static void wino_out(double out[2][2], const double m[16])
+{
+    double t[2][4];
+    for (int k = 0; k < 4; k++) {
+        t[0][k] = m[k] + m[4 + k] + m[8 + k];
+        t[1][k] = m[4 + k] - m[8 + k] - m[12 + k];
+    }
+    for (int r = 0; r < 2; r++) {
+        out[r][0] = t[r][0] + t[r][1] + t[r][2];
+        out[r][1] = t[r][1] - t[r][2] - t[r][3];
+    }
+}
+
+/* y (n, co, oh, ow) from x (n, ci, h, w) and kernels k(o, c) (9 floats
+ * at kern + (o * ci + c) * 9, rotated with flip): want and the bound */
+static void emulate_fwd(double *want, double *mag, const float *x, int64_t n, int64_t ci, int64_t h, int64_t w,
+                        const float *kern, bool flip, int64_t co, int64_t pad, int64_t oh, int64_t ow)
+{
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t ti = 0; ti < (oh + 1) / 2; ti++)
+            for (int64_t tj = 0; tj < (ow + 1) / 2; tj++)
+                for (int64_t o = 0; o < co; o++) {
+                    double m[16] = { 0 }, ma[16] = { 0 };
+                    for (int64_t c = 0; c < ci; c++) {
+                        float k[9];
+                        const float *src = flip ? kern + (c * co + o) * 9 : kern + (o * ci + c) * 9;
+                        for (int e = 0; e < 9; e++) k[e] = flip ? src[8 - e] : src[e];
+                        double u[16], v[16];
+                        wino_u(u, k);
+                        wino_v(v, x + (b * ci + c) * h * w, h, w, 2 * ti - pad, 2 * tj - pad);
+                        for (int e = 0; e < 16; e++) {
+                            double t = bf16_rounded(u[e]) * bf16_rounded(v[e]);
+                            m[e] += t;
+                            ma[e] += fabs(t);
+                        }
+                    }
+                    double out[2][2], oa[2][2];
+                    wino_out(out, m);
+                    /* A's coefficients are 0 and +-1: its sum of magnitudes */
+                    for (int r = 0; r < 2; r++)
+                        for (int c = 0; c < 2; c++) {
+                            oa[r][c] = 0;
+                            for (int a = 0; a < 4; a++)
+                                for (int q = 0; q < 4; q++)
+                                    if ((r ? a >= 1 : a <= 2) && (c ? q >= 1 : q <= 2)) oa[r][c] += ma[a * 4 + q];
+                        }
+                    for (int r = 0; r < 2; r++)
+                        for (int c = 0; c < 2; c++) {
+                            int64_t y = 2 * ti + r, xx = 2 * tj + c;
+                            if (y >= oh || xx >= ow) continue;
+                            want[((b * co + o) * oh + y) * ow + xx] = out[r][c];
+                            mag[((b * co + o) * oh + y) * ow + xx] = oa[r][c];
+                        }
+                }
+}
+
+/* dw (o, c, 3, 3) from x and dy */
+static void emulate_dw(double *want, double *mag, const float *x, const float *dy, const cx_conv_geom *g)
+{
+    const int64_t th = (g->oh + 1) / 2, tw = (g->ow + 1) / 2;
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < g->c; c++) {
+            double du[16] = { 0 }, da[16] = { 0 };
+            for (int64_t b = 0; b < g->n; b++)
+                for (int64_t ti = 0; ti < th; ti++)
+                    for (int64_t tj = 0; tj < tw; tj++) {
+                        const float *p = dy + (b * g->o + o) * g->oh * g->ow;
+                        double e[2][2];
+                        for (int r = 0; r < 2; r++)
+                            for (int q = 0; q < 2; q++) {
+                                int64_t y = 2 * ti + r, xx = 2 * tj + q;
+                                e[r][q] = y < g->oh && xx < g->ow ? p[y * g->ow + xx] : 0.0;
+                            }
+                        const double t[4][2] = { { e[0][0], e[0][1] }, { e[0][0] + e[1][0], e[0][1] + e[1][1] },
+                                                 { e[0][0] - e[1][0], e[0][1] - e[1][1] }, { -e[1][0], -e[1][1] } };
+                        double z[16], v[16];
+                        for (int a = 0; a < 4; a++) {
+                            z[a * 4 + 0] = t[a][0];
+                            z[a * 4 + 1] = t[a][0] + t[a][1];
+                            z[a * 4 + 2] = t[a][0] - t[a][1];
+                            z[a * 4 + 3] = -t[a][1];
+                        }
+                        wino_v(v, x + (b * g->c + c) * g->h * g->w, g->h, g->w, 2 * ti - g->pad_h, 2 * tj - g->pad_w);
+                        for (int q = 0; q < 16; q++) {
+                            double term = bf16_rounded(z[q]) * bf16_rounded(v[q]);
+                            du[q] += term;
+                            da[q] += fabs(term);
+                        }
+                    }
+            /* G^T dU G, G's coefficients 1 and 0.5: magnitudes through |G| */
+            double *out = want + (o * g->c + c) * 9, *oa = mag + (o * g->c + c) * 9;
+            for (int pass = 0; pass < 2; pass++) {
+                const double *d = pass ? da : du;
+                double t[3][4], *res = pass ? oa : out;
+                for (int k = 0; k < 4; k++) {
+                    t[0][k] = d[k] + 0.5 * (d[4 + k] + d[8 + k]);
+                    t[1][k] = 0.5 * (pass ? d[4 + k] + d[8 + k] : d[4 + k] - d[8 + k]);
+                    t[2][k] = 0.5 * (d[4 + k] + d[8 + k]) + d[12 + k];
+                }
+                for (int a = 0; a < 3; a++) {
+                    res[a * 3 + 0] = t[a][0] + 0.5 * (t[a][1] + t[a][2]);
+                    res[a * 3 + 1] = 0.5 * (pass ? t[a][1] + t[a][2] : t[a][1] - t[a][2]);
+                    res[a * 3 + 2] = 0.5 * (t[a][1] + t[a][2]) + t[a][3];
+                }
+            }
+        }
+}
+
+/* One direction of a bf16 conv of Winograd's shape with AVX512_BF16
+ * against the emulation (dw is rounded once from its f32 sums too). */
+static void check_wino_products(int dir, const uint16_t *got, const float *xf, const float *wf, const float *dyf,
+                                const cx_conv_geom *g, size_t n)
+{
+    double *want = malloc(sizeof *want * n), *mag = malloc(sizeof *mag * n);
+    cr_assert(want && mag);
+    if (dir == 0) emulate_fwd(want, mag, xf, g->n, g->c, g->h, g->w, wf, false, g->o, g->pad_h, g->oh, g->ow);
+    else if (dir == 1) emulate_fwd(want, mag, dyf, g->n, g->o, g->oh, g->ow, wf, true, g->c, 2 - g->pad_h, g->h, g->w);
+    else emulate_dw(want, mag, xf, dyf, g);
+    static const char *const names[3] = { "y", "dx", "dw" };
+    for (size_t i = 0; i < n; i++) {
+        double v = cx_bf16_to_f32(got[i]);
+        cr_assert(fabs(v - want[i]) <= ldexp(fabs(want[i]), -8) + ldexp(mag[i], -14),
+                  "%s[%zu] = %.6g, the bf16 products emulated %.6g (terms' magnitude %.3g)", names[dir], i, v,
+                  want[i], mag[i]);
+    }
+    free(want);
+    free(mag);
+}
+
 /* For every direction, through Winograd (3x3, stride 1) and through the
  * direct kernels (strided, dilated, grouped), on one chunk of images and
- * on several: cx_conv2d_bf16 on the route this level takes, and the GEMM
- * route itself on every level (without AVX512_BF16 its GEMM widens its
- * tiles). */
+ * on several: cx_conv2d_bf16 on the route this level takes (Winograd's
+ * shape with AVX512_BF16 against the emulation of its bf16 products,
+ * every other against the f32 kernel), and the GEMM route itself on every
+ * level (without AVX512_BF16 its GEMM widens its tiles). */
 static void check_conv(cx_conv_geom g)
 {
     cr_assert(cx_conv_geom_finish(&g));
@@ -536,8 +724,9 @@ static void check_conv(cx_conv_geom g)
         /* the GEMM route's looser check only where that route ran: with
          * AVX512_BF16 a shape it does not win still widens, rounded once */
         bool took_gemm = hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false);
-        check_dir(dir, took_gemm, h, f, n, &g);
-        if (dir < 2 && !took_gemm) check_epilogue(dir, in0, in1, f, &g, s16, b16);
+        if (hw && cx_wino_applies(&g)) check_wino_products(dir, h, xf, wf, dyf, &g, n);
+        else check_dir(dir, took_gemm, h, f, n, &g);
+        if (dir < 2 && !took_gemm) check_epilogue(dir, in0, in1, h, &g, s16, b16);
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, NULL, sg, bg);
         check_dir(dir, true, h, f, n, &g);
@@ -547,7 +736,10 @@ static void check_conv(cx_conv_geom g)
         void *so = scratch_of(bo);
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16(dir, h, in0, in1, &g, NULL, so, bo);
-        check_dir(dir, true, h, f, n, &g);
+        /* Winograd's shape takes the GEMM route only in a scratch too small for its own */
+        if (hw && cx_wino_applies(&g) && bo >= cx_conv2d_bf16_route_scratch_bytes(&g, dir, false))
+            check_wino_products(dir, h, xf, wf, dyf, &g, n);
+        else check_dir(dir, true, h, f, n, &g);
         free(s32); free(s16); free(sg); free(so);
     }
     free(x); free(w); free(dy); free(xf); free(wf); free(dyf); free(f); free(h);
