@@ -450,10 +450,11 @@ Test(bf16_attention, every_route_against_the_f32_kernel)
 
 /* ---- convolution -------------------------------------------------------------------- */
 
-/* The widening route's weight gradient of more than 8 images is summed
- * over chunks of images in f32 (the kernel takes up to 8 at a time), in
- * another order than the f32 kernel's over the whole batch: within one
- * bf16 rounding of it, plus f32 sums' error on the largest value. */
+/* The widening route's weight gradient of a batch split into chunks of
+ * images (the f32 copies of a chunk within 4 MB) is summed over the
+ * chunks in f32, in another order than the f32 kernel's over the whole
+ * batch: within one bf16 rounding of it, plus f32 sums' error on the
+ * largest value. */
 static void check_summed(const char *what, const uint16_t *got, const float *want, size_t n)
 {
     double big = 0;
@@ -475,6 +476,7 @@ static void check_summed(const char *what, const uint16_t *got, const float *wan
 static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want, size_t n, const cx_conv_geom *g)
 {
     static const char *const names[3] = { "y", "dx", "dw" };
+    /* more than 8 images: maybe more than one chunk */
     if (gemm || (dir == 2 && g->n > 8 && !cx_wino_applies(g))) check_summed(names[dir], got, want, n);
     else check_rounded(names[dir], got, want, n);
 }
@@ -768,7 +770,12 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     check_conv(wide);
     wide.pad_h = 2; wide.pad_w = 2; /* dx's padding 0 */
     check_conv(wide);
-    direct.n = 17; /* 6, 6, 5 */
+    direct.n = 17;
+    check_conv(direct);
+    /* planes large enough for the widening route to split 17 images into
+     * chunks (9 and 8) */
+    direct.h = 96;
+    direct.w = 96;
     check_conv(direct);
     /* the seed cnn's first conv: one channel, so K = 9, odd (the GEMM pads
      * its pairs) */
