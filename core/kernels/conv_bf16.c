@@ -4,7 +4,7 @@
  * products run on vdpbf16ps. Where Winograd applies, its transforms read
  * and write bf16 themselves (winograd.c) and the epilogue is applied as
  * they round. Elsewhere the operands are widened into f32 copies in the
- * scratch, up to 8 images at a time, for the f32 kernels (conv.c), the
+ * scratch, a chunk of images at a time, for the f32 kernels (conv.c), the
  * weight gradient summed over the chunks in f32 first: widening is
  * O(inputs) against the kernels' O(inputs x kernel window x channels),
  * and the graph's tensors (activations saved for backward included) stay
@@ -65,7 +65,8 @@ static size_t f32_scratch(const cx_conv_geom *g, int dir)
  * counts the scratch): as many as keep the f32 copies of x and y within
  * CHUNK_BYTES, in chunks of even size. Each chunk costs the widening,
  * the kernel's own passes and the rounding a pool dispatch each, which
- * 8 images at a time made 0.46x of f32 on the seed cnn's conv1. */
+ * 8 images at a time made the seed cnn's conv1 0.54x of f32 through the
+ * core (0.83x in chunks of 4 MB). */
 enum { CHUNK_BYTES = 4 << 20 };
 static int64_t chunk_of(const cx_conv_geom *g)
 {
@@ -307,6 +308,15 @@ static size_t widen_scratch(const cx_conv_geom *g, int dir)
     return aligned((size_t)a * 4) + aligned((size_t)b * 4) + aligned((size_t)o * 4) + acc + ALIGN_BYTES + f32;
 }
 
+/* The least the widening route (Winograd's included) runs in: Winograd
+ * runs as few lanes as its scratch holds, so a plan made for fewer
+ * threads than run now still takes it */
+static size_t widen_min_scratch(const cx_conv_geom *g, int dir)
+{
+    if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_bf16_min_scratch_bytes(g, dir);
+    return widen_scratch(g, dir);
+}
+
 size_t cx_conv2d_bf16_route_scratch_bytes(const cx_conv_geom *g, int dir, bool gemm)
 {
     return gemm ? gemm_scratch(g, dir, false) : widen_scratch(g, dir);
@@ -496,13 +506,17 @@ void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint
     if (dir == 2) round_n(out, u.acc, g->o * (g->c / g->groups) * g->kh * g->kw);
 }
 
-void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
-                    const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
+bool cx_conv2d_bf16_takes_gemm(const cx_conv_geom *g, int dir, size_t scratch_bytes)
 {
     /* a scratch planned for the other route (the persistent cache, another
      * CX_CPU_ISA) runs the route it fits */
-    bool gemm = cx_conv2d_bf16_plans_gemm(g) ? scratch_bytes >= gemm_scratch(g, dir, true)
-                                             : scratch_bytes < widen_scratch(g, dir);
-    if (gemm) cx_conv2d_bf16_gemm(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
+    return cx_conv2d_bf16_plans_gemm(g) ? scratch_bytes >= gemm_scratch(g, dir, true)
+                                        : scratch_bytes < widen_min_scratch(g, dir);
+}
+
+void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
+                    const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
+{
+    if (cx_conv2d_bf16_takes_gemm(g, dir, scratch_bytes)) cx_conv2d_bf16_gemm(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
     else widen_route(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
 }

@@ -91,6 +91,10 @@ typedef struct {
 } cx_bf16_epi;
 void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                     const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
+/* The route cx_conv2d_bf16 takes in scratch_bytes: the GEMM route where
+ * this level plans it and the scratch holds it, or where the scratch
+ * holds only it (the widening route's least is one Winograd lane). */
+bool cx_conv2d_bf16_takes_gemm(const cx_conv_geom *g, int dir, size_t scratch_bytes);
 /* y[i] kept where mask[i] > 0, else 0: relu's gradient over bf16 values. */
 void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n);
 /* the GEMM route itself, on any CPU (without AVX512_BF16 the GEMM widens
@@ -119,6 +123,8 @@ void cx_wino_bwd_weight(float *dw, const float *x, const float *dy, const cx_con
  * relu; dx is zeroed where posmask (or NULL) is not > 0; dw stays f32 for
  * the caller to round. */
 size_t cx_wino_bf16_scratch_bytes(const cx_conv_geom *g, int dir);
+/* the least they run in: one lane (one thread's share), whatever the threads */
+size_t cx_wino_bf16_min_scratch_bytes(const cx_conv_geom *g, int dir);
 void cx_wino_fwd_bf16(uint16_t *y, const uint16_t *x, const float *w, const float *bias, bool relu,
                       const cx_conv_geom *g, void *scratch, size_t scratch_bytes);
 void cx_wino_bwd_input_bf16(uint16_t *dx, const uint16_t *dy, const float *w, const uint16_t *posmask,

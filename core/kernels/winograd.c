@@ -19,10 +19,12 @@
  * from im2col's by rounding only (a few ulps of the sums involved).
  *
  * The bf16 entry points run the same f32 transforms on bf16 tensors: the
- * transforms widen what they read (rows a tile row at a time, already
- * copied for the padding) and round what they write, a tile row in L1,
- * so the bf16 conv needs no widened copy of its operands and no rounding
- * pass over its output. Without AVX512_BF16 the products are the f32
+ * transforms widen what they read (the input transform into the rows it
+ * copies for the padding, or a block's rows at once where there is none;
+ * the gradient transform a channel's block of dy rows) and the output
+ * transform rounds a channel's block of rows from an f32 stage, so the
+ * bf16 conv needs no widened copy of its operands and no rounding pass
+ * over its output. Without AVX512_BF16 the products are the f32
  * kernel's too, and so are the sums, bit for bit. With it the 16
  * products run on vdpbf16ps (gemm_bf16.c's micro-kernel): U, and V or Z
  * and Vt, are rounded to bf16 as they are packed, and M (forward-like)
@@ -131,7 +133,7 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir, bool bf16)
     l.m = l.v + (size_t)(16 * xi_stride(s->cin * tb));
     l.rows = l.m + (size_t)(16 * (bf16 && !weight ? m_stride(s, tb, true) : xi_stride(s->cout * tb)));
     l.stage = l.rows + round16((2 * s->rows + 2) * (2 * s->tw + 2));
-    l.du = l.stage + round16(2 * s->rows * s->ow);
+    l.du = l.stage + (bf16 ? round16(2 * s->rows * s->ow) : 0);
     l.xt = l.du + (dir == WINO_BWD_WEIGHT ? (size_t)(16 * xi_stride(s->cout * s->cin)) : 0);
     l.zh = l.xt + (weight ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
     l.bp = l.zh + (bf16 && weight ? round16(16 * zh_stride(s, tb) / 2 + 8) : 0);
@@ -154,17 +156,21 @@ static size_t shared_floats(const wino_shape *s, wino_dir dir, bool bf16)
     return u_floats(s) + (bf16 ? uh_floats(s) + 16 * (size_t)up_words(s) : 0);
 }
 
-static size_t scratch_bytes(const cx_conv_geom *g, int dir, bool bf16)
+static size_t scratch_bytes(const cx_conv_geom *g, int dir, bool bf16, int64_t lanes)
 {
     wino_shape s = shape_of(g, (wino_dir)dir);
-    int64_t lanes = min64(g->n, max64(1, cx_get_num_threads()));
     return (shared_floats(&s, (wino_dir)dir, bf16) + (size_t)lanes * lane_of(&s, (wino_dir)dir, bf16).total) *
                sizeof(float) +
            WINO_ALIGN;
 }
 
-size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir) { return scratch_bytes(g, dir, false); }
-size_t cx_wino_bf16_scratch_bytes(const cx_conv_geom *g, int dir) { return scratch_bytes(g, dir, true); }
+static int64_t planned_lanes(const cx_conv_geom *g) { return min64(g->n, max64(1, cx_get_num_threads())); }
+size_t cx_wino_scratch_bytes(const cx_conv_geom *g, int dir) { return scratch_bytes(g, dir, false, planned_lanes(g)); }
+size_t cx_wino_bf16_scratch_bytes(const cx_conv_geom *g, int dir)
+{
+    return scratch_bytes(g, dir, true, planned_lanes(g));
+}
+size_t cx_wino_bf16_min_scratch_bytes(const cx_conv_geom *g, int dir) { return scratch_bytes(g, dir, true, 1); }
 
 /* ---- transforms ----------------------------------------------------------- */
 
@@ -399,7 +405,7 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
         /* adding 0 would turn -0 into +0: without a bias, add nothing */
         const float b = f32_epi && bias ? bias[o] : -0.0f;
         const bool frelu = f32_epi && relu;
-        const float bh = bias ? cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[o])) : 0.0f;
+        const float bh = !f32_epi && bias ? cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(bias[o])) : 0.0f;
         for (int64_t i = i0; i < i1; i++) {
             const float *src = m + o * ldm + (i - i0) * tw;
             float *y0 = f32_epi ? plane + 2 * i * ow : stage + 2 * (i - i0) * ow;
@@ -630,6 +636,9 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
                 /* Z's rows rounded, read in place as the micro-kernel's A */
                 uint16_t *zx = zh + x * zh_stride(s, tb);
                 cx_bf16_round_rows(zx, zh_ld(tb), z + x * xi_stride(s->cout * tb), tb, s->cout, tb, zh_ld(tb));
+                /* the rows the last tile reads past cout: zeros, not stale values */
+                memset(zx + s->cout * zh_ld(tb), 0,
+                       sizeof *zx * (size_t)((round_to(s->cout, TILE_ROWS) - s->cout) * zh_ld(tb)));
                 cx_bf16_pack_b_f32(bp, v + x * xi_stride(tb * s->cin), s->cin, tb, s->cin);
                 cx_bf16_gemm_panels(du + x * xi_stride(s->cout * s->cin), s->cin, !first, NULL, zx, zh_ld(tb), bp,
                                     s->cout, s->cin, zh_ld(tb), false);

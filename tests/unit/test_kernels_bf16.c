@@ -476,8 +476,8 @@ static void check_summed(const char *what, const uint16_t *got, const float *wan
 static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want, size_t n, const cx_conv_geom *g)
 {
     static const char *const names[3] = { "y", "dx", "dw" };
-    /* more than 8 images: maybe more than one chunk */
-    if (gemm || (dir == 2 && g->n > 8 && !cx_wino_applies(g))) check_summed(names[dir], got, want, n);
+    /* the widening route's chunks depend on the planes' size: any batch may be split */
+    if (gemm || (dir == 2 && g->n > 1 && !cx_wino_applies(g))) check_summed(names[dir], got, want, n);
     else check_rounded(names[dir], got, want, n);
 }
 
@@ -485,7 +485,7 @@ static void check_dir(int dir, bool gemm, const uint16_t *got, const float *want
  * the unfolded program's steps on the same kernel's output without it
  * (plain, the rounded sums): y = relu(round(plain + bf16(bias[o]))), dx =
  * plain where posmask > 0. */
-static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, const uint16_t *plain,
+static void check_epilogue(int dir, bool relu, const uint16_t *in0, const uint16_t *in1, const uint16_t *plain,
                            const cx_conv_geom *g, void *scratch, size_t bytes)
 {
     const int64_t ch = dir == 0 ? g->o : g->c, plane = dir == 0 ? g->oh * g->ow : g->h * g->w;
@@ -494,11 +494,11 @@ static void check_epilogue(int dir, const uint16_t *in0, const uint16_t *in1, co
     uint16_t *mask = bf16_random(n), *h = malloc(sizeof *h * n);
     cr_assert(bias && h);
     for (int64_t o = 0; o < g->o; o++) bias[o] = rng_uniform() - 0.5f;
-    cx_bf16_epi e = { .bias = dir == 0 ? bias : NULL, .relu = dir == 0, .posmask = dir == 1 ? mask : NULL };
+    cx_bf16_epi e = { .bias = dir == 0 ? bias : NULL, .relu = relu, .posmask = dir == 1 ? mask : NULL };
     cx_conv2d_bf16(dir, h, in0, in1, g, &e, scratch, bytes);
     for (size_t i = 0; i < n; i++) {
         uint16_t want = plain[i];
-        if (dir == 0) want = cx_bf16_add_bias_inline(want, cx_bf16_to_f32(cx_f32_to_bf16(bias[(int64_t)i / plane % ch])), true);
+        if (dir == 0) want = cx_bf16_add_bias_inline(want, cx_bf16_to_f32(cx_f32_to_bf16(bias[(int64_t)i / plane % ch])), relu);
         else want = cx_bf16_to_f32(mask[i]) > 0.0f ? want : 0;
         cr_assert_eq(h[i], want, "%s[%zu] with its epilogue: 0x%04x, want 0x%04x", dir ? "dx" : "y", i, h[i], want);
     }
@@ -578,7 +578,7 @@ static void wino_out(double out[2][2], const double m[16])
 /* y (n, co, oh, ow) from x (n, ci, h, w) and kernels k(o, c) (9 floats
  * at kern + (o * ci + c) * 9, rotated with flip): want and the bound */
 static void emulate_fwd(double *want, double *mag, const float *x, int64_t n, int64_t ci, int64_t h, int64_t w,
-                        const float *kern, bool flip, int64_t co, int64_t pad, int64_t oh, int64_t ow)
+                        const float *kern, bool flip, int64_t co, int64_t pad_h, int64_t pad_w, int64_t oh, int64_t ow)
 {
     for (int64_t b = 0; b < n; b++)
         for (int64_t ti = 0; ti < (oh + 1) / 2; ti++)
@@ -591,7 +591,7 @@ static void emulate_fwd(double *want, double *mag, const float *x, int64_t n, in
                         for (int e = 0; e < 9; e++) k[e] = flip ? src[8 - e] : src[e];
                         double u[16], v[16];
                         wino_u(u, k);
-                        wino_v(v, x + (b * ci + c) * h * w, h, w, 2 * ti - pad, 2 * tj - pad);
+                        wino_v(v, x + (b * ci + c) * h * w, h, w, 2 * ti - pad_h, 2 * tj - pad_w);
                         for (int e = 0; e < 16; e++) {
                             double t = bf16_rounded(u[e]) * bf16_rounded(v[e]);
                             m[e] += t;
@@ -677,8 +677,10 @@ static void check_wino_products(int dir, const uint16_t *got, const float *xf, c
 {
     double *want = malloc(sizeof *want * n), *mag = malloc(sizeof *mag * n);
     cr_assert(want && mag);
-    if (dir == 0) emulate_fwd(want, mag, xf, g->n, g->c, g->h, g->w, wf, false, g->o, g->pad_h, g->oh, g->ow);
-    else if (dir == 1) emulate_fwd(want, mag, dyf, g->n, g->o, g->oh, g->ow, wf, true, g->c, 2 - g->pad_h, g->h, g->w);
+    if (dir == 0)
+        emulate_fwd(want, mag, xf, g->n, g->c, g->h, g->w, wf, false, g->o, g->pad_h, g->pad_w, g->oh, g->ow);
+    else if (dir == 1)
+        emulate_fwd(want, mag, dyf, g->n, g->o, g->oh, g->ow, wf, true, g->c, 2 - g->pad_h, 2 - g->pad_w, g->h, g->w);
     else emulate_dw(want, mag, xf, dyf, g);
     static const char *const names[3] = { "y", "dx", "dw" };
     for (size_t i = 0; i < n; i++) {
@@ -725,10 +727,13 @@ static void check_conv(cx_conv_geom g)
         cx_conv2d_bf16(dir, h, in0, in1, &g, NULL, s16, b16);
         /* the GEMM route's looser check only where that route ran: with
          * AVX512_BF16 a shape it does not win still widens, rounded once */
-        bool took_gemm = hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false);
+        bool took_gemm = cx_conv2d_bf16_takes_gemm(&g, dir, b16);
+        cr_assert_eq(took_gemm, hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false),
+                     "the planned route is the one taken");
         if (hw && cx_wino_applies(&g)) check_wino_products(dir, h, xf, wf, dyf, &g, n);
         else check_dir(dir, took_gemm, h, f, n, &g);
-        if (dir < 2 && !took_gemm) check_epilogue(dir, in0, in1, h, &g, s16, b16);
+        if (dir < 2 && !took_gemm) check_epilogue(dir, dir == 0, in0, in1, h, &g, s16, b16);
+        if (dir == 0 && !took_gemm) check_epilogue(0, false, in0, in1, h, &g, s16, b16);
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16_gemm(dir, h, in0, in1, &g, NULL, sg, bg);
         check_dir(dir, true, h, f, n, &g);
@@ -739,7 +744,7 @@ static void check_conv(cx_conv_geom g)
         memset(h, 0xff, sizeof *h * n);
         cx_conv2d_bf16(dir, h, in0, in1, &g, NULL, so, bo);
         /* Winograd's shape takes the GEMM route only in a scratch too small for its own */
-        if (hw && cx_wino_applies(&g) && bo >= cx_conv2d_bf16_route_scratch_bytes(&g, dir, false))
+        if (hw && cx_wino_applies(&g) && !cx_conv2d_bf16_takes_gemm(&g, dir, bo))
             check_wino_products(dir, h, xf, wf, dyf, &g, n);
         else check_dir(dir, true, h, f, n, &g);
         free(s32); free(s16); free(sg); free(so);
@@ -770,6 +775,14 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     check_conv(wide);
     wide.pad_h = 2; wide.pad_w = 2; /* dx's padding 0 */
     check_conv(wide);
+    wide.pad_h = 0; wide.pad_w = 1; /* a padding per axis */
+    check_conv(wide);
+    /* 64 channels each way on 32x32: two blocks of tile rows per image
+     * (12 and 4), the second one's M and Z narrower */
+    cx_conv_geom deep = { .n = 2, .c = 64, .h = 32, .w = 32, .o = 64, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                          .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&deep) && cx_wino_applies(&deep));
+    check_conv(deep);
     direct.n = 17;
     check_conv(direct);
     /* planes large enough for the widening route to split 17 images into
@@ -787,6 +800,33 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     cx_conv_geom strided = { .n = 11, .c = 8, .h = 9, .w = 10, .o = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2,
                              .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
     check_conv(strided);
+}
+
+/* A plan made while fewer threads ran (a smaller Winograd scratch: its
+ * lanes are the threads') still runs Winograd, in fewer lanes, once more
+ * threads run: the GEMM route is for a scratch too small for one lane. */
+Test(bf16_conv, a_plan_for_fewer_threads_runs_winograd)
+{
+    rng_state = 0x2545f4914f6cdd1dull;
+    cx_conv_geom g = { .n = 4, .c = 8, .h = 10, .w = 10, .o = 16, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                       .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&g) && cx_wino_applies(&g));
+    const int saved = cx_get_num_threads();
+    cx_set_num_threads(1);
+    size_t one = cx_conv2d_bf16_scratch_bytes(&g, 0);
+    cx_set_num_threads(2);
+    size_t two = cx_conv2d_bf16_scratch_bytes(&g, 0);
+    cr_assert_lt(one, two, "the plan grows with the threads");
+    cr_assert_not(cx_conv2d_bf16_takes_gemm(&g, 0, one), "the one-thread plan runs Winograd");
+    size_t nx = (size_t)(g.n * g.c * g.h * g.w), nw = (size_t)(g.o * g.c * 9), ny = (size_t)(g.n * g.o * g.oh * g.ow);
+    uint16_t *x = bf16_random(nx), *w = bf16_random(nw), *y[2] = { malloc(2 * ny), malloc(2 * ny) };
+    void *s1 = scratch_of(one), *s2 = scratch_of(two);
+    cr_assert(y[0] && y[1]);
+    cx_conv2d_bf16(0, y[0], x, w, &g, NULL, s1, one);
+    cx_conv2d_bf16(0, y[1], x, w, &g, NULL, s2, two);
+    cr_assert(!memcmp(y[0], y[1], 2 * ny), "one lane or two, the same bits");
+    cx_set_num_threads(saved);
+    free(x); free(w); free(y[0]); free(y[1]); free(s1); free(s2);
 }
 
 /* ---- pools ------------------------------------------------------------------------------- */
