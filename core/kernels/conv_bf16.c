@@ -517,6 +517,7 @@ bool cx_conv2d_bf16_takes_gemm(const cx_conv_geom *g, int dir, size_t scratch_by
 void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                     const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
-    if (cx_conv2d_bf16_takes_gemm(g, dir, scratch_bytes)) cx_conv2d_bf16_gemm(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
+    if (cx_conv2d_bf16_takes_gemm(g, dir, scratch_bytes))
+        cx_conv2d_bf16_gemm(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
     else widen_route(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
 }

@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #endif
 
-enum { MR = 12, NR = 32, MC = 96, NC = 256, KC = 512, MCH = 768 };
+enum { MR = CX_BF16_TILE_ROWS, NR = CX_BF16_TILE_COLS, MC = 96, NC = 256, KC = 512, MCH = 768 };
 /* The f32 route's tasks are as large as cx_sgemm's parts: OpenBLAS packs
  * its own panels from every call's operands, so smaller tasks would pack
  * A and B again for each (measured: 0.92 of f32's rate with 768 x 256
@@ -585,16 +585,16 @@ CX_BF16_TARGET static inline __m512i cvt_words16(const float *lo, const float *h
 }
 
 CX_BF16_TARGET void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
-                                       int64_t cols, int64_t width)
+                                       int64_t cols, int64_t height, int64_t width)
 {
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < height; r++) {
         uint16_t *d = dst + r * ldd;
         const float *f = src + r * lds;
-        for (int64_t c = 0; c < cols; c += 16) {
+        for (int64_t c = 0; c < cols && r < rows; c += 16) {
             __mmask16 keep = cols - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - c)) - 1);
             _mm256_mask_storeu_epi16(d + c, keep, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(keep, f + c)));
         }
-        for (int64_t c = cols; c < width; c++) d[c] = 0;
+        for (int64_t c = r < rows ? cols : 0; c < width; c++) d[c] = 0;
     }
 }
 
@@ -655,9 +655,9 @@ CX_BF16_TARGET void cx_bf16_gemm_panels(float *c, int64_t ldc, bool accumulate, 
 /* without the micro-kernel no caller asks for these (cx_isa_active() is
  * below CX_ISA_AVX512_BF16) */
 void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
-                        int64_t width)
+                        int64_t height, int64_t width)
 {
-    (void)dst; (void)ldd; (void)src; (void)lds; (void)rows; (void)cols; (void)width;
+    (void)dst; (void)ldd; (void)src; (void)lds; (void)rows; (void)cols; (void)height; (void)width;
     CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
 }
 

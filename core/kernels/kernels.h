@@ -352,20 +352,22 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
  * (Winograd's bf16 products), in the calling thread; only with
  * AVX512_BF16 (cx_isa_active()). Operands are rounded to bf16 by
  * vcvtneps2bf16: to nearest even, denormals flushed to zero.
- *  - cx_bf16_round_rows: dst (rows, width) (ld ldd) = src (rows, cols)
- *    (ld lds) rounded, columns past cols 0;
+ *  - cx_bf16_round_rows: dst (height, width) (ld ldd) = src (rows, cols)
+ *    (ld lds) rounded, rows past rows and columns past cols 0;
  *  - cx_bf16_pack_b_f32: B (k, n) f32 (ld ldb) rounded into
  *    cx_bf16_panel_words(n, k, false) words of panels;
  *  - cx_bf16_pack_a: A (m, k) bf16 (ld lda) into
  *    cx_bf16_panel_words(m, k, true) words;
  *  - cx_bf16_gemm_panels: c (m, n) (ld ldc) = A B, or c + A B with
  *    accumulate, summed in f32; A packed (ap), or else bf16 rows read in
- *    place (a, ld lda, k even, and round_up(m, 12) rows readable). With
- *    room, c has round_up(m, 12) rows and round_up(n, 32) columns to
- *    write whole tiles into (the excess gets what the padding gives). */
+ *    place (a, ld lda, k even, and round_up(m, CX_BF16_TILE_ROWS) rows
+ *    readable). With room, c has round_up(m, CX_BF16_TILE_ROWS) rows and
+ *    round_up(n, CX_BF16_TILE_COLS) columns to write whole tiles into
+ *    (the excess gets what the padding gives). */
+enum { CX_BF16_TILE_ROWS = 12, CX_BF16_TILE_COLS = 32 };   /* the micro-kernel's tile of c */
 size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side);
 void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
-                        int64_t width);
+                        int64_t height, int64_t width);
 void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n);
 void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k);
 void cx_bf16_gemm_panels(float *c, int64_t ldc, bool accumulate, const uint32_t *ap, const uint16_t *a, int64_t lda,

@@ -103,23 +103,22 @@ typedef struct {
     size_t v, m, rows, stage, du, xt, zh, bp, total;
 } lane_layout;
 
-enum { TILE_ROWS = 12, TILE_COLS = 32 };   /* the bf16 micro-kernel's tile */
-
 static int64_t round_to(int64_t x, int64_t to) { return ceil_div(x, to) * to; }
 
 /* M's row length: tb, or with the bf16 products whole tiles' worth */
-static int64_t m_ld(int64_t tb, bool products_bf16) { return products_bf16 ? round_to(tb, TILE_COLS) : tb; }
+static int64_t m_ld(int64_t tb, bool products_bf16) { return products_bf16 ? round_to(tb, CX_BF16_TILE_COLS) : tb; }
 
 /* the distance between M's 16 matrices of a block of tb tiles */
 static int64_t m_stride(const wino_shape *s, int64_t tb, bool products_bf16)
 {
-    return products_bf16 ? xi_stride(round_to(s->cout, TILE_ROWS) * m_ld(tb, true)) : xi_stride(s->cout * tb);
+    return products_bf16 ? xi_stride(round_to(s->cout, CX_BF16_TILE_ROWS) * m_ld(tb, true)) : xi_stride(s->cout * tb);
 }
 
 /* Z rounded for the weight gradient's bf16 products: rows of an even
  * length (pairs read in place), whole tiles' worth of rows */
 static int64_t zh_ld(int64_t tb) { return round_to(tb, 2); }
-static int64_t zh_stride(const wino_shape *s, int64_t tb) { return xi_stride(round_to(s->cout, TILE_ROWS) * zh_ld(tb)); }
+static int64_t zh_rows(const wino_shape *s) { return round_to(s->cout, CX_BF16_TILE_ROWS); }
+static int64_t zh_stride(const wino_shape *s, int64_t tb) { return xi_stride(zh_rows(s) * zh_ld(tb)); }
 
 /* With bf16 tensors, also room for the bf16 products (which of the
  * routes runs is the CPU's: the plan holds either): M's padding, one
@@ -632,21 +631,21 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             transform_grad(z, lane + j->lane.stage, zero, bf16 ? NULL : j->dy + dy_at, bf16 ? j->dy_h + dy_at : NULL,
                            s, i0, i1);
-            for (int x = 0; x < 16 && half; x++) {
-                /* Z's rows rounded, read in place as the micro-kernel's A */
+            for (int x = 0; x < 16; x++) {
+                float *dux = du + x * xi_stride(s->cout * s->cin);
+                if (!half) {
+                    cx_sgemm_serial(false, false, s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb,
+                                    v + x * xi_stride(tb * s->cin), s->cin, first ? 0.0f : 1.0f, dux, s->cin);
+                    continue;
+                }
+                /* Z's rows rounded, read in place as the micro-kernel's A
+                 * (the rows its last tile reads past cout zeros) */
                 uint16_t *zx = zh + x * zh_stride(s, tb);
-                cx_bf16_round_rows(zx, zh_ld(tb), z + x * xi_stride(s->cout * tb), tb, s->cout, tb, zh_ld(tb));
-                /* the rows the last tile reads past cout: zeros, not stale values */
-                memset(zx + s->cout * zh_ld(tb), 0,
-                       sizeof *zx * (size_t)((round_to(s->cout, TILE_ROWS) - s->cout) * zh_ld(tb)));
+                cx_bf16_round_rows(zx, zh_ld(tb), z + x * xi_stride(s->cout * tb), tb, s->cout, tb, zh_rows(s),
+                                   zh_ld(tb));
                 cx_bf16_pack_b_f32(bp, v + x * xi_stride(tb * s->cin), s->cin, tb, s->cin);
-                cx_bf16_gemm_panels(du + x * xi_stride(s->cout * s->cin), s->cin, !first, NULL, zx, zh_ld(tb), bp,
-                                    s->cout, s->cin, zh_ld(tb), false);
+                cx_bf16_gemm_panels(dux, s->cin, !first, NULL, zx, zh_ld(tb), bp, s->cout, s->cin, zh_ld(tb), false);
             }
-            for (int x = 0; x < 16 && !half; x++)
-                cx_sgemm_serial(false, false, s->cout, s->cin, tb, z + x * xi_stride(s->cout * tb), tb,
-                                v + x * xi_stride(tb * s->cin), s->cin, first ? 0.0f : 1.0f,
-                                du + x * xi_stride(s->cout * s->cin), s->cin);
             first = false;
         }
 }
@@ -707,7 +706,7 @@ static void run_forward_like(wino_job *j, const cx_conv_geom *g, wino_dir dir, c
         uint16_t *uh = (uint16_t *)(u + u_floats(s));
         uint32_t *up = (uint32_t *)(u + u_floats(s) + uh_floats(s));
         for (int x = 0; x < 16; x++) {
-            cx_bf16_round_rows(uh + x * xs, s->cin, u + x * xs, s->cin, s->cout, s->cin, s->cin);
+            cx_bf16_round_rows(uh + x * xs, s->cin, u + x * xs, s->cin, s->cout, s->cin, s->cout, s->cin);
             cx_bf16_pack_a(up + x * up_words(s), uh + x * xs, s->cin, s->cout, s->cin);
         }
         j->up = up;
