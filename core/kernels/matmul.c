@@ -18,6 +18,8 @@
 #include <cblas.h>
 #include <limits.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <string.h>
 
 /* OpenMP's API, declared here: clang's builds (fuzzing) have no omp.h, and
@@ -31,6 +33,15 @@ void omp_set_num_threads(int n);
 /* rows from which a wider-than-tall product still splits by rows */
 #define DNNL_MIN_ROWS 128
 
+/* The signals a handler may catch while oneDNN runs: all but those a fault
+ * raises in the thread itself, which must stay deliverable. */
+static void async_signals(sigset_t *set)
+{
+    sigfillset(set);
+    const int faults[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS };
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(set, faults[i]);
+}
+
 /* oneDNN's sgemm on the calling thread only. @return false when oneDNN
  * refused the call (its packing buffer could not be allocated), C untouched. */
 static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -41,7 +52,17 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
      * setting (an application may use OpenMP itself) is put back */
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
+    /* oneDNN 2.6's f32 gemm kernels point rsp at a heap workspace (fixed
+     * upstream in 2026): a signal handled meanwhile writes its frame into
+     * the heap. A preempted trainer's SIGTERM did, and glibc aborted
+     * ("corrupted size vs. prev_size"). Held here, a signal goes to another
+     * thread or waits the call out, about a microsecond against the
+     * product's 20 us and more (DNNL_MIN_MNK). */
+    sigset_t held, was;
+    async_signals(&held);
+    pthread_sigmask(SIG_BLOCK, &held, &was);
     dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
     omp_set_num_threads(prev);
     return st == dnnl_success;
 }

@@ -7,9 +7,13 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels.h"
 #include <cxla/core.h>
@@ -742,6 +746,74 @@ Test(matmul, library_paths_right_and_thread_count_free)
         }
     }
     cx_set_num_threads(saved);
+}
+
+/* A signal handled while oneDNN's sgemm runs. Debian's oneDNN 2.6 points
+ * rsp at a heap workspace inside its f32 gemm kernels (fixed upstream in
+ * 2026, oneDNN commit d090db1), so the kernel's signal frame lands in the
+ * heap: a preempted trainer's SIGTERM aborted it with "corrupted size vs.
+ * prev_size". Here a thread signals the one running oneDNN's products as
+ * fast as it can; every signal must be handled, and nothing corrupted. */
+static atomic_int g_signals_handled;
+static atomic_bool g_stop_signalling;
+
+static void count_signal(int sig)
+{
+    (void)sig;
+    atomic_fetch_add(&g_signals_handled, 1);
+}
+
+static void *signal_often(void *target)
+{
+    const struct timespec nap = { 0, 20000 };
+    while (!atomic_load(&g_stop_signalling)) {
+        pthread_kill(*(pthread_t *)target, SIGUSR1);
+        nanosleep(&nap, NULL);
+    }
+    return NULL;
+}
+
+Test(matmul, onednn_products_survive_signals, .timeout = 120)
+{
+    struct sigaction sa, was;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = count_signal;
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGUSR1, &sa, &was), 0);
+    pthread_t self = pthread_self(), th;
+    atomic_store(&g_stop_signalling, false);
+    cr_assert_eq(pthread_create(&th, NULL, signal_often, &self), 0);
+    /* the mlp's test-set products, and the transposes of its backward */
+    const int64_t shapes[][3] = { { 1000, 64, 784 }, { 784, 64, 1000 }, { 512, 256, 512 } };
+    rng_seed(17);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        cr_assert(cx_sgemm_prefers_dnnl(m, n, k), "(%lld, %lld, %lld) is not a oneDNN shape", (long long)m,
+                  (long long)n, (long long)k);
+        float *a = random_buf((size_t)(m * k)), *b = random_buf((size_t)(k * n));
+        float *want = guarded((size_t)(m * n)), *got = guarded((size_t)(m * n));
+        for (int tr = 0; tr < 4; tr++) {
+            bool ta = tr & 1, tb = tr & 2;
+            int64_t lda = ta ? m : k, ldb = tb ? k : n;
+            cx_sgemm_serial(ta, tb, m, n, k, a, lda, b, ldb, 0.0f, want, n);
+            for (int rep = 0; rep < 20; rep++) {
+                cx_sgemm_serial_on(true, ta, tb, m, n, k, a, lda, b, ldb, 0.0f, got, n);
+                for (int64_t i = 0; i < m * n; i++)
+                    cr_assert(fabsf(got[i] - want[i]) <= 1e-3f * (1.0f + fabsf(want[i])),
+                              "(%lld, %lld, %lld) transposes %d: element %lld is %g, OpenBLAS gives %g", (long long)m,
+                              (long long)n, (long long)k, tr, (long long)i, got[i], want[i]);
+            }
+        }
+        guarded_free(a);
+        guarded_free(b);
+        guarded_free(want);
+        guarded_free(got);
+    }
+    atomic_store(&g_stop_signalling, true);
+    pthread_join(th, NULL);
+    sigaction(SIGUSR1, &was, NULL);
+    /* a blocked signal waits; none may be lost, and some must have come */
+    cr_assert_gt(atomic_load(&g_signals_handled), 100, "only %d signals were handled", atomic_load(&g_signals_handled));
 }
 
 Test(matmul, empty_k_gives_zeros)
