@@ -34,7 +34,15 @@ LAUNCH=$B/launch/xla-launch TRAIN=$B/examples/train CONSOLIDATE=$B/tools/consoli
 W=$(mktemp -d /tmp/cx_slurm_$CASE.XXXXXX)
 cleanup() { $SL down "$W/s" 2> /dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
-fail() { echo "FAIL [slurm $CASE]: $*" >&2; exit 1; }
+# a failure shows what the daemons said of the jobs, for a CI log to explain
+daemon_lines() {
+    for f in "$W"/s/slurmctld.log "$W"/s/slurmd-*.log; do
+        [ -f "$f" ] || continue
+        echo "--- the end of $(basename "$f"):"
+        grep -v -e "state file" -e "NOTE: Trying" -e "auth_p_get_host" -e "rmdir_recursive" -e "pmixp_" "$f" | tail -n 12
+    done
+}
+fail() { daemon_lines >&2; echo "FAIL [slurm $CASE]: $*" >&2; exit 1; }
 $SL up 2 "$W/s" > "$W/up.out" 2>&1 || { cat "$W/up.out"; fail "the Slurm cluster did not come up"; }
 # a Slurm client command on host 1, the submit host
 on1() { timeout 300 $SL exec 1 "$W/s" "$@"; }
@@ -167,7 +175,12 @@ scancel | usr1 | requeue)
             k=$((k + 1)); [ $k -lt 600 ] || fail "job $J did not come back to the queue"
             sleep 0.1
         done
-        on1 scontrol update jobid="$J" StartTime=now
+        # slurmd refuses a relaunch whose credential dates from the second
+        # it revoked the first run's in, or before, and slurmctld then drops
+        # the job as non-startable, silently: a CI run's requeued job left
+        # the queue with no output. Slurm waits 121 s before a relaunch for
+        # that; a start two seconds on, past the requeue's second, is as safe.
+        on1 scontrol update jobid="$J" StartTime=now+2
         await "$O" "Done: " 300
         gone "$J"
     else
