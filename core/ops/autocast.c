@@ -19,12 +19,17 @@ static bool wants_cast(const cx_tensor *t, cx_dtype to, cx_dtype from)
 /* A transposed operand (Linear's W^T) is cast before its permute: the cast
  * then reads its source in order, not across rows, and the op still sees
  * a permuted view, which the matmul reads as a transposed operand (and
- * whose gradient it writes in the source's layout), as it does in f32. */
+ * whose gradient it writes in the source's layout), as it does in f32.
+ * A permute recorded without grad of a source with it (a detached view)
+ * keeps its cast while grad is recorded, so no gradient reaches the
+ * source through it; under no_grad (evaluation) nothing records one, and
+ * the eval step's W^T cast had read the weight across rows. */
 static cx_tensor *cast_unpermuted(cx_tensor *t, cx_dtype to)
 {
     const cx_node *n = t->node;
-    if (n->op != OP_PERMUTE || (n->flags & NF_REQUIRES_GRAD) != (n->inputs[0]->flags & NF_REQUIRES_GRAD))
-        return cx_cast(t, to);
+    if (n->op != OP_PERMUTE) return cx_cast(t, to);
+    bool grad_differs = (n->flags & NF_REQUIRES_GRAD) != (n->inputs[0]->flags & NF_REQUIRES_GRAD);
+    if (grad_differs && cx_grad_enabled()) return cx_cast(t, to);
     int perm[CX_MAX_DIMS];
     for (int i = 0; i < n->ndim; i++) perm[i] = (int)CX_ATTR(n, CX_AT_PERM(i));
     cx_tensor *base = cx_tensor_of(n->inputs[0]);

@@ -5,6 +5,7 @@
 #include <cxla/cxla.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static float rb(float x) { return cx_bf16_to_f32(cx_f32_to_bf16(x)); }
@@ -166,5 +167,45 @@ Test(autocast, gradient_reaches_f32_parameter)
                 cr_expect_eq(gv[k * 2 + j], rb(acc), "grad[%d,%d] %.8g, want %.8g", k, j, gv[k * 2 + j], rb(acc));
         }
     }
+    cx_free(w);
+}
+
+/* The shape autocast casts W at in x W^T, read off the recorded graph:
+ * "[2,5]" (W's own, so the cast reads W in order and the matmul reads its
+ * output transposed) or "[5,2]" (the permuted view, a transposing copy).
+ * The transpose and the matmul are recorded with grad on or off. */
+static const char *cast_shape_of_wt(cx_tensor *w, bool view_no_grad, bool matmul_no_grad)
+{
+    float xv[3 * 5];
+    fill(xv, 15, 0.1f);
+    cx_step_begin();
+    cx_tensor *x = mat(xv, 3, 5);
+    if (view_no_grad) cx_no_grad_begin();
+    cx_tensor *wt = cx_transpose(w, 0, 1);   // (5, 2)
+    if (view_no_grad) cx_no_grad_end();
+    if (matmul_no_grad) cx_no_grad_begin();
+    cr_assert_eq(cx_autocast_begin(CX_BF16), CX_OK);
+    cx_tensor *y = cx_matmul(x, wt);
+    cr_assert_eq(cx_autocast_end(), CX_OK);
+    if (matmul_no_grad) cx_no_grad_end();
+    char *ir = cx_ir_text(&y, 1);
+    cr_assert(ir, "%s", cx_last_error());
+    const char *shape = strstr(ir, "bf16[2,5] cast(") ? "[2,5]" : strstr(ir, "bf16[5,2] cast(") ? "[5,2]" : "none";
+    free(ir);
+    cr_assert_eq(cx_step_end(), CX_OK, "%s", cx_last_error());
+    return shape;
+}
+
+Test(autocast, transposed_weight_is_cast_in_its_own_layout)
+{
+    float wv[2 * 5];
+    fill(wv, 10, -0.3f);
+    cx_tensor *w = cx_requires_grad(cx_persist(mat(wv, 2, 5)), true);
+    cr_expect_str_eq(cast_shape_of_wt(w, false, false), "[2,5]", "training");
+    /* a Linear's forward under no_grad, as an evaluation runs it */
+    cr_expect_str_eq(cast_shape_of_wt(w, true, true), "[2,5]", "evaluation");
+    /* a view taken under no_grad and used with grad on is detached: its
+     * own cast, so no gradient reaches w through it */
+    cr_expect_str_eq(cast_shape_of_wt(w, true, false), "[5,2]", "a detached view");
     cx_free(w);
 }
