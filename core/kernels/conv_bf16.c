@@ -207,6 +207,12 @@ static void wino_route(int dir, uint16_t *out, const uint16_t *in0, const uint16
 static void widen_route(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                         const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
+    /* a scratch without room for a direct lane was planned for the
+     * widening below (an executable from before the direct kernels) */
+    if (cx_conv2d_bf16_direct_applies(g, dir) && scratch_bytes >= cx_conv2d_bf16_direct_scratch_bytes(g, dir, true)) {
+        cx_conv2d_bf16_direct(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
+        return;
+    }
     if (cx_wino_applies(g)) {
         wino_route(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
         return;
@@ -298,6 +304,7 @@ static size_t gemm_scratch(const cx_conv_geom *g, int dir, bool least)
 
 static size_t widen_scratch(const cx_conv_geom *g, int dir)
 {
+    if (cx_conv2d_bf16_direct_applies(g, dir)) return cx_conv2d_bf16_direct_scratch_bytes(g, dir, false);
     if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_bf16_scratch_bytes(g, dir);
     int64_t chunk = chunk_of(g), a, b, o;
     cx_conv_geom c = with_images(g, chunk), last = with_images(g, g->n - (g->n - 1) / chunk * chunk);
@@ -313,6 +320,7 @@ static size_t widen_scratch(const cx_conv_geom *g, int dir)
  * threads than run now still takes it */
 static size_t widen_min_scratch(const cx_conv_geom *g, int dir)
 {
+    if (cx_conv2d_bf16_direct_applies(g, dir)) return cx_conv2d_bf16_direct_scratch_bytes(g, dir, true);
     if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_bf16_min_scratch_bytes(g, dir);
     return widen_scratch(g, dir);
 }

@@ -102,6 +102,18 @@ void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n);
 void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
                          const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
 
+/* Direct bf16 convolution (conv_direct_bf16.c), which cx_conv2d_bf16 takes
+ * where it applies: the forward and the weight gradient (dir 0, 2) of a
+ * conv of one group, stride and dilation 1, and C * KH * KW <= 16 (one
+ * input channel, 3x3: the seed cnn's conv1). Sums in f32, each output
+ * rounded once; the forward folds epi's bias (+ relu) as apply_epi does.
+ * Its scratch holds a padded f32 image and row sums per lane, a lane per
+ * thread (least: the one lane it runs in at the least). */
+bool cx_conv2d_bf16_direct_applies(const cx_conv_geom *g, int dir);
+size_t cx_conv2d_bf16_direct_scratch_bytes(const cx_conv_geom *g, int dir, bool least);
+void cx_conv2d_bf16_direct(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
+                           const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
+
 /* Winograd F(2x2, 3x3) (winograd.c), which the three conv2d
  * functions above use by themselves where it applies: 3x3, stride 1,
  * dilation 1, one group, pad <= 2, at least 8 channels each way and two

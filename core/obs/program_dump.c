@@ -66,7 +66,9 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
         cx_conv_geom g;
         cx_kernel_conv_geom(k, &g);
         bool bf16 = k->in[0].dtype == CX_BF16;
+        int dir = k->kind == K_CONV ? 0 : k->kind == K_CONV_BI ? 1 : 2;
         if (bf16 && cx_conv2d_bf16_plans_gemm(&g)) cx_sb_printf(b, "bf16 im2col + bf16 GEMM");
+        else if (bf16 && cx_conv2d_bf16_direct_applies(&g, dir)) cx_sb_printf(b, "bf16 direct, f32 sums along the plane");
         else if (cx_wino_applies(&g) && !bf16) cx_sb_printf(b, "Winograd F(2x2,3x3)");
         else if (cx_wino_applies(&g))
             cx_sb_printf(b, "Winograd F(2x2,3x3) on bf16, f32 transforms, %s",

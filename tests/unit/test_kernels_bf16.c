@@ -730,8 +730,10 @@ static void check_conv(cx_conv_geom g)
         bool took_gemm = cx_conv2d_bf16_takes_gemm(&g, dir, b16);
         cr_assert_eq(took_gemm, hw && b16 != cx_conv2d_bf16_route_scratch_bytes(&g, dir, false),
                      "the planned route is the one taken");
+        /* the direct kernels sum in their own order, as the GEMM does */
+        bool direct = !took_gemm && cx_conv2d_bf16_direct_applies(&g, dir);
         if (hw && cx_wino_applies(&g)) check_wino_products(dir, h, xf, wf, dyf, &g, n);
-        else check_dir(dir, took_gemm, h, f, n, &g);
+        else check_dir(dir, took_gemm || direct, h, f, n, &g);
         if (dir < 2 && !took_gemm) check_epilogue(dir, dir == 0, in0, in1, h, &g, s16, b16);
         if (dir == 0 && !took_gemm) check_epilogue(0, false, in0, in1, h, &g, s16, b16);
         memset(h, 0xff, sizeof *h * n);
@@ -791,15 +793,93 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     direct.w = 96;
     check_conv(direct);
     /* the seed cnn's first conv: one channel, so K = 9, odd (the GEMM pads
-     * its pairs) */
+     * its pairs); its forward and weight gradient take the direct kernels */
     cx_conv_geom cnn1 = { .n = 5, .c = 1, .h = 14, .w = 13, .o = 32, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
                           .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&cnn1) && cx_conv2d_bf16_direct_applies(&cnn1, 0) &&
+              cx_conv2d_bf16_direct_applies(&cnn1, 2) && !cx_conv2d_bf16_direct_applies(&cnn1, 1));
     check_conv(cnn1);
+    /* direct with padding, rows of more than one vector and a ragged end,
+     * and several channels: K = 4 * 2 * 2 = 16, the most it takes */
+    cx_conv_geom few = { .n = 3, .c = 4, .h = 9, .w = 37, .o = 5, .kh = 2, .kw = 2, .stride_h = 1, .stride_w = 1,
+                         .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&few) && cx_conv2d_bf16_direct_applies(&few, 0));
+    check_conv(few);
+    /* rows narrower than a vector: a row's whole-vector store spills over
+     * the rows after it, never past its plane */
+    cx_conv_geom narrow = { .n = 4, .c = 1, .h = 5, .w = 5, .o = 9, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                            .dil_h = 1, .dil_w = 1, .groups = 1 };
+    check_conv(narrow);
+    few.kw = 3; /* K = 24: the widening route again */
+    cr_assert(cx_conv_geom_finish(&few) && !cx_conv2d_bf16_direct_applies(&few, 0));
+    check_conv(few);
     /* enough output channels and K, not Winograd's: the GEMM route with
      * AVX512_BF16; 11 images in chunks */
     cx_conv_geom strided = { .n = 11, .c = 8, .h = 9, .w = 10, .o = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2,
                              .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
     check_conv(strided);
+}
+
+/* The direct weight gradient splits the output channels between lanes,
+ * each summing every image in order: the same bits in a scratch of 1 lane
+ * (the least), 2 and 3, run by 3 threads. */
+Test(bf16_conv, direct_weight_gradient_is_thread_count_free)
+{
+    rng_state = 0x9d2c5680a5c1e3b7ull;
+    cx_conv_geom g = { .n = 7, .c = 1, .h = 12, .w = 21, .o = 9, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                       .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&g) && cx_conv2d_bf16_direct_applies(&g, 2));
+    size_t nx = (size_t)(g.n * g.h * g.w), ny = (size_t)(g.n * g.o * g.oh * g.ow), nw = (size_t)(g.o * 9);
+    uint16_t *x = bf16_random(nx), *dy = bf16_random(ny), *dw[3];
+    const int saved = cx_get_num_threads();
+    for (int run = 0; run < 3; run++) {
+        cx_set_num_threads(run + 1);   /* sized for 1 (the least), 2 and 3 lanes */
+        size_t bytes = cx_conv2d_bf16_direct_scratch_bytes(&g, 2, run == 0);
+        void *s = scratch_of(bytes);
+        dw[run] = malloc(sizeof *dw[run] * nw);
+        cr_assert(dw[run]);
+        cx_set_num_threads(3);   /* more threads than a one-lane scratch holds */
+        cx_conv2d_bf16(2, dw[run], x, dy, &g, NULL, s, bytes);
+        free(s);
+    }
+    cx_set_num_threads(saved);
+    for (int run = 1; run < 3; run++)
+        cr_assert(memcmp(dw[0], dw[run], sizeof *dw[0] * nw) == 0, "dw on %d lanes differs from one lane's", run + 1);
+    free(x); free(dy); free(dw[0]); free(dw[1]); free(dw[2]);
+}
+
+/* An inf in an image: the direct weight gradient's lanes past a row's end
+ * read the next row, and there a zero dy times the inf would make a NaN
+ * in terms that never read it (jj >= 1 never reads column 0). Each dw is
+ * the f32 kernel's: finite where it is, within the summed bound. */
+Test(bf16_conv, direct_weight_gradient_with_an_inf)
+{
+    rng_state = 0x7f4a7c15e3779b97ull;
+    cx_conv_geom g = { .n = 3, .c = 1, .h = 10, .w = 12, .o = 4, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                       .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&g) && cx_conv2d_bf16_direct_applies(&g, 2));
+    size_t nx = (size_t)(g.n * g.h * g.w), ny = (size_t)(g.n * g.o * g.oh * g.ow), nw = (size_t)(g.o * 9);
+    uint16_t *x = bf16_random(nx), *dy = bf16_random(ny), *dw = malloc(sizeof *dw * nw);
+    x[1 * g.h * g.w + 4 * g.w] = 0x7f80;   /* +inf, image 1, row 4, column 0 */
+    float *xf = widened(x, nx), *dyf = widened(dy, ny), *want = malloc(sizeof *want * nw);
+    cr_assert(dw && want);
+    size_t b32 = cx_conv2d_bwd_weight_scratch_bytes(&g), b16 = cx_conv2d_bf16_scratch_bytes(&g, 2);
+    void *s32 = scratch_of(b32), *s16 = scratch_of(b16);
+    cx_conv2d_bwd_weight(want, xf, dyf, &g, s32, b32);
+    cx_conv2d_bf16(2, dw, x, dy, &g, NULL, s16, b16);
+    int finite = 0;
+    for (size_t i = 0; i < nw; i++) {
+        double got = cx_bf16_to_f32(dw[i]);
+        if (!isfinite(want[i])) {
+            cr_assert(!isfinite(got), "dw[%zu] = %g, the f32 kernel's %g", i, got, want[i]);
+            continue;
+        }
+        finite++;
+        cr_assert(isfinite(got) && fabs(got - want[i]) <= ldexp(fabs(want[i]), -8) + 1e-3,
+                  "dw[%zu] = %g, the f32 kernel's %g", i, got, want[i]);
+    }
+    cr_assert_geq(finite, (int)nw / 2, "the inf reached %d of %zu terms", (int)nw - finite, nw);
+    free(x); free(dy); free(dw); free(xf); free(dyf); free(want); free(s32); free(s16);
 }
 
 /* A plan made while fewer threads ran (a smaller Winograd scratch: its
