@@ -208,7 +208,8 @@ static void widen_route(int dir, uint16_t *out, const uint16_t *in0, const uint1
                         const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes)
 {
     /* a scratch without room for a direct lane was planned for the
-     * widening below (an executable from before the direct kernels) */
+     * chunked routes below (an executable from before the direct kernels;
+     * widen_min_scratch sends it here) */
     if (cx_conv2d_bf16_direct_applies(g, dir) && scratch_bytes >= cx_conv2d_bf16_direct_scratch_bytes(g, dir, true)) {
         cx_conv2d_bf16_direct(dir, out, in0, in1, g, epi, scratch, scratch_bytes);
         return;
@@ -302,9 +303,10 @@ static size_t gemm_scratch(const cx_conv_geom *g, int dir, bool least)
                                            : cx_matmul_bf16_scratch_bytes(d[0], d[1], d[2], d[3]));
 }
 
-static size_t widen_scratch(const cx_conv_geom *g, int dir)
+/* The scratch of the chunked routes: Winograd on the bf16 tensors, or the
+ * f32 kernels on widened copies */
+static size_t chunked_scratch(const cx_conv_geom *g, int dir)
 {
-    if (cx_conv2d_bf16_direct_applies(g, dir)) return cx_conv2d_bf16_direct_scratch_bytes(g, dir, false);
     if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_bf16_scratch_bytes(g, dir);
     int64_t chunk = chunk_of(g), a, b, o;
     cx_conv_geom c = with_images(g, chunk), last = with_images(g, g->n - (g->n - 1) / chunk * chunk);
@@ -315,14 +317,23 @@ static size_t widen_scratch(const cx_conv_geom *g, int dir)
     return aligned((size_t)a * 4) + aligned((size_t)b * 4) + aligned((size_t)o * 4) + acc + ALIGN_BYTES + f32;
 }
 
-/* The least the widening route (Winograd's included) runs in: Winograd
- * runs as few lanes as its scratch holds, so a plan made for fewer
- * threads than run now still takes it */
+static size_t widen_scratch(const cx_conv_geom *g, int dir)
+{
+    if (cx_conv2d_bf16_direct_applies(g, dir)) return cx_conv2d_bf16_direct_scratch_bytes(g, dir, false);
+    return chunked_scratch(g, dir);
+}
+
+/* The least the widening route (Winograd's and the direct kernels'
+ * included) runs in: Winograd and the direct kernels run as few lanes as
+ * their scratch holds, so a plan made for fewer threads than run now
+ * still takes them; a direct shape's scratch planned for the chunked
+ * route (an executable from before the direct kernels) runs that route */
 static size_t widen_min_scratch(const cx_conv_geom *g, int dir)
 {
-    if (cx_conv2d_bf16_direct_applies(g, dir)) return cx_conv2d_bf16_direct_scratch_bytes(g, dir, true);
-    if (cx_wino_applies(g)) return wino_fixed(g) + cx_wino_bf16_min_scratch_bytes(g, dir);
-    return widen_scratch(g, dir);
+    size_t chunked = cx_wino_applies(g) ? wino_fixed(g) + cx_wino_bf16_min_scratch_bytes(g, dir) : chunked_scratch(g, dir);
+    if (!cx_conv2d_bf16_direct_applies(g, dir)) return chunked;
+    size_t direct = cx_conv2d_bf16_direct_scratch_bytes(g, dir, true);
+    return direct < chunked ? direct : chunked;
 }
 
 size_t cx_conv2d_bf16_route_scratch_bytes(const cx_conv_geom *g, int dir, bool gemm)

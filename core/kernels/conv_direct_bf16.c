@@ -51,6 +51,11 @@ static int64_t plane_room(const cx_conv_geom *g)
     return (g->oh * (g->w + 2 * g->pad_w) + VEC - 1) / VEC * VEC;
 }
 
+/* a forward output plane's place in the lane: its room and a vector more,
+ * since the last row's last vector of sums is read whole however few of
+ * its lanes are stored */
+static int64_t plane_stride(const cx_conv_geom *g) { return plane_room(g) + VEC; }
+
 static int64_t padded_floats(const cx_conv_geom *g) { return g->c * (g->h + 2 * g->pad_h) * (g->w + 2 * g->pad_w); }
 /* the padded image's room: the flat loop's last vector reads up to a
  * vector past the plane, plus the window's reach (zeros, never stored) */
@@ -68,7 +73,7 @@ static int64_t image_room(const cx_conv_geom *g)
 static int64_t lane_floats(const cx_conv_geom *g, int dir)
 {
     const int64_t k = g->c * g->kh * g->kw;
-    return image_room(g) + (dir == 0 ? OB * plane_room(g) : plane_room(g) + g->o * k * VEC);
+    return image_room(g) + (dir == 0 ? OB * plane_stride(g) : plane_room(g) + g->o * k * VEC);
 }
 
 static int64_t work_items(const cx_conv_geom *g, int dir) { return dir == 0 ? g->n : g->o; }
@@ -154,15 +159,16 @@ static inline __attribute__((always_inline)) void store_row(uint16_t *y, const f
 }
 
 /* Output channels [o0, o0 + OB) of image n (xp): OB independent sums per
- * vector of the plane, over the window in registers (a sum kept in memory
- * waited for its last store at every term, one alone in a register for
- * its last FMA), into OB planes, then rounded row by row. K is a constant
- * where inlined for the common window. */
+ * vector of the plane, over the window in registers with AVX-512 (a sum
+ * kept in memory waited for its last store at every term, one alone in a
+ * register for its last FMA; with AVX2 a vector is two registers and
+ * some sums spill), into OB planes, then rounded row by row. K is a
+ * constant where inlined for the common window. */
 static inline __attribute__((always_inline)) void forward_block(const direct_job *j, const float *xp, float *planes,
                                                                 int64_t n, int64_t o0, const int64_t k)
 {
     const cx_conv_geom *g = j->g;
-    const int64_t ow = g->ow, ob = min64(OB, g->o - o0), room = plane_room(g);
+    const int64_t ow = g->ow, ob = min64(OB, g->o - o0), room = plane_room(g), stride = plane_stride(g);
     float w[DIRECT_MAX_K][OB] = { { 0 } }, bias[OB] = { 0 };
     for (int64_t b = 0; b < ob; b++) {
         for (int64_t t = 0; t < k; t++) w[t][b] = cx_bf16_to_f32_inline(j->w[(o0 + b) * k + t]);
@@ -176,7 +182,7 @@ static inline __attribute__((always_inline)) void forward_block(const direct_job
             memcpy(&v, xp + p0 + j->off[t], sizeof v);
             for (int b = 0; b < OB; b++) a[b] += w[t][b] * v;
         }
-        for (int b = 0; b < OB; b++) memcpy(planes + b * room + p0, &a[b], sizeof a[b]);
+        for (int b = 0; b < OB; b++) memcpy(planes + b * stride + p0, &a[b], sizeof a[b]);
     }
     /* a row's last vector is stored whole where it ends inside the plane:
      * what spills into the next rows is written over by them right after;
@@ -185,7 +191,7 @@ static inline __attribute__((always_inline)) void forward_block(const direct_job
     for (int64_t b = 0; b < ob; b++)
         for (int64_t r = 0; r < g->oh; r++)
             for (int64_t q0 = 0; q0 < ow; q0 += VEC)
-                store_row(j->out + ((n * g->o + o0 + b) * g->oh + r) * ow + q0, planes + b * room + r * j->wp + q0,
+                store_row(j->out + ((n * g->o + o0 + b) * g->oh + r) * ow + q0, planes + b * stride + r * j->wp + q0,
                           r * ow + q0 + VEC <= plane ? VEC : (int)min64(VEC, ow - q0), j->epi, bias[b]);
 }
 
@@ -201,7 +207,8 @@ CX_HOT static void forward_image(const direct_job *j, float *xp, float *planes, 
 
 /* Image n's terms of dw for output channels [o0, o1), added into sums (a
  * vector per channel and term): dy's plane widened with the padded row
- * stride and zeros between rows, then the K sums in registers along it. */
+ * stride and zeros between rows, then the K sums along it, in registers
+ * with AVX-512 (with AVX2, 9 sums of two registers each spill some). */
 static inline __attribute__((always_inline)) void weight_image(const direct_job *j, const float *xp, float *d,
                                                                float *sums, int64_t n, int64_t o0, int64_t o1,
                                                                const int64_t k)
