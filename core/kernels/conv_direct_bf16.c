@@ -81,7 +81,7 @@ static int64_t work_items(const cx_conv_geom *g, int dir) { return dir == 0 ? g-
 size_t cx_conv2d_bf16_direct_scratch_bytes(const cx_conv_geom *g, int dir, bool least)
 {
     int64_t lanes = least ? 1 : min64(work_items(g, dir), cx_get_num_threads() > 0 ? cx_get_num_threads() : 1);
-    return (size_t)(lanes < 1 ? 1 : lanes) * (size_t)lane_floats(g, dir) * sizeof(float) + DIRECT_ALIGN;
+    return (size_t)lanes * (size_t)lane_floats(g, dir) * sizeof(float) + DIRECT_ALIGN;
 }
 
 typedef struct {
@@ -206,8 +206,8 @@ CX_HOT static void forward_image(const direct_job *j, float *xp, float *planes, 
 }
 
 /* Image n's terms of dw for output channels [o0, o1), added into sums (a
- * vector per channel and term): dy's plane widened with the padded row
- * stride and zeros between rows, then the K sums along it, in registers
+ * vector per channel and term): dy's plane widened into d with the padded
+ * row stride (its zeros between rows set once), then the K sums along it, in registers
  * with AVX-512 (with AVX2, 9 sums of two registers each spill some). */
 static inline __attribute__((always_inline)) void weight_image(const direct_job *j, const float *xp, float *d,
                                                                float *sums, int64_t n, int64_t o0, int64_t o1,
@@ -216,7 +216,6 @@ static inline __attribute__((always_inline)) void weight_image(const direct_job 
     const cx_conv_geom *g = j->g;
     const int64_t ow = g->ow, room = plane_room(g);
     for (int64_t o = o0; o < o1; o++) {
-        memset(d, 0, sizeof *d * (size_t)room);
         for (int64_t r = 0; r < g->oh; r++) {
             const uint16_t *dyr = j->dy + ((n * g->o + o) * g->oh + r) * ow;
             for (int64_t q = 0; q < ow; q++) d[r * j->wp + q] = cx_bf16_to_f32_inline(dyr[q]);
@@ -265,6 +264,9 @@ CX_HOT static void weight_channels(const direct_job *j, float *xp, float *d, flo
     const cx_conv_geom *g = j->g;
     const int64_t k = j->k;
     memset(sums, 0, sizeof *sums * (size_t)((o1 - o0) * k * VEC));
+    /* the columns past each row's end and the plane's tail stay zero:
+     * every plane after writes only its rows' outputs */
+    memset(d, 0, sizeof *d * (size_t)plane_room(g));
     for (int64_t n = 0; n < g->n; n++) {
         if (!widen_padded(xp, j->x, g, n)) weight_image_masked(j, xp, d, sums, n, o0, o1);
         else if (k == 9) weight_image(j, xp, d, sums, n, o0, o1, 9);

@@ -93,7 +93,8 @@ void cx_conv2d_bf16(int dir, uint16_t *out, const uint16_t *in0, const uint16_t 
                     const cx_bf16_epi *epi, void *scratch, size_t scratch_bytes);
 /* The route cx_conv2d_bf16 takes in scratch_bytes: the GEMM route where
  * this level plans it and the scratch holds it, or where the scratch
- * holds only it (the widening route's least is one Winograd lane). */
+ * holds only it (the widening route's least: one Winograd or direct
+ * lane, or a direct shape's chunked scratch where that is less). */
 bool cx_conv2d_bf16_takes_gemm(const cx_conv_geom *g, int dir, size_t scratch_bytes);
 /* y[i] kept where mask[i] > 0, else 0: relu's gradient over bf16 values. */
 void cx_bf16_posmask(uint16_t *y, const uint16_t *mask, int64_t n);
@@ -107,8 +108,9 @@ void cx_conv2d_bf16_gemm(int dir, uint16_t *out, const uint16_t *in0, const uint
  * conv of one group, stride and dilation 1, and C * KH * KW <= 16 (one
  * input channel, 3x3: the seed cnn's conv1). Sums in f32, each output
  * rounded once; the forward folds epi's bias (+ relu) as apply_epi does.
- * Its scratch holds a padded f32 image and row sums per lane, a lane per
- * thread (least: the one lane it runs in at the least). */
+ * Its scratch holds, per lane, a padded f32 image and the sums (the
+ * forward's output planes, or dy's plane and every channel's term sums),
+ * a lane per thread (least: the one lane it runs in at the least). */
 bool cx_conv2d_bf16_direct_applies(const cx_conv_geom *g, int dir);
 size_t cx_conv2d_bf16_direct_scratch_bytes(const cx_conv_geom *g, int dir, bool least);
 void cx_conv2d_bf16_direct(int dir, uint16_t *out, const uint16_t *in0, const uint16_t *in1, const cx_conv_geom *g,
