@@ -562,6 +562,8 @@ typedef struct {
     int nd;
     int64_t shape[CX_MAX_DIMS];   /* kept[0..nkeep-1), reduced..., kept[nkeep-1] */
     int64_t width, blocks, rows;  /* last kept axis; its blocks; reduced rows */
+    int bw;                       /* a block's columns: CX_BLK, or fewer for more tasks */
+    bool plain;                   /* the program is one unmasked contiguous f32 or bf16 load */
 } colsum_job;
 
 static void permute_view(cx_view *v, const int *perm, int nd)
@@ -585,8 +587,8 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
     bool bf16 = j->k->out_dtype == CX_BF16;
     double acc[CX_BLK];
     for (int64_t u = b; u < e; u++) {
-        int64_t lead = u / j->blocks, j0 = (u % j->blocks) * CX_BLK;
-        int len = (int)(j->width - j0 < CX_BLK ? j->width - j0 : CX_BLK);
+        int64_t lead = u / j->blocks, j0 = (u % j->blocks) * j->bw;
+        int len = (int)(j->width - j0 < j->bw ? j->width - j0 : j->bw);
         int64_t idx[CX_MAX_DIMS] = { 0 };
         int64_t t = lead;
         for (int d = nlead - 1; d >= 0; d--) { idx[d] = t % j->shape[d]; t /= j->shape[d]; }
@@ -594,6 +596,20 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
         for (int64_t row = 0; row < j->rows; row++) {
             int64_t rr = row;
             for (int d = nd - 2; d >= nlead; d--) { idx[d] = rr % j->shape[d]; rr /= j->shape[d]; }
+            if (j->plain) {
+                /* a plain load (a bias gradient) read in place: eval_block
+                 * would first copy (and a bf16 one widen) it into a register */
+                const cx_pinstr *in = &j->prog.ins[0];
+                int64_t a = view_base(&j->prog.views[in->view], idx, nd, j0);
+                if (in->src_dtype == CX_BF16) {
+                    const uint16_t *h = (const uint16_t *)j->rc->slot_ptr[in->slot] + a;
+                    for (int q = 0; q < len; q++) acc[q] += cx_bf16_to_f32_inline(h[q]);
+                } else {
+                    const float *f = (const float *)j->rc->slot_ptr[in->slot] + a;
+                    for (int q = 0; q < len; q++) acc[q] += f[q];
+                }
+                continue;
+            }
             const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len).f;
             for (int q = 0; q < len; q++) acc[q] += r[q];
         }
@@ -631,13 +647,24 @@ static bool try_run_colsum(const run_ctx *rc, const cx_kernel *k)
     for (int i = 0; i < k->prog.nviews; i++) permute_view(&views[i], perm, nd);
     colsum_job j = { .rc = rc, .k = k, .prog = k->prog, .nd = nd, .rows = 1 };
     j.prog.views = views;
+    const cx_pinstr *in0 = &k->prog.ins[0];
+    j.plain = k->prog.n == 1 && in0->kind == P_LOAD && (in0->src_dtype == CX_F32 || in0->src_dtype == CX_BF16) &&
+              (in0->dtype == CX_F32 || in0->dtype == in0->src_dtype) && !views[in0->view].masked &&
+              views[in0->view].strides[nd - 1] == 1;
     for (int d = 0; d < nd; d++) j.shape[d] = k->shape[perm[d]];
     for (int d = nk - 1; d < nd - 1; d++) j.rows *= j.shape[d];
     j.width = k->shape[nk - 1];
-    j.blocks = (j.width + CX_BLK - 1) / CX_BLK;
     int64_t lead = 1;
     for (int d = 0; d < nk - 1; d++) lead *= k->shape[d];
-    int64_t work = j.rows * (j.width < CX_BLK ? j.width : CX_BLK);
+    /* Narrower blocks where CX_BLK-wide ones would leave threads idle: a
+     * bias gradient of 768 columns was 3 blocks on 2 threads, one thread
+     * summing two of them while the other waited. Each output is still
+     * one thread's sum in row order, so the bits do not change. */
+    j.bw = CX_BLK;
+    int64_t want = 4 * (int64_t)cx_pool_threads();
+    while (j.bw > 32 && lead * ((j.width + j.bw - 1) / j.bw) < want) j.bw /= 2;
+    j.blocks = (j.width + j.bw - 1) / j.bw;
+    int64_t work = j.rows * (j.width < j.bw ? j.width : j.bw);
     cx_pool_parallel_for(lead * j.blocks, work >= 32768 ? 1 : 32768 / (work ? work : 1) + 1, colsum_range, &j);
     return true;
 }

@@ -751,9 +751,9 @@ Test(compile, threads_setting)
 }
 
 /* A sum over the leading axis (a bias gradient) is each column's rows
- * added in order in double, whatever the thread count: read in place (the
- * rows four at a time) or computed by a prologue (x * x) alike. 1001 rows
- * and 300 columns leave a partial group of rows and a partial block. */
+ * added in order in double, whatever the thread count: read in place or
+ * computed by a prologue (x * x) alike. 1001 rows and 300 columns leave a
+ * partial block of columns, however many the threads split them into. */
 Test(compile, column_sums_add_rows_in_order)
 {
     const int64_t R = 1001, C = 300, xs[2] = { R, C };
