@@ -211,7 +211,7 @@ CX_HOT static void pair_rows_mr(uint32_t *dst, int64_t panel_words, const uint16
 /* The packers read a new pair of rows, ld apart, per step: ask for the
  * pair PREFETCH_PAIRS on (the hardware's stride prefetcher did not keep
  * up: the loads of each new row stalled the packing). */
-enum { PREFETCH_PAIRS = 4 };
+enum { PREFETCH_PAIRS = 4, PREFETCH_LANES = 8 };
 static void prefetch_pair(const uint16_t *row, int64_t ld, int64_t count)
 {
     for (int64_t e = 0; e < count; e += 32) {
@@ -259,8 +259,15 @@ static void pack_panels(uint32_t *dst, int64_t width, bool k_major, const uint16
         }
         return;
     }
+    /* lanes a few on prefetched: an attention head's keys are rows a page
+     * or more apart (the qkv projection interleaves the heads), which the
+     * hardware prefetchers miss, and the packing waited on each */
     for (int64_t p = 0; p < count; p += width)
-        for (int64_t c = 0; c < min64(width, count - p); c++) pair_lane(dst + p * pairs + c, width, src + (p + c) * ld, kb);
+        for (int64_t c = 0; c < min64(width, count - p); c++) {
+            if (p + c + PREFETCH_LANES < count)
+                for (int64_t e = 0; e < kb; e += 32) __builtin_prefetch(src + (p + c + PREFETCH_LANES) * ld + e);
+            pair_lane(dst + p * pairs + c, width, src + (p + c) * ld, kb);
+        }
 }
 
 /* bp: op(B)[k0.., j0..] as NR-column panels (the vdpbf16ps layout) */
@@ -617,6 +624,12 @@ void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int
     pack_panels(ap, MR, false, a, lda, m, k);
 }
 
+void cx_bf16_pack_panels(uint32_t *dst, bool a_side, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
+                         int64_t k)
+{
+    pack_panels(dst, a_side ? MR : NR, k_major, src, ld, count, k);
+}
+
 /* one MR x NR tile of c: whole (c has the room), or through a tile */
 CX_BF16_TARGET static void tile_product(float *ct, int64_t ldc, bool accumulate, const char *a, int64_t rs,
                                         int64_t qs, const uint16_t *bpp, int64_t pairs, int64_t rows, int64_t cols,
@@ -670,6 +683,13 @@ void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, in
 void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k)
 {
     (void)ap; (void)a; (void)lda; (void)m; (void)k;
+    CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
+}
+
+void cx_bf16_pack_panels(uint32_t *dst, bool a_side, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
+                         int64_t k)
+{
+    (void)dst; (void)a_side; (void)k_major; (void)src; (void)ld; (void)count; (void)k;
     CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
 }
 

@@ -363,7 +363,8 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
                         void *scratch, size_t scratch_bytes);
 
 /* Products for a pool task that makes its own operands in f32
- * (Winograd's bf16 products), in the calling thread; only with
+ * (Winograd's bf16 products) or runs its own small products (the bf16
+ * attention's heads route), in the calling thread; only with
  * AVX512_BF16 (cx_isa_active()). Operands are rounded to bf16 by
  * vcvtneps2bf16: to nearest even, denormals flushed to zero.
  *  - cx_bf16_round_rows: dst (height, width) (ld ldd) = src (rows, cols)
@@ -372,6 +373,11 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
  *    cx_bf16_panel_words(n, k, false) words of panels;
  *  - cx_bf16_pack_a: A (m, k) bf16 (ld lda) into
  *    cx_bf16_panel_words(m, k, true) words;
+ *  - cx_bf16_pack_panels: count lanes by k of bf16 into
+ *    cx_bf16_panel_words(count, k, a_side) words, A's panels (a_side) or
+ *    B's; with k_major, K runs down src's rows (lane c of row q at src +
+ *    q ld + c: B, or a transposed A), else along them (lane c at src + c
+ *    ld: A, or a transposed B). An odd k's last pair has a 0 high half;
  *  - cx_bf16_gemm_panels: c (m, n) (ld ldc) = A B, or c + A B with
  *    accumulate, summed in f32; A packed (ap), or else bf16 rows read in
  *    place (a, ld lda, k even, and round_up(m, CX_BF16_TILE_ROWS) rows
@@ -384,6 +390,8 @@ void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld
                         int64_t height, int64_t width);
 void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n);
 void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k);
+void cx_bf16_pack_panels(uint32_t *dst, bool a_side, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
+                         int64_t k);
 void cx_bf16_gemm_panels(float *c, int64_t ldc, bool accumulate, const uint32_t *ap, const uint16_t *a, int64_t lda,
                          const uint32_t *bp, int64_t m, int64_t n, int64_t k, bool room);
 

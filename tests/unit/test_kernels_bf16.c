@@ -386,16 +386,18 @@ static void attn_run(const attn_case *c, int how, const cx_attn_geom *g, uint16_
     free(s);
 }
 
-/* One way of running it against the f32 kernel: heads and widening run
- * the f32 kernels on the widened values, so they give exactly their
- * result rounded once; the GEMM route within check_near's tolerance. */
+/* One way of running it against the f32 kernel: widening, and the heads
+ * route without AVX512_BF16, run the f32 kernels on the widened values,
+ * so they give exactly their result rounded once; the GEMM route, and the
+ * heads route's bf16 products with AVX512_BF16, within check_near's
+ * tolerance. */
 static void attn_check(const attn_case *c, int how)
 {
     const int64_t hd = c->g.h * c->g.d;
     uint16_t *o = malloc(sizeof *o * c->no), *g16 = malloc(sizeof *g16 * 3 * c->no);
     cr_assert(o && g16);
     const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, fits = c->g.s <= 1024;
-    const bool near = how == GEMM || (!fits && (how == OTHER || (how == AUTO && hw)));
+    const bool near = how == GEMM || (hw && fits && how != WIDEN) || (!fits && (how == OTHER || (how == AUTO && hw)));
     attn_run(c, how, &c->g, o, g16, false);
     if (near) check_near("out", o, c->of, c->no);
     else check_rounded("out", o, c->of, c->no);
@@ -426,10 +428,12 @@ static void attn_check(const attn_case *c, int how)
 }
 
 /* Every route by name on every level, and cx_attention_bf16's own choice:
- * heads up to 1024 keys (exactly the f32 kernel's result rounded once);
- * beyond, the GEMM route with AVX512_BF16 and widening without, and each
- * given the other's scratch. 9 images of 2 heads: widening's and the GEMM
- * route's chunks of 8 images and 1; a longer sequence of 1030 keys. */
+ * heads up to 1024 keys (bf16 products with AVX512_BF16, else exactly the
+ * f32 kernel's result rounded once); beyond, the GEMM route with
+ * AVX512_BF16 and widening without, and each given the other's scratch.
+ * 9 images of 2 heads: widening's and the GEMM route's chunks of 8 images
+ * and 1, and 37 queries: blocks of query rows with a ragged last one; a
+ * longer sequence of 1030 keys. */
 Test(bf16_attention, every_route_against_the_f32_kernel)
 {
     rng_state = 0x9e3779b97f4a7c15ull;
@@ -446,6 +450,11 @@ Test(bf16_attention, every_route_against_the_f32_kernel)
     attn_check(&one, HEADS);
     attn_free(&u);
     attn_free(&one);
+    /* an odd head size: the products' last pair half padding */
+    attn_case odd = attn_make(2, 29, 3, 7);
+    attn_check(&odd, HEADS);
+    attn_check(&odd, AUTO);
+    attn_free(&odd);
 }
 
 /* ---- convolution -------------------------------------------------------------------- */
