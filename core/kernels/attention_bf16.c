@@ -533,7 +533,7 @@ static int64_t up_to(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 static int64_t product_rows(const cx_attn_geom *g) { return g->causal ? PB_CAUSAL : PB; }
 
 typedef struct {
-    float *sc, *dp, *ob, *dk, *dv, *delta;   /* scores then P, dP; a block's O or dQ; dK, dV sums */
+    float *sc, *dp, *ob, *dk, *dv;           /* scores then P, dP; a block's O or dQ; dK, dV sums */
     uint16_t *p16, *ds16, *qb, *db;          /* P, dS rounded; the block's q and dout rows */
     uint32_t *ap, *bp, *kp, *vtp;            /* panels: A, a block's B, K^T and V^T of the head */
     int64_t ld, ldh, dd, rb;                 /* sc and p16 row lengths; q, dout, O rows; block rows */
@@ -547,13 +547,13 @@ static size_t prod_carve(const cx_attn_geom *g, bool bwd, char *base, prod_lane 
     const size_t sizes[] = {
         (size_t)(rb * ld) * 4, bwd ? (size_t)(rb * ld) * 4 : 0, (size_t)(rb * dd) * 4,
         bwd ? (size_t)(up_to(g->s, CX_BF16_TILE_ROWS) * dd) * 4 : 0,
-        bwd ? (size_t)(up_to(g->s, CX_BF16_TILE_ROWS) * dd) * 4 : 0, (size_t)rb * 4,
+        bwd ? (size_t)(up_to(g->s, CX_BF16_TILE_ROWS) * dd) * 4 : 0,
         (size_t)(rb * ld) * 2, bwd ? (size_t)(rb * ld) * 2 : 0, (size_t)(rb * ldh) * 2, bwd ? (size_t)(rb * ldh) * 2 : 0,
         cx_bf16_panel_words(g->s, rb, true) * 4, cx_bf16_panel_words(g->d, kmax, false) * 4,
         cx_bf16_panel_words(g->s, g->d, false) * 4, bwd ? cx_bf16_panel_words(g->s, g->d, false) * 4 : 0,
     };
     void **at[] = { (void **)&L->sc, (void **)&L->dp, (void **)&L->ob, (void **)&L->dk, (void **)&L->dv,
-                    (void **)&L->delta, (void **)&L->p16, (void **)&L->ds16, (void **)&L->qb, (void **)&L->db,
+                    (void **)&L->p16, (void **)&L->ds16, (void **)&L->qb, (void **)&L->db,
                     (void **)&L->ap, (void **)&L->bp, (void **)&L->kp, (void **)&L->vtp };
     _Static_assert(sizeof sizes / sizeof *sizes == sizeof at / sizeof *at, "one size per buffer");
     size_t off = 0;
@@ -634,36 +634,29 @@ static void prod_head_fwd(const cx_attn_geom *g, float *lane, uint16_t *out, con
     }
 }
 
-/* delta_i = rowsum(dO * O) of the block's rows, from the bf16 values */
-CX_HOT static void prod_delta(const cx_attn_geom *g, float *delta, const uint16_t *dout, const uint16_t *o,
-                              int64_t rows)
-{
-    for (int64_t i = 0; i < rows; i++) {
-        const uint16_t *a = dout + i * g->do_strides[1], *b = o + i * g->o_strides[1];
-        float acc[LANES] = { 0 };
-        int64_t e = 0;
-        for (; e + LANES <= g->d; e += LANES)
-            for (int u = 0; u < LANES; u++) acc[u] += cx_bf16_to_f32_inline(a[e + u]) * cx_bf16_to_f32_inline(b[e + u]);
-        for (int u = 0; e + u < g->d; u++) acc[u] += cx_bf16_to_f32_inline(a[e + u]) * cx_bf16_to_f32_inline(b[e + u]);
-        delta[i] = lane_sum(acc);
-    }
-}
-
-/* dS = scale P (dP - delta), rounded into ds16 (0 where P is) */
-CX_HOT static void prod_dscores(const prod_lane *L, int64_t rows, int64_t kend, float scale)
+/* dS = scale P (dP - delta), delta = rowsum(P dP), rounded into ds16 (0
+ * where P is). delta from P and dP, as the GEMM route's, not as
+ * rowsum(dO O): those are in the lane, while O's rows were strided loads
+ * that missed the cache (1 % of a gpt step's samples). */
+CX_HOT static void prod_dscores(const prod_lane *L, int64_t kend, float scale)
 {
     const int64_t ke = up_to(kend, 2);
     for (int64_t i = 0; i < L->rb; i++) {
         const float *p = L->sc + i * L->ld, *dp = L->dp + i * L->ld;
         uint16_t *h = L->ds16 + i * L->ld;
-        const float di = i < rows ? L->delta[i] : 0.0f;
-        for (int64_t c = 0; c < ke; c++) h[c] = cx_f32_to_bf16_inline(scale * p[c] * (dp[c] - di));
+        float acc[LANES] = { 0 };
+        int64_t c = 0;
+        for (; c + LANES <= ke; c += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += p[c + l] * dp[c + l];
+        for (; c < ke; c++) acc[0] += p[c] * dp[c];
+        const float di = lane_sum(acc);
+        for (c = 0; c < ke; c++) h[c] = cx_f32_to_bf16_inline(scale * p[c] * (dp[c] - di));
     }
 }
 
 typedef struct {
-    const uint16_t *q, *k, *v, *o, *dout;   /* the head's first rows */
-    uint16_t *dq, *dk, *dv;                  /* its gradients' first rows, ld apart */
+    const uint16_t *q, *k, *v, *dout;   /* the head's first rows (softmax's backward needs P, not O) */
+    uint16_t *dq, *dk, *dv;             /* its gradients' first rows, ld apart */
     int64_t ld;
 } prod_head;
 
@@ -684,7 +677,6 @@ static void prod_head_bwd(const cx_attn_geom *g, float *lane, const prod_head *x
             continue;
         }
         prod_probs(g, &L, x->q, q0, rows, kend);
-        prod_delta(g, L.delta, x->dout + q0 * g->do_strides[1], x->o + q0 * g->o_strides[1], rows);
         copy_rows(L.db, L.ldh, x->dout, g->do_strides[1], q0, rows, L.rb, d);
         /* dV[0, kend) += P^T dO: P^T packed (K along the block's rows) */
         cx_bf16_pack_panels(L.ap, true, true, L.p16, L.ld, kend, L.rb);
@@ -692,7 +684,7 @@ static void prod_head_bwd(const cx_attn_geom *g, float *lane, const prod_head *x
         cx_bf16_gemm_panels(L.dv, L.dd, true, L.ap, NULL, 0, L.bp, kend, d, L.rb, true);
         /* dP = dO V^T, then dS */
         cx_bf16_gemm_panels(L.dp, L.ld, false, NULL, L.db, L.ldh, L.vtp, L.rb, kend, L.ldh, true);
-        prod_dscores(&L, rows, kend, g->scale);
+        prod_dscores(&L, kend, g->scale);
         /* dQ = dS K */
         cx_bf16_pack_panels(L.bp, false, true, x->k, g->k_strides[1], d, kend);
         cx_bf16_gemm_panels(L.ob, L.dd, false, NULL, L.ds16, L.ld, L.bp, L.rb, d, up_to(kend, 2), true);
@@ -719,7 +711,7 @@ static void heads_task(const heads_job *j, float *lane, int64_t n, int64_t h)
         }
         int64_t at[3], ld;
         cx_attn_grad_places(g, n, h, at, &ld);
-        const prod_head x = { .q = q, .k = k, .v = v, .o = j->o + n * g->o_strides[0] + h * g->o_strides[2],
+        const prod_head x = { .q = q, .k = k, .v = v,
                               .dout = j->dout + n * g->do_strides[0] + h * g->do_strides[2],
                               .dq = j->out + at[0], .dk = j->out + at[1], .dv = j->out + at[2], .ld = ld };
         prod_head_bwd(g, lane, &x);
