@@ -2,8 +2,11 @@
  * kernel's output (bias, activation, relu's gradient mask) runs in place
  * right after it, while the output is in cache; the output's own arena slot
  * disappears. Where the kernel can apply the epilogue itself (conv bias and
- * relu, the relu-gradient mask), it does, and no program runs at all. */
+ * relu, the relu-gradient mask), it does, and no program runs at all; a
+ * bf16 matmul whose only reader casts it to f32 writes its f32 sums. */
 #include "passes.h"
+
+#include <stdlib.h>
 
 /* Whether x's view (the bias) reads one value per channel of the conv h's
  * (N, O, OH*OW) output as the merged kernel m iterates it. */
@@ -99,6 +102,43 @@ static bool epilogue_fits(const cx_executable *e, int k, const cx_kernel *h, int
     return true;
 }
 
+/* Whether f, h's only reader, is just h's output cast to f32, where h is
+ * a bf16 matmul: autocast's product whose value goes on in f32 (a
+ * gradient into an f32 layer, a weight's gradient to its f32 master). h
+ * then writes its f32 sums itself, unrounded: the value rounded to bf16
+ * and widened again, which is what the cast kernel made of them, loses
+ * bits for nothing, and the cast was a pass over the whole output. */
+static bool casts_to_f32(const cx_executable *e, int k, const cx_kernel *h, int reader)
+{
+    const cx_kernel *f = &e->kernels[reader];
+    if (h->kind != K_MATMUL || h->out_dtype != CX_BF16 || h->has_epilogue || reader <= k) return false;
+    if (f->kind != K_FUSED || f->out_dtype != CX_F32 || f->out_numel != h->out_numel) return false;
+    if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
+    const cx_program *p = &f->prog;
+    if (p->n != 2 || p->result != 1) return false;
+    const cx_pinstr *ld = &p->ins[0], *cast = &p->ins[1];
+    return ld->kind == P_LOAD && ld->slot == h->out_slot && ld->src_dtype == CX_BF16 && ld->dtype == CX_BF16 &&
+           cx_view_is_identity(&p->views[ld->view], f->shape, f->ndim) && cast->kind == P_CAST && cast->a == 0 &&
+           cast->dtype == CX_F32;
+}
+
+/* h (kernel k) takes over its reader's place and output: its value is
+ * the reader's, and its node joins the reader's group */
+static cx_kernel *take_reader_place(cx_executable *e, int k, int reader, cx_kernel merged)
+{
+    const cx_kernel *f = &e->kernels[reader];
+    merged.out_slot = f->out_slot;
+    merged.node = f->node;
+    merged.loc = f->loc;
+    merged.ndim = f->ndim;
+    memcpy(merged.shape, f->shape, sizeof merged.shape);
+    e->slots[e->kernels[k].out_slot].last = -1; /* dead: no arena space */
+    e->kernels[reader] = merged;
+    memmove(&e->kernels[k], &e->kernels[k + 1], sizeof *e->kernels * (size_t)(e->nkernels - k - 1));
+    e->nkernels--;
+    return &e->kernels[reader - 1];
+}
+
 void cx_pass_fuse_epilogues(cx_executable *e)
 {
     for (int k = 0; k < e->nkernels; k++) {
@@ -106,7 +146,17 @@ void cx_pass_fuse_epilogues(cx_executable *e)
         if (h->kind != K_MATMUL && h->kind != K_CONV && h->kind != K_CONV_BI && h->kind != K_MAXPOOL_BWD) continue;
         if (e->slots[h->out_slot].kind != SLOT_ARENA) continue;
         int reader = -1;
-        if (cx_exec_count_readers(e, h->out_slot, &reader) != 1 || !epilogue_fits(e, k, h, reader)) continue;
+        if (cx_exec_count_readers(e, h->out_slot, &reader) != 1) continue;
+        if (casts_to_f32(e, k, h, reader)) {
+            cx_kernel merged = *h;
+            merged.out_dtype = CX_F32;
+            free(e->kernels[reader].prog.ins);   /* the cast's program goes with it */
+            free(e->kernels[reader].prog.views);
+            take_reader_place(e, k, reader, merged);
+            k--;
+            continue;
+        }
+        if (!epilogue_fits(e, k, h, reader)) continue;
         /* the heavy op moves to the reader's position and writes the reader's
          * output; the program then runs in place over it (the heavy op's own
          * geometry comes from its inputs and attributes) */
@@ -114,17 +164,12 @@ void cx_pass_fuse_epilogues(cx_executable *e)
         cx_kernel merged = *h;
         merged.has_epilogue = true;
         merged.prog = f->prog;
-        merged.out_slot = f->out_slot;
-        merged.node = f->node;   /* its value is the reader's; the heavy node joins the reader's group */
-        merged.loc = f->loc;
+        cx_prog_rename_loads(&merged.prog, h->out_slot, f->out_slot);
+        merged.out_slot = f->out_slot;   /* fold_epilogue reads the merged kernel's output slot */
         merged.ndim = f->ndim;
         memcpy(merged.shape, f->shape, sizeof merged.shape);
-        cx_prog_rename_loads(&merged.prog, h->out_slot, f->out_slot);
         merged.epi = (uint8_t)fold_epilogue(h, &merged, &merged.epi_load);
-        e->slots[h->out_slot].last = -1; /* dead: no arena space */
-        e->kernels[reader] = merged;
-        memmove(&e->kernels[k], &e->kernels[k + 1], sizeof *e->kernels * (size_t)(e->nkernels - k - 1));
-        e->nkernels--;
+        take_reader_place(e, k, reader, merged);
         k--;
     }
 }

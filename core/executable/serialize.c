@@ -288,10 +288,11 @@ static bool attrs_ok(const cx_kernel *k)
 }
 
 /* The dense kernels and pools run in their output's dtype, f32 or bf16,
- * and read every operand in it (the executor picks the kernel by dtype); a
- * bf16 matmul needs at least one thread's tiles of scratch, a bf16 pool one
- * thread's planes, an attention (f32 or bf16) what its route needs at the
- * least. */
+ * and read every operand in it (the executor picks the kernel by dtype),
+ * but for a bf16 matmul with its f32 cast folded in (f32 output, bf16
+ * operands, no epilogue); a bf16 matmul needs at least one thread's tiles
+ * of scratch, a bf16 pool one thread's planes, an attention (f32 or bf16)
+ * what its route needs at the least. */
 static bool dense_ok(const cx_executable *e, const cx_kernel *k)
 {
     switch (k->kind) {
@@ -300,8 +301,11 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
     default: return true;
     }
     if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
+    const bool f32_sums = k->kind == K_MATMUL && k->out_dtype == CX_F32 && k->nin > 0 && k->in[0].dtype == CX_BF16;
+    if (f32_sums && k->has_epilogue) return false;
+    const int in_dtype = f32_sums ? CX_BF16 : k->out_dtype;
     for (int i = 0; i < k->nin; i++)
-        if (k->in[i].dtype != k->out_dtype) return false;
+        if (k->in[i].dtype != in_dtype) return false;
     if (k->scratch_slot >= 0 && k->scratch_bytes > e->slots[k->scratch_slot].bytes) return false;
     if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_BWD) {
         cx_attn_geom g;
@@ -311,7 +315,7 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
                                              : cx_attention_bf16_min_scratch_bytes(&g, bwd);
         return need == 0 || (k->scratch_slot >= 0 && (size_t)k->scratch_bytes >= need);
     }
-    if (k->out_dtype == CX_F32) return true;
+    if (in_dtype == CX_F32) return true;
     if (cx_kernel_is_pool(k)) {
         cx_pool_geom g;
         cx_kernel_pool_geom(k, &g);

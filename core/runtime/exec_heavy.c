@@ -33,6 +33,11 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k, void *scratch)
     if (A->dtype == CX_BF16) {
         const uint16_t *ah = (const uint16_t *)rc->slot_ptr[A->slot] + A->offset;
         const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
+        if (k->out_dtype == CX_F32) {   /* its f32 cast folded in: the sums themselves */
+            cx_matmul_bf16_f32(rc->slot_ptr[k->out_slot], false, ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
+                               scratch, (size_t)k->scratch_bytes);
+            return;
+        }
         const cx_bf16_epi e = bf16_epi(rc, k);
         cx_matmul_bf16_epi(rc->slot_ptr[k->out_slot], &e, ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
                            scratch, (size_t)k->scratch_bytes);

@@ -429,26 +429,44 @@ Test(ops_bf16, conv_and_pool_epilogues_folded_in_bf16)
 
 /* ---- autocast's Linear bias, folded into the bf16 matmul ---- */
 
-/* Whether a program dumped into dir has a bf16 matmul that applies its
- * bias itself ("epilogue fused: bias"); removes the dumps and dir. */
-static bool dumped_bias_fold(const char *dir)
+/* Whether a program dumped into dir has a matmul line of `kind` (its
+ * output's dtype and shape follow) whose path says `path`; removes the
+ * dumps and dir. */
+static bool dumped_matmul(const char *dir, const char *kind, const char *path)
 {
     bool found = false;
     DIR *d = opendir(dir);
     cr_assert(d, "no dump directory %s", dir);
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.') continue;
-        char path[1024], line[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        FILE *f = fopen(path, "r");
+        char file[1024], line[4096];
+        snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(file, "r");
         while (f && fgets(line, sizeof line, f))
-            if (strstr(line, " matmul bf16") && strstr(line, "epilogue fused: bias")) found = true;
+            if (strstr(line, kind) && strstr(line, path)) found = true;
         if (f) fclose(f);
-        remove(path);
+        remove(file);
     }
     closedir(d);
     rmdir(dir);
     return found;
+}
+
+/* programs dumped into a fresh directory, its name in dir, until
+ * dump_stop() */
+static void dump_into(char *dir, size_t size)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, size, "%s/cxla_fold_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert(mkdtemp(dir), "mkdtemp %s failed", dir);   /* it replaces the template's X's */
+    setenv("CX_DUMP_DIR", dir, 1);
+    cx_debug_reload_env();
+}
+
+static void dump_stop(void)
+{
+    unsetenv("CX_DUMP_DIR");
+    cx_debug_reload_env();
 }
 
 /* y = matmul(x, w^T) + cast(b, bf16) [then relu], the f32 bias cast in the
@@ -469,21 +487,15 @@ static void linear_fold_matches(int64_t batch, int64_t m, int64_t k, int64_t n, 
     cx_tensor *X = persist_bf16(x, batch > 1 ? sx3 : sx3 + 1, batch > 1 ? 3 : 2, nx, false);
     cx_tensor *W = persist_bf16(w, sw, 2, nw, false), *Bb = persist_bf16(b, sb, 1, n, false);
     cx_tensor *B = cx_persist(tf32(b, sb, 1));
-    /* a fresh dump directory: mkdtemp replaces the template's X's */
     char dir[512];
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/cxla_linear_fold_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    cr_assert(mkdtemp(dir), "mkdtemp %s failed", dir);
-    setenv("CX_DUMP_DIR", dir, 1);
-    cx_debug_reload_env();
+    dump_into(dir, sizeof dir);
     cx_step_begin();
     cx_tensor *y = cx_add(cx_matmul(X, cx_transpose(W, 0, 1)), cx_cast(B, CX_BF16));
     if (relu) y = cx_relu(y);
     uint16_t *fold = read_bf16(y, ny);
     end_ok();
-    unsetenv("CX_DUMP_DIR");
-    cx_debug_reload_env();
-    cr_assert(dumped_bias_fold(dir), "(%lld x %lld) x (%lld x %lld): the bias did not fold into the matmul", (long long)rows,
+    dump_stop();
+    cr_assert(dumped_matmul(dir, " matmul bf16", "epilogue fused: bias"), "(%lld x %lld) x (%lld x %lld): the bias did not fold into the matmul", (long long)rows,
               (long long)k, (long long)k, (long long)n);
     cx_step_begin();
     cx_tensor *y2 = cx_add(cx_matmul(X, cx_transpose(W, 0, 1)), Bb);
@@ -507,6 +519,68 @@ Test(ops_bf16, linear_bias_folded_in_bf16)
     linear_fold_matches(1, 24, 40, 300, true, 45);
     linear_fold_matches(1, 13, 520, 300, false, 46);
     linear_fold_matches(1, 12, 16, 1100, false, 47);
+}
+
+/* ---- a bf16 matmul's cast to f32, folded into it ---- */
+
+/* cast(matmul(x, w^T), f32), the matmul read by the cast alone (a
+ * gradient going on into an f32 layer, a weight's gradient to its f32
+ * master): the matmul writes its f32 sums unrounded (the dump says so).
+ * Those sums rounded are the bf16 matmul's result bit for bit, and they
+ * are within the f32 sums' error of a double reference, far inside the
+ * 2^-9 |y| a rounding to bf16 moves most values by. One K block with
+ * ragged tiles, K over a block, a batch; test_ops_bf16_avx2 runs the f32
+ * route. */
+static void cast_fold_matches(int64_t batch, int64_t m, int64_t k, int64_t n, unsigned seed)
+{
+    const int64_t rows = batch * m, nx = rows * k, nw = n * k, ny = rows * n;
+    const int64_t sx3[] = { batch, m, k }, sw[] = { n, k };
+    rng_seed(seed);
+    float *x = rand_f32(nx, -1, 1), *w = rand_f32(nw, -1, 1);
+    cx_tensor *X = persist_bf16(x, batch > 1 ? sx3 : sx3 + 1, batch > 1 ? 3 : 2, nx, false);
+    cx_tensor *W = persist_bf16(w, sw, 2, nw, false);
+    char dir[512];
+    dump_into(dir, sizeof dir);
+    cx_step_begin();
+    cx_tensor *y = cx_keep(cx_cast(cx_matmul(X, cx_transpose(W, 0, 1)), CX_F32));
+    end_ok();
+    dump_stop();
+    float *got = malloc(sizeof *got * (size_t)ny);
+    cr_assert(got);
+    cr_assert_eq(cx_to_host(y, got, CX_F32), CX_OK, "%s", cx_last_error());
+    cx_free(y);
+    cr_assert(dumped_matmul(dir, " matmul f32", "f32 sums out"), "(%lld x %lld) x (%lld x %lld): the cast did not fold",
+              (long long)rows, (long long)k, (long long)k, (long long)n);
+    cx_step_begin();
+    uint16_t *bf = read_bf16(cx_matmul(X, cx_transpose(W, 0, 1)), ny);
+    end_ok();
+    uint16_t *xb = to_bf16(x, nx), *wb = to_bf16(w, nw);
+    int64_t moved = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double t = (double)cx_bf16_to_f32(xb[i * k + q]) * cx_bf16_to_f32(wb[j * k + q]);
+                ref += t;
+                mag += fabs(t);
+            }
+            float g = got[i * n + j];
+            cr_assert(fabs(g - ref) <= 1e-6 * mag, "y[%lld][%lld] = %.9g, want %.9g", (long long)i, (long long)j, (double)g,
+                      ref);
+            cr_assert_eq(cx_f32_to_bf16(g), bf[i * n + j], "y[%lld][%lld] = %.9g rounds to %#x, the bf16 matmul %#x",
+                         (long long)i, (long long)j, (double)g, cx_f32_to_bf16(g), bf[i * n + j]);
+            moved += cx_bf16_to_f32(bf[i * n + j]) != g;
+        }
+    cr_assert(moved > ny / 2, "only %lld of %lld sums differ from their bf16 rounding", (long long)moved, (long long)ny);
+    cx_free(X); cx_free(W);
+    free(x); free(w); free(xb); free(wb); free(got); free(bf);
+}
+
+Test(ops_bf16, cast_to_f32_folded_into_the_matmul)
+{
+    cast_fold_matches(1, 30, 24, 40, 51);
+    cast_fold_matches(1, 26, 600, 70, 52);
+    cast_fold_matches(2, 13, 48, 33, 53);
 }
 
 /* A bf16 product over an empty K is zeros, and with a folded bias the
