@@ -293,6 +293,21 @@ static bool attrs_ok(const cx_kernel *k)
  * operands, no epilogue); a bf16 matmul needs at least one thread's tiles
  * of scratch, a bf16 pool one thread's planes, an attention (f32 or bf16)
  * what its route needs at the least. */
+/* A matmul writes batch x m x n values, batch A's leading dims, (m, k) A's
+ * last two and n B's last: its output must hold them, and B must have A's
+ * k rows (the executor reads both by those shapes). */
+static bool matmul_shapes_ok(const cx_kernel *k)
+{
+    if (k->nin != 2 || k->in[0].ndim < 2 || k->in[0].ndim != k->in[1].ndim) return false;
+    const cx_kin *a = &k->in[0], *b = &k->in[1];
+    const int nd = a->ndim;
+    if (a->shape[nd - 1] != b->shape[nd - 2]) return false;
+    int64_t out = 1;
+    for (int d = 0; d < nd - 1; d++)
+        if (a->shape[d] < 0 || __builtin_mul_overflow(out, a->shape[d], &out)) return false;
+    return b->shape[nd - 1] >= 0 && !__builtin_mul_overflow(out, b->shape[nd - 1], &out) && out == k->out_numel;
+}
+
 static bool dense_ok(const cx_executable *e, const cx_kernel *k)
 {
     switch (k->kind) {
@@ -301,6 +316,7 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
     default: return true;
     }
     if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
+    if (k->kind == K_MATMUL && !matmul_shapes_ok(k)) return false;
     const bool f32_sums = k->kind == K_MATMUL && k->out_dtype == CX_F32 && k->nin > 0 && k->in[0].dtype == CX_BF16;
     if (f32_sums && k->has_epilogue) return false;
     const int in_dtype = f32_sums ? CX_BF16 : k->out_dtype;

@@ -1,14 +1,16 @@
 /* bf16 attention, the graph's tensors (what is saved for backward and
  * moved between kernels) bf16 throughout. Three routes:
- *  - heads: each (image, head) task widens its head's q, k, v (and o,
- *    dout) into f32 copies in the thread's lane, runs the f32 rows route
- *    (attention.c) on them and rounds its result into place: the copies
- *    are O(T D) against the head's O(T S D) work and stay in L2. Where the
- *    rows route fits (up to 1024 keys), on every CPU: on the gpt's shape
- *    it ran at 1.08x of the f32 kernel where the GEMM route ran at 0.74x
- *    (Zen 4, AVX512_BF16): the row blocks skip the masked keys and make
- *    fewer passes than the GEMM route's whole-chunk products gain from
- *    bf16;
+ *  - heads: one (image, head) task at a time in the thread's lane, where
+ *    the rows route fits (up to 1024 keys), on every CPU. With
+ *    AVX512_BF16 it runs the rows route's steps on the bf16 values, its
+ *    products on the bf16 micro-kernel (below: "the heads route's bf16
+ *    products"); without, it widens the head's q, k, v (and o, dout) into
+ *    f32 copies, runs the f32 rows route (attention.c) on them and rounds
+ *    its result into place, the copies O(T D) against the head's O(T S D)
+ *    work. Per block of query rows, both skip the keys the block cannot
+ *    see, which the GEMM route's whole-chunk products compute (on the
+ *    gpt's shape that route ran at 0.74x of the f32 kernel, the widening
+ *    heads 1.08x, the bf16 products 1.4x);
  *  - GEMM (with AVX512_BF16, longer sequences): a chunk of images at a
  *    time, q, k, v gathered head-major in bf16, the score and value
  *    products (Q K^T, P V, and backward's dO V^T, P^T dO, dS K, dS^T Q) on
@@ -520,7 +522,11 @@ static void round_head(uint16_t *dst, int64_t ld, const float *src, int64_t rows
  * the bf16 micro-kernel with f32 sums, the softmax in f32, P and dS
  * rounded to bf16 for their products (as PyTorch's bf16 attention, and
  * this file's GEMM route). K^T's panels (and V^T's for dP) are packed once
- * a head; a block's own operands are copied or packed per block. */
+ * a head; a block's own operands are copied or packed per block. A block's
+ * products run over all the keys its last row sees, P being 0 for those
+ * an earlier row may not: an inf or NaN in such a key's value (or its dP)
+ * reaches that row as NaN, as in the GEMM route and PyTorch's math
+ * attention, where the f32 rows route would not have read it. */
 
 /* query rows per block: whole micro-tiles of rows. A causal block computes
  * the keys its last row sees, so one tile of rows skips the most of the

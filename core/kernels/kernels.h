@@ -251,9 +251,11 @@ void cx_attention_head_bwd(const cx_attn_geom *g, float *lane, float *dq, float 
                            const float *k, const float *v, const float *o, const float *dout);
 
 /* The same over bf16 q, k, v (and o, dout), giving bf16 out or dqkv
- * (attention_bf16.c says how each route computes): heads (each head
- * widened into f32 copies for the rows route above, the result rounded
- * once) wherever it fits (up to 1024 keys); beyond, the GEMM route with
+ * (attention_bf16.c says how each route computes): heads wherever it fits
+ * (up to 1024 keys; with AVX512_BF16 the rows route's steps with bf16
+ * products, P and dS rounded to bf16; without, each head widened into
+ * f32 copies for the rows route above, the result rounded once); beyond,
+ * the GEMM route with
  * AVX512_BF16 (bf16 products with f32 sums, P and dS rounded to bf16, as
  * PyTorch's bf16 attention) and widening without (chunks of images for
  * the f32 kernels above). A scratch planned for another route (an

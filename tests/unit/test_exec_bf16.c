@@ -1,6 +1,7 @@
 /* The rules a loaded executable's dense kernels must meet now that they
  * run in f32 or bf16 (core/executable/serialize.c): every operand in the
- * output's dtype, a bf16 matmul or pool with at least one thread's scratch,
+ * output's dtype (but a bf16 matmul's folded f32 cast), a matmul's output
+ * its m x n values, a bf16 matmul or pool with at least one thread's scratch,
  * an attention (f32 or bf16) with the least its route runs in, and a
  * pool's geometry that of its buffers.
  * A hand-built one-matmul executable goes through the serialized form
@@ -65,6 +66,35 @@ static cx_executable *one_matmul(cx_dtype dt, int64_t scratch)
     return e;
 }
 
+/* a (M, K) @ b (K, N) of bf16 into f32 c (a folded cast), with `scratch`
+ * bytes of scratch; f32_b: b f32 instead; epilogue: with one (a program
+ * of c alone) */
+static cx_executable *f32_sums(int64_t scratch, bool f32_b, bool epilogue)
+{
+    cx_executable *e = one_matmul(CX_BF16, scratch);
+    cx_kernel *k = &e->kernels[0];
+    k->out_dtype = CX_F32;
+    e->slots[k->out_slot].bytes = M * N * 4;
+    if (f32_b) {
+        k->in[1].dtype = CX_F32;
+        e->slots[k->in[1].slot].bytes = K * N * 4;
+    }
+    lay_out_arena(e);
+    if (epilogue) {
+        cx_program *p = &k->prog;
+        p->views = calloc(1, sizeof *p->views);
+        p->ins = calloc(1, sizeof *p->ins);
+        cr_assert(p->views && p->ins);
+        p->views[0].strides[0] = N;
+        p->views[0].strides[1] = 1;
+        p->nviews = p->vcap = 1;
+        p->ins[0] = (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = k->out_slot, .view = 0 };
+        p->n = p->cap = 1;
+        k->has_epilogue = true;
+    }
+    return e;
+}
+
 /* whether e survives serialize + deserialize; frees e */
 static bool loads(cx_executable *e)
 {
@@ -94,6 +124,21 @@ Test(bf16_exec, dense_kernels_keep_one_dtype_and_bf16_matmul_has_scratch)
     cx_executable *wide_out = one_matmul(CX_F32, -1);
     wide_out->kernels[0].out_dtype = CX_I32;
     cr_assert(!loads(wide_out), "a matmul must run in f32 or bf16");
+
+    /* a bf16 matmul's f32 cast folded in: f32 sums of bf16 operands */
+    cr_assert(loads(f32_sums(need, false, false)), "a bf16 matmul into f32 with its scratch is valid");
+    cr_assert(!loads(f32_sums(-1, false, false)), "a bf16 matmul into f32 without scratch must be refused");
+    cr_assert(!loads(f32_sums(need, true, false)), "an f32 operand of a matmul into f32 sums must be refused");
+    cr_assert(!loads(f32_sums(need, false, true)), "a bf16 matmul into f32 takes no epilogue");
+
+    /* the product's shapes against its output and each other */
+    cx_executable *more = one_matmul(CX_F32, -1);
+    more->kernels[0].out_numel = M * N - 1;
+    cr_assert(!loads(more), "a matmul's output must hold exactly its m x n values");
+    cx_executable *inner = one_matmul(CX_F32, -1);
+    inner->kernels[0].in[1].shape[0] = K - 1;
+    inner->kernels[0].in[1].numel = (K - 1) * N;
+    cr_assert(!loads(inner), "B must have A's k rows");
 }
 
 /* one_matmul with autocast's Linear bias folded (EPI_BIAS): the program
