@@ -124,7 +124,7 @@ static bool casts_to_f32(const cx_executable *e, int k, const cx_kernel *h, int 
 
 /* h (kernel k) takes over its reader's place and output: its value is
  * the reader's, and its node joins the reader's group */
-static cx_kernel *take_reader_place(cx_executable *e, int k, int reader, cx_kernel merged)
+static void take_reader_place(cx_executable *e, int k, int reader, cx_kernel merged)
 {
     const cx_kernel *f = &e->kernels[reader];
     merged.out_slot = f->out_slot;
@@ -136,7 +136,6 @@ static cx_kernel *take_reader_place(cx_executable *e, int k, int reader, cx_kern
     e->kernels[reader] = merged;
     memmove(&e->kernels[k], &e->kernels[k + 1], sizeof *e->kernels * (size_t)(e->nkernels - k - 1));
     e->nkernels--;
-    return &e->kernels[reader - 1];
 }
 
 void cx_pass_fuse_epilogues(cx_executable *e)
