@@ -7,10 +7,14 @@
  *    vdpbf16ps layout: lane j holds B[2q][j], B[2q+1][j]); A is read in
  *    place where its rows hold the pairs (else packed into MR-row panels
  *    of pairs); a 12x32 micro-kernel keeps its tile in 24 registers.
+ *  - AVX2 + FMA or AVX-512F: the same tasks and blocks, the blocks
+ *    widened to f32 as they are packed for gemm_fma.c's f32 micro-kernel
+ *    (K blocks half as long, so the packed blocks take the same bytes);
  *  - otherwise: the blocks are widened to f32 and multiplied by the
  *    library cx_sgemm would pick for the whole product (oneDNN from about a
- *    million multiply-adds, else OpenBLAS), so memory and the arena hold
- *    bf16 while the arithmetic is f32's. */
+ *    million multiply-adds, else OpenBLAS).
+ * Memory and the arena hold bf16 on every route; without AVX512_BF16 the
+ * arithmetic is f32's. */
 #include "kernels.h"
 #include "pool.h"
 #include "cx_assert.h"
@@ -23,7 +27,7 @@
 #include <immintrin.h>
 #endif
 
-enum { MR = CX_BF16_TILE_ROWS, NR = CX_BF16_TILE_COLS, MC = 96, NC = 256, KC = 512, MCH = 768 };
+enum { MR = CX_BF16_TILE_ROWS, NR = CX_BF16_TILE_COLS, MC = 96, NC = 256, KC = 512, MCH = 768, KC_FMA = KC / 2 };
 /* The f32 route's tasks are as large as cx_sgemm's parts: OpenBLAS packs
  * its own panels from every call's operands, so smaller tasks would pack
  * A and B again for each (measured: 0.92 of f32's rate with 768 x 256
@@ -33,46 +37,66 @@ enum { MCH_F32 = 1020, NC_F32 = 1024 };
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* The routes: vdpbf16ps on bf16 panels, the f32 micro-kernel on panels
+ * widened from bf16, or widened blocks handed to the f32 library. */
+typedef enum { ROUTE_BF16, ROUTE_FMA, ROUTE_LIB } bgemm_route;
+
+static bgemm_route route_active(void)
+{
+#ifdef CX_HAVE_BF16_KERNEL
+    if (cx_isa_active() >= CX_ISA_AVX512_BF16) return ROUTE_BF16;
+#endif
+    return cx_fma_route_available() ? ROUTE_FMA : ROUTE_LIB;
+}
+
 typedef struct {
     int64_t mch, nc, kc;   /* the task's rows and columns, the K block */
 } bgemm_dims;
 
-static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k, bool hw)
+static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k, bgemm_route r)
 {
-    bgemm_dims d = { min64(hw ? MCH : MCH_F32, round_up(m, MR)), min64(hw ? NC : NC_F32, round_up(n, NR)),
-                     min64(KC, round_up(k, 2)) };
+    const bool lib = r == ROUTE_LIB;
+    bgemm_dims d = { min64(lib ? MCH_F32 : MCH, round_up(m, MR)), min64(lib ? NC_F32 : NC, round_up(n, NR)),
+                     min64(r == ROUTE_FMA ? KC_FMA : KC, round_up(k, 2)) };
     return d;
 }
 
-/* f32 tile, B block and A block, each 64-byte aligned. The AVX512_BF16
- * route packs B as bf16 pairs and A at most MC rows at a time; the f32
- * route widens B and all the task's rows of A at once (one sgemm call per
- * K block: OpenBLAS packs its B panel once per call). */
-static size_t per_thread_bytes(const bgemm_dims *d, bool hw)
+/* the bytes of a packed B block */
+static int64_t bblk_bytes(const bgemm_dims *d, bgemm_route r) { return d->kc * d->nc * (r == ROUTE_BF16 ? 2 : 4); }
+
+/* f32 tile, B block and A block, each 64-byte aligned. The panel routes
+ * pack B whole and A at most MC rows at a time (bf16 pairs, or widened to
+ * f32); the library route widens B and all the task's rows of A at once
+ * (one sgemm call per K block: OpenBLAS packs its B panel once per call). */
+static size_t per_thread_bytes(const bgemm_dims *d, bgemm_route r)
 {
-    int64_t tile = d->mch * d->nc * 4, bblk = d->kc * d->nc * (hw ? 2 : 4);
-    int64_t ablk = hw ? min64(MC, d->mch) * d->kc * 2 : d->mch * d->kc * 4;
+    int64_t tile = d->mch * d->nc * 4, bblk = bblk_bytes(d, r);
+    int64_t ablk = r == ROUTE_LIB ? d->mch * d->kc * 4 : min64(MC, d->mch) * d->kc * (r == ROUTE_BF16 ? 2 : 4);
     return (size_t)(round_up(tile, 64) + round_up(bblk, 64) + round_up(ablk, 64) + 64);
 }
 
-/* The f32 route in a scratch planned for the AVX512_BF16 route's tiles
- * (the persistent cache shares executables between processes with another
- * CX_CPU_ISA): those column and K blocks, as many rows as fit. */
-static bgemm_dims fit_f32(int64_t m, int64_t n, int64_t k, size_t budget)
+/* A widening route in a scratch planned for another route's tiles (the
+ * persistent cache shares executables between processes with another
+ * CX_CPU_ISA): the library route takes the panel routes' column and K
+ * blocks and as many rows as fit; the FMA route halves its K block until
+ * it fits (in the AVX512_BF16 route's plan, once: the same bytes), then
+ * takes fewer rows. */
+static bgemm_dims fit_route(int64_t m, int64_t n, int64_t k, bgemm_route r, size_t budget)
 {
-    bgemm_dims d = dims_of(m, n, k, true);
-    while (d.mch > MR && per_thread_bytes(&d, false) > budget) d.mch -= MR;
+    bgemm_dims d = dims_of(m, n, k, r == ROUTE_LIB ? ROUTE_BF16 : r);
+    while (r == ROUTE_FMA && d.kc > 2 && per_thread_bytes(&d, r) > budget) d.kc = round_up(d.kc / 2, 2);
+    while (d.mch > MR && per_thread_bytes(&d, r) > budget) d.mch -= MR;
     return d;
 }
 
-/* One thread's share of a plan for the AVX512_BF16 route: its tiles, and
- * room for the f32 route's at MR rows, so either route runs in it. */
-static size_t hw_plan_bytes(int64_t m, int64_t n, int64_t k)
+/* One thread's share of a plan for a panel route: its tiles, and room for
+ * the library route's at MR rows, so every route runs in it. */
+static size_t panel_plan_bytes(int64_t m, int64_t n, int64_t k, bgemm_route r)
 {
-    bgemm_dims d = dims_of(m, n, k, true), rows = d;
+    bgemm_dims d = dims_of(m, n, k, r), rows = dims_of(m, n, k, ROUTE_BF16);
     rows.mch = MR;
-    size_t hw = per_thread_bytes(&d, true), f32 = per_thread_bytes(&rows, false);
-    return hw > f32 ? hw : f32;
+    size_t own = per_thread_bytes(&d, r), lib = per_thread_bytes(&rows, ROUTE_LIB);
+    return own > lib ? own : lib;
 }
 
 /* The threads a plan has tiles for: the pool's, or fewer when there are
@@ -87,22 +111,23 @@ size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t
     /* the route this process runs (the f32 route's tasks are larger); an
      * executable planned under another CX_CPU_ISA (the persistent cache)
      * runs in the AVX512_BF16 route's blocks, the smallest */
-    return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, cx_isa_active() >= CX_ISA_AVX512_BF16);
+    return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, route_active() == ROUTE_BF16);
 }
 
 size_t cx_matmul_bf16_min_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
-    /* the smaller route's plan for one thread, M folded or not */
-    return hw_plan_bytes(m * batch, n, k);
+    /* the smallest route's plan for one thread, M folded or not */
+    return panel_plan_bytes(m * batch, n, k, ROUTE_BF16);
 }
 
 size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route)
 {
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
     /* cx_matmul_bf16 may fold the batch into M: size for both */
-    bgemm_dims d = dims_of(m * batch, n, k, false);
-    size_t per = bf16_route ? hw_plan_bytes(m * batch, n, k) : per_thread_bytes(&d, false);
+    bgemm_route r = bf16_route ? ROUTE_BF16 : cx_fma_route_available() ? ROUTE_FMA : ROUTE_LIB;
+    bgemm_dims d = dims_of(m * batch, n, k, r);
+    size_t per = r == ROUTE_LIB ? per_thread_bytes(&d, r) : panel_plan_bytes(m * batch, n, k, r);
     return per * (size_t)threads_for(batch, m, n);
 }
 
@@ -113,7 +138,8 @@ typedef struct {
     const uint16_t *a, *b;
     int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
     bgemm_dims d;
-    bool ta, tb, hw;
+    bool ta, tb, hw;      /* hw: route == ROUTE_BF16 */
+    bgemm_route route;
     const float *bias;    /* bf16 c only: c = round(round(sum) + bf16(bias[col])), then relu */
     bool relu;
     bool dnnl;            /* the f32 route's library, chosen on the whole product as cx_sgemm does */
@@ -445,6 +471,42 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
 }
 #endif
 
+/* ---- the FMA route ----------------------------------------------------------------------- */
+
+/* tile rows [0, mt) (ld nc) += op(A)[i0.., k0..] op(B)[k0.., j0..], the
+ * blocks widened as they are packed (B once, A MC rows at a time). With
+ * out (K is one block), as the AVX512_BF16 route: each whole micro-tile
+ * rounds straight into C, each ragged one through the tile. */
+static void block_fma(const bgemm_job *j, float *tile, float *bp, float *ap, const uint16_t *a, const uint16_t *b,
+                      int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb, uint16_t *out)
+{
+    const int64_t nr = cx_fma_tile_cols();
+    if (j->tb) cx_fma_pack(bp, nr, false, b + j0 * j->k + k0, j->k, nb, kb);
+    else cx_fma_pack(bp, nr, true, b + k0 * j->n + j0, j->n, nb, kb);
+    for (int64_t r0 = 0; r0 < mt; r0 += MC) {
+        const int64_t mb = min64(MC, mt - r0);
+        if (j->ta) cx_fma_pack(ap, CX_FMA_TILE_ROWS, true, a + k0 * j->m + i0 + r0, j->m, mb, kb);
+        else cx_fma_pack(ap, CX_FMA_TILE_ROWS, false, a + (i0 + r0) * j->k + k0, j->k, mb, kb);
+        if (!out) {
+            cx_fma_gemm_panels(tile + r0 * j->d.nc, j->d.nc, k0 == 0, ap, bp, mb, nb, kb);
+            continue;
+        }
+        for (int64_t cp = 0; cp < nb; cp += nr)
+            for (int64_t rp = 0; rp < mb; rp += CX_FMA_TILE_ROWS) {
+                const int64_t rows = min64(CX_FMA_TILE_ROWS, mb - rp), cols = min64(nr, nb - cp);
+                const float *apr = ap + rp * kb, *bpc = bp + cp * kb, *bias = j->bias ? j->bias + j0 + cp : NULL;
+                uint16_t *co = out + (r0 + rp) * j->n + cp;
+                if (rows == CX_FMA_TILE_ROWS && cols == nr) {
+                    cx_fma_tile_bf16(co, j->n, apr, bpc, kb, bias, j->relu);
+                    continue;
+                }
+                float *ct = tile + (r0 + rp) * j->d.nc + cp;
+                cx_fma_gemm_panels(ct, j->d.nc, true, apr, bpc, rows, cols, kb);
+                round_rows(co, j->n, ct, j->d.nc, rows, cols, bias, j->relu);
+            }
+    }
+}
+
 /* ---- tasks ------------------------------------------------------------------------------- */
 
 CX_HOT static void store_rows(float *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
@@ -464,9 +526,10 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     /* the tile's rows are padded to MR so the micro-kernel's last panel fits */
     float *tile = (float *)ws;
     char *bblk = ws + round_up(j->d.mch * j->d.nc * 4, 64);
-    char *ablk = bblk + round_up(j->d.kc * j->d.nc * (j->hw ? 2 : 4), 64);
+    char *ablk = bblk + round_up(bblk_bytes(&j->d, j->route), 64);
     /* one K block into a bf16 C: the micro-tiles round into C themselves */
-    uint16_t *direct = j->hw && j->c && j->k <= j->d.kc ? j->c + bi * j->m * j->n + i0 * j->n + j0 : NULL;
+    uint16_t *direct = j->route != ROUTE_LIB && j->c && j->k <= j->d.kc ? j->c + bi * j->m * j->n + i0 * j->n + j0
+                                                                         : NULL;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
         int64_t kb = min64(j->d.kc, j->k - k0);
 #ifdef CX_HAVE_BF16_KERNEL
@@ -475,7 +538,9 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
             continue;
         }
 #endif
-        block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
+        if (j->route == ROUTE_FMA)
+            block_fma(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct);
+        else block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
     }
     if (direct) return;
     if (j->cf) store_rows(j->cf + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->acc);
@@ -521,18 +586,17 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, 
     }
     bgemm_job j = { .c = c, .cf = cf, .acc = acc, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
                     .ta = trans_a, .tb = trans_b, .scratch = scratch, .bias = bias, .relu = bias && epi->relu };
-#ifdef CX_HAVE_BF16_KERNEL
-    j.hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
-#endif
+    j.route = route_active();
+    j.hw = j.route == ROUTE_BF16;
     j.dnnl = cx_sgemm_prefers_dnnl(m, n, k);
-    j.d = dims_of(m, n, k, j.hw);
+    j.d = dims_of(m, n, k, j.route);
     if (!j.hw) {
-        /* a plan for the other route holds each thread's share of fewer
-         * rows (and the f32 route at MR rows): fit the rows to that share */
+        /* a plan for another route may hold less for each thread's share:
+         * fit the blocks to that share */
         size_t share = scratch_bytes / (size_t)threads_for(batch, m, n);
-        if (share < per_thread_bytes(&j.d, false)) j.d = fit_f32(m, n, k, share);
+        if (share < per_thread_bytes(&j.d, j.route)) j.d = fit_route(m, n, k, j.route, share);
     }
-    j.per = per_thread_bytes(&j.d, j.hw);
+    j.per = per_thread_bytes(&j.d, j.route);
     j.nt = (n + j.d.nc - 1) / j.d.nc;
     int64_t thr = min64(cx_pool_threads(), (int64_t)(scratch_bytes / j.per));
     CX_ASSERT(thr >= 1);

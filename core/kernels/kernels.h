@@ -333,14 +333,17 @@ const char *cx_isa_name(cx_isa isa);
 
 /* bf16 matmul (gemm_bf16.c): as cx_matmul_f32 over bf16 a, b and c, with
  * the products summed in f32 and c rounded once (to nearest even). With
- * AVX512_BF16 the tiles are multiplied by vdpbf16ps; without it each tile
- * is widened to f32 for cx_sgemm_serial, so memory holds bf16 throughout.
- * Both use the scratch from cx_matmul_bf16_scratch_bytes and as many
- * threads as it has room for. */
+ * AVX512_BF16 the tiles are multiplied by vdpbf16ps; else with AVX2 + FMA
+ * (or AVX-512F) they are widened as they are packed for an f32
+ * micro-kernel (gemm_fma.c); else each tile is widened to f32 for
+ * cx_sgemm_serial. Memory holds bf16 throughout. Every route uses the
+ * scratch from cx_matmul_bf16_scratch_bytes and as many threads as it has
+ * room for. */
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k);
-/* The scratch either route plans (bf16_route: the AVX512_BF16 one): a
- * scratch planned for the other route, as a persistent-cache executable
- * compiled under another CX_CPU_ISA has, still runs. */
+/* The scratch a route plans (bf16_route: the AVX512_BF16 one; else the
+ * one this CPU runs without it): a scratch planned for any route, as a
+ * persistent-cache executable compiled under another CX_CPU_ISA has,
+ * still runs. */
 size_t cx_matmul_bf16_route_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k, bool bf16_route);
 /* The least scratch cx_matmul_bf16 runs in (one thread): what a loaded
  * executable's bf16 matmul must have. 0 for an empty product. */
@@ -363,6 +366,31 @@ void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, 
 void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
                         int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                         void *scratch, size_t scratch_bytes);
+
+/* The bf16 matmul's route without AVX512_BF16 (gemm_fma.c): bf16 blocks
+ * widened to f32 as they are packed, summed by an f32 micro-kernel of
+ * CX_FMA_TILE_ROWS rows by cx_fma_tile_cols() columns (AVX2 + FMA: 16;
+ * AVX-512F: 32), each sum down K in order.
+ *  - cx_fma_route_available: the CPU (as CX_CPU_ISA caps it) has one;
+ *  - cx_fma_pack: count lanes by kb of bf16 into panels of `width` lanes
+ *    (round_up(count, width) x kb floats, the ragged panel's empty lanes
+ *    0); with k_major, K runs down src's rows (lane c of row q at src +
+ *    q ld + c: B, a transposed A), else along them (lane c at src + c ld);
+ *  - cx_fma_gemm_panels: c (mb, nb) (ld ldc) = A B, or c + A B unless
+ *    first, from A's CX_FMA_TILE_ROWS-lane panels and B's
+ *    cx_fma_tile_cols()-lane ones; c has room for whole tiles
+ *    (round_up(mb, CX_FMA_TILE_ROWS) rows, round_up(nb, cols) columns);
+ *  - cx_fma_tile_bf16: one whole tile's A B (CX_FMA_TILE_ROWS by
+ *    cx_fma_tile_cols()) rounded into cb (ld ldc); with a bias (its first
+ *    column's at bias[0]) as cx_matmul_bf16_epi's epilogue. */
+enum { CX_FMA_TILE_ROWS = 6 };
+bool cx_fma_route_available(void);
+int64_t cx_fma_tile_cols(void);
+void cx_fma_pack(float *dst, int64_t width, bool k_major, const uint16_t *src, int64_t ld, int64_t count, int64_t kb);
+void cx_fma_gemm_panels(float *c, int64_t ldc, bool first, const float *ap, const float *bp, int64_t mb, int64_t nb,
+                        int64_t kb);
+void cx_fma_tile_bf16(uint16_t *cb, int64_t ldc, const float *ap, const float *bp, int64_t kb, const float *bias,
+                      bool relu);
 
 /* Products for a pool task that makes its own operands in f32
  * (Winograd's bf16 products) or runs its own small products (the bf16

@@ -259,6 +259,43 @@ Test(bf16_gemm, empty_k_with_bias_gives_the_bias)
     }
 }
 
+/* A folded bias (and relu) gives the plain product's rounded sums plus
+ * the bias rounded, rounded again, as the unfolded program would, on every
+ * route: whole micro-tiles that round straight into C (K one block) and
+ * ragged ones through the tile (13 rows, 35 columns), and sums that go
+ * through the tile (K past one block). The sums with the bias include
+ * ties, a NaN column and an inf one. */
+Test(bf16_gemm, folded_bias_matches_the_plain_product)
+{
+    rng_state = 0x6a09e667f3bcc908ull;
+    static const int64_t shapes[][3] = { { 13, 35, 64 }, { 24, 64, 256 }, { 30, 48, 600 } };
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+        uint16_t *a = bf16_random((size_t)(m * k)), *b = bf16_random((size_t)(k * n));
+        uint16_t *plain = malloc(sizeof *plain * (size_t)(m * n)), *folded = malloc(sizeof *folded * (size_t)(m * n));
+        float *bias = malloc(sizeof *bias * (size_t)n);
+        cr_assert(plain && folded && bias);
+        for (int64_t j = 0; j < n; j++) bias[j] = (float)rng_uniform() * 4.0f - 2.0f + 0x1p-9f;
+        bias[1] = NAN;
+        bias[2] = INFINITY;
+        size_t sb = cx_matmul_bf16_scratch_bytes(1, m, n, k);
+        void *scratch = malloc(sb);
+        cr_assert(scratch);
+        cx_matmul_bf16(plain, a, b, 1, m, n, k, false, false, m * k, k * n, scratch, sb);
+        for (int relu = 0; relu < 2; relu++) {
+            const cx_bf16_epi e = { .bias = bias, .relu = relu };
+            cx_matmul_bf16_epi(folded, &e, a, b, 1, m, n, k, false, false, m * k, k * n, scratch, sb);
+            for (int64_t i = 0; i < m * n; i++) {
+                uint16_t want = cx_bf16_add_bias_inline(plain[i], cx_bf16_to_f32(cx_f32_to_bf16(bias[i % n])), relu);
+                cr_assert_eq(folded[i], want, "%s: (%lld, %lld, %lld) relu %d: c[%lld][%lld] = %#06x, want %#06x",
+                             cx_isa_name(cx_isa_active()), (long long)m, (long long)n, (long long)k, relu,
+                             (long long)(i / n), (long long)(i % n), folded[i], want);
+            }
+        }
+        free(a); free(b); free(plain); free(folded); free(bias); free(scratch);
+    }
+}
+
 /* cxla-bench's machine line names the path through cx_bf16_path: it must
  * be the one the kernel takes at this level. */
 Test(bf16_gemm, path_name_matches_level)
