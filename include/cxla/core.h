@@ -432,7 +432,10 @@ CX_API cx_tensor *cx_log_softmax(cx_tensor *a, int axis);
 CX_API cx_tensor *cx_layer_norm(cx_tensor *a, int nnorm, cx_tensor *weight, cx_tensor *bias, double eps);
 /* Attention as torch.nn.functional.scaled_dot_product_attention: q (B, H, T,
  * D), k and v (B, H, S, D), all f32; softmax(scale * q k^T) v per head,
- * with is_causal query i seeing keys j <= i + S - T. scale <= 0: 1/sqrt(D).
+ * with is_causal query i seeing keys j <= i + S - T (bottom-right aligned,
+ * as flash attention and torch's causal_lower_right; torch's own is_causal
+ * aligns top-left, j <= i, which differs only where T != S). scale <= 0:
+ * 1/sqrt(D).
  * One fused kernel (blocks of query rows against their keys; key tiles with
  * an online softmax beyond 1024 keys): the (T, S) scores are never written.
  * A query that sees no key gives 0. @return (B, H, T, D), or a poisoned

@@ -353,14 +353,35 @@ static void check_near(const char *what, const uint16_t *got, const float *want,
 typedef struct {
     cx_attn_geom g;
     uint16_t *qkv, *dout;
+    const uint16_t *q, *k, *v;   /* within qkv */
     float *qkvf, *doutf, *of, *g32;
-    size_t no;
+    size_t no, nk;               /* elements of q (and out, dout, dq); of k (and v, dk, dv) */
 } attn_case;
 
+/* The f32 kernel's output and gradients (dq | dk | dv, packed) on the
+ * widened values qf, kf, vf (within c->qkvf, at q, k, v's places), the
+ * backward given the bf16 output, as the graph saves it. */
+static void attn_reference(attn_case *c, const float *qf, const float *kf, const float *vf)
+{
+    c->of = malloc(sizeof *c->of * c->no);
+    c->g32 = malloc(sizeof *c->g32 * (c->no + 2 * c->nk));
+    cr_assert(c->of && c->g32);
+    size_t b = cx_attention_scratch_bytes(&c->g);
+    void *s = scratch_of(b);
+    cx_attention_fwd(c->of, qf, kf, vf, &c->g, s, b);
+    free(s);
+    uint16_t *o16 = malloc(sizeof *o16 * c->no);
+    cr_assert(o16);
+    for (size_t i = 0; i < c->no; i++) o16[i] = cx_f32_to_bf16(c->of[i]);
+    float *o_used = widened(o16, c->no);
+    b = cx_attention_bwd_scratch_bytes(&c->g);
+    s = scratch_of(b);
+    cx_attention_bwd(c->g32, qf, kf, vf, o_used, c->doutf, &c->g, s, b);
+    free(s); free(o16); free(o_used);
+}
+
 /* q, k, v are column blocks of one (N, T, 3, H, D) projection, as the
- * gpt's are: strided views; the f32 kernel's output and gradients on the
- * widened values (the backward given the bf16 output, as the graph saves
- * it) */
+ * gpt's are: strided views, so s == t */
 static attn_case attn_make_as(int64_t N, int64_t T, int64_t H, int64_t D, bool causal)
 {
     attn_case c = { .g = { .n = N, .t = T, .s = T, .h = H, .d = D, .causal = causal, .scale = 0.25f } };
@@ -371,26 +392,40 @@ static attn_case attn_make_as(int64_t N, int64_t T, int64_t H, int64_t D, bool c
     memcpy(c.g.o_strides, plain, sizeof plain);
     memcpy(c.g.do_strides, plain, sizeof plain);
     size_t nqkv = (size_t)(N * T * 3 * H * D);
-    c.no = (size_t)(N * T * H * D);
+    c.no = c.nk = (size_t)(N * T * H * D);
     c.qkv = bf16_random(nqkv);
     c.dout = bf16_random(c.no);
+    c.q = c.qkv;
+    c.k = c.qkv + H * D;
+    c.v = c.qkv + 2 * H * D;
     c.qkvf = widened(c.qkv, nqkv);
     c.doutf = widened(c.dout, c.no);
-    c.of = malloc(sizeof *c.of * c.no);
-    c.g32 = malloc(sizeof *c.g32 * 3 * c.no);
-    cr_assert(c.of && c.g32);
-    size_t b = cx_attention_scratch_bytes(&c.g);
-    void *s = scratch_of(b);
-    cx_attention_fwd(c.of, c.qkvf, c.qkvf + H * D, c.qkvf + 2 * H * D, &c.g, s, b);
-    free(s);
-    uint16_t *o16 = malloc(sizeof *o16 * c.no);
-    cr_assert(o16);
-    for (size_t i = 0; i < c.no; i++) o16[i] = cx_f32_to_bf16(c.of[i]);
-    float *o_used = widened(o16, c.no);
-    b = cx_attention_bwd_scratch_bytes(&c.g);
-    s = scratch_of(b);
-    cx_attention_bwd(c.g32, c.qkvf, c.qkvf + H * D, c.qkvf + 2 * H * D, o_used, c.doutf, &c.g, s, b);
-    free(s); free(o16); free(o_used);
+    attn_reference(&c, c.qkvf, c.qkvf + H * D, c.qkvf + 2 * H * D);
+    return c;
+}
+
+/* T query rows against S keys (a decoder's cross attention, or queries
+ * against a cache of keys): q (N, T, H, D), k and v (N, S, H, D), each
+ * plain, held back to back in qkv. */
+static attn_case attn_make_ts(int64_t N, int64_t T, int64_t S, int64_t H, int64_t D, bool causal)
+{
+    attn_case c = { .g = { .n = N, .t = T, .s = S, .h = H, .d = D, .causal = causal, .scale = 0.25f } };
+    const int64_t qs[3] = { T * H * D, H * D, D }, ks[3] = { S * H * D, H * D, D };
+    memcpy(c.g.q_strides, qs, sizeof qs);
+    memcpy(c.g.k_strides, ks, sizeof ks);
+    memcpy(c.g.v_strides, ks, sizeof ks);
+    memcpy(c.g.o_strides, qs, sizeof qs);
+    memcpy(c.g.do_strides, qs, sizeof qs);
+    c.no = (size_t)(N * T * H * D);
+    c.nk = (size_t)(N * S * H * D);
+    c.qkv = bf16_random(c.no + 2 * c.nk);
+    c.dout = bf16_random(c.no);
+    c.q = c.qkv;
+    c.k = c.q + c.no;
+    c.v = c.k + c.nk;
+    c.qkvf = widened(c.qkv, c.no + 2 * c.nk);
+    c.doutf = widened(c.dout, c.no);
+    attn_reference(&c, c.qkvf, c.qkvf + c.no, c.qkvf + c.no + c.nk);
     return c;
 }
 
@@ -409,8 +444,7 @@ enum { HEADS = CX_ATTN_BF16_HEADS, GEMM = CX_ATTN_BF16_GEMM, WIDEN = CX_ATTN_BF1
 
 static void attn_run(const attn_case *c, int how, const cx_attn_geom *g, uint16_t *o, uint16_t *g16, bool bwd)
 {
-    const int64_t hd = c->g.h * c->g.d;
-    const uint16_t *q = c->qkv, *k = c->qkv + hd, *v = c->qkv + 2 * hd;
+    const uint16_t *q = c->q, *k = c->k, *v = c->v;
     const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
     size_t n = how < AUTO ? cx_attention_bf16_route_scratch_bytes(g, bwd, (cx_attn_bf16_route)how)
                : how == AUTO ? (bwd ? cx_attention_bf16_bwd_scratch_bytes(g) : cx_attention_bf16_scratch_bytes(g))
@@ -423,32 +457,30 @@ static void attn_run(const attn_case *c, int how, const cx_attn_geom *g, uint16_
     free(s);
 }
 
-/* One way of running it against the f32 kernel: widening, and the heads
- * route without AVX512_BF16, run the f32 kernels on the widened values,
- * so they give exactly their result rounded once; the GEMM route, and the
- * heads route's bf16 products with AVX512_BF16, within check_near's
- * tolerance. */
-static void attn_check(const attn_case *c, int how)
+/* A query row that sees no key (causal with t > s: the first t - s rows,
+ * bottom-right aligned) gives 0 (kernels.h), as flash attention does, not
+ * NaN as a softmax over no scores would: its out (N, T, H, D) and dq
+ * exactly 0 (either sign), bf16 h or f32 f. */
+static void check_unseen(const attn_case *c, const char *what, const uint16_t *h, const float *f)
 {
     const int64_t hd = c->g.h * c->g.d;
-    uint16_t *o = malloc(sizeof *o * c->no), *g16 = malloc(sizeof *g16 * 3 * c->no);
-    cr_assert(o && g16);
-    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, fits = c->g.s <= 1024;
-    const bool near = how == GEMM || (hw && fits && how != WIDEN) || (!fits && (how == OTHER || (how == AUTO && hw)));
-    attn_run(c, how, &c->g, o, g16, false);
-    if (near) check_near("out", o, c->of, c->no);
-    else check_rounded("out", o, c->of, c->no);
-    /* the backward is given the f32 kernel's output rounded, as attn_make's
-     * reference was */
-    for (size_t i = 0; i < c->no; i++) o[i] = cx_f32_to_bf16(c->of[i]);
-    attn_run(c, how, &c->g, o, g16, true);
+    for (int64_t n = 0; n < c->g.n; n++)
+        for (int64_t i = 0; i < c->g.t && cx_attn_visible_keys(&c->g, i) == 0; i++)
+            for (int64_t e = 0; e < hd; e++) {
+                const size_t at = (size_t)((n * c->g.t + i) * hd + e);
+                const float x = h ? cx_bf16_to_f32(h[at]) : f[at];
+                cr_assert(x == 0.0f, "%s[%zu] = %g: image %lld's query row %lld sees no key, want 0", what, at, x,
+                          (long long)n, (long long)i);
+            }
+}
+
+/* The backward interleaved ((N, T, 3, H, D), the gradient of the one
+ * projection q, k and v are sliced from, t == s), given o: the same bits
+ * as packed (g16), each row's parts side by side. */
+static void check_interleaved(const attn_case *c, int how, uint16_t *o, const uint16_t *g16)
+{
     static const char *const names[3] = { "dq", "dk", "dv" };
-    for (int t = 0; t < 3; t++) {
-        if (near) check_near(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
-        else check_rounded(names[t], g16 + t * c->no, c->g32 + t * c->no, c->no);
-    }
-    /* interleaved ((N, T, 3, H, D), the gradient of the one projection q, k
-     * and v are sliced from): the same bits, each row's parts side by side */
+    const int64_t hd = c->g.h * c->g.d;
     cx_attn_geom gi = c->g;
     gi.interleaved = true;
     uint16_t *g16i = malloc(sizeof *g16i * 3 * c->no);
@@ -461,6 +493,37 @@ static void attn_check(const attn_case *c, int how)
                              sizeof *g16i * (size_t)hd) == 0,
                       "%s row %zu: interleaved differs from packed", names[t], r);
     free(g16i);
+}
+
+/* One way of running it against the f32 kernel: widening, and the heads
+ * route without AVX512_BF16, run the f32 kernels on the widened values,
+ * so they give exactly their result rounded once; the GEMM route, and the
+ * heads route's bf16 products with AVX512_BF16, within check_near's
+ * tolerance. */
+static void attn_check(const attn_case *c, int how)
+{
+    uint16_t *o = malloc(sizeof *o * c->no), *g16 = malloc(sizeof *g16 * (c->no + 2 * c->nk));
+    cr_assert(o && g16);
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16, fits = c->g.s <= 1024;
+    const bool near = how == GEMM || (hw && fits && how != WIDEN) || (!fits && (how == OTHER || (how == AUTO && hw)));
+    attn_run(c, how, &c->g, o, g16, false);
+    if (near) check_near("out", o, c->of, c->no);
+    else check_rounded("out", o, c->of, c->no);
+    check_unseen(c, "out", o, NULL);
+    /* the backward is given the f32 kernel's output rounded, as attn_make's
+     * reference was */
+    for (size_t i = 0; i < c->no; i++) o[i] = cx_f32_to_bf16(c->of[i]);
+    attn_run(c, how, &c->g, o, g16, true);
+    /* packed: dq (N, T, H, D), then dk and dv (N, S, H, D) */
+    static const char *const names[3] = { "dq", "dk", "dv" };
+    const size_t at[3] = { 0, c->no, c->no + c->nk }, len[3] = { c->no, c->nk, c->nk };
+    for (int t = 0; t < 3; t++) {
+        if (near) check_near(names[t], g16 + at[t], c->g32 + at[t], len[t]);
+        else check_rounded(names[t], g16 + at[t], c->g32 + at[t], len[t]);
+    }
+    check_unseen(c, "dq", g16, NULL);
+    /* interleaved only where t == s (kernels.h) */
+    if (c->g.t == c->g.s) check_interleaved(c, how, o, g16);
     free(o); free(g16);
 }
 
@@ -492,6 +555,37 @@ Test(bf16_attention, every_route_against_the_f32_kernel)
     attn_check(&odd, HEADS);
     attn_check(&odd, AUTO);
     attn_free(&odd);
+}
+
+/* t query rows against s != t keys, q and k, v separate tensors: every
+ * route, each backward's dk and dv (N, S, H, D) apart from dq (N, T, H,
+ * D). Causal is bottom-right aligned (row i sees keys j <= i + s - t):
+ * with t = 37 against 11 the first 26 rows see no key, which skips whole
+ * blocks of query rows and masks rows within one (the bf16 products'
+ * causal blocks of 12 rows: the first two whole, two rows of the third;
+ * the f32 rows route's first block of 32: 26 of its rows); with 13
+ * against 37 every row sees at least 25 keys. Not causal, each row sees
+ * all s. An odd head size (7) as well. */
+Test(bf16_attention, queries_and_keys_of_other_lengths)
+{
+    rng_state = 0x243f6a8885a308d3ull;
+    static const struct { int64_t n, t, s, d; bool causal; } cases[] = {
+        { 2, 37, 11, 16, true }, { 3, 13, 37, 16, true }, { 2, 37, 13, 16, false },
+        { 3, 13, 37, 16, false }, { 2, 37, 11, 7, true }, { 2, 13, 37, 7, false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        attn_case c = attn_make_ts(cases[i].n, cases[i].t, cases[i].s, 2, cases[i].d, cases[i].causal);
+        /* the f32 kernel, the reference, holds to it too */
+        check_unseen(&c, "f32 out", NULL, c.of);
+        check_unseen(&c, "f32 dq", NULL, c.g32);
+        const int64_t first_seeing = c.g.t - c.g.s;   /* bottom-right: the last row sees every key */
+        if (c.g.causal && first_seeing > 0)
+            cr_assert(cx_attn_visible_keys(&c.g, first_seeing - 1) == 0
+                          && cx_attn_visible_keys(&c.g, first_seeing) == 1,
+                      "causal, t > s: the first t - s query rows see no key");
+        for (int how = HEADS; how <= OTHER; how++) attn_check(&c, how);
+        attn_free(&c);
+    }
 }
 
 /* ---- convolution -------------------------------------------------------------------- */
