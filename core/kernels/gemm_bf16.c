@@ -331,14 +331,15 @@ static inline __m256i round_bf16x16(__m512 x)
     return _mm512_cvtepi32_epi16(r);
 }
 
-/* acc = (first ? 0 : c (MR, NR), ld ldc) + A . bp panel over `pairs`,
- * pair q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes) */
+/* acc = (first ? 0 : c (mr, NR), ld ldc) + A . bp panel over `pairs`,
+ * pair q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes);
+ * mr (a constant where inlined) is MR, or fewer for a ragged panel's rows */
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
 static inline void micro_sums(__m512 acc[MR][2], const float *c, int64_t ldc, const char *a, int64_t rs,
-                              int64_t qs, const uint16_t *bp, int64_t pairs, bool first)
+                              int64_t qs, const uint16_t *bp, int64_t pairs, bool first, const int mr)
 {
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; r++) {
+    for (int r = 0; r < mr; r++) {
         acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
         acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16);
     }
@@ -346,7 +347,7 @@ static inline void micro_sums(__m512 acc[MR][2], const float *c, int64_t ldc, co
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + NR);
 #pragma GCC unroll 12
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < mr; r++) {
             int32_t w;
             memcpy(&w, a + r * rs, sizeof w);
             __m512bh av = (__m512bh)_mm512_set1_epi32(w);
@@ -357,10 +358,10 @@ static inline void micro_sums(__m512 acc[MR][2], const float *c, int64_t ldc, co
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2])
+static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2], const int mr)
 {
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; r++) {
+    for (int r = 0; r < mr; r++) {
         _mm512_storeu_ps(c + r * ldc, acc[r][0]);
         _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
     }
@@ -396,23 +397,40 @@ static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2]
         }
 }
 
-/* c (MR, NR) (ld ldc) = (first ? 0 : c) + A . B from a packed panel */
+/* c (rows, NR) (ld ldc) = (first ? 0 : c) + A . B, A's pair q of row r at
+ * a + r * rs + q * qs: 12, 8 or 4 rows, the fewest that hold `rows`, so a
+ * ragged panel does not multiply its padding (64 rows on 12-row tiles,
+ * as the seed cnn's conv2 and fc1 have, spent a ninth of the products
+ * on zeros); c has room for those rows. */
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void micro_packed(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first)
+static void micro_tile(float *c, int64_t ldc, const char *a, int64_t rs, int64_t qs, const uint16_t *bp,
+                       int64_t pairs, bool first, int64_t rows)
 {
     __m512 acc[MR][2];
-    micro_sums(acc, c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first);
-    micro_store(c, ldc, acc);
+    if (rows > 8) {
+        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, MR);
+        micro_store(c, ldc, acc, MR);
+    } else if (rows > 4) {
+        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, 8);
+        micro_store(c, ldc, acc, 8);
+    } else {
+        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, 4);
+        micro_store(c, ldc, acc, 4);
+    }
 }
 
-/* the same straight from MR rows of A (row stride rs bytes): no packing */
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp, int64_t pairs,
-                       bool first)
+/* from a packed panel */
+static void micro_packed(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first,
+                         int64_t rows)
 {
-    __m512 acc[MR][2];
-    micro_sums(acc, c, ldc, (const char *)a, rs, 4, bp, pairs, first);
-    micro_store(c, ldc, acc);
+    micro_tile(c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first, rows);
+}
+
+/* the same straight from rows of A (row stride rs bytes): no packing */
+static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp, int64_t pairs,
+                       bool first, int64_t rows)
+{
+    micro_tile(c, ldc, (const char *)a, rs, 4, bp, pairs, first, rows);
 }
 
 /* cb (MR, NR) (ld ldc) = A . B over all of K, rounded */
@@ -421,7 +439,7 @@ static void micro_packed_out(uint16_t *cb, int64_t ldc, const uint32_t *ap, cons
                              const float *bias, bool relu)
 {
     __m512 acc[MR][2];
-    micro_sums(acc, NULL, 0, (const char *)ap, 4, 4 * MR, bp, pairs, true);
+    micro_sums(acc, NULL, 0, (const char *)ap, 4, 4 * MR, bp, pairs, true, MR);
     micro_store_bf16(cb, ldc, acc, bias, relu);
 }
 
@@ -430,7 +448,7 @@ static void micro_rows_out(uint16_t *cb, int64_t ldc, const uint16_t *a, int64_t
                            int64_t pairs, const float *bias, bool relu)
 {
     __m512 acc[MR][2];
-    micro_sums(acc, NULL, 0, (const char *)a, rs, 4, bp, pairs, true);
+    micro_sums(acc, NULL, 0, (const char *)a, rs, 4, bp, pairs, true, MR);
     micro_store_bf16(cb, ldc, acc, bias, relu);
 }
 
@@ -463,8 +481,8 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
                     else micro_rows_out(co, j->n, arow, 2 * j->k, bpp, pairs, bias, j->relu);
                     continue;
                 }
-                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0);
-                else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0);
+                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0, rows);
+                else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0, rows);
                 if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols, j->bias ? j->bias + j0 + cp : NULL, j->relu);
             }
     }
@@ -710,17 +728,14 @@ CX_BF16_TARGET static void tile_product(float *ct, int64_t ldc, bool accumulate,
                                         int64_t qs, const uint16_t *bpp, int64_t pairs, int64_t rows, int64_t cols,
                                         bool whole)
 {
-    __m512 acc[MR][2];
     if (whole || (rows == MR && cols == NR)) {
-        micro_sums(acc, ct, ldc, a, rs, qs, bpp, pairs, !accumulate);
-        micro_store(ct, ldc, acc);
+        micro_tile(ct, ldc, a, rs, qs, bpp, pairs, !accumulate, rows);
         return;
     }
     float tile[MR * NR] = { 0 };
     if (accumulate)
         for (int64_t r = 0; r < rows; r++) memcpy(tile + r * NR, ct + r * ldc, sizeof *tile * (size_t)cols);
-    micro_sums(acc, tile, NR, a, rs, qs, bpp, pairs, !accumulate);
-    micro_store(tile, NR, acc);
+    micro_tile(tile, NR, a, rs, qs, bpp, pairs, !accumulate, rows);
     for (int64_t r = 0; r < rows; r++) memcpy(ct + r * ldc, tile + r * NR, sizeof *tile * (size_t)cols);
 }
 
