@@ -331,40 +331,37 @@ static inline __m256i round_bf16x16(__m512 x)
     return _mm512_cvtepi32_epi16(r);
 }
 
-/* acc = (first ? 0 : c (mr, NR), ld ldc) + A . bp panel over `pairs`,
+/* acc = (first ? 0 : c (mr, 16 nh), ld ldc) + A . bp panel over `pairs`,
  * pair q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes);
- * mr (a constant where inlined) is MR, or fewer for a ragged panel's rows */
+ * mr and nh (constants where inlined) are MR and 2, or fewer for a ragged
+ * panel's rows, or the first 16 columns only */
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
 static inline void micro_sums(__m512 acc[MR][2], const float *c, int64_t ldc, const char *a, int64_t rs,
-                              int64_t qs, const uint16_t *bp, int64_t pairs, bool first, const int mr)
+                              int64_t qs, const uint16_t *bp, int64_t pairs, bool first, const int mr, const int nh)
 {
 #pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc);
-        acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16);
-    }
+    for (int r = 0; r < mr; r++)
+        for (int h = 0; h < nh; h++) acc[r][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16 * h);
     for (int64_t q = 0; q < pairs; q++, a += qs) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR);
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + NR);
+        __m512bh b1 = nh > 1 ? (__m512bh)_mm512_loadu_si512(bp + q * 2 * NR + NR) : b0;
 #pragma GCC unroll 12
         for (int r = 0; r < mr; r++) {
             int32_t w;
             memcpy(&w, a + r * rs, sizeof w);
             __m512bh av = (__m512bh)_mm512_set1_epi32(w);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+            if (nh > 1) acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
     }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2], const int mr)
+static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2], const int mr, const int nh)
 {
 #pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
-        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
-    }
+    for (int r = 0; r < mr; r++)
+        for (int h = 0; h < nh; h++) _mm512_storeu_ps(c + r * ldc + 16 * h, acc[r][h]);
 }
 
 /* bf16 lanes widened back to f32 */
@@ -397,40 +394,47 @@ static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2]
         }
 }
 
-/* c (rows, NR) (ld ldc) = (first ? 0 : c) + A . B, A's pair q of row r at
- * a + r * rs + q * qs: 12, 8 or 4 rows, the fewest that hold `rows`, so a
- * ragged panel does not multiply its padding (64 rows on 12-row tiles,
- * as the seed cnn's conv2 and fc1 have, spent a ninth of the products
- * on zeros); c has room for those rows. */
+#define MICRO_CASE(mr, nh)                                                                          \
+    do {                                                                                            \
+        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, mr, nh);                               \
+        micro_store(c, ldc, acc, mr, nh);                                                           \
+    } while (0)
+
+/* c (rows, cols) (ld ldc) = (first ? 0 : c) + A . B, A's pair q of row r
+ * at a + r * rs + q * qs: 12, 8 or 4 rows by 32 or 16 columns, the fewest
+ * that hold rows x cols, so a ragged panel does not multiply its padding
+ * (64 rows on 12-row tiles, as the seed cnn's conv2 and fc1 have, spent a
+ * ninth of the products on zeros; conv2's 144 tiles on 32-column panels
+ * another tenth); c has room for those rows and columns. */
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void micro_tile(float *c, int64_t ldc, const char *a, int64_t rs, int64_t qs, const uint16_t *bp,
-                       int64_t pairs, bool first, int64_t rows)
+                       int64_t pairs, bool first, int64_t rows, int64_t cols)
 {
     __m512 acc[MR][2];
-    if (rows > 8) {
-        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, MR);
-        micro_store(c, ldc, acc, MR);
-    } else if (rows > 4) {
-        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, 8);
-        micro_store(c, ldc, acc, 8);
+    if (cols > 16) {
+        if (rows > 8) MICRO_CASE(MR, 2);
+        else if (rows > 4) MICRO_CASE(8, 2);
+        else MICRO_CASE(4, 2);
     } else {
-        micro_sums(acc, c, ldc, a, rs, qs, bp, pairs, first, 4);
-        micro_store(c, ldc, acc, 4);
+        if (rows > 8) MICRO_CASE(MR, 1);
+        else if (rows > 4) MICRO_CASE(8, 1);
+        else MICRO_CASE(4, 1);
     }
 }
+#undef MICRO_CASE
 
 /* from a packed panel */
 static void micro_packed(float *c, int64_t ldc, const uint32_t *ap, const uint16_t *bp, int64_t pairs, bool first,
-                         int64_t rows)
+                         int64_t rows, int64_t cols)
 {
-    micro_tile(c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first, rows);
+    micro_tile(c, ldc, (const char *)ap, 4, 4 * MR, bp, pairs, first, rows, cols);
 }
 
 /* the same straight from rows of A (row stride rs bytes): no packing */
 static void micro_rows(float *c, int64_t ldc, const uint16_t *a, int64_t rs, const uint16_t *bp, int64_t pairs,
-                       bool first, int64_t rows)
+                       bool first, int64_t rows, int64_t cols)
 {
-    micro_tile(c, ldc, (const char *)a, rs, 4, bp, pairs, first, rows);
+    micro_tile(c, ldc, (const char *)a, rs, 4, bp, pairs, first, rows, cols);
 }
 
 /* cb (MR, NR) (ld ldc) = A . B over all of K, rounded */
@@ -439,7 +443,7 @@ static void micro_packed_out(uint16_t *cb, int64_t ldc, const uint32_t *ap, cons
                              const float *bias, bool relu)
 {
     __m512 acc[MR][2];
-    micro_sums(acc, NULL, 0, (const char *)ap, 4, 4 * MR, bp, pairs, true, MR);
+    micro_sums(acc, NULL, 0, (const char *)ap, 4, 4 * MR, bp, pairs, true, MR, 2);
     micro_store_bf16(cb, ldc, acc, bias, relu);
 }
 
@@ -448,7 +452,7 @@ static void micro_rows_out(uint16_t *cb, int64_t ldc, const uint16_t *a, int64_t
                            int64_t pairs, const float *bias, bool relu)
 {
     __m512 acc[MR][2];
-    micro_sums(acc, NULL, 0, (const char *)a, rs, 4, bp, pairs, true, MR);
+    micro_sums(acc, NULL, 0, (const char *)a, rs, 4, bp, pairs, true, MR, 2);
     micro_store_bf16(cb, ldc, acc, bias, relu);
 }
 
@@ -481,8 +485,8 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
                     else micro_rows_out(co, j->n, arow, 2 * j->k, bpp, pairs, bias, j->relu);
                     continue;
                 }
-                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0, rows);
-                else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0, rows);
+                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0, rows, cols);
+                else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0, rows, cols);
                 if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols, j->bias ? j->bias + j0 + cp : NULL, j->relu);
             }
     }
@@ -729,13 +733,13 @@ CX_BF16_TARGET static void tile_product(float *ct, int64_t ldc, bool accumulate,
                                         bool whole)
 {
     if (whole || (rows == MR && cols == NR)) {
-        micro_tile(ct, ldc, a, rs, qs, bpp, pairs, !accumulate, rows);
+        micro_tile(ct, ldc, a, rs, qs, bpp, pairs, !accumulate, rows, cols);
         return;
     }
     float tile[MR * NR] = { 0 };
     if (accumulate)
         for (int64_t r = 0; r < rows; r++) memcpy(tile + r * NR, ct + r * ldc, sizeof *tile * (size_t)cols);
-    micro_tile(tile, NR, a, rs, qs, bpp, pairs, !accumulate, rows);
+    micro_tile(tile, NR, a, rs, qs, bpp, pairs, !accumulate, rows, cols);
     for (int64_t r = 0; r < rows; r++) memcpy(ct + r * ldc, tile + r * NR, sizeof *tile * (size_t)cols);
 }
 

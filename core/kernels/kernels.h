@@ -414,7 +414,8 @@ void cx_fma_tile_bf16(uint16_t *cb, int64_t ldc, const float *ap, const float *b
  *    readable). With room, c has round_up(m, CX_BF16_TILE_ROWS) rows and
  *    round_up(n, CX_BF16_TILE_COLS) columns to write whole tiles into
  *    (the excess gets what the padding gives, or, past a ragged last
- *    panel's rows rounded up to 4 or 8, is left as it was). */
+ *    panel's rows rounded up to 4 or 8 or its columns to 16, is left as
+ *    it was). */
 enum { CX_BF16_TILE_ROWS = 12, CX_BF16_TILE_COLS = 32 };   /* the micro-kernel's tile of c */
 size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side);
 void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
