@@ -108,9 +108,9 @@ static int64_t threads_for(int64_t batch, int64_t m, int64_t n)
 
 size_t cx_matmul_bf16_scratch_bytes(int64_t batch, int64_t m, int64_t n, int64_t k)
 {
-    /* the route this process runs (the f32 route's tasks are larger); an
-     * executable planned under another CX_CPU_ISA (the persistent cache)
-     * runs in the AVX512_BF16 route's blocks, the smallest */
+    /* the route this process runs (the library route's tasks are the
+     * largest); an executable planned under another CX_CPU_ISA (the
+     * persistent cache) runs on any route (fit_route) */
     return cx_matmul_bf16_route_scratch_bytes(batch, m, n, k, route_active() == ROUTE_BF16);
 }
 
