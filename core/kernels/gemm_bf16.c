@@ -75,16 +75,22 @@ static size_t per_thread_bytes(const bgemm_dims *d, bgemm_route r)
     return (size_t)(round_up(tile, 64) + round_up(bblk, 64) + round_up(ablk, 64) + 64);
 }
 
-/* A widening route in a scratch planned for another route's tiles (the
- * persistent cache shares executables between processes with another
- * CX_CPU_ISA): the library route takes the panel routes' column and K
- * blocks and as many rows as fit; the FMA route halves its K block until
- * it fits (in the AVX512_BF16 route's plan, once: the same bytes), then
- * takes fewer rows. */
+/* A widening route in a share of scratch smaller than its plan's: a plan
+ * for another route's tiles (the persistent cache shares executables
+ * between processes with another CX_CPU_ISA), or for fewer threads than
+ * run. The library route takes the panel routes' column and K blocks and
+ * as many rows as fit. The FMA route halves its K block while the blocks,
+ * not the tile, are what is over (in the AVX512_BF16 route's plan for K
+ * from 256 to 512: once; for more, its blocks take the same bytes), down
+ * to FMA_KC_MIN, then takes fewer rows: halving on where the tile alone
+ * was over went down to K blocks of 2 and cost a product 2.6x its time. */
+enum { FMA_KC_MIN = 64 };
 static bgemm_dims fit_route(int64_t m, int64_t n, int64_t k, bgemm_route r, size_t budget)
 {
     bgemm_dims d = dims_of(m, n, k, r == ROUTE_LIB ? ROUTE_BF16 : r);
-    while (r == ROUTE_FMA && d.kc > 2 && per_thread_bytes(&d, r) > budget) d.kc = round_up(d.kc / 2, 2);
+    while (r == ROUTE_FMA && d.kc > FMA_KC_MIN && per_thread_bytes(&d, r) > budget &&
+           (size_t)(d.mch * d.nc * 4) < budget)
+        d.kc = round_up(d.kc / 2, 2);
     while (d.mch > MR && per_thread_bytes(&d, r) > budget) d.mch -= MR;
     return d;
 }

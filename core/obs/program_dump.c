@@ -49,9 +49,10 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
     case K_MATMUL: {
         const cx_kin *a = &k->in[0], *w = &k->in[1];
         if (a->dtype == CX_BF16) {
-            cx_sb_printf(b, "bf16 GEMM, %s%s", cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
-                                                                                     : "blocks widened into sgemm",
-                         k->out_dtype == CX_F32 ? ", f32 sums out (its cast folded)" : "");
+            const char *route = cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
+                                : cx_fma_route_available()                 ? "blocks widened as packed, f32 micro-kernel"
+                                                                           : "blocks widened into sgemm";
+            cx_sb_printf(b, "bf16 GEMM, %s%s", route, k->out_dtype == CX_F32 ? ", f32 sums out (its cast folded)" : "");
             break;
         }
         /* the operands run_matmul hands cx_matmul_f32 */
