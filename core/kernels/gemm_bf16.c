@@ -19,6 +19,7 @@
 #include "pool.h"
 #include "cx_assert.h"
 #include "cx_bf16.h"
+#include "bf16_simd.h"
 
 #include <string.h>
 
@@ -144,7 +145,7 @@ typedef struct {
     const uint16_t *a, *b;
     int64_t batch, m, n, k, sa, sb, mch, mt, nt, nthr;
     bgemm_dims d;
-    bool ta, tb, hw;      /* hw: route == ROUTE_BF16 */
+    bool ta, tb;
     bgemm_route route;
     const float *bias;    /* bf16 c only: c = round(round(sum) + bf16(bias[col])), then relu */
     bool relu;
@@ -324,19 +325,6 @@ static void pack_a(uint32_t *ap, const bgemm_job *j, const uint16_t *a, int64_t 
     else pack_panels(ap, MR, false, a + i0 * j->k + k0, j->k, mb, kb);
 }
 
-/* 16 sums rounded to bf16 as cx_f32_to_bf16_inline does, to the bit
- * (vcvtneps2bf16 would flush denormal sums to zero) */
-__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline __m256i round_bf16x16(__m512 x)
-{
-    __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
-    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(r);
-}
-
 /* acc = (first ? 0 : c (mr, 16 nh), ld ldc) + A . bp panel over `pairs`,
  * pair q of A's row r being the 32-bit word at a + r * rs + q * qs (bytes);
  * mr and nh (constants where inlined) are MR and 2, or fewer for a ragged
@@ -370,13 +358,6 @@ static inline void micro_store(float *c, int64_t ldc, __m512 acc[MR][2], const i
         for (int h = 0; h < nh; h++) _mm512_storeu_ps(c + r * ldc + 16 * h, acc[r][h]);
 }
 
-/* bf16 lanes widened back to f32 */
-__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-static inline __m512 widen_bf16x16(__m256i h)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* the sums rounded into cb (ld ldc); with a bias (bias[0] is the tile's
  * first column's), round_rows's epilogue */
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
@@ -385,18 +366,18 @@ static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2]
     if (!bias) {
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
-            _mm256_storeu_si256((__m256i *)(cb + r * ldc), round_bf16x16(acc[r][0]));
-            _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16), round_bf16x16(acc[r][1]));
+            _mm256_storeu_si256((__m256i *)(cb + r * ldc), cx_round_bf16x16(acc[r][0]));
+            _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16), cx_round_bf16x16(acc[r][1]));
         }
         return;
     }
-    const __m512 b[2] = { widen_bf16x16(round_bf16x16(_mm512_loadu_ps(bias))),
-                          widen_bf16x16(round_bf16x16(_mm512_loadu_ps(bias + 16))) };
+    const __m512 b[2] = { cx_widen_bf16x16(cx_round_bf16x16(_mm512_loadu_ps(bias))),
+                          cx_widen_bf16x16(cx_round_bf16x16(_mm512_loadu_ps(bias + 16))) };
     for (int r = 0; r < MR; r++)
         for (int h = 0; h < 2; h++) {
-            __m512 v = widen_bf16x16(round_bf16x16(_mm512_add_ps(widen_bf16x16(round_bf16x16(acc[r][h])), b[h])));
-            if (relu) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), v);
-            _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16 * h), round_bf16x16(v));
+            __m512 v = cx_widen_bf16x16(cx_round_bf16x16(_mm512_add_ps(cx_widen_bf16x16(cx_round_bf16x16(acc[r][h])), b[h])));
+            if (relu) v = cx_relu_ps16(v);
+            _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16 * h), cx_round_bf16x16(v));
         }
 }
 
@@ -561,7 +542,7 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
         int64_t kb = min64(j->d.kc, j->k - k0);
 #ifdef CX_HAVE_BF16_KERNEL
-        if (j->hw) {
+        if (j->route == ROUTE_BF16) {
             block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct);
             continue;
         }
@@ -615,10 +596,9 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, 
     bgemm_job j = { .c = c, .cf = cf, .acc = acc, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
                     .ta = trans_a, .tb = trans_b, .scratch = scratch, .bias = bias, .relu = bias && epi->relu };
     j.route = route_active();
-    j.hw = j.route == ROUTE_BF16;
     j.dnnl = cx_sgemm_prefers_dnnl(m, n, k);
     j.d = dims_of(m, n, k, j.route);
-    if (!j.hw) {
+    if (j.route != ROUTE_BF16) {
         /* a plan for another route may hold less for each thread's share:
          * fit the blocks to that share */
         size_t share = scratch_bytes / (size_t)threads_for(batch, m, n);

@@ -13,6 +13,7 @@
 #include "kernels.h"
 #include "cx_assert.h"
 #include "cx_bf16.h"
+#include "bf16_simd.h"
 
 #include <string.h>
 
@@ -34,15 +35,10 @@ bool cx_fma_route_available(void)
 
 int64_t cx_fma_tile_cols(void) { return cx_isa_active() >= CX_ISA_AVX512 ? 32 : 16; }
 
+#ifdef CX_HAVE_FMA_KERNEL
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- packing: the widening ---------------------------------------------------------------- */
-
-/* dst[0, n) = src widened; a plain loop the compiler vectorizes per clone */
-CX_HOT static void widen_run(float *restrict dst, const uint16_t *restrict src, int64_t n)
-{
-    for (int64_t e = 0; e < n; e++) dst[e] = cx_bf16_to_f32_inline(src[e]);
-}
 
 /* One lane (a row of A, a column of a transposed B: K contiguous at s)
  * into a panel of `width` lanes: dst[q * width] for q in [0, kb). */
@@ -51,7 +47,6 @@ CX_HOT static void widen_lane(float *restrict dst, int64_t width, const uint16_t
     for (int64_t q = 0; q < kb; q++) dst[q * width] = cx_bf16_to_f32_inline(s[q]);
 }
 
-#ifdef CX_HAVE_FMA_KERNEL
 /* 8 bf16 of a row widened: the lanes of one row of an 8 x 8 block */
 __attribute__((target("avx2"), always_inline)) static inline __m256 widen8(const uint16_t *s)
 {
@@ -135,6 +130,8 @@ __attribute__((target("avx2"))) static void pack_runs_avx2(float *panel, int64_t
 }
 #endif
 
+#ifdef CX_HAVE_FMA_KERNEL
+/* Called only where the route runs (cx_fma_route_available: AVX2). */
 void cx_fma_pack(float *dst, int64_t width, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
                  int64_t kb)
 {
@@ -144,29 +141,29 @@ void cx_fma_pack(float *dst, int64_t width, bool k_major, const uint16_t *src, i
         if (lanes < width)
             for (int64_t q = 0; q < kb; q++) memset(panel + q * width + lanes, 0, sizeof *panel * (size_t)(width - lanes));
         if (k_major) {
-#ifdef CX_HAVE_FMA_KERNEL
-            if (cx_isa_active() >= CX_ISA_AVX2) {
-                pack_runs_avx2(panel, width, src + p, ld, lanes, kb);
-                continue;
-            }
-#endif
-            for (int64_t q = 0; q < kb; q++) widen_run(panel + q * width, src + q * ld + p, lanes);
-        } else {
-            int64_t done = 0;
-#ifdef CX_HAVE_FMA_KERNEL
-            if (cx_isa_active() >= CX_ISA_AVX2) done = pack_lanes_avx2(panel, width, src + p * ld, ld, lanes, kb);
-#endif
-            for (int64_t c = 0; c < lanes && done < kb; c++)
-                widen_lane(panel + done * width + c, width, src + (p + c) * ld + done, kb - done);
+            pack_runs_avx2(panel, width, src + p, ld, lanes, kb);
+            continue;
         }
+        const int64_t done = pack_lanes_avx2(panel, width, src + p * ld, ld, lanes, kb);
+        for (int64_t c = 0; c < lanes && done < kb; c++)
+            widen_lane(panel + done * width + c, width, src + (p + c) * ld + done, kb - done);
     }
 }
+#else
+void cx_fma_pack(float *dst, int64_t width, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
+                 int64_t kb)
+{
+    (void)dst; (void)width; (void)k_major; (void)src; (void)ld; (void)count; (void)kb;
+    CX_ASSERT(!"no FMA micro-kernel in this build");
+}
+#endif
 
 /* ---- micro-kernels ------------------------------------------------------------------------ */
 
 #ifdef CX_HAVE_FMA_KERNEL
 /* Sums rounded to bf16 as cx_f32_to_bf16_inline does (to nearest even,
- * NaN kept quiet), and widened back. */
+ * NaN kept quiet), and widened back: the AVX2 kernel's 8 lanes here,
+ * AVX-512's 16 from bf16_simd.h. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i round8(__m256 x)
 {
     __m256i u = _mm256_castps_si256(x), hi = _mm256_srli_epi32(u, 16);
@@ -187,22 +184,14 @@ __attribute__((target("avx2"), always_inline)) static inline void store_round8(u
     _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08)));
 }
 
-__attribute__((target("avx512f"), always_inline)) static inline __m512i round16(__m512 x)
-{
-    __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
-    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), hi, _mm512_set1_epi32(0x40));
-}
-
 __attribute__((target("avx512f"), always_inline)) static inline __m512 widen_round16(__m512 x)
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(round16(x), 16));
+    return cx_widen_bf16x16(cx_round_bf16x16(x));
 }
 
 __attribute__((target("avx512f"), always_inline)) static inline void store_round16(uint16_t *d, __m512 x)
 {
-    _mm256_storeu_si256((__m256i *)d, _mm512_cvtepi32_epi16(round16(x)));
+    _mm256_storeu_si256((__m256i *)d, cx_round_bf16x16(x));
 }
 
 /* For each width: sums_*: acc = (first ? 0 : c (MR, 2 W), ld ldc) + A
@@ -269,15 +258,10 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 relu8(__m256
     return _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
 }
 
-__attribute__((target("avx512f"), always_inline)) static inline __m512 relu16(__m512 v)
-{
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), v);
-}
-
 FMA_KERNELS(avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps,
             _mm256_setzero_ps, _mm256_add_ps, relu8, widen_round8, store_round8)
 FMA_KERNELS(avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
-            _mm512_setzero_ps, _mm512_add_ps, relu16, widen_round16, store_round16)
+            _mm512_setzero_ps, _mm512_add_ps, cx_relu_ps16, widen_round16, store_round16)
 
 void cx_fma_gemm_panels(float *c, int64_t ldc, bool first, const float *ap, const float *bp, int64_t mb, int64_t nb,
                         int64_t kb)
