@@ -157,8 +157,7 @@ void cx_pass_fuse_epilogues(cx_executable *e)
         }
         /* a matmul that took its cast writes f32 sums and runs no program
          * (the format admits none there) */
-        const bool f32_sums = h->kind == K_MATMUL && h->in[0].dtype == CX_BF16 && h->out_dtype == CX_F32;
-        if (f32_sums || !epilogue_fits(e, k, h, reader)) continue;
+        if (cx_kernel_is_matmul_f32_sums(h) || !epilogue_fits(e, k, h, reader)) continue;
         /* the heavy op moves to the reader's position and writes the reader's
          * output; the program then runs in place over it (the heavy op's own
          * geometry comes from its inputs and attributes) */

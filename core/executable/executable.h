@@ -197,6 +197,12 @@ static inline bool cx_kernel_is_pool(const cx_kernel *k)
     return k->kind == K_MAXPOOL || k->kind == K_AVGPOOL || k->kind == K_MAXPOOL_BWD || k->kind == K_AVGPOOL_BWD;
 }
 void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g);
+/* Whether k is a bf16 matmul that took its reader's cast to f32 (the
+ * epilogue pass): bf16 operands, its f32 sums out, no epilogue program. */
+static inline bool cx_kernel_is_matmul_f32_sums(const cx_kernel *k)
+{
+    return k->kind == K_MATMUL && k->nin > 0 && k->in[0].dtype == CX_BF16 && k->out_dtype == CX_F32;
+}
 
 /* ---- the serialized form (serialize.c) ---- */
 

@@ -287,12 +287,6 @@ static bool attrs_ok(const cx_kernel *k)
     }
 }
 
-/* The dense kernels and pools run in their output's dtype, f32 or bf16,
- * and read every operand in it (the executor picks the kernel by dtype),
- * but for a bf16 matmul with its f32 cast folded in (f32 output, bf16
- * operands, no epilogue); a bf16 matmul needs at least one thread's tiles
- * of scratch, a bf16 pool one thread's planes, an attention (f32 or bf16)
- * what its route needs at the least. */
 /* A matmul writes batch x m x n values, batch A's leading dims, (m, k) A's
  * last two and n B's last: its output must hold them, and B must have A's
  * k rows (the executor reads both by those shapes). */
@@ -308,6 +302,12 @@ static bool matmul_shapes_ok(const cx_kernel *k)
     return b->shape[nd - 1] >= 0 && !__builtin_mul_overflow(out, b->shape[nd - 1], &out) && out == k->out_numel;
 }
 
+/* The dense kernels and pools run in their output's dtype, f32 or bf16,
+ * and read every operand in it (the executor picks the kernel by dtype),
+ * but for a bf16 matmul with its f32 cast folded in (f32 output, bf16
+ * operands, no epilogue); a bf16 matmul needs at least one thread's tiles
+ * of scratch, a bf16 pool one thread's planes, an attention (f32 or bf16)
+ * what its route needs at the least. */
 static bool dense_ok(const cx_executable *e, const cx_kernel *k)
 {
     switch (k->kind) {
@@ -317,7 +317,7 @@ static bool dense_ok(const cx_executable *e, const cx_kernel *k)
     }
     if (k->out_dtype != CX_F32 && k->out_dtype != CX_BF16) return false;
     if (k->kind == K_MATMUL && !matmul_shapes_ok(k)) return false;
-    const bool f32_sums = k->kind == K_MATMUL && k->out_dtype == CX_F32 && k->nin > 0 && k->in[0].dtype == CX_BF16;
+    const bool f32_sums = cx_kernel_is_matmul_f32_sums(k);
     if (f32_sums && k->has_epilogue) return false;
     const int in_dtype = f32_sums ? CX_BF16 : k->out_dtype;
     for (int i = 0; i < k->nin; i++)

@@ -52,7 +52,7 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
             const char *route = cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
                                 : cx_fma_route_available()                 ? "blocks widened as packed, f32 micro-kernel"
                                                                            : "blocks widened into sgemm";
-            cx_sb_printf(b, "bf16 GEMM, %s%s", route, k->out_dtype == CX_F32 ? ", f32 sums out (its cast folded)" : "");
+            cx_sb_printf(b, "bf16 GEMM, %s%s", route, cx_kernel_is_matmul_f32_sums(k) ? ", f32 sums out (its cast folded)" : "");
             break;
         }
         /* the operands run_matmul hands cx_matmul_f32 */

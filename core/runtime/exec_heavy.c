@@ -33,7 +33,7 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k, void *scratch)
     if (A->dtype == CX_BF16) {
         const uint16_t *ah = (const uint16_t *)rc->slot_ptr[A->slot] + A->offset;
         const uint16_t *bh = (const uint16_t *)rc->slot_ptr[B->slot] + B->offset;
-        if (k->out_dtype == CX_F32) {   /* its f32 cast folded in: the sums themselves */
+        if (cx_kernel_is_matmul_f32_sums(k)) {   /* its f32 cast folded in: the sums themselves */
             cx_matmul_bf16_f32(rc->slot_ptr[k->out_slot], false, ah, bh, batch, m, n, kk, A->trans, B->trans, sa, sb,
                                scratch, (size_t)k->scratch_bytes);
             return;

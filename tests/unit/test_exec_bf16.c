@@ -66,6 +66,22 @@ static cx_executable *one_matmul(cx_dtype dt, int64_t scratch)
     return e;
 }
 
+/* k's epilogue program, room for nviews views and nins instructions, its
+ * view 0 c's row-major (M, N) layout; has_epilogue set */
+static cx_program *epilogue_program(cx_kernel *k, int nviews, int nins)
+{
+    cx_program *p = &k->prog;
+    p->views = calloc((size_t)nviews, sizeof *p->views);
+    p->ins = calloc((size_t)nins, sizeof *p->ins);
+    cr_assert(p->views && p->ins);
+    p->views[0].strides[0] = N;
+    p->views[0].strides[1] = 1;
+    p->nviews = p->vcap = nviews;
+    p->n = p->cap = nins;
+    k->has_epilogue = true;
+    return p;
+}
+
 /* a (M, K) @ b (K, N) of bf16 into f32 c (a folded cast), with `scratch`
  * bytes of scratch; f32_b: b f32 instead; epilogue: with one (a program
  * of c alone) */
@@ -80,18 +96,9 @@ static cx_executable *f32_sums(int64_t scratch, bool f32_b, bool epilogue)
         e->slots[k->in[1].slot].bytes = K * N * 4;
     }
     lay_out_arena(e);
-    if (epilogue) {
-        cx_program *p = &k->prog;
-        p->views = calloc(1, sizeof *p->views);
-        p->ins = calloc(1, sizeof *p->ins);
-        cr_assert(p->views && p->ins);
-        p->views[0].strides[0] = N;
-        p->views[0].strides[1] = 1;
-        p->nviews = p->vcap = 1;
-        p->ins[0] = (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = k->out_slot, .view = 0 };
-        p->n = p->cap = 1;
-        k->has_epilogue = true;
-    }
+    if (epilogue)
+        epilogue_program(k, 1, 1)->ins[0] =
+            (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = k->out_slot, .view = 0 };
     return e;
 }
 
@@ -151,22 +158,14 @@ static cx_executable *matmul_with_bias(cx_dtype dt, int64_t bias_floats, int64_t
     cr_assert(sbias >= 0);
     lay_out_arena(e);
     cx_kernel *k = &e->kernels[0];
-    k->has_epilogue = true;
     k->epi = EPI_BIAS;
     k->epi_load = 1;
-    cx_program *p = &k->prog;
-    p->views = calloc(2, sizeof *p->views);
-    p->ins = calloc(4, sizeof *p->ins);
-    cr_assert(p->views && p->ins);
-    p->views[0].strides[0] = N;
-    p->views[0].strides[1] = 1;
+    cx_program *p = epilogue_program(k, 2, 4);
     p->views[1].strides[1] = col_stride;
-    p->nviews = p->vcap = 2;
     p->ins[0] = (cx_pinstr){ .kind = P_LOAD, .dtype = (uint8_t)dt, .src_dtype = (uint8_t)dt, .slot = k->out_slot, .view = 0 };
     p->ins[1] = (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = sbias, .view = 1 };
     p->ins[2] = (cx_pinstr){ .kind = P_CAST, .dtype = (uint8_t)dt, .a = 1 };
     p->ins[3] = (cx_pinstr){ .kind = P_BIN, .op = OP_ADD, .dtype = (uint8_t)dt, .src_dtype = (uint8_t)dt, .a = 0, .b = 2 };
-    p->n = p->cap = 4;
     p->result = 3;
     return e;
 }
