@@ -375,7 +375,8 @@ static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2]
                           cx_widen_bf16x16(cx_round_bf16x16(_mm512_loadu_ps(bias + 16))) };
     for (int r = 0; r < MR; r++)
         for (int h = 0; h < 2; h++) {
-            __m512 v = cx_widen_bf16x16(cx_round_bf16x16(_mm512_add_ps(cx_widen_bf16x16(cx_round_bf16x16(acc[r][h])), b[h])));
+            const __m512 sum = cx_widen_bf16x16(cx_round_bf16x16(acc[r][h]));
+            __m512 v = cx_widen_bf16x16(cx_round_bf16x16(_mm512_add_ps(sum, b[h])));
             if (relu) v = cx_relu_ps16(v);
             _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16 * h), cx_round_bf16x16(v));
         }
