@@ -1119,3 +1119,45 @@ Test(bf16_pool, each_pool_is_the_f32_kernel_rounded)
             free(x); free(dy); free(xf); free(dyf); free(ref); free(out); free(scratch);
         }
 }
+
+/* The 2x2 max pool and its gradient work on the bf16 bits in place: every
+ * width class of their loops (8, 4 and 1 windows; an odd last row and
+ * column), the special values (a signalling NaN made quiet, -0, the
+ * infinities, NaN dy) and relu's mask, folded (the mask is x) or not,
+ * give the bits of the f32 kernels rounded and masked. */
+Test(bf16_pool, max_2x2_on_special_values_and_masks)
+{
+    rng_state = 0x6a09e667f3bcc908ull;
+    static const uint16_t special[] = { 0xff80, 0xbfc0, 0x8000, 0x0000, 0x3f40, 0x3fc0, 0x7f80, 0x7fc0, 0x7f81, 0xffc1 };
+    const int64_t sizes[][2] = { { 4, 26 }, { 7, 27 }, { 5, 3 } };   /* 13 windows a row: 8 + 4 + 1 */
+    for (size_t si = 0; si < 3; si++) {
+        cx_pool_geom g = { .n = 2, .c = 3, .h = sizes[si][0], .w = sizes[si][1], .kh = 2, .kw = 2, .sh = 2, .sw = 2 };
+        cr_assert(cx_pool_geom_finish(&g));
+        size_t nin = (size_t)(g.n * g.c * g.h * g.w), nout = (size_t)(g.n * g.c * g.oh * g.ow);
+        uint16_t *x = malloc(sizeof *x * nin), *mask = malloc(sizeof *mask * nin), *dy = bf16_random(nout);
+        uint16_t *out = malloc(sizeof *out * nin);
+        float *ref = malloc(sizeof *ref * nin);
+        cr_assert(x && mask && out && ref);
+        for (size_t i = 0; i < nin; i++) {
+            x[i] = special[(size_t)((rng_uniform() + 1.0f) * 5.0f) % 10];
+            mask[i] = special[(size_t)((rng_uniform() + 1.0f) * 5.0f) % 10];
+        }
+        for (size_t i = 0; i < nout; i += 7) dy[i] = i % 2 ? 0x7f81 : 0x8000;
+        float *xf = widened(x, nin), *dyf = widened(dy, nout);
+        size_t sb = cx_pool2d_bf16_scratch_bytes(&g);
+        void *scratch = malloc(sb);
+        cr_assert(scratch);
+        cx_max_pool2d_fwd(ref, xf, &g);
+        cx_pool2d_bf16(CX_POOL_BF16_MAX, out, x, NULL, NULL, &g, scratch, sb);
+        expect_rounded(out, ref, nout, "max pool of special values", &g);
+        cx_max_pool2d_bwd(ref, xf, dyf, xf, &g);
+        cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, x, &g, scratch, sb);
+        expect_rounded(out, ref, nin, "max pool gradient, relu folded", &g);
+        cx_max_pool2d_bwd(ref, xf, dyf, NULL, &g);
+        for (size_t i = 0; i < nin; i++)
+            if (!(cx_bf16_to_f32(mask[i]) > 0.0f)) ref[i] = 0.0f;
+        cx_pool2d_bf16(CX_POOL_BF16_MAX_BWD, out, x, dy, mask, &g, scratch, sb);
+        expect_rounded(out, ref, nin, "max pool gradient, another mask", &g);
+        free(x); free(mask); free(dy); free(out); free(ref); free(xf); free(dyf); free(scratch);
+    }
+}
