@@ -602,3 +602,35 @@ Test(ops_bf16, empty_k_matmul_is_zeros_then_the_bias)
     }
     free(gy); free(gz);
 }
+
+/* A sum of a bf16 tensor over its leading and trailing axes (a conv's bias
+ * gradient, (N, C, H, W) -> (C)) reads the bf16 rows in place: the sums
+ * of these values are exact in double whatever the order, so the result
+ * must be that exact sum rounded through f32 to bf16, to the bit, for
+ * rows shorter than a vector and longer than a block. */
+Test(ops_bf16, sums_over_bf16_rows_are_exact_then_rounded)
+{
+    const int64_t shapes[][4] = { { 3, 5, 7, 9 }, { 2, 3, 2, 600 } };
+    for (int si = 0; si < 2; si++) {
+        const int64_t *sh = shapes[si], n = sh[0] * sh[1] * sh[2] * sh[3];
+        float *x = malloc(sizeof *x * (size_t)n);
+        cr_assert(x);
+        srand(7 + si);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)(rand() % 2001 - 1000) / 256.0f;
+        uint16_t *h = to_bf16(x, n), got[8];
+        cx_step_begin();
+        const int axes[3] = { 0, 2, 3 };
+        cx_tensor *s = cx_sum(tbf16(h, sh, 4), axes, 3, false);
+        cr_assert_eq(cx_to_host(s, got, CX_BF16), CX_OK, "%s", cx_last_error());
+        end_ok();
+        for (int64_t c = 0; c < sh[1]; c++) {
+            double exact = 0;
+            for (int64_t a = 0; a < sh[0]; a++)
+                for (int64_t q = 0; q < sh[2] * sh[3]; q++) exact += cx_bf16_to_f32(h[(a * sh[1] + c) * sh[2] * sh[3] + q]);
+            cr_assert_eq(got[c], cx_f32_to_bf16((float)exact), "shape %d, channel %lld: %g, want %g", si, (long long)c,
+                         cx_bf16_to_f32(got[c]), exact);
+        }
+        free(x);
+        free(h);
+    }
+}
