@@ -516,10 +516,13 @@ static void micro_rows_out(uint16_t *cb, int64_t ldc, const uint16_t *a, int64_t
  * and its MC x KC block stays in L2 either way. With out (the task's
  * corner of C, ld n; only when K is one block) each full micro-tile is
  * rounded straight into C and each ragged one through the tile: the f32
- * tile's round trip cost a K = 256 product 0.1-0.2 of its time. */
+ * tile's round trip cost a K = 256 product 0.1-0.2 of its time. outf is
+ * the same for an f32 C that is not added to: its sums are the tile's, so
+ * a full micro-tile is stored there directly (the tile's copy into C had
+ * cost a K = 64 weight gradient 0.3 of its time). */
 static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *ap, const uint16_t *a,
                        const uint16_t *b, int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb,
-                       uint16_t *out)
+                       uint16_t *out, float *outf)
 {
     int64_t pairs = (kb + 1) / 2;
     pack_b(bp, j, b, k0, kb, j0, nb);
@@ -540,9 +543,15 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
                     else micro_rows_out(co, j->n, arow, 2 * j->k, bpp, pairs, bias, j->relu);
                     continue;
                 }
-                if (packed) micro_packed(ct, j->d.nc, ap + rp * pairs, bpp, pairs, k0 == 0, rows, cols);
-                else micro_rows(ct, j->d.nc, arow, 2 * j->k, bpp, pairs, k0 == 0, rows, cols);
+                float *cf = outf ? outf + (r0 + rp) * j->n + cp : NULL;
+                const bool whole = cf && rows == MR && cols == NR;
+                float *dst = whole ? cf : ct;
+                const int64_t ld = whole ? j->n : j->d.nc;
+                if (packed) micro_packed(dst, ld, ap + rp * pairs, bpp, pairs, k0 == 0, rows, cols);
+                else micro_rows(dst, ld, arow, 2 * j->k, bpp, pairs, k0 == 0, rows, cols);
                 if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols, j->bias ? j->bias + j0 + cp : NULL, j->relu);
+                if (cf && !whole)
+                    for (int64_t r = 0; r < rows; r++) memcpy(cf + r * j->n, ct + r * j->d.nc, sizeof *cf * (size_t)cols);
             }
     }
 }
@@ -607,11 +616,13 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     /* one K block into a bf16 C: the micro-tiles round into C themselves */
     uint16_t *direct = j->route != ROUTE_LIB && j->c && j->k <= j->d.kc ? j->c + bi * j->m * j->n + i0 * j->n + j0
                                                                          : NULL;
+    float *direct_f = j->route == ROUTE_BF16 && j->cf && !j->acc && j->k <= j->d.kc
+                          ? j->cf + bi * j->m * j->n + i0 * j->n + j0 : NULL;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
         int64_t kb = min64(j->d.kc, j->k - k0);
 #ifdef CX_HAVE_BF16_KERNEL
         if (j->route == ROUTE_BF16) {
-            block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct);
+            block_bf16(j, tile, (uint16_t *)bblk, (uint32_t *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct, direct_f);
             continue;
         }
 #endif
@@ -619,7 +630,7 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
             block_fma(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct);
         else block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
     }
-    if (direct) return;
+    if (direct || direct_f) return;
     if (j->cf) store_rows(j->cf + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->acc);
     else round_rows(j->c + bi * j->m * j->n + i0 * j->n + j0, j->n, tile, j->d.nc, mt, nb, j->bias ? j->bias + j0 : NULL,
                     j->relu);
