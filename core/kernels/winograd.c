@@ -34,10 +34,20 @@
 #include "kernels.h"
 #include "pool.h"
 #include "cx_bf16.h"
+#include "cx_assert.h"
 
 #include <cxla/core.h>
 #include <stdatomic.h>
 #include <string.h>
+
+/* With AVX512_BF16 the weight gradient's operand Z is rounded by
+ * vcvtneps2bf16 as its transform computes it (x86 only: the bf16 products
+ * run nowhere else). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define WINO_BF16_Z 1
+#define WINO_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#include <immintrin.h>
+#endif
 
 /* Bound on one task's transformed tiles (V and M): they stay in L2
  * between the transforms and the 16 products. */
@@ -437,7 +447,7 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
 /* A dy A^T for tiles j..j+W-1 of dy rows ra (2i) and rb (2i + 1): each
  * row's 2W floats are loaded and split into even and odd columns with
  * shuffles. Rows of A dy: a, a + b, a - b, -b. */
-#define GRAD_TILES(T, I, W, EV, OD, ra, rb, dst, stride, j)                                        \
+#define GRAD_TILES(T, W, EV, OD, ra, rb, j, PUT)                                                    \
     do {                                                                                            \
         const T la_ = LD(T, (ra) + 2 * (j)), ha_ = LD(T, (ra) + 2 * (j) + (W));                     \
         const T lb_ = LD(T, (rb) + 2 * (j)), hb_ = LD(T, (rb) + 2 * (j) + (W));                     \
@@ -446,12 +456,22 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
         const T t_[4][2] = { { a0_, a1_ }, { a0_ + b0_, a1_ + b1_ }, { a0_ - b0_, a1_ - b1_ },      \
                              { -b0_, -b1_ } };                                                      \
         for (int a_ = 0; a_ < 4; a_++) {                                                           \
-            ST(T, (dst) + (a_ * 4 + 0) * (stride) + (j)) = t_[a_][0];                               \
-            ST(T, (dst) + (a_ * 4 + 1) * (stride) + (j)) = t_[a_][0] + t_[a_][1];                   \
-            ST(T, (dst) + (a_ * 4 + 2) * (stride) + (j)) = t_[a_][0] - t_[a_][1];                   \
-            ST(T, (dst) + (a_ * 4 + 3) * (stride) + (j)) = -t_[a_][1];                              \
+            PUT(T, a_ * 4 + 0, t_[a_][0]);                                                          \
+            PUT(T, a_ * 4 + 1, t_[a_][0] + t_[a_][1]);                                              \
+            PUT(T, a_ * 4 + 2, t_[a_][0] - t_[a_][1]);                                              \
+            PUT(T, a_ * 4 + 3, -t_[a_][1]);                                                         \
         }                                                                                           \
     } while (0)
+
+/* the scalar tail's four values of tile j of rows ra and rb (2 x 2, zero
+ * past ow): t[a][0] and t[a][1], a the row of A dy */
+static inline void grad_tile1(float t[4][2], const float *ra, const float *rb, int64_t j, int64_t ow)
+{
+    const float a0 = ra[2 * j], a1 = 2 * j + 1 < ow ? ra[2 * j + 1] : 0.0f;
+    const float b0 = rb[2 * j], b1 = 2 * j + 1 < ow ? rb[2 * j + 1] : 0.0f;
+    const float v[4][2] = { { a0, a1 }, { a0 + b0, a1 + b1 }, { a0 - b0, a1 - b1 }, { -b0, -b1 } };
+    memcpy(t, v, sizeof v);
+}
 
 /* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow),
  * or of dyh widened a channel's block of rows at a time into `stage`, in
@@ -469,14 +489,13 @@ CX_HOT static void transform_grad(float *z, float *stage, const float *zero, con
             const float *ra = block + 2 * (i - i0) * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
             float *dst = z + o * tb + (i - i0) * tw;
             int64_t j = 0;
-            for (; 2 * j + 16 <= ow; j += 8)
-                GRAD_TILES(v8, i8v, 8, EV8, OD8, ra, rb, dst, stride, j);
-            for (; 2 * j + 8 <= ow; j += 4)
-                GRAD_TILES(v4, i4v, 4, EV4, OD4, ra, rb, dst, stride, j);
+#define PUT_F32(T, x, v) ST(T, dst + (x) * stride + j) = (v)
+            for (; 2 * j + 16 <= ow; j += 8) GRAD_TILES(v8, 8, EV8, OD8, ra, rb, j, PUT_F32);
+            for (; 2 * j + 8 <= ow; j += 4) GRAD_TILES(v4, 4, EV4, OD4, ra, rb, j, PUT_F32);
+#undef PUT_F32
             for (; j < tw; j++) {
-                const float a0 = ra[2 * j], a1 = 2 * j + 1 < ow ? ra[2 * j + 1] : 0.0f;
-                const float b0 = rb[2 * j], b1 = 2 * j + 1 < ow ? rb[2 * j + 1] : 0.0f;
-                const float t[4][2] = { { a0, a1 }, { a0 + b0, a1 + b1 }, { a0 - b0, a1 - b1 }, { -b0, -b1 } };
+                float t[4][2];
+                grad_tile1(t, ra, rb, j, ow);
                 for (int a = 0; a < 4; a++) {
                     dst[(a * 4 + 0) * stride + j] = t[a][0];
                     dst[(a * 4 + 1) * stride + j] = t[a][0] + t[a][1];
@@ -487,6 +506,48 @@ CX_HOT static void transform_grad(float *z, float *stage, const float *zero, con
         }
     }
 }
+
+#ifdef WINO_BF16_Z
+/* transform_grad of dyh for the bf16 products: Z rounded by
+ * vcvtneps2bf16 as it is computed, into rows of zh (zh_ld(tb) apart, the
+ * 16 products zh_stride() apart) that the micro-kernel reads in place,
+ * with zeros past cout's rows and tb's columns. Z in f32 and its rounding
+ * pass (cx_bf16_round_rows: 1.7 % of a bf16-mixed cnn step) are gone. */
+WINO_BF16_TARGET static void transform_grad_bf16(uint16_t *zh, float *stage, const float *zero, const uint16_t *dyh,
+                                                 const wino_shape *s, int64_t i0, int64_t i1)
+{
+    const int64_t tb = (i1 - i0) * s->tw, tw = s->tw, ow = s->ow, ld = zh_ld(tb), zs = zh_stride(s, tb);
+    for (int x = 0; x < 16; x++) {
+        uint16_t *zx = zh + x * zs;
+        memset(zx + s->cout * ld, 0, sizeof *zx * (size_t)((zh_rows(s) - s->cout) * ld));
+        if (ld > tb)
+            for (int64_t o = 0; o < s->cout; o++) zx[o * ld + tb] = 0;
+    }
+    for (int64_t o = 0; o < s->cout; o++) {
+        const int64_t at = (o * s->oh + 2 * i0) * ow;
+        widen_row(stage, dyh + at, (min64(2 * i1, s->oh) - 2 * i0) * ow);
+        for (int64_t i = i0; i < i1; i++) {
+            const float *ra = stage + 2 * (i - i0) * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
+            uint16_t *dst = zh + o * ld + (i - i0) * tw;
+            int64_t j = 0;
+#define PUT_H8(T, x, v) _mm_storeu_si128((__m128i *)(void *)(dst + (x) * zs + j), (__m128i)_mm256_cvtneps_pbh((__m256)(v)))
+#define PUT_H4(T, x, v) _mm_storel_epi64((__m128i *)(void *)(dst + (x) * zs + j), (__m128i)_mm_cvtneps_pbh((__m128)(v)))
+            for (; 2 * j + 16 <= ow; j += 8) GRAD_TILES(v8, 8, EV8, OD8, ra, rb, j, PUT_H8);
+            for (; 2 * j + 8 <= ow; j += 4) GRAD_TILES(v4, 4, EV4, OD4, ra, rb, j, PUT_H4);
+#undef PUT_H8
+#undef PUT_H4
+            for (; j < tw; j++) {
+                float t[4][2];
+                grad_tile1(t, ra, rb, j, ow);
+                for (int a = 0; a < 4; a++) {
+                    const float v[4] = { t[a][0], t[a][0] + t[a][1], t[a][0] - t[a][1], -t[a][1] };
+                    for (int b = 0; b < 4; b++) dst[(a * 4 + b) * zs + j] = (uint16_t)_mm_cvtness_sbh(v[b]);
+                }
+            }
+        }
+    }
+}
+#endif
 
 /* xt (2 (i1 - i0) + 2 rows, wp = 2 tw + 2 columns, cin): the input rows of
  * tile rows [i0, i1) of one image, x or xh widened, in channels-last
@@ -629,8 +690,16 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
             block_channels_last(lane + j->lane.xt, bf16 ? NULL : j->in + x_at, bf16 ? j->in_h + x_at : NULL, s, i0,
                                 i1);
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
-            transform_grad(z, lane + j->lane.stage, zero, bf16 ? NULL : j->dy + dy_at, bf16 ? j->dy_h + dy_at : NULL,
-                           s, i0, i1);
+            if (half) {
+#ifdef WINO_BF16_Z
+                transform_grad_bf16(zh, lane + j->lane.stage, zero, j->dy_h + dy_at, s, i0, i1);
+#else
+                CX_ASSERT(!"bf16 products without AVX512_BF16");
+#endif
+            } else {
+                transform_grad(z, lane + j->lane.stage, zero, bf16 ? NULL : j->dy + dy_at,
+                               bf16 ? j->dy_h + dy_at : NULL, s, i0, i1);
+            }
             for (int x = 0; x < 16; x++) {
                 float *dux = du + x * xi_stride(s->cout * s->cin);
                 if (!half) {
@@ -638,11 +707,9 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
                                     v + x * xi_stride(tb * s->cin), s->cin, first ? 0.0f : 1.0f, dux, s->cin);
                     continue;
                 }
-                /* Z's rows rounded, read in place as the micro-kernel's A
+                /* Z's rows, rounded, read in place as the micro-kernel's A
                  * (the rows its last tile reads past cout zeros) */
                 uint16_t *zx = zh + x * zh_stride(s, tb);
-                cx_bf16_round_rows(zx, zh_ld(tb), z + x * xi_stride(s->cout * tb), tb, s->cout, tb, zh_rows(s),
-                                   zh_ld(tb));
                 cx_bf16_pack_b_f32(bp, v + x * xi_stride(tb * s->cin), s->cin, tb, s->cin);
                 cx_bf16_gemm_panels(dux, s->cin, !first, NULL, zx, zh_ld(tb), bp, s->cout, s->cin, zh_ld(tb), false);
             }
