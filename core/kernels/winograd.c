@@ -230,8 +230,9 @@ typedef int32_t i4v __attribute__((vector_size(16)));
 #define HI4() CX_MASK(i4v, 2, 6, 3, 7)
 
 /* B^T d B for tiles j..j+W-1 of one tile row, given d[r][k] as vectors
- * over the tiles; the 16 results at dst + xi * stride + j. */
-#define INPUT_CORE(T, d_, dst, stride, j)                                                           \
+ * over the tiles; the 16 results stored by PUT(T, xi, value, p, q, r)
+ * (p, q, r: where), INPUT_CORE's at dst + xi * stride + j. */
+#define INPUT_CORE_PUT(T, d_, PUT, p, q, r)                                                         \
     do {                                                                                            \
         for (int k_ = 0; k_ < 4; k_++) {                                                           \
             T a0 = d_[0][k_] - d_[2][k_], a1 = d_[1][k_] + d_[2][k_];                               \
@@ -239,16 +240,18 @@ typedef int32_t i4v __attribute__((vector_size(16)));
             d_[0][k_] = a0; d_[1][k_] = a1; d_[2][k_] = a2; d_[3][k_] = a3;                         \
         }                                                                                           \
         for (int a_ = 0; a_ < 4; a_++) {                                                           \
-            ST(T, (dst) + (a_ * 4 + 0) * (stride) + (j)) = d_[a_][0] - d_[a_][2];                  \
-            ST(T, (dst) + (a_ * 4 + 1) * (stride) + (j)) = d_[a_][1] + d_[a_][2];                  \
-            ST(T, (dst) + (a_ * 4 + 2) * (stride) + (j)) = d_[a_][2] - d_[a_][1];                  \
-            ST(T, (dst) + (a_ * 4 + 3) * (stride) + (j)) = d_[a_][1] - d_[a_][3];                  \
+            PUT(T, a_ * 4 + 0, d_[a_][0] - d_[a_][2], p, q, r);                                    \
+            PUT(T, a_ * 4 + 1, d_[a_][1] + d_[a_][2], p, q, r);                                    \
+            PUT(T, a_ * 4 + 2, d_[a_][2] - d_[a_][1], p, q, r);                                    \
+            PUT(T, a_ * 4 + 3, d_[a_][1] - d_[a_][3], p, q, r);                                    \
         }                                                                                           \
     } while (0)
+#define STORE_F32(T, x, v, dst, stride, j) ST(T, (dst) + (x) * (stride) + (j)) = (v)
+#define INPUT_CORE(T, d_, dst, stride, j) INPUT_CORE_PUT(T, d_, STORE_F32, dst, stride, j)
 
 /* W tiles at once: d[r][k] = row_r[2j + k] for the W tiles, from 2W-float
  * loads split into even and odd columns. Reads row_r[2j .. 2j + 2W + 2). */
-#define INPUT_TILES(T, W, EV, OD, row, dst, stride, j)                                              \
+#define INPUT_TILES_PUT(T, W, EV, OD, row, PUT, dst, stride, j)                                     \
     do {                                                                                            \
         T d_[4][4];                                                                                 \
         for (int r_ = 0; r_ < 4; r_++) {                                                           \
@@ -259,50 +262,59 @@ typedef int32_t i4v __attribute__((vector_size(16)));
             d_[r_][2] = CX_SHUFFLE(l2_, h2_, EV());                                            \
             d_[r_][3] = CX_SHUFFLE(l2_, h2_, OD());                                            \
         }                                                                                           \
-        INPUT_CORE(T, d_, dst, stride, j);                                                          \
+        INPUT_CORE_PUT(T, d_, PUT, dst, stride, j);                                                 \
     } while (0)
+#define INPUT_TILES(T, W, EV, OD, row, dst, stride, j) INPUT_TILES_PUT(T, W, EV, OD, row, STORE_F32, dst, stride, j)
 
 static inline void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n)
 {
     for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_to_f32_inline(src[q]);
 }
 
+/* The input rows of tile rows [i0, i1) of channel c of one image (x, or
+ * xh widened): read in place when no padding is involved and x is f32,
+ * else copied into `rows` ((2 (i1 - i0) + 2) x (2 tw + 2) floats) with
+ * the padding's zeros. @return the block's first row; *rs its stride. */
+static inline __attribute__((always_inline)) const float *channel_rows(float *rows, const float *x, const uint16_t *xh,
+                                                                       const wino_shape *s, int64_t c, int64_t i0,
+                                                                       int64_t i1, int64_t *rs)
+{
+    const int64_t wp = 2 * s->tw + 2, nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
+    const int64_t at = c * s->h * s->w, copy = min64(s->w, wp - s->pad_w);
+    /* no padding involved: the block is nrows whole rows of the plane */
+    const bool in_place = s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h;
+    *rs = s->w;
+    if (in_place && !xh) return x + at + r0 * s->w;
+    if (in_place) {
+        widen_row(rows, xh + at + r0 * s->w, nrows * s->w);
+        return rows;
+    }
+    for (int64_t r = 0; r < nrows; r++) {
+        float *dst = rows + r * wp;
+        if (r0 + r < 0 || r0 + r >= s->h) {
+            memset(dst, 0, sizeof(float) * (size_t)wp);
+            continue;
+        }
+        memset(dst, 0, sizeof(float) * (size_t)s->pad_w);
+        if (xh) widen_row(dst + s->pad_w, xh + at + (r0 + r) * s->w, copy);
+        else memcpy(dst + s->pad_w, x + at + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
+        memset(dst + s->pad_w + copy, 0, sizeof(float) * (size_t)(wp - s->pad_w - copy));
+    }
+    *rs = wp;
+    return rows;
+}
+
 /* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
  * image (cin, h, w), x or, widened, xh; t counts tiles from the block's
  * first. Tile row i reads input rows 2i - pad .. 2i - pad + 3 and columns
- * 2j - pad ..; the block's rows are read in place when no padding is
- * involved and x is f32, else from a zero-padded copy in `rows`
- * ((2 (i1 - i0) + 2) x (2 tw + 2) floats). */
+ * 2j - pad .. (channel_rows). */
 CX_HOT static void transform_input(float *v, float *rows, const float *x, const uint16_t *xh, const wino_shape *s,
                                    int64_t i0, int64_t i1)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw, wp = 2 * tw + 2;
-    const int64_t nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
-    /* no padding involved: the block is nrows whole rows of the plane */
-    const bool in_place = s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h;
-    const int64_t copy = min64(s->w, wp - s->pad_w);
+    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw;
     for (int64_t c = 0; c < s->cin; c++) {
-        const int64_t at = c * s->h * s->w;
-        const float *blk = rows;
-        int64_t rs = s->w;
-        if (in_place && xh) {
-            widen_row(rows, xh + at + r0 * s->w, nrows * s->w);
-        } else if (in_place) {
-            blk = x + at + r0 * s->w;
-        } else {
-            for (int64_t r = 0; r < nrows; r++) {
-                float *dst = rows + r * wp;
-                if (r0 + r < 0 || r0 + r >= s->h) {
-                    memset(dst, 0, sizeof(float) * (size_t)wp);
-                    continue;
-                }
-                memset(dst, 0, sizeof(float) * (size_t)s->pad_w);
-                if (xh) widen_row(dst + s->pad_w, xh + at + (r0 + r) * s->w, copy);
-                else memcpy(dst + s->pad_w, x + at + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
-                memset(dst + s->pad_w + copy, 0, sizeof(float) * (size_t)(wp - s->pad_w - copy));
-            }
-            rs = wp;
-        }
+        int64_t rs;
+        const float *blk = channel_rows(rows, x, xh, s, c, i0, i1, &rs);
         for (int64_t i = i0; i < i1; i++) {
             const float *base = blk + 2 * (i - i0) * rs;
             const float *row[4] = { base, base + rs, base + 2 * rs, base + 3 * rs };
@@ -319,6 +331,44 @@ CX_HOT static void transform_input(float *v, float *rows, const float *x, const 
         }
     }
 }
+
+#ifdef WINO_BF16_Z
+/* vcvtneps2bf16 stores: W values of a product's row, rounded */
+#define STORE_H8(T, x, v, dst, stride, j)                                                           \
+    _mm_storeu_si128((__m128i *)(void *)((dst) + (x) * (stride) + (j)), (__m128i)_mm256_cvtneps_pbh((__m256)(v)))
+#define STORE_H4(T, x, v, dst, stride, j)                                                           \
+    _mm_storel_epi64((__m128i *)(void *)((dst) + (x) * (stride) + (j)), (__m128i)_mm_cvtneps_pbh((__m128)(v)))
+#define STORE_H1(T, x, v, dst, stride, j) (dst)[(x) * (stride) + (j)] = (uint16_t)_mm_cvtness_sbh(v)
+
+/* transform_input of xh for the bf16 products: V[xi][c][t] rounded by
+ * vcvtneps2bf16 as it is computed (as cx_bf16_pack_b_f32 rounded it),
+ * xi_stride(cin tb) apart: half the bytes stored, and packed into the
+ * products' panels from bf16 rows (its f32 rows had cost the packing
+ * twice the reads). */
+WINO_BF16_TARGET static void transform_input_bf16(uint16_t *vh, float *rows, const uint16_t *xh, const wino_shape *s,
+                                                  int64_t i0, int64_t i1)
+{
+    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw;
+    for (int64_t c = 0; c < s->cin; c++) {
+        int64_t rs;
+        const float *blk = channel_rows(rows, NULL, xh, s, c, i0, i1, &rs);
+        for (int64_t i = i0; i < i1; i++) {
+            const float *base = blk + 2 * (i - i0) * rs;
+            const float *row[4] = { base, base + rs, base + 2 * rs, base + 3 * rs };
+            uint16_t *dst = vh + c * tb + (i - i0) * tw;
+            int64_t j = 0;
+            for (; j + 8 <= tw; j += 8) INPUT_TILES_PUT(v8, 8, EV8, OD8, row, STORE_H8, dst, stride, j);
+            for (; j + 4 <= tw; j += 4) INPUT_TILES_PUT(v4, 4, EV4, OD4, row, STORE_H4, dst, stride, j);
+            for (; j < tw; j++) {
+                float d_[4][4];
+                for (int r = 0; r < 4; r++)
+                    for (int k = 0; k < 4; k++) d_[r][k] = row[r][2 * j + k];
+                INPUT_CORE_PUT(float, d_, STORE_H1, dst, stride, j);
+            }
+        }
+    }
+}
+#endif
 
 /* A^T M A for tiles j..j+W-1: E0/O0 are output row 2i at columns 2j / 2j+1
  * of each tile, E1/O1 row 2i + 1. */
@@ -651,18 +701,24 @@ CX_HOT static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i
     const int64_t tb = (i1 - i0) * s->tw;
     float *v = lane + j->lane.v, *m = lane + j->lane.m;
     const int64_t in_at = n * s->cin * s->h * s->w;
-    transform_input(v, lane + j->lane.rows, j->in_h ? NULL : j->in + in_at, j->in_h ? j->in_h + in_at : NULL, s, i0,
-                    i1);
     const bool half = j->products_bf16;
     const int64_t ldm = m_ld(tb, half), ms = m_stride(s, tb, half);
     if (half) {
+#ifdef WINO_BF16_Z
+        uint16_t *vh = (uint16_t *)v;
         uint32_t *bp = (uint32_t *)(lane + j->lane.bp);
+        transform_input_bf16(vh, lane + j->lane.rows, j->in_h + in_at, s, i0, i1);
         for (int x = 0; x < 16; x++) {
-            cx_bf16_pack_b_f32(bp, v + x * xi_stride(s->cin * tb), tb, s->cin, tb);
+            cx_bf16_pack_panels(bp, false, true, vh + x * xi_stride(s->cin * tb), tb, tb, s->cin);
             cx_bf16_gemm_panels(m + x * ms, ldm, false, j->up + x * up_words(s), NULL, 0, bp, s->cout, tb, s->cin,
                                 true);
         }
+#else
+        CX_ASSERT(!"bf16 products without AVX512_BF16");
+#endif
     } else {
+        transform_input(v, lane + j->lane.rows, j->in_h ? NULL : j->in + in_at, j->in_h ? j->in_h + in_at : NULL, s,
+                        i0, i1);
         for (int x = 0; x < 16; x++)
             cx_sgemm_serial(false, false, s->cout, tb, s->cin, j->u + x * xi_stride(s->cout * s->cin), s->cin,
                             v + x * xi_stride(s->cin * tb), tb, 0.0f, m + x * ms, ldm);
