@@ -26,10 +26,10 @@
  * bf16 conv needs no widened copy of its operands and no rounding pass
  * over its output. Without AVX512_BF16 the products are the f32
  * kernel's too, and so are the sums, bit for bit. With it the 16
- * products run on vdpbf16ps (gemm_bf16.c's micro-kernel): U, and V or Z
- * and Vt, are rounded to bf16 as they are packed, and M (forward-like)
- * is padded to whole 12 x 32 tiles so the micro-kernel stores it
- * directly.
+ * products run on vdpbf16ps (gemm_bf16.c's micro-kernel): their operands
+ * are rounded to bf16 by vcvtneps2bf16, U and Vt as they are packed, V
+ * and Z as their transforms compute them, and M (forward-like) is padded
+ * to whole 12 x 32 tiles so the micro-kernel stores it directly.
  */
 #include "kernels.h"
 #include "pool.h"
@@ -40,11 +40,11 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* With AVX512_BF16 the weight gradient's operand Z is rounded by
- * vcvtneps2bf16 as its transform computes it (x86 only: the bf16 products
- * run nowhere else). */
+/* With AVX512_BF16 the products' operands V and Z are rounded by
+ * vcvtneps2bf16 as their transforms compute them (x86 only: the bf16
+ * products run nowhere else). */
 #if defined(__x86_64__) && defined(__GNUC__)
-#define WINO_BF16_Z 1
+#define WINO_BF16_OPERANDS 1
 #define WINO_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #include <immintrin.h>
 #endif
@@ -332,13 +332,19 @@ CX_HOT static void transform_input(float *v, float *rows, const float *x, const 
     }
 }
 
-#ifdef WINO_BF16_Z
+#ifdef WINO_BF16_OPERANDS
 /* vcvtneps2bf16 stores: W values of a product's row, rounded */
 #define STORE_H8(T, x, v, dst, stride, j)                                                           \
     _mm_storeu_si128((__m128i *)(void *)((dst) + (x) * (stride) + (j)), (__m128i)_mm256_cvtneps_pbh((__m256)(v)))
 #define STORE_H4(T, x, v, dst, stride, j)                                                           \
     _mm_storel_epi64((__m128i *)(void *)((dst) + (x) * (stride) + (j)), (__m128i)_mm_cvtneps_pbh((__m128)(v)))
-#define STORE_H1(T, x, v, dst, stride, j) (dst)[(x) * (stride) + (j)] = (uint16_t)_mm_cvtness_sbh(v)
+#define STORE_H1(T, x, v, dst, stride, j) (dst)[(x) * (stride) + (j)] = round1(v)
+
+/* one value rounded by vcvtneps2bf16 */
+WINO_BF16_TARGET static inline uint16_t round1(float v)
+{
+    return (uint16_t)_mm_extract_epi16((__m128i)_mm_cvtneps_pbh(_mm_set_ss(v)), 0);
+}
 
 /* transform_input of xh for the bf16 products: V[xi][c][t] rounded by
  * vcvtneps2bf16 as it is computed (as cx_bf16_pack_b_f32 rounded it),
@@ -557,7 +563,7 @@ CX_HOT static void transform_grad(float *z, float *stage, const float *zero, con
     }
 }
 
-#ifdef WINO_BF16_Z
+#ifdef WINO_BF16_OPERANDS
 /* transform_grad of dyh for the bf16 products: Z rounded by
  * vcvtneps2bf16 as it is computed, into rows of zh (zh_ld(tb) apart, the
  * 16 products zh_stride() apart) that the micro-kernel reads in place,
@@ -591,7 +597,7 @@ WINO_BF16_TARGET static void transform_grad_bf16(uint16_t *zh, float *stage, con
                 grad_tile1(t, ra, rb, j, ow);
                 for (int a = 0; a < 4; a++) {
                     const float v[4] = { t[a][0], t[a][0] + t[a][1], t[a][0] - t[a][1], -t[a][1] };
-                    for (int b = 0; b < 4; b++) dst[(a * 4 + b) * zs + j] = (uint16_t)_mm_cvtness_sbh(v[b]);
+                    for (int b = 0; b < 4; b++) dst[(a * 4 + b) * zs + j] = round1(v[b]);
                 }
             }
         }
@@ -704,7 +710,7 @@ CX_HOT static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i
     const bool half = j->products_bf16;
     const int64_t ldm = m_ld(tb, half), ms = m_stride(s, tb, half);
     if (half) {
-#ifdef WINO_BF16_Z
+#ifdef WINO_BF16_OPERANDS
         uint16_t *vh = (uint16_t *)v;
         uint32_t *bp = (uint32_t *)(lane + j->lane.bp);
         transform_input_bf16(vh, lane + j->lane.rows, j->in_h + in_at, s, i0, i1);
@@ -747,7 +753,7 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
                                 i1);
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             if (half) {
-#ifdef WINO_BF16_Z
+#ifdef WINO_BF16_OPERANDS
                 transform_grad_bf16(zh, lane + j->lane.stage, zero, j->dy_h + dy_at, s, i0, i1);
 #else
                 CX_ASSERT(!"bf16 products without AVX512_BF16");
