@@ -305,31 +305,37 @@ static inline __attribute__((always_inline)) const float *channel_rows(float *ro
 }
 
 /* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
- * image (cin, h, w), x or, widened, xh; t counts tiles from the block's
- * first. Tile row i reads input rows 2i - pad .. 2i - pad + 3 and columns
- * 2j - pad .. (channel_rows). */
+ * image (cin, h, w), x or, widened, xh, into out (f32 or bf16, the 16
+ * xi_stride(cin tb) apart) by the stores ST8, ST4 and ST1 (8, 4 and 1
+ * tiles); t counts tiles from the block's first. Tile row i reads input
+ * rows 2i - pad .. 2i - pad + 3 and columns 2j - pad .. (channel_rows). */
+#define TRANSFORM_INPUT(OUT_T, out, rows, x, xh, s, i0, i1, ST8, ST4, ST1)                        \
+    do {                                                                                            \
+        const int64_t tb_ = ((i1) - (i0)) * (s)->tw, stride_ = xi_stride((s)->cin * tb_), tw_ = (s)->tw; \
+        for (int64_t c_ = 0; c_ < (s)->cin; c_++) {                                                \
+            int64_t rs_;                                                                            \
+            const float *blk_ = channel_rows(rows, x, xh, s, c_, i0, i1, &rs_);                     \
+            for (int64_t i_ = (i0); i_ < (i1); i_++) {                                             \
+                const float *b_ = blk_ + 2 * (i_ - (i0)) * rs_;                                     \
+                const float *row_[4] = { b_, b_ + rs_, b_ + 2 * rs_, b_ + 3 * rs_ };                \
+                OUT_T *dst_ = (out) + c_ * tb_ + (i_ - (i0)) * tw_;                                 \
+                int64_t j_ = 0;                                                                     \
+                for (; j_ + 8 <= tw_; j_ += 8) INPUT_TILES_PUT(v8, 8, EV8, OD8, row_, ST8, dst_, stride_, j_); \
+                for (; j_ + 4 <= tw_; j_ += 4) INPUT_TILES_PUT(v4, 4, EV4, OD4, row_, ST4, dst_, stride_, j_); \
+                for (; j_ < tw_; j_++) {                                                           \
+                    float d_[4][4];                                                                 \
+                    for (int r_ = 0; r_ < 4; r_++)                                                 \
+                        for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = row_[r_][2 * j_ + k_];         \
+                    INPUT_CORE_PUT(float, d_, ST1, dst_, stride_, j_);                              \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
 CX_HOT static void transform_input(float *v, float *rows, const float *x, const uint16_t *xh, const wino_shape *s,
                                    int64_t i0, int64_t i1)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw;
-    for (int64_t c = 0; c < s->cin; c++) {
-        int64_t rs;
-        const float *blk = channel_rows(rows, x, xh, s, c, i0, i1, &rs);
-        for (int64_t i = i0; i < i1; i++) {
-            const float *base = blk + 2 * (i - i0) * rs;
-            const float *row[4] = { base, base + rs, base + 2 * rs, base + 3 * rs };
-            float *dst = v + c * tb + (i - i0) * tw;
-            int64_t j = 0;
-            for (; j + 8 <= tw; j += 8) INPUT_TILES(v8, 8, EV8, OD8, row, dst, stride, j);
-            for (; j + 4 <= tw; j += 4) INPUT_TILES(v4, 4, EV4, OD4, row, dst, stride, j);
-            for (; j < tw; j++) {
-                float d_[4][4];
-                for (int r = 0; r < 4; r++)
-                    for (int k = 0; k < 4; k++) d_[r][k] = row[r][2 * j + k];
-                INPUT_CORE(float, d_, dst, stride, j);
-            }
-        }
-    }
+    TRANSFORM_INPUT(float, v, rows, x, xh, s, i0, i1, STORE_F32, STORE_F32, STORE_F32);
 }
 
 #ifdef WINO_BF16_OPERANDS
@@ -354,25 +360,7 @@ WINO_BF16_TARGET static inline uint16_t round1(float v)
 WINO_BF16_TARGET static void transform_input_bf16(uint16_t *vh, float *rows, const uint16_t *xh, const wino_shape *s,
                                                   int64_t i0, int64_t i1)
 {
-    const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cin * tb), tw = s->tw;
-    for (int64_t c = 0; c < s->cin; c++) {
-        int64_t rs;
-        const float *blk = channel_rows(rows, NULL, xh, s, c, i0, i1, &rs);
-        for (int64_t i = i0; i < i1; i++) {
-            const float *base = blk + 2 * (i - i0) * rs;
-            const float *row[4] = { base, base + rs, base + 2 * rs, base + 3 * rs };
-            uint16_t *dst = vh + c * tb + (i - i0) * tw;
-            int64_t j = 0;
-            for (; j + 8 <= tw; j += 8) INPUT_TILES_PUT(v8, 8, EV8, OD8, row, STORE_H8, dst, stride, j);
-            for (; j + 4 <= tw; j += 4) INPUT_TILES_PUT(v4, 4, EV4, OD4, row, STORE_H4, dst, stride, j);
-            for (; j < tw; j++) {
-                float d_[4][4];
-                for (int r = 0; r < 4; r++)
-                    for (int k = 0; k < 4; k++) d_[r][k] = row[r][2 * j + k];
-                INPUT_CORE_PUT(float, d_, STORE_H1, dst, stride, j);
-            }
-        }
-    }
+    TRANSFORM_INPUT(uint16_t, vh, rows, NULL, xh, s, i0, i1, STORE_H8, STORE_H4, STORE_H1);
 }
 #endif
 
