@@ -199,6 +199,16 @@ CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64
     }
 }
 
+/* tile rows into an f32 C (ld ldc), or added to it with acc */
+CX_HOT static void store_rows(float *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
+                              bool acc)
+{
+    for (int64_t r = 0; r < mt; r++) {
+        if (acc) for (int64_t q = 0; q < nb; q++) c[r * ldc + q] += tile[r * ldt + q];
+        else memcpy(c + r * ldc, tile + r * ldt, sizeof *c * (size_t)nb);
+    }
+}
+
 /* ---- the AVX512_BF16 route --------------------------------------------------------------- */
 
 #ifdef CX_HAVE_BF16_KERNEL
@@ -262,17 +272,11 @@ static void zero_ragged_panel(uint32_t *panels, int64_t pairs, int64_t width, in
     if (tail) memset(panels + count / width * pairs * width, 0, sizeof *panels * (size_t)(pairs * width));
 }
 
-/* One contiguous run s[0, kb) into a panel's lane: its pairs, each one
- * 32-bit word, at dst[0], dst[width], ...; an odd K's last word with a 0
- * high half. (A transposed B's columns, an untransposed A's rows.) */
-static void pair_lane(uint32_t *dst, int64_t width, const uint16_t *s, int64_t kb)
-{
-    for (int64_t q = 0; q < kb / 2; q++) dst[q * width] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
-    if (kb & 1) dst[kb / 2 * width] = s[kb - 1];
-}
-
-/* pair_lane from pair q0 on */
-static void pair_lane_from(uint32_t *dst, int64_t width, const uint16_t *s, int64_t kb, int64_t q0)
+/* One contiguous run s[0, kb) into a panel's lane, from pair q0 on: its
+ * pairs, each one 32-bit word, at dst[q0 width], dst[(q0 + 1) width],
+ * ...; an odd K's last word with a 0 high half. (A transposed B's
+ * columns, an untransposed A's rows.) */
+static void pair_lane(uint32_t *dst, int64_t width, const uint16_t *s, int64_t kb, int64_t q0)
 {
     for (int64_t q = q0; q < kb / 2; q++) dst[q * width] = (uint32_t)s[2 * q] | (uint32_t)s[2 * q + 1] << 16;
     if (kb & 1) dst[kb / 2 * width] = s[kb - 1];
@@ -329,7 +333,7 @@ static void pack_lanes_nr(uint32_t *dst, const uint16_t *src, int64_t ld, int64_
                 for (int64_t q0 = 0; q0 < whole; q0 += 16)
                     lanes16_pairs16(panel + q0 * NR + c, src + (p + c) * ld + 2 * q0, ld);
             for (int64_t l = 0; l < lanes; l++)
-                pair_lane_from(panel + c + l, NR, src + (p + c + l) * ld, kb, lanes == 16 ? whole : 0);
+                pair_lane(panel + c + l, NR, src + (p + c + l) * ld, kb, lanes == 16 ? whole : 0);
         }
     }
 }
@@ -364,7 +368,7 @@ static void pack_panels_as(uint32_t *dst, int64_t width, bool k_major, const uin
         for (int64_t c = 0; c < min64(width, count - p); c++) {
             if (prefetch_lanes && p + c + PREFETCH_LANES < count)
                 for (int64_t e = 0; e < kb; e += 32) __builtin_prefetch(src + (p + c + PREFETCH_LANES) * ld + e);
-            pair_lane(dst + p * pairs + c, width, src + (p + c) * ld, kb);
+            pair_lane(dst + p * pairs + c, width, src + (p + c) * ld, kb, 0);
         }
 }
 
@@ -550,8 +554,7 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
                 if (packed) micro_packed(dst, ld, ap + rp * pairs, bpp, pairs, k0 == 0, rows, cols);
                 else micro_rows(dst, ld, arow, 2 * j->k, bpp, pairs, k0 == 0, rows, cols);
                 if (co) round_rows(co, j->n, ct, j->d.nc, rows, cols, j->bias ? j->bias + j0 + cp : NULL, j->relu);
-                if (cf && !whole)
-                    for (int64_t r = 0; r < rows; r++) memcpy(cf + r * j->n, ct + r * j->d.nc, sizeof *cf * (size_t)cols);
+                if (cf && !whole) store_rows(cf, j->n, ct, j->d.nc, rows, cols, false);
             }
     }
 }
@@ -594,15 +597,6 @@ static void block_fma(const bgemm_job *j, float *tile, float *bp, float *ap, con
 }
 
 /* ---- tasks ------------------------------------------------------------------------------- */
-
-CX_HOT static void store_rows(float *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
-                              bool acc)
-{
-    for (int64_t r = 0; r < mt; r++) {
-        if (acc) for (int64_t q = 0; q < nb; q++) c[r * ldc + q] += tile[r * ldt + q];
-        else memcpy(c + r * ldc, tile + r * ldt, sizeof *c * (size_t)nb);
-    }
-}
 
 static void run_task(const bgemm_job *j, char *ws, int64_t t)
 {
