@@ -153,6 +153,9 @@ typedef struct {
 } cx_pool_geom;
 
 bool cx_pool_geom_finish(cx_pool_geom *g);
+/* 2x2 windows at stride 2 without padding: every CNN's pool, the windows
+ * tiling the plane (the pools' vector paths). */
+bool cx_pool_geom_is_2x2(const cx_pool_geom *g);
 /* Max pool; padding acts as -inf. Ties: the first maximum in row-major
  * window order wins (as PyTorch). */
 void cx_max_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);

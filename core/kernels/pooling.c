@@ -169,7 +169,7 @@ CX_HOT static void max_block(const cx_pool_geom *g, const float *plane, int64_t 
  * windows tile the plane, so backward writes each dx element exactly once
  * and needs no clearing pass. Same scan order and NaN rule as
  * argmax_window. */
-static bool is_2x2(const cx_pool_geom *g)
+bool cx_pool_geom_is_2x2(const cx_pool_geom *g)
 {
     return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
 }
@@ -291,7 +291,7 @@ CX_HOT static void max_fwd_range(void *ctx, int64_t begin, int64_t end)
     interior_cols(g, &in_lo, &in_hi);
     float val[POOL_BLOCK];
     int64_t arg[POOL_BLOCK];
-    if (is_2x2(g)) {
+    if (cx_pool_geom_is_2x2(g)) {
         for (int64_t t = begin; t < end; t++) max2x2_fwd_plane(j->out + t * out_plane, j->x + t * in_plane, g);
         return;
     }
@@ -322,7 +322,7 @@ CX_HOT static void max_bwd_range(void *ctx, int64_t begin, int64_t end)
         const float *x = j->x + t * in_plane;
         const float *dy = j->dy + t * out_plane;
         float *dx = j->out + t * in_plane;
-        if (is_2x2(g)) {
+        if (cx_pool_geom_is_2x2(g)) {
             bool folded = j->posmask == j->x;
             max2x2_bwd_plane(dx, x, dy, folded, g);
             if (folded || !j->posmask) continue;

@@ -63,11 +63,6 @@ CX_HOT static void narrow(uint16_t *dst, const float *src, int64_t n)
  * What is stored was picked, not computed, so it is exact in bf16 and
  * narrowing changes only a NaN, made quiet as cx_f32_to_bf16_inline does:
  * the bits are the widening path's. */
-static bool is_2x2(const cx_pool_geom *g)
-{
-    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
-}
-
 typedef uint32_t u8w __attribute__((vector_size(32), aligned(2), may_alias));
 typedef int32_t i8w __attribute__((vector_size(32)));
 typedef float f8w __attribute__((vector_size(32)));
@@ -156,11 +151,11 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
 {
     const cx_pool_geom *g = j->g;
     const int64_t in = g->h * g->w, out = g->oh * g->ow;
-    if (j->kind == CX_POOL_BF16_MAX && is_2x2(g)) {
+    if (j->kind == CX_POOL_BF16_MAX && cx_pool_geom_is_2x2(g)) {
         max2x2_fwd(j->out + t * out, j->x + t * in, g);
         return;
     }
-    if (j->kind == CX_POOL_BF16_MAX_BWD && is_2x2(g)) {
+    if (j->kind == CX_POOL_BF16_MAX_BWD && cx_pool_geom_is_2x2(g)) {
         /* a mask that is x itself (relu folded into the conv before) is
          * the max's sign at the one tap written */
         const bool folded = j->posmask == j->x;
