@@ -433,27 +433,32 @@ typedef struct {
 } reduce_job;
 
 /* Sum of a block in double: eight partial sums combined in a fixed order
- * (deterministic, and vectorizable, unlike one running sum). */
-CX_HOT static double sum_block(const float *f, int len)
-{
-    double acc[8] = { 0 };
-    int q = 0;
-    for (; q + 8 <= len; q += 8)
-        for (int l = 0; l < 8; l++) acc[l] += f[q + l];
-    for (int l = 0; q < len; q++, l++) acc[l] += f[q];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+ * (deterministic, and vectorizable, unlike one running sum); of f32
+ * values, or of bf16 ones widened as they are added (exact: the bits of
+ * summing the widened block). */
+static inline float as_f32(float x) { return x; }
+#define DEFINE_SUM_BLOCK(NAME, T, WIDEN)                                                          \
+    CX_HOT static double NAME(const T *f, int len)                                                \
+    {                                                                                             \
+        double acc[8] = { 0 };                                                                    \
+        int q = 0;                                                                                \
+        for (; q + 8 <= len; q += 8)                                                              \
+            for (int l = 0; l < 8; l++) acc[l] += WIDEN(f[q + l]);                                \
+        for (int l = 0; q < len; q++, l++) acc[l] += WIDEN(f[q]);                                 \
+        return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])); \
+    }
+DEFINE_SUM_BLOCK(sum_block, float, as_f32)
+DEFINE_SUM_BLOCK(sum_block_bf16, uint16_t, cx_bf16_to_f32_inline)
 
-/* sum_block of bf16 values, widened as they are added (exact: the bits
- * of summing the widened block) */
-CX_HOT static double sum_block_bf16(const uint16_t *h, int len)
+/* A program that is one unmasked load of f32 or bf16 values (widened, or
+ * kept in their dtype) contiguous along the last of nd axes: a plain sum
+ * reads its rows in place. */
+static bool is_plain_load(const cx_program *p, const cx_view *views, int nd)
 {
-    double acc[8] = { 0 };
-    int q = 0;
-    for (; q + 8 <= len; q += 8)
-        for (int l = 0; l < 8; l++) acc[l] += cx_bf16_to_f32_inline(h[q + l]);
-    for (int l = 0; q < len; q++, l++) acc[l] += cx_bf16_to_f32_inline(h[q]);
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    const cx_pinstr *in = &p->ins[0];
+    return p->n == 1 && in->kind == P_LOAD && (in->src_dtype == CX_F32 || in->src_dtype == CX_BF16) &&
+           (in->dtype == CX_F32 || in->dtype == in->src_dtype) && !views[in->view].masked && nd > 0 &&
+           views[in->view].strides[nd - 1] == 1;
 }
 
 CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, val_t *vals, int64_t o, int64_t row_b, int64_t row_e, double *acc_f,
@@ -468,10 +473,7 @@ CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, val_t *vals, int
     bool fc = is_float_class(k->prog.ins[k->prog.result].dtype);
     const cx_pinstr *ld = &k->prog.ins[0];
     const cx_view *v = &k->prog.views[ld->view];
-    const bool direct = k->red_op == OP_REDUCE_SUM && k->prog.n == 1 && ld->kind == P_LOAD &&
-                        (ld->src_dtype == CX_F32 || ld->src_dtype == CX_BF16) &&
-                        (ld->dtype == CX_F32 || ld->dtype == ld->src_dtype) && !v->masked && nd > 0 &&
-                        v->strides[nd - 1] == 1;
+    const bool direct = k->red_op == OP_REDUCE_SUM && is_plain_load(&k->prog, k->prog.views, nd);
     for (int64_t row = row_b; row < row_e; row++) {
         int64_t rr = row;
         for (int d = nd - 2; d >= k->nkeep; d--) { idx[d] = rr % k->shape[d]; rr /= k->shape[d]; }
@@ -666,10 +668,7 @@ static bool try_run_colsum(const run_ctx *rc, const cx_kernel *k)
     for (int i = 0; i < k->prog.nviews; i++) permute_view(&views[i], perm, nd);
     colsum_job j = { .rc = rc, .k = k, .prog = k->prog, .nd = nd, .rows = 1 };
     j.prog.views = views;
-    const cx_pinstr *in0 = &k->prog.ins[0];
-    j.plain = k->prog.n == 1 && in0->kind == P_LOAD && (in0->src_dtype == CX_F32 || in0->src_dtype == CX_BF16) &&
-              (in0->dtype == CX_F32 || in0->dtype == in0->src_dtype) && !views[in0->view].masked &&
-              views[in0->view].strides[nd - 1] == 1;
+    j.plain = is_plain_load(&k->prog, views, nd);
     for (int d = 0; d < nd; d++) j.shape[d] = k->shape[perm[d]];
     for (int d = nk - 1; d < nd - 1; d++) j.rows *= j.shape[d];
     j.width = k->shape[nk - 1];
