@@ -28,6 +28,7 @@ typedef struct {
     const char *cat;    /* static strings only */
     int64_t ns0, ns1;
     int tid;
+    bool clipped;       /* began before the trace: drawn from its start */
     char args[112];
 } trace_ev;
 
@@ -65,7 +66,14 @@ static void add_event(const char *cat, const char *name, double t0, double t1, c
     trace_ev *e = &g_ev[g_nev++];
     snprintf(e->name, sizeof e->name, "%s", name);
     e->cat = cat;
+    /* An event is recorded when it ends, so one that was running when the
+     * trace started (an execute, a collective in flight) begins before the
+     * trace's zero. It is kept, cut at the start and marked: a negative ts
+     * would print as "-1.-500" and, cut or not, it still encloses the
+     * kernels that ran after the start. */
     e->ns0 = to_ns(t0);
+    e->clipped = e->ns0 < 0;
+    if (e->clipped) e->ns0 = 0;
     e->ns1 = to_ns(t1);
     if (e->ns1 < e->ns0) e->ns1 = e->ns0;
     e->tid = tid;
@@ -191,7 +199,9 @@ cx_status cx_trace_stop(void)
             fprintf(f, ", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %lld.%03lld, \"dur\": %lld.%03lld, \"pid\": %d, \"tid\": %d",
                     e->cat, (long long)(e->ns0 / 1000), (long long)(e->ns0 % 1000), (long long)(dur / 1000),
                     (long long)(dur % 1000), rank, e->tid);
-            if (e->args[0]) fprintf(f, ", \"args\": {%s}", e->args);
+            if (e->args[0] || e->clipped)
+                fprintf(f, ", \"args\": {%s%s%s}", e->args, e->args[0] && e->clipped ? ", " : "",
+                        e->clipped ? "\"began_before_trace\": true" : "");
             fputc('}', f);
         }
         fprintf(f, "\n]}\n");

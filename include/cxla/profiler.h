@@ -18,6 +18,9 @@ extern "C" {
 /* Starts recording compile, execute, kernel, transfer, collective and user
  * events; cx_trace_stop writes them as a Chrome trace-event JSON to
  * DIR/proc_<rank>/trace.json (open it in Perfetto or chrome://tracing).
+ * An event that was running when the trace started (an execute, a
+ * collective in flight) is drawn from the trace's start, with
+ * "began_before_trace": true in its args.
  * @return CX_OK, CX_ERR_STATE (already tracing / not tracing), CX_ERR_IO. */
 CX_API cx_status cx_trace_start(const char *dir);
 CX_API cx_status cx_trace_stop(void);
