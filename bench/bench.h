@@ -98,7 +98,8 @@ bool bench_in_launched_rank(void);
  * environment, so it works before MPI is up). */
 bool bench_is_rank0(void);
 /* One line on stderr (rank 0's only): the CPU model, its widest vector
- * extension, the CPU count, and, outside launched ranks, the cache-line
+ * extension, the CPU count, the bf16 path, the levels of the f32
+ * libraries' kernels, and, outside launched ranks, the cache-line
  * round trip between the first two CPUs now, which on a VM says where the
  * host has put them (bench_machine.c). bench_parse says it at the start of
  * a run, once the flags are good (so not for --help, a bad flag, cache's
@@ -106,6 +107,13 @@ bool bench_is_rank0(void);
  * said it at the start and succeeded. */
 void bench_machine_start(void);
 void bench_machine_end(void);
+/* With CX_CPU_ISA below this CPU's level (and OPENBLAS_CORETYPE unset),
+ * runs the bench again, argv as given, with OPENBLAS_CORETYPE set to the
+ * capped level's core: the library caps its own kernels and oneDNN, but
+ * OpenBLAS chose its kernels when it loaded, and the f32 references must
+ * be the capped CPU's. Returns only when it did not exec (said why if it
+ * failed). */
+void bench_cap_openblas(char **argv);
 
 /* ---- shared pieces of work -------------------------------------------------------- */
 

@@ -9,12 +9,17 @@
 #include "bench.h"
 
 #include <cxla/core.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+char *openblas_get_corename(void);   /* OpenBLAS's, not in its cblas.h */
 
 #define PING_ROUNDS 20000
 #define PING_MAX_S 0.5   /* a busy partner CPU (another rank spinning) must not stall the run */
@@ -111,6 +116,56 @@ static void cpu_model(char *name, size_t n, const char **isa)
     fclose(f);
 }
 
+/* The levels of CX_CPU_ISA below the top, as cpu_model names the CPU's,
+ * and the OpenBLAS core of each. */
+static const struct { const char *cap, *cpu, *openblas_core; } g_caps[] = {
+    { "baseline", "without AVX2", "Nehalem" },
+    { "avx2", "AVX2", "Haswell" },
+    { "avx512", "AVX-512", "SkylakeX" },
+};
+static const char *const g_cpu_levels[] = { "without AVX2", "AVX2", "AVX-512", "AVX-512 with BF16" };
+
+static int cpu_level(const char *isa)
+{
+    for (int i = 0; i < (int)(sizeof g_cpu_levels / sizeof *g_cpu_levels); i++)
+        if (!strcmp(isa, g_cpu_levels[i])) return i;
+    return 0;
+}
+
+void bench_cap_openblas(char **argv)
+{
+    const char *cap = getenv("CX_CPU_ISA");
+    if (!cap || getenv("OPENBLAS_CORETYPE")) return;
+    char name[256];
+    const char *isa;
+    cpu_model(name, sizeof name, &isa);
+    for (int i = 0; i < (int)(sizeof g_caps / sizeof *g_caps); i++) {
+        if (strcmp(cap, g_caps[i].cap) || cpu_level(isa) <= cpu_level(g_caps[i].cpu)) continue;
+        setenv("OPENBLAS_CORETYPE", g_caps[i].openblas_core, 1);
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "cxla-bench: CX_CPU_ISA=%s: cannot run again with OPENBLAS_CORETYPE=%s (%s); OpenBLAS keeps "
+                "this CPU's kernels, so the f32 references are not a %s CPU's\n", cap, g_caps[i].openblas_core,
+                strerror(errno), g_caps[i].cpu);
+        unsetenv("OPENBLAS_CORETYPE");
+        return;
+    }
+}
+
+static const char *dnnl_isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
 static bool g_said_start;
 
 static void describe(const char *when)
@@ -124,12 +179,18 @@ static void describe(const char *when)
      * would time their scheduling, not where the CPUs are */
     bool launched = bench_in_launched_rank();
     double rtt = launched ? -1 : core_round_trip_ns();
+    /* the bf16 path first: asking it applies CX_CPU_ISA's cap to oneDNN,
+     * which reading oneDNN's level would fix */
+    const char *bf16 = cx_bf16_path();
+    char libs[128];
+    snprintf(libs, sizeof libs, "f32 libraries OpenBLAS %s, oneDNN %s", openblas_get_corename(),
+             dnnl_isa_name(dnnl_get_effective_cpu_isa()));
     if (rtt > 0)
-        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s; cache-line round trip between two CPUs %.0f ns\n",
-                when, name, isa, sysconf(_SC_NPROCESSORS_ONLN), cx_bf16_path(), rtt);
+        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s, %s; cache-line round trip between two CPUs "
+                "%.0f ns\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN), bf16, libs, rtt);
     else
-        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s%s\n", when, name, isa,
-                sysconf(_SC_NPROCESSORS_ONLN), cx_bf16_path(), launched ? " (no round trip: the ranks share the CPUs)" : "");
+        fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s, %s%s\n", when, name, isa,
+                sysconf(_SC_NPROCESSORS_ONLN), bf16, libs, launched ? " (no round trip: the ranks share the CPUs)" : "");
 }
 
 void bench_machine_start(void)

@@ -145,6 +145,7 @@ static char *subcommand_list(void)
 
 int main(int argc, char **argv)
 {
+    bench_cap_openblas(argv);
     /* rounds 0, min_time -1: the subcommand's defaults */
     bench_cfg cfg = { .rounds = 0, .min_time = -1 };
     cli_flag flags[2];

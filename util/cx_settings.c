@@ -27,7 +27,8 @@ static const cx_setting g_table[] = {
     { "CX_CPU_ISA", CX_SET_ENUM, "auto", 0, 0, "auto|avx512_bf16|avx512|avx2|baseline", false, NULL, NULL,
       "the highest instruction set the kernels use (detected at run time with `auto`); below `avx512_bf16`, "
       "bf16 matmuls widen their blocks to f32 as they pack them for an f32 micro-kernel (`avx512`, `avx2`; "
-      "for the f32 libraries at `baseline`), as on a CPU without bf16 instructions" },
+      "for the f32 libraries at `baseline`), as on a CPU without bf16 instructions; below the CPU's level it caps "
+      "oneDNN too (OpenBLAS reads `OPENBLAS_CORETYPE`, e.g. `Haswell`, when it loads; `cxla-bench` sets it)" },
     { "CX_DESYNC_CHECK", CX_SET_BOOL, "1", 0, 0, NULL, false, NULL, NULL,
       "the check that the ranks run the same collectives, before each graph's first one (about 5 µs per step)" },
     { "CX_COLLECTIVE_TIMEOUT", CX_SET_DOUBLE, "300", 0, BIG, NULL, false, NULL, NULL,

@@ -1,11 +1,18 @@
 /* Which instructions the kernels may use, found at run time (the same build
  * runs on AVX2-only and AVX512_BF16 machines), and capped by CX_CPU_ISA so
- * a machine with bf16 instructions can still run, and test, the fallback. */
+ * a machine with bf16 instructions can still run, and test, the fallback.
+ *
+ * The cap holds oneDNN's f32 gemm to the same level: the fallback is
+ * meant to run, and be timed, as on a CPU without the instructions, and
+ * its f32 reference with it. OpenBLAS picks its kernels when it loads,
+ * before any of this runs; OPENBLAS_CORETYPE caps it (cxla-bench sets it). */
 #include "kernels.h"
 #include "cx_log.h"
 #include "cx_settings.h"
 
 #include <cxla/core.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -61,6 +68,19 @@ static cx_isa forced_level(int e)
     return e >= 0 && e < (int)(sizeof levels / sizeof *levels) ? levels[e] : CX_ISA_AVX512_BF16;
 }
 
+/* Once, before oneDNN's first kernel (dnnl_set_max_cpu_isa works only
+ * then): an application that ran oneDNN itself first keeps it uncapped,
+ * and is told. */
+static void cap_dnnl(void)
+{
+    static const dnnl_cpu_isa_t to_dnnl[] = { dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core };
+    cx_isa cap = forced_level(cx_setting_enum("CX_CPU_ISA"));
+    if (cap >= CX_ISA_AVX512_BF16 || cap >= cx_isa_detected()) return;
+    if (dnnl_set_max_cpu_isa(to_dnnl[cap]) != dnnl_success)
+        cx_logf(CX_LOG_WARNING, "kernels", "CX_CPU_ISA=%s: oneDNN had already started, so its kernels are not capped",
+                cx_isa_name(cap));
+}
+
 cx_isa cx_isa_active(void)
 {
     static _Atomic int cached = -1;
@@ -73,6 +93,8 @@ cx_isa cx_isa_active(void)
         cx_logf(CX_LOG_WARNING, "kernels", "CX_CPU_ISA=%s: this CPU has only %s; using %s", cx_isa_name(want),
                 cx_isa_name(have), cx_isa_name(have));
     v = (int)(want < have ? want : have);
+    static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
+    pthread_once(&dnnl_once, cap_dnnl);
     atomic_store_explicit(&cached, v, memory_order_release);
     return (cx_isa)v;
 }

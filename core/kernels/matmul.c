@@ -52,6 +52,7 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
      * setting (an application may use OpenMP itself) is put back */
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
+    (void)cx_isa_active();   /* CX_CPU_ISA caps oneDNN before its first kernel */
     /* oneDNN 2.6's f32 gemm kernels point rsp at a heap workspace (fixed
      * upstream in 2026): a signal handled meanwhile writes its frame into
      * the heap. A preempted trainer's SIGTERM did, and glibc aborted

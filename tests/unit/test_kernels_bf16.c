@@ -18,6 +18,7 @@
 #include "cx_bf16.h"
 #include "kernels.h"
 #include <cxla/core.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #define GUARD 32
 #define GUARD_BITS 0x7e11
@@ -55,6 +56,25 @@ static void expect_requested_isa(void)
         return;
     }
     cr_assert_fail("unknown CX_CPU_ISA '%s' in the test's environment", want);
+}
+
+/* CX_CPU_ISA below the CPU's level caps oneDNN's kernels too, so the
+ * fallback's f32 products run as on that CPU (isa.c); at the CPU's own
+ * level oneDNN keeps at least the level's instructions. oneDNN's levels
+ * are bit sets, each holding the bits of those below it. */
+Test(isa, a_cap_below_the_cpu_holds_onednn_too)
+{
+    expect_requested_isa();
+    static const dnnl_cpu_isa_t as_dnnl[] = { dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
+                                              dnnl_cpu_isa_avx512_core };
+    const cx_isa active = cx_isa_active();
+    const unsigned level = (unsigned)as_dnnl[active], got = (unsigned)dnnl_get_effective_cpu_isa();
+    if (active < cx_isa_detected())
+        cr_expect_eq(got & ~level, 0u, "CX_CPU_ISA=%s, yet oneDNN's level is %#x (above %#x)", cx_isa_name(active),
+                     got, level);
+    else
+        cr_expect_eq(got & level, level, "at the CPU's own level (%s) oneDNN's is %#x, without all of %#x",
+                     cx_isa_name(active), got, level);
 }
 
 typedef struct {
