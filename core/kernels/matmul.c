@@ -83,9 +83,13 @@ void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                 (blasint)n, (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+/* Below AVX-512 OpenBLAS runs every shape: with AVX2 kernels (oneDNN
+ * capped to avx2, OpenBLAS's Haswell core, on the Zen 4) OpenBLAS won or
+ * tied every gpt shape, and oneDNN fell off cliffs on some transposed A's:
+ * a weight gradient's 1024x128x2048 at 44 GFLOP/s against 95. */
 bool cx_sgemm_prefers_dnnl(int64_t m, int64_t n, int64_t k)
 {
-    return m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
+    return cx_isa_active() >= CX_ISA_AVX512 && m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
 }
 
 void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a,
