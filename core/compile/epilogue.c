@@ -3,7 +3,8 @@
  * right after it, while the output is in cache; the output's own arena slot
  * disappears. Where the kernel can apply the epilogue itself (conv bias and
  * relu, the relu-gradient mask), it does, and no program runs at all; a
- * bf16 matmul whose only reader casts it to f32 writes its f32 sums. */
+ * bf16 matmul whose only reader casts it to f32 writes its f32 sums, and a
+ * layer norm whose only reader casts it to bf16 writes bf16. */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -122,6 +123,25 @@ static bool casts_to_f32(const cx_executable *e, int k, const cx_kernel *h, int 
            cast->dtype == CX_F32;
 }
 
+/* Whether f, h's only reader, is just h's output cast to bf16, where h is
+ * a layer norm: autocast's f32 norm before a bf16 product (a transformer
+ * block's input). h then rounds its values as it writes them, which is
+ * what the cast kernel made of them, and the f32 output and its pass over
+ * memory are gone. */
+static bool norm_casts_to_bf16(const cx_executable *e, int k, const cx_kernel *h, int reader)
+{
+    const cx_kernel *f = &e->kernels[reader];
+    if (h->kind != K_LAYER_NORM || h->out_dtype != CX_F32 || reader <= k) return false;
+    if (f->kind != K_FUSED || f->out_dtype != CX_BF16 || f->out_numel != h->out_numel) return false;
+    if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
+    const cx_program *p = &f->prog;
+    if (p->n != 2 || p->result != 1) return false;
+    const cx_pinstr *ld = &p->ins[0], *cast = &p->ins[1];
+    return ld->kind == P_LOAD && ld->slot == h->out_slot && ld->src_dtype == CX_F32 && ld->dtype == CX_F32 &&
+           cx_view_is_identity(&p->views[ld->view], f->shape, f->ndim) && cast->kind == P_CAST && cast->a == 0 &&
+           cast->dtype == CX_BF16;
+}
+
 /* h (kernel k) takes over its reader's place and output: its value is
  * the reader's, and its node joins the reader's group */
 static void take_reader_place(cx_executable *e, int k, int reader, cx_kernel merged)
@@ -142,13 +162,16 @@ void cx_pass_fuse_epilogues(cx_executable *e)
 {
     for (int k = 0; k < e->nkernels; k++) {
         cx_kernel *h = &e->kernels[k];
-        if (h->kind != K_MATMUL && h->kind != K_CONV && h->kind != K_CONV_BI && h->kind != K_MAXPOOL_BWD) continue;
+        if (h->kind != K_MATMUL && h->kind != K_CONV && h->kind != K_CONV_BI && h->kind != K_MAXPOOL_BWD &&
+            h->kind != K_LAYER_NORM)
+            continue;
         if (e->slots[h->out_slot].kind != SLOT_ARENA) continue;
         int reader = -1;
         if (cx_exec_count_readers(e, h->out_slot, &reader) != 1) continue;
-        if (casts_to_f32(e, k, h, reader)) {
+        const bool to_f32 = casts_to_f32(e, k, h, reader);
+        if (to_f32 || norm_casts_to_bf16(e, k, h, reader)) {
             cx_kernel merged = *h;
-            merged.out_dtype = CX_F32;
+            merged.out_dtype = to_f32 ? CX_F32 : CX_BF16;
             free(e->kernels[reader].prog.ins);   /* the cast's program goes with it */
             free(e->kernels[reader].prog.views);
             take_reader_place(e, k, reader, merged);
@@ -157,7 +180,7 @@ void cx_pass_fuse_epilogues(cx_executable *e)
         }
         /* a matmul that took its cast writes f32 sums and runs no program
          * (the format admits none there) */
-        if (cx_kernel_is_matmul_f32_sums(h) || !epilogue_fits(e, k, h, reader)) continue;
+        if (h->kind == K_LAYER_NORM || cx_kernel_is_matmul_f32_sums(h) || !epilogue_fits(e, k, h, reader)) continue;
         /* the heavy op moves to the reader's position and writes the reader's
          * output; the program then runs in place over it (the heavy op's own
          * geometry comes from its inputs and attributes) */

@@ -282,7 +282,11 @@ static bool attrs_ok(const cx_kernel *k)
         return k->nin == 5 && k->nattrs >= CX_AT_ATTN_COUNT && k->in[0].ndim == 4 && k->in[1].ndim == 4 &&
                (k->nattrs <= CX_AT_ATTN_INTERLEAVED || !k->attrs[CX_AT_ATTN_INTERLEAVED] ||
                 k->in[0].shape[1] == k->in[1].shape[1]);
-    case K_LAYER_NORM: case K_LAYER_NORM_BWD: return k->nin == 3 && k->in[0].ndim >= 1;
+    case K_LAYER_NORM: case K_LAYER_NORM_BWD:
+        /* f32 in; out f32, or bf16 where the forward took its cast */
+        return k->nin == 3 && k->in[0].ndim >= 1 && k->in[0].dtype == CX_F32 && k->in[1].dtype == CX_F32 &&
+               k->in[2].dtype == CX_F32 &&
+               (k->out_dtype == CX_F32 || (k->kind == K_LAYER_NORM && k->out_dtype == CX_BF16));
     default: return true;
     }
 }

@@ -287,6 +287,11 @@ void cx_attention_bf16_route_bwd(uint16_t *dqkv, const uint16_t *q, const uint16
 /* Layer norm over the last dim of (rows, c): y = (x - mean) / sqrt(var +
  * eps) * w + b (w, b (c) or NULL: 1 and 0). */
 void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps);
+/* The same, its output rounded to bf16 (to nearest even, NaN kept quiet):
+ * the f32 forward's values cast, bit for bit (an autocast layer norm whose
+ * only reader is the cast before a bf16 product). */
+void cx_layer_norm_fwd_bf16(uint16_t *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c,
+                            float eps);
 /* Scratch for the backward: the per-lane partial sums of dw and db. */
 size_t cx_layer_norm_bwd_scratch_bytes(int64_t rows, int64_t c);
 /* dxwb: dx (rows, c), then dw (c) and db (c), from x, w (or NULL) and dy.

@@ -5,6 +5,7 @@
  * count. */
 #include "kernels.h"
 #include "pool.h"
+#include "cx_bf16.h"
 
 #include <math.h>
 #include <string.h>
@@ -13,6 +14,7 @@ enum { ROW_BLOCK = 32, LANES = 16 };
 
 typedef struct {
     float *out, *part;
+    uint16_t *out_bf16;   /* the forward's output rounded to bf16, instead of out */
     const float *x, *w, *b, *dy;
     int64_t rows, c;
     float eps;
@@ -52,16 +54,28 @@ static inline void row_stats(const float *x, int64_t c, float eps, float *mean, 
     *rstd = 1.0f / sqrtf(lanes_total(a) / (float)c + eps);
 }
 
+/* One output value: the f32 and bf16 forwards share the expression, so
+ * the bf16 one stores the f32 one's values rounded, bit for bit (the same
+ * contraction into a fused multiply-add in each clone). */
+static inline float norm_value(const norm_job *j, const float *x, int64_t e, float mu, float rs)
+{
+    float v = (x[e] - mu) * rs;
+    return v * (j->w ? j->w[e] : 1.0f) + (j->b ? j->b[e] : 0.0f);
+}
+
 CX_HOT static void fwd_rows(void *p, int64_t r0, int64_t r1)
 {
     const norm_job *j = p;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = j->x + r * j->c;
-        float *y = j->out + r * j->c, mu, rs;
+        float mu, rs;
         row_stats(x, j->c, j->eps, &mu, &rs);
-        for (int64_t e = 0; e < j->c; e++) {
-            float v = (x[e] - mu) * rs;
-            y[e] = v * (j->w ? j->w[e] : 1.0f) + (j->b ? j->b[e] : 0.0f);
+        if (j->out_bf16) {
+            uint16_t *y = j->out_bf16 + r * j->c;
+            for (int64_t e = 0; e < j->c; e++) y[e] = cx_f32_to_bf16_inline(norm_value(j, x, e, mu, rs));
+        } else {
+            float *y = j->out + r * j->c;
+            for (int64_t e = 0; e < j->c; e++) y[e] = norm_value(j, x, e, mu, rs);
         }
     }
 }
@@ -69,6 +83,13 @@ CX_HOT static void fwd_rows(void *p, int64_t r0, int64_t r1)
 void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps)
 {
     norm_job j = { .out = y, .x = x, .w = w, .b = b, .rows = rows, .c = c, .eps = eps };
+    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows, &j);
+}
+
+void cx_layer_norm_fwd_bf16(uint16_t *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c,
+                            float eps)
+{
+    norm_job j = { .out_bf16 = y, .x = x, .w = w, .b = b, .rows = rows, .c = c, .eps = eps };
     if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows, &j);
 }
 

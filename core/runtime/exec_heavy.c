@@ -91,7 +91,9 @@ static void run_layer_norm(const run_ctx *rc, const cx_kernel *k, void *out, voi
     int64_t c = x->shape[x->ndim - 1], rows = c ? x->numel / c : 0;
     /* inputs: x, w, then b (forward) or dy (backward) */
     const float *xp = rc->slot_ptr[x->slot], *w = rc->slot_ptr[k->in[1].slot], *third = rc->slot_ptr[k->in[2].slot];
-    if (k->kind == K_LAYER_NORM) cx_layer_norm_fwd(out, xp, w, third, rows, c, (float)k->fval);
+    if (k->kind == K_LAYER_NORM && k->out_dtype == CX_BF16)
+        cx_layer_norm_fwd_bf16(out, xp, w, third, rows, c, (float)k->fval);
+    else if (k->kind == K_LAYER_NORM) cx_layer_norm_fwd(out, xp, w, third, rows, c, (float)k->fval);
     else cx_layer_norm_bwd(out, xp, w, third, rows, c, (float)k->fval, scratch, (size_t)k->scratch_bytes);
 }
 

@@ -583,6 +583,53 @@ Test(ops_bf16, cast_to_f32_folded_into_the_matmul)
     cast_fold_matches(2, 13, 48, 33, 53);
 }
 
+/* ---- autocast's layer norm before a bf16 product: the cast folded ---- */
+
+/* cast(layer_norm(x, w, b), bf16), the cast its only reader, folds into
+ * the norm, which rounds as it writes (the dump says so): the bits of the
+ * f32 norm's output (a step that keeps it) rounded on the host. Rows of
+ * 256 (whole lanes) and 37 (a ragged tail), a NaN and an inf in a row
+ * (NaN rows, which must stay NaN), a row of huge values and one constant
+ * row (its values the bias); w and b keep the outputs off bf16's grid. */
+static void norm_fold_matches(int64_t rows, int64_t c, unsigned seed)
+{
+    const int64_t n = rows * c, sx[] = { rows, c }, sc[] = { c };
+    rng_seed(seed);
+    float *x = rand_f32(n, -3, 3), *w = rand_f32(c, 0.5, 1.5), *b = rand_f32(c, -1, 1);
+    x[1 * c + 3] = NAN;
+    x[2 * c + c - 1] = INFINITY;
+    for (int64_t e = 0; e < c; e++) x[3 * c + e] *= 1e30f;
+    for (int64_t e = 0; e < c; e++) x[4 * c + e] = 0.75f;
+    cx_tensor *X = cx_persist(tf32(x, sx, 2)), *W = cx_persist(tf32(w, sc, 1)), *B = cx_persist(tf32(b, sc, 1));
+    char dir[512];
+    dump_into(dir, sizeof dir);
+    cx_step_begin();
+    uint16_t *fold = read_bf16(cx_cast(cx_layer_norm(X, 1, W, B, 1e-5), CX_BF16), n);
+    end_ok();
+    dump_stop();
+    cr_assert(dumped_matmul(dir, " layer_norm bf16", "fused kernel"), "(%lld, %lld): the cast did not fold into the norm",
+              (long long)rows, (long long)c);
+    cx_step_begin();
+    cx_tensor *y = cx_keep(cx_layer_norm(X, 1, W, B, 1e-5));
+    end_ok();
+    float *f32 = malloc(sizeof *f32 * (size_t)n);
+    cr_assert(f32);
+    cr_assert_eq(cx_to_host(y, f32, CX_F32), CX_OK, "%s", cx_last_error());
+    cx_free(y);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(fold[i], cx_f32_to_bf16(f32[i]), "(%lld, %lld), y[%lld]: folded %#x, the f32 norm's %.9g rounds to %#x",
+                     (long long)rows, (long long)c, (long long)i, fold[i], (double)f32[i], cx_f32_to_bf16(f32[i]));
+    for (int64_t e = 0; e < c; e++) cr_assert(isnan(cx_bf16_to_f32(fold[1 * c + e])), "a NaN's row is NaN");
+    cx_free(X); cx_free(W); cx_free(B);
+    free(x); free(w); free(b); free(fold); free(f32);
+}
+
+Test(ops_bf16, layer_norm_takes_its_cast_to_bf16)
+{
+    norm_fold_matches(40, 256, 61);
+    norm_fold_matches(23, 37, 62);
+}
+
 /* A bf16 product over an empty K is zeros, and with a folded bias the
  * bias rounded to bf16 (no scratch is planned for it). */
 Test(ops_bf16, empty_k_matmul_is_zeros_then_the_bias)
