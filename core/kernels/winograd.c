@@ -321,6 +321,12 @@ static inline __attribute__((always_inline)) const float *channel_rows(float *ro
                 OUT_T *dst_ = (out) + c_ * tb_ + (i_ - (i0)) * tw_;                                 \
                 int64_t j_ = 0;                                                                     \
                 for (; j_ + 8 <= tw_; j_ += 8) INPUT_TILES_PUT(v8, 8, EV8, OD8, row_, ST8, dst_, stride_, j_); \
+                /* a ragged row's last 8 tiles again, overlapping: the same \
+                 * values stored twice beat a scalar tail (13 tiles a row) */ \
+                if ((tw_ - j_) % 4 != 0 && tw_ >= 8) {                                             \
+                    INPUT_TILES_PUT(v8, 8, EV8, OD8, row_, ST8, dst_, stride_, tw_ - 8);           \
+                    j_ = tw_;                                                                       \
+                }                                                                                   \
                 for (; j_ + 4 <= tw_; j_ += 4) INPUT_TILES_PUT(v4, 4, EV4, OD4, row_, ST4, dst_, stride_, j_); \
                 for (; j_ < tw_; j_++) {                                                           \
                     float d_[4][4];                                                                 \
@@ -467,6 +473,13 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
             int64_t j = 0;
             for (; 2 * j + 16 <= ow; j += 8)
                 OUTPUT_TILES(v8, i8v, 8, EV8, OD8, LO8, HI8, src, stride, j, y0, y1, pm0, pm1, b, frelu);
+            /* whole tiles left that 4-wide vectors would not cover (ow
+             * even): the last 8 again, overlapping, each output computed
+             * afresh from M, so stored twice alike */
+            if ((tw - j) % 4 != 0 && tw >= 8 && 2 * tw <= ow) {
+                OUTPUT_TILES(v8, i8v, 8, EV8, OD8, LO8, HI8, src, stride, tw - 8, y0, y1, pm0, pm1, b, frelu);
+                j = tw;
+            }
             for (; 2 * j + 8 <= ow; j += 4)
                 OUTPUT_TILES(v4, i4v, 4, EV4, OD4, LO4, HI4, src, stride, j, y0, y1, pm0, pm1, b, frelu);
             for (; j < tw; j++) {

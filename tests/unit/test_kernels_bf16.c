@@ -929,8 +929,9 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
     wino.n = 11; /* on bf16 in one call, the weight gradient summed as the f32 kernel's */
     check_conv(wino);
     /* no padding (the f32 kernel reads rows in place, bf16 copies them
-     * widened), and a row wide enough for the 8-tile vectors with 4-tile
-     * and single-tile ends */
+     * widened), and a row wide enough for the 8-tile vectors with an
+     * overlapping 8-tile end (19 tiles), and an odd output row (37) whose
+     * output transform ends on 4-tile and single-tile vectors instead */
     cx_conv_geom wide = { .n = 3, .c = 9, .h = 12, .w = 39, .o = 10, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
                           .dil_h = 1, .dil_w = 1, .groups = 1 };
     cr_assert(cx_conv_geom_finish(&wide) && cx_wino_applies(&wide), "the wide geometry must take Winograd");
