@@ -265,83 +265,114 @@ typedef int32_t i4v __attribute__((vector_size(16)));
         INPUT_CORE_PUT(T, d_, PUT, dst, stride, j);                                                 \
     } while (0)
 #define INPUT_TILES(T, W, EV, OD, row, dst, stride, j) INPUT_TILES_PUT(T, W, EV, OD, row, STORE_F32, dst, stride, j)
+/* the same from f32 rows (EV and OD by W) */
+#define F32_TILES_PUT(T, W, row, PUT, dst, stride, j) INPUT_TILES_PUT(T, W, EV##W, OD##W, row, PUT, dst, stride, j)
+
+/* The same from bf16 rows: a row's 2W values at 2j are W 32-bit words,
+ * each an (even, odd) column pair, so the even columns are the words
+ * shifted up and the odd ones their high halves: widened as they are
+ * split, no shuffles, and no widened copy of the rows. */
+typedef uint32_t u8v __attribute__((vector_size(32)));
+typedef uint32_t u4v __attribute__((vector_size(16)));
+typedef uint32_t u8p __attribute__((vector_size(32), aligned(2), may_alias));
+typedef uint32_t u4p __attribute__((vector_size(16), aligned(2), may_alias));
+#define BF16_TILES_PUT(T, W, row, PUT, dst, stride, j)                                              \
+    do {                                                                                            \
+        T d_[4][4];                                                                                 \
+        for (int r_ = 0; r_ < 4; r_++) {                                                           \
+            const uint16_t *p_ = (row)[r_] + 2 * (j);                                               \
+            const u##W##v a_ = *(const u##W##p *)(const void *)p_;                                  \
+            const u##W##v b_ = *(const u##W##p *)(const void *)(p_ + 2);                            \
+            d_[r_][0] = (T)(a_ << 16);                                                              \
+            d_[r_][1] = (T)(a_ & 0xffff0000u);                                                      \
+            d_[r_][2] = (T)(b_ << 16);                                                              \
+            d_[r_][3] = (T)(b_ & 0xffff0000u);                                                      \
+        }                                                                                           \
+        INPUT_CORE_PUT(T, d_, PUT, dst, stride, j);                                                 \
+    } while (0)
 
 static inline void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n)
 {
     for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_to_f32_inline(src[q]);
 }
 
-/* The input rows of tile rows [i0, i1) of channel c of one image (x, or
- * xh widened): read in place when no padding is involved and x is f32,
- * else copied into `rows` ((2 (i1 - i0) + 2) x (2 tw + 2) floats) with
- * the padding's zeros. @return the block's first row; *rs its stride. */
-static inline __attribute__((always_inline)) const float *channel_rows(float *rows, const float *x, const uint16_t *xh,
-                                                                       const wino_shape *s, int64_t c, int64_t i0,
-                                                                       int64_t i1, int64_t *rs)
-{
-    const int64_t wp = 2 * s->tw + 2, nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;
-    const int64_t at = c * s->h * s->w, copy = min64(s->w, wp - s->pad_w);
-    /* no padding involved: the block is nrows whole rows of the plane */
-    const bool in_place = s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h;
-    *rs = s->w;
-    if (in_place && !xh) return x + at + r0 * s->w;
-    if (in_place) {
-        widen_row(rows, xh + at + r0 * s->w, nrows * s->w);
-        return rows;
+/* The input rows of tile rows [i0, i1) of channel c of one image, in its
+ * own dtype (T: float for x, uint16_t for bf16): read in place when no
+ * padding is involved, else copied into `rows` ((2 (i1 - i0) + 2) x
+ * (2 tw + 2) values) with the padding's zeros. @return the block's
+ * first row; *rs its stride. */
+#define DEFINE_CHANNEL_ROWS(NAME, T)                                                                \
+    static inline __attribute__((always_inline)) const T *NAME(T *rows, const T *x, const wino_shape *s, int64_t c, \
+                                                               int64_t i0, int64_t i1, int64_t *rs)  \
+    {                                                                                               \
+        const int64_t wp = 2 * s->tw + 2, nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;       \
+        const int64_t at = c * s->h * s->w, copy = min64(s->w, wp - s->pad_w);                      \
+        *rs = s->w;                                                                                 \
+        /* no padding involved: the block is nrows whole rows of the plane */                      \
+        if (s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h) return x + at + r0 * s->w; \
+        for (int64_t r = 0; r < nrows; r++) {                                                       \
+            T *dst = rows + r * wp;                                                                 \
+            if (r0 + r < 0 || r0 + r >= s->h) {                                                     \
+                memset(dst, 0, sizeof(T) * (size_t)wp);                                             \
+                continue;                                                                           \
+            }                                                                                       \
+            memset(dst, 0, sizeof(T) * (size_t)s->pad_w);                                           \
+            memcpy(dst + s->pad_w, x + at + (r0 + r) * s->w, sizeof(T) * (size_t)copy);             \
+            memset(dst + s->pad_w + copy, 0, sizeof(T) * (size_t)(wp - s->pad_w - copy));           \
+        }                                                                                           \
+        *rs = wp;                                                                                   \
+        return rows;                                                                                \
     }
-    for (int64_t r = 0; r < nrows; r++) {
-        float *dst = rows + r * wp;
-        if (r0 + r < 0 || r0 + r >= s->h) {
-            memset(dst, 0, sizeof(float) * (size_t)wp);
-            continue;
-        }
-        memset(dst, 0, sizeof(float) * (size_t)s->pad_w);
-        if (xh) widen_row(dst + s->pad_w, xh + at + (r0 + r) * s->w, copy);
-        else memcpy(dst + s->pad_w, x + at + (r0 + r) * s->w, sizeof(float) * (size_t)copy);
-        memset(dst + s->pad_w + copy, 0, sizeof(float) * (size_t)(wp - s->pad_w - copy));
-    }
-    *rs = wp;
-    return rows;
-}
+DEFINE_CHANNEL_ROWS(channel_rows, float)
+DEFINE_CHANNEL_ROWS(channel_rows_bf16, uint16_t)
 
 /* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
- * image (cin, h, w), x or, widened, xh, into out (f32 or bf16, the 16
- * xi_stride(cin tb) apart) by the stores ST8, ST4 and ST1 (8, 4 and 1
- * tiles); t counts tiles from the block's first. Tile row i reads input
- * rows 2i - pad .. 2i - pad + 3 and columns 2j - pad .. (channel_rows). */
-#define TRANSFORM_INPUT(OUT_T, out, rows, x, xh, s, i0, i1, ST8, ST4, ST1)                        \
+ * image (cin, h, w) in, f32 or bf16 (ROW_T; its rows by ROWS_OF, its
+ * tiles by TILES_PUT), into out (f32 or bf16, the 16 xi_stride(cin tb)
+ * apart) by the stores ST8, ST4 and ST1 (8, 4 and 1 tiles); t counts
+ * tiles from the block's first. Tile row i reads input rows 2i - pad ..
+ * 2i - pad + 3 and columns 2j - pad .. (channel_rows). */
+#define TRANSFORM_INPUT(OUT_T, out, ROW_T, ROWS_OF, TILES_PUT, rows, in, s, i0, i1, ST8, ST4, ST1)  \
     do {                                                                                            \
         const int64_t tb_ = ((i1) - (i0)) * (s)->tw, stride_ = xi_stride((s)->cin * tb_), tw_ = (s)->tw; \
         for (int64_t c_ = 0; c_ < (s)->cin; c_++) {                                                \
             int64_t rs_;                                                                            \
-            const float *blk_ = channel_rows(rows, x, xh, s, c_, i0, i1, &rs_);                     \
+            const ROW_T *blk_ = ROWS_OF(rows, in, s, c_, i0, i1, &rs_);                             \
             for (int64_t i_ = (i0); i_ < (i1); i_++) {                                             \
-                const float *b_ = blk_ + 2 * (i_ - (i0)) * rs_;                                     \
-                const float *row_[4] = { b_, b_ + rs_, b_ + 2 * rs_, b_ + 3 * rs_ };                \
+                const ROW_T *b_ = blk_ + 2 * (i_ - (i0)) * rs_;                                     \
+                const ROW_T *row_[4] = { b_, b_ + rs_, b_ + 2 * rs_, b_ + 3 * rs_ };                \
                 OUT_T *dst_ = (out) + c_ * tb_ + (i_ - (i0)) * tw_;                                 \
                 int64_t j_ = 0;                                                                     \
-                for (; j_ + 8 <= tw_; j_ += 8) INPUT_TILES_PUT(v8, 8, EV8, OD8, row_, ST8, dst_, stride_, j_); \
+                for (; j_ + 8 <= tw_; j_ += 8) TILES_PUT(v8, 8, row_, ST8, dst_, stride_, j_);      \
                 /* a ragged row's last 8 tiles again, overlapping: the same \
                  * values stored twice beat a scalar tail (13 tiles a row) */ \
                 if ((tw_ - j_) % 4 != 0 && tw_ >= 8) {                                             \
-                    INPUT_TILES_PUT(v8, 8, EV8, OD8, row_, ST8, dst_, stride_, tw_ - 8);           \
+                    TILES_PUT(v8, 8, row_, ST8, dst_, stride_, tw_ - 8);                            \
                     j_ = tw_;                                                                       \
                 }                                                                                   \
-                for (; j_ + 4 <= tw_; j_ += 4) INPUT_TILES_PUT(v4, 4, EV4, OD4, row_, ST4, dst_, stride_, j_); \
+                for (; j_ + 4 <= tw_; j_ += 4) TILES_PUT(v4, 4, row_, ST4, dst_, stride_, j_);      \
                 for (; j_ < tw_; j_++) {                                                           \
                     float d_[4][4];                                                                 \
                     for (int r_ = 0; r_ < 4; r_++)                                                 \
-                        for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = row_[r_][2 * j_ + k_];         \
+                        for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = AS_F32(row_[r_][2 * j_ + k_]);  \
                     INPUT_CORE_PUT(float, d_, ST1, dst_, stride_, j_);                              \
                 }                                                                                   \
             }                                                                                       \
         }                                                                                           \
     } while (0)
+/* one value of a row: a float, or bf16 bits widened */
+#define AS_F32(v) _Generic((v), float: (v), uint16_t: cx_bf16_to_f32_inline((uint16_t)(v)))
 
+/* from x (f32), or from xh (bf16), widened as its tiles are loaded */
 CX_HOT static void transform_input(float *v, float *rows, const float *x, const uint16_t *xh, const wino_shape *s,
                                    int64_t i0, int64_t i1)
 {
-    TRANSFORM_INPUT(float, v, rows, x, xh, s, i0, i1, STORE_F32, STORE_F32, STORE_F32);
+    if (xh)
+        TRANSFORM_INPUT(float, v, uint16_t, channel_rows_bf16, BF16_TILES_PUT, (uint16_t *)(void *)rows, xh, s, i0, i1,
+                        STORE_F32, STORE_F32, STORE_F32);
+    else
+        TRANSFORM_INPUT(float, v, float, channel_rows, F32_TILES_PUT, rows, x, s, i0, i1, STORE_F32, STORE_F32,
+                        STORE_F32);
 }
 
 #ifdef WINO_BF16_OPERANDS
@@ -366,7 +397,8 @@ WINO_BF16_TARGET static inline uint16_t round1(float v)
 WINO_BF16_TARGET static void transform_input_bf16(uint16_t *vh, float *rows, const uint16_t *xh, const wino_shape *s,
                                                   int64_t i0, int64_t i1)
 {
-    TRANSFORM_INPUT(uint16_t, vh, rows, NULL, xh, s, i0, i1, STORE_H8, STORE_H4, STORE_H1);
+    TRANSFORM_INPUT(uint16_t, vh, uint16_t, channel_rows_bf16, BF16_TILES_PUT, (uint16_t *)(void *)rows, xh, s, i0, i1,
+                    STORE_H8, STORE_H4, STORE_H1);
 }
 #endif
 
