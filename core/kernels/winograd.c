@@ -19,9 +19,9 @@
  * from im2col's by rounding only (a few ulps of the sums involved).
  *
  * The bf16 entry points run the same f32 transforms on bf16 tensors: the
- * transforms widen what they read (the input transform into the rows it
- * copies for the padding, or a block's rows at once where there is none;
- * the gradient transform a channel's block of dy rows) and the output
+ * transforms widen what they read as they load it (a row's column pairs
+ * are 32-bit words: even columns shifted up, odd ones masked; the input
+ * transform copies rows, in bf16, only for the padding) and the output
  * transform rounds a channel's block of rows from an f32 stage, so the
  * bf16 conv needs no widened copy of its operands and no rounding pass
  * over its output. Without AVX512_BF16 the products are the f32
@@ -105,10 +105,9 @@ static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
 }
 
 /* Per-thread scratch, in floats: V, M (or the transformed dy), a block's
- * zero-padded input rows, its output rows (the bf16 entry points' rows
- * in f32: the sums before rounding, or dy widened), and for the weight
- * gradient the thread's dU and the block's input rows in channels-last
- * order. */
+ * zero-padded input rows, its output rows (a bf16 output's sums before
+ * rounding), and for the weight gradient the thread's dU and the block's
+ * input rows in channels-last order. */
 typedef struct {
     size_t v, m, rows, stage, du, xt, zh, bp, total;
 } lane_layout;
@@ -142,7 +141,7 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir, bool bf16)
     l.m = l.v + (size_t)(16 * xi_stride(s->cin * tb));
     l.rows = l.m + (size_t)(16 * (bf16 && !weight ? m_stride(s, tb, true) : xi_stride(s->cout * tb)));
     l.stage = l.rows + round16((2 * s->rows + 2) * (2 * s->tw + 2));
-    l.du = l.stage + (bf16 ? round16(2 * s->rows * s->ow) : 0);
+    l.du = l.stage + (bf16 && !weight ? round16(2 * s->rows * s->ow) : 0);
     l.xt = l.du + (dir == WINO_BWD_WEIGHT ? (size_t)(16 * xi_stride(s->cout * s->cin)) : 0);
     l.zh = l.xt + (weight ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
     l.bp = l.zh + (bf16 && weight ? round16(16 * zh_stride(s, tb) / 2 + 8) : 0);
@@ -540,8 +539,22 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
     do {                                                                                            \
         const T la_ = LD(T, (ra) + 2 * (j)), ha_ = LD(T, (ra) + 2 * (j) + (W));                     \
         const T lb_ = LD(T, (rb) + 2 * (j)), hb_ = LD(T, (rb) + 2 * (j) + (W));                     \
-        const T a0_ = CX_SHUFFLE(la_, ha_, EV()), a1_ = CX_SHUFFLE(la_, ha_, OD());       \
-        const T b0_ = CX_SHUFFLE(lb_, hb_, EV()), b1_ = CX_SHUFFLE(lb_, hb_, OD());       \
+        GRAD_CORE(T, CX_SHUFFLE(la_, ha_, EV()), CX_SHUFFLE(la_, ha_, OD()), CX_SHUFFLE(lb_, hb_, EV()), \
+                  CX_SHUFFLE(lb_, hb_, OD()), PUT);                                                 \
+    } while (0)
+/* the same from bf16 rows, a row's 2W values at 2j W (even, odd) words
+ * (as BF16_TILES_PUT reads them) */
+#define GRAD_TILES_BF16(T, W, ra, rb, j, PUT)                                                       \
+    do {                                                                                            \
+        const u##W##v a_ = *(const u##W##p *)(const void *)((ra) + 2 * (j));                        \
+        const u##W##v b_ = *(const u##W##p *)(const void *)((rb) + 2 * (j));                        \
+        GRAD_CORE(T, (T)(a_ << 16), (T)(a_ & 0xffff0000u), (T)(b_ << 16), (T)(b_ & 0xffff0000u), PUT); \
+    } while (0)
+/* the 16 values from row 2i's even and odd columns (a0, a1) and row
+ * 2i + 1's (b0, b1) */
+#define GRAD_CORE(T, a0, a1, b0, b1, PUT)                                                           \
+    do {                                                                                            \
+        const T a0_ = (a0), a1_ = (a1), b0_ = (b0), b1_ = (b1);                                     \
         const T t_[4][2] = { { a0_, a1_ }, { a0_ + b0_, a1_ + b1_ }, { a0_ - b0_, a1_ - b1_ },      \
                              { -b0_, -b1_ } };                                                      \
         for (int a_ = 0; a_ < 4; a_++) {                                                           \
@@ -554,46 +567,65 @@ CX_HOT static void transform_output(float *y, uint16_t *yh, float *stage, const 
 
 /* the scalar tail's four values of tile j of rows ra and rb (2 x 2, zero
  * past ow): t[a][0] and t[a][1], a the row of A dy */
-static inline void grad_tile1(float t[4][2], const float *ra, const float *rb, int64_t j, int64_t ow)
-{
-    const float a0 = ra[2 * j], a1 = 2 * j + 1 < ow ? ra[2 * j + 1] : 0.0f;
-    const float b0 = rb[2 * j], b1 = 2 * j + 1 < ow ? rb[2 * j + 1] : 0.0f;
-    const float v[4][2] = { { a0, a1 }, { a0 + b0, a1 + b1 }, { a0 - b0, a1 - b1 }, { -b0, -b1 } };
-    memcpy(t, v, sizeof v);
-}
+#define DEFINE_GRAD_TILE1(NAME, R)                                                                  \
+    static inline void NAME(float t[4][2], const R *ra, const R *rb, int64_t j, int64_t ow)         \
+    {                                                                                               \
+        const float a0 = AS_F32(ra[2 * j]), a1 = 2 * j + 1 < ow ? AS_F32(ra[2 * j + 1]) : 0.0f;     \
+        const float b0 = AS_F32(rb[2 * j]), b1 = 2 * j + 1 < ow ? AS_F32(rb[2 * j + 1]) : 0.0f;     \
+        const float v[4][2] = { { a0, a1 }, { a0 + b0, a1 + b1 }, { a0 - b0, a1 - b1 }, { -b0, -b1 } }; \
+        memcpy(t, v, sizeof v);                                                                     \
+    }
+DEFINE_GRAD_TILE1(grad_tile1, float)
+DEFINE_GRAD_TILE1(grad_tile1_bf16, uint16_t)
+
+/* One tile row of Z from dy rows ra and rb, 8 and 4 tiles at a time by
+ * TILES (PUT8, PUT4 storing), the rest one at a time by TILE1 and
+ * STORE1(xi, value); the stores find dst and j by name. */
+#define GRAD_ROW(TILES, TILE1, ra, rb, ow, tw, PUT8, PUT4, STORE1)                                  \
+    do {                                                                                            \
+        int64_t j = 0;                                                                              \
+        for (; 2 * j + 16 <= (ow); j += 8) TILES(v8, 8, ra, rb, j, PUT8);                          \
+        for (; 2 * j + 8 <= (ow); j += 4) TILES(v4, 4, ra, rb, j, PUT4);                           \
+        for (; j < (tw); j++) {                                                                     \
+            float t_[4][2];                                                                         \
+            TILE1(t_, ra, rb, j, ow);                                                               \
+            for (int a_ = 0; a_ < 4; a_++) {                                                       \
+                STORE1(a_ * 4 + 0, t_[a_][0]);                                                      \
+                STORE1(a_ * 4 + 1, t_[a_][0] + t_[a_][1]);                                          \
+                STORE1(a_ * 4 + 2, t_[a_][0] - t_[a_][1]);                                          \
+                STORE1(a_ * 4 + 3, -t_[a_][1]);                                                     \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+#define F32_GRAD_TILES(T, W, ra, rb, j, PUT) GRAD_TILES(T, W, EV##W, OD##W, ra, rb, j, PUT)
 
 /* Z[xi][o][t] = (A dy A^T)[xi] for the 2x2 blocks of dy (cout, oh, ow),
- * or of dyh widened a channel's block of rows at a time into `stage`, in
+ * or of dyh (its rows read in bf16 and widened as they are split), in
  * tile rows [i0, i1); outputs past the plane count as 0 (`zero` holds ow
  * zeros for a missing second row). */
-CX_HOT static void transform_grad(float *z, float *stage, const float *zero, const float *dy, const uint16_t *dyh,
+CX_HOT static void transform_grad(float *z, const float *zero, const float *dy, const uint16_t *dyh,
                                   const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t tb = (i1 - i0) * s->tw, stride = xi_stride(s->cout * tb), tw = s->tw, ow = s->ow;
+#define PUT_F32(T, x, v) ST(T, dst + (x) * stride + j) = (v)
+#define STORE1_F32(x, v) dst[(x) * stride + j] = (v)
     for (int64_t o = 0; o < s->cout; o++) {
         const int64_t at = (o * s->oh + 2 * i0) * ow;
-        const float *block = dy ? dy + at : stage;
-        if (dyh) widen_row(stage, dyh + at, (min64(2 * i1, s->oh) - 2 * i0) * ow);
         for (int64_t i = i0; i < i1; i++) {
-            const float *ra = block + 2 * (i - i0) * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
+            const int64_t row = at + 2 * (i - i0) * ow;
+            const bool second = 2 * i + 1 < s->oh;
             float *dst = z + o * tb + (i - i0) * tw;
-            int64_t j = 0;
-#define PUT_F32(T, x, v) ST(T, dst + (x) * stride + j) = (v)
-            for (; 2 * j + 16 <= ow; j += 8) GRAD_TILES(v8, 8, EV8, OD8, ra, rb, j, PUT_F32);
-            for (; 2 * j + 8 <= ow; j += 4) GRAD_TILES(v4, 4, EV4, OD4, ra, rb, j, PUT_F32);
-#undef PUT_F32
-            for (; j < tw; j++) {
-                float t[4][2];
-                grad_tile1(t, ra, rb, j, ow);
-                for (int a = 0; a < 4; a++) {
-                    dst[(a * 4 + 0) * stride + j] = t[a][0];
-                    dst[(a * 4 + 1) * stride + j] = t[a][0] + t[a][1];
-                    dst[(a * 4 + 2) * stride + j] = t[a][0] - t[a][1];
-                    dst[(a * 4 + 3) * stride + j] = -t[a][1];
-                }
+            if (dyh) {
+                const uint16_t *ra = dyh + row, *rb = second ? ra + ow : (const uint16_t *)(const void *)zero;
+                GRAD_ROW(GRAD_TILES_BF16, grad_tile1_bf16, ra, rb, ow, tw, PUT_F32, PUT_F32, STORE1_F32);
+            } else {
+                const float *ra = dy + row, *rb = second ? ra + ow : zero;
+                GRAD_ROW(F32_GRAD_TILES, grad_tile1, ra, rb, ow, tw, PUT_F32, PUT_F32, STORE1_F32);
             }
         }
     }
+#undef PUT_F32
+#undef STORE1_F32
 }
 
 #ifdef WINO_BF16_OPERANDS
@@ -602,7 +634,7 @@ CX_HOT static void transform_grad(float *z, float *stage, const float *zero, con
  * 16 products zh_stride() apart) that the micro-kernel reads in place,
  * with zeros past cout's rows and tb's columns. Z in f32 and its rounding
  * pass (cx_bf16_round_rows: 1.7 % of a bf16-mixed cnn step) are gone. */
-WINO_BF16_TARGET static void transform_grad_bf16(uint16_t *zh, float *stage, const float *zero, const uint16_t *dyh,
+WINO_BF16_TARGET static void transform_grad_bf16(uint16_t *zh, const float *zero, const uint16_t *dyh,
                                                  const wino_shape *s, int64_t i0, int64_t i1)
 {
     const int64_t tb = (i1 - i0) * s->tw, tw = s->tw, ow = s->ow, ld = zh_ld(tb), zs = zh_stride(s, tb);
@@ -612,29 +644,21 @@ WINO_BF16_TARGET static void transform_grad_bf16(uint16_t *zh, float *stage, con
         if (ld > tb)
             for (int64_t o = 0; o < s->cout; o++) zx[o * ld + tb] = 0;
     }
-    for (int64_t o = 0; o < s->cout; o++) {
-        const int64_t at = (o * s->oh + 2 * i0) * ow;
-        widen_row(stage, dyh + at, (min64(2 * i1, s->oh) - 2 * i0) * ow);
-        for (int64_t i = i0; i < i1; i++) {
-            const float *ra = stage + 2 * (i - i0) * ow, *rb = 2 * i + 1 < s->oh ? ra + ow : zero;
-            uint16_t *dst = zh + o * ld + (i - i0) * tw;
-            int64_t j = 0;
 #define PUT_H8(T, x, v) _mm_storeu_si128((__m128i *)(void *)(dst + (x) * zs + j), (__m128i)_mm256_cvtneps_pbh((__m256)(v)))
 #define PUT_H4(T, x, v) _mm_storel_epi64((__m128i *)(void *)(dst + (x) * zs + j), (__m128i)_mm_cvtneps_pbh((__m128)(v)))
-            for (; 2 * j + 16 <= ow; j += 8) GRAD_TILES(v8, 8, EV8, OD8, ra, rb, j, PUT_H8);
-            for (; 2 * j + 8 <= ow; j += 4) GRAD_TILES(v4, 4, EV4, OD4, ra, rb, j, PUT_H4);
-#undef PUT_H8
-#undef PUT_H4
-            for (; j < tw; j++) {
-                float t[4][2];
-                grad_tile1(t, ra, rb, j, ow);
-                for (int a = 0; a < 4; a++) {
-                    const float v[4] = { t[a][0], t[a][0] + t[a][1], t[a][0] - t[a][1], -t[a][1] };
-                    for (int b = 0; b < 4; b++) dst[(a * 4 + b) * zs + j] = round1(v[b]);
-                }
-            }
+#define STORE1_H(x, v) dst[(x) * zs + j] = round1(v)
+    for (int64_t o = 0; o < s->cout; o++) {
+        const int64_t at = (o * s->oh + 2 * i0) * ow;
+        for (int64_t i = i0; i < i1; i++) {
+            const uint16_t *ra = dyh + at + 2 * (i - i0) * ow;
+            const uint16_t *rb = 2 * i + 1 < s->oh ? ra + ow : (const uint16_t *)(const void *)zero;
+            uint16_t *dst = zh + o * ld + (i - i0) * tw;
+            GRAD_ROW(GRAD_TILES_BF16, grad_tile1_bf16, ra, rb, ow, tw, PUT_H8, PUT_H4, STORE1_H);
         }
     }
+#undef PUT_H8
+#undef PUT_H4
+#undef STORE1_H
 }
 #endif
 
@@ -823,13 +847,12 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
             transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             if (half) {
 #ifdef WINO_BF16_OPERANDS
-                transform_grad_bf16(zh, lane + j->lane.stage, zero, j->dy_h + dy_at, s, i0, i1);
+                transform_grad_bf16(zh, zero, j->dy_h + dy_at, s, i0, i1);
 #else
                 CX_ASSERT(!"bf16 products without AVX512_BF16");
 #endif
             } else {
-                transform_grad(z, lane + j->lane.stage, zero, bf16 ? NULL : j->dy + dy_at,
-                               bf16 ? j->dy_h + dy_at : NULL, s, i0, i1);
+                transform_grad(z, zero, bf16 ? NULL : j->dy + dy_at, bf16 ? j->dy_h + dy_at : NULL, s, i0, i1);
             }
             for (int x = 0; x < 16; x++) {
                 float *dux = du + x * xi_stride(s->cout * s->cin);
