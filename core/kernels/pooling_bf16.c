@@ -37,6 +37,7 @@ size_t cx_pool2d_bf16_min_scratch_bytes(const cx_pool_geom *g)
 typedef struct {
     int kind;   /* CX_POOL_BF16_* */
     const cx_pool_geom *g;
+    bool max_2x2;   /* a max pool of 2x2 windows at stride 2: max2x2_*, asked once, not per plane */
     uint16_t *out;
     const uint16_t *x, *dy, *posmask;
     float *scratch;
@@ -151,11 +152,11 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
 {
     const cx_pool_geom *g = j->g;
     const int64_t in = g->h * g->w, out = g->oh * g->ow;
-    if (j->kind == CX_POOL_BF16_MAX && cx_pool_geom_is_2x2(g)) {
+    if (j->kind == CX_POOL_BF16_MAX && j->max_2x2) {
         max2x2_fwd(j->out + t * out, j->x + t * in, g);
         return;
     }
-    if (j->kind == CX_POOL_BF16_MAX_BWD && cx_pool_geom_is_2x2(g)) {
+    if (j->kind == CX_POOL_BF16_MAX_BWD && j->max_2x2) {
         /* a mask that is x itself (relu folded into the conv before) is
          * the max's sign at the one tap written */
         const bool folded = j->posmask == j->x;
@@ -199,7 +200,7 @@ static void each(void *p, int64_t tid, int64_t nthreads)
 void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const uint16_t *posmask,
                     const cx_pool_geom *g, void *scratch, size_t scratch_bytes)
 {
-    bf16_job j = { .kind = kind, .g = g, .out = out, .x = x, .dy = dy,
+    bf16_job j = { .kind = kind, .g = g, .max_2x2 = cx_pool_geom_is_2x2(g), .out = out, .x = x, .dy = dy,
                    .posmask = kind == CX_POOL_BF16_MAX_BWD ? posmask : NULL };
     uintptr_t p = ((uintptr_t)scratch + 63) & ~(uintptr_t)63;
     j.scratch = (float *)(void *)p;
