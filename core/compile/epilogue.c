@@ -103,6 +103,22 @@ static bool epilogue_fits(const cx_executable *e, int k, const cx_kernel *h, int
     return true;
 }
 
+/* Whether f, the only reader of kernel k's output (h's), comes after it
+ * and only casts that output, read whole and in order, from `from` to
+ * `to`, into a buffer no output aliases. */
+static bool only_casts(const cx_executable *e, int k, const cx_kernel *h, int reader, int from, int to)
+{
+    const cx_kernel *f = &e->kernels[reader];
+    if (reader <= k || f->kind != K_FUSED || f->out_dtype != to || f->out_numel != h->out_numel) return false;
+    if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
+    const cx_program *p = &f->prog;
+    if (p->n != 2 || p->result != 1) return false;
+    const cx_pinstr *ld = &p->ins[0], *cast = &p->ins[1];
+    return ld->kind == P_LOAD && ld->slot == h->out_slot && ld->src_dtype == from && ld->dtype == from &&
+           cx_view_is_identity(&p->views[ld->view], f->shape, f->ndim) && cast->kind == P_CAST && cast->a == 0 &&
+           cast->dtype == to;
+}
+
 /* Whether f, h's only reader, is just h's output cast to f32, where h is
  * a bf16 matmul: autocast's product whose value goes on in f32 (a
  * gradient into an f32 layer, a weight's gradient to its f32 master). h
@@ -111,16 +127,8 @@ static bool epilogue_fits(const cx_executable *e, int k, const cx_kernel *h, int
  * bits for nothing, and the cast was a pass over the whole output. */
 static bool casts_to_f32(const cx_executable *e, int k, const cx_kernel *h, int reader)
 {
-    const cx_kernel *f = &e->kernels[reader];
-    if (h->kind != K_MATMUL || h->out_dtype != CX_BF16 || h->has_epilogue || reader <= k) return false;
-    if (f->kind != K_FUSED || f->out_dtype != CX_F32 || f->out_numel != h->out_numel) return false;
-    if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
-    const cx_program *p = &f->prog;
-    if (p->n != 2 || p->result != 1) return false;
-    const cx_pinstr *ld = &p->ins[0], *cast = &p->ins[1];
-    return ld->kind == P_LOAD && ld->slot == h->out_slot && ld->src_dtype == CX_BF16 && ld->dtype == CX_BF16 &&
-           cx_view_is_identity(&p->views[ld->view], f->shape, f->ndim) && cast->kind == P_CAST && cast->a == 0 &&
-           cast->dtype == CX_F32;
+    return h->kind == K_MATMUL && h->out_dtype == CX_BF16 && !h->has_epilogue &&
+           only_casts(e, k, h, reader, CX_BF16, CX_F32);
 }
 
 /* Whether f, h's only reader, is just h's output cast to bf16, where h is
@@ -130,16 +138,7 @@ static bool casts_to_f32(const cx_executable *e, int k, const cx_kernel *h, int 
  * memory are gone. */
 static bool norm_casts_to_bf16(const cx_executable *e, int k, const cx_kernel *h, int reader)
 {
-    const cx_kernel *f = &e->kernels[reader];
-    if (h->kind != K_LAYER_NORM || h->out_dtype != CX_F32 || reader <= k) return false;
-    if (f->kind != K_FUSED || f->out_dtype != CX_BF16 || f->out_numel != h->out_numel) return false;
-    if (e->slots[f->out_slot].kind == SLOT_OUTPUT && e->out_alias[e->slots[f->out_slot].index] >= 0) return false;
-    const cx_program *p = &f->prog;
-    if (p->n != 2 || p->result != 1) return false;
-    const cx_pinstr *ld = &p->ins[0], *cast = &p->ins[1];
-    return ld->kind == P_LOAD && ld->slot == h->out_slot && ld->src_dtype == CX_F32 && ld->dtype == CX_F32 &&
-           cx_view_is_identity(&p->views[ld->view], f->shape, f->ndim) && cast->kind == P_CAST && cast->a == 0 &&
-           cast->dtype == CX_BF16;
+    return h->kind == K_LAYER_NORM && h->out_dtype == CX_F32 && only_casts(e, k, h, reader, CX_F32, CX_BF16);
 }
 
 /* h (kernel k) takes over its reader's place and output: its value is

@@ -263,7 +263,6 @@ typedef int32_t i4v __attribute__((vector_size(16)));
         }                                                                                           \
         INPUT_CORE_PUT(T, d_, PUT, dst, stride, j);                                                 \
     } while (0)
-#define INPUT_TILES(T, W, EV, OD, row, dst, stride, j) INPUT_TILES_PUT(T, W, EV, OD, row, STORE_F32, dst, stride, j)
 /* the same from f32 rows (EV and OD by W) */
 #define F32_TILES_PUT(T, W, row, PUT, dst, stride, j) INPUT_TILES_PUT(T, W, EV##W, OD##W, row, PUT, dst, stride, j)
 
@@ -289,11 +288,6 @@ typedef uint32_t u4p __attribute__((vector_size(16), aligned(2), may_alias));
         }                                                                                           \
         INPUT_CORE_PUT(T, d_, PUT, dst, stride, j);                                                 \
     } while (0)
-
-static inline void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n)
-{
-    for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_to_f32_inline(src[q]);
-}
 
 /* The input rows of tile rows [i0, i1) of channel c of one image, in its
  * own dtype (T: float for x, uint16_t for bf16): read in place when no
