@@ -88,12 +88,17 @@ static double core_round_trip_ns(void)
     return ns;
 }
 
+/* The vector extensions the kernels dispatch on, lowest first, as the
+ * machine line names them. */
+enum { CPU_BASE, CPU_AVX2, CPU_AVX512, CPU_AVX512_BF16 };
+static const char *const g_cpu_levels[] = { "without AVX2", "AVX2", "AVX-512", "AVX-512 with BF16" };
+
 /* "AMD EPYC" from /proc/cpuinfo's first model name, and its widest vector
- * extension among those the kernels dispatch on. */
-static void cpu_model(char *name, size_t n, const char **isa)
+ * extension (CPU_*). */
+static void cpu_model(char *name, size_t n, int *level)
 {
     snprintf(name, n, "unknown CPU");
-    *isa = "without AVX2";
+    *level = CPU_BASE;
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f) return;
     char line[4096];
@@ -108,44 +113,36 @@ static void cpu_model(char *name, size_t n, const char **isa)
             got_name = true;
         } else if (!got_flags && !strncmp(line, "flags", 5)) {
             got_flags = true;
-            if (strstr(v, " avx512_bf16")) *isa = "AVX-512 with BF16";
-            else if (strstr(v, " avx512f")) *isa = "AVX-512";
-            else if (strstr(v, " avx2")) *isa = "AVX2";
+            *level = strstr(v, " avx512_bf16") ? CPU_AVX512_BF16
+                     : strstr(v, " avx512f")   ? CPU_AVX512
+                     : strstr(v, " avx2")      ? CPU_AVX2
+                                               : CPU_BASE;
         }
     }
     fclose(f);
 }
 
-/* The levels of CX_CPU_ISA below the top, as cpu_model names the CPU's,
- * and the OpenBLAS core of each. */
-static const struct { const char *cap, *cpu, *openblas_core; } g_caps[] = {
-    { "baseline", "without AVX2", "Nehalem" },
-    { "avx2", "AVX2", "Haswell" },
-    { "avx512", "AVX-512", "SkylakeX" },
+/* The levels of CX_CPU_ISA below the top, and the OpenBLAS core of each. */
+static const struct { const char *cap; int level; const char *openblas_core; } g_caps[] = {
+    { "baseline", CPU_BASE, "Nehalem" },
+    { "avx2", CPU_AVX2, "Haswell" },
+    { "avx512", CPU_AVX512, "SkylakeX" },
 };
-static const char *const g_cpu_levels[] = { "without AVX2", "AVX2", "AVX-512", "AVX-512 with BF16" };
-
-static int cpu_level(const char *isa)
-{
-    for (int i = 0; i < (int)(sizeof g_cpu_levels / sizeof *g_cpu_levels); i++)
-        if (!strcmp(isa, g_cpu_levels[i])) return i;
-    return 0;
-}
 
 void bench_cap_openblas(char **argv)
 {
     const char *cap = getenv("CX_CPU_ISA");
     if (!cap || getenv("OPENBLAS_CORETYPE")) return;
     char name[256];
-    const char *isa;
-    cpu_model(name, sizeof name, &isa);
+    int level;
+    cpu_model(name, sizeof name, &level);
     for (int i = 0; i < (int)(sizeof g_caps / sizeof *g_caps); i++) {
-        if (strcmp(cap, g_caps[i].cap) || cpu_level(isa) <= cpu_level(g_caps[i].cpu)) continue;
+        if (strcmp(cap, g_caps[i].cap) || level <= g_caps[i].level) continue;
         setenv("OPENBLAS_CORETYPE", g_caps[i].openblas_core, 1);
         execv("/proc/self/exe", argv);
         fprintf(stderr, "cxla-bench: CX_CPU_ISA=%s: cannot run again with OPENBLAS_CORETYPE=%s (%s); OpenBLAS keeps "
                 "this CPU's kernels, so the f32 references are not a %s CPU's\n", cap, g_caps[i].openblas_core,
-                strerror(errno), g_caps[i].cpu);
+                strerror(errno), g_cpu_levels[g_caps[i].level]);
         unsetenv("OPENBLAS_CORETYPE");
         return;
     }
@@ -173,8 +170,9 @@ static void describe(const char *when)
     /* one line per job: ranks other than 0 stay quiet */
     if (!bench_is_rank0()) return;
     char name[256];
-    const char *isa;
-    cpu_model(name, sizeof name, &isa);
+    int level;
+    cpu_model(name, sizeof name, &level);
+    const char *isa = g_cpu_levels[level];
     /* under a launcher the other ranks share the CPUs, and the round trip
      * would time their scheduling, not where the CPUs are */
     bool launched = bench_in_launched_rank();

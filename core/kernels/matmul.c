@@ -52,7 +52,6 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
      * setting (an application may use OpenMP itself) is put back */
     int prev = omp_get_max_threads();
     omp_set_num_threads(1);
-    (void)cx_isa_active();   /* CX_CPU_ISA caps oneDNN before its first kernel */
     /* oneDNN 2.6's f32 gemm kernels point rsp at a heap workspace (fixed
      * upstream in 2026): a signal handled meanwhile writes its frame into
      * the heap. A preempted trainer's SIGTERM did, and glibc aborted
@@ -86,7 +85,9 @@ void cx_sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 /* Below AVX-512 OpenBLAS runs every shape: with AVX2 kernels (oneDNN
  * capped to avx2, OpenBLAS's Haswell core, on the Zen 4) OpenBLAS won or
  * tied every gpt shape, and oneDNN fell off cliffs on some transposed A's:
- * a weight gradient's 1024x128x2048 at 44 GFLOP/s against 95. */
+ * a weight gradient's 1024x128x2048 at 44 GFLOP/s against 95. Every
+ * product reaches oneDNN through this choice, so asking the level first
+ * applies CX_CPU_ISA's cap to oneDNN before its first kernel (isa.c). */
 bool cx_sgemm_prefers_dnnl(int64_t m, int64_t n, int64_t k)
 {
     return cx_isa_active() >= CX_ISA_AVX512 && m * n * k >= DNNL_MIN_MNK && (m >= n || m >= DNNL_MIN_ROWS);
