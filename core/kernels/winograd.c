@@ -289,30 +289,53 @@ typedef uint32_t u4p __attribute__((vector_size(16), aligned(2), may_alias));
         INPUT_CORE_PUT(T, d_, PUT, dst, stride, j);                                                 \
     } while (0)
 
+/* n bytes from src to dst, n small (a row): whole 32-byte vectors, the
+ * last one overlapping, or two overlapping pieces of a power of two; no
+ * call (the asm keeps the compiler from making the loop a memcpy) */
+typedef uint8_t row_bytes32 __attribute__((vector_size(32), aligned(1), may_alias));
+static inline __attribute__((always_inline)) void copy_row_bytes(void *restrict dst, const void *restrict src, size_t n)
+{
+    uint8_t *d = dst;
+    const uint8_t *sb = src;
+    if (n >= 32) {
+        for (size_t q = 0; q + 32 < n; q += 32) {
+            __asm__("" : "+r"(q));
+            *(row_bytes32 *)(void *)(d + q) = *(const row_bytes32 *)(const void *)(sb + q);
+        }
+        *(row_bytes32 *)(void *)(d + n - 32) = *(const row_bytes32 *)(const void *)(sb + n - 32);
+        return;
+    }
+    for (size_t piece = 16; piece >= 1; piece /= 2)
+        if (n >= piece) {
+            uint8_t a[16], b[16];
+            memcpy(a, sb, piece);
+            memcpy(b, sb + n - piece, piece);
+            memcpy(d, a, piece);
+            memcpy(d + n - piece, b, piece);
+            return;
+        }
+}
+
 /* The input rows of tile rows [i0, i1) of channel c of one image, in its
  * own dtype (T: float for x, uint16_t for bf16): read in place when no
  * padding is involved, else copied into `rows` ((2 (i1 - i0) + 2) x
- * (2 tw + 2) values) with the padding's zeros. @return the block's
+ * (2 tw + 2) values) with the padding's zeros. The zeros are the same for
+ * every channel of a block: with zeros_set (an earlier channel of this
+ * block wrote them) only the values are copied. @return the block's
  * first row; *rs its stride. */
 #define DEFINE_CHANNEL_ROWS(NAME, T)                                                                \
     static inline __attribute__((always_inline)) const T *NAME(T *rows, const T *x, const wino_shape *s, int64_t c, \
-                                                               int64_t i0, int64_t i1, int64_t *rs)  \
+                                                               int64_t i0, int64_t i1, bool zeros_set, int64_t *rs) \
     {                                                                                               \
         const int64_t wp = 2 * s->tw + 2, nrows = 2 * (i1 - i0) + 2, r0 = 2 * i0 - s->pad_h;       \
         const int64_t at = c * s->h * s->w, copy = min64(s->w, wp - s->pad_w);                      \
         *rs = s->w;                                                                                 \
         /* no padding involved: the block is nrows whole rows of the plane */                      \
         if (s->pad_w == 0 && s->w == wp && r0 >= 0 && r0 + nrows <= s->h) return x + at + r0 * s->w; \
-        for (int64_t r = 0; r < nrows; r++) {                                                       \
-            T *dst = rows + r * wp;                                                                 \
-            if (r0 + r < 0 || r0 + r >= s->h) {                                                     \
-                memset(dst, 0, sizeof(T) * (size_t)wp);                                             \
-                continue;                                                                           \
-            }                                                                                       \
-            memset(dst, 0, sizeof(T) * (size_t)s->pad_w);                                           \
-            memcpy(dst + s->pad_w, x + at + (r0 + r) * s->w, sizeof(T) * (size_t)copy);             \
-            memset(dst + s->pad_w + copy, 0, sizeof(T) * (size_t)(wp - s->pad_w - copy));           \
-        }                                                                                           \
+        if (!zeros_set) memset(rows, 0, sizeof(T) * (size_t)(nrows * wp));                          \
+        for (int64_t r = 0; r < nrows; r++)                                                         \
+            if (r0 + r >= 0 && r0 + r < s->h)                                                       \
+                copy_row_bytes(rows + r * wp + s->pad_w, x + at + (r0 + r) * s->w, sizeof(T) * (size_t)copy); \
         *rs = wp;                                                                                   \
         return rows;                                                                                \
     }
@@ -330,7 +353,7 @@ DEFINE_CHANNEL_ROWS(channel_rows_bf16, uint16_t)
         const int64_t tb_ = ((i1) - (i0)) * (s)->tw, stride_ = xi_stride((s)->cin * tb_), tw_ = (s)->tw; \
         for (int64_t c_ = 0; c_ < (s)->cin; c_++) {                                                \
             int64_t rs_;                                                                            \
-            const ROW_T *blk_ = ROWS_OF(rows, in, s, c_, i0, i1, &rs_);                             \
+            const ROW_T *blk_ = ROWS_OF(rows, in, s, c_, i0, i1, c_ > 0, &rs_);                             \
             for (int64_t i_ = (i0); i_ < (i1); i_++) {                                             \
                 const ROW_T *b_ = blk_ + 2 * (i_ - (i0)) * rs_;                                     \
                 const ROW_T *row_[4] = { b_, b_ + rs_, b_ + 2 * rs_, b_ + 3 * rs_ };                \
