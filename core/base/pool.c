@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -164,4 +165,35 @@ void cx_pool_parallel_for(int64_t n, int64_t grain, cx_range_fn fn, void *ctx)
     if (n < 2 * grain || t_in_pool_job || cx_get_num_threads() == 1) { fn(ctx, 0, n); return; }
     range_job j = { n, grain, fn, ctx };
     cx_pool_run_each(range_each, &j);
+}
+
+void cx_claims_init(cx_claims *c, int64_t n, int64_t threads)
+{
+    c->parts = (int)(threads < 1 ? 1 : threads > CX_CLAIM_PARTS ? CX_CLAIM_PARTS : threads);
+    for (int p = 0; p < c->parts; p++) {
+        uint64_t lo = (uint64_t)(n * p / c->parts), hi = (uint64_t)(n * (p + 1) / c->parts);
+        atomic_init(&c->part[p].range, lo | hi << 32);
+    }
+}
+
+/* one item off the front (own) or the back (taken from another), or -1 */
+static int64_t claim_from(cx_claims *c, int p, bool front)
+{
+    uint64_t r = atomic_load_explicit(&c->part[p].range, memory_order_relaxed);
+    for (;;) {
+        uint64_t lo = r & 0xffffffffu, hi = r >> 32;
+        if (lo >= hi) return -1;
+        uint64_t next = front ? (lo + 1) | hi << 32 : lo | (hi - 1) << 32;
+        if (atomic_compare_exchange_weak_explicit(&c->part[p].range, &r, next, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return (int64_t)(front ? lo : hi - 1);
+    }
+}
+
+int64_t cx_claims_next(cx_claims *c, int64_t tid)
+{
+    const int own = (int)(tid % c->parts);
+    int64_t item = claim_from(c, own, true);
+    for (int k = 1; item < 0 && k < c->parts; k++) item = claim_from(c, (own + k) % c->parts, false);
+    return item;
 }

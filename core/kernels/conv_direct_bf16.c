@@ -22,7 +22,6 @@
 #include "cx_bf16.h"
 
 #include <cxla/core.h>
-#include <stdatomic.h>
 #include <string.h>
 
 enum { DIRECT_MAX_K = 16, DIRECT_ALIGN = 64, VEC = 16, OB = 8 };
@@ -93,7 +92,7 @@ typedef struct {
     float *lanes_base;
     int64_t lanes, lane_floats, k, wp;
     int64_t off[DIRECT_MAX_K];      /* term t's offset in a padded image, from its output's pixel */
-    atomic_long next;
+    cx_claims claims;   /* the forward's images */
 } direct_job;
 
 /* image n of x, widened into xp (C, H + 2 PH, W + 2 PW) with zeros around.
@@ -294,8 +293,8 @@ static void direct_each(void *p, int64_t tid, int64_t nthreads)
         return;
     }
     for (;;) {
-        int64_t n = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (n >= j->g->n) return;
+        int64_t n = cx_claims_next(&j->claims, tid);
+        if (n < 0) return;
         forward_image(j, xp, xp + image_room(j->g), n);
     }
 }
@@ -316,6 +315,6 @@ void cx_conv2d_bf16_direct(int dir, uint16_t *out, const uint16_t *in0, const ui
     size_t usable = scratch_bytes > (size_t)(p - (uintptr_t)scratch) ? scratch_bytes - (size_t)(p - (uintptr_t)scratch) : 0;
     j.lanes = min64(work_items(g, dir), (int64_t)(usable / sizeof(float) / (size_t)j.lane_floats));
     CX_ASSERT(j.lanes >= 1);   /* the compiler sized it for one lane at least */
-    atomic_init(&j.next, 0);
+    cx_claims_init(&j.claims, g->n, min64(j.lanes, cx_pool_threads()));
     cx_pool_run_each(direct_each, &j);
 }

@@ -9,7 +9,6 @@
 #include "pool.h"
 #include "cx_bf16.h"
 
-#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -42,7 +41,8 @@ typedef struct {
     const uint16_t *x, *dy, *posmask;
     float *scratch;
     int64_t lanes;
-    atomic_int_fast64_t next;
+    cx_claims claims;   /* runs of planes */
+    int64_t run;        /* planes a run */
 } bf16_job;
 
 CX_HOT static void widen(float *dst, const uint16_t *src, int64_t n)
@@ -180,21 +180,17 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
 }
 
 /* Planes are claimed a run at a time, about 8 runs per thread: one
- * atomic add per plane (4096 of the seed cnn's 24x24 planes a step) made
- * the counter's cache line travel between the CPUs for each, which on
- * these VMs (100-300 ns a round trip) cost as much as the pooling. */
+ * claim per plane (4096 of the seed cnn's 24x24 planes a step) made the
+ * claims' cache line travel between the CPUs for each, which on these
+ * VMs (100-300 ns a round trip) cost as much as the pooling. */
 static void each(void *p, int64_t tid, int64_t nthreads)
 {
     bf16_job *j = p;
     const int64_t lanes = j->lanes < nthreads ? j->lanes : nthreads, planes = j->g->n * j->g->c;
     if (tid >= lanes) return;
-    const int64_t run = (planes + 8 * lanes - 1) / (8 * lanes);
     float *lane = j->scratch + tid * lane_floats(j->g);
-    for (;;) {
-        int64_t t0 = atomic_fetch_add_explicit(&j->next, run, memory_order_relaxed);
-        if (t0 >= planes) return;
-        for (int64_t t = t0; t < t0 + run && t < planes; t++) plane(j, lane, t);
-    }
+    for (int64_t r; (r = cx_claims_next(&j->claims, tid)) >= 0;)
+        for (int64_t t = r * j->run; t < (r + 1) * j->run && t < planes; t++) plane(j, lane, t);
 }
 
 void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *dy, const uint16_t *posmask,
@@ -207,6 +203,8 @@ void cx_pool2d_bf16(int kind, uint16_t *out, const uint16_t *x, const uint16_t *
     size_t usable = scratch_bytes - (size_t)(p - (uintptr_t)scratch);
     j.lanes = (int64_t)(usable / ((size_t)lane_floats(g) * sizeof(float)));
     if (j.lanes < 1) j.lanes = 1;   /* never: the compiler plans one lane at least */
-    atomic_init(&j.next, 0);
+    const int64_t planes = g->n * g->c, lanes = j.lanes < cx_pool_threads() ? j.lanes : cx_pool_threads();
+    j.run = (planes + 8 * lanes - 1) / (8 * lanes);
+    cx_claims_init(&j.claims, (planes + j.run - 1) / j.run, lanes);
     cx_pool_run_each(each, &j);
 }

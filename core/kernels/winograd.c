@@ -806,7 +806,7 @@ typedef struct {
     bool relu;
     const float *posmask;    /* input gradient: keep dx where posmask > 0, or NULL */
     const uint16_t *posmask_h;     /* the same for a bf16 dx */
-    atomic_int_fast64_t next;
+    cx_claims claims;   /* the forward-like tasks: (image, block of tile rows) */
     atomic_int_fast64_t used;
 } wino_job;
 
@@ -903,8 +903,8 @@ CX_HOT static void wino_each(void *p, int64_t tid, int64_t nthreads)
     }
     const int64_t blocks = ceil_div(s->th, s->rows);
     for (;;) {
-        int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= s->n * blocks) return;
+        int64_t t = cx_claims_next(&j->claims, tid);
+        if (t < 0) return;
         int64_t n = t / blocks, i0 = t % blocks * s->rows;
         fwd_task(j, lane, n, i0, min64(i0 + s->rows, s->th));
     }
@@ -926,7 +926,7 @@ static float *setup(wino_job *j, const cx_conv_geom *g, wino_dir dir, void *scra
     j->lanes_base = base + shared;
     j->lanes = usable > shared ? min64(g->n, (int64_t)((usable - shared) / j->lane.total)) : 0;
     if (j->lanes < 1) j->lanes = 1;   /* never: the scratch is sized for one lane at least */
-    atomic_init(&j->next, 0);
+    cx_claims_init(&j->claims, j->s.n * ceil_div(j->s.th, j->s.rows), min64(j->lanes, cx_pool_threads()));
     atomic_init(&j->used, 1);
     return base;
 }

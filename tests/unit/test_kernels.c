@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "kernels.h"
+#include "pool.h"
 #include <cxla/core.h>
 
 #define REL_TOL 1e-4
@@ -687,6 +688,63 @@ static void run_matmul_case(int64_t batch, int64_t m, int64_t n, int64_t k, bool
     guarded_free(a);
     guarded_free(b);
     guarded_free(c);
+}
+
+/* ---- affine claims (pool.c) ------------------------------------------------ */
+
+typedef struct {
+    cx_claims *c;
+    int64_t tid, n;
+    _Atomic int *taken;   /* times each item was handed out */
+    int64_t *order;       /* this thread's items, in the order it got them */
+    int64_t count;
+    atomic_int *go;
+} claim_worker;
+
+static void *claim_all(void *p)
+{
+    claim_worker *w = p;
+    while (!atomic_load(w->go)) {}
+    for (int64_t i; (i = cx_claims_next(w->c, w->tid)) >= 0;) {
+        cr_assert(i < w->n, "item %lld of %lld", (long long)i, (long long)w->n);
+        atomic_fetch_add(&w->taken[i], 1);
+        w->order[w->count++] = i;
+    }
+    return NULL;
+}
+
+/* Every item goes out exactly once whatever the threads' race, and a
+ * thread alone takes its own range first, front to back, then the
+ * others' from their backs. */
+Test(pool, claims_hand_out_each_item_once_own_range_first)
+{
+    const int64_t ns[] = { 0, 1, 3, 7, 64, 1000, 4099 };
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (int threads = 1; threads <= 20; threads += threads < 4 ? 1 : 8) {
+            const int64_t n = ns[a];
+            cx_claims c;
+            cx_claims_init(&c, n, threads);
+            _Atomic int *taken = calloc((size_t)n + 1, sizeof *taken);
+            claim_worker w[20];
+            pthread_t th[20];
+            atomic_int go = 0;
+            for (int t = 0; t < threads; t++) {
+                w[t] = (claim_worker){ &c, t, n, taken, malloc(sizeof(int64_t) * ((size_t)n + 1)), 0, &go };
+                cr_assert_eq(pthread_create(&th[t], NULL, claim_all, &w[t]), 0);
+            }
+            atomic_store(&go, 1);
+            for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
+            for (int64_t i = 0; i < n; i++) cr_assert_eq(taken[i], 1, "n %lld threads %d: item %lld taken %d times", (long long)n, threads, (long long)i, (int)taken[i]);
+            for (int t = 0; t < threads; t++) free(w[t].order);
+            free(taken);
+        }
+    /* one thread of four: its own quarter in order, then the rest from the back of each */
+    cx_claims c;
+    cx_claims_init(&c, 8, 4);
+    const int64_t want[] = { 4, 5, 7, 6, 1, 0, 3, 2 };
+    for (int k = 0; k < 8; k++) cr_assert_eq(cx_claims_next(&c, 2), want[k], "claim %d", k);
+    cr_assert_eq(cx_claims_next(&c, 2), -1);
+    cr_assert_eq(cx_claims_next(&c, 0), -1);
 }
 
 Test(matmul, against_reference)
