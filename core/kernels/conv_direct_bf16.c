@@ -127,21 +127,21 @@ static inline __attribute__((always_inline)) void round_bf16_bits(vu *h, const v
 /* outputs [q0, q0 + lanes) of one row from their f32 sums: rounded once,
  * then the epilogue as cx_bf16_add_bias_inline computes it (+ the bf16
  * bias, rounded, relu with NaN to 0) */
-static inline __attribute__((always_inline)) void store_row(uint16_t *y, const float *sums, int lanes,
-                                                            const cx_bf16_epi *e, float bias)
+static inline __attribute__((always_inline)) void store_row(uint16_t *y, const float *sums, int lanes, bool add_bias,
+                                                            bool relu, float bias)
 {
     vu u;
     memcpy(&u, sums, sizeof u);
     vu h;
     round_bf16_bits(&h, &u);
-    if (e && e->bias) {
+    if (add_bias) {
         vu hb = h << 16;
         vf f;
         memcpy(&f, &hb, sizeof f);
         f += bias;
         memcpy(&u, &f, sizeof u);
         round_bf16_bits(&h, &u);
-        if (e->relu) {
+        if (relu) {
             vu back = h << 16;
             memcpy(&f, &back, sizeof f);
             h &= (vu)(f > 0.0f);
@@ -186,12 +186,16 @@ static inline __attribute__((always_inline)) void forward_block(const direct_job
     /* a row's last vector is stored whole where it ends inside the plane:
      * what spills into the next rows is written over by them right after;
      * nothing spills past the plane (the next may be another thread's) */
-    const int64_t plane = g->oh * ow;
+    const int64_t plane = g->oh * ow, oh = g->oh, wp = j->wp;
+    /* in locals: every store (a memcpy) may alias the job, so its fields
+     * were read again at each */
+    const bool add_bias = j->epi && j->epi->bias, relu = add_bias && j->epi->relu;
+    uint16_t *const y = j->out + (n * g->o + o0) * plane;
     for (int64_t b = 0; b < ob; b++)
-        for (int64_t r = 0; r < g->oh; r++)
+        for (int64_t r = 0; r < oh; r++)
             for (int64_t q0 = 0; q0 < ow; q0 += VEC)
-                store_row(j->out + ((n * g->o + o0 + b) * g->oh + r) * ow + q0, planes + b * stride + r * j->wp + q0,
-                          r * ow + q0 + VEC <= plane ? VEC : (int)min64(VEC, ow - q0), j->epi, bias[b]);
+                store_row(y + (b * oh + r) * ow + q0, planes + b * stride + r * wp + q0,
+                          r * ow + q0 + VEC <= plane ? VEC : (int)min64(VEC, ow - q0), add_bias, relu, bias[b]);
 }
 
 /* image n's output planes, every channel */
