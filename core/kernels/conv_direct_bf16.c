@@ -44,35 +44,55 @@ bool cx_conv2d_bf16_direct_applies(const cx_conv_geom *g, int dir)
  * at the same place plus the term's offset, so one flat loop of full
  * vectors covers every row; the WP - OW columns past each row's end are
  * computed and never stored (the forward) or read against zeros (the
- * weight gradient). */
-static int64_t plane_room(const cx_conv_geom *g)
+ * weight gradient). The forward's WP is the padded width. The weight
+ * gradient's is rounded up to whole vectors and its lane keeps KW copies
+ * of the image, copy jj shifted left by jj columns, so that each of its
+ * K loads per vector is aligned: its loads are not shared between
+ * output channels as the forward's are, and line-splitting ones (6 of 9
+ * with a 3x3 window) had bound it. */
+static int64_t row_stride(const cx_conv_geom *g, int dir)
 {
-    return (g->oh * (g->w + 2 * g->pad_w) + VEC - 1) / VEC * VEC;
+    const int64_t wp = g->w + 2 * g->pad_w;
+    return dir == 2 ? (wp + VEC - 1) / VEC * VEC : wp;
+}
+
+static int64_t image_copies(const cx_conv_geom *g, int dir) { return dir == 2 ? g->kw : 1; }
+
+static int64_t plane_room(const cx_conv_geom *g, int dir)
+{
+    return (g->oh * row_stride(g, dir) + VEC - 1) / VEC * VEC;
 }
 
 /* a forward output plane's place in the lane: its room and a vector more,
  * since the last row's last vector of sums is read whole however few of
  * its lanes are stored */
-static int64_t plane_stride(const cx_conv_geom *g) { return plane_room(g) + VEC; }
+static int64_t plane_stride(const cx_conv_geom *g) { return plane_room(g, 0) + VEC; }
 
-static int64_t padded_floats(const cx_conv_geom *g) { return g->c * (g->h + 2 * g->pad_h) * (g->w + 2 * g->pad_w); }
-/* the padded image's room: the flat loop's last vector reads up to a
- * vector past the plane, plus the window's reach (zeros, never stored) */
-static int64_t image_room(const cx_conv_geom *g)
+static int64_t padded_floats(const cx_conv_geom *g, int dir)
 {
-    const int64_t reach = ((g->c - 1) * (g->h + 2 * g->pad_h) + g->kh - 1) * (g->w + 2 * g->pad_w) + g->kw - 1;
-    int64_t need = plane_room(g) + reach;
-    need = need > padded_floats(g) ? need : padded_floats(g);
+    return g->c * (g->h + 2 * g->pad_h) * row_stride(g, dir);
+}
+
+/* one copy of the padded image: the flat loop's last vector reads up to
+ * a vector past the plane, plus the window's reach (zeros, never stored;
+ * the weight gradient's copies take the columns' reach) */
+static int64_t image_room(const cx_conv_geom *g, int dir)
+{
+    const int64_t reach = ((g->c - 1) * (g->h + 2 * g->pad_h) + g->kh - 1) * row_stride(g, dir) +
+                          (dir == 2 ? 0 : g->kw - 1);
+    int64_t need = plane_room(g, dir) + reach;
+    need = need > padded_floats(g, dir) ? need : padded_floats(g, dir);
     return (need + 15) / 16 * 16;
 }
 
-/* floats of one lane: the padded image, then OB output planes (forward)
- * or dy's plane and the sums of every channel, a vector per term (weight
- * gradient: a lane may take every channel) */
+/* floats of one lane: the padded image (copies), then OB output planes
+ * (forward) or dy's plane and the sums of every channel, a vector per
+ * term (weight gradient: a lane may take every channel) */
 static int64_t lane_floats(const cx_conv_geom *g, int dir)
 {
     const int64_t k = g->c * g->kh * g->kw;
-    return image_room(g) + (dir == 0 ? OB * plane_stride(g) : plane_room(g) + g->o * k * VEC);
+    return image_copies(g, dir) * image_room(g, dir) +
+           (dir == 0 ? OB * plane_stride(g) : plane_room(g, dir) + g->o * k * VEC);
 }
 
 static int64_t work_items(const cx_conv_geom *g, int dir) { return dir == 0 ? g->n : g->o; }
@@ -91,16 +111,18 @@ typedef struct {
     const cx_bf16_epi *epi;
     float *lanes_base;
     int64_t lanes, lane_floats, k, wp;
-    int64_t off[DIRECT_MAX_K];      /* term t's offset in a padded image, from its output's pixel */
+    int64_t off[DIRECT_MAX_K];      /* term t's offset in the lane's image (copies), from its output's pixel */
     cx_claims claims;   /* the forward's images */
 } direct_job;
 
-/* image n of x, widened into xp (C, H + 2 PH, W + 2 PW) with zeros around.
+/* image n of x, widened into xp (C, H + 2 PH, W + 2 PW; rows j->wp
+ * apart) with zeros around, then the weight gradient's shifted copies.
  * @return whether every value is finite */
-static bool widen_padded(float *xp, const uint16_t *x, const cx_conv_geom *g, int64_t n)
+static bool widen_padded(float *xp, const uint16_t *x, const direct_job *j, int64_t n)
 {
-    const int64_t hp = g->h + 2 * g->pad_h, wp = g->w + 2 * g->pad_w;
-    memset(xp, 0, sizeof *xp * (size_t)image_room(g));
+    const cx_conv_geom *g = j->g;
+    const int64_t hp = g->h + 2 * g->pad_h, wp = j->wp, room = image_room(g, j->dir);
+    memset(xp, 0, sizeof *xp * (size_t)room);
     uint16_t special = 0;   /* an exponent of all ones: inf or NaN */
     for (int64_t c = 0; c < g->c; c++)
         for (int64_t r = 0; r < g->h; r++) {
@@ -111,6 +133,11 @@ static bool widen_padded(float *xp, const uint16_t *x, const cx_conv_geom *g, in
                 special |= (uint16_t)((src[q] & 0x7f80u) == 0x7f80u);
             }
         }
+    for (int64_t jj = 1; jj < image_copies(g, j->dir); jj++) {
+        float *copy = xp + jj * room;
+        memcpy(copy, xp + jj, sizeof *xp * (size_t)(room - jj));
+        memset(copy + room - jj, 0, sizeof *xp * (size_t)jj);
+    }
     return !special;
 }
 
@@ -167,7 +194,7 @@ static inline __attribute__((always_inline)) void forward_block(const direct_job
                                                                 int64_t n, int64_t o0, const int64_t k)
 {
     const cx_conv_geom *g = j->g;
-    const int64_t ow = g->ow, ob = min64(OB, g->o - o0), room = plane_room(g), stride = plane_stride(g);
+    const int64_t ow = g->ow, ob = min64(OB, g->o - o0), room = plane_room(g, 0), stride = plane_stride(g);
     float w[DIRECT_MAX_K][OB] = { { 0 } }, bias[OB] = { 0 };
     for (int64_t b = 0; b < ob; b++) {
         for (int64_t t = 0; t < k; t++) w[t][b] = cx_bf16_to_f32_inline(j->w[(o0 + b) * k + t]);
@@ -201,10 +228,29 @@ static inline __attribute__((always_inline)) void forward_block(const direct_job
 /* image n's output planes, every channel */
 CX_HOT static void forward_image(const direct_job *j, float *xp, float *planes, int64_t n)
 {
-    (void)widen_padded(xp, j->x, j->g, n);   /* a column past a row's end is never stored */
+    (void)widen_padded(xp, j->x, j, n);   /* a column past a row's end is never stored */
     for (int64_t o0 = 0; o0 < j->g->o; o0 += OB) {
         if (j->k == 9) forward_block(j, xp, planes, n, o0, 9);
         else forward_block(j, xp, planes, n, o0, j->k);
+    }
+}
+
+/* n bf16 values widened into dst: whole vectors, the last one
+ * overlapping the one before (element by element, dy's rows had taken a
+ * quarter of the weight gradient's time) */
+static inline __attribute__((always_inline)) void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n)
+{
+    if (n < VEC) {
+        for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_to_f32_inline(src[q]);
+        return;
+    }
+    for (int64_t q = 0;; q += VEC) {
+        if (q + VEC > n) q = n - VEC;
+        vh h;
+        memcpy(&h, src + q, sizeof h);
+        const vu w = __builtin_convertvector(h, vu) << 16;
+        memcpy(dst + q, &w, sizeof w);
+        if (q + VEC == n) return;
     }
 }
 
@@ -217,12 +263,9 @@ static inline __attribute__((always_inline)) void weight_image(const direct_job 
                                                                const int64_t k)
 {
     const cx_conv_geom *g = j->g;
-    const int64_t ow = g->ow, room = plane_room(g);
+    const int64_t ow = g->ow, room = plane_room(g, 2);
     for (int64_t o = o0; o < o1; o++) {
-        for (int64_t r = 0; r < g->oh; r++) {
-            const uint16_t *dyr = j->dy + ((n * g->o + o) * g->oh + r) * ow;
-            for (int64_t q = 0; q < ow; q++) d[r * j->wp + q] = cx_bf16_to_f32_inline(dyr[q]);
-        }
+        for (int64_t r = 0; r < g->oh; r++) widen_row(d + r * j->wp, j->dy + ((n * g->o + o) * g->oh + r) * ow, ow);
         float *s = sums + (o - o0) * k * VEC;
         vf a[DIRECT_MAX_K];
         for (int64_t t = 0; t < k; t++) memcpy(&a[t], s + t * VEC, sizeof a[t]);
@@ -246,12 +289,9 @@ static void weight_image_masked(const direct_job *j, const float *xp, float *d, 
                                 int64_t o1)
 {
     const cx_conv_geom *g = j->g;
-    const int64_t ow = g->ow, room = plane_room(g), k = j->k;
+    const int64_t ow = g->ow, room = plane_room(g, 2), k = j->k;
     for (int64_t o = o0; o < o1; o++) {
-        for (int64_t r = 0; r < g->oh; r++) {
-            const uint16_t *dyr = j->dy + ((n * g->o + o) * g->oh + r) * ow;
-            for (int64_t q = 0; q < ow; q++) d[r * j->wp + q] = cx_bf16_to_f32_inline(dyr[q]);
-        }
+        for (int64_t r = 0; r < g->oh; r++) widen_row(d + r * j->wp, j->dy + ((n * g->o + o) * g->oh + r) * ow, ow);
         float *s = sums + (o - o0) * k * VEC;
         for (int64_t p = 0; p < room; p++) {
             if (p % j->wp >= ow || p >= g->oh * j->wp) continue;
@@ -269,9 +309,9 @@ CX_HOT static void weight_channels(const direct_job *j, float *xp, float *d, flo
     memset(sums, 0, sizeof *sums * (size_t)((o1 - o0) * k * VEC));
     /* the columns past each row's end and the plane's tail stay zero:
      * every plane after writes only its rows' outputs */
-    memset(d, 0, sizeof *d * (size_t)plane_room(g));
+    memset(d, 0, sizeof *d * (size_t)plane_room(g, 2));
     for (int64_t n = 0; n < g->n; n++) {
-        if (!widen_padded(xp, j->x, g, n)) weight_image_masked(j, xp, d, sums, n, o0, o1);
+        if (!widen_padded(xp, j->x, j, n)) weight_image_masked(j, xp, d, sums, n, o0, o1);
         else if (k == 9) weight_image(j, xp, d, sums, n, o0, o1, 9);
         else weight_image(j, xp, d, sums, n, o0, o1, k);
     }
@@ -292,14 +332,14 @@ static void direct_each(void *p, int64_t tid, int64_t nthreads)
     if (j->dir == 2) {
         /* a fixed split of the channels: each channel's sum has one order */
         const int64_t o = j->g->o;
-        float *d = xp + image_room(j->g);
-        weight_channels(j, xp, d, d + plane_room(j->g), o * tid / lanes, o * (tid + 1) / lanes);
+        float *d = xp + image_copies(j->g, 2) * image_room(j->g, 2);
+        weight_channels(j, xp, d, d + plane_room(j->g, 2), o * tid / lanes, o * (tid + 1) / lanes);
         return;
     }
     for (;;) {
         int64_t n = cx_claims_next(&j->claims, tid);
         if (n < 0) return;
-        forward_image(j, xp, xp + image_room(j->g), n);
+        forward_image(j, xp, xp + image_room(j->g, 0), n);
     }
 }
 
@@ -309,11 +349,12 @@ void cx_conv2d_bf16_direct(int dir, uint16_t *out, const uint16_t *in0, const ui
     CX_ASSERT(cx_conv2d_bf16_direct_applies(g, dir));
     direct_job j = { .g = g, .dir = dir, .out = out, .x = in0, .w = dir == 0 ? in1 : NULL, .dy = dir == 2 ? in1 : NULL,
                      .epi = epi, .lane_floats = lane_floats(g, dir), .k = g->c * g->kh * g->kw,
-                     .wp = g->w + 2 * g->pad_w };
+                     .wp = row_stride(g, dir) };
     const int64_t hp = g->h + 2 * g->pad_h;
     for (int64_t c = 0, t = 0; c < g->c; c++)
         for (int64_t i = 0; i < g->kh; i++)
-            for (int64_t jj = 0; jj < g->kw; jj++) j.off[t++] = (c * hp + i) * j.wp + jj;
+            for (int64_t jj = 0; jj < g->kw; jj++)
+                j.off[t++] = dir == 2 ? jj * image_room(g, 2) + (c * hp + i) * j.wp : (c * hp + i) * j.wp + jj;
     uintptr_t p = ((uintptr_t)scratch + DIRECT_ALIGN - 1) & ~(uintptr_t)(DIRECT_ALIGN - 1);
     j.lanes_base = (float *)p;
     size_t usable = scratch_bytes > (size_t)(p - (uintptr_t)scratch) ? scratch_bytes - (size_t)(p - (uintptr_t)scratch) : 0;
