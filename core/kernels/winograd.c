@@ -290,8 +290,8 @@ typedef uint32_t u4p __attribute__((vector_size(16), aligned(2), may_alias));
     } while (0)
 
 /* n bytes from src to dst, n small (a row): whole 32-byte vectors, the
- * last one overlapping, or two overlapping pieces of a power of two; no
- * call (the asm keeps the compiler from making the loop a memcpy) */
+ * last one overlapping, with no call (the asm keeps the compiler from
+ * making the loop a memcpy); a row under 32 bytes by memcpy */
 typedef uint8_t row_bytes32 __attribute__((vector_size(32), aligned(1), may_alias));
 static inline __attribute__((always_inline)) void copy_row_bytes(void *restrict dst, const void *restrict src, size_t n)
 {
@@ -305,15 +305,7 @@ static inline __attribute__((always_inline)) void copy_row_bytes(void *restrict 
         *(row_bytes32 *)(void *)(d + n - 32) = *(const row_bytes32 *)(const void *)(sb + n - 32);
         return;
     }
-    for (size_t piece = 16; piece >= 1; piece /= 2)
-        if (n >= piece) {
-            uint8_t a[16], b[16];
-            memcpy(a, sb, piece);
-            memcpy(b, sb + n - piece, piece);
-            memcpy(d, a, piece);
-            memcpy(d + n - piece, b, piece);
-            return;
-        }
+    memcpy(d, sb, n);
 }
 
 /* The input rows of tile rows [i0, i1) of channel c of one image, in its
@@ -353,7 +345,7 @@ DEFINE_CHANNEL_ROWS(channel_rows_bf16, uint16_t)
         const int64_t tb_ = ((i1) - (i0)) * (s)->tw, stride_ = xi_stride((s)->cin * tb_), tw_ = (s)->tw; \
         for (int64_t c_ = 0; c_ < (s)->cin; c_++) {                                                \
             int64_t rs_;                                                                            \
-            const ROW_T *blk_ = ROWS_OF(rows, in, s, c_, i0, i1, c_ > 0, &rs_);                             \
+            const ROW_T *blk_ = ROWS_OF(rows, in, s, c_, i0, i1, c_ > 0, &rs_);                     \
             for (int64_t i_ = (i0); i_ < (i1); i_++) {                                             \
                 const ROW_T *b_ = blk_ + 2 * (i_ - (i0)) * rs_;                                     \
                 const ROW_T *row_[4] = { b_, b_ + rs_, b_ + 2 * rs_, b_ + 3 * rs_ };                \

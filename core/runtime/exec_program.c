@@ -217,12 +217,17 @@ CX_HOT static void cast_block(reg_t *o, int to, const val_t *a, int from, int le
 
 /* The source of a load when it can be read in place (a whole block of
  * contiguous f32), else NULL. */
+static inline bool f32_load_in_place(const cx_program *p, const cx_pinstr *in, int nd)
+{
+    const cx_view *v = &p->views[in->view];
+    return in->src_dtype == CX_F32 && in->dtype == CX_F32 && !v->masked && nd > 0 && v->strides[nd - 1] == 1;
+}
+
 static inline const float *direct_load(const run_ctx *rc, const cx_program *p, const cx_pinstr *in, const int64_t *idx,
                                        int nd, int64_t j0)
 {
-    const cx_view *v = &p->views[in->view];
-    if (in->src_dtype != CX_F32 || in->dtype != CX_F32 || v->masked || nd == 0 || v->strides[nd - 1] != 1) return NULL;
-    return (const float *)rc->slot_ptr[in->slot] + view_base(v, idx, nd, j0);
+    if (!f32_load_in_place(p, in, nd)) return NULL;
+    return (const float *)rc->slot_ptr[in->slot] + view_base(&p->views[in->view], idx, nd, j0);
 }
 
 /* the values of operand a of instruction in (only where it has one) */
@@ -390,11 +395,10 @@ typedef struct {
 static bool is_cast_to_bf16(const cx_kernel *k)
 {
     const cx_program *p = &k->prog;
-    if (p->n != 2 || p->result != 1 || k->out_dtype != CX_BF16 || k->ndim == 0) return false;
+    if (p->n != 2 || p->result != 1 || k->out_dtype != CX_BF16) return false;
     const cx_pinstr *ld = &p->ins[0], *cast = &p->ins[1];
-    const cx_view *v = &p->views[ld->view];
-    return ld->kind == P_LOAD && ld->src_dtype == CX_F32 && ld->dtype == CX_F32 && !v->masked &&
-           v->strides[k->ndim - 1] == 1 && cast->kind == P_CAST && cast->a == 0 && cast->dtype == CX_BF16;
+    return ld->kind == P_LOAD && f32_load_in_place(p, ld, k->ndim) && cast->kind == P_CAST && cast->a == 0 &&
+           cast->dtype == CX_BF16;
 }
 
 CX_HOT static void round_row_bf16(uint16_t *out, const float *src, int len)
@@ -426,9 +430,8 @@ CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
         int64_t j0 = blk * CX_BLK;
         int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
         if (j->cast_to_bf16) {
-            const cx_pinstr *ld = &k->prog.ins[0];
-            const float *src = (const float *)j->rc->slot_ptr[ld->slot] + view_base(&k->prog.views[ld->view], idx, nd, j0);
-            round_row_bf16((uint16_t *)out + row * j->inner + j0, src, len);
+            round_row_bf16((uint16_t *)out + row * j->inner + j0, direct_load(j->rc, &k->prog, &k->prog.ins[0], idx, nd, j0),
+                           len);
             continue;
         }
         val_t r = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len);
