@@ -24,11 +24,16 @@ static const cx_setting g_table[] = {
       "cap on device memory, e.g. `2G`; exceeding it is an error naming the allocation; 0: none" },
     { "CX_BUFFER_CACHE_BYTES", CX_SET_BYTES, "2GiB", 0, BIG, NULL, false, NULL, NULL,
       "freed buffers kept for reuse, at most this many bytes" },
-    { "CX_CPU_ISA", CX_SET_ENUM, "auto", 0, 0, "auto|avx512_bf16|avx512|avx2|baseline", false, NULL, NULL,
-      "the highest instruction set the kernels use (detected at run time with `auto`); below `avx512_bf16`, "
+    { "CX_CPU_ISA", CX_SET_ENUM, "auto", 0, 0, "auto|amx|avx512_bf16|avx512|avx2|baseline", false, NULL, NULL,
+      "the highest instruction set the kernels use (detected at run time with `auto`; `amx` hands bf16 matmuls to "
+      "oneDNN's AMX kernels, see `CX_BF16_GEMM`); below `avx512_bf16`, "
       "bf16 matmuls widen their blocks to f32 as they pack them for an f32 micro-kernel (`avx512`, `avx2`; "
       "for the f32 libraries at `baseline`), as on a CPU without bf16 instructions; below the CPU's level it caps "
       "oneDNN too (OpenBLAS reads `OPENBLAS_CORETYPE`, e.g. `Haswell`, when it loads; `cxla-bench` sets it)" },
+    { "CX_BF16_GEMM", CX_SET_ENUM, "auto", 0, 0, "auto|cxla|onednn", false, NULL, NULL,
+      "which library runs bf16 matmuls: `auto` oneDNN's matmul at the `amx` level (its AMX tile kernels) and "
+      "cxla's own kernels below; `onednn` oneDNN's wherever the level has bf16 instructions; `cxla` cxla's "
+      "everywhere" },
     { "CX_DESYNC_CHECK", CX_SET_BOOL, "1", 0, 0, NULL, false, NULL, NULL,
       "the check that the ranks run the same collectives, before each graph's first one (about 5 µs per step)" },
     { "CX_COLLECTIVE_TIMEOUT", CX_SET_DOUBLE, "300", 0, BIG, NULL, false, NULL, NULL,

@@ -14,7 +14,10 @@
  *    library cx_sgemm would pick for the whole product (oneDNN from about a
  *    million multiply-adds, else OpenBLAS).
  * Memory and the arena hold bf16 on every route; without AVX512_BF16 the
- * arithmetic is f32's. */
+ * arithmetic is f32's. Where cx_bf16_gemm_on_dnnl() says (AMX), products
+ * go to oneDNN's matmul first (gemm_bf16_dnnl.c), and come back here for
+ * the shapes it has no brgemm kernel for; the plans keep these routes'
+ * scratch, so every executable runs on either. */
 #include "kernels.h"
 #include "pool.h"
 #include "cx_assert.h"
@@ -666,6 +669,10 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, 
         m *= batch;
         batch = 1;
     }
+    if (!acc && cx_bf16_gemm_on_dnnl() &&
+        cx_matmul_bf16_dnnl(c, cf, bias, bias && epi->relu, a, b, batch, m, n, k, trans_a, trans_b, stride_a,
+                            stride_b))
+        return;
     bgemm_job j = { .c = c, .cf = cf, .acc = acc, .a = a, .b = b, .batch = batch, .m = m, .n = n, .k = k, .sa = stride_a, .sb = stride_b,
                     .ta = trans_a, .tb = trans_b, .scratch = scratch, .bias = bias, .relu = bias && epi->relu };
     j.route = route_active();

@@ -17,6 +17,23 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux hands out AMX's 8 KB of tile state only to a process that asks
+ * (arch/x86/include/uapi/asm/prctl.h) */
+#define CX_ARCH_REQ_XCOMP_PERM 0x1023
+#define CX_XFEATURE_XTILEDATA 18
+
+/* AMX-TILE and AMX-BF16 (cpuid 7.0 edx bits 24 and 22), their state in
+ * XCR0 (bits 17, 18), and the kernel's permission to use it. */
+static bool amx_usable(uint64_t xcr0)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return false;
+    if ((xcr0 & (3ull << 17)) != 3ull << 17) return false;
+    return syscall(SYS_arch_prctl, CX_ARCH_REQ_XCOMP_PERM, CX_XFEATURE_XTILEDATA) == 0;
+}
 
 /* XCR0 says whether the OS saves the vector state: cpuid alone does not. */
 static uint64_t xgetbv0(void)
@@ -38,17 +55,17 @@ static cx_isa detect(void)
     if (!zmm || !(b & bit_AVX512F) || !(b & bit_AVX512BW) || !(b & bit_AVX512VL) || !(b & bit_AVX512DQ))
         return CX_ISA_AVX2;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return CX_ISA_AVX512;
-    return CX_ISA_AVX512_BF16;
+    return amx_usable(xcr0) ? CX_ISA_AMX : CX_ISA_AVX512_BF16;
 }
 #else
 static cx_isa detect(void) { return CX_ISA_BASELINE; }
 #endif
 
-static const char *const g_names[] = { "baseline", "avx2", "avx512", "avx512_bf16" };
+static const char *const g_names[] = { "baseline", "avx2", "avx512", "avx512_bf16", "amx" };
 
 const char *cx_isa_name(cx_isa isa)
 {
-    return isa >= CX_ISA_BASELINE && isa <= CX_ISA_AVX512_BF16 ? g_names[isa] : "?";
+    return isa >= CX_ISA_BASELINE && isa <= CX_ISA_AMX ? g_names[isa] : "?";
 }
 
 cx_isa cx_isa_detected(void)
@@ -63,9 +80,9 @@ cx_isa cx_isa_detected(void)
  * top down. */
 static cx_isa forced_level(int e)
 {
-    static const cx_isa levels[] = { CX_ISA_AVX512_BF16, CX_ISA_AVX512_BF16, CX_ISA_AVX512, CX_ISA_AVX2,
+    static const cx_isa levels[] = { CX_ISA_AMX, CX_ISA_AMX, CX_ISA_AVX512_BF16, CX_ISA_AVX512, CX_ISA_AVX2,
                                      CX_ISA_BASELINE };
-    return e >= 0 && e < (int)(sizeof levels / sizeof *levels) ? levels[e] : CX_ISA_AVX512_BF16;
+    return e >= 0 && e < (int)(sizeof levels / sizeof *levels) ? levels[e] : CX_ISA_AMX;
 }
 
 /* Once, before oneDNN's first kernel (dnnl_set_max_cpu_isa works only
@@ -73,9 +90,10 @@ static cx_isa forced_level(int e)
  * and is told. */
 static void cap_dnnl(void)
 {
-    static const dnnl_cpu_isa_t to_dnnl[] = { dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core };
+    static const dnnl_cpu_isa_t to_dnnl[] = { dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
+                                              dnnl_cpu_isa_avx512_core_bf16 };
     cx_isa cap = forced_level(cx_setting_enum("CX_CPU_ISA"));
-    if (cap >= CX_ISA_AVX512_BF16 || cap >= cx_isa_detected()) return;
+    if (cap >= CX_ISA_AMX || cap >= cx_isa_detected()) return;
     if (dnnl_set_max_cpu_isa(to_dnnl[cap]) != dnnl_success)
         cx_logf(CX_LOG_WARNING, "kernels", "CX_CPU_ISA=%s: oneDNN had already started, so its kernels are not capped",
                 cx_isa_name(cap));
@@ -101,5 +119,8 @@ cx_isa cx_isa_active(void)
 
 const char *cx_bf16_path(void)
 {
-    return cx_isa_active() >= CX_ISA_AVX512_BF16 ? "avx512_bf16" : "none (converted to f32)";
+    cx_isa level = cx_isa_active();
+    if (level < CX_ISA_AVX512_BF16) return "none (converted to f32)";
+    if (!cx_bf16_gemm_on_dnnl()) return "avx512_bf16";
+    return level >= CX_ISA_AMX ? "amx" : "avx512_bf16 (oneDNN)";
 }

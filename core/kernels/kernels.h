@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <signal.h>
 
 /* CX_HOT marks the element loops: each is compiled for x86-64-v4 (AVX-512),
  * x86-64-v3 (AVX2, FMA) and the x86-64 baseline, and the loader picks the
@@ -318,6 +319,17 @@ bool cx_sgemm_prefers_dnnl(int64_t m, int64_t n, int64_t k);
 void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a,
                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* Around every oneDNN call: OpenMP held to `threads` (the pool owns the
+ * compute threads; the caller's setting comes back) and the asynchronous
+ * signals held off the calling thread (oneDNN 2.6's gemm kernels point rsp
+ * at a heap workspace, where a handler's frame would land). */
+typedef struct {
+    int omp_threads;
+    sigset_t signals;
+} cx_dnnl_call;
+void cx_dnnl_enter(cx_dnnl_call *call, int threads);
+void cx_dnnl_leave(const cx_dnnl_call *call);
+
 /* Batched matmul: for each b in [0, batch): C_b (M, N) = op(A_b) op(B_b),
  * A_b at a + b*stride_a (stride 0 = broadcast), row-major with leading
  * dims lda/ldb. trans_a means A_b is stored (K, M). */
@@ -332,7 +344,7 @@ bool cx_matmul_f32_on_dnnl(int64_t batch, int64_t m, int64_t n, int64_t k, bool 
 
 /* Instruction sets the kernels choose between at run time (isa.c), in
  * increasing order. */
-typedef enum { CX_ISA_BASELINE, CX_ISA_AVX2, CX_ISA_AVX512, CX_ISA_AVX512_BF16 } cx_isa;
+typedef enum { CX_ISA_BASELINE, CX_ISA_AVX2, CX_ISA_AVX512, CX_ISA_AVX512_BF16, CX_ISA_AMX } cx_isa;
 /* What the CPU and OS support. */
 cx_isa cx_isa_detected(void);
 /* What the kernels use: the detected set capped by CX_CPU_ISA (read once). */
@@ -374,6 +386,21 @@ void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, 
 void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
                         int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                         void *scratch, size_t scratch_bytes);
+
+/* The bf16 matmul on oneDNN's matmul primitive (gemm_bf16_dnnl.c), which
+ * cx_matmul_bf16* take where cx_bf16_gemm_on_dnnl() says (CX_BF16_GEMM:
+ * at the amx level with auto, at AVX512_BF16 and up with onednn), for
+ * every product that does not add into C:
+ *  - cx_matmul_bf16_dnnl: c (bf16, with cx_matmul_bf16_epi's bias and relu
+ *    when bias is not NULL) or cf (f32 sums) = op(A) op(B) for each batch
+ *    entry, operands as cx_matmul_bf16's (batch folded or not, stride 0 a
+ *    broadcast). @return false, with c or cf to be written again, where
+ *    oneDNN has no brgemm kernel for the shape at this level or a call
+ *    failed. Needs no scratch. */
+bool cx_bf16_gemm_on_dnnl(void);
+bool cx_matmul_bf16_dnnl(uint16_t *c, float *cf, const float *bias, bool relu, const uint16_t *a, const uint16_t *b,
+                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a,
+                         int64_t stride_b);
 
 /* The bf16 matmul's route without AVX512_BF16 (gemm_fma.c): bf16 blocks
  * widened to f32 as they are packed, summed by an f32 micro-kernel of

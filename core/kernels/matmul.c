@@ -42,28 +42,40 @@ static void async_signals(sigset_t *set)
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(set, faults[i]);
 }
 
-/* oneDNN's sgemm on the calling thread only. @return false when oneDNN
- * refused the call (its packing buffer could not be allocated), C untouched. */
-static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+void cx_dnnl_enter(cx_dnnl_call *call, int threads)
 {
     /* Debian's oneDNN threads through OpenMP; the pool owns the compute
-     * threads, so each call is one OpenMP thread, and the caller's own
-     * setting (an application may use OpenMP itself) is put back */
-    int prev = omp_get_max_threads();
-    omp_set_num_threads(1);
+     * threads, so a call runs on the threads its caller names, and the
+     * caller's own setting (an application may use OpenMP itself) is put
+     * back */
+    call->omp_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
     /* oneDNN 2.6's f32 gemm kernels point rsp at a heap workspace (fixed
      * upstream in 2026): a signal handled meanwhile writes its frame into
      * the heap. A preempted trainer's SIGTERM did, and glibc aborted
      * ("corrupted size vs. prev_size"). Held here, a signal goes to another
      * thread or waits the call out, about a microsecond against the
      * product's 20 us and more (DNNL_MIN_MNK). */
-    sigset_t held, was;
+    sigset_t held;
     async_signals(&held);
-    pthread_sigmask(SIG_BLOCK, &held, &was);
+    pthread_sigmask(SIG_BLOCK, &held, &call->signals);
+}
+
+void cx_dnnl_leave(const cx_dnnl_call *call)
+{
+    pthread_sigmask(SIG_SETMASK, &call->signals, NULL);
+    omp_set_num_threads(call->omp_threads);
+}
+
+/* oneDNN's sgemm on the calling thread only. @return false when oneDNN
+ * refused the call (its packing buffer could not be allocated), C untouched. */
+static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cx_dnnl_call call;
+    cx_dnnl_enter(&call, 1);
     dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-    pthread_sigmask(SIG_SETMASK, &was, NULL);
-    omp_set_num_threads(prev);
+    cx_dnnl_leave(&call);
     return st == dnnl_success;
 }
 

@@ -49,7 +49,9 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
     case K_MATMUL: {
         const cx_kin *a = &k->in[0], *w = &k->in[1];
         if (a->dtype == CX_BF16) {
-            const char *route = cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
+            const char *route = cx_bf16_gemm_on_dnnl()
+                                    ? (cx_isa_active() >= CX_ISA_AMX ? "oneDNN matmul (AMX)" : "oneDNN matmul")
+                                : cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
                                 : cx_fma_route_available()                 ? "blocks widened as packed, f32 micro-kernel"
                                                                            : "blocks widened into sgemm";
             cx_sb_printf(b, "bf16 GEMM, %s%s", route, cx_kernel_is_matmul_f32_sums(k) ? ", f32 sums out (its cast folded)" : "");

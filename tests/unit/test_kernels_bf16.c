@@ -47,7 +47,7 @@ static void expect_requested_isa(void)
     const char *want = getenv("CX_CPU_ISA");
     if (!want || !strcmp(want, "auto")) return;
     cx_isa have = cx_isa_detected();
-    for (int l = CX_ISA_BASELINE; l <= CX_ISA_AVX512_BF16; l++) {
+    for (int l = CX_ISA_BASELINE; l <= CX_ISA_AMX; l++) {
         if (strcmp(want, cx_isa_name((cx_isa)l))) continue;
         if (l > (int)have)
             cr_skip_test("CX_CPU_ISA=%s: this CPU has only %s, so that path cannot run here", want,
@@ -66,7 +66,7 @@ Test(isa, a_cap_below_the_cpu_holds_onednn_too)
 {
     expect_requested_isa();
     static const dnnl_cpu_isa_t as_dnnl[] = { dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
-                                              dnnl_cpu_isa_avx512_core };
+                                              dnnl_cpu_isa_avx512_core_bf16, dnnl_cpu_isa_avx512_core_amx };
     const cx_isa active = cx_isa_active();
     const unsigned level = (unsigned)as_dnnl[active], got = (unsigned)dnnl_get_effective_cpu_isa();
     if (active < cx_isa_detected())
@@ -317,12 +317,94 @@ Test(bf16_gemm, folded_bias_matches_the_plain_product)
 }
 
 /* cxla-bench's machine line names the path through cx_bf16_path: it must
- * be the one the kernel takes at this level. */
+ * be the one the kernel takes at this level, and with CX_BF16_GEMM. */
 Test(bf16_gemm, path_name_matches_level)
 {
-    const char *p = cx_bf16_path();
-    if (cx_isa_active() >= CX_ISA_AVX512_BF16) cr_assert_str_eq(p, "avx512_bf16");
+    const char *p = cx_bf16_path(), *lib = getenv("CX_BF16_GEMM");
+    const cx_isa level = cx_isa_active();
+    const bool onednn = level >= CX_ISA_AVX512_BF16 && lib && !strcmp(lib, "onednn");
+    const bool amx = level >= CX_ISA_AMX && !(lib && !strcmp(lib, "cxla"));
+    cr_assert_eq(cx_bf16_gemm_on_dnnl(), onednn || amx, "CX_BF16_GEMM=%s at %s", lib ? lib : "(unset)",
+                 cx_isa_name(level));
+    if (amx) cr_assert_str_eq(p, "amx");
+    else if (onednn) cr_assert_str_eq(p, "avx512_bf16 (oneDNN)");
+    else if (level >= CX_ISA_AVX512_BF16) cr_assert_str_eq(p, "avx512_bf16");
     else cr_assert_str_eq(p, "none (converted to f32)");
+}
+
+/* The oneDNN route gives cxla's route's bits where the sums are exact
+ * (operands of a few bits: every order of the f32 adds gives the same
+ * sum), so a wrong layout, stride, block or batch offset shows. Each cut:
+ * row blocks of 512 with a ragged last one, and two halves of a shorter
+ * product; K blocks of a transposed A (257 and a ragged 256); batch
+ * entries with broadcasts; one call (both transposed, or tiny); each with
+ * bf16 out, the linear epilogue, and f32 sums out. It runs wherever the
+ * level has bf16 instructions (oneDNN's brgemm kernels there, AMX's at the
+ * amx level); below, the route declines. */
+Test(bf16_gemm, onednn_route_gives_cxla_bits_on_exact_sums)
+{
+    expect_requested_isa();
+    static const mm_case cases[] = {
+        { 1, 1030, 100, 60, false, false, false, false },
+        { 1, 1100, 70, 33, false, true, false, false },
+        { 1, 64, 50, 300, false, true, false, false },
+        { 1, 300, 90, 513, true, false, false, false },
+        { 1, 29, 40, 77, true, true, false, false },
+        { 3, 17, 19, 9, false, false, false, false },
+        { 4, 12, 32, 6, false, true, false, true },
+        { 2, 25, 9, 15, true, false, true, false },
+        { 1, 1, 1, 1, false, false, false, false },
+    };
+    const bool hw = cx_isa_active() >= CX_ISA_AVX512_BF16;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const mm_case *c = &cases[ci];
+        size_t na = (size_t)((c->bcast_a ? 1 : c->batch) * c->m * c->k);
+        size_t nb = (size_t)((c->bcast_b ? 1 : c->batch) * c->k * c->n), nc = (size_t)(c->batch * c->m * c->n);
+        uint16_t *a = malloc(na * 2), *b = malloc(nb * 2), *want = malloc(nc * 2), *got = malloc((nc + 2 * GUARD) * 2);
+        float *bias = malloc(sizeof *bias * (size_t)c->n), *want_f = malloc(nc * 4), *got_f = malloc(nc * 4);
+        cr_assert(a && b && want && got && bias && want_f && got_f);
+        /* multiples of 1/8 and 1/16 up to 1: each product a multiple of 2^-7, sums far below 2^17 */
+        for (size_t i = 0; i < na; i++) a[i] = cx_f32_to_bf16((float)((int)(rng_uniform() * 17) - 8) / 8);
+        for (size_t i = 0; i < nb; i++) b[i] = cx_f32_to_bf16((float)((int)(rng_uniform() * 33) - 16) / 16);
+        for (int64_t j = 0; j < c->n; j++) bias[j] = (float)rng_uniform() * 4.0f - 2.0f + 0x1p-9f;
+        const int64_t sa = c->bcast_a ? 0 : c->m * c->k, sb = c->bcast_b ? 0 : c->k * c->n;
+        for (int form = 0; form < 3; form++) {   /* bf16 out, with the epilogue, f32 sums out */
+            const float *bi = form == 1 ? bias : NULL;
+            size_t bytes = cx_matmul_bf16_route_scratch_bytes(c->batch, c->m, c->n, c->k, hw);
+            void *scratch = malloc(bytes ? bytes : 1);
+            cr_assert(scratch);
+            const cx_bf16_epi e = { .bias = bi, .relu = form == 1 };
+            for (size_t i = 0; i < nc + 2 * GUARD; i++) got[i] = GUARD_BITS;
+            bool took;
+            if (form < 2) {
+                cx_matmul_bf16_epi(want, &e, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, sa, sb, scratch, bytes);
+                took = cx_matmul_bf16_dnnl(got + GUARD, NULL, bi, form == 1, a, b, c->batch, c->m, c->n, c->k, c->ta,
+                                           c->tb, sa, sb);
+            } else {
+                cx_matmul_bf16_f32(want_f, false, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, sa, sb, scratch,
+                                   bytes);
+                took = cx_matmul_bf16_dnnl(NULL, got_f, NULL, false, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb,
+                                           sa, sb);
+            }
+            free(scratch);
+            cr_assert_eq(took, hw, "%s: case %zu: the oneDNN route %s", cx_isa_name(cx_isa_active()), ci,
+                         took ? "ran below bf16 instructions" : "declined");
+            if (!took) continue;
+            for (int g = 0; g < GUARD && form < 2; g++) {
+                cr_assert_eq(got[g], GUARD_BITS, "case %zu: write before c", ci);
+                cr_assert_eq(got[GUARD + nc + (size_t)g], GUARD_BITS, "case %zu: write after c", ci);
+            }
+            for (size_t i = 0; i < nc; i++) {
+                if (form == 2)
+                    cr_assert_eq(got_f[i], want_f[i], "case %zu f32 sums: c[%zu] = %g, cxla's %g", ci, i, got_f[i],
+                                 want_f[i]);
+                else
+                    cr_assert_eq(got[GUARD + i], want[i], "case %zu form %d: c[%zu] = %#06x, cxla's %#06x", ci, form,
+                                 i, got[GUARD + i], want[i]);
+            }
+        }
+        free(a); free(b); free(want); free(got); free(bias); free(want_f); free(got_f);
+    }
 }
 
 /* ---- attention ---------------------------------------------------------------------- */
