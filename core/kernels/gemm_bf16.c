@@ -647,7 +647,7 @@ static void bgemm_each(void *ctx, int64_t tid, int64_t nthreads)
 
 static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b,
                       int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a,
-                      int64_t stride_b, void *scratch, size_t scratch_bytes)
+                      int64_t stride_b, void *scratch, size_t scratch_bytes, bool may_dnnl)
 {
     if (batch <= 0 || m <= 0 || n <= 0) return;
     const float *bias = c && epi ? epi->bias : NULL;
@@ -669,7 +669,7 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, 
         m *= batch;
         batch = 1;
     }
-    if (!acc && cx_bf16_gemm_on_dnnl() &&
+    if (may_dnnl && !acc && cx_bf16_gemm_on_dnnl() &&
         cx_matmul_bf16_dnnl(c, cf, bias, bias && epi->relu, a, b, batch, m, n, k, trans_a, trans_b, stride_a,
                             stride_b))
         return;
@@ -709,14 +709,16 @@ void cx_matmul_bf16(uint16_t *c, const uint16_t *a, const uint16_t *b,
                     bool trans_a, bool trans_b,
                     int64_t stride_a, int64_t stride_b, void *scratch, size_t scratch_bytes)
 {
-    bgemm_run(c, NULL, false, NULL, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes);
+    bgemm_run(c, NULL, false, NULL, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes,
+              true);
 }
 
 void cx_matmul_bf16_epi(uint16_t *c, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b, int64_t batch,
                         int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                         void *scratch, size_t scratch_bytes)
 {
-    bgemm_run(c, NULL, false, epi, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes);
+    bgemm_run(c, NULL, false, epi, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch, scratch_bytes,
+              true);
 }
 
 void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint16_t *b, int64_t batch, int64_t m,
@@ -724,7 +726,15 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
                         void *scratch, size_t scratch_bytes)
 {
     bgemm_run(NULL, c, accumulate, NULL, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b, scratch,
-              scratch_bytes);
+              scratch_bytes, true);
+}
+
+void cx_matmul_bf16_cxla(uint16_t *c, float *cf, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b,
+                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a,
+                         int64_t stride_b, void *scratch, size_t scratch_bytes)
+{
+    bgemm_run(cf ? NULL : c, cf, false, cf ? NULL : epi, a, b, batch, m, n, k, trans_a, trans_b, stride_a, stride_b,
+              scratch, scratch_bytes, false);
 }
 
 /* ---- products on panels, for kernels that make their own operands -------------------------

@@ -49,6 +49,7 @@ typedef struct {
     dnnl_primitive_t prim;   /* NULL: oneDNN has no brgemm kernel for it */
     dnnl_memory_desc_t scratch_md;
     size_t scratch_bytes;
+    bool settled;            /* a primitive, or a certain none: worth keeping */
 } prim_slot;
 
 static struct {
@@ -116,7 +117,8 @@ bool cx_bf16_gemm_on_dnnl(void)
     /* CX_BF16_GEMM's values in the table's order: auto, cxla, onednn */
     int want = cx_setting_enum("CX_BF16_GEMM");
     cx_isa level = cx_isa_active();
-    v = want == 2 ? level >= CX_ISA_AVX512_BF16 : want == 0 && level >= CX_ISA_AMX;
+    const bool amx = want != 1 && level >= CX_ISA_AMX && cx_amx_permitted();
+    v = want == 2 ? level >= CX_ISA_AVX512_BF16 : want == 0 && amx;
     if (want == 2 && !v)
         cx_logf(CX_LOG_WARNING, "kernels",
                 "CX_BF16_GEMM=onednn: this level (%s) has no bf16 instructions, so cxla's widening route runs",
@@ -156,14 +158,19 @@ static prim_slot create_prim(const prim_key *key)
     cx_dnnl_enter(&call, 1);
     bool ok = dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c) == dnnl_success &&
               dnnl_primitive_attr_create(&attr) == dnnl_success &&
-              dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
-              dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) == dnnl_success;
+              dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+    dnnl_status_t made = ok ? dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) : dnnl_runtime_error;
     const char *impl = NULL;
-    if (ok) ok = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl;
+    ok = made == dnnl_success && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+         impl;
+    /* no kernel for the shape at this level is an answer to keep; a
+     * failure (memory) is not */
+    slot.settled = made == dnnl_unimplemented || (ok && strncmp(impl, "brg", 3) != 0);
     const dnnl_memory_desc_t *scratch = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
     if (ok && scratch && strncmp(impl, "brg", 3) == 0 && dnnl_primitive_create(&slot.prim, pd) == dnnl_success) {
         slot.scratch_md = *scratch;
         slot.scratch_bytes = dnnl_memory_desc_get_size(scratch);
+        slot.settled = true;
     }
     cx_dnnl_leave(&call);
     if (pd) dnnl_primitive_desc_destroy(pd);
@@ -201,7 +208,7 @@ static prim_slot prim_for(const prim_key *key, bool *owned)
             if (made.prim) dnnl_primitive_destroy(made.prim);
             return kept;
         }
-    if (g_prims.used < CACHE_SLOTS) g_prims.slot[g_prims.used++] = made;
+    if (made.settled && g_prims.used < CACHE_SLOTS) g_prims.slot[g_prims.used++] = made;
     else *owned = made.prim != NULL;
     pthread_mutex_unlock(&g_prims.lock);
     return made;
@@ -340,7 +347,7 @@ static void choose_cut(dnnl_job *j)
         /* blocks of PART_ROWS, or two halves of a shorter product (the
          * cnn's linear layers, 64 rows) */
         j->cut = CUT_ROWS;
-        j->step = j->m > 2 * PART_ROWS ? PART_ROWS : (j->m / 2 + MIN_ROWS - 1) / MIN_ROWS * MIN_ROWS;
+        j->step = j->m > 2 * PART_ROWS ? PART_ROWS : (j->m + 1) / 2;
         j->parts = (j->m + j->step - 1) / j->step;
     } else if (j->ta && !j->tb && j->k >= 2 * PART_K) {
         /* 2 to 4 blocks: more would add more sums to write and read

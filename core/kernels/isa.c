@@ -17,23 +17,10 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
+#include <errno.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-/* Linux hands out AMX's 8 KB of tile state only to a process that asks
- * (arch/x86/include/uapi/asm/prctl.h) */
-#define CX_ARCH_REQ_XCOMP_PERM 0x1023
-#define CX_XFEATURE_XTILEDATA 18
-
-/* AMX-TILE and AMX-BF16 (cpuid 7.0 edx bits 24 and 22), their state in
- * XCR0 (bits 17, 18), and the kernel's permission to use it. */
-static bool amx_usable(uint64_t xcr0)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return false;
-    if ((xcr0 & (3ull << 17)) != 3ull << 17) return false;
-    return syscall(SYS_arch_prctl, CX_ARCH_REQ_XCOMP_PERM, CX_XFEATURE_XTILEDATA) == 0;
-}
 
 /* XCR0 says whether the OS saves the vector state: cpuid alone does not. */
 static uint64_t xgetbv0(void)
@@ -41,6 +28,37 @@ static uint64_t xgetbv0(void)
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (uint64_t)hi << 32 | lo;
+}
+
+/* AMX-TILE and AMX-BF16 (cpuid 7.0 edx bits 24 and 22) with their state
+ * in XCR0 (bits 17, 18). Using them also takes the kernel's permission
+ * (cx_amx_permitted), asked only when they are about to be used. */
+static bool amx_present(uint64_t xcr0)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return false;
+    return (xcr0 & (3ull << 17)) == 3ull << 17;
+}
+
+/* Linux hands out AMX's 8 KB of tile state only to a process that asks
+ * (arch/x86/include/uapi/asm/prctl.h). Asking changes the process: the
+ * kernel then refuses signal stacks too small for the state
+ * (sigaltstack), so a process that never runs an AMX kernel is not made
+ * to ask. */
+#define CX_ARCH_REQ_XCOMP_PERM 0x1023
+#define CX_XFEATURE_XTILEDATA 18
+
+bool cx_amx_permitted(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_acquire);
+    if (v >= 0) return v;
+    v = syscall(SYS_arch_prctl, CX_ARCH_REQ_XCOMP_PERM, CX_XFEATURE_XTILEDATA) == 0;
+    if (!v)
+        cx_logf(CX_LOG_WARNING, "kernels", "the kernel refused AMX's tile state (arch_prctl: %s): bf16 matmuls "
+                "stay on avx512_bf16", strerror(errno));
+    atomic_store_explicit(&cached, v, memory_order_release);
+    return v;
 }
 
 static cx_isa detect(void)
@@ -55,10 +73,11 @@ static cx_isa detect(void)
     if (!zmm || !(b & bit_AVX512F) || !(b & bit_AVX512BW) || !(b & bit_AVX512VL) || !(b & bit_AVX512DQ))
         return CX_ISA_AVX2;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return CX_ISA_AVX512;
-    return amx_usable(xcr0) ? CX_ISA_AMX : CX_ISA_AVX512_BF16;
+    return amx_present(xcr0) ? CX_ISA_AMX : CX_ISA_AVX512_BF16;
 }
 #else
 static cx_isa detect(void) { return CX_ISA_BASELINE; }
+bool cx_amx_permitted(void) { return false; }
 #endif
 
 static const char *const g_names[] = { "baseline", "avx2", "avx512", "avx512_bf16", "amx" };
@@ -122,5 +141,5 @@ const char *cx_bf16_path(void)
     cx_isa level = cx_isa_active();
     if (level < CX_ISA_AVX512_BF16) return "none (converted to f32)";
     if (!cx_bf16_gemm_on_dnnl()) return "avx512_bf16";
-    return level >= CX_ISA_AMX ? "amx" : "avx512_bf16 (oneDNN)";
+    return level >= CX_ISA_AMX && cx_amx_permitted() ? "amx" : "avx512_bf16 (oneDNN)";
 }

@@ -347,6 +347,11 @@ bool cx_matmul_f32_on_dnnl(int64_t batch, int64_t m, int64_t n, int64_t k, bool 
 typedef enum { CX_ISA_BASELINE, CX_ISA_AVX2, CX_ISA_AVX512, CX_ISA_AVX512_BF16, CX_ISA_AMX } cx_isa;
 /* What the CPU and OS support. */
 cx_isa cx_isa_detected(void);
+/* Whether the kernel lets this process use AMX's tile state: asked once,
+ * on first call (only where AMX kernels are about to run: asking makes the
+ * kernel refuse small signal stacks from then on); a refusal is one
+ * warning. */
+bool cx_amx_permitted(void);
 /* What the kernels use: the detected set capped by CX_CPU_ISA (read once). */
 cx_isa cx_isa_active(void);
 const char *cx_isa_name(cx_isa isa);
@@ -396,8 +401,19 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
  *    entry, operands as cx_matmul_bf16's (batch folded or not, stride 0 a
  *    broadcast). @return false, with c or cf to be written again, where
  *    oneDNN has no brgemm kernel for the shape at this level or a call
- *    failed. Needs no scratch. */
+ *    failed. Takes no scratch from the plan: oneDNN's scratchpads and a
+ *    weight gradient's K blocks' sums are buffers of the calling threads,
+ *    kept until they end. Where a product overflows f32 both ways its
+ *    blocks' sums give NaN, where cxla's one running sum gives +-inf (as
+ *    PyTorch's oneDNN matmul does); a sum that underflows may be +0 where
+ *    cxla's is -0, and a NaN's sign and payload may differ. */
 bool cx_bf16_gemm_on_dnnl(void);
+/* cxla's own routes whatever CX_BF16_GEMM says (tests hold the oneDNN
+ * route to them): cx_matmul_bf16_epi into c, or cx_matmul_bf16_f32's
+ * stored sums into cf when cf is not NULL (epi then unread). */
+void cx_matmul_bf16_cxla(uint16_t *c, float *cf, const cx_bf16_epi *epi, const uint16_t *a, const uint16_t *b,
+                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a,
+                         int64_t stride_b, void *scratch, size_t scratch_bytes);
 bool cx_matmul_bf16_dnnl(uint16_t *c, float *cf, const float *bias, bool relu, const uint16_t *a, const uint16_t *b,
                          int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t stride_a,
                          int64_t stride_b);

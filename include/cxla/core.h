@@ -160,8 +160,11 @@ CX_API uint16_t cx_f32_to_bf16(float f);
 CX_API void cx_bf16_to_f32_row(float *dst, const uint16_t *src, int64_t n);
 CX_API void cx_f32_to_bf16_row(uint16_t *dst, const float *src, int64_t n);
 /* Which instructions multiply bf16 matmuls on this machine, as chosen at
- * run time and capped by CX_CPU_ISA: "avx512_bf16" (vdpbf16ps), or
- * "none (converted to f32)" (tiles widened for the f32 kernels).
+ * run time, capped by CX_CPU_ISA and routed by CX_BF16_GEMM: "amx"
+ * (oneDNN's AMX kernels), "avx512_bf16" (cxla's vdpbf16ps tiles),
+ * "avx512_bf16 (oneDNN)" (oneDNN's vdpbf16ps kernels), or "none (converted
+ * to f32)" (tiles widened for the f32 kernels). On an AMX CPU the first
+ * call may ask the kernel for AMX's tile state (arch_prctl), once.
  * @return a static string, never NULL. */
 CX_API const char *cx_bf16_path(void);
 
