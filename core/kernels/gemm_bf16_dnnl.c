@@ -66,7 +66,7 @@ static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
  * every call of a primitive the same scratchpad otherwise, and calls of
  * one primitive on two threads at once wrote over each other's packed
  * blocks. Freed when their thread ends. */
-enum { SCRATCH_PAD, SCRATCH_SUMS, SCRATCH_KINDS };
+enum { SCRATCH_PAD, SCRATCH_SUMS, SCRATCH_A, SCRATCH_KINDS };
 static pthread_key_t g_scratch_key;
 
 typedef struct {
@@ -221,7 +221,8 @@ typedef enum {
     CUT_ROWS,      /* A untransposed: row blocks of A and C */
     CUT_K,         /* A transposed, B not (a weight gradient): K blocks, each summed into its own f32 C,
                     * then the blocks' sums added in order and rounded once */
-    CUT_NONE,      /* one call (a short product, or A and B both transposed) */
+    CUT_NONE,      /* one call (fewer than 32 rows; a transposed A that cannot take CUT_K is copied
+                    * untransposed first, and cut by rows) */
 } cut_kind;
 
 typedef struct {
@@ -338,6 +339,18 @@ static void add_sums(void *ctx, int64_t lo, int64_t hi)
                   j->parts, j->m * j->n, j->bias, j->relu, hi - lo, j->n);
 }
 
+/* dst (cols, rows) = src (rows, cols) transposed, in 32 x 32 blocks */
+static void transpose_bf16(uint16_t *dst, const uint16_t *src, int64_t rows, int64_t cols)
+{
+    enum { BLK = 32 };
+    for (int64_t r0 = 0; r0 < rows; r0 += BLK)
+        for (int64_t c0 = 0; c0 < cols; c0 += BLK) {
+            const int64_t r1 = r0 + BLK < rows ? r0 + BLK : rows, c1 = c0 + BLK < cols ? c0 + BLK : cols;
+            for (int64_t c = c0; c < c1; c++)
+                for (int64_t r = r0; r < r1; r++) dst[c * rows + r] = src[r * cols + c];
+        }
+}
+
 /* The cut of a product and its step (see cut_kind) */
 static void choose_cut(dnnl_job *j)
 {
@@ -373,8 +386,19 @@ bool cx_matmul_bf16_dnnl(uint16_t *c, float *cf, const float *bias, bool relu, c
                    .n = n, .k = k, .sa = stride_a, .sb = stride_b, .ta = trans_a, .tb = trans_b,
                    .bias = c ? bias : NULL, .relu = c && bias && relu };
     choose_cut(&j);
+    if (j.cut == CUT_NONE && trans_a && m >= 2 * MIN_ROWS) {
+        /* a transposed A too short in K for its own cut (the cnn's linear
+         * weight gradients, K = the batch), or with B transposed too: A
+         * copied untransposed, K x M values, and cut by rows */
+        uint16_t *t = scratch_of_thread(SCRATCH_A, sizeof *t * (size_t)(m * k));
+        if (!t) return false;
+        transpose_bf16(t, a, k, m);
+        j.a = t;
+        j.ta = false;
+        choose_cut(&j);
+    }
     const bool sums_out = cf != NULL || j.cut == CUT_K;
-    prim_key key = { j.cut == CUT_ROWS ? j.step : m, n, j.cut == CUT_K ? j.step : k, trans_a, trans_b, sums_out };
+    prim_key key = { j.cut == CUT_ROWS ? j.step : m, n, j.cut == CUT_K ? j.step : k, j.ta, trans_b, sums_out };
     bool own_whole, own_ragged = false;
     j.whole = prim_for(&key, &own_whole);
     const int64_t last = j.cut == CUT_ROWS ? m - (j.parts - 1) * j.step : j.cut == CUT_K ? k - (j.parts - 1) * j.step : 0;

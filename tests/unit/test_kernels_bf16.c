@@ -336,8 +336,9 @@ Test(bf16_gemm, path_name_matches_level)
  * (operands of a few bits: every order of the f32 adds gives the same
  * sum), so a wrong layout, stride, block or batch offset shows. Each cut:
  * row blocks of 512 with a ragged last one, and two halves of a shorter
- * product; K blocks of a transposed A (257 and a ragged 256); batch
- * entries with broadcasts; one call (both transposed, or tiny); each with
+ * product; K blocks of a transposed A (257 and a ragged 256); a
+ * transposed A copied untransposed (K too short, or B transposed too);
+ * batch entries with broadcasts; one call (29 rows, or tiny); each with
  * bf16 out, the linear epilogue, and f32 sums out. It runs wherever the
  * level has bf16 instructions (oneDNN's brgemm kernels there, AMX's at the
  * amx level); below, the route declines. */
@@ -350,6 +351,8 @@ Test(bf16_gemm, onednn_route_gives_cxla_bits_on_exact_sums)
         { 1, 1100, 70, 33, false, true, false, false },
         { 1, 64, 50, 300, false, true, false, false },
         { 1, 300, 90, 513, true, false, false, false },
+        { 1, 128, 300, 64, true, false, false, false },
+        { 1, 70, 50, 600, true, true, false, false },
         { 1, 29, 40, 77, true, true, false, false },
         { 3, 17, 19, 9, false, false, false, false },
         { 4, 12, 32, 6, false, true, false, true },
