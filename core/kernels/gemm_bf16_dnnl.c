@@ -20,6 +20,7 @@
  * again: so products that add into C (the conv GEMM route's weight
  * gradient over chunks of images) do not come here. */
 #include "kernels.h"
+#include <cxla/core.h>
 #include "pool.h"
 #include "bf16_simd.h"
 #include "cx_bf16.h"
@@ -125,6 +126,16 @@ bool cx_bf16_gemm_on_dnnl(void)
                 cx_isa_name(level));
     atomic_store_explicit(&cached, v, memory_order_relaxed);
     return v;
+}
+
+/* the public name of the path bf16 matmuls take, which the route decides
+ * (include/cxla/core.h) */
+const char *cx_bf16_path(void)
+{
+    cx_isa level = cx_isa_active();
+    if (level < CX_ISA_AVX512_BF16) return "none (converted to f32)";
+    if (!cx_bf16_gemm_on_dnnl()) return "avx512_bf16";
+    return level >= CX_ISA_AMX && cx_amx_permitted() ? "amx" : "avx512_bf16 (oneDNN)";
 }
 
 static void plain_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool transposed, dnnl_data_type_t type)

@@ -10,7 +10,6 @@
 #include "cx_log.h"
 #include "cx_settings.h"
 
-#include <cxla/core.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -136,10 +135,3 @@ cx_isa cx_isa_active(void)
     return (cx_isa)v;
 }
 
-const char *cx_bf16_path(void)
-{
-    cx_isa level = cx_isa_active();
-    if (level < CX_ISA_AVX512_BF16) return "none (converted to f32)";
-    if (!cx_bf16_gemm_on_dnnl()) return "avx512_bf16";
-    return level >= CX_ISA_AMX && cx_amx_permitted() ? "amx" : "avx512_bf16 (oneDNN)";
-}
