@@ -166,7 +166,7 @@ static prim_slot create_prim(const prim_key *key)
     dnnl_primitive_attr_t attr = NULL;
     dnnl_primitive_desc_t pd = NULL;
     cx_dnnl_call call;
-    cx_dnnl_enter(&call, 1);
+    cx_dnnl_enter(&call);
     bool ok = dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c) == dnnl_success &&
               dnnl_primitive_attr_create(&attr) == dnnl_success &&
               dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
@@ -332,7 +332,7 @@ static void run_parts(void *ctx, int64_t lo, int64_t hi)
 {
     dnnl_job *j = ctx;
     cx_dnnl_call call;
-    cx_dnnl_enter(&call, 1);
+    cx_dnnl_enter(&call);
     dnnl_stream_t stream = NULL;
     bool ok = dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags) == dnnl_success;
     for (int64_t t = lo; ok && t < hi; t++) ok = exec_part(j, stream, t);

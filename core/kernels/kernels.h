@@ -319,15 +319,15 @@ bool cx_sgemm_prefers_dnnl(int64_t m, int64_t n, int64_t k);
 void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a,
                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
-/* Around every oneDNN call: OpenMP held to `threads` (the pool owns the
- * compute threads; the caller's setting comes back) and the asynchronous
- * signals held off the calling thread (oneDNN 2.6's gemm kernels point rsp
+/* Around every oneDNN call: OpenMP held to the calling thread (the pool
+ * owns the compute threads; the caller's setting comes back) and the
+ * asynchronous signals held off it (oneDNN 2.6's gemm kernels point rsp
  * at a heap workspace, where a handler's frame would land). */
 typedef struct {
     int omp_threads;
     sigset_t signals;
 } cx_dnnl_call;
-void cx_dnnl_enter(cx_dnnl_call *call, int threads);
+void cx_dnnl_enter(cx_dnnl_call *call);
 void cx_dnnl_leave(const cx_dnnl_call *call);
 
 /* Batched matmul: for each b in [0, batch): C_b (M, N) = op(A_b) op(B_b),

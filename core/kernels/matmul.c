@@ -42,14 +42,13 @@ static void async_signals(sigset_t *set)
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(set, faults[i]);
 }
 
-void cx_dnnl_enter(cx_dnnl_call *call, int threads)
+void cx_dnnl_enter(cx_dnnl_call *call)
 {
     /* Debian's oneDNN threads through OpenMP; the pool owns the compute
-     * threads, so a call runs on the threads its caller names, and the
-     * caller's own setting (an application may use OpenMP itself) is put
-     * back */
+     * threads, so each call is one OpenMP thread, and the caller's own
+     * setting (an application may use OpenMP itself) is put back */
     call->omp_threads = omp_get_max_threads();
-    omp_set_num_threads(threads);
+    omp_set_num_threads(1);
     /* oneDNN 2.6's f32 gemm kernels point rsp at a heap workspace (fixed
      * upstream in 2026): a signal handled meanwhile writes its frame into
      * the heap. A preempted trainer's SIGTERM did, and glibc aborted
@@ -73,7 +72,7 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     cx_dnnl_call call;
-    cx_dnnl_enter(&call, 1);
+    cx_dnnl_enter(&call);
     dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
     cx_dnnl_leave(&call);
     return st == dnnl_success;
