@@ -135,7 +135,12 @@ const char *cx_bf16_path(void)
     cx_isa level = cx_isa_active();
     if (level < CX_ISA_AVX512_BF16) return "none (converted to f32)";
     if (!cx_bf16_gemm_on_dnnl()) return "avx512_bf16";
-    return level >= CX_ISA_AMX && cx_amx_permitted() ? "amx" : "avx512_bf16 (oneDNN)";
+    return cx_bf16_gemm_on_amx() ? "amx" : "avx512_bf16 (oneDNN)";
+}
+
+bool cx_bf16_gemm_on_amx(void)
+{
+    return cx_bf16_gemm_on_dnnl() && cx_isa_active() >= CX_ISA_AMX && cx_amx_permitted();
 }
 
 static void plain_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool transposed, dnnl_data_type_t type)

@@ -167,6 +167,11 @@ void cx_max_pool2d_bwd(float *dx, const float *x, const float *dy, const float *
 /* Average pool, count_include_pad = true (divisor kh*kw always). */
 void cx_avg_pool2d_fwd(float *y, const float *x, const cx_pool_geom *g);
 void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
+/* n values of a row (bf16_rows.c): widened to f32, or rounded to bf16 as
+ * cx_f32_to_bf16 does (to nearest even, NaN kept quiet, denormals kept). */
+void cx_bf16_widen_row(float *dst, const uint16_t *src, int64_t n);
+void cx_bf16_round_row(uint16_t *dst, const float *src, int64_t n);
+
 /* bf16 pools: which one cx_pool2d_bf16 runs. */
 enum { CX_POOL_BF16_MAX, CX_POOL_BF16_AVG, CX_POOL_BF16_MAX_BWD, CX_POOL_BF16_AVG_BWD };
 /* The f32 kernel `kind` over g's planes on the calling thread only (for
@@ -408,6 +413,8 @@ void cx_matmul_bf16_f32(float *c, bool accumulate, const uint16_t *a, const uint
  *    PyTorch's oneDNN matmul does); a sum that underflows may be +0 where
  *    cxla's is -0, and a NaN's sign and payload may differ. */
 bool cx_bf16_gemm_on_dnnl(void);
+/* Whether that route runs on AMX tiles (the amx level, permitted). */
+bool cx_bf16_gemm_on_amx(void);
 /* cxla's own routes whatever CX_BF16_GEMM says (tests hold the oneDNN
  * route to them): cx_matmul_bf16_epi into c, or cx_matmul_bf16_f32's
  * stored sums into cf when cf is not NULL (epi then unread). */

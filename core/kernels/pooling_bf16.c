@@ -45,16 +45,6 @@ typedef struct {
     int64_t run;        /* planes a run */
 } bf16_job;
 
-CX_HOT static void widen(float *dst, const uint16_t *src, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) dst[i] = cx_bf16_to_f32_inline(src[i]);
-}
-
-CX_HOT static void narrow(uint16_t *dst, const float *src, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) dst[i] = cx_f32_to_bf16_inline(src[i]);
-}
-
 /* 2x2 windows at stride 2 without padding, on the bf16 bits in place: a
  * pair of columns (2q, 2q + 1) of a row is one 32-bit word with the even
  * column in its low half, so each half widens with a shift or a mask, with
@@ -171,11 +161,11 @@ static void plane(const bf16_job *j, float *lane, int64_t t)
     one.n = one.c = 1;
     /* forward: x's plane to y's; backward: x's (max) and dy's to dx's */
     const bool bwd = j->kind == CX_POOL_BF16_MAX_BWD || j->kind == CX_POOL_BF16_AVG_BWD;
-    if (j->kind != CX_POOL_BF16_AVG_BWD) widen(xf, j->x + t * in, in);
-    if (bwd) widen(dyf, j->dy + t * out, out);
+    if (j->kind != CX_POOL_BF16_AVG_BWD) cx_bf16_widen_row(xf, j->x + t * in, in);
+    if (bwd) cx_bf16_widen_row(dyf, j->dy + t * out, out);
     cx_pool2d_plane_f32(j->kind, res, j->kind == CX_POOL_BF16_AVG_BWD ? NULL : xf, bwd ? dyf : NULL, &one);
     const int64_t n = bwd ? in : out;
-    narrow(j->out + t * n, res, n);
+    cx_bf16_round_row(j->out + t * n, res, n);
     if (j->posmask) cx_bf16_posmask(j->out + t * n, j->posmask + t * n, n);   /* relu's gradient, folded in */
 }
 

@@ -50,7 +50,7 @@ static void path_str(cx_sbuf *b, const cx_kernel *k)
         const cx_kin *a = &k->in[0], *w = &k->in[1];
         if (a->dtype == CX_BF16) {
             const char *route = cx_bf16_gemm_on_dnnl()
-                                    ? (cx_isa_active() >= CX_ISA_AMX && cx_amx_permitted() ? "oneDNN matmul (AMX)" : "oneDNN matmul")
+                                    ? (cx_bf16_gemm_on_amx() ? "oneDNN matmul (AMX)" : "oneDNN matmul")
                                 : cx_isa_active() >= CX_ISA_AVX512_BF16 ? "AVX512_BF16 micro-kernel"
                                 : cx_fma_route_available()                 ? "blocks widened as packed, f32 micro-kernel"
                                                                            : "blocks widened into sgemm";

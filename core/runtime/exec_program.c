@@ -215,14 +215,15 @@ CX_HOT static void cast_block(reg_t *o, int to, const val_t *a, int from, int le
     }
 }
 
-/* The source of a load when it can be read in place (a whole block of
- * contiguous f32), else NULL. */
+/* Whether a load reads f32 that is contiguous along the last axis and
+ * unmasked: a whole block of it can be read in place. */
 static inline bool f32_load_in_place(const cx_program *p, const cx_pinstr *in, int nd)
 {
     const cx_view *v = &p->views[in->view];
     return in->src_dtype == CX_F32 && in->dtype == CX_F32 && !v->masked && nd > 0 && v->strides[nd - 1] == 1;
 }
 
+/* The source of a load when it can be read in place, else NULL. */
 static inline const float *direct_load(const run_ctx *rc, const cx_program *p, const cx_pinstr *in, const int64_t *idx,
                                        int nd, int64_t j0)
 {
@@ -401,11 +402,6 @@ static bool is_cast_to_bf16(const cx_kernel *k)
            cast->dtype == CX_BF16;
 }
 
-CX_HOT static void round_row_bf16(uint16_t *out, const float *src, int len)
-{
-    for (int j = 0; j < len; j++) out[j] = cx_f32_to_bf16_inline(src[j]);
-}
-
 static void unravel_outer(const int64_t *shape, int nd, int64_t row, int64_t *idx)
 {
     for (int d = nd - 2; d >= 0; d--) {
@@ -430,8 +426,8 @@ CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
         int64_t j0 = blk * CX_BLK;
         int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
         if (j->cast_to_bf16) {
-            round_row_bf16((uint16_t *)out + row * j->inner + j0, direct_load(j->rc, &k->prog, &k->prog.ins[0], idx, nd, j0),
-                           len);
+            cx_bf16_round_row((uint16_t *)out + row * j->inner + j0,
+                              direct_load(j->rc, &k->prog, &k->prog.ins[0], idx, nd, j0), len);
             continue;
         }
         val_t r = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len);
