@@ -24,14 +24,12 @@
 #include <cxla/core.h>
 #include <string.h>
 
+/* VEC: the layouts' unit in floats (the planes' room, the weight
+ * gradient's padded rows and its lane sums per term), whatever the vector
+ * width the loops run at; OB: the forward's output channels at once */
 enum { DIRECT_MAX_K = 16, DIRECT_ALIGN = 64, VEC = 16, OB = 8 };
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* VEC floats: one register where the clone has AVX-512, two or four below */
-typedef float vf __attribute__((vector_size(VEC * sizeof(float))));
-typedef uint32_t vu __attribute__((vector_size(VEC * sizeof(uint32_t))));
-typedef uint16_t vh __attribute__((vector_size(VEC * sizeof(uint16_t))));
 
 bool cx_conv2d_bf16_direct_applies(const cx_conv_geom *g, int dir)
 {
@@ -103,7 +101,11 @@ size_t cx_conv2d_bf16_direct_scratch_bytes(const cx_conv_geom *g, int dir, bool 
     return (size_t)lanes * (size_t)lane_floats(g, dir) * sizeof(float) + DIRECT_ALIGN;
 }
 
-typedef struct {
+typedef struct direct_job direct_job;
+struct direct_job {
+    /* the vector loops at the width cx_isa_active() allows */
+    void (*forward_image)(const direct_job *j, float *xp, float *planes, int64_t n);
+    void (*weight_channels)(const direct_job *j, float *xp, float *d, float *sums, int64_t o0, int64_t o1);
     const cx_conv_geom *g;
     int dir;
     uint16_t *out;
@@ -113,174 +115,7 @@ typedef struct {
     int64_t lanes, lane_floats, k, wp;
     int64_t off[DIRECT_MAX_K];      /* term t's offset in the lane's image (copies), from its output's pixel */
     cx_claims claims;   /* the forward's images */
-} direct_job;
-
-/* image n of x, widened into xp (C, H + 2 PH, W + 2 PW; rows j->wp
- * apart) with zeros around, then the weight gradient's shifted copies.
- * @return whether every value is finite */
-static bool widen_padded(float *xp, const uint16_t *x, const direct_job *j, int64_t n)
-{
-    const cx_conv_geom *g = j->g;
-    const int64_t hp = g->h + 2 * g->pad_h, wp = j->wp, room = image_room(g, j->dir);
-    memset(xp, 0, sizeof *xp * (size_t)room);
-    uint16_t special = 0;   /* an exponent of all ones: inf or NaN */
-    for (int64_t c = 0; c < g->c; c++)
-        for (int64_t r = 0; r < g->h; r++) {
-            const uint16_t *src = x + ((n * g->c + c) * g->h + r) * g->w;
-            float *dst = xp + (c * hp + r + g->pad_h) * wp + g->pad_w;
-            for (int64_t q = 0; q < g->w; q++) {
-                dst[q] = cx_bf16_to_f32_inline(src[q]);
-                special |= (uint16_t)((src[q] & 0x7f80u) == 0x7f80u);
-            }
-        }
-    for (int64_t jj = 1; jj < image_copies(g, j->dir); jj++) {
-        float *copy = xp + jj * room;
-        memcpy(copy, xp + jj, sizeof *xp * (size_t)(room - jj));
-        memset(copy + room - jj, 0, sizeof *xp * (size_t)jj);
-    }
-    return !special;
-}
-
-/* VEC values rounded to bf16 as cx_f32_to_bf16_inline does (to nearest
- * even, a NaN kept quiet), in vector lanes */
-static inline __attribute__((always_inline)) void round_bf16_bits(vu *h, const vu *f32_bits)
-{
-    const vu u = *f32_bits;
-    vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
-    vu even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    *h = (even & ~nan) | (((u >> 16) | 0x40u) & nan);
-}
-
-/* outputs [q0, q0 + lanes) of one row from their f32 sums: rounded once,
- * then the epilogue as cx_bf16_add_bias_inline computes it (+ the bf16
- * bias, rounded, relu with NaN to 0) */
-static inline __attribute__((always_inline)) void store_row(uint16_t *y, const float *sums, int lanes, bool add_bias,
-                                                            bool relu, float bias)
-{
-    vu u;
-    memcpy(&u, sums, sizeof u);
-    vu h;
-    round_bf16_bits(&h, &u);
-    if (add_bias) {
-        vu hb = h << 16;
-        vf f;
-        memcpy(&f, &hb, sizeof f);
-        f += bias;
-        memcpy(&u, &f, sizeof u);
-        round_bf16_bits(&h, &u);
-        if (relu) {
-            vu back = h << 16;
-            memcpy(&f, &back, sizeof f);
-            h &= (vu)(f > 0.0f);
-        }
-    }
-    vh out = __builtin_convertvector(h, vh);
-    if (lanes == VEC) {
-        memcpy(y, &out, sizeof out);
-    } else {
-        uint16_t part[VEC];
-        memcpy(part, &out, sizeof out);
-        for (int l = 0; l < lanes; l++) y[l] = part[l];
-    }
-}
-
-/* Output channels [o0, o0 + OB) of image n (xp): OB independent sums per
- * vector of the plane, over the window in registers with AVX-512 (a sum
- * kept in memory waited for its last store at every term, one alone in a
- * register for its last FMA; with AVX2 a vector is two registers and
- * some sums spill), into OB planes, then rounded row by row. K is a
- * constant where inlined for the common window. */
-static inline __attribute__((always_inline)) void forward_block(const direct_job *j, const float *xp, float *planes,
-                                                                int64_t n, int64_t o0, const int64_t k)
-{
-    const cx_conv_geom *g = j->g;
-    const int64_t ow = g->ow, ob = min64(OB, g->o - o0), room = plane_room(g, 0), stride = plane_stride(g);
-    float w[DIRECT_MAX_K][OB] = { { 0 } }, bias[OB] = { 0 };
-    for (int64_t b = 0; b < ob; b++) {
-        for (int64_t t = 0; t < k; t++) w[t][b] = cx_bf16_to_f32_inline(j->w[(o0 + b) * k + t]);
-        if (j->epi && j->epi->bias) bias[b] = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(j->epi->bias[o0 + b]));
-    }
-    for (int64_t p0 = 0; p0 < room; p0 += VEC) {
-        vf a[OB];
-        for (int b = 0; b < OB; b++) a[b] = (vf){ 0 };
-        for (int64_t t = 0; t < k; t++) {
-            vf v;
-            memcpy(&v, xp + p0 + j->off[t], sizeof v);
-            for (int b = 0; b < OB; b++) a[b] += w[t][b] * v;
-        }
-        for (int b = 0; b < OB; b++) memcpy(planes + b * stride + p0, &a[b], sizeof a[b]);
-    }
-    /* a row's last vector is stored whole where it ends inside the plane:
-     * what spills into the next rows is written over by them right after;
-     * nothing spills past the plane (the next may be another thread's) */
-    const int64_t plane = g->oh * ow, oh = g->oh, wp = j->wp;
-    /* in locals: every store (a memcpy) may alias the job, so its fields
-     * were read again at each */
-    const bool add_bias = j->epi && j->epi->bias, relu = add_bias && j->epi->relu;
-    uint16_t *const y = j->out + (n * g->o + o0) * plane;
-    for (int64_t b = 0; b < ob; b++)
-        for (int64_t r = 0; r < oh; r++)
-            for (int64_t q0 = 0; q0 < ow; q0 += VEC)
-                store_row(y + (b * oh + r) * ow + q0, planes + b * stride + r * wp + q0,
-                          r * ow + q0 + VEC <= plane ? VEC : (int)min64(VEC, ow - q0), add_bias, relu, bias[b]);
-}
-
-/* image n's output planes, every channel */
-CX_HOT static void forward_image(const direct_job *j, float *xp, float *planes, int64_t n)
-{
-    (void)widen_padded(xp, j->x, j, n);   /* a column past a row's end is never stored */
-    for (int64_t o0 = 0; o0 < j->g->o; o0 += OB) {
-        if (j->k == 9) forward_block(j, xp, planes, n, o0, 9);
-        else forward_block(j, xp, planes, n, o0, j->k);
-    }
-}
-
-/* n bf16 values widened into dst: whole vectors, the last one
- * overlapping the one before (element by element, dy's rows had taken a
- * quarter of the weight gradient's time) */
-static inline __attribute__((always_inline)) void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n)
-{
-    if (n < VEC) {
-        for (int64_t q = 0; q < n; q++) dst[q] = cx_bf16_to_f32_inline(src[q]);
-        return;
-    }
-    for (int64_t q = 0;; q += VEC) {
-        if (q + VEC > n) q = n - VEC;
-        vh h;
-        memcpy(&h, src + q, sizeof h);
-        const vu w = __builtin_convertvector(h, vu) << 16;
-        memcpy(dst + q, &w, sizeof w);
-        if (q + VEC == n) return;
-    }
-}
-
-/* Image n's terms of dw for output channels [o0, o1), added into sums (a
- * vector per channel and term): dy's plane widened into d with the padded
- * row stride (its zeros between rows set once), then the K sums along it, in registers
- * with AVX-512 (with AVX2, 9 sums of two registers each spill some). */
-static inline __attribute__((always_inline)) void weight_image(const direct_job *j, const float *xp, float *d,
-                                                               float *sums, int64_t n, int64_t o0, int64_t o1,
-                                                               const int64_t k)
-{
-    const cx_conv_geom *g = j->g;
-    const int64_t ow = g->ow, room = plane_room(g, 2);
-    for (int64_t o = o0; o < o1; o++) {
-        for (int64_t r = 0; r < g->oh; r++) widen_row(d + r * j->wp, j->dy + ((n * g->o + o) * g->oh + r) * ow, ow);
-        float *s = sums + (o - o0) * k * VEC;
-        vf a[DIRECT_MAX_K];
-        for (int64_t t = 0; t < k; t++) memcpy(&a[t], s + t * VEC, sizeof a[t]);
-        for (int64_t p0 = 0; p0 < room; p0 += VEC) {
-            vf dv;
-            memcpy(&dv, d + p0, sizeof dv);
-            for (int64_t t = 0; t < k; t++) {
-                vf v;
-                memcpy(&v, xp + p0 + j->off[t], sizeof v);
-                a[t] += dv * v;
-            }
-        }
-        for (int64_t t = 0; t < k; t++) memcpy(s + t * VEC, &a[t], sizeof a[t]);
-    }
-}
+};
 
 /* weight_image for an image with an inf or a NaN: a column past a row's
  * end reads the next row's values, and its zero dy times an inf would be
@@ -291,7 +126,9 @@ static void weight_image_masked(const direct_job *j, const float *xp, float *d, 
     const cx_conv_geom *g = j->g;
     const int64_t ow = g->ow, room = plane_room(g, 2), k = j->k;
     for (int64_t o = o0; o < o1; o++) {
-        for (int64_t r = 0; r < g->oh; r++) widen_row(d + r * j->wp, j->dy + ((n * g->o + o) * g->oh + r) * ow, ow);
+        for (int64_t r = 0; r < g->oh; r++)
+            for (int64_t q = 0; q < ow; q++)
+                d[r * j->wp + q] = cx_bf16_to_f32_inline(j->dy[((n * g->o + o) * g->oh + r) * ow + q]);
         float *s = sums + (o - o0) * k * VEC;
         for (int64_t p = 0; p < room; p++) {
             if (p % j->wp >= ow || p >= g->oh * j->wp) continue;
@@ -300,28 +137,22 @@ static void weight_image_masked(const direct_job *j, const float *xp, float *d, 
     }
 }
 
-/* dw of output channels [o0, o1): the images in order, then each term's
- * lanes in order */
-CX_HOT static void weight_channels(const direct_job *j, float *xp, float *d, float *sums, int64_t o0, int64_t o1)
-{
-    const cx_conv_geom *g = j->g;
-    const int64_t k = j->k;
-    memset(sums, 0, sizeof *sums * (size_t)((o1 - o0) * k * VEC));
-    /* the columns past each row's end and the plane's tail stay zero:
-     * every plane after writes only its rows' outputs */
-    memset(d, 0, sizeof *d * (size_t)plane_room(g, 2));
-    for (int64_t n = 0; n < g->n; n++) {
-        if (!widen_padded(xp, j->x, j, n)) weight_image_masked(j, xp, d, sums, n, o0, o1);
-        else if (k == 9) weight_image(j, xp, d, sums, n, o0, o1, 9);
-        else weight_image(j, xp, d, sums, n, o0, o1, k);
-    }
-    for (int64_t o = o0; o < o1; o++)
-        for (int64_t t = 0; t < k; t++) {
-            float total = 0.0f;
-            for (int l = 0; l < VEC; l++) total += sums[((o - o0) * k + t) * VEC + l];
-            j->out[o * k + t] = cx_f32_to_bf16_inline(total);
-        }
-}
+/* The vector loops, once per width (conv_direct_bf16_width.h says why) */
+#define WIDTH 16
+#define WIDTH_TARGET CX_TARGET_AVX512
+#include "conv_direct_bf16_width.h"
+#undef WIDTH
+#undef WIDTH_TARGET
+#define WIDTH 8
+#define WIDTH_TARGET CX_TARGET_AVX2
+#include "conv_direct_bf16_width.h"
+#undef WIDTH
+#undef WIDTH_TARGET
+#define WIDTH 4
+#define WIDTH_TARGET
+#include "conv_direct_bf16_width.h"
+#undef WIDTH
+#undef WIDTH_TARGET
 
 static void direct_each(void *p, int64_t tid, int64_t nthreads)
 {
@@ -333,13 +164,13 @@ static void direct_each(void *p, int64_t tid, int64_t nthreads)
         /* a fixed split of the channels: each channel's sum has one order */
         const int64_t o = j->g->o;
         float *d = xp + image_copies(j->g, 2) * image_room(j->g, 2);
-        weight_channels(j, xp, d, d + plane_room(j->g, 2), o * tid / lanes, o * (tid + 1) / lanes);
+        j->weight_channels(j, xp, d, d + plane_room(j->g, 2), o * tid / lanes, o * (tid + 1) / lanes);
         return;
     }
     for (;;) {
         int64_t n = cx_claims_next(&j->claims, tid);
         if (n < 0) return;
-        forward_image(j, xp, xp + image_room(j->g, 0), n);
+        j->forward_image(j, xp, xp + image_room(j->g, 0), n);
     }
 }
 
@@ -355,6 +186,11 @@ void cx_conv2d_bf16_direct(int dir, uint16_t *out, const uint16_t *in0, const ui
         for (int64_t i = 0; i < g->kh; i++)
             for (int64_t jj = 0; jj < g->kw; jj++)
                 j.off[t++] = dir == 2 ? jj * image_room(g, 2) + (c * hp + i) * j.wp : (c * hp + i) * j.wp + jj;
+    const cx_isa isa = cx_isa_active();
+    j.forward_image = isa >= CX_ISA_AVX512 ? forward_image_16 : isa >= CX_ISA_AVX2 ? forward_image_8 : forward_image_4;
+    j.weight_channels = isa >= CX_ISA_AVX512 ? weight_channels_16
+                        : isa >= CX_ISA_AVX2 ? weight_channels_8
+                                             : weight_channels_4;
     uintptr_t p = ((uintptr_t)scratch + DIRECT_ALIGN - 1) & ~(uintptr_t)(DIRECT_ALIGN - 1);
     j.lanes_base = (float *)p;
     size_t usable = scratch_bytes > (size_t)(p - (uintptr_t)scratch) ? scratch_bytes - (size_t)(p - (uintptr_t)scratch) : 0;

@@ -23,6 +23,18 @@
 #define CX_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 
+/* The instructions of cx_isa's levels, for a kernel written once per
+ * vector width and picked by cx_isa_active() (so CX_CPU_ISA caps it):
+ * GCC moves a vector wider than the clone's registers through the stack,
+ * so a CX_HOT loop on 16-float vectors is slow in its AVX2 clone. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CX_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define CX_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define CX_TARGET_AVX512
+#define CX_TARGET_AVX2
+#endif
+
 /* Lanes of the concatenation of two vectors picked by constant indices.
  * GCC and clang spell the builtin differently: masks are written
  * CX_MASK(mask vector type, indices...) inside function-like macros, so

@@ -1130,6 +1130,104 @@ Test(bf16_conv, direct_weight_gradient_with_an_inf)
     free(x); free(dy); free(dw); free(xf); free(dyf); free(want); free(s32); free(s16);
 }
 
+/* a bf16 value of few bits (k / 8, |k| <= 16: products and sums of a
+ * window exact in f32 whatever the order, with or without FMA), or now
+ * and then one of the specials: infs, quiet and signaling NaNs of either
+ * sign, -0 (no overflowing finite values: an FMA's sum may not overflow
+ * where a product alone does) */
+static uint16_t exact_or_special(void)
+{
+    static const uint16_t specials[] = { 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0xff81, 0x8000 };
+    float u = rng_uniform();
+    if (u > 0.96f) return specials[(int)((u - 0.96f) * 175.0f) % 7];
+    return cx_f32_to_bf16((float)(int)(rng_uniform() * 16.0f) / 8.0f);
+}
+
+/* out[n, o, :, :] of the direct forward as the scalar steps give it: the
+ * window's terms in the kernel's order (channel, row, column; a padded
+ * input is a 0 that still multiplies its weight), the sum rounded once,
+ * then cx_bf16_add_bias_inline's bias and relu */
+static uint16_t direct_forward_want(const cx_conv_geom *g, const uint16_t *x, const uint16_t *w, const float *bias,
+                                    bool relu, int64_t n, int64_t o, int64_t r, int64_t q)
+{
+    float sum = 0.0f;
+    for (int64_t c = 0; c < g->c; c++)
+        for (int64_t i = 0; i < g->kh; i++)
+            for (int64_t jj = 0; jj < g->kw; jj++) {
+                const int64_t row = r + i - g->pad_h, col = q + jj - g->pad_w;
+                const bool inside = row >= 0 && row < g->h && col >= 0 && col < g->w;
+                const float xv = inside ? cx_bf16_to_f32(x[((n * g->c + c) * g->h + row) * g->w + col]) : 0.0f;
+                sum += cx_bf16_to_f32(w[((o * g->c + c) * g->kh + i) * g->kw + jj]) * xv;
+            }
+    const uint16_t y = cx_f32_to_bf16(sum);
+    return bias ? cx_bf16_add_bias_inline(y, bias[o], relu) : y;
+}
+
+/* The direct forward at this level's vector width, bit for bit against
+ * the scalar steps (a NaN: a quiet NaN), with infs and NaNs in the image,
+ * the weights and the bias: its vector rounding has no NaN case
+ * (conv_direct_bf16_width.h says why), so every NaN it meets must come
+ * out a quiet NaN and no NaN an inf or a number. Rows of 19 and 37
+ * outputs end inside a vector at every width; 11 and 5 channels leave a
+ * part block. */
+Test(bf16_conv, direct_forward_is_the_scalar_sum_bit_for_bit)
+{
+    rng_state = 0x3c6ef372fe94f82bull;
+    const cx_conv_geom geoms[] = {
+        { .n = 3, .c = 1, .h = 9, .w = 19, .o = 11, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1,
+          .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 },
+        { .n = 2, .c = 2, .h = 6, .w = 38, .o = 5, .kh = 2, .kw = 2, .stride_h = 1, .stride_w = 1, .pad_h = 0,
+          .pad_w = 0, .dil_h = 1, .dil_w = 1, .groups = 1 },
+    };
+    int nan = 0, inf = 0, zero_by_relu = 0, finite = 0;
+    for (size_t gi = 0; gi < sizeof geoms / sizeof geoms[0]; gi++) {
+        cx_conv_geom g = geoms[gi];
+        cr_assert(cx_conv_geom_finish(&g) && cx_conv2d_bf16_direct_applies(&g, 0));
+        const size_t nx = (size_t)(g.n * g.c * g.h * g.w), nw = (size_t)(g.o * g.c * g.kh * g.kw);
+        const size_t ny = (size_t)(g.n * g.o * g.oh * g.ow);
+        uint16_t *x = malloc(sizeof *x * nx), *w = malloc(sizeof *w * nw), *y = malloc(sizeof *y * ny);
+        float *bias = malloc(sizeof *bias * (size_t)g.o);
+        cr_assert(x && w && y && bias);
+        for (size_t i = 0; i < nx; i++) x[i] = exact_or_special();
+        for (size_t i = 0; i < nw; i++) w[i] = exact_or_special();
+        for (int64_t o = 0; o < g.o; o++) bias[o] = cx_bf16_to_f32(exact_or_special());
+        const size_t bytes = cx_conv2d_bf16_direct_scratch_bytes(&g, 0, false);
+        void *s = scratch_of(bytes);
+        for (int epi = 0; epi < 3; epi++) {   /* none, bias, bias + relu */
+            const cx_bf16_epi e = { .bias = bias, .relu = epi == 2 };
+            memset(y, 0xff, sizeof *y * ny);
+            cx_conv2d_bf16_direct(0, y, x, w, &g, epi ? &e : NULL, s, bytes);
+            for (int64_t n = 0; n < g.n; n++)
+                for (int64_t o = 0; o < g.o; o++)
+                    for (int64_t r = 0; r < g.oh; r++)
+                        for (int64_t q = 0; q < g.ow; q++) {
+                            const size_t i = (size_t)(((n * g.o + o) * g.oh + r) * g.ow + q);
+                            const uint16_t want = direct_forward_want(&g, x, w, epi ? bias : NULL, epi == 2, n, o, r, q);
+                            const float v = cx_bf16_to_f32(want);
+                            /* which NaN operand's payload and sign a sum keeps
+                             * depends on the order the compiler gave its operands */
+                            if (isnan(v))
+                                cr_assert(isnan(cx_bf16_to_f32(y[i])) && (y[i] & 0x40),
+                                          "geometry %zu, epilogue %d: y[%ld, %ld, %ld, %ld] = 0x%04x, want a quiet NaN",
+                                          gi, epi, (long)n, (long)o, (long)r, (long)q, y[i]);
+                            else
+                                cr_assert_eq(y[i], want,
+                                             "geometry %zu, epilogue %d: y[%ld, %ld, %ld, %ld] = 0x%04x, want 0x%04x", gi,
+                                             epi, (long)n, (long)o, (long)r, (long)q, y[i], want);
+                            nan += isnan(v);
+                            inf += isinf(v);
+                            finite += isfinite(v) && v != 0.0f;
+                            zero_by_relu += epi == 2 && want == 0 &&
+                                            direct_forward_want(&g, x, w, bias, false, n, o, r, q) != 0;
+                        }
+        }
+        free(x); free(w); free(y); free(bias); free(s);
+    }
+    cr_assert(nan > 0 && inf > 0 && zero_by_relu > 0 && finite > nan + inf,
+              "the operands reach every case: %d NaN, %d inf, %d zeroed by relu, %d finite", nan, inf, zero_by_relu,
+              finite);
+}
+
 /* A plan made while fewer threads ran (a smaller Winograd scratch: its
  * lanes are the threads') still runs Winograd, in fewer lanes, once more
  * threads run: the GEMM route is for a scratch too small for one lane. */
