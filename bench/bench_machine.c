@@ -15,6 +15,10 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+
+#ifndef CX_BENCH_MARCH
+#define CX_BENCH_MARCH ""
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -180,9 +184,10 @@ static void describe(const char *when)
     /* the bf16 path first: asking it applies CX_CPU_ISA's cap to oneDNN,
      * which reading oneDNN's level would fix */
     const char *bf16 = cx_bf16_path();
-    char libs[128];
-    snprintf(libs, sizeof libs, "f32 libraries OpenBLAS %s, oneDNN %s", openblas_get_corename(),
-             dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+    char libs[192];
+    snprintf(libs, sizeof libs, "f32 libraries OpenBLAS %s, oneDNN %s; %s%s", openblas_get_corename(),
+             dnnl_isa_name(dnnl_get_effective_cpu_isa()), CX_BENCH_MARCH[0] ? "built for -march=" : "hot loops for any x86-64",
+             CX_BENCH_MARCH);
     if (rtt > 0)
         fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s, %s; cache-line round trip between two CPUs "
                 "%.0f ns\n", when, name, isa, sysconf(_SC_NPROCESSORS_ONLN), bf16, libs, rtt);
