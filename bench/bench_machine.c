@@ -15,10 +15,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
-
-#ifndef CX_BENCH_MARCH
-#define CX_BENCH_MARCH ""
-#endif
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -186,7 +182,7 @@ static void describe(const char *when)
     const char *bf16 = cx_bf16_path();
     char libs[192];
     snprintf(libs, sizeof libs, "f32 libraries OpenBLAS %s, oneDNN %s; %s%s", openblas_get_corename(),
-             dnnl_isa_name(dnnl_get_effective_cpu_isa()), CX_BENCH_MARCH[0] ? "built for -march=" : "hot loops for any x86-64",
+             dnnl_isa_name(dnnl_get_effective_cpu_isa()), CX_BENCH_MARCH[0] ? "a build for -march=" : "a build for any CPU",
              CX_BENCH_MARCH);
     if (rtt > 0)
         fprintf(stderr, "cxla-bench: %s: %s, %s, %ld CPUs, bf16 path %s, %s; cache-line round trip between two CPUs "

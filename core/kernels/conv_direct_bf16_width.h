@@ -1,10 +1,12 @@
-/* The vector loops of conv_direct_bf16.c at one vector width. That file
- * includes this one once per width, with
- *   WIDTH         floats per vector: 16 (AVX-512), 8 (AVX2), 4 (SSE2);
+/* The loops of conv_direct_bf16.c compiled for one vector width and its
+ * instructions. That file includes this one once per width, with
+ *   WIDTH         floats per vector: 16 (AVX-512), 8 (AVX2), 4 (the
+ *                 baseline: SSE2 on x86-64, NEON on Arm);
  *   WIDTH_TARGET  the instructions that width is compiled for;
  * and each name below gets the width as a suffix (AT_WIDTH). It picks a
  * width by cx_isa_active(), so CX_CPU_ISA caps these loops as it caps the
- * GEMMs.
+ * GEMMs. The image widening has no vector type of its own, but is here
+ * so the compiler vectorizes it with each width's instructions.
  *
  * Why each width is written out, not one 16-float loop cloned per CPU
  * (target_clones): where a clone has no 16-float register (AVX2), GCC
@@ -18,8 +20,16 @@
  * the planes, the padded rows, and a weight-gradient term's VEC lane sums,
  * which a narrower width adds in VEC / WIDTH passes over the plane (lane
  * l always sums the plane's floats at l, l + VEC, l + 2 VEC, ... in that
- * order). So the widths with FMA (16 and 8) give the same bits; SSE2's
- * rounds each product before its add. */
+ * order; each pass reads every line of the plane for a part of it, in L1).
+ * Every width thus adds in the same order, and a product of two bf16
+ * values is exact in f32, so every width gives the same bits
+ * (bf16_conv/direct_bits_are_the_same_at_every_width), FMA or not, but
+ * where a product leaves f32's normal range (below 2^-126 or past its
+ * largest): there a loop without FMA rounds it before adding it. */
+
+#ifndef WIDTH
+#error "conv_direct_bf16_width.h: define WIDTH and WIDTH_TARGET first (conv_direct_bf16.c includes it)"
+#endif
 
 #define WIDTH_CAT2(a, b) a##_##b
 #define WIDTH_CAT(a, b) WIDTH_CAT2(a, b)
@@ -132,7 +142,8 @@ WIDTH_INLINE void AT_WIDTH(forward_block)(const direct_job *j, const float *xp, 
      * operand in memory (AVX2 has no broadcast within the FMA) */
     vf wv[DIRECT_MAX_K][OB];
     for (int64_t t = 0; t < k; t++)
-        for (int b = 0; b < OB; b++) wv[t][b] = w[t][b] + (vf){ 0 };
+        for (int b = 0; b < OB; b++)
+            for (int l = 0; l < WIDTH; l++) wv[t][b][l] = w[t][b];
     for (int64_t p0 = 0; p0 < room; p0 += WIDTH) {
         vf a[OB];
         for (int b = 0; b < OB; b++) a[b] = (vf){ 0 };
@@ -248,6 +259,8 @@ WIDTH_TARGET static void AT_WIDTH(weight_channels)(const direct_job *j, float *x
 #undef vu
 #undef vi
 #undef vh
+#undef WIDTH
+#undef WIDTH_TARGET
 #undef WIDTH_INLINE
 #undef AT_WIDTH
 #undef WIDTH_CAT

@@ -28,11 +28,9 @@
  * GCC moves a vector wider than the clone's registers through the stack,
  * so a CX_HOT loop on 16-float vectors is slow in its AVX2 clone. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#define CX_HAVE_ISA_TARGETS 1
 #define CX_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define CX_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#else
-#define CX_TARGET_AVX512
-#define CX_TARGET_AVX2
 #endif
 
 /* Lanes of the concatenation of two vectors picked by constant indices.

@@ -1228,6 +1228,63 @@ Test(bf16_conv, direct_forward_is_the_scalar_sum_bit_for_bit)
               finite);
 }
 
+static uint64_t fnv1a(const uint16_t *v, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ (v[i] & 0xff)) * 0x100000001b3ull;
+        h = (h ^ (v[i] >> 8)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* The direct kernels add in one order at every vector width (16, 8, 4
+ * floats: conv_direct_bf16_width.h), so each level's test entry must find
+ * the same bits: the forward with its bias and relu, and the weight
+ * gradient (whose sums below round differently in any other order). The
+ * hashes are the bits the 16-float loops gave; the _avx2 and _baseline
+ * entries hold the 8- and 4-float loops to them. */
+Test(bf16_conv, direct_bits_are_the_same_at_every_width)
+{
+    rng_state = 0xbb67ae8584caa73bull;
+    cx_conv_geom g = { .n = 5, .c = 1, .h = 11, .w = 19, .o = 11, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                       .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&g) && cx_conv2d_bf16_direct_applies(&g, 0) && cx_conv2d_bf16_direct_applies(&g, 2));
+    const size_t nx = (size_t)(g.n * g.h * g.w), nw = (size_t)(g.o * 9), ny = (size_t)(g.n * g.o * g.oh * g.ow);
+    uint16_t *x = bf16_random(nx), *w = bf16_random(nw), *dy = bf16_random(ny);
+    /* in each image and channel, dy's +2^24 at (3, 3) and -2^24 at (3, 8)
+     * over windows of ones: every term of dw holds two lanes' sums that
+     * cancel, and what is left is the small terms each absorbed or not,
+     * which the order decides (on random values alone the bf16 rounding
+     * hid an order reversed) */
+    for (int64_t n = 0; n < g.n; n++) {
+        for (int64_t r = 2; r <= 4; r++)
+            for (int64_t q = 2; q <= 9; q++) x[(n * g.h + r) * g.w + q] = 0x3f80;
+        for (int64_t o = 0; o < g.o; o++) {
+            dy[((n * g.o + o) * g.oh + 3) * g.ow + 3] = 0x4b80;
+            dy[((n * g.o + o) * g.oh + 3) * g.ow + 8] = 0xcb80;
+        }
+    }
+    uint16_t *y = malloc(sizeof *y * ny), *dw = malloc(sizeof *dw * nw);
+    float bias[11];
+    cr_assert(y && dw);
+    for (int o = 0; o < 11; o++) bias[o] = rng_uniform();
+    const cx_bf16_epi e = { .bias = bias, .relu = true };
+    size_t bytes = cx_conv2d_bf16_direct_scratch_bytes(&g, 0, false);
+    void *s = scratch_of(bytes);
+    cx_conv2d_bf16_direct(0, y, x, w, &g, &e, s, bytes);
+    free(s);
+    bytes = cx_conv2d_bf16_direct_scratch_bytes(&g, 2, false);
+    s = scratch_of(bytes);
+    cx_conv2d_bf16_direct(2, dw, x, dy, &g, NULL, s, bytes);
+    free(s);
+    cr_assert_eq(fnv1a(y, ny), 0xc9f2cba78e0fdf34ull, "the forward's bits at %s: %#018llx", cx_isa_name(cx_isa_active()),
+                 (unsigned long long)fnv1a(y, ny));
+    cr_assert_eq(fnv1a(dw, nw), 0x153c4f5a9087ac12ull, "the weight gradient's bits at %s: %#018llx", cx_isa_name(cx_isa_active()),
+                 (unsigned long long)fnv1a(dw, nw));
+    free(x); free(w); free(dy); free(y); free(dw);
+}
+
 /* A plan made while fewer threads ran (a smaller Winograd scratch: its
  * lanes are the threads') still runs Winograd, in fewer lanes, once more
  * threads run: the GEMM route is for a scratch too small for one lane. */
