@@ -846,8 +846,11 @@ Test(matmul, onednn_products_survive_signals, .timeout = 120)
     rng_seed(17);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-        cr_assert(cx_sgemm_prefers_dnnl(m, n, k), "(%lld, %lld, %lld) is not a oneDNN shape", (long long)m,
-                  (long long)n, (long long)k);
+        /* below AVX-512 f32 products go to OpenBLAS (an AVX2-only CPU's);
+         * oneDNN, called below by itself, still runs them there */
+        if (cx_isa_active() >= CX_ISA_AVX512)
+            cr_assert(cx_sgemm_prefers_dnnl(m, n, k), "(%lld, %lld, %lld) is not a oneDNN shape", (long long)m,
+                      (long long)n, (long long)k);
         float *a = random_buf((size_t)(m * k)), *b = random_buf((size_t)(k * n));
         float *want = guarded((size_t)(m * n)), *got = guarded((size_t)(m * n));
         for (int tr = 0; tr < 4; tr++) {
