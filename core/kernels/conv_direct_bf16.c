@@ -126,9 +126,7 @@ static void weight_image_masked(const direct_job *j, const float *xp, float *d, 
     const cx_conv_geom *g = j->g;
     const int64_t ow = g->ow, room = plane_room(g, 2), k = j->k;
     for (int64_t o = o0; o < o1; o++) {
-        for (int64_t r = 0; r < g->oh; r++)
-            for (int64_t q = 0; q < ow; q++)
-                d[r * j->wp + q] = cx_bf16_to_f32_inline(j->dy[((n * g->o + o) * g->oh + r) * ow + q]);
+        for (int64_t r = 0; r < g->oh; r++) cx_bf16_widen_row(d + r * j->wp, j->dy + ((n * g->o + o) * g->oh + r) * ow, ow);
         float *s = sums + (o - o0) * k * VEC;
         for (int64_t p = 0; p < room; p++) {
             if (p % j->wp >= ow || p >= g->oh * j->wp) continue;

@@ -133,17 +133,18 @@ WIDTH_INLINE void AT_WIDTH(forward_block)(const direct_job *j, const float *xp, 
 {
     const cx_conv_geom *g = j->g;
     const int64_t ow = g->ow, ob = min64(OB, g->o - o0), room = plane_room(g, 0), stride = plane_stride(g);
-    float w[DIRECT_MAX_K][OB] = { { 0 } }, bias[OB] = { 0 };
-    for (int64_t b = 0; b < ob; b++) {
-        for (int64_t t = 0; t < k; t++) w[t][b] = cx_bf16_to_f32_inline(j->w[(o0 + b) * k + t]);
+    float bias[OB] = { 0 };
+    for (int64_t b = 0; b < ob; b++)
         if (j->epi && j->epi->bias) bias[b] = cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(j->epi->bias[o0 + b]));
-    }
     /* each weight in a whole vector, so each product is one FMA with its
-     * operand in memory (AVX2 has no broadcast within the FMA) */
+     * operand in memory (AVX2 has no broadcast within the FMA); a channel
+     * past the last of a part block gets zeros */
     vf wv[DIRECT_MAX_K][OB];
     for (int64_t t = 0; t < k; t++)
-        for (int b = 0; b < OB; b++)
-            for (int l = 0; l < WIDTH; l++) wv[t][b][l] = w[t][b];
+        for (int b = 0; b < OB; b++) {
+            const float wt = b < ob ? cx_bf16_to_f32_inline(j->w[(o0 + b) * k + t]) : 0.0f;
+            for (int l = 0; l < WIDTH; l++) wv[t][b][l] = wt;
+        }
     for (int64_t p0 = 0; p0 < room; p0 += WIDTH) {
         vf a[OB];
         for (int b = 0; b < OB; b++) a[b] = (vf){ 0 };
