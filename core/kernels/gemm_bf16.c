@@ -202,7 +202,13 @@ CX_HOT static void round_rows(uint16_t *c, int64_t ldc, const float *tile, int64
     }
 }
 
-/* tile rows into an f32 C (ld ldc), or added to it with acc */
+/* tile rows into an f32 C (ld ldc), or added to it with acc. The FMA
+ * route's sums stay in the compact tile over K and are copied once:
+ * summing whole micro-tiles straight into C over its K blocks saved the
+ * copy (0.5 % of a bf16-mixed gpt step under CX_CPU_ISA=avx2) but lost
+ * more where C's rows are 4 KiB apart (the gpt's 256 x 1024 weight
+ * gradient: 209 -> 197 GFLOP/s on 2 Zen 4 threads at x86-64-v3, the
+ * four weight-gradient shapes together 15.2 -> 15.6 ms). */
 CX_HOT static void store_rows(float *c, int64_t ldc, const float *tile, int64_t ldt, int64_t mt, int64_t nb,
                               bool acc)
 {

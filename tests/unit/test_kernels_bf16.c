@@ -96,29 +96,48 @@ static double at_b(const uint16_t *b, const mm_case *c, int64_t bi, int64_t kk, 
     return cx_bf16_to_f32(c->tb ? p[j * c->k + kk] : p[kk * c->n + j]);
 }
 
-static void check_case_route(const mm_case *c, int route);
+static void check_case_route(const mm_case *c, int route, bool f32_out);
 
-static void check_case(const mm_case *c) { check_case_route(c, -1); }
+static void check_case(const mm_case *c) { check_case_route(c, -1, false); }
+
+/* c's values at bi, i, j (bf16 out, or f32 sums out) */
+static double c_at(const mm_case *c, const uint16_t *cg, const float *cf, int64_t bi, int64_t i, int64_t j)
+{
+    const size_t at = (size_t)((bi * c->m + i) * c->n + j);
+    return cf ? cf[at] : cx_bf16_to_f32(cg[at]);
+}
 
 /* route -1: the scratch this process plans; 0 or 1: the scratch the f32
- * or the AVX512_BF16 route plans, whichever route runs */
-static void check_case_route(const mm_case *c, int route)
+ * or the AVX512_BF16 route plans, whichever route runs. f32_out: the
+ * sums unrounded (cx_matmul_bf16_f32), each within the f32 bound of a
+ * sum of k exact products, k u sum|t|; bf16 out, within one rounding
+ * more. Guard words on either side catch writes outside C; C starts as
+ * NaN, so a sum never stored fails too. */
+static void check_case_route(const mm_case *c, int route, bool f32_out)
 {
     size_t na = (size_t)((c->bcast_a ? 1 : c->batch) * c->m * c->k), nb = (size_t)((c->bcast_b ? 1 : c->batch) * c->k * c->n);
     size_t nc = (size_t)(c->batch * c->m * c->n);
     uint16_t *a = bf16_random(na), *b = bf16_random(nb);
     uint16_t *cg = malloc(sizeof *cg * (nc + 2 * GUARD));
-    cr_assert(cg);
-    for (size_t i = 0; i < nc + 2 * GUARD; i++) cg[i] = GUARD_BITS;
+    float *cf = malloc(sizeof *cf * (nc + 2 * GUARD));
+    cr_assert(cg && cf);
+    for (size_t i = 0; i < nc + 2 * GUARD; i++) {
+        cg[i] = GUARD_BITS;
+        cf[i] = cx_bf16_to_f32(GUARD_BITS);
+    }
     size_t sb = route < 0 ? cx_matmul_bf16_scratch_bytes(c->batch, c->m, c->n, c->k)
                           : cx_matmul_bf16_route_scratch_bytes(c->batch, c->m, c->n, c->k, route == 1);
     void *scratch = sb ? malloc(sb) : NULL;
     cr_assert(!sb || scratch);
-    cx_matmul_bf16(cg + GUARD, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, c->bcast_a ? 0 : c->m * c->k,
-                   c->bcast_b ? 0 : c->k * c->n, scratch, sb);
+    const int64_t sa = c->bcast_a ? 0 : c->m * c->k, sbb = c->bcast_b ? 0 : c->k * c->n;
+    if (f32_out)
+        cx_matmul_bf16_f32(cf + GUARD, false, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, sa, sbb, scratch, sb);
+    else cx_matmul_bf16(cg + GUARD, a, b, c->batch, c->m, c->n, c->k, c->ta, c->tb, sa, sbb, scratch, sb);
     for (int g = 0; g < GUARD; g++) {
-        cr_assert_eq(cg[g], GUARD_BITS, "write before c");
-        cr_assert_eq(cg[GUARD + nc + (size_t)g], GUARD_BITS, "write after c");
+        const size_t past = GUARD + nc + (size_t)g;
+        cr_assert(cg[g] == GUARD_BITS && cg[past] == GUARD_BITS, "write outside the bf16 c");
+        cr_assert(cx_f32_to_bf16(cf[g]) == GUARD_BITS && cx_f32_to_bf16(cf[past]) == GUARD_BITS,
+                  "write outside the f32 c");
     }
     for (int64_t bi = 0; bi < c->batch; bi++)
         for (int64_t i = 0; i < c->m; i++)
@@ -129,15 +148,15 @@ static void check_case_route(const mm_case *c, int route)
                     ref += t;
                     mag += fabs(t);
                 }
-                double got = cx_bf16_to_f32(cg[GUARD + (size_t)((bi * c->m + i) * c->n + j)]);
-                double tol = ldexp(fabs(ref), -8) + 4e-6 * mag;
+                double got = c_at(c, cg + GUARD, f32_out ? cf + GUARD : NULL, bi, i, j);
+                double tol = (f32_out ? 0 : ldexp(fabs(ref), -8)) + fmax(4e-6, ldexp((double)c->k, -24)) * mag;
                 if (!(fabs(got - ref) <= tol))
-                    cr_assert_fail("%s: batch %lld m %lld n %lld k %lld ta %d tb %d: c[%lld][%lld][%lld] = %g, want %g "
-                                   "(tol %g)", cx_isa_name(cx_isa_active()), (long long)c->batch, (long long)c->m,
-                                   (long long)c->n, (long long)c->k, c->ta, c->tb, (long long)bi, (long long)i,
-                                   (long long)j, got, ref, tol);
+                    cr_assert_fail("%s, %s out: batch %lld m %lld n %lld k %lld ta %d tb %d: c[%lld][%lld][%lld] = "
+                                   "%g, want %g (tol %g)", cx_isa_name(cx_isa_active()), f32_out ? "f32" : "bf16",
+                                   (long long)c->batch, (long long)c->m, (long long)c->n, (long long)c->k, c->ta,
+                                   c->tb, (long long)bi, (long long)i, (long long)j, got, ref, tol);
             }
-    free(a); free(b); free(cg); free(scratch);
+    free(a); free(b); free(cg); free(cf); free(scratch);
 }
 
 TestSuite(bf16_gemm, .init = expect_requested_isa);
@@ -166,6 +185,29 @@ Test(bf16_gemm, shapes_and_edges)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
 }
 
+/* The same edges with the f32 sums out (the graph's weight gradients
+ * under autocast), over one K block or several: each route's tiles,
+ * whole and ragged, reach C, and nothing past it. Until this test only
+ * the bf16 outputs were checked against a reference here. */
+Test(bf16_gemm, f32_sums_out_shapes_and_edges)
+{
+    rng_state = 0x2545f4914f6cdd1dull;
+    static const mm_case cases[] = {
+        { 1, 1, 1, 1, false, false, false, false },
+        { 1, 13, 33, 7, false, false, false, false },
+        { 1, 97, 257, 513, false, false, false, false },
+        { 1, 50, 70, 1100, true, false, false, false },
+        { 1, 45, 31, 64, false, true, false, false },
+        { 1, 29, 40, 77, true, true, false, false },
+        { 1, 800, 40, 24, false, false, false, false },
+        { 1, 96, 64, 600, true, false, false, false },
+        { 3, 17, 19, 9, false, false, false, false },
+        { 2, 25, 9, 300, true, false, true, false },
+        { 5, 40, 70, 33, false, false, false, true },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case_route(&cases[i], -1, true);
+}
+
 /* an executable planned under the other route (the persistent cache
  * shares executables between processes with different CX_CPU_ISA) */
 Test(bf16_gemm, scratch_planned_for_either_route)
@@ -177,7 +219,7 @@ Test(bf16_gemm, scratch_planned_for_either_route)
         { 2, 300, 90, 40, true, true, false, false },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-        for (int route = 0; route < 2; route++) check_case_route(&cases[i], route);
+        for (int route = 0; route < 2; route++) check_case_route(&cases[i], route, false);
 }
 
 /* the bits depend neither on the thread count nor on the library the f32
