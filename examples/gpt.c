@@ -362,6 +362,7 @@ static void trainer_free(trainer *t)
     cx_fsdp_free(t->fsdp);
     cx_spmd_fsdp_free(t->fsdpv2);
     cx_module_free(t->model);
+    *t = (trainer){ 0 };   /* freed twice (a failed build, then the caller's cleanup): nothing */
 }
 
 /* FSDP's units are the blocks (transformer_auto_wrap_policy); wte, wpe,

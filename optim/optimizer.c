@@ -65,8 +65,10 @@ static bool check_groups(const cx_optim_kind *kind, const cx_param_group *groups
                 return false;
             }
             cx_tensor *mask = gr->decay_masks ? gr->decay_masks[i] : NULL;
-            if (mask && (cx_dtype_of(mask) != CX_F32 || cx_numel(mask) != cx_numel(t) || cx_ndim(mask) != cx_ndim(t))) {
-                cx_set_last_error("%s: the decay mask of parameter %d (%s) of group %d is not an f32 tensor of its "
+            /* f32, or bf16 where XLA_USE_BF16 holds f32 tensors so: 0 and 1 are exact in either */
+            if (mask && (!cx_dtype_is_float(cx_dtype_of(mask)) || cx_numel(mask) != cx_numel(t) ||
+                         cx_ndim(mask) != cx_ndim(t))) {
+                cx_set_last_error("%s: the decay mask of parameter %d (%s) of group %d is not a float tensor of its "
                                   "shape", kind->name, i, gr->params[i].name ? gr->params[i].name : "unnamed", g);
                 return false;
             }

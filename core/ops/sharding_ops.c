@@ -92,11 +92,23 @@ cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *g
                            (long long)row0, (long long)mine0);
     int64_t local[CX_MAX_DIMS];
     cx_sharding_local_shape(&s, global_shape, local);
-    size_t es = cx_dtype_size(dtype);
-    cx_buffer *b = cx_buffer_new((size_t)cx_shape_numel(local, ndim) * es);
-    if (!b) return cx_poisoned("from_host_sharded: %s", cx_last_error());
-    cx_shard_copy_rows(&s, global_shape, cx_global_ordinal(), es, b->data, (void *)(uintptr_t)rows, true, row0);
-    return shard_leaf(b, dtype, global_shape, ndim, &s, "from_host_sharded");
+    const int64_t n = cx_shape_numel(local, ndim);
+    const size_t es = cx_dtype_size(dtype);
+    /* held as cx_from_host holds it (XLA_USE_BF16: f32 as bf16), the rows
+     * copied in `dtype` first */
+    const cx_dtype held = cx_held_dtype(dtype);
+    cx_buffer *b = cx_buffer_new((size_t)n * cx_dtype_size(held));
+    void *copy = !b || held == dtype ? (b ? b->data : NULL) : malloc(n ? (size_t)n * es : 1);
+    if (!copy) {
+        if (b) cx_buffer_unref(b);
+        return cx_poisoned("from_host_sharded: %s", b ? "out of memory" : cx_last_error());
+    }
+    cx_shard_copy_rows(&s, global_shape, cx_global_ordinal(), es, copy, (void *)(uintptr_t)rows, true, row0);
+    if (held != dtype) {
+        cx_f32_to_bf16_row(b->data, copy, n); /* only f32 is held otherwise */
+        free(copy);
+    }
+    return shard_leaf(b, held, global_shape, ndim, &s, "from_host_sharded");
 }
 
 int cx_get_sharding(cx_tensor *t, const cx_mesh **mesh, cx_spec_entry *spec, int cap)
@@ -131,10 +143,12 @@ cx_tensor *cx_from_local_shard(const void *local, const int64_t *global_shape, i
     cx_sharding_local_shape(&s, global_shape, lshape);
     int64_t n = cx_shape_numel(lshape, ndim);
     if (n && !local) return cx_poisoned("from_local_shard: local is NULL");
-    cx_buffer *b = cx_buffer_new((size_t)n * cx_dtype_size(dtype));
+    const cx_dtype held = cx_held_dtype(dtype); /* as cx_from_host holds it */
+    cx_buffer *b = cx_buffer_new((size_t)n * cx_dtype_size(held));
     if (!b) return cx_poisoned("from_local_shard: %s", cx_last_error());
-    if (n) memcpy(b->data, local, (size_t)n * cx_dtype_size(dtype));
-    return shard_leaf(b, dtype, global_shape, ndim, &s, "from_local_shard");
+    if (n && held != dtype) cx_f32_to_bf16_row(b->data, local, n); /* only f32 is held otherwise */
+    else if (n) memcpy(b->data, local, (size_t)n * cx_dtype_size(dtype));
+    return shard_leaf(b, held, global_shape, ndim, &s, "from_local_shard");
 }
 
 cx_status cx_spmd_gather_value(const cx_node *x, void *out)

@@ -171,7 +171,9 @@ CX_API const char *cx_bf16_path(void);
 /* ---- tensor creation and lifetime ----------------------------------- */
 
 /* Copies `data` (host memory, `dtype`, row-major `shape`) into a new device
- * buffer. Counts TransferToDeviceTime.
+ * buffer. Counts TransferToDeviceTime. Under XLA_USE_BF16 or
+ * XLA_DOWNCAST_BF16 f32 data is held (and reported by cx_dtype_of) as
+ * bf16, rounded to nearest even; so in every cx_from_* function.
  * @return a new tensor, or a poisoned tensor on a bad shape/dtype. */
 CX_API cx_tensor *cx_from_host(const void *data, const int64_t *shape, int ndim, cx_dtype dtype);
 /* Like cx_from_host, but `fill` writes the values straight into the new

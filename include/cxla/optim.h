@@ -102,9 +102,10 @@ typedef struct {
     int n;
     double weight_decay;    /* >= 0 */
     double lr_scale;        /* > 0 (a zero-initialized group is refused, not frozen) */
-    /* Optional, one per parameter (NULL, or entries NULL): an f32 tensor of
-     * the parameter's shape whose elements (0 or 1) scale the weight decay
-     * element by element. FSDP's flat shards hold weights and biases side
+    /* Optional, one per parameter (NULL, or entries NULL): a float tensor
+     * (f32, or bf16 as XLA_USE_BF16 holds f32 ones) of the parameter's
+     * shape whose elements (0 or 1) scale the weight decay element by
+     * element. FSDP's flat shards hold weights and biases side
      * by side: cx_fsdp_decay_masks makes the masks that decay the weights
      * only. Borrowed: they must outlive the optimizer. */
     cx_tensor *const *decay_masks;

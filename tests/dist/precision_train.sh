@@ -17,6 +17,12 @@
 # joins the partial embedding one) must run, the ranks issuing the same
 # collectives, to the single process's val loss within 1e-3 (printed to 4
 # places; the f32 run's is 4e-4 away, so this checks only that it runs).
+# --precision bf16 (XLA_USE_BF16) under SPMD: the loader's sharded batches
+# are held as bf16 as a single process's are, so the cnn's convs and
+# matmuls compile to bf16 kernels (they had run in f32, the batch never
+# rounded and the bf16 weights widened each step). The GPT under FSDP with
+# --precision bf16 (its decay masks held as bf16) runs to the single
+# process's val loss within 1e-3.
 # usage: precision_train.sh LAUNCHER TRAIN CONSOLIDATE CKPT_COMPARE GPT
 set -eu
 launch=$1 train=$2 consolidate=$3 compare=$4 gpt=$5
@@ -44,14 +50,33 @@ run cnn_bf16 3 "$train" --model cnn --batch-size 16 --precision bf16-mixed
 run cnn_spmd 3 "$launch" --nproc 2 "$train" --model cnn --batch-size 16 --parallel spmd --precision bf16-mixed
 close cnn_spmd cnn_bf16 3 1e-3
 apart cnn_spmd cnn_f32 3
-g="train --steps 3 --n-layer 2 --n-embd 64 --block-size 32 --batch-size 8 --precision bf16-mixed"
+CX_DUMP_DIR="$dir/dump" "$launch" --nproc 2 "$train" --model cnn --data fake --steps 1 --batch-size 16 --parallel spmd \
+    --precision bf16 > "$dir/cnn_spmd_b.log" 2>&1 || { cat "$dir/cnn_spmd_b.log"; fail "cnn spmd --precision bf16 failed"; }
+products=$(cat "$dir"/dump/*.program.txt | grep -E '^  k[0-9]+ (conv2d|matmul) ') || fail "no conv2d or matmul in the dump"
+if echo "$products" | grep -qv -E ' (conv2d|matmul) bf16\['; then
+  echo "$products"
+  fail "cnn spmd --precision bf16 computes products outside bf16"
+fi
+
+# the gpt's val loss on 2 ranks (run with the given flags) against 1 rank's
+gpt_pair() {
+  tag=$1; shift
+  # shellcheck disable=SC2086
+  "$gpt" "$@" > "$dir/gpt1_$tag.log" 2>&1 || { cat "$dir/gpt1_$tag.log"; fail "gpt $tag on 1 rank failed"; }
+  # shellcheck disable=SC2086
+  "$launch" --nproc 2 "$gpt" "$@" --parallel "$tag" > "$dir/gpt2_$tag.log" 2>&1 ||
+    { cat "$dir/gpt2_$tag.log"; fail "gpt $tag failed"; }
+  v1=$(sed -n 's/.*gpt: done: .* val loss \([0-9.]*\);.*/\1/p' "$dir/gpt1_$tag.log")
+  v2=$(sed -n 's/.*gpt: done: .* val loss \([0-9.]*\);.*/\1/p' "$dir/gpt2_$tag.log")
+  [ -n "$v1" ] && [ -n "$v2" ] || fail "no val loss in the gpt $tag logs"
+  awk -v a="$v1" -v b="$v2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3) }' ||
+    fail "gpt $tag val loss $v2, 1 rank $v1"
+}
+g="train --steps 3 --n-layer 2 --n-embd 64 --block-size 32 --batch-size 8"
 # shellcheck disable=SC2086
-"$gpt" $g > "$dir/gpt1.log" 2>&1 || { cat "$dir/gpt1.log"; fail "gpt on 1 rank failed"; }
+gpt_pair spmd $g --precision bf16-mixed
+vspmd=$v2
 # shellcheck disable=SC2086
-"$launch" --nproc 2 "$gpt" $g --parallel spmd > "$dir/gpt2.log" 2>&1 || { cat "$dir/gpt2.log"; fail "gpt spmd failed"; }
-v1=$(sed -n 's/.*gpt: done: .* val loss \([0-9.]*\);.*/\1/p' "$dir/gpt1.log")
-v2=$(sed -n 's/.*gpt: done: .* val loss \([0-9.]*\);.*/\1/p' "$dir/gpt2.log")
-[ -n "$v1" ] && [ -n "$v2" ] || fail "no val loss in the gpt logs"
-awk -v a="$v1" -v b="$v2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-3) }' ||
-  fail "gpt spmd val loss $v2, 1 rank $v1"
-echo "precision_train: fsdp and spmd bf16-mixed on 2 ranks match 1 rank (gpt spmd val loss $v2, 1 rank $v1)"
+gpt_pair fsdp $g --precision bf16
+echo "precision_train: fsdp and spmd bf16-mixed on 2 ranks match 1 rank (gpt spmd val loss $vspmd), spmd bf16 computes" \
+     "in bf16, gpt fsdp bf16 val loss $v2 (1 rank $v1)"

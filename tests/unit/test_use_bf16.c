@@ -44,6 +44,37 @@ Test(use_bf16, f32_tensors_are_held_as_bf16)
     (void)c;
 }
 
+/* The SPMD loader's and the sharded checkpoint's constructors hold f32 as
+ * cx_from_host does (they had kept it f32, so a --precision bf16 SPMD run
+ * computed its products in f32). A one-device mesh: the shard is it all. */
+Test(use_bf16, sharded_constructors_hold_f32_as_bf16)
+{
+    use_bf16();
+    cr_assert_eq(cx_use_spmd(), CX_OK, "%s", cx_last_error());
+    cx_mesh *mesh = cx_mesh_new((int[]){ 0 }, 1, (int[]){ 1 }, (const char *const[]){ "data" });
+    cr_assert(mesh, "%s", cx_last_error());
+    const float v[4] = { 1.0f + 0x1p-12f, 3.14159265f, -2.7182818f, 1e-3f };
+    const int64_t shape[2] = { 2, 2 };
+    const cx_spec_entry spec[2] = { CX_SPEC_NAME("data"), CX_SPEC_NONE };
+    const int64_t ids[2] = { 7, -3 };
+    cx_tensor *made[] = { cx_from_host_sharded(v, 0, shape, 2, CX_F32, mesh, spec, 2),
+                          cx_from_local_shard(v, shape, 2, CX_F32, mesh, spec, 2),
+                          cx_from_host_sharded(ids, 0, shape, 1, CX_I64, mesh, spec, 1) };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_not(cx_tensor_error(made[i]), "%s", cx_last_error());
+        cr_expect_eq(cx_dtype_of(made[i]), CX_BF16, "sharded tensor %d made as f32 is %s", i,
+                     cx_dtype_name(cx_dtype_of(made[i])));
+        float back[4];
+        cr_assert_eq(cx_to_host(made[i], back, CX_F32), CX_OK, "%s", cx_last_error());
+        for (int k = 0; k < 4; k++) cr_expect_eq(back[k], rb(v[k]), "tensor %d [%d] %.9g, want %.9g", i, k, back[k], rb(v[k]));
+    }
+    cr_expect_eq(cx_dtype_of(made[2]), CX_I64, "integers stay as they are");
+    int64_t ids_back[2];
+    cr_assert_eq(cx_to_host(made[2], ids_back, CX_I64), CX_OK, "%s", cx_last_error());
+    cr_expect(ids_back[0] == 7 && ids_back[1] == -3);
+    for (size_t i = 0; i < sizeof made / sizeof *made; i++) cx_free(made[i]);
+}
+
 Test(use_bf16, downcast_is_the_same_for_f32)
 {
     cr_assert_eq(setenv("XLA_DOWNCAST_BF16", "1", 1), 0);
