@@ -139,6 +139,20 @@ static cx_status write_optimizer_copy(writer *w, hid_t fid)
     return st;
 }
 
+/* The ranks that trained the source: its record, or for a file without
+ * one its file count (a DDP save is one file, written by rank 0 for all). */
+static int64_t trained_world(const ckpt_src *s)
+{
+    return s->root.train_world_size > 0 ? s->root.train_world_size : s->world;
+}
+
+/* The samples the whole run took in the epoch: each rank's sampler counted
+ * its own share (an SPMD run's one sampler counted the global batches). */
+static int64_t global_sampler_position(const ckpt_src *s)
+{
+    return s->spmd ? s->root.sampler_position : s->root.sampler_position * trained_world(s);
+}
+
 cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_consolidate_opts opts)
 {
     cx_ckpt_consolidate_opts own_opts = cx_ckpt_consolidate_default_opts();
@@ -156,13 +170,13 @@ cx_status cx_ckpt_consolidate(const char *prefix, const char *out_path, cx_ckpt_
     writer w;
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out_path, (long)getpid());
-    /* the sampler position counts each rank's samples: one rank holds them
-     * all now (an SPMD run's one sampler counted the global batches) */
+    /* one file for the whole run: its sampler position counts every
+     * rank's samples (cx_ckpt_load_full shares them out again) */
     ckpt_root root = s.root;
     root.world_size = 1;
     root.rank = 0;
-    root.train_world_size = s.world;
-    root.sampler_position = s.spmd ? s.root.sampler_position : s.root.sampler_position * s.world;
+    root.train_world_size = trained_world(&s);
+    root.sampler_position = global_sampler_position(&s);
     root.consolidated_from_world_size = s.world;
     root.resharded_from_world_size = 0;
     hid_t fid = -1, mg = -1;
@@ -308,7 +322,7 @@ static cx_status write_reshard_file(writer *w, const ckpt_unit *u, int nu, int r
     root.train_world_size = world;
     /* the sampler position counts each rank's samples: rescale it to the new
      * world (the global position is what a resumed run must continue from) */
-    root.sampler_position = (s->spmd ? s->root.sampler_position : s->root.sampler_position * s->world) / world;
+    root.sampler_position = global_sampler_position(s) / world;
     root.consolidated_from_world_size = 0;
     root.resharded_from_world_size = s->world;
     hid_t fid, mg;

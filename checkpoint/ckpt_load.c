@@ -586,6 +586,9 @@ cx_status cx_ckpt_load_full(const char *path, cx_ckpt_model model, cx_optimizer 
     memset(&j, 0, sizeof j);
     st = load_prepare(&j, NULL, path, &v, opt, o);
     if (st == CX_OK) st = load_apply(&j, opt, extra, o);
+    /* the file's position counts the whole run's samples; each of this
+     * run's samplers takes its share (an SPMD run's one sampler, all) */
+    if (st == CX_OK && extra && !v.spmd && !cx_is_spmd()) extra->sampler_position /= cx_world_size();
     load_job_free(&j);
     ckpt_view_release(&v);
     return st;

@@ -153,7 +153,10 @@ CX_API cx_status cx_ckpt_load_opts(const char *prefix, cx_ckpt_model model, cx_o
 
 /* Loads one full (consolidated) file, e.g. consolidate_ckpts' output, into
  * a model of any wrapping; `opt` may be NULL (the file's optimizer state,
- * if any, is then ignored). Per-tensor checksums are verified for every
+ * if any, is then ignored). The file's sampler position counts the samples
+ * of every rank of the run that saved it; extra gets this process's share
+ * (divided by cx_world_size(), outside SPMD, whose one sampler takes it
+ * all). Per-tensor checksums are verified for every
  * tensor read whole; an FSDP or SPMD-sharded target reads only its own
  * ranges of a tensor, which HDF5 cannot checksum alone (its metadata is
  * checksummed). Not collective: each rank reads the file itself.
