@@ -117,7 +117,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
           .help = "ddp: gradients all-reduced as they are, or as\nbf16 summed in f32 (bf16_compress_hook)" },
         { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P",
-          .help = "train, eval: " PRECISION_HELP },
+          .help = "train, eval, sample: " PRECISION_HELP },
         { .name = "log-every", .kind = CLI_I64, .dest = &c->log_every, .min = 1, .max = 0x1p40,
           .help = "log the loss every N steps" },
         { .name = "eval-every", .kind = CLI_I64, .dest = &c->eval_every, .min = 0, .max = 0x1p40,
@@ -950,12 +950,15 @@ static int64_t draw(const float *logits, int64_t v, double temperature, int64_t 
  * is always `block` tokens (left-aligned, zero-padded; causal attention
  * never looks right), and the position is a runtime scalar, so every
  * token reuses one compiled graph. */
-static cx_status next_logits(cx_module *m, const int64_t *window, int64_t block, int64_t pos, float *out, int64_t v)
+static cx_status next_logits(cx_module *m, precision p, const int64_t *window, int64_t block, int64_t pos, float *out,
+                             int64_t v)
 {
     int64_t shape[2] = { 1, block }, sel_shape[3] = { 1, block, 1 };
     cx_step_begin();
     cx_tensor *idx = cx_from_host(window, shape, 2, CX_I64);
+    precision_forward_begin(p);
     cx_tensor *logits = cx_module_forward(m, idx);                                      // (1, T, V)
+    precision_forward_end(p);
     cx_tensor *at = cx_eq(cx_arange(block, CX_I64), cx_runtime_scalar((double)(pos - 1), CX_I64));   // (T)
     cx_tensor *sel = cx_reshape(cx_cast(at, CX_F32), sel_shape, 3);                    // (1, T, 1)
     int axis = 1;
@@ -1030,7 +1033,7 @@ static int cmd_sample(const config *c)
         memset(window, 0, sizeof *window * (size_t)block);
         memcpy(window, text + start, sizeof *window * (size_t)pos);
         int64_t before = cx_metric_data("CompileTime", &ms) ? ms.total_samples : 0;
-        if (next_logits(t.model, window, block, pos, logits, v) != CX_OK) {
+        if (next_logits(t.model, c->precision, window, block, pos, logits, v) != CX_OK) {
             fprintf(stderr, "gpt sample: %s\n", cx_last_error());
             rc = EXIT_RUNTIME;
             break;

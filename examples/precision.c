@@ -32,9 +32,15 @@ int precision_setup(const char *prog, const char *value, precision *out)
     const char *env = getenv("XLA_USE_BF16"), *down = getenv("XLA_DOWNCAST_BF16");
     bool held = (env && !strcmp(env, "1")) || (down && !strcmp(down, "1"));
     if (held && p != PRECISION_BF16) {
-        snprintf(line, sizeof line, "--precision %s, but %s=1 holds every f32 tensor as bf16; unset it, or use "
-                 "--precision bf16", value, env && !strcmp(env, "1") ? "XLA_USE_BF16" : "XLA_DOWNCAST_BF16");
+        snprintf(line, sizeof line, "--precision %s%s, but %s=1 holds every f32 tensor as bf16; unset it, or use "
+                 "--precision bf16", value, p == PRECISION_F32 ? " (the default)" : "",
+                 env && !strcmp(env, "1") ? "XLA_USE_BF16" : "XLA_DOWNCAST_BF16");
         say(prog, line);
+        return -1;
+    }
+    if (p == PRECISION_BF16 && env && !strcmp(env, "0")) {
+        say(prog, "--precision bf16 holds every f32 tensor as bf16 (XLA_USE_BF16=1), but the environment sets "
+                  "XLA_USE_BF16=0; unset it, or use another --precision");
         return -1;
     }
     if (p == PRECISION_BF16 && setenv("XLA_USE_BF16", "1", 1) != 0) {

@@ -36,6 +36,10 @@ S1=$("$GPT" sample $MODEL --ckpt "$W/ckpt/ckpt-step-60" --prompt "And it" --toke
 S2=$("$GPT" sample $MODEL --ckpt "$W/ckpt/ckpt-step-60" --prompt "And it" --tokens 40 --top-k 5 --seed 3 2>/dev/null)
 [ "$S1" = "$S2" ] || fail "the same seed gave different text"
 grep -q "40 tokens, 0 compiles after the first token" "$W/s1.err" || { cat "$W/s1.err"; fail "sampling recompiled"; }
+# --precision bf16-mixed samples under autocast: its products compile to bf16 kernels
+CX_DUMP_DIR="$W/sdump" "$GPT" sample $MODEL --ckpt "$W/ckpt/ckpt-step-60" --prompt "And it" --tokens 2 \
+    --precision bf16-mixed > /dev/null 2>"$W/s3.err" || { cat "$W/s3.err"; fail "sample --precision bf16-mixed"; }
+grep -qE '^  k[0-9]+ matmul bf16\[' "$W"/sdump/*.program.txt || fail "sample --precision bf16-mixed ran no bf16 matmul"
 
 # resume from step 30 and finish: the same final checkpoint values are not
 # required (the loader's prefetch order is), but it must pick up at 30

@@ -83,6 +83,12 @@ Test(train_cli, bad_precision_exits_2_with_one_line, .init = find_train)
     expect_usage_error("--precision bf16", "bad XLA_USE_BF16 'yes': want one of 0, 1 (default 0)");
     cr_assert_eq(setenv("XLA_USE_BF16", "1", 1), 0);
     expect_usage_error("--precision bf16-mixed", "--precision bf16-mixed, but XLA_USE_BF16=1 holds every f32 tensor as bf16");
+    /* without the flag: its default is what conflicts, and the line says so */
+    expect_usage_error("--steps 1", "--precision f32 (the default), but XLA_USE_BF16=1 holds every f32 tensor as bf16");
+    /* the other way round: the flag must not silently beat an explicit 0 */
+    cr_assert_eq(setenv("XLA_USE_BF16", "0", 1), 0);
+    expect_usage_error("--precision bf16", "--precision bf16 holds every f32 tensor as bf16 (XLA_USE_BF16=1), but the "
+                                           "environment sets XLA_USE_BF16=0");
     unsetenv("XLA_USE_BF16");
 }
 
