@@ -162,27 +162,30 @@ static void check_case_route(const mm_case *c, int route, bool f32_out)
 TestSuite(bf16_gemm, .init = expect_requested_isa);
 TestSuite(bf16_attention, .init = expect_requested_isa);
 
+/* edges of every blocking: MR 12, NR 32, MC 96, NC 256, KC 512, MCH 768;
+ * odd K; the FMA route's 6-row tiles and K blocks of 256 */
+static const mm_case k_edge_cases[] = {
+    { 1, 1, 1, 1, false, false, false, false },
+    { 1, 13, 33, 7, false, false, false, false },
+    { 1, 97, 257, 513, false, false, false, false },
+    { 1, 50, 70, 1100, true, false, false, false },
+    { 1, 45, 31, 64, false, true, false, false },
+    { 1, 29, 40, 77, true, true, false, false },
+    { 1, 800, 40, 24, false, false, false, false },
+    { 1, 96, 64, 600, true, false, false, false },
+    { 3, 17, 19, 9, false, false, false, false },
+    { 4, 12, 32, 6, false, true, false, true },
+    { 2, 25, 9, 15, true, false, true, false },
+    { 1, 5, 300, 2, false, false, false, false },
+    /* a shared B: folded into one tall product unless A is transposed */
+    { 5, 40, 70, 33, false, false, false, true },
+    { 3, 20, 10, 8, true, false, false, true },
+};
+
 Test(bf16_gemm, shapes_and_edges)
 {
     rng_state = 0x2545f4914f6cdd1dull;
-    /* edges of every blocking: MR 12, NR 32, MC 96, NC 256, KC 512, MCH 768; odd K */
-    static const mm_case cases[] = {
-        { 1, 1, 1, 1, false, false, false, false },
-        { 1, 13, 33, 7, false, false, false, false },
-        { 1, 97, 257, 513, false, false, false, false },
-        { 1, 50, 70, 1100, true, false, false, false },
-        { 1, 45, 31, 64, false, true, false, false },
-        { 1, 29, 40, 77, true, true, false, false },
-        { 1, 800, 40, 24, false, false, false, false },
-        { 3, 17, 19, 9, false, false, false, false },
-        { 4, 12, 32, 6, false, true, false, true },
-        { 2, 25, 9, 15, true, false, true, false },
-        { 1, 5, 300, 2, false, false, false, false },
-        /* a shared B: folded into one tall product unless A is transposed */
-        { 5, 40, 70, 33, false, false, false, true },
-        { 3, 20, 10, 8, true, false, false, true },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(&cases[i]);
+    for (size_t i = 0; i < sizeof k_edge_cases / sizeof *k_edge_cases; i++) check_case(&k_edge_cases[i]);
 }
 
 /* The same edges with the f32 sums out (the graph's weight gradients
@@ -192,20 +195,8 @@ Test(bf16_gemm, shapes_and_edges)
 Test(bf16_gemm, f32_sums_out_shapes_and_edges)
 {
     rng_state = 0x2545f4914f6cdd1dull;
-    static const mm_case cases[] = {
-        { 1, 1, 1, 1, false, false, false, false },
-        { 1, 13, 33, 7, false, false, false, false },
-        { 1, 97, 257, 513, false, false, false, false },
-        { 1, 50, 70, 1100, true, false, false, false },
-        { 1, 45, 31, 64, false, true, false, false },
-        { 1, 29, 40, 77, true, true, false, false },
-        { 1, 800, 40, 24, false, false, false, false },
-        { 1, 96, 64, 600, true, false, false, false },
-        { 3, 17, 19, 9, false, false, false, false },
-        { 2, 25, 9, 300, true, false, true, false },
-        { 5, 40, 70, 33, false, false, false, true },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case_route(&cases[i], -1, true);
+    for (size_t i = 0; i < sizeof k_edge_cases / sizeof *k_edge_cases; i++)
+        check_case_route(&k_edge_cases[i], -1, true);
 }
 
 /* an executable planned under the other route (the persistent cache
