@@ -795,10 +795,11 @@ static int cmd_train(const config *c)
     if (rc) { train_data_free(&d); trainer_free(&t); return rc; }
     if (cx_global_ordinal() == 0)
         printf("gpt: %lld parameters, %d layers, %d heads, n_embd %lld, block %lld; %lld train / %lld val windows "
-               "of this size per epoch; batch %lld over %d rank(s), parallel %s\n",
+               "of this size per epoch; batch %lld over %d rank(s), parallel %s%s\n",
                (long long)cx_module_num_params(t.model), c->model.n_layer, c->model.n_head,
                (long long)c->model.n_embd, (long long)c->model.block_size, (long long)cx_dataset_size(d.train),
-               (long long)cx_dataset_size(d.val), (long long)c->batch_size, cx_world_size(), c->parallel);
+               (long long)cx_dataset_size(d.val), (long long)c->batch_size, cx_world_size(), c->parallel,
+               precision_banner(c->precision));
     if (cx_global_ordinal() == 0 && c->warmup > c->steps)
         printf("gpt: warning: --warmup %lld is longer than --steps %lld: the learning rate peaks at %.2e, never "
                "reaching --lr %.2e\n", (long long)c->warmup, (long long)c->steps, lr_at(c, c->steps - 1), c->lr);

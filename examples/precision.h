@@ -17,6 +17,13 @@ typedef enum {
  * (rank 0 only) naming what is wrong. */
 int precision_setup(const char *prog, const char *value, precision *out);
 
+/* What the run banner adds after its parallel mode: nothing for f32, so
+ * the default run's line is as it was. */
+static inline const char *precision_banner(precision p)
+{
+    return p == PRECISION_BF16_MIXED ? ", precision bf16-mixed" : p == PRECISION_BF16 ? ", precision bf16" : "";
+}
+
 /* The forward's autocast region under bf16-mixed; nothing otherwise. */
 static inline void precision_forward_begin(precision p) { if (p == PRECISION_BF16_MIXED) cx_autocast_begin(CX_BF16); }
 static inline void precision_forward_end(precision p) { if (p == PRECISION_BF16_MIXED) cx_autocast_end(); }

@@ -920,8 +920,9 @@ int main(int argc, char **argv)
     }
     if (rank == 0)
         printf("model %s: %lld parameters; optimizer %s lr %g; data %s, %lld train / %lld test images; "
-               "%d rank(s), parallel %s\n", c.model, (long long)num_params, cx_optim_name(opt), c.lr,
-               c.data, (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set), world, c.parallel);
+               "%d rank(s), parallel %s%s\n", c.model, (long long)num_params, cx_optim_name(opt), c.lr,
+               c.data, (long long)cx_dataset_size(train_set), (long long)cx_dataset_size(test_set), world, c.parallel,
+               precision_banner(c.precision));
     fflush(stdout);   /* before any error line of the setup below */
 
     cx_sampler_opts so = cx_sampler_default_opts();

@@ -44,6 +44,9 @@ run mlp_bf16 5 "$train" $mlp --batch-size 16 --precision bf16-mixed
 run mlp_fsdp 5 "$launch" --nproc 2 "$train" $mlp --batch-size 8 --parallel fsdp --precision bf16-mixed
 close mlp_fsdp mlp_bf16 5 1e-3
 apart mlp_fsdp mlp_f32 5
+# the run's first line says the precision (an f32 run's line is as before)
+grep -q ", parallel fsdp, precision bf16-mixed$" "$dir/mlp_fsdp.log" || { cat "$dir/mlp_fsdp.log"; fail "no precision in the banner"; }
+grep -q ", parallel none$" "$dir/mlp_f32.log" || { cat "$dir/mlp_f32.log"; fail "the f32 banner changed"; }
 
 run cnn_f32 3 "$train" --model cnn --batch-size 16
 run cnn_bf16 3 "$train" --model cnn --batch-size 16 --precision bf16-mixed
@@ -53,6 +56,7 @@ apart cnn_spmd cnn_f32 3
 CX_DUMP_DIR="$dir/dump" "$launch" --nproc 2 "$train" --model cnn --data fake --steps 1 --batch-size 16 --parallel spmd \
     --precision bf16 > "$dir/cnn_spmd_b.log" 2>&1 || { cat "$dir/cnn_spmd_b.log"; fail "cnn spmd --precision bf16 failed"; }
 products=$(cat "$dir"/dump/*.program.txt | grep -E '^  k[0-9]+ (conv2d|matmul) ') || fail "no conv2d or matmul in the dump"
+grep -q ", parallel spmd, precision bf16$" "$dir/cnn_spmd_b.log" || { cat "$dir/cnn_spmd_b.log"; fail "no precision in the banner"; }
 if echo "$products" | grep -qv -E ' (conv2d|matmul) bf16\['; then
   echo "$products"
   fail "cnn spmd --precision bf16 computes products outside bf16"
