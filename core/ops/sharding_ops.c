@@ -98,10 +98,11 @@ cx_tensor *cx_from_host_sharded(const void *rows, int64_t row0, const int64_t *g
      * copied in `dtype` first */
     const cx_dtype held = cx_held_dtype(dtype);
     cx_buffer *b = cx_buffer_new((size_t)n * cx_dtype_size(held));
-    void *copy = !b || held == dtype ? (b ? b->data : NULL) : malloc(n ? (size_t)n * es : 1);
+    if (!b) return cx_poisoned("from_host_sharded: %s", cx_last_error());
+    void *copy = held == dtype ? b->data : malloc(n ? (size_t)n * es : 1);
     if (!copy) {
-        if (b) cx_buffer_unref(b);
-        return cx_poisoned("from_host_sharded: %s", b ? "out of memory" : cx_last_error());
+        cx_buffer_unref(b);
+        return cx_poisoned("from_host_sharded: out of memory");
     }
     cx_shard_copy_rows(&s, global_shape, cx_global_ordinal(), es, copy, (void *)(uintptr_t)rows, true, row0);
     if (held != dtype) {

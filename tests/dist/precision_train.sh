@@ -65,9 +65,7 @@ fi
 # the gpt's val loss on 2 ranks (run with the given flags) against 1 rank's
 gpt_pair() {
   tag=$1; shift
-  # shellcheck disable=SC2086
   "$gpt" "$@" > "$dir/gpt1_$tag.log" 2>&1 || { cat "$dir/gpt1_$tag.log"; fail "gpt $tag on 1 rank failed"; }
-  # shellcheck disable=SC2086
   "$launch" --nproc 2 "$gpt" "$@" --parallel "$tag" > "$dir/gpt2_$tag.log" 2>&1 ||
     { cat "$dir/gpt2_$tag.log"; fail "gpt $tag failed"; }
   v1=$(sed -n 's/.*gpt: done: .* val loss \([0-9.]*\);.*/\1/p' "$dir/gpt1_$tag.log")
