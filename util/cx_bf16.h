@@ -21,6 +21,18 @@ static inline uint16_t cx_f32_to_bf16_inline(float f)
     return (uint16_t)((v.u + rounding) >> 16);
 }
 
+/* f rounded to bf16 as cx_f32_to_bf16_inline rounds it, kept as a float
+ * (the low 16 bits 0): every step stays in a 32-bit lane, so a loop of it
+ * vectorizes without packing to 16 bits and widening back. */
+static inline float cx_bf16_round_inline(float f)
+{
+    union { uint32_t u; float f; } v = { .f = f };
+    uint32_t rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+    uint32_t quiet_nan = (v.u | 0x400000u) & 0xffff0000u;
+    v.u = (v.u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+    return v.f;
+}
+
 /* y + b rounded, then relu if asked (NaN to 0): the steps of autocast's
  * bias (b the f32 bias cast to bf16, as a float) after a bf16 product, as
  * the bf16 program computes them; the kernels that fold them use this. */

@@ -54,7 +54,7 @@ static inline bool view_lanes(const cx_view *v, const int64_t *idx, int nd, int6
     return *jlo < *jhi;
 }
 
-static inline float bf16_round(float x) { return cx_bf16_to_f32_inline(cx_f32_to_bf16_inline(x)); }
+static inline float bf16_round(float x) { return cx_bf16_round_inline(x); }
 
 CX_HOT static void load_block(reg_t *r, const void *base, int dt, const cx_view *v, const int64_t *idx, int nd, int64_t j0, int len)
 {
@@ -236,8 +236,11 @@ static inline const float *direct_load(const run_ctx *rc, const cx_program *p, c
 
 /* Evaluates a program for lanes [j0, j0+len) of the row at outer index idx
  * (constants and runtime scalars are already in place: prog_regs).
+ * Instruction `unrounded` (-1: none), a bf16 one whose values the caller
+ * rounds as it stores them, is computed in f32 and left unrounded.
  * @return the result's values. */
-CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, val_t *vals, const int64_t *idx, int nd, int64_t j0, int len)
+CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *regs, val_t *vals, const int64_t *idx,
+                               int nd, int64_t j0, int len, int unrounded)
 {
     for (int n = 0; n < p->n; n++) {
         const cx_pinstr *in = &p->ins[n];
@@ -268,14 +271,14 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             break;
         }
         case P_UN:
-            if (in->dtype == CX_BF16) un_bf16(in->op, r->f, VA->f, len);
+            if (in->dtype == CX_BF16 && n != unrounded) un_bf16(in->op, r->f, VA->f, len);
             else if (fc) un_float(in->op, r->f, VA->f, len);
             else { un_int(in->op, r->i, VA->i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
             break;
         case P_BIN:
             if (in->op == OP_LT || in->op == OP_LE || in->op == OP_EQ) {
                 cmp_block(in->op, r->i, VA, &vals[in->b], is_float_class(in->src_dtype), len);
-            } else if (in->dtype == CX_BF16) {
+            } else if (in->dtype == CX_BF16 && n != unrounded) {
                 bin_bf16(in->op, r->f, VA->f, vals[in->b].f, len);
             } else if (fc) {
                 bin_float(in->op, r->f, VA->f, vals[in->b].f, len);
@@ -291,7 +294,10 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             break;
         }
         case P_CAST:
-            cast_block(r, in->dtype, VA, p->ins[in->a].dtype, len);
+            /* a float register holds f32 values (a bf16 one, values bf16
+             * can hold), so a cast to f32 is the operand itself */
+            if (in->dtype == CX_F32 && is_float_class(p->ins[in->a].dtype)) vals[n] = *VA;
+            else cast_block(r, in->dtype, VA, p->ins[in->a].dtype, len);
             break;
         case P_RELU: {
             const float *x = VA->f;
@@ -326,12 +332,46 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
 }
 #undef VA
 
-CX_HOT static void store_block(void *out, int dt, int64_t off, val_t r, int len)
+/* A bf16 kernel's result is rounded once, as it is stored. An arithmetic
+ * result is computed unrounded for that (eval_block's `unrounded`): the
+ * rounding inside a bf16 GELU's loop, and again in the store, had made it
+ * 1.75x the f32 GELU (AVX2). A cast or a load of bf16 is bf16 values
+ * already, stored by keeping their high halves. */
+static bool is_arith(const cx_pinstr *in)
+{
+    return in->kind == P_UN || (in->kind == P_BIN && in->op != OP_LT && in->op != OP_LE && in->op != OP_EQ);
+}
+
+static int unrounded_result(const cx_kernel *k)
+{
+    const cx_pinstr *in = &k->prog.ins[k->prog.result];
+    return k->out_dtype == CX_BF16 && in->dtype == CX_BF16 && is_arith(in) ? k->prog.result : -1;
+}
+
+static bool result_is_bf16_exact(const cx_kernel *k)
+{
+    const cx_pinstr *in = &k->prog.ins[k->prog.result];
+    return k->out_dtype == CX_BF16 && in->dtype == CX_BF16 &&
+           (in->kind == P_CAST || (in->kind == P_LOAD && in->src_dtype == CX_BF16));
+}
+
+static inline uint16_t high_half(float x)
+{
+    union { float f; uint32_t u; } v = { .f = x };
+    return (uint16_t)(v.u >> 16);
+}
+
+CX_HOT static void store_block(void *out, int dt, int64_t off, val_t r, int len, bool bf16_exact)
 {
     switch (dt) {
     /* memmove: an in-place kernel's result may be its own input, read in place */
     case CX_F32: memmove((float *)out + off, r.f, sizeof(float) * (size_t)len); break;
-    case CX_BF16: { uint16_t *o = (uint16_t *)out + off; for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16_inline(r.f[j]); break; }
+    case CX_BF16: {
+        uint16_t *o = (uint16_t *)out + off;
+        if (bf16_exact) for (int j = 0; j < len; j++) o[j] = high_half(r.f[j]);
+        else for (int j = 0; j < len; j++) o[j] = cx_f32_to_bf16_inline(r.f[j]);
+        break;
+    }
     case CX_I32: { int32_t *o = (int32_t *)out + off; for (int j = 0; j < len; j++) o[j] = (int32_t)r.i[j]; break; }
     case CX_I64: memcpy((int64_t *)out + off, r.i, sizeof(int64_t) * (size_t)len); break;
     default: { uint8_t *o = (uint8_t *)out + off; for (int j = 0; j < len; j++) o[j] = (uint8_t)r.i[j]; break; }
@@ -386,6 +426,8 @@ typedef struct {
     const cx_kernel *k;
     int64_t inner, blocks_per_row;
     bool cast_to_bf16;   /* the program is a contiguous f32 load cast to bf16 */
+    bool bf16_exact;     /* result_is_bf16_exact */
+    int unrounded;       /* unrounded_result */
 } fused_job;
 
 /* Whether k's program is one contiguous f32 load cast to bf16 (autocast's
@@ -430,8 +472,8 @@ CX_HOT static void fused_range(void *p, int64_t b, int64_t e)
                               direct_load(j->rc, &k->prog, &k->prog.ins[0], idx, nd, j0), len);
             continue;
         }
-        val_t r = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len);
-        store_block(out, k->out_dtype, row * j->inner + j0, r, len);
+        val_t r = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len, j->unrounded);
+        store_block(out, k->out_dtype, row * j->inner + j0, r, len, j->bf16_exact);
     }
 }
 
@@ -441,7 +483,7 @@ void cx_run_fused(const run_ctx *rc, const cx_kernel *k)
     int64_t inner = k->ndim > 0 ? k->shape[k->ndim - 1] : 1;
     int64_t rows = inner ? k->out_numel / inner : 0;
     int64_t bpr = (inner + CX_BLK - 1) / CX_BLK;
-    fused_job j = { rc, k, inner, bpr, is_cast_to_bf16(k) };
+    fused_job j = { rc, k, inner, bpr, is_cast_to_bf16(k), result_is_bf16_exact(k), unrounded_result(k) };
     /* ~32K elements per chunk keeps the fork cost negligible */
     int64_t units = rows * bpr;
     int64_t grain = (32768 + CX_BLK - 1) / CX_BLK;
@@ -521,7 +563,7 @@ CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, val_t *vals, int
         }
         for (int64_t j0 = 0; j0 < j->inner; j0 += CX_BLK) {
             int len = (int)(j->inner - j0 < CX_BLK ? j->inner - j0 : CX_BLK);
-            val_t v = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len);
+            val_t v = eval_block(j->rc, &k->prog, regs, vals, idx, nd, j0, len, -1);
             const val_t *r = &v;
             if (k->red_op == OP_REDUCE_SUM) {
                 if (fc) *acc_f += sum_block(r->f, len);
@@ -661,7 +703,7 @@ CX_HOT static void colsum_range(void *p, int64_t b, int64_t e)
                 }
                 continue;
             }
-            const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len).f;
+            const float *r = eval_block(j->rc, &j->prog, regs, vals, idx, nd, j0, len, -1).f;
             for (int q = 0; q < len; q++) acc[q] += r[q];
         }
         int64_t o = lead * j->width + j0;
