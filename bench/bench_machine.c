@@ -93,22 +93,27 @@ static double core_round_trip_ns(void)
 enum { CPU_BASE, CPU_AVX2, CPU_AVX512, CPU_AVX512_BF16 };
 static const char *const g_cpu_levels[] = { "without AVX2", "AVX2", "AVX-512", "AVX-512 with BF16" };
 
-/* "AMD EPYC" from /proc/cpuinfo's first model name, and its widest vector
- * extension (CPU_*). */
+/* "AMD EPYC (family 26, model 2)" from /proc/cpuinfo's first CPU, and its
+ * widest vector extension (CPU_*). The family and model tell apart CPUs a
+ * virtual machine names alike (a Zen 4 and a Zen 5 "AMD EPYC"). */
 static void cpu_model(char *name, size_t n, int *level)
 {
     snprintf(name, n, "unknown CPU");
     *level = CPU_BASE;
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f) return;
-    char line[4096];
+    char line[4096], family[32] = "", model[32] = "";
     bool got_name = false, got_flags = false;
     while ((!got_name || !got_flags) && fgets(line, sizeof line, f)) {
         char *colon = strchr(line, ':');
         if (!colon) continue;
         char *v = colon + 1 + (colon[1] == ' ');
         v[strcspn(v, "\n")] = 0;
-        if (!got_name && !strncmp(line, "model name", 10)) {
+        if (!family[0] && !strncmp(line, "cpu family", 10)) {
+            snprintf(family, sizeof family, "%.31s", v);
+        } else if (!model[0] && !strncmp(line, "model\t", 6)) {
+            snprintf(model, sizeof model, "%.31s", v);
+        } else if (!got_name && !strncmp(line, "model name", 10)) {
             snprintf(name, n, "%s", v);
             got_name = true;
         } else if (!got_flags && !strncmp(line, "flags", 5)) {
@@ -120,6 +125,8 @@ static void cpu_model(char *name, size_t n, int *level)
         }
     }
     fclose(f);
+    size_t used = strlen(name);
+    if (family[0] && model[0] && used < n) snprintf(name + used, n - used, " (family %s, model %s)", family, model);
 }
 
 /* The levels of CX_CPU_ISA below the top, and the OpenBLAS core of each. */
@@ -180,8 +187,9 @@ static void describe(const char *when)
     /* the bf16 path first: asking it applies CX_CPU_ISA's cap to oneDNN,
      * which reading oneDNN's level would fix */
     const char *bf16 = cx_bf16_path();
-    char libs[192];
-    snprintf(libs, sizeof libs, "f32 libraries OpenBLAS %s, oneDNN %s; %s%s", openblas_get_corename(),
+    char libs[224];
+    snprintf(libs, sizeof libs, "f32 libraries OpenBLAS %s%s, oneDNN %s; %s%s", openblas_get_corename(),
+             getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "",
              dnnl_isa_name(dnnl_get_effective_cpu_isa()), CX_BENCH_MARCH[0] ? "a build for -march=" : "a build for any CPU",
              CX_BENCH_MARCH);
     if (rtt > 0)
@@ -196,6 +204,13 @@ void bench_machine_start(void)
 {
     g_said_start = true;
     describe("start");
+    /* an environment's OPENBLAS_CORETYPE (not CX_CPU_ISA's cap) can hold
+     * the f32 references below the CPU: a Zen 5 machine's Haswell setting
+     * had made the cnn's bf16 figure 1.96x where OpenBLAS's own choice gave 1.37x */
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    if (core && !getenv("CX_CPU_ISA") && bench_is_rank0())
+        fprintf(stderr, "cxla-bench: OPENBLAS_CORETYPE=%s holds OpenBLAS to that core's kernels, which may be below "
+                "this CPU's: the f32 references then are too (unset it to compare against OpenBLAS's own choice)\n", core);
 }
 
 void bench_machine_end(void)
