@@ -681,3 +681,40 @@ Test(ops_bf16, sums_over_bf16_rows_are_exact_then_rounded)
         free(h);
     }
 }
+
+/* A fused program rounds f32 values to bf16 in a cast (cast_block), as an
+ * intermediate or as its result, and must give cx_f32_to_bf16's bits for
+ * every value: NaNs whose low bits would carry round to nearest even into
+ * the sign or the exponent (0x7fffffff would become -0, 0x7f80ffff
+ * inf's neighbour), ties both ways, values that round up to inf, -0. The
+ * f32 add keeps each value (x + 0, with a zero tensor, so no fold) and
+ * makes the cast part of an interpreted program rather than a plain cast
+ * kernel; the product by a bf16 one, read first, has the cast in its own
+ * program, rounded in the program's loop, and the product in its store. */
+Test(ops_bf16, fused_casts_round_nans_ties_and_overflow_bit_for_bit)
+{
+    static const uint32_t bits[] = { 0x7fffffffu, 0xffffffffu, 0x7fc0ffffu, 0x7f80ffffu, 0xff80ffffu, 0x3f808000u,
+                                     0x3f818000u, 0x3f80ffffu, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                                     0x80000000u, 0x00000000u, 0x00018000u, 0x80008000u };
+    enum { N = sizeof bits / sizeof *bits };
+    float x[N], zero[N] = { 0 }, sums[N];
+    uint16_t ones[N], cast[N], prod[N];
+    for (int i = 0; i < N; i++) {
+        memcpy(&x[i], &bits[i], sizeof x[i]);
+        sums[i] = x[i] + zero[i];
+        ones[i] = cx_f32_to_bf16(1.0f);
+    }
+    const int64_t s[] = { N };
+    cx_step_begin();
+    cx_tensor *c = cx_cast(cx_add(tf32(x, s, 1), tf32(zero, s, 1)), CX_BF16);
+    cx_tensor *p = cx_mul(c, tbf16(ones, s, 1));
+    cr_assert_eq(cx_to_host(p, prod, CX_BF16), CX_OK, "%s", cx_last_error());
+    cr_assert_eq(cx_to_host(c, cast, CX_BF16), CX_OK, "%s", cx_last_error());
+    end_ok();
+    for (int i = 0; i < N; i++) {
+        uint16_t want = cx_f32_to_bf16(sums[i]);
+        uint16_t want_prod = cx_f32_to_bf16(cx_bf16_to_f32(want) * 1.0f);
+        cr_assert_eq(prod[i], want_prod, "cast of 0x%08x times 1: 0x%04x, want 0x%04x", bits[i], prod[i], want_prod);
+        cr_assert_eq(cast[i], want, "cast of 0x%08x: 0x%04x, want 0x%04x", bits[i], cast[i], want);
+    }
+}
