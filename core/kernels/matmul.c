@@ -7,11 +7,11 @@
  * product splits by rows (it is at least as tall as wide, or 128 rows
  * tall), where its JIT kernels beat OpenBLAS by 5-15 % on every shape of a
  * transformer step; OpenBLAS below, where oneDNN's per-call set-up costs
- * more than its kernel saves. Products split by columns stay on OpenBLAS:
- * oneDNN's sums over k for a column range are not always those of the
- * whole product, and the bits must not depend on the thread count. So
- * does cx_sgemm_serial, whose callers (convolution and attention tiles)
- * were tuned on OpenBLAS and mostly sit below the threshold. */
+ * more than its kernel saves. Products oneDNN does not take run on
+ * OpenBLAS in parts of rows fixed by their shape (OB_PART_ALIGN), since
+ * the bits must not depend on the thread count. So does cx_sgemm_serial,
+ * whose callers (convolution and attention tiles) were tuned on OpenBLAS
+ * and mostly sit below the threshold. */
 #include "kernels.h"
 #include "pool.h"
 
@@ -78,8 +78,18 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
     return st == dnnl_success;
 }
 
+/* OpenBLAS products run in parts of rows fixed by the shape alone, one
+ * library call a part, whatever the thread count: OpenBLAS's sums depend on
+ * the part's size (Haswell's kernels on its column range and on rows not a
+ * multiple of 12, SkylakeX's on whether the part takes its small-matrix
+ * kernels), so parts made from the thread count gave other bits on 1 and 3
+ * threads. Parts are a multiple of OB_PART_ALIGN rows, at most OB_MAX_PARTS. */
+#define OB_PART_ALIGN 48
+#define OB_MAX_PARTS 16
+
 typedef struct {
-    bool ta, tb, split_m, dnnl;
+    bool ta, tb;
+    int64_t rows_per_part;   /* OpenBLAS: each unit is one part of this many rows */
     int64_t m, n, k, lda, ldb, ldc;
     const float *a, *b;
     float *c;
@@ -111,20 +121,29 @@ void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_
     cx_sgemm_serial(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
-static void sgemm_part(void *p, int64_t lo, int64_t hi)
+static void sgemm_rows(const sgemm_job *j, int64_t lo, int64_t hi)
+{
+    const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
+    cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
+}
+
+static void openblas_parts(void *p, int64_t lo, int64_t hi)
 {
     const sgemm_job *j = p;
-    if (j->split_m) {
-        /* rows [lo, hi) of C and of op(A); oneDNN's sums over k do not
-         * depend on the row range (tests/unit/test_kernels.c) */
-        const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-        float *c = j->c + lo * j->ldc;
-        cx_sgemm_serial_on(j->dnnl, j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, c, j->ldc);
-    } else {
-        /* columns [lo, hi) of C and of op(B) */
-        const float *b = j->tb ? j->b + lo * j->ldb : j->b + lo;
-        cx_sgemm_serial(j->ta, j->tb, j->m, hi - lo, j->k, j->a, j->lda, b, j->ldb, j->beta, j->c + lo, j->ldc);
+    for (int64_t u = lo; u < hi; u++) {
+        int64_t r0 = u * j->rows_per_part, r1 = r0 + j->rows_per_part < j->m ? r0 + j->rows_per_part : j->m;
+        sgemm_rows(j, r0, r1);
     }
+}
+
+/* rows [lo, hi) of C and of op(A) through oneDNN, whose sums over k do not
+ * depend on the row range (tests/unit/test_kernels.c) */
+static void dnnl_rows(void *p, int64_t lo, int64_t hi)
+{
+    const sgemm_job *j = p;
+    const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
+    cx_sgemm_serial_on(true, j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc,
+                       j->ldc);
 }
 
 void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -135,12 +154,18 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
      * the parts (a GPT's MLP weight gradient, 256 x 1024); the rule reads
      * the shape alone, so the library does not depend on the thread count */
     bool dnnl = cx_sgemm_prefers_dnnl(m, n, k);
-    sgemm_job j = { trans_a, trans_b, m >= n || dnnl, dnnl, m, n, k, lda, ldb, ldc, a, b, c, beta };
-    /* parts of at least ~2 MFLOP and 16 rows/columns: smaller ones do not pay for a fork */
-    int64_t len = j.split_m ? m : n, other = j.split_m ? n : m;
-    int64_t grain = (int64_t)(2e6 / (2.0 * (double)(other * (k > 0 ? k : 1)))) + 1;
+    sgemm_job j = { trans_a, trans_b, 0, m, n, k, lda, ldb, ldc, a, b, c, beta };
+    /* parts of at least ~2 MFLOP and 16 rows: smaller ones do not pay for a fork */
+    int64_t grain = (int64_t)(2e6 / (2.0 * (double)(n * (k > 0 ? k : 1)))) + 1;
     if (grain < 16) grain = 16;
-    cx_pool_parallel_for(len, grain, sgemm_part, &j);
+    if (dnnl) {
+        /* oneDNN's sums do not depend on the row range: any split */
+        cx_pool_parallel_for(m, grain, dnnl_rows, &j);
+        return;
+    }
+    int64_t rows = grain > (m + OB_MAX_PARTS - 1) / OB_MAX_PARTS ? grain : (m + OB_MAX_PARTS - 1) / OB_MAX_PARTS;
+    j.rows_per_part = (rows + OB_PART_ALIGN - 1) / OB_PART_ALIGN * OB_PART_ALIGN;
+    cx_pool_parallel_for((m + j.rows_per_part - 1) / j.rows_per_part, 1, openblas_parts, &j);
 }
 
 static void gemm(float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k, bool trans_a,
