@@ -121,10 +121,12 @@ void cx_sgemm_serial_on(bool dnnl, bool trans_a, bool trans_b, int64_t m, int64_
     cx_sgemm_serial(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
-static void sgemm_rows(const sgemm_job *j, int64_t lo, int64_t hi)
+/* rows [lo, hi) of C and of op(A), through oneDNN or OpenBLAS */
+static void product_rows(const sgemm_job *j, bool dnnl, int64_t lo, int64_t hi)
 {
     const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-    cx_sgemm_serial(j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);
+    cx_sgemm_serial_on(dnnl, j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc,
+                       j->ldc);
 }
 
 static void openblas_parts(void *p, int64_t lo, int64_t hi)
@@ -132,19 +134,13 @@ static void openblas_parts(void *p, int64_t lo, int64_t hi)
     const sgemm_job *j = p;
     for (int64_t u = lo; u < hi; u++) {
         int64_t r0 = u * j->rows_per_part, r1 = r0 + j->rows_per_part < j->m ? r0 + j->rows_per_part : j->m;
-        sgemm_rows(j, r0, r1);
+        product_rows(j, false, r0, r1);
     }
 }
 
-/* rows [lo, hi) of C and of op(A) through oneDNN, whose sums over k do not
- * depend on the row range (tests/unit/test_kernels.c) */
-static void dnnl_rows(void *p, int64_t lo, int64_t hi)
-{
-    const sgemm_job *j = p;
-    const float *a = j->ta ? j->a + lo : j->a + lo * j->lda;
-    cx_sgemm_serial_on(true, j->ta, j->tb, hi - lo, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta, j->c + lo * j->ldc,
-                       j->ldc);
-}
+/* oneDNN's sums over k do not depend on the row range
+ * (tests/unit/test_kernels.c): any split */
+static void dnnl_rows(void *p, int64_t lo, int64_t hi) { product_rows(p, true, lo, hi); }
 
 void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
               const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
@@ -159,11 +155,10 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
     int64_t grain = (int64_t)(2e6 / (2.0 * (double)(n * (k > 0 ? k : 1)))) + 1;
     if (grain < 16) grain = 16;
     if (dnnl) {
-        /* oneDNN's sums do not depend on the row range: any split */
         cx_pool_parallel_for(m, grain, dnnl_rows, &j);
         return;
     }
-    int64_t rows = grain > (m + OB_MAX_PARTS - 1) / OB_MAX_PARTS ? grain : (m + OB_MAX_PARTS - 1) / OB_MAX_PARTS;
+    const int64_t fewest = (m + OB_MAX_PARTS - 1) / OB_MAX_PARTS, rows = grain > fewest ? grain : fewest;
     j.rows_per_part = (rows + OB_PART_ALIGN - 1) / OB_PART_ALIGN * OB_PART_ALIGN;
     cx_pool_parallel_for((m + j.rows_per_part - 1) / j.rows_per_part, 1, openblas_parts, &j);
 }

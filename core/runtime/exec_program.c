@@ -16,6 +16,7 @@
 #include <math.h>
 
 static inline bool is_float_class(int dt) { return dt == CX_F32 || dt == CX_BF16; }
+static inline bool is_compare(int op) { return op == OP_LT || op == OP_LE || op == OP_EQ; }
 
 /* ---- program evaluation ---------------------------------------------------------- */
 
@@ -276,7 +277,7 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             else { un_int(in->op, r->i, VA->i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
             break;
         case P_BIN:
-            if (in->op == OP_LT || in->op == OP_LE || in->op == OP_EQ) {
+            if (is_compare(in->op)) {
                 cmp_block(in->op, r->i, VA, &vals[in->b], is_float_class(in->src_dtype), len);
             } else if (in->dtype == CX_BF16 && n != unrounded) {
                 bin_bf16(in->op, r->f, VA->f, vals[in->b].f, len);
@@ -339,7 +340,7 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
  * already, stored by keeping their high halves. */
 static bool is_arith(const cx_pinstr *in)
 {
-    return in->kind == P_UN || (in->kind == P_BIN && in->op != OP_LT && in->op != OP_LE && in->op != OP_EQ);
+    return in->kind == P_UN || (in->kind == P_BIN && !is_compare(in->op));
 }
 
 static int unrounded_result(const cx_kernel *k)
