@@ -744,10 +744,11 @@ void cx_matmul_bf16_cxla(uint16_t *c, float *cf, const cx_bf16_epi *epi, const u
 }
 
 /* ---- products on panels, for kernels that make their own operands -------------------------
- * Winograd's bf16 products: its transforms write f32 operands, rounded
- * here as they are packed, and a pool task runs all 16 products of its
- * block itself. The rounding is vcvtneps2bf16's: to nearest even, with
- * denormals flushed to zero (the operands of a product, not a result). */
+ * Winograd's bf16 products: its transforms write the B panels
+ * themselves, its weights are rounded and packed here, and a pool task
+ * runs all 16 products of its block itself. The rounding is
+ * vcvtneps2bf16's: to nearest even, with denormals flushed to zero (the
+ * operands of a product, not a result). */
 
 size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side)
 {
@@ -756,14 +757,6 @@ size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side)
 
 #ifdef CX_HAVE_BF16_KERNEL
 #define CX_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-CX_BF16_TARGET static inline __m512i cvt_words16(const float *lo, const float *hi, __mmask16 keep)
-{
-    __m512 l = _mm512_maskz_loadu_ps(keep, lo), h = hi ? _mm512_maskz_loadu_ps(keep, hi) : _mm512_setzero_ps();
-    __m512i wl = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(l));
-    __m512i wh = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(h));
-    return _mm512_or_si512(wl, _mm512_slli_epi32(wh, 16));
-}
 
 CX_BF16_TARGET void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
                                        int64_t cols, int64_t height, int64_t width)
@@ -776,20 +769,6 @@ CX_BF16_TARGET void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *
             _mm256_mask_storeu_epi16(d + c, keep, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(keep, f + c)));
         }
         for (int64_t c = r < rows ? cols : 0; c < width; c++) d[c] = 0;
-    }
-}
-
-CX_BF16_TARGET void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n)
-{
-    const int64_t pairs = (k + 1) / 2;
-    zero_ragged_panel(bp, pairs, NR, n);
-    for (int64_t q = 0; q < pairs; q++) {
-        const float *lo = b + 2 * q * ldb, *hi = 2 * q + 1 < k ? lo + ldb : NULL;
-        for (int64_t e = 0; e < n; e += 16) {
-            __mmask16 keep = n - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - e)) - 1);
-            uint32_t *d = bp + (e / NR * pairs + q) * NR + e % NR;
-            _mm512_mask_storeu_epi32(d, keep, cvt_words16(lo + e, hi ? hi + e : NULL, keep));
-        }
     }
 }
 
@@ -847,12 +826,6 @@ void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld
                         int64_t height, int64_t width)
 {
     (void)dst; (void)ldd; (void)src; (void)lds; (void)rows; (void)cols; (void)height; (void)width;
-    CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
-}
-
-void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n)
-{
-    (void)bp; (void)b; (void)ldb; (void)k; (void)n;
     CX_ASSERT(!"no AVX512_BF16 micro-kernel in this build");
 }
 

@@ -467,8 +467,6 @@ void cx_fma_tile_bf16(uint16_t *cb, int64_t ldc, const float *ap, const float *b
  * vcvtneps2bf16: to nearest even, denormals flushed to zero.
  *  - cx_bf16_round_rows: dst (height, width) (ld ldd) = src (rows, cols)
  *    (ld lds) rounded, rows past rows and columns past cols 0;
- *  - cx_bf16_pack_b_f32: B (k, n) f32 (ld ldb) rounded into
- *    cx_bf16_panel_words(n, k, false) words of panels;
  *  - cx_bf16_pack_a: A (m, k) bf16 (ld lda) into
  *    cx_bf16_panel_words(m, k, true) words;
  *  - cx_bf16_pack_panels: count lanes by k of bf16 into
@@ -488,7 +486,6 @@ enum { CX_BF16_TILE_ROWS = 12, CX_BF16_TILE_COLS = 32 };   /* the micro-kernel's
 size_t cx_bf16_panel_words(int64_t lanes, int64_t k, bool a_side);
 void cx_bf16_round_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
                         int64_t height, int64_t width);
-void cx_bf16_pack_b_f32(uint32_t *bp, const float *b, int64_t ldb, int64_t k, int64_t n);
 void cx_bf16_pack_a(uint32_t *ap, const uint16_t *a, int64_t lda, int64_t m, int64_t k);
 void cx_bf16_pack_panels(uint32_t *dst, bool a_side, bool k_major, const uint16_t *src, int64_t ld, int64_t count,
                          int64_t k);

@@ -27,9 +27,10 @@
  * over its output. Without AVX512_BF16 the products are the f32
  * kernel's too, and so are the sums, bit for bit. With it the 16
  * products run on vdpbf16ps (gemm_bf16.c's micro-kernel): their operands
- * are rounded to bf16 by vcvtneps2bf16, U and Vt as they are packed, V
- * and Z as their transforms compute them, and M (forward-like) is padded
- * to whole 12 x 32 tiles so the micro-kernel stores it directly.
+ * are rounded to bf16 by vcvtneps2bf16, U as it is packed, V, Vt and Z
+ * as their transforms compute them (V and Vt straight into the
+ * micro-kernel's panels), and M (forward-like) is padded to whole 12 x 32
+ * tiles so the micro-kernel stores it directly.
  */
 #include "kernels.h"
 #include "pool.h"
@@ -105,7 +106,7 @@ static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)
 }
 
 /* Per-thread scratch, in floats: V, M (or the transformed dy), a block's
- * zero-padded input rows, its output rows (a bf16 output's sums before
+ * zero-padded input rows (in bf16, two channels' worth), its output rows (a bf16 output's sums before
  * rounding), and for the weight gradient the thread's dU and the block's
  * input rows in channels-last order. */
 typedef struct {
@@ -129,9 +130,17 @@ static int64_t zh_ld(int64_t tb) { return round_to(tb, 2); }
 static int64_t zh_rows(const wino_shape *s) { return round_to(s->cout, CX_BF16_TILE_ROWS); }
 static int64_t zh_stride(const wino_shape *s, int64_t tb) { return xi_stride(zh_rows(s) * zh_ld(tb)); }
 
+/* the distance between the 16 products' B panels (the weight gradient's:
+ * K = tb, N = cin; the others': K = cin, N = tb) */
+static int64_t bp_stride(const wino_shape *s, int64_t tb, bool weight)
+{
+    return xi_stride((int64_t)(weight ? cx_bf16_panel_words(s->cin, tb, false)
+                                      : cx_bf16_panel_words(tb, s->cin, false)));
+}
+
 /* With bf16 tensors, also room for the bf16 products (which of the
- * routes runs is the CPU's: the plan holds either): M's padding, one
- * product's B panels, and for the weight gradient Z rounded. */
+ * routes runs is the CPU's: the plan holds either): M's padding, the 16
+ * products' B panels, and for the weight gradient Z rounded. */
 static lane_layout lane_of(const wino_shape *s, wino_dir dir, bool bf16)
 {
     lane_layout l;
@@ -145,9 +154,7 @@ static lane_layout lane_of(const wino_shape *s, wino_dir dir, bool bf16)
     l.xt = l.du + (dir == WINO_BWD_WEIGHT ? (size_t)(16 * xi_stride(s->cout * s->cin)) : 0);
     l.zh = l.xt + (weight ? round16((2 * s->rows + 2) * (2 * s->tw + 2) * s->cin) : 0);
     l.bp = l.zh + (bf16 && weight ? round16(16 * zh_stride(s, tb) / 2 + 8) : 0);
-    l.total = l.bp + (!bf16 ? 0
-                      : weight ? round16((int64_t)cx_bf16_panel_words(s->cin, tb, false))
-                               : round16((int64_t)cx_bf16_panel_words(tb, s->cin, false)));
+    l.total = l.bp + (bf16 ? (size_t)(16 * bp_stride(s, tb, weight)) : 0);
     return l;
 }
 
@@ -384,12 +391,7 @@ CX_HOT static void transform_input(float *v, float *rows, const float *x, const 
 }
 
 #ifdef WINO_BF16_OPERANDS
-/* vcvtneps2bf16 stores: W values of a product's row, rounded */
-#define STORE_H8(T, x, v, dst, stride, j)                                                           \
-    _mm_storeu_si128((__m128i *)(void *)((dst) + (x) * (stride) + (j)), (__m128i)_mm256_cvtneps_pbh((__m256)(v)))
-#define STORE_H4(T, x, v, dst, stride, j)                                                           \
-    _mm_storel_epi64((__m128i *)(void *)((dst) + (x) * (stride) + (j)), (__m128i)_mm_cvtneps_pbh((__m128)(v)))
-#define STORE_H1(T, x, v, dst, stride, j) (dst)[(x) * (stride) + (j)] = round1(v)
+enum { PANEL_COLS = CX_BF16_TILE_COLS };
 
 /* one value rounded by vcvtneps2bf16 */
 WINO_BF16_TARGET static inline uint16_t round1(float v)
@@ -397,16 +399,116 @@ WINO_BF16_TARGET static inline uint16_t round1(float v)
     return (uint16_t)_mm_extract_epi16((__m128i)_mm_cvtneps_pbh(_mm_set_ss(v)), 0);
 }
 
-/* transform_input of xh for the bf16 products: V[xi][c][t] rounded by
- * vcvtneps2bf16 as it is computed (as cx_bf16_pack_b_f32 rounded it),
- * xi_stride(cin tb) apart: half the bytes stored, and packed into the
- * products' panels from bf16 rows (its f32 rows had cost the packing
- * twice the reads). */
-WINO_BF16_TARGET static void transform_input_bf16(uint16_t *vh, float *rows, const uint16_t *xh, const wino_shape *s,
-                                                  int64_t i0, int64_t i1)
+/* W words lo[e] | hi[e] << 16 of two lanes' values rounded by
+ * vcvtneps2bf16, stored at d: one conversion of both vectors, then their
+ * halves interleaved */
+#define WORDS8_ORDER _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
+#define WORDS4_ORDER _mm_setr_epi16(0, 4, 1, 5, 2, 6, 3, 7)
+#define STORE_WORDS8(d, lo, hi)                                                                     \
+    _mm256_storeu_si256((__m256i *)(void *)(d),                                                      \
+                        _mm256_permutexvar_epi16(WORDS8_ORDER, (__m256i)_mm256_cvtne2ps_pbh((__m256)(hi), (__m256)(lo))))
+#define STORE_WORDS4(d, lo, hi)                                                                     \
+    _mm_storeu_si128((__m128i *)(void *)(d),                                                         \
+                     _mm_permutexvar_epi16(WORDS4_ORDER, (__m128i)_mm_cvtne2ps_pbh((__m128)(hi), (__m128)(lo))))
+#define STORE_WORDS1(d, lo, hi) *(d) = (uint32_t)round1((lo)[0]) | (uint32_t)round1((hi)[0]) << 16
+typedef float v1 __attribute__((vector_size(4), aligned(4), may_alias));
+
+/* Where n words for columns col.. of pair q of B's panels (PANEL_COLS
+ * columns a panel, `pairs` pairs deep) go: *off words into them.
+ * @return whether they are one run, else they cross into the next panel
+ * (put_split) */
+static inline bool panel_run(int64_t *off, int64_t pairs, int64_t q, int64_t col, int64_t n)
 {
-    TRANSFORM_INPUT(uint16_t, vh, uint16_t, channel_rows_bf16, BF16_TILES_PUT, (uint16_t *)(void *)rows, xh, s, i0, i1,
-                    STORE_H8, STORE_H4, STORE_H1);
+    const int64_t at = col % PANEL_COLS;
+    *off = (col / PANEL_COLS * pairs + q) * PANEL_COLS + at;
+    return at + n <= PANEL_COLS;
+}
+
+/* n words w for columns col.. at d (panel_run's offset), a run that
+ * crosses into the next panel: the rest go to that panel's first columns */
+static void put_split(uint32_t *d, int64_t pairs, int64_t col, const uint32_t *w, int64_t n)
+{
+    const int64_t at = col % PANEL_COLS, first = PANEL_COLS - at;
+    memcpy(d, w, sizeof *w * (size_t)first);
+    memcpy(d + pairs * PANEL_COLS - at, w + first, sizeof *w * (size_t)(n - first));
+}
+
+/* the 16 products' B panels, bps words apart: the ragged last panel's
+ * columns past n are 0 */
+static void zero_ragged_panels(uint32_t *bp, int64_t bps, int64_t pairs, int64_t n)
+{
+    if (n % PANEL_COLS == 0) return;
+    for (int x = 0; x < 16; x++)
+        memset(bp + x * bps + n / PANEL_COLS * pairs * PANEL_COLS, 0, sizeof *bp * (size_t)(pairs * PANEL_COLS));
+}
+
+/* the B panels' words between transform results (PUT's target) */
+#define PUT_ARRAY(T, x, v, arr, unused_stride, unused_j) (arr)[x] = (v)
+
+/* The forward-like products' B operands V[xi] (K = cin, N = tb), straight
+ * from the input transform of xh (the rows of tile rows [i0, i1)) into
+ * their panels, bps words apart: channels c and c + 1 are transformed
+ * together, rounded by vcvtneps2bf16 and interleaved into the panels'
+ * pair words. Storing V and packing it had cost the pack's pass over V
+ * (2.7 % of a bf16-mixed cnn step). rows holds two channels' padded rows. */
+WINO_BF16_TARGET static void transform_input_panels(uint32_t *bp, int64_t bps, uint16_t *rows, const uint16_t *xh,
+                                                    const wino_shape *s, int64_t i0, int64_t i1)
+{
+    const int64_t tw = s->tw, tb = (i1 - i0) * tw, pairs = (s->cin + 1) / 2;
+    uint16_t *rows_odd = rows + (2 * (i1 - i0) + 2) * (2 * tw + 2);
+    zero_ragged_panels(bp, bps, pairs, tb);
+    for (int64_t c = 0; c < s->cin; c += 2) {
+        const bool odd = c + 1 < s->cin;
+        int64_t rs0, rs1 = 0;
+        const uint16_t *blk0 = channel_rows_bf16(rows, xh, s, c, i0, i1, c > 0, &rs0);
+        const uint16_t *blk1 = odd ? channel_rows_bf16(rows_odd, xh, s, c + 1, i0, i1, c > 0, &rs1) : NULL;
+        for (int64_t i = i0; i < i1; i++) {
+            /* without an odd channel, row1 is row0 and never read */
+            const uint16_t *b0 = blk0 + 2 * (i - i0) * rs0, *b1 = odd ? blk1 + 2 * (i - i0) * rs1 : b0;
+            const uint16_t *row0[4] = { b0, b0 + rs0, b0 + 2 * rs0, b0 + 3 * rs0 };
+            const uint16_t *row1[4] = { b1, b1 + rs1, b1 + 2 * rs1, b1 + 3 * rs1 };
+            const int64_t t0 = (i - i0) * tw;
+#define PANEL_TILES(T, W, j)                                                                        \
+    do {                                                                                            \
+        T e_[16], o_[16];                                                                           \
+        BF16_TILES_PUT(T, W, row0, PUT_ARRAY, e_, 0, j);                                            \
+        if (odd) BF16_TILES_PUT(T, W, row1, PUT_ARRAY, o_, 0, j);                                   \
+        else for (int x_ = 0; x_ < 16; x_++) o_[x_] = (T){ 0 };                                     \
+        int64_t off_;                                                                               \
+        if (panel_run(&off_, pairs, c / 2, t0 + (j), W)) {                                          \
+            for (int x_ = 0; x_ < 16; x_++) STORE_WORDS##W(bp + x_ * bps + off_, e_[x_], o_[x_]);   \
+        } else {                                                                                    \
+            for (int x_ = 0; x_ < 16; x_++) {                                                      \
+                uint32_t w_[W];                                                                     \
+                STORE_WORDS##W(w_, e_[x_], o_[x_]);                                                 \
+                put_split(bp + x_ * bps + off_, pairs, t0 + (j), w_, W);                            \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+            int64_t j = 0;
+            for (; j + 8 <= tw; j += 8) PANEL_TILES(v8, 8, j);
+            /* a ragged row's last 8 tiles again, overlapping, as in TRANSFORM_INPUT */
+            if ((tw - j) % 4 != 0 && tw >= 8) {
+                PANEL_TILES(v8, 8, tw - 8);
+                j = tw;
+            }
+            for (; j + 4 <= tw; j += 4) PANEL_TILES(v4, 4, j);
+#undef PANEL_TILES
+            for (; j < tw; j++) {
+                float d0[4][4], d1[4][4] = { { 0 } }, e[16], o[16] = { 0 };
+                for (int r = 0; r < 4; r++)
+                    for (int k = 0; k < 4; k++) {
+                        d0[r][k] = cx_bf16_to_f32_inline(row0[r][2 * j + k]);
+                        if (odd) d1[r][k] = cx_bf16_to_f32_inline(row1[r][2 * j + k]);
+                    }
+                INPUT_CORE_PUT(float, d0, PUT_ARRAY, e, 0, 0);
+                INPUT_CORE_PUT(float, d1, PUT_ARRAY, o, 0, 0);
+                int64_t off;
+                panel_run(&off, pairs, c / 2, t0 + j, 1);
+                for (int x = 0; x < 16; x++) bp[x * bps + off] = (uint32_t)round1(e[x]) | (uint32_t)round1(o[x]) << 16;
+            }
+        }
+    }
 }
 #endif
 
@@ -756,6 +858,51 @@ CX_HOT static void transform_input_cl(float *vt, const float *xt, const wino_sha
         }
 }
 
+#ifdef WINO_BF16_OPERANDS
+/* transform_input_cl for the weight gradient's bf16 products: their B
+ * operands Vt[xi] (K = tb, N = cin) straight into panels, bps words
+ * apart, tiles t and t + 1 transformed together, rounded by
+ * vcvtneps2bf16 and interleaved into the panels' pair words. Storing Vt
+ * in f32 and packing it (a rounding pack of its own) had taken more of a bf16
+ * step than the whole f32 route's Vt. */
+WINO_BF16_TARGET static void transform_input_cl_panels(uint32_t *bp, int64_t bps, const float *xt,
+                                                       const wino_shape *s, int64_t i0, int64_t i1)
+{
+    const int64_t tw = s->tw, cin = s->cin, wp = 2 * tw + 2, tb = (i1 - i0) * tw, rs = wp * cin;
+    const int64_t pairs = (tb + 1) / 2;
+    zero_ragged_panels(bp, bps, pairs, cin);
+    for (int64_t t = 0; t < tb; t += 2) {
+        const float *base0 = xt + (2 * (t / tw) * wp + 2 * (t % tw)) * cin;
+        const bool odd = t + 1 < tb;
+        /* without a second tile, base1 is base0 and never read */
+        const float *base1 = odd ? xt + (2 * ((t + 1) / tw) * wp + 2 * ((t + 1) % tw)) * cin : base0;
+#define CL_PANEL(T, W, c)                                                                           \
+    do {                                                                                            \
+        T e_[16], o_[16], d_[4][4];                                                                 \
+        for (int r_ = 0; r_ < 4; r_++)                                                             \
+            for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = LD(T, base0 + r_ * rs + k_ * cin + (c));    \
+        INPUT_CORE_PUT(T, d_, PUT_ARRAY, e_, 0, 0);                                                 \
+        if (odd) {                                                                                  \
+            for (int r_ = 0; r_ < 4; r_++)                                                         \
+                for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = LD(T, base1 + r_ * rs + k_ * cin + (c)); \
+            INPUT_CORE_PUT(T, d_, PUT_ARRAY, o_, 0, 0);                                             \
+        } else {                                                                                    \
+            for (int x_ = 0; x_ < 16; x_++) o_[x_] = (T){ 0 };                                      \
+        }                                                                                           \
+        /* c is a multiple of W: its words are one run */                                          \
+        int64_t off_;                                                                               \
+        panel_run(&off_, pairs, t / 2, c, W);                                                       \
+        for (int x_ = 0; x_ < 16; x_++) STORE_WORDS##W(bp + x_ * bps + off_, e_[x_], o_[x_]);       \
+    } while (0)
+        int64_t c = 0;
+        for (; c + 8 <= cin; c += 8) CL_PANEL(v8, 8, c);
+        for (; c + 4 <= cin; c += 4) CL_PANEL(v4, 4, c);
+        for (; c < cin; c++) CL_PANEL(v1, 1, c);
+#undef CL_PANEL
+    }
+}
+#endif
+
 /* dw[o][c] = G^T dU[o][c] G. */
 CX_HOT static void finish_weight_grad(float *dw, const float *du, int64_t o_n, int64_t c_n)
 {
@@ -813,14 +960,12 @@ CX_HOT static void fwd_task(const wino_job *j, float *lane, int64_t n, int64_t i
     const int64_t ldm = m_ld(tb, half), ms = m_stride(s, tb, half);
     if (half) {
 #ifdef WINO_BF16_OPERANDS
-        uint16_t *vh = (uint16_t *)v;
         uint32_t *bp = (uint32_t *)(lane + j->lane.bp);
-        transform_input_bf16(vh, lane + j->lane.rows, j->in_h + in_at, s, i0, i1);
-        for (int x = 0; x < 16; x++) {
-            cx_bf16_pack_panels(bp, false, true, vh + x * xi_stride(s->cin * tb), tb, tb, s->cin);
-            cx_bf16_gemm_panels(m + x * ms, ldm, false, j->up + x * up_words(s), NULL, 0, bp, s->cout, tb, s->cin,
-                                true);
-        }
+        const int64_t bps = bp_stride(s, tb, false);
+        transform_input_panels(bp, bps, (uint16_t *)(lane + j->lane.rows), j->in_h + in_at, s, i0, i1);
+        for (int x = 0; x < 16; x++)
+            cx_bf16_gemm_panels(m + x * ms, ldm, false, j->up + x * up_words(s), NULL, 0, bp + x * bps, s->cout, tb,
+                                s->cin, true);
 #else
         CX_ASSERT(!"bf16 products without AVX512_BF16");
 #endif
@@ -853,14 +998,15 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
             const int64_t x_at = n * s->cin * s->h * s->w, dy_at = n * s->cout * s->oh * s->ow;
             block_channels_last(lane + j->lane.xt, bf16 ? NULL : j->in + x_at, bf16 ? j->in_h + x_at : NULL, s, i0,
                                 i1);
-            transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
             if (half) {
 #ifdef WINO_BF16_OPERANDS
+                transform_input_cl_panels(bp, bp_stride(s, tb, true), lane + j->lane.xt, s, i0, i1);
                 transform_grad_bf16(zh, zero, j->dy_h + dy_at, s, i0, i1);
 #else
                 CX_ASSERT(!"bf16 products without AVX512_BF16");
 #endif
             } else {
+                transform_input_cl(v, lane + j->lane.xt, s, i0, i1);
                 transform_grad(z, zero, bf16 ? NULL : j->dy + dy_at, bf16 ? j->dy_h + dy_at : NULL, s, i0, i1);
             }
             for (int x = 0; x < 16; x++) {
@@ -873,8 +1019,8 @@ CX_HOT static void weight_task(const wino_job *j, float *lane, int64_t n0, int64
                 /* Z's rows, rounded, read in place as the micro-kernel's A
                  * (the rows its last tile reads past cout zeros) */
                 uint16_t *zx = zh + x * zh_stride(s, tb);
-                cx_bf16_pack_b_f32(bp, v + x * xi_stride(tb * s->cin), s->cin, tb, s->cin);
-                cx_bf16_gemm_panels(dux, s->cin, !first, NULL, zx, zh_ld(tb), bp, s->cout, s->cin, zh_ld(tb), false);
+                cx_bf16_gemm_panels(dux, s->cin, !first, NULL, zx, zh_ld(tb), bp + x * bp_stride(s, tb, true), s->cout,
+                                    s->cin, zh_ld(tb), false);
             }
             first = false;
         }
