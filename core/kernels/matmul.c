@@ -8,7 +8,7 @@
  * tall), where its JIT kernels beat OpenBLAS by 5-15 % on every shape of a
  * transformer step; OpenBLAS below, where oneDNN's per-call set-up costs
  * more than its kernel saves. Products oneDNN does not take run on
- * OpenBLAS in parts of rows fixed by their shape (OB_PART_ALIGN), since
+ * OpenBLAS in parts of rows fixed by their shape (OB_PART_ROWS), since
  * the bits must not depend on the thread count. So does cx_sgemm_serial,
  * whose callers (convolution and attention tiles) were tuned on OpenBLAS
  * and mostly sit below the threshold. */
@@ -83,8 +83,13 @@ static bool dnnl_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
  * the part's size (Haswell's kernels on its column range and on rows not a
  * multiple of 12, SkylakeX's on whether the part takes its small-matrix
  * kernels), so parts made from the thread count gave other bits on 1 and 3
- * threads. Parts are a multiple of OB_PART_ALIGN rows, at most OB_MAX_PARTS. */
-#define OB_PART_ALIGN 48
+ * threads. Each call packs all of op(B) again, so a part has about
+ * OB_PART_ROWS rows: 48-row parts had repacked a gpt weight gradient's
+ * 2048 x 768 B six times and made the f32 gpt on AVX2 5-8 % slower. Two
+ * parts at least, for two threads; at most OB_MAX_PARTS; a multiple of
+ * OB_PART_ALIGN rows (16: whole vectors of rows for the kernels). */
+#define OB_PART_ROWS 512
+#define OB_PART_ALIGN 16
 #define OB_MAX_PARTS 16
 
 typedef struct {
@@ -158,7 +163,11 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
         cx_pool_parallel_for(m, grain, dnnl_rows, &j);
         return;
     }
-    const int64_t fewest = (m + OB_MAX_PARTS - 1) / OB_MAX_PARTS, rows = grain > fewest ? grain : fewest;
+    int64_t parts = m / OB_PART_ROWS;
+    if (parts < 2) parts = 2;
+    if (parts > OB_MAX_PARTS) parts = OB_MAX_PARTS;
+    if (parts > m / grain) parts = m / grain > 1 ? m / grain : 1;
+    const int64_t rows = (m + parts - 1) / parts;
     j.rows_per_part = (rows + OB_PART_ALIGN - 1) / OB_PART_ALIGN * OB_PART_ALIGN;
     cx_pool_parallel_for((m + j.rows_per_part - 1) / j.rows_per_part, 1, openblas_parts, &j);
 }
