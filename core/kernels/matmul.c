@@ -163,10 +163,11 @@ void cx_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
         cx_pool_parallel_for(m, grain, dnnl_rows, &j);
         return;
     }
+    const int64_t by_grain = m / grain > 1 ? m / grain : 1;
     int64_t parts = m / OB_PART_ROWS;
     if (parts < 2) parts = 2;
     if (parts > OB_MAX_PARTS) parts = OB_MAX_PARTS;
-    if (parts > m / grain) parts = m / grain > 1 ? m / grain : 1;
+    if (parts > by_grain) parts = by_grain;
     const int64_t rows = (m + parts - 1) / parts;
     j.rows_per_part = (rows + OB_PART_ALIGN - 1) / OB_PART_ALIGN * OB_PART_ALIGN;
     cx_pool_parallel_for((m + j.rows_per_part - 1) / j.rows_per_part, 1, openblas_parts, &j);

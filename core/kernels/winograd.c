@@ -341,13 +341,29 @@ static inline __attribute__((always_inline)) void copy_row_bytes(void *restrict 
 DEFINE_CHANNEL_ROWS(channel_rows, float)
 DEFINE_CHANNEL_ROWS(channel_rows_bf16, uint16_t)
 
+/* The steps along a row of tw tiles: STEP(T, W, j) for W = 8 and 4 tiles
+ * (T v8 or v4), STEP1(j) for one. A ragged row's last 8 tiles run again,
+ * overlapping: the same values stored twice beat a scalar tail (13 tiles
+ * a row). */
+#define TILE_STEPS(tw, STEP, STEP1)                                                                 \
+    do {                                                                                            \
+        int64_t j_ = 0;                                                                             \
+        for (; j_ + 8 <= (tw); j_ += 8) STEP(v8, 8, j_);                                            \
+        if (((tw) - j_) % 4 != 0 && (tw) >= 8) {                                                    \
+            STEP(v8, 8, (tw) - 8);                                                                  \
+            j_ = (tw);                                                                              \
+        }                                                                                           \
+        for (; j_ + 4 <= (tw); j_ += 4) STEP(v4, 4, j_);                                            \
+        for (; j_ < (tw); j_++) STEP1(j_);                                                          \
+    } while (0)
+
 /* V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [i0, i1) of one
  * image (cin, h, w) in, f32 or bf16 (ROW_T; its rows by ROWS_OF, its
- * tiles by TILES_PUT), into out (f32 or bf16, the 16 xi_stride(cin tb)
- * apart) by the stores ST8, ST4 and ST1 (8, 4 and 1 tiles); t counts
+ * vector steps by STEP, which find the rows in row_ and the output at
+ * dst_, stride_), into out, the 16 xi_stride(cin tb) apart; t counts
  * tiles from the block's first. Tile row i reads input rows 2i - pad ..
  * 2i - pad + 3 and columns 2j - pad .. (channel_rows). */
-#define TRANSFORM_INPUT(OUT_T, out, ROW_T, ROWS_OF, TILES_PUT, rows, in, s, i0, i1, ST8, ST4, ST1)  \
+#define TRANSFORM_INPUT(out, ROW_T, ROWS_OF, STEP, rows, in, s, i0, i1)                             \
     do {                                                                                            \
         const int64_t tb_ = ((i1) - (i0)) * (s)->tw, stride_ = xi_stride((s)->cin * tb_), tw_ = (s)->tw; \
         for (int64_t c_ = 0; c_ < (s)->cin; c_++) {                                                \
@@ -356,24 +372,19 @@ DEFINE_CHANNEL_ROWS(channel_rows_bf16, uint16_t)
             for (int64_t i_ = (i0); i_ < (i1); i_++) {                                             \
                 const ROW_T *b_ = blk_ + 2 * (i_ - (i0)) * rs_;                                     \
                 const ROW_T *row_[4] = { b_, b_ + rs_, b_ + 2 * rs_, b_ + 3 * rs_ };                \
-                OUT_T *dst_ = (out) + c_ * tb_ + (i_ - (i0)) * tw_;                                 \
-                int64_t j_ = 0;                                                                     \
-                for (; j_ + 8 <= tw_; j_ += 8) TILES_PUT(v8, 8, row_, ST8, dst_, stride_, j_);      \
-                /* a ragged row's last 8 tiles again, overlapping: the same \
-                 * values stored twice beat a scalar tail (13 tiles a row) */ \
-                if ((tw_ - j_) % 4 != 0 && tw_ >= 8) {                                             \
-                    TILES_PUT(v8, 8, row_, ST8, dst_, stride_, tw_ - 8);                            \
-                    j_ = tw_;                                                                       \
-                }                                                                                   \
-                for (; j_ + 4 <= tw_; j_ += 4) TILES_PUT(v4, 4, row_, ST4, dst_, stride_, j_);      \
-                for (; j_ < tw_; j_++) {                                                           \
-                    float d_[4][4];                                                                 \
-                    for (int r_ = 0; r_ < 4; r_++)                                                 \
-                        for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = AS_F32(row_[r_][2 * j_ + k_]);  \
-                    INPUT_CORE_PUT(float, d_, ST1, dst_, stride_, j_);                              \
-                }                                                                                   \
+                float *dst_ = (out) + c_ * tb_ + (i_ - (i0)) * tw_;                                 \
+                TILE_STEPS(tw_, STEP, INPUT_STEP1);                                                 \
             }                                                                                       \
         }                                                                                           \
+    } while (0)
+#define F32_INPUT_STEP(T, W, j) F32_TILES_PUT(T, W, row_, STORE_F32, dst_, stride_, j)
+#define BF16_INPUT_STEP(T, W, j) BF16_TILES_PUT(T, W, row_, STORE_F32, dst_, stride_, j)
+#define INPUT_STEP1(j)                                                                              \
+    do {                                                                                            \
+        float d_[4][4];                                                                             \
+        for (int r_ = 0; r_ < 4; r_++)                                                             \
+            for (int k_ = 0; k_ < 4; k_++) d_[r_][k_] = AS_F32(row_[r_][2 * (j) + k_]);            \
+        INPUT_CORE_PUT(float, d_, STORE_F32, dst_, stride_, j);                                     \
     } while (0)
 /* one value of a row: a float, or bf16 bits widened */
 #define AS_F32(v) _Generic((v), float: (v), uint16_t: cx_bf16_to_f32_inline((uint16_t)(v)))
@@ -382,12 +393,8 @@ DEFINE_CHANNEL_ROWS(channel_rows_bf16, uint16_t)
 CX_HOT static void transform_input(float *v, float *rows, const float *x, const uint16_t *xh, const wino_shape *s,
                                    int64_t i0, int64_t i1)
 {
-    if (xh)
-        TRANSFORM_INPUT(float, v, uint16_t, channel_rows_bf16, BF16_TILES_PUT, (uint16_t *)(void *)rows, xh, s, i0, i1,
-                        STORE_F32, STORE_F32, STORE_F32);
-    else
-        TRANSFORM_INPUT(float, v, float, channel_rows, F32_TILES_PUT, rows, x, s, i0, i1, STORE_F32, STORE_F32,
-                        STORE_F32);
+    if (xh) TRANSFORM_INPUT(v, uint16_t, channel_rows_bf16, BF16_INPUT_STEP, (uint16_t *)(void *)rows, xh, s, i0, i1);
+    else TRANSFORM_INPUT(v, float, channel_rows, F32_INPUT_STEP, rows, x, s, i0, i1);
 }
 
 #ifdef WINO_BF16_OPERANDS
@@ -485,28 +492,23 @@ WINO_BF16_TARGET static void transform_input_panels(uint32_t *bp, int64_t bps, u
             }                                                                                       \
         }                                                                                           \
     } while (0)
-            int64_t j = 0;
-            for (; j + 8 <= tw; j += 8) PANEL_TILES(v8, 8, j);
-            /* a ragged row's last 8 tiles again, overlapping, as in TRANSFORM_INPUT */
-            if ((tw - j) % 4 != 0 && tw >= 8) {
-                PANEL_TILES(v8, 8, tw - 8);
-                j = tw;
-            }
-            for (; j + 4 <= tw; j += 4) PANEL_TILES(v4, 4, j);
+#define PANEL_TILE1(j)                                                                              \
+    do {                                                                                            \
+        float d0_[4][4], d1_[4][4] = { { 0 } }, e_[16], o_[16];                                     \
+        for (int r_ = 0; r_ < 4; r_++)                                                             \
+            for (int k_ = 0; k_ < 4; k_++) {                                                       \
+                d0_[r_][k_] = cx_bf16_to_f32_inline(row0[r_][2 * (j) + k_]);                        \
+                if (odd) d1_[r_][k_] = cx_bf16_to_f32_inline(row1[r_][2 * (j) + k_]);               \
+            }                                                                                       \
+        INPUT_CORE_PUT(float, d0_, PUT_ARRAY, e_, 0, 0);                                            \
+        INPUT_CORE_PUT(float, d1_, PUT_ARRAY, o_, 0, 0);                                            \
+        int64_t off_;                                                                               \
+        panel_run(&off_, pairs, c / 2, t0 + (j), 1);                                                \
+        for (int x_ = 0; x_ < 16; x_++) bp[x_ * bps + off_] = (uint32_t)round1(e_[x_]) | (uint32_t)round1(o_[x_]) << 16; \
+    } while (0)
+            TILE_STEPS(tw, PANEL_TILES, PANEL_TILE1);
 #undef PANEL_TILES
-            for (; j < tw; j++) {
-                float d0[4][4], d1[4][4] = { { 0 } }, e[16], o[16] = { 0 };
-                for (int r = 0; r < 4; r++)
-                    for (int k = 0; k < 4; k++) {
-                        d0[r][k] = cx_bf16_to_f32_inline(row0[r][2 * j + k]);
-                        if (odd) d1[r][k] = cx_bf16_to_f32_inline(row1[r][2 * j + k]);
-                    }
-                INPUT_CORE_PUT(float, d0, PUT_ARRAY, e, 0, 0);
-                INPUT_CORE_PUT(float, d1, PUT_ARRAY, o, 0, 0);
-                int64_t off;
-                panel_run(&off, pairs, c / 2, t0 + j, 1);
-                for (int x = 0; x < 16; x++) bp[x * bps + off] = (uint32_t)round1(e[x]) | (uint32_t)round1(o[x]) << 16;
-            }
+#undef PANEL_TILE1
         }
     }
 }
