@@ -456,8 +456,9 @@ static inline void micro_store_bf16(uint16_t *cb, int64_t ldc, __m512 acc[MR][2]
     for (int r = 0; r < MR; r++)
         for (int h = 0; h < 2; h++) {
             const __m512 sum = cx_widen_bf16x16(cx_round_bf16x16(acc[r][h]));
-            __m512 v = cx_widen_bf16x16(cx_round_bf16x16(_mm512_add_ps(sum, b[h])));
-            if (relu) v = cx_relu_ps16(v);
+            /* rounding is idempotent: the store's rounds the biased sum once */
+            __m512 v = _mm512_add_ps(sum, b[h]);
+            if (relu) v = cx_relu_ps16(cx_widen_bf16x16(cx_round_bf16x16(v)));
             _mm256_storeu_si256((__m256i *)(cb + r * ldc + 16 * h), cx_round_bf16x16(v));
         }
 }

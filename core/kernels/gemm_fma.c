@@ -246,8 +246,9 @@ __attribute__((target("avx512f"), always_inline)) static inline void store_round
         const V bh[2] = { WIDEN_ROUND(LOAD(bias)), WIDEN_ROUND(LOAD(bias + W)) };                               \
         for (int r = 0; r < MR; r++)                                                                            \
             for (int h = 0; h < 2; h++) {                                                                       \
-                V v = WIDEN_ROUND(ADD(WIDEN_ROUND(acc[r][h]), bh[h]));                                          \
-                if (relu) v = MAX0(v);                                                                          \
+                /* rounding is idempotent: the store's rounds the biased sum once */                       \
+                V v = ADD(WIDEN_ROUND(acc[r][h]), bh[h]);                                                       \
+                if (relu) v = MAX0(WIDEN_ROUND(v));                                                             \
                 STORE_ROUND(cb + r * ldc + h * W, v);                                                           \
             }                                                                                                   \
     }

@@ -181,6 +181,18 @@ void cx_avg_pool2d_bwd(float *dx, const float *dy, const cx_pool_geom *g);
  * cx_f32_to_bf16 does (to nearest even, NaN kept quiet, denormals kept). */
 void cx_bf16_widen_row(float *dst, const uint16_t *src, int64_t n);
 void cx_bf16_round_row(uint16_t *dst, const float *src, int64_t n);
+/* Tables of a bf16 unary op's results for every bf16 input (bf16_lut.c).
+ * fill(op, out, in, n) computes op over n widened bf16 values, each result
+ * bf16-exact (its low 16 bits 0); it runs once per op and process, on
+ * first use, under a lock.
+ *  - cx_bf16_lut: op's table of 65536 results, or NULL when
+ *    op is out of range or its table could not be allocated (the caller
+ *    computes instead);
+ *  - cx_bf16_lut_apply: out[j] = table[high half of in[j]], widened; in
+ *    must hold bf16-exact values. */
+typedef void cx_bf16_lut_fill(int op, float *out, const float *in, int n);
+const uint16_t *cx_bf16_lut(int op, cx_bf16_lut_fill *fill);
+void cx_bf16_lut_apply(float *out, const float *in, const uint16_t *table, int64_t n);
 
 /* bf16 pools: which one cx_pool2d_bf16 runs. */
 enum { CX_POOL_BF16_MAX, CX_POOL_BF16_AVG, CX_POOL_BF16_MAX_BWD, CX_POOL_BF16_AVG_BWD };

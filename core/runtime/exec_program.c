@@ -9,6 +9,7 @@
  * extern ifunc: a PLT hop per block, and GCC 12 exports such a symbol from
  * the library whatever its visibility. */
 #include "exec_internal.h"
+#include "kernels.h"
 #include "philox.h"
 #include "pool.h"
 #include "vmath.h"
@@ -235,6 +236,37 @@ static inline const float *direct_load(const run_ctx *rc, const cx_program *p, c
 /* the values of operand a of instruction in (only where it has one) */
 #define VA (&vals[in->a])
 
+/* ---- bf16 tables -------------------------------------------------------------------- */
+/* A bf16 op of erf, exp, log or tanh over bf16 values reads its results
+ * from a table of all 65536 (kernels/bf16_lut.c), filled by un_bf16 itself,
+ * so the bits are the loop's: the bf16 GPT's GELU and its gradient. */
+static bool has_bf16_lut(int op)
+{
+    return op == OP_EXP || op == OP_LOG || op == OP_TANH || op == OP_ERF || op == OP_GELU || op == OP_GELU_GRAD;
+}
+
+/* Whether instruction a's values are exactly bf16: a load of bf16, a cast
+ * to bf16, or a bf16 op that rounds in its loop (not the unrounded one). */
+static bool holds_bf16_values(const cx_program *p, int a, int unrounded)
+{
+    const cx_pinstr *x = &p->ins[a];
+    if (x->dtype != CX_BF16 || a == unrounded) return false;
+    return (x->kind == P_LOAD && x->src_dtype == CX_BF16) || x->kind == P_CAST || x->kind == P_UN ||
+           (x->kind == P_BIN && !is_compare(x->op));
+}
+
+static void fill_bf16_lut(int op, float *out, const float *in, int n) { un_bf16(op, out, in, n); }
+
+/* The table instruction n of p may read (NULL: compute it). Its own
+ * result may go unrounded to the store only when nothing after reads it. */
+static const uint16_t *bf16_lut_for(const cx_program *p, int n, int unrounded)
+{
+    const cx_pinstr *in = &p->ins[n];
+    if (in->dtype != CX_BF16 || !has_bf16_lut(in->op) || !holds_bf16_values(p, in->a, unrounded)) return NULL;
+    if (n == unrounded && n != p->n - 1) return NULL;
+    return cx_bf16_lut(in->op, fill_bf16_lut);
+}
+
 /* Evaluates a program for lanes [j0, j0+len) of the row at outer index idx
  * (constants and runtime scalars are already in place: prog_regs).
  * Instruction `unrounded` (-1: none), a bf16 one whose values the caller
@@ -271,11 +303,14 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             else for (int j = 0; j < len; j++) r->f[j] = cx_rng_normal01(seed, off + (uint64_t)(a + j * s));
             break;
         }
-        case P_UN:
-            if (in->dtype == CX_BF16 && n != unrounded) un_bf16(in->op, r->f, VA->f, len);
+        case P_UN: {
+            const uint16_t *lut = in->dtype == CX_BF16 ? bf16_lut_for(p, n, unrounded) : NULL;
+            if (lut) cx_bf16_lut_apply(r->f, VA->f, lut, len);
+            else if (in->dtype == CX_BF16 && n != unrounded) un_bf16(in->op, r->f, VA->f, len);
             else if (fc) un_float(in->op, r->f, VA->f, len);
             else { un_int(in->op, r->i, VA->i, len); for (int j = 0; j < len; j++) r->i[j] = wrap_int(r->i[j], in->dtype); }
             break;
+        }
         case P_BIN:
             if (is_compare(in->op)) {
                 cmp_block(in->op, r->i, VA, &vals[in->b], is_float_class(in->src_dtype), len);

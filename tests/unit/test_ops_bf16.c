@@ -338,6 +338,57 @@ Test(ops_bf16, gelu_rounds_once)
     free(x);
 }
 
+/* A bf16 erf, exp, log, tanh, GELU or GELU gradient of bf16 values reads
+ * a table of every input's result (kernels/bf16_lut.c). Over all 65536
+ * bit patterns (NaNs, infs and denormals among them), and a ragged block
+ * after, each gives the f32 op's result rounded, bit for bit. */
+static cx_tensor *gelu_exact(cx_tensor *x) { return cx_gelu(x, false); }
+
+Test(ops_bf16, unary_tables_give_every_bf16_value_the_f32_ops_bits_rounded)
+{
+    enum { N = 65536 + 37 };
+    cx_tensor *(*const ops[])(cx_tensor *) = { cx_exp, cx_log, cx_tanh, cx_erf, gelu_exact };
+    const char *names[] = { "exp", "log", "tanh", "erf", "gelu" };
+    uint16_t *x = malloc(sizeof *x * N), *got = malloc(sizeof *got * N);
+    float *wide = malloc(sizeof *wide * N), *f32 = malloc(sizeof *f32 * N);
+    cr_assert(x && got && wide && f32);
+    for (int i = 0; i < N; i++) {
+        x[i] = (uint16_t)(i * 40503u);   /* every pattern once in the first 65536 (40503 is odd) */
+        wide[i] = cx_bf16_to_f32(x[i]);
+    }
+    const int64_t s[] = { N };
+    for (size_t o = 0; o <= sizeof ops / sizeof *ops; o++) {
+        const bool grad = o == sizeof ops / sizeof *ops;   /* the last: GELU's gradient */
+        cx_tensor *pb = cx_requires_grad(cx_persist(tbf16(x, s, 1)), grad);
+        cx_tensor *pf = cx_requires_grad(cx_persist(tf32(wide, s, 1)), grad);
+        cx_step_begin();
+        cx_tensor *yb = grad ? cx_gelu(pb, false) : ops[o](pb), *yf = grad ? cx_gelu(pf, false) : ops[o](pf);
+        cr_assert_eq(cx_dtype_of(yb), CX_BF16);
+        if (grad) {
+            cr_assert_eq(cx_backward(cx_sum(cx_cast(yb, CX_F32), NULL, 0, false)), CX_OK, "%s", cx_last_error());
+            cr_assert_eq(cx_backward(cx_sum(yf, NULL, 0, false)), CX_OK, "%s", cx_last_error());
+        } else {
+            cr_assert_eq(cx_to_host(yb, got, CX_BF16), CX_OK, "%s", cx_last_error());
+            cr_assert_eq(cx_to_host(yf, f32, CX_F32), CX_OK, "%s", cx_last_error());
+        }
+        end_ok();
+        if (grad) {
+            cr_assert_eq(cx_to_host(cx_grad(pb), got, CX_BF16), CX_OK, "%s", cx_last_error());
+            cr_assert_eq(cx_to_host(cx_grad(pf), f32, CX_F32), CX_OK, "%s", cx_last_error());
+        }
+        const char *name = grad ? "gelu'" : names[o];
+        for (int i = 0; i < N; i++)
+            cr_assert_eq(got[i], cx_f32_to_bf16(f32[i]), "bf16 %s(0x%04x) = 0x%04x, the f32 one rounded 0x%04x", name,
+                         x[i], got[i], cx_f32_to_bf16(f32[i]));
+        cx_free(pb);
+        cx_free(pf);
+    }
+    free(x);
+    free(got);
+    free(wide);
+    free(f32);
+}
+
 /* ---- folded epilogues in bf16 ---- */
 
 static cx_tensor *persist_bf16(const float *v, const int64_t *shape, int nd, int64_t n, bool grad)
