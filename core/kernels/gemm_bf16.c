@@ -574,10 +574,12 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
 
 /* tile rows [0, mt) (ld nc) += op(A)[i0.., k0..] op(B)[k0.., j0..], the
  * blocks widened as they are packed (B once, A MC rows at a time). With
- * out (K is one block), as the AVX512_BF16 route: each whole micro-tile
- * rounds straight into C, each ragged one through the tile. */
+ * out or outf (K is one block), as the AVX512_BF16 route: each whole
+ * micro-tile rounds, or is stored, straight into C, each ragged one goes
+ * through the tile. */
 static void block_fma(const bgemm_job *j, float *tile, float *bp, float *ap, const uint16_t *a, const uint16_t *b,
-                      int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb, uint16_t *out)
+                      int64_t i0, int64_t mt, int64_t j0, int64_t nb, int64_t k0, int64_t kb, uint16_t *out,
+                      float *outf)
 {
     const int64_t nr = cx_fma_tile_cols();
     if (j->tb) cx_fma_pack(bp, nr, false, b + j0 * j->k + k0, j->k, nb, kb);
@@ -586,7 +588,7 @@ static void block_fma(const bgemm_job *j, float *tile, float *bp, float *ap, con
         const int64_t mb = min64(MC, mt - r0);
         if (j->ta) cx_fma_pack(ap, CX_FMA_TILE_ROWS, true, a + k0 * j->m + i0 + r0, j->m, mb, kb);
         else cx_fma_pack(ap, CX_FMA_TILE_ROWS, false, a + (i0 + r0) * j->k + k0, j->k, mb, kb);
-        if (!out) {
+        if (!out && !outf) {
             cx_fma_gemm_panels(tile + r0 * j->d.nc, j->d.nc, k0 == 0, ap, bp, mb, nb, kb);
             continue;
         }
@@ -594,14 +596,20 @@ static void block_fma(const bgemm_job *j, float *tile, float *bp, float *ap, con
             for (int64_t rp = 0; rp < mb; rp += CX_FMA_TILE_ROWS) {
                 const int64_t rows = min64(CX_FMA_TILE_ROWS, mb - rp), cols = min64(nr, nb - cp);
                 const float *apr = ap + rp * kb, *bpc = bp + cp * kb, *bias = j->bias ? j->bias + j0 + cp : NULL;
-                uint16_t *co = out + (r0 + rp) * j->n + cp;
-                if (rows == CX_FMA_TILE_ROWS && cols == nr) {
-                    cx_fma_tile_bf16(co, j->n, apr, bpc, kb, bias, j->relu);
+                const bool whole = rows == CX_FMA_TILE_ROWS && cols == nr;
+                const int64_t at = (r0 + rp) * j->n + cp;
+                if (whole && out) {
+                    cx_fma_tile_bf16(out + at, j->n, apr, bpc, kb, bias, j->relu);
+                    continue;
+                }
+                if (whole) {
+                    cx_fma_gemm_panels(outf + at, j->n, true, apr, bpc, rows, cols, kb);
                     continue;
                 }
                 float *ct = tile + (r0 + rp) * j->d.nc + cp;
                 cx_fma_gemm_panels(ct, j->d.nc, true, apr, bpc, rows, cols, kb);
-                round_rows(co, j->n, ct, j->d.nc, rows, cols, bias, j->relu);
+                if (out) round_rows(out + at, j->n, ct, j->d.nc, rows, cols, bias, j->relu);
+                else store_rows(outf + at, j->n, ct, j->d.nc, rows, cols, false);
             }
     }
 }
@@ -620,7 +628,7 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     /* one K block into a bf16 C: the micro-tiles round into C themselves */
     uint16_t *direct = j->route != ROUTE_LIB && j->c && j->k <= j->d.kc ? j->c + bi * j->m * j->n + i0 * j->n + j0
                                                                          : NULL;
-    float *direct_f = j->route == ROUTE_BF16 && j->cf && !j->acc && j->k <= j->d.kc
+    float *direct_f = j->route != ROUTE_LIB && j->cf && !j->acc && j->k <= j->d.kc
                           ? j->cf + bi * j->m * j->n + i0 * j->n + j0 : NULL;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->d.kc) {
         int64_t kb = min64(j->d.kc, j->k - k0);
@@ -631,7 +639,7 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
         }
 #endif
         if (j->route == ROUTE_FMA)
-            block_fma(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct);
+            block_fma(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb, direct, direct_f);
         else block_f32(j, tile, (float *)bblk, (float *)ablk, a, b, i0, mt, j0, nb, k0, kb);
     }
     if (direct || direct_f) return;
