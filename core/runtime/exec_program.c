@@ -237,9 +237,9 @@ static inline const float *direct_load(const run_ctx *rc, const cx_program *p, c
 #define VA (&vals[in->a])
 
 /* ---- bf16 tables -------------------------------------------------------------------- */
-/* A bf16 op of erf, exp, log or tanh over bf16 values reads its results
- * from a table of all 65536 (kernels/bf16_lut.c), filled by un_bf16 itself,
- * so the bits are the loop's: the bf16 GPT's GELU and its gradient. */
+/* A bf16 erf, exp, log, tanh, GELU or GELU gradient of bf16 values reads
+ * its results from a table of all 65536 (kernels/bf16_lut.c), filled by
+ * un_bf16 itself, so the bits are the loop's. */
 static bool has_bf16_lut(int op)
 {
     return op == OP_EXP || op == OP_LOG || op == OP_TANH || op == OP_ERF || op == OP_GELU || op == OP_GELU_GRAD;
