@@ -246,24 +246,24 @@ static bool has_bf16_lut(int op)
 }
 
 /* Whether instruction a's values are exactly bf16: a load of bf16, a cast
- * to bf16, or a bf16 op that rounds in its loop (not the unrounded one). */
-static bool holds_bf16_values(const cx_program *p, int a, int unrounded)
+ * to bf16, or a bf16 op that rounds in its loop. The one op eval_block may
+ * leave unrounded is the result, whose value only the store reads, and
+ * rounds: a table's rounded values store the same bits. */
+static bool holds_bf16_values(const cx_program *p, int a)
 {
     const cx_pinstr *x = &p->ins[a];
-    if (x->dtype != CX_BF16 || a == unrounded) return false;
+    if (x->dtype != CX_BF16) return false;
     return (x->kind == P_LOAD && x->src_dtype == CX_BF16) || x->kind == P_CAST || x->kind == P_UN ||
            (x->kind == P_BIN && !is_compare(x->op));
 }
 
 static void fill_bf16_lut(int op, float *out, const float *in, int n) { un_bf16(op, out, in, n); }
 
-/* The table instruction n of p may read (NULL: compute it). Its own
- * result may go unrounded to the store only when nothing after reads it. */
-static const uint16_t *bf16_lut_for(const cx_program *p, int n, int unrounded)
+/* The table instruction n of p may read (NULL: compute it). */
+static const uint16_t *bf16_lut_for(const cx_program *p, int n)
 {
     const cx_pinstr *in = &p->ins[n];
-    if (in->dtype != CX_BF16 || !has_bf16_lut(in->op) || !holds_bf16_values(p, in->a, unrounded)) return NULL;
-    if (n == unrounded && n != p->n - 1) return NULL;
+    if (in->dtype != CX_BF16 || !has_bf16_lut(in->op) || !holds_bf16_values(p, in->a)) return NULL;
     return cx_bf16_lut(in->op, fill_bf16_lut);
 }
 
@@ -304,7 +304,7 @@ CX_HOT static val_t eval_block(const run_ctx *rc, const cx_program *p, reg_t *re
             break;
         }
         case P_UN: {
-            const uint16_t *lut = in->dtype == CX_BF16 ? bf16_lut_for(p, n, unrounded) : NULL;
+            const uint16_t *lut = in->dtype == CX_BF16 ? bf16_lut_for(p, n) : NULL;
             if (lut) cx_bf16_lut_apply(r->f, VA->f, lut, len);
             else if (in->dtype == CX_BF16 && n != unrounded) un_bf16(in->op, r->f, VA->f, len);
             else if (fc) un_float(in->op, r->f, VA->f, len);
