@@ -21,12 +21,13 @@
 #include "vmath.h"
 #include <cxla/core.h>
 
+#include <cblas.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
-enum { BQ = 64, BK = 64, RB = 64, RB_CAUSAL = 32, ROWS_MAX_S = 1024, LANES = 16, ALIGN_FLOATS = 16 };
+enum { BQ = 64, BK = 64, RB = 64, RB_CAUSAL = 32, ROWS_MAX_S = 1024, ALIGN_FLOATS = 16 };
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
@@ -155,11 +156,41 @@ static int64_t rows_ld(const cx_attn_geom *g) { return round_up(g->s); }
  * lose 4 %) */
 static int64_t rows_block(const cx_attn_geom *g) { return g->causal ? RB_CAUSAL : RB; }
 
-/* the forward's scores (RB, s); the backward's also their gradient and delta */
+/* The forward's scores (RB, s) and K^T (d, s); the backward's also the
+ * scores' gradient, V^T and delta. K and V are transposed once a head so
+ * that Q K^T and dO V^T are plain products: OpenBLAS ran the transposed
+ * ones (a causal block's 32 x 128 x 64) at about half the rate (Zen 5,
+ * one thread: 129 against 243 GFLOP/s with its AVX-512 kernels, 91
+ * against 103 with Haswell's), and a head's transpose costs under a
+ * microsecond. */
 static int64_t rows_lane_floats(const cx_attn_geom *g, bool bwd)
 {
-    const int64_t p = round_up(RB * rows_ld(g));
-    return bwd ? 2 * p + round_up(RB) : p;
+    const int64_t p = round_up(RB * rows_ld(g)), t = round_up(g->d * rows_ld(g));
+    return bwd ? 2 * p + 2 * t + round_up(RB) : p + t;
+}
+
+typedef struct {
+    float *p, *kt;          /* the block's scores, then P; the head's K^T */
+    float *dp, *vt, *delta; /* the backward's: dP, then dS; the head's V^T; delta */
+} rows_lane;
+
+static rows_lane rows_lane_at(const cx_attn_geom *g, float *base, bool bwd)
+{
+    const int64_t p = round_up(RB * rows_ld(g)), t = round_up(g->d * rows_ld(g));
+    rows_lane L = { .p = base, .kt = base + p };
+    if (bwd) {
+        L.dp = L.kt + t;
+        L.vt = L.dp + p;
+        L.delta = L.vt + t;
+    }
+    return L;
+}
+
+/* dst (d, s), ld rows_ld = the head's (s, d) rows, stride st, transposed */
+static void transpose_head(const cx_attn_geom *g, float *dst, const float *src, int64_t st)
+{
+    cblas_somatcopy(CblasRowMajor, CblasTrans, (blasint)g->s, (blasint)g->d, 1.0f, src, (blasint)st, dst,
+                    (blasint)rows_ld(g));
 }
 
 /* BLAS reads a head's rows in place when its row stride is a leading
@@ -170,58 +201,49 @@ static bool rows_fit(const cx_attn_geom *g, bool bwd)
     return ok && (!bwd || g->do_strides[1] >= g->d);
 }
 
-static float lanes_max(const float *a)
-{
-    float m = a[0];
-    for (int e = 1; e < LANES; e++) m = a[e] > m ? a[e] : m;
-    return m;
-}
+/* The softmax and delta loops once per vector width (attention_rows_width.h
+ * says why), picked by cx_isa_active(); off x86 only the baseline's */
+#ifdef CX_HAVE_ISA_TARGETS
+#define WIDTH 16
+#define WIDTH_TARGET CX_TARGET_AVX512
+#include "attention_rows_width.h"
+#define WIDTH 8
+#define WIDTH_TARGET CX_TARGET_AVX2
+#include "attention_rows_width.h"
+#endif
+#define WIDTH 4
+#define WIDTH_TARGET
+#include "attention_rows_width.h"
 
-static float lanes_sum(const float *a)
-{
-    float s = 0.0f;
-    for (int e = 0; e < LANES; e++) s += a[e];
-    return s;
-}
+typedef struct {
+    void (*softmax_rows)(float *p, int64_t ld, const cx_attn_geom *g, int64_t q0, int64_t rows, int64_t kend);
+    void (*row_dots)(float *delta, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t rows, int64_t d);
+} row_loops;
 
-/* s[0, lim) <- softmax(scale * s) and s[lim, cols) <- 0, a row that sees no
- * key all 0. Element j in lane j % LANES of the max and the sum, so the
- * loops vectorize (the compiler keeps a scalar reduction in order); the
- * last partial vector masked rather than a scalar tail, which a causal
- * row (lim = i + 1) has every time. s holds round_up(cols) floats. */
-CX_HOT static void softmax_row(float *s, int64_t lim, int64_t cols, float scale)
+static row_loops row_loops_here(void)
 {
-    float m[LANES], l[LANES];
-    for (int e = 0; e < LANES; e++) { m[e] = -INFINITY; l[e] = 0.0f; }
-    const int64_t vec = round_up(lim);
-    for (int64_t j = 0; j < vec; j += LANES)
-        for (int e = 0; e < LANES; e++) m[e] = j + e < lim && s[j + e] > m[e] ? s[j + e] : m[e];
-    const float mx = lanes_max(m);
-    for (int64_t j = 0; j < vec; j += LANES)
-        for (int e = 0; e < LANES; e++) {
-            float x = j + e < lim ? cx_vexpf((s[j + e] - mx) * scale) : 0.0f;
-            s[j + e] = x;
-            l[e] += x;
-        }
-    const float sum = lanes_sum(l), inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t j = 0; j < vec; j++) s[j] *= inv;
-    for (int64_t j = vec; j < cols; j++) s[j] = 0.0f;
+#ifdef CX_HAVE_ISA_TARGETS
+    const cx_isa isa = cx_isa_active();
+    if (isa >= CX_ISA_AVX512) return (row_loops){ softmax_rows_16, row_dots_16 };
+    if (isa >= CX_ISA_AVX2) return (row_loops){ softmax_rows_8, row_dots_8 };
+#endif
+    return (row_loops){ softmax_rows_4, row_dots_4 };
 }
 
 /* P (rows, kend) = the softmax of the block's scores, ld rows_ld */
-CX_HOT static void rows_probs(const cx_attn_geom *g, float *p, const float *q, const float *k, int64_t q0, int64_t rows,
-                              int64_t kend)
+static void rows_probs(const cx_attn_geom *g, const rows_lane *L, const float *q, int64_t q0, int64_t rows, int64_t kend)
 {
     const int64_t ld = rows_ld(g);
-    cx_sgemm_serial(false, true, rows, kend, g->d, q, g->q_strides[1], k, g->k_strides[1], 0.0f, p, ld);
-    for (int64_t i = 0; i < rows; i++)
-        softmax_row(p + i * ld, cx_attn_visible_keys(g, q0 + i), kend, g->scale);
+    cx_sgemm_serial(false, false, rows, kend, g->d, q, g->q_strides[1], L->kt, ld, 0.0f, L->p, ld);
+    row_loops_here().softmax_rows(L->p, ld, g, q0, rows, kend);
 }
 
 /* q, k, v at the head's first row; out at the head's first row of (n, t, h, d) */
 static void rows_fwd_head(const cx_attn_geom *g, float *lane, float *out, const float *q, const float *k, const float *v)
 {
     const int64_t od = g->h * g->d;
+    const rows_lane L = rows_lane_at(g, lane, false);
+    transpose_head(g, L.kt, k, g->k_strides[1]);
     for (int64_t q0 = 0; q0 < g->t; q0 += rows_block(g)) {
         const int64_t rows = min64(rows_block(g), g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
         float *o = out + q0 * od;
@@ -229,22 +251,8 @@ static void rows_fwd_head(const cx_attn_geom *g, float *lane, float *out, const 
             for (int64_t i = 0; i < rows; i++) memset(o + i * od, 0, sizeof *o * (size_t)g->d);
             continue;
         }
-        rows_probs(g, lane, q + q0 * g->q_strides[1], k, q0, rows, kend);
-        cx_sgemm_serial(false, false, rows, g->d, kend, lane, rows_ld(g), v, g->v_strides[1], 0.0f, o, od);
-    }
-}
-
-/* delta_i = rowsum(dO * O) of the block's rows */
-CX_HOT static void rows_delta(const cx_attn_geom *g, float *delta, const float *dout, const float *o, int64_t rows)
-{
-    for (int64_t i = 0; i < rows; i++) {
-        const float *a = dout + i * g->do_strides[1], *b = o + i * g->o_strides[1];
-        float acc[LANES] = { 0 };
-        int64_t e = 0;
-        for (; e + LANES <= g->d; e += LANES)
-            for (int u = 0; u < LANES; u++) acc[u] += a[e + u] * b[e + u];
-        for (int u = 0; e + u < g->d; u++) acc[u] += a[e + u] * b[e + u];
-        delta[i] = lanes_sum(acc);
+        rows_probs(g, &L, q + q0 * g->q_strides[1], q0, rows, kend);
+        cx_sgemm_serial(false, false, rows, g->d, kend, L.p, rows_ld(g), v, g->v_strides[1], 0.0f, o, od);
     }
 }
 
@@ -273,22 +281,26 @@ static void zero_rows(float *x, int64_t rows, int64_t ld, int64_t d)
     for (int64_t r = 0; r < rows; r++) memset(x + r * ld, 0, sizeof *x * (size_t)d);
 }
 
-/* per query block: dV += P^T dO, dP = dO V^T, dQ = dS K, dK += dS^T Q */
+/* per query block: dV += P^T dO, dP = dO V^T, dQ = dS K, dK += dS^T Q
+ * (K^T and V^T transposed once, above) */
 static void rows_bwd_head(const cx_attn_geom *g, float *lane, const rows_head *x)
 {
     const int64_t d = g->d, gl = x->grad.ld, ld = rows_ld(g);
-    float *p = lane, *dp = p + round_up(RB * ld), *delta = dp + round_up(RB * ld);
+    const rows_lane L = rows_lane_at(g, lane, true);
+    float *p = L.p, *dp = L.dp, *delta = L.delta;
     float *dq = x->grad.dq, *dk = x->grad.dk, *dv = x->grad.dv;
+    transpose_head(g, L.kt, x->k, g->k_strides[1]);
+    transpose_head(g, L.vt, x->v, g->v_strides[1]);
     zero_rows(dk, g->s, gl, d);
     zero_rows(dv, g->s, gl, d);
     for (int64_t q0 = 0; q0 < g->t; q0 += rows_block(g)) {
         const int64_t rows = min64(rows_block(g), g->t - q0), kend = cx_attn_visible_keys(g, q0 + rows - 1);
         if (kend == 0) { zero_rows(dq + q0 * gl, rows, gl, d); continue; }
         const float *q = x->q + q0 * g->q_strides[1], *dout = x->dout + q0 * g->do_strides[1];
-        rows_probs(g, p, q, x->k, q0, rows, kend);
-        rows_delta(g, delta, dout, x->o + q0 * g->o_strides[1], rows);
+        rows_probs(g, &L, q, q0, rows, kend);
+        row_loops_here().row_dots(delta, dout, g->do_strides[1], x->o + q0 * g->o_strides[1], g->o_strides[1], rows, d);
         cx_sgemm_serial(true, false, kend, d, rows, p, ld, dout, g->do_strides[1], 1.0f, dv, gl);
-        cx_sgemm_serial(false, true, rows, kend, d, dout, g->do_strides[1], x->v, g->v_strides[1], 0.0f, dp, ld);
+        cx_sgemm_serial(false, false, rows, kend, d, dout, g->do_strides[1], L.vt, ld, 0.0f, dp, ld);
         rows_dscores(dp, p, delta, rows, kend, ld, g->scale);
         cx_sgemm_serial(false, false, rows, d, kend, dp, ld, x->k, g->k_strides[1], 0.0f, dq + q0 * gl, gl);
         cx_sgemm_serial(true, false, kend, d, rows, dp, ld, q, g->q_strides[1], 1.0f, dk, gl);
