@@ -20,40 +20,6 @@ typedef struct {
     float eps;
 } norm_job;
 
-/* The row sums keep LANES partial sums, element e in lane e % LANES, added
- * pairwise at the end: one running sum is a chain of dependent adds that
- * the compiler may not reorder, so it ran scalar, at a quarter of a GPT
- * step's layer-norm time per sum. The order is fixed, so the bits do not
- * depend on the thread count. */
-static inline float lanes_total(float *a)
-{
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int l = 0; l < w; l++) a[l] += a[l + w];
-    return a[0];
-}
-
-static inline float row_sum(const float *x, int64_t c)
-{
-    float a[LANES] = { 0 };
-    int64_t e = 0;
-    for (; e + LANES <= c; e += LANES)
-        for (int l = 0; l < LANES; l++) a[l] += x[e + l];
-    for (int l = 0; e < c; e++, l++) a[l] += x[e];
-    return lanes_total(a);
-}
-
-/* mean and 1/std of one row */
-static inline void row_stats(const float *x, int64_t c, float eps, float *mean, float *rstd)
-{
-    float mu = row_sum(x, c) / (float)c, a[LANES] = { 0 };
-    int64_t e = 0;
-    for (; e + LANES <= c; e += LANES)
-        for (int l = 0; l < LANES; l++) { float t = x[e + l] - mu; a[l] += t * t; }
-    for (int l = 0; e < c; e++, l++) { float t = x[e] - mu; a[l] += t * t; }
-    *mean = mu;
-    *rstd = 1.0f / sqrtf(lanes_total(a) / (float)c + eps);
-}
-
 /* One output value: the f32 and bf16 forwards share the expression, so
  * the bf16 one stores the f32 one's values rounded, bit for bit (the same
  * contraction into a fused multiply-add in each clone). */
@@ -63,79 +29,60 @@ static inline float norm_value(const norm_job *j, const float *x, int64_t e, flo
     return v * (j->w ? j->w[e] : 1.0f) + (j->b ? j->b[e] : 0.0f);
 }
 
-CX_HOT static void fwd_rows(void *p, int64_t r0, int64_t r1)
+/* The row loops once per vector width (norm_width.h), picked by
+ * cx_isa_active(); off x86 only the baseline's. The row sums keep LANES
+ * partial sums, element e in lane e % LANES, folded in halves at the end:
+ * one running sum is a chain of dependent adds the compiler may not
+ * reorder. The order is fixed, so the bits do not depend on the thread
+ * count. */
+#ifdef CX_HAVE_ISA_TARGETS
+#define WIDTH 16
+#define WIDTH_TARGET CX_TARGET_AVX512
+#include "norm_width.h"
+#define WIDTH 8
+#define WIDTH_TARGET CX_TARGET_AVX2
+#include "norm_width.h"
+#endif
+#define WIDTH 4
+#define WIDTH_TARGET
+#include "norm_width.h"
+
+static cx_range_fn fwd_rows_here(void)
 {
-    const norm_job *j = p;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *x = j->x + r * j->c;
-        float mu, rs;
-        row_stats(x, j->c, j->eps, &mu, &rs);
-        if (j->out_bf16) {
-            uint16_t *y = j->out_bf16 + r * j->c;
-            for (int64_t e = 0; e < j->c; e++) y[e] = cx_f32_to_bf16_inline(norm_value(j, x, e, mu, rs));
-        } else {
-            float *y = j->out + r * j->c;
-            for (int64_t e = 0; e < j->c; e++) y[e] = norm_value(j, x, e, mu, rs);
-        }
-    }
+#ifdef CX_HAVE_ISA_TARGETS
+    const cx_isa isa = cx_isa_active();
+    if (isa >= CX_ISA_AVX512) return fwd_rows_16;
+    if (isa >= CX_ISA_AVX2) return fwd_rows_8;
+#endif
+    return fwd_rows_4;
+}
+
+static cx_range_fn bwd_blocks_here(void)
+{
+#ifdef CX_HAVE_ISA_TARGETS
+    const cx_isa isa = cx_isa_active();
+    if (isa >= CX_ISA_AVX512) return bwd_blocks_16;
+    if (isa >= CX_ISA_AVX2) return bwd_blocks_8;
+#endif
+    return bwd_blocks_4;
 }
 
 void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps)
 {
     norm_job j = { .out = y, .x = x, .w = w, .b = b, .rows = rows, .c = c, .eps = eps };
-    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows, &j);
+    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows_here(), &j);
 }
 
 void cx_layer_norm_fwd_bf16(uint16_t *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c,
                             float eps)
 {
     norm_job j = { .out_bf16 = y, .x = x, .w = w, .b = b, .rows = rows, .c = c, .eps = eps };
-    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows, &j);
+    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows_here(), &j);
 }
 
 size_t cx_layer_norm_bwd_scratch_bytes(int64_t rows, int64_t c)
 {
     return (size_t)((rows + ROW_BLOCK - 1) / ROW_BLOCK) * (size_t)(2 * c) * sizeof(float);
-}
-
-/* Elements [e, e + n) of a row's first backward sweep: the lane sums of g
- * and g * xhat, and the row's share of dw and db. */
-static inline void bwd_lanes(const norm_job *j, const float *x, const float *dy, float mu, float rs, int64_t e, int n,
-                             float *sg, float *sgx, float *dw, float *db)
-{
-    for (int l = 0; l < n; l++) {
-        float xh = (x[e + l] - mu) * rs, g = dy[e + l] * (j->w ? j->w[e + l] : 1.0f);
-        sg[l] += g;
-        sgx[l] += g * xh;
-        dw[e + l] += dy[e + l] * xh;
-        db[e + l] += dy[e + l];
-    }
-}
-
-/* One block of rows: dx, and its partial dw and db. */
-CX_HOT static void bwd_block(const norm_job *j, int64_t blk)
-{
-    const int64_t c = j->c, r1 = (blk + 1) * ROW_BLOCK < j->rows ? (blk + 1) * ROW_BLOCK : j->rows;
-    float *dw = j->part + blk * 2 * c, *db = dw + c;
-    memset(dw, 0, sizeof *dw * (size_t)(2 * c));
-    for (int64_t r = blk * ROW_BLOCK; r < r1; r++) {
-        const float *x = j->x + r * c, *dy = j->dy + r * c;
-        float *dx = j->out + r * c, mu, rs, sg[LANES] = { 0 }, sgx[LANES] = { 0 };
-        row_stats(x, c, j->eps, &mu, &rs);
-        int64_t e = 0;
-        for (; e + LANES <= c; e += LANES) bwd_lanes(j, x, dy, mu, rs, e, LANES, sg, sgx, dw, db);
-        bwd_lanes(j, x, dy, mu, rs, e, (int)(c - e), sg, sgx, dw, db);
-        const float mg = lanes_total(sg) / (float)c, mgx = lanes_total(sgx) / (float)c;
-        for (int64_t e = 0; e < c; e++) {
-            float xh = (x[e] - mu) * rs, g = dy[e] * (j->w ? j->w[e] : 1.0f);
-            dx[e] = rs * (g - mg - xh * mgx);
-        }
-    }
-}
-
-static void bwd_blocks(void *p, int64_t b0, int64_t b1)
-{
-    for (int64_t b = b0; b < b1; b++) bwd_block(p, b);
 }
 
 void cx_layer_norm_bwd(float *dxwb, const float *x, const float *w, const float *dy, int64_t rows, int64_t c,
@@ -147,7 +94,7 @@ void cx_layer_norm_bwd(float *dxwb, const float *x, const float *w, const float 
     const int64_t blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
     (void)scratch_bytes;   /* sized by cx_layer_norm_bwd_scratch_bytes for these rows */
     norm_job j = { .out = dxwb, .part = scratch, .x = x, .w = w, .dy = dy, .rows = rows, .c = c, .eps = eps };
-    cx_pool_parallel_for(blocks, 1, bwd_blocks, &j);
+    cx_pool_parallel_for(blocks, 1, bwd_blocks_here(), &j);
     for (int64_t b = 0; b < blocks; b++) {
         const float *pw = j.part + b * 2 * c, *pb = pw + c;
         for (int64_t e = 0; e < c; e++) { dw[e] += pw[e]; db[e] += pb[e]; }
