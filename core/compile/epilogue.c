@@ -2,7 +2,8 @@
  * kernel's output (bias, activation, relu's gradient mask) runs in place
  * right after it, while the output is in cache; the output's own arena slot
  * disappears. Where the kernel can apply the epilogue itself (conv bias and
- * relu, the relu-gradient mask), it does, and no program runs at all; a
+ * relu, a linear layer's bias and relu or residual, the relu-gradient
+ * mask), it does, and no program runs at all; a
  * bf16 matmul whose only reader casts it to f32 writes its f32 sums, and a
  * layer norm whose only reader casts it to bf16 writes bf16. */
 #include "passes.h"
@@ -35,13 +36,47 @@ static bool per_column(const cx_kernel *h, const cx_kernel *m, const cx_view *v)
     return true;
 }
 
+/* Whether h (an f32 matmul) can apply the epilogue program of m itself
+ * as out + bias[column] + an addend: five instructions, the output, the
+ * bias and the addend (of the output's shape, read in its element order)
+ * loaded in any order, the output and the bias added first, then the
+ * addend (a linear layer's bias, and the residual it adds into). The
+ * kernel adds in that order, so the bits are the program's (an add's
+ * operand order changes none). *load: the bias's load. */
+static bool bias_then_addend(const cx_kernel *h, const cx_kernel *m, int *load)
+{
+    const cx_program *p = &m->prog;
+    const cx_pinstr *in = p->ins;
+    if (p->n != 5 || p->result != 4) return false;
+    int o = -1, bias = -1, addend = -1;
+    for (int i = 0; i < 3; i++) {
+        if (in[i].kind != P_LOAD || in[i].dtype != CX_F32 || in[i].src_dtype != CX_F32) return false;
+        const cx_view *v = &p->views[in[i].view];
+        if (in[i].slot == m->out_slot) o = i;
+        else if (cx_view_is_identity(v, m->shape, m->ndim)) addend = i;
+        else if (per_column(h, m, v)) bias = i;
+    }
+    if (o < 0 || bias < 0 || addend < 0) return false;
+    const cx_pinstr *sum = &in[3], *total = &in[4];
+    if (sum->kind != P_BIN || sum->op != OP_ADD || sum->dtype != CX_F32 ||
+        !((sum->a == o && sum->b == bias) || (sum->a == bias && sum->b == o)))
+        return false;
+    if (total->kind != P_BIN || total->op != OP_ADD || total->dtype != CX_F32 ||
+        !((total->a == 3 && total->b == addend) || (total->a == addend && total->b == 3)))
+        return false;
+    *load = bias;
+    return true;
+}
+
 /* Whether an epilogue the heavy kernel h took over (merged: its program
  * now loads the output from merged->out_slot) is one the kernel applies
  * itself while the output is in cache:
  *  - after a conv, out + bias[channel], optionally then relu (Conv2d and
  *    ReLU), over the conv's own (N, O, OH*OW) element split;
- *  - after a bf16 matmul, out + bias[column], optionally then relu
- *    (autocast's Linear: the f32 matmul's program runs as it is);
+ *  - after a matmul, out + bias[column], optionally then relu (a Linear
+ *    and its ReLU), or, in f32, then + an addend of the output's shape
+ *    read in place (a Linear and the residual it adds into): the
+ *    program's adds in its order, with no pass of the interpreter;
  *  - after a conv input gradient or max-pool backward, where(m > 0, out, 0)
  *    with m in the output's layout (relu's gradient, as P_POSMASK).
  * In f32 every instruction is f32. In bf16 (autocast) the mask is bf16
@@ -54,13 +89,14 @@ static cx_epi fold_epilogue(const cx_kernel *h, const cx_kernel *merged, int *lo
     const cx_program *p = &merged->prog;
     const cx_pinstr *in = p->ins;
     const int dt = merged->out_dtype;
+    if (h->kind == K_MATMUL && dt == CX_F32 && bias_then_addend(h, merged, load)) return EPI_BIAS_ADD;
     if (p->n < 3 || p->result != p->n - 1 || in[0].kind != P_LOAD || in[1].kind != P_LOAD) return EPI_PROG;
     if (dt != CX_F32 && dt != CX_BF16) return EPI_PROG;
     const int o = in[0].slot == merged->out_slot ? 0 : 1, x = 1 - o;
     if (in[o].slot != merged->out_slot || in[x].slot == merged->out_slot) return EPI_PROG;
     /* every instruction in the output's dtype but a bf16 program's bias
      * load and its cast */
-    const bool bias_kind = h->kind == K_CONV || (h->kind == K_MATMUL && dt == CX_BF16);
+    const bool bias_kind = h->kind == K_CONV || h->kind == K_MATMUL;
     const bool cast_bias = dt == CX_BF16 && bias_kind;
     for (int i = 0; i < p->n; i++) {
         int want = cast_bias && i == x ? CX_F32 : dt;

@@ -85,9 +85,11 @@ typedef struct {
  * folded into the kernel itself (decided once, when lowering). */
 typedef enum {
     EPI_PROG,         /* run prog over the output */
-    EPI_BIAS,         /* conv: + bias[channel]; bf16 matmul: + bias[column] (read by prog's instruction epi_load) */
+    EPI_BIAS,         /* conv: + bias[channel]; matmul: + bias[column] (read by prog's instruction epi_load) */
     EPI_BIAS_RELU,    /* the same, then relu */
     EPI_POSMASK,      /* conv input gradient, max-pool backward: keep where mask (epi_load) > 0 */
+    EPI_BIAS_ADD,     /* f32 matmul: + bias[column], then + an f32 addend of the output's shape
+                         (cx_kernel_epi_addend: a linear layer and its residual) */
 } cx_epi;
 
 typedef struct {
@@ -202,6 +204,21 @@ void cx_kernel_attn_geom(const cx_kernel *k, cx_attn_geom *g);
 static inline bool cx_kernel_is_matmul_f32_sums(const cx_kernel *k)
 {
     return k->kind == K_MATMUL && k->nin > 0 && k->in[0].dtype == CX_BF16 && k->out_dtype == CX_F32;
+}
+
+/* The instruction of k's program that loads an EPI_BIAS_ADD epilogue's
+ * addend: its one load of neither the output nor the bias (epi_load).
+ * @return its index, or -1 when there is no such one load. */
+static inline int cx_kernel_epi_addend(const cx_kernel *k)
+{
+    int found = -1;
+    for (int i = 0; i < k->prog.n; i++) {
+        const cx_pinstr *in = &k->prog.ins[i];
+        if (in->kind != P_LOAD || i == k->epi_load || in->slot == k->out_slot) continue;
+        if (found >= 0) return -1;
+        found = i;
+    }
+    return found;
 }
 
 /* ---- the serialized form (serialize.c) ---- */

@@ -404,14 +404,14 @@ static bool exec_ok(const cx_executable *e)
         /* every kernel's scratch is a slot of at least its size */
         if (k->scratch_bytes > 0 && (k->scratch_slot < 0 || k->scratch_bytes > e->slots[k->scratch_slot].bytes)) return false;
         if ((k->kind == K_FUSED || k->has_epilogue) && k->prog.n == 0) return false;
-        if (k->epi > EPI_POSMASK) return false;
+        if (k->epi > EPI_BIAS_ADD) return false;
         if (k->epi != EPI_PROG) {
             if (!k->has_epilogue || k->epi_load < 0 || k->epi_load >= k->prog.n || k->prog.ins[k->epi_load].kind != P_LOAD)
                 return false;
-            /* dense_ok has checked a matmul's operands: two, bf16 like it, rank >= 2 */
-            const bool bf16_linear = k->kind == K_MATMUL && k->out_dtype == CX_BF16;
+            /* dense_ok has checked a matmul's operands: two, of its dtype, rank >= 2 */
             if (k->epi == EPI_POSMASK ? k->kind != K_CONV_BI && k->kind != K_MAXPOOL_BWD
-                                      : k->kind != K_CONV && !bf16_linear)
+                : k->epi == EPI_BIAS_ADD ? k->kind != K_MATMUL || k->out_dtype != CX_F32
+                                         : k->kind != K_CONV && k->kind != K_MATMUL)
                 return false;
             /* what the kernel reads: a mask in its own dtype, a bias in f32,
              * one per output channel or column */
@@ -423,6 +423,13 @@ static bool exec_ok(const cx_executable *e)
                 if (k->nin < 2 || k->in[1].ndim < 1) return false;
                 int64_t per = k->kind == K_CONV ? k->in[1].shape[0] : k->in[1].shape[k->in[1].ndim - 1];
                 if (!fits(per, CX_F32, e->slots[ld->slot].bytes)) return false;
+            }
+            if (k->epi == EPI_BIAS_ADD) {
+                /* and an f32 addend of the output's elements */
+                const int a = cx_kernel_epi_addend(k);
+                if (a < 0 || k->prog.ins[a].src_dtype != CX_F32 || k->prog.ins[a].slot < 0 ||
+                    k->prog.ins[a].slot >= e->nslots || !fits(k->out_numel, CX_F32, e->slots[k->prog.ins[a].slot].bytes))
+                    return false;
             }
         }
         if (!prog_ok(e, k, &k->prog)) return false;

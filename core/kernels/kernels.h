@@ -364,6 +364,10 @@ void cx_matmul_f32(float *c, const float *a, const float *b,
                    int64_t batch, int64_t m, int64_t n, int64_t k,
                    bool trans_a, bool trans_b,
                    int64_t stride_a, int64_t stride_b);
+/* A linear layer's epilogue over C (rows, n) in place, as the compiler's
+ * program computes it, add by add: C + bias[column], then relu (x > 0 ?
+ * x : 0, NaN to 0) or + addend (rows, n, contiguous; NULL: none). */
+void cx_linear_epilogue_f32(float *c, const float *bias, const float *addend, bool relu, int64_t rows, int64_t n);
 /* Whether cx_matmul_f32 with these operands hands its products to oneDNN
  * (else OpenBLAS): the program dump names the library. */
 bool cx_matmul_f32_on_dnnl(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, int64_t stride_a,

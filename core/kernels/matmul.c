@@ -227,3 +227,38 @@ void cx_matmul_f32(float *c, const float *a, const float *b,
     for (int64_t i = 0; i < batch; i++)
         gemm(c + i * c_size, a + i * stride_a, b + i * stride_b, m, n, k, trans_a, trans_b);
 }
+
+typedef struct {
+    float *c;
+    const float *bias, *addend;
+    bool relu;
+    int64_t n;
+} linear_epi_job;
+
+CX_HOT static void linear_epi_rows(void *p, int64_t r0, int64_t r1)
+{
+    const linear_epi_job *j = p;
+    const int64_t n = j->n;
+    for (int64_t r = r0; r < r1; r++) {
+        float *c = j->c + r * n;
+        if (j->addend) {
+            const float *x = j->addend + r * n;
+            for (int64_t e = 0; e < n; e++) c[e] = (c[e] + j->bias[e]) + x[e];
+        } else if (j->relu) {
+            for (int64_t e = 0; e < n; e++) {
+                const float v = c[e] + j->bias[e];
+                c[e] = v > 0 ? v : 0.0f;
+            }
+        } else {
+            for (int64_t e = 0; e < n; e++) c[e] += j->bias[e];
+        }
+    }
+}
+
+void cx_linear_epilogue_f32(float *c, const float *bias, const float *addend, bool relu, int64_t rows, int64_t n)
+{
+    if (rows <= 0 || n <= 0) return;
+    linear_epi_job j = { c, bias, addend, relu, n };
+    /* ~32K elements a part, as the fused loops */
+    cx_pool_parallel_for(rows, 32768 / n + 1, linear_epi_rows, &j);
+}

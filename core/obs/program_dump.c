@@ -39,7 +39,7 @@ static bool gv_leaf(const gview *v, int i)
 static void path_str(cx_sbuf *b, const cx_kernel *k)
 {
     static const char *const epi[] = { [EPI_PROG] = "program", [EPI_BIAS] = "bias", [EPI_BIAS_RELU] = "bias+relu",
-                                       [EPI_POSMASK] = "relu-gradient mask" };
+                                       [EPI_POSMASK] = "relu-gradient mask", [EPI_BIAS_ADD] = "bias+addend" };
     switch (k->kind) {
     case K_FUSED: cx_sb_printf(b, "fused loop, %d instructions", k->prog.n); break;
     case K_REDUCE:

@@ -44,6 +44,15 @@ static void run_matmul(const run_ctx *rc, const cx_kernel *k, void *scratch)
         return;
     }
     cx_matmul_f32(rc->slot_ptr[k->out_slot], a, b, batch, m, n, kk, A->trans, B->trans, sa, sb);
+    if (k->has_epilogue && k->epi != EPI_PROG) {
+        /* the epilogue folded (epilogue.c): the interpreter's pass over
+         * the output had cost a gpt step's forward products 0.1-0.3 ms
+         * each, a plain loop a third of that */
+        const int add = k->epi == EPI_BIAS_ADD ? cx_kernel_epi_addend(k) : -1;
+        cx_linear_epilogue_f32(rc->slot_ptr[k->out_slot], rc->slot_ptr[k->prog.ins[k->epi_load].slot],
+                               add >= 0 ? rc->slot_ptr[k->prog.ins[add].slot] : NULL, k->epi == EPI_BIAS_RELU,
+                               batch * m, n);
+    }
 }
 
 /* The relu-gradient mask a kernel applies itself, or NULL. */

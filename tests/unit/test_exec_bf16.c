@@ -175,7 +175,41 @@ Test(bf16_exec, a_bf16_linear_bias_fold_reads_a_whole_bias)
     cr_assert(loads(matmul_with_bias(CX_BF16, N, 1)), "a bf16 matmul adding an (N) f32 bias itself is valid");
     cr_assert(!loads(matmul_with_bias(CX_BF16, N - 1, 0)),
               "a folded bias of fewer than N floats must be refused (the kernel reads N, whatever the view)");
-    cr_assert(!loads(matmul_with_bias(CX_F32, N, 1)), "an f32 matmul does not fold its bias");
+    cr_assert(loads(matmul_with_bias(CX_F32, N, 1)), "an f32 matmul adding an (N) f32 bias itself is valid");
+    cr_assert(!loads(matmul_with_bias(CX_F32, N - 1, 0)), "an f32 matmul's folded bias holds N floats");
+}
+
+/* an f32 matmul with its bias and then an addend of addend_floats folded
+ * (EPI_BIAS_ADD): r + (out + bias); with_addend false: no addend load */
+static cx_executable *matmul_with_residual(cx_dtype dt, int64_t addend_floats, bool with_addend)
+{
+    cx_executable *e = one_matmul(dt, dt == CX_BF16 ? (int64_t)cx_matmul_bf16_min_scratch_bytes(1, M, N, K) : -1);
+    int sbias = cx_exec_add_slot(e, SLOT_ARENA, -1, N * 4), sres = cx_exec_add_slot(e, SLOT_ARENA, -1, addend_floats * 4);
+    cr_assert(sbias >= 0 && sres >= 0);
+    lay_out_arena(e);
+    cx_kernel *k = &e->kernels[0];
+    k->epi = EPI_BIAS_ADD;
+    k->epi_load = 2;
+    cx_program *p = epilogue_program(k, 2, 5);
+    p->views[1].strides[1] = 1;
+    const cx_pinstr ld = { .kind = P_LOAD, .dtype = (uint8_t)dt, .src_dtype = (uint8_t)dt };
+    p->ins[0] = ld;
+    p->ins[0].slot = with_addend ? sres : k->out_slot;
+    p->ins[1] = ld;
+    p->ins[1].slot = k->out_slot;
+    p->ins[2] = (cx_pinstr){ .kind = P_LOAD, .dtype = CX_F32, .src_dtype = CX_F32, .slot = sbias, .view = 1 };
+    p->ins[3] = (cx_pinstr){ .kind = P_BIN, .op = OP_ADD, .dtype = (uint8_t)dt, .a = 1, .b = 2 };
+    p->ins[4] = (cx_pinstr){ .kind = P_BIN, .op = OP_ADD, .dtype = (uint8_t)dt, .a = 0, .b = 3 };
+    p->result = 4;
+    return e;
+}
+
+Test(bf16_exec, an_f32_linear_residual_fold_reads_a_whole_addend)
+{
+    cr_assert(loads(matmul_with_residual(CX_F32, M * N, true)), "an f32 matmul adding its bias and an addend is valid");
+    cr_assert(!loads(matmul_with_residual(CX_F32, M * N - 1, true)), "the addend holds the output's M x N floats");
+    cr_assert(!loads(matmul_with_residual(CX_F32, M * N, false)), "a folded addend needs its load");
+    cr_assert(!loads(matmul_with_residual(CX_BF16, M * N, true)), "a bf16 matmul does not fold an addend");
 }
 
 /* a 2x2 stride-2 max pool of (2, 3, 8, 8) in dt, with `scratch` bytes of

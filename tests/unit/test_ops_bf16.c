@@ -572,6 +572,56 @@ Test(ops_bf16, linear_bias_folded_in_bf16)
     linear_fold_matches(1, 12, 16, 1100, false, 47);
 }
 
+/* The same fold in f32: matmul(x, w^T) + b, then relu (epi 1) or added
+ * into a residual r (epi 2, r + (xw^T + b), as a transformer block's
+ * projection adds into its stream), folds into the matmul (the dump says
+ * so) and gives the bits of the program over the matmul's output computed
+ * in a step of its own. */
+static void linear_f32_fold_matches(int64_t batch, int64_t m, int64_t k, int64_t n, int epi, unsigned seed)
+{
+    static const char *const path[] = { "epilogue fused: bias\n", "epilogue fused: bias+relu", "epilogue fused: bias+addend" };
+    const int64_t rows = batch * m, nx = rows * k, nw = n * k, ny = rows * n;
+    const int64_t sx3[] = { batch, m, k }, sy3[] = { batch, m, n }, sw[] = { n, k }, sb[] = { n };
+    const int nd = batch > 1 ? 3 : 2;
+    rng_seed(seed);
+    float *x = rand_f32(nx, -1, 1), *w = rand_f32(nw, -1, 1), *b = rand_f32(n, -2, 2), *r = rand_f32(ny, -3, 3);
+    cx_tensor *X = cx_persist(tf32(x, batch > 1 ? sx3 : sx3 + 1, nd)), *W = cx_persist(tf32(w, sw, 2));
+    cx_tensor *B = cx_persist(tf32(b, sb, 1)), *R = cx_persist(tf32(r, batch > 1 ? sy3 : sy3 + 1, nd));
+    char dir[512];
+    dump_into(dir, sizeof dir);
+    cx_step_begin();
+    cx_tensor *y = cx_add(cx_matmul(X, cx_transpose(W, 0, 1)), B);
+    y = epi == 1 ? cx_relu(y) : epi == 2 ? cx_add(R, y) : y;
+    float *fold = fetch_f32("folded", y);
+    end_ok();
+    dump_stop();
+    cr_assert(dumped_matmul(dir, " matmul f32", path[epi]), "(%lld x %lld) x (%lld x %lld): the epilogue %d did not fold",
+              (long long)rows, (long long)k, (long long)k, (long long)n, epi);
+    cx_step_begin();
+    cx_tensor *p = cx_keep(cx_matmul(X, cx_transpose(W, 0, 1)));
+    end_ok();
+    cx_step_begin();
+    cx_tensor *y2 = cx_add(p, B);
+    y2 = epi == 1 ? cx_relu(y2) : epi == 2 ? cx_add(R, y2) : y2;
+    float *prog = fetch_f32("program", y2);
+    end_ok();
+    cr_assert_eq(memcmp(fold, prog, sizeof *fold * (size_t)ny), 0, "(%lld x %lld) x (%lld x %lld), epilogue %d: bits differ",
+                 (long long)rows, (long long)k, (long long)k, (long long)n, epi);
+    cx_free(p); cx_free(X); cx_free(W); cx_free(B); cx_free(R);
+    free(x); free(w); free(b); free(r); free(fold); free(prog);
+}
+
+/* one product on OpenBLAS, one on oneDNN (with AVX-512), a batch, and
+ * ragged column counts */
+Test(ops_bf16, linear_epilogues_folded_in_f32)
+{
+    for (int epi = 0; epi < 3; epi++) {
+        linear_f32_fold_matches(1, 30, 24, 40, epi, 51 + (unsigned)epi);
+        linear_f32_fold_matches(1, 256, 256, 300, epi, 54 + (unsigned)epi);
+        linear_f32_fold_matches(2, 13, 48, 33, epi, 57 + (unsigned)epi);
+    }
+}
+
 /* ---- a bf16 matmul's cast to f32, folded into it ---- */
 
 /* cast(matmul(x, w^T), f32), the matmul read by the cast alone (a

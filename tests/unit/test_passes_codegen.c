@@ -554,9 +554,8 @@ static cx_epi fold_matmul(int dtype, const int64_t *bias_strides, int n, cx_pins
 }
 
 /* autocast's Linear: a bf16 matmul adds the f32 bias cast to bf16 (and a
- * relu after it) itself; a bias per row, a bias already bf16, or an f32
- * matmul's bias stay the program's (ops_bf16/linear_bias_folded_in_bf16
- * checks the bits) */
+ * relu after it) itself; a bias per row or a bias already bf16 stay the
+ * program's (ops_bf16/linear_bias_folded_in_bf16 checks the bits) */
 Test(epilogue, a_bf16_linear_applies_its_cast_bias_itself)
 {
     int load;
@@ -571,13 +570,43 @@ Test(epilogue, a_bf16_linear_applies_its_cast_bias_itself)
                  EPI_PROG);
     cr_assert_eq(fold_matmul(CX_BF16, col, 3, (cx_pinstr[]){ B16(LOAD(3, 0)), B16(LOAD(2, 1)), B16(BIN(OP_ADD, 0, 1)) }, &load),
                  EPI_PROG);
-    cr_assert_eq(fold_matmul(CX_F32, col, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1) }, &load), EPI_PROG);
     /* a bias read from an offset or through a mask (padding) is not bias[column] */
     cr_assert_eq(fold_matmul_view(CX_BF16, col, 3, false, 4,
                                   (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)) }, &load),
                  EPI_PROG);
     cr_assert_eq(fold_matmul_view(CX_BF16, col, 0, true, 4,
                                   (cx_pinstr[]){ B16(LOAD(3, 0)), LOAD(2, 1), CAST16(1), B16(BIN(OP_ADD, 0, 2)) }, &load),
+                 EPI_PROG);
+}
+
+/* An f32 Linear: the matmul adds its bias (then a relu, or a residual of
+ * the output's shape added after the bias, loaded in any order) itself;
+ * a residual added before the bias, or read through another view, stays
+ * the program's (ops_bf16/linear_epilogues_folded_in_f32 checks the bits) */
+Test(epilogue, an_f32_linear_applies_its_bias_relu_and_residual_itself)
+{
+    int load;
+    const int64_t col[2] = { 0, 1 }, row[2] = { 1, 0 };
+    cr_assert_eq(fold_matmul(CX_F32, col, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1) }, &load), EPI_BIAS);
+    cr_assert_eq(load, 1);
+    cr_assert_eq(fold_matmul(CX_F32, col, 4, (cx_pinstr[]){ LOAD(2, 1), LOAD(3, 0), BIN(OP_ADD, 1, 0), RELU(2) }, &load),
+                 EPI_BIAS_RELU);
+    cr_assert_eq(load, 0);
+    /* r + (out + bias), r loaded first (the gpt's projections) or last */
+    cr_assert_eq(fold_matmul(CX_F32, col, 5, (cx_pinstr[]){ LOAD(0, 0), LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 1, 2), BIN(OP_ADD, 0, 3) }, &load),
+                 EPI_BIAS_ADD);
+    cr_assert_eq(load, 2, "the bias is the third load");
+    cr_assert_eq(fold_matmul(CX_F32, col, 5, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), LOAD(0, 0), BIN(OP_ADD, 0, 1), BIN(OP_ADD, 3, 2) }, &load),
+                 EPI_BIAS_ADD);
+    cr_assert_eq(load, 1);
+    /* (out + r) + bias is another sum */
+    cr_assert_eq(fold_matmul(CX_F32, col, 5, (cx_pinstr[]){ LOAD(0, 0), LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1), BIN(OP_ADD, 3, 2) }, &load),
+                 EPI_PROG);
+    /* a second bias per column is no residual; a bias per row no bias */
+    cr_assert_eq(fold_matmul(CX_F32, col, 5, (cx_pinstr[]){ LOAD(0, 1), LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 1, 2), BIN(OP_ADD, 0, 3) }, &load),
+                 EPI_PROG);
+    cr_assert_eq(fold_matmul(CX_F32, row, 3, (cx_pinstr[]){ LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 0, 1) }, &load), EPI_PROG);
+    cr_assert_eq(fold_matmul(CX_F32, col, 5, (cx_pinstr[]){ LOAD(0, 0), LOAD(3, 0), LOAD(2, 1), BIN(OP_ADD, 1, 2), BIN(OP_MUL, 0, 3) }, &load),
                  EPI_PROG);
 }
 
