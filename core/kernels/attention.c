@@ -203,39 +203,15 @@ static bool rows_fit(const cx_attn_geom *g, bool bwd)
 
 /* The softmax and delta loops once per vector width (attention_rows_width.h
  * says why), picked by cx_isa_active(); off x86 only the baseline's */
-#ifdef CX_HAVE_ISA_TARGETS
-#define WIDTH 16
-#define WIDTH_TARGET CX_TARGET_AVX512
-#include "attention_rows_width.h"
-#define WIDTH 8
-#define WIDTH_TARGET CX_TARGET_AVX2
-#include "attention_rows_width.h"
-#endif
-#define WIDTH 4
-#define WIDTH_TARGET
-#include "attention_rows_width.h"
-
-typedef struct {
-    void (*softmax_rows)(float *p, int64_t ld, const cx_attn_geom *g, int64_t q0, int64_t rows, int64_t kend);
-    void (*row_dots)(float *delta, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t rows, int64_t d);
-} row_loops;
-
-static row_loops row_loops_here(void)
-{
-#ifdef CX_HAVE_ISA_TARGETS
-    const cx_isa isa = cx_isa_active();
-    if (isa >= CX_ISA_AVX512) return (row_loops){ softmax_rows_16, row_dots_16 };
-    if (isa >= CX_ISA_AVX2) return (row_loops){ softmax_rows_8, row_dots_8 };
-#endif
-    return (row_loops){ softmax_rows_4, row_dots_4 };
-}
+#define WIDTH_FILE "attention_rows_width.h"
+#include "each_width.h"
 
 /* P (rows, kend) = the softmax of the block's scores, ld rows_ld */
 static void rows_probs(const cx_attn_geom *g, const rows_lane *L, const float *q, int64_t q0, int64_t rows, int64_t kend)
 {
     const int64_t ld = rows_ld(g);
     cx_sgemm_serial(false, false, rows, kend, g->d, q, g->q_strides[1], L->kt, ld, 0.0f, L->p, ld);
-    row_loops_here().softmax_rows(L->p, ld, g, q0, rows, kend);
+    CX_BY_WIDTH(softmax_rows)(L->p, ld, g, q0, rows, kend);
 }
 
 /* q, k, v at the head's first row; out at the head's first row of (n, t, h, d) */
@@ -298,7 +274,7 @@ static void rows_bwd_head(const cx_attn_geom *g, float *lane, const rows_head *x
         if (kend == 0) { zero_rows(dq + q0 * gl, rows, gl, d); continue; }
         const float *q = x->q + q0 * g->q_strides[1], *dout = x->dout + q0 * g->do_strides[1];
         rows_probs(g, &L, q, q0, rows, kend);
-        row_loops_here().row_dots(delta, dout, g->do_strides[1], x->o + q0 * g->o_strides[1], g->o_strides[1], rows, d);
+        CX_BY_WIDTH(row_dots)(delta, dout, g->do_strides[1], x->o + q0 * g->o_strides[1], g->o_strides[1], rows, d);
         cx_sgemm_serial(true, false, kend, d, rows, p, ld, dout, g->do_strides[1], 1.0f, dv, gl);
         cx_sgemm_serial(false, false, rows, kend, d, dout, g->do_strides[1], L.vt, ld, 0.0f, dp, ld);
         rows_dscores(dp, p, delta, rows, kend, ld, g->scale);

@@ -137,17 +137,8 @@ static void weight_image_masked(const direct_job *j, const float *xp, float *d, 
 
 /* The loops, once per width (conv_direct_bf16_width.h says why); off x86
  * only the baseline's */
-#ifdef CX_HAVE_ISA_TARGETS
-#define WIDTH 16
-#define WIDTH_TARGET CX_TARGET_AVX512
-#include "conv_direct_bf16_width.h"
-#define WIDTH 8
-#define WIDTH_TARGET CX_TARGET_AVX2
-#include "conv_direct_bf16_width.h"
-#endif
-#define WIDTH 4
-#define WIDTH_TARGET
-#include "conv_direct_bf16_width.h"
+#define WIDTH_FILE "conv_direct_bf16_width.h"
+#include "each_width.h"
 
 static void direct_each(void *p, int64_t tid, int64_t nthreads)
 {
@@ -181,18 +172,8 @@ void cx_conv2d_bf16_direct(int dir, uint16_t *out, const uint16_t *in0, const ui
         for (int64_t i = 0; i < g->kh; i++)
             for (int64_t jj = 0; jj < g->kw; jj++)
                 j.off[t++] = dir == 2 ? jj * image_room(g, 2) + (c * hp + i) * j.wp : (c * hp + i) * j.wp + jj;
-    j.forward_image = forward_image_4;
-    j.weight_channels = weight_channels_4;
-#ifdef CX_HAVE_ISA_TARGETS
-    const cx_isa isa = cx_isa_active();
-    if (isa >= CX_ISA_AVX512) {
-        j.forward_image = forward_image_16;
-        j.weight_channels = weight_channels_16;
-    } else if (isa >= CX_ISA_AVX2) {
-        j.forward_image = forward_image_8;
-        j.weight_channels = weight_channels_8;
-    }
-#endif
+    j.forward_image = CX_BY_WIDTH(forward_image);
+    j.weight_channels = CX_BY_WIDTH(weight_channels);
     uintptr_t p = ((uintptr_t)scratch + DIRECT_ALIGN - 1) & ~(uintptr_t)(DIRECT_ALIGN - 1);
     j.lanes_base = (float *)p;
     size_t usable = scratch_bytes > (size_t)(p - (uintptr_t)scratch) ? scratch_bytes - (size_t)(p - (uintptr_t)scratch) : 0;

@@ -35,49 +35,20 @@ static inline float norm_value(const norm_job *j, const float *x, int64_t e, flo
  * one running sum is a chain of dependent adds the compiler may not
  * reorder. The order is fixed, so the bits do not depend on the thread
  * count. */
-#ifdef CX_HAVE_ISA_TARGETS
-#define WIDTH 16
-#define WIDTH_TARGET CX_TARGET_AVX512
-#include "norm_width.h"
-#define WIDTH 8
-#define WIDTH_TARGET CX_TARGET_AVX2
-#include "norm_width.h"
-#endif
-#define WIDTH 4
-#define WIDTH_TARGET
-#include "norm_width.h"
-
-static cx_range_fn fwd_rows_here(void)
-{
-#ifdef CX_HAVE_ISA_TARGETS
-    const cx_isa isa = cx_isa_active();
-    if (isa >= CX_ISA_AVX512) return fwd_rows_16;
-    if (isa >= CX_ISA_AVX2) return fwd_rows_8;
-#endif
-    return fwd_rows_4;
-}
-
-static cx_range_fn bwd_blocks_here(void)
-{
-#ifdef CX_HAVE_ISA_TARGETS
-    const cx_isa isa = cx_isa_active();
-    if (isa >= CX_ISA_AVX512) return bwd_blocks_16;
-    if (isa >= CX_ISA_AVX2) return bwd_blocks_8;
-#endif
-    return bwd_blocks_4;
-}
+#define WIDTH_FILE "norm_width.h"
+#include "each_width.h"
 
 void cx_layer_norm_fwd(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c, float eps)
 {
     norm_job j = { .out = y, .x = x, .w = w, .b = b, .rows = rows, .c = c, .eps = eps };
-    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows_here(), &j);
+    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, CX_BY_WIDTH(fwd_rows), &j);
 }
 
 void cx_layer_norm_fwd_bf16(uint16_t *y, const float *x, const float *w, const float *b, int64_t rows, int64_t c,
                             float eps)
 {
     norm_job j = { .out_bf16 = y, .x = x, .w = w, .b = b, .rows = rows, .c = c, .eps = eps };
-    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, fwd_rows_here(), &j);
+    if (rows > 0 && c > 0) cx_pool_parallel_for(rows, 16, CX_BY_WIDTH(fwd_rows), &j);
 }
 
 size_t cx_layer_norm_bwd_scratch_bytes(int64_t rows, int64_t c)
@@ -94,7 +65,7 @@ void cx_layer_norm_bwd(float *dxwb, const float *x, const float *w, const float 
     const int64_t blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
     (void)scratch_bytes;   /* sized by cx_layer_norm_bwd_scratch_bytes for these rows */
     norm_job j = { .out = dxwb, .part = scratch, .x = x, .w = w, .dy = dy, .rows = rows, .c = c, .eps = eps };
-    cx_pool_parallel_for(blocks, 1, bwd_blocks_here(), &j);
+    cx_pool_parallel_for(blocks, 1, CX_BY_WIDTH(bwd_blocks), &j);
     for (int64_t b = 0; b < blocks; b++) {
         const float *pw = j.part + b * 2 * c, *pb = pw + c;
         for (int64_t e = 0; e < c; e++) { dw[e] += pw[e]; db[e] += pb[e]; }
