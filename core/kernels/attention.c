@@ -163,9 +163,12 @@ static int64_t rows_block(const cx_attn_geom *g) { return g->causal ? RB_CAUSAL 
  * one thread: 129 against 243 GFLOP/s with its AVX-512 kernels, 91
  * against 103 with Haswell's), and a head's transpose costs under a
  * microsecond. */
+static int64_t scores_floats(const cx_attn_geom *g) { return round_up(RB * rows_ld(g)); }
+static int64_t transposed_floats(const cx_attn_geom *g) { return round_up(g->d * rows_ld(g)); }
+
 static int64_t rows_lane_floats(const cx_attn_geom *g, bool bwd)
 {
-    const int64_t p = round_up(RB * rows_ld(g)), t = round_up(g->d * rows_ld(g));
+    const int64_t p = scores_floats(g), t = transposed_floats(g);
     return bwd ? 2 * p + 2 * t + round_up(RB) : p + t;
 }
 
@@ -176,7 +179,7 @@ typedef struct {
 
 static rows_lane rows_lane_at(const cx_attn_geom *g, float *base, bool bwd)
 {
-    const int64_t p = round_up(RB * rows_ld(g)), t = round_up(g->d * rows_ld(g));
+    const int64_t p = scores_floats(g), t = transposed_floats(g);
     rows_lane L = { .p = base, .kt = base + p };
     if (bwd) {
         L.dp = L.kt + t;

@@ -17,13 +17,8 @@
  * its lanes. */
 
 #ifndef WIDTH
-#error "attention_rows_width.h: define WIDTH and WIDTH_TARGET first (attention.c includes it)"
+#error "attention_rows_width.h: include it through each_width.h (attention.c does)"
 #endif
-
-#define WIDTH_CAT2(a, b) a##_##b
-#define WIDTH_CAT(a, b) WIDTH_CAT2(a, b)
-#define AT_WIDTH(name) WIDTH_CAT(name, WIDTH)
-#define WIDTH_INLINE WIDTH_TARGET static inline __attribute__((always_inline))
 
 typedef float AT_WIDTH(row_floats) __attribute__((vector_size(WIDTH * sizeof(float))));
 typedef int32_t AT_WIDTH(row_ints) __attribute__((vector_size(WIDTH * sizeof(int32_t))));
@@ -165,9 +160,3 @@ WIDTH_TARGET static void AT_WIDTH(row_dots)(float *delta, const float *a, int64_
 
 #undef vf
 #undef vi
-#undef WIDTH_INLINE
-#undef AT_WIDTH
-#undef WIDTH_CAT
-#undef WIDTH_CAT2
-#undef WIDTH_TARGET
-#undef WIDTH

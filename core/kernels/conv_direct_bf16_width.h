@@ -28,13 +28,8 @@
  * largest): there a loop without FMA rounds it before adding it. */
 
 #ifndef WIDTH
-#error "conv_direct_bf16_width.h: define WIDTH and WIDTH_TARGET first (conv_direct_bf16.c includes it)"
+#error "conv_direct_bf16_width.h: include it through each_width.h (conv_direct_bf16.c does)"
 #endif
-
-#define WIDTH_CAT2(a, b) a##_##b
-#define WIDTH_CAT(a, b) WIDTH_CAT2(a, b)
-#define AT_WIDTH(name) WIDTH_CAT(name, WIDTH)
-#define WIDTH_INLINE static inline __attribute__((always_inline))
 
 typedef float AT_WIDTH(floats) __attribute__((vector_size(WIDTH * sizeof(float))));
 typedef uint32_t AT_WIDTH(words) __attribute__((vector_size(WIDTH * sizeof(uint32_t))));
@@ -260,9 +255,3 @@ WIDTH_TARGET static void AT_WIDTH(weight_channels)(const direct_job *j, float *x
 #undef vu
 #undef vi
 #undef vh
-#undef WIDTH
-#undef WIDTH_TARGET
-#undef WIDTH_INLINE
-#undef AT_WIDTH
-#undef WIDTH_CAT
-#undef WIDTH_CAT2

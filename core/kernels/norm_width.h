@@ -18,13 +18,9 @@
  * (at the widths that have them). */
 
 #ifndef WIDTH
-#error "norm_width.h: define WIDTH and WIDTH_TARGET first (norm.c includes it)"
+#error "norm_width.h: include it through each_width.h (norm.c does)"
 #endif
 
-#define WIDTH_CAT2(a, b) a##_##b
-#define WIDTH_CAT(a, b) WIDTH_CAT2(a, b)
-#define AT_WIDTH(name) WIDTH_CAT(name, WIDTH)
-#define WIDTH_INLINE WIDTH_TARGET static inline __attribute__((always_inline))
 #define VECS (LANES / WIDTH)
 
 typedef float AT_WIDTH(norm_floats) __attribute__((vector_size(WIDTH * sizeof(float))));
@@ -203,9 +199,3 @@ WIDTH_TARGET static void AT_WIDTH(bwd_blocks)(void *p, int64_t b0, int64_t b1)
 #undef lanes_t
 #undef vf
 #undef VECS
-#undef WIDTH_INLINE
-#undef AT_WIDTH
-#undef WIDTH_CAT
-#undef WIDTH_CAT2
-#undef WIDTH_TARGET
-#undef WIDTH
