@@ -40,6 +40,7 @@ void cx_uses_free(const cx_graph *g, cx_uses *u)
 static bool schedule_and_plan(cx_executable *e, const int *out_alias)
 {
     cx_pass_fuse_epilogues(e);
+    if (!cx_pass_order_by_memory(e)) return false;
     if (!cx_pass_recompute_input_values(e)) return false;
     cx_pass_collectives_in_place(e);
     if (!cx_pass_schedule_overlap(e)) return false;

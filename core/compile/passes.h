@@ -7,6 +7,8 @@
  *                peephole.c    (relu patterns, dead code, dim coalescing)
  *   3. epilogue  (epilogue.c)  an elementwise kernel that only post-processes
  *                              a matmul/conv runs in place after it, or inside it
+ *      order     (order.c)     the kernels reordered to free memory early (a
+ *                              weight gradient right after the gradient it reads)
  *      recompute (recompute.c) an elementwise value of the inputs alone is
  *                              computed again for a late reader, not kept
  *   4. schedule  (schedule.c)  collectives in place, the DDP overlap order, the
@@ -102,9 +104,14 @@ void cx_prog_peephole(cx_program *p);
  * kept | reduced). @return the new rank; *split follows. */
 int cx_prog_coalesce(cx_program *p, int64_t *shape, int nd, int *split);
 
-/* ---- 3-4. epilogues and schedule (epilogue.c, schedule.c) ------------------------------ */
+/* ---- 3-4. epilogues, order and schedule (epilogue.c, order.c, schedule.c) ------------------------------ */
 
 void cx_pass_fuse_epilogues(cx_executable *e);
+/* A list schedule: among the kernels whose inputs exist, first one that
+ * reads an intermediate, the most arena bytes freed net of those
+ * allocated first; else the one the lowered order needs soonest. Graphs with all-gathers (FSDP) keep
+ * their order. @return false when out of memory (error set). */
+bool cx_pass_order_by_memory(cx_executable *e);
 /* A fused kernel that loads only inputs (and is short) gets a copy right
  * before each reader that would otherwise find its buffer idle across more
  * than twice its size of other writes, unless an output taking one of its

@@ -446,6 +446,51 @@ Test(passes, prefetch_moves_each_gather_one_unit_ahead)
     cx_executable_free(e);
 }
 
+/* A layer's backward as lowering emits it: the input-gradient chain first
+ * (dy -> dx -> dx2 -> out), the weight gradient, which reads the layer's
+ * big activation and dy, last; and a value of the input alone (z) that
+ * only the last kernel reads. */
+Test(passes, order_runs_a_weight_gradient_right_after_the_gradient_it_reads)
+{
+    cx_executable *e = exec_new(0, 0);
+    int x = cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    int z = cx_exec_add_slot(e, SLOT_ARENA, -1, 64), act = cx_exec_add_slot(e, SLOT_ARENA, -1, 4096);
+    int dy = cx_exec_add_slot(e, SLOT_ARENA, -1, 256), dx = cx_exec_add_slot(e, SLOT_ARENA, -1, 256);
+    int dx2 = cx_exec_add_slot(e, SLOT_ARENA, -1, 256);
+    int out = cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64), dw = cx_exec_add_slot(e, SLOT_OUTPUT, 1, 64);
+    fused(e, z, 1, (int[]){ x });
+    fused(e, act, 1, (int[]){ x });
+    fused(e, dy, 1, (int[]){ act });
+    fused(e, dx, 1, (int[]){ dy });
+    fused(e, dx2, 1, (int[]){ dx });
+    fused(e, out, 2, (int[]){ dx2, z });
+    fused(e, dw, 2, (int[]){ act, dy });
+    cr_assert(cx_pass_order_by_memory(e));
+    cr_assert_eq(position(e, dw), position(e, dy) + 1, "the weight gradient frees the activation: at once");
+    cr_assert_eq(position(e, z), position(e, out) - 1, "a value of the input alone waits for its reader");
+    cr_assert_lt(position(e, dx), position(e, dx2), "the chain keeps its order");
+    cx_pass_liveness(e);
+    cr_assert_eq(e->slots[act].last, position(e, dw));
+    cx_executable_free(e);
+
+    /* a kernel never runs before one it depends on, whatever the bytes: the
+     * overwrite of a (which frees big) would come first by bytes, before
+     * the read of a's first value (which allocates big2) */
+    e = exec_new(0, 0);
+    x = cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    int a = cx_exec_add_slot(e, SLOT_ARENA, -1, 64), big = cx_exec_add_slot(e, SLOT_ARENA, -1, 1 << 20);
+    int big2 = cx_exec_add_slot(e, SLOT_ARENA, -1, 2 << 20), o = cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64);
+    fused(e, a, 1, (int[]){ x });
+    fused(e, big, 1, (int[]){ a });
+    fused(e, big2, 1, (int[]){ a });
+    fused(e, a, 1, (int[]){ big });
+    fused(e, o, 2, (int[]){ a, big2 });
+    cr_assert(cx_pass_order_by_memory(e));
+    cr_assert_eq(e->kernels[2].out_slot, big2, "the read of a's first value stays before its overwrite");
+    cr_assert_eq(e->kernels[3].out_slot, a);
+    cx_executable_free(e);
+}
+
 /* input 0 (slot 0) -> cast (slot 1), read at once by kernel 1 and again by
  * the last kernel, after `between` kernels each writing a 64-byte slot */
 static cx_executable *late_reader(int between)
