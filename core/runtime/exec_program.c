@@ -115,7 +115,7 @@ CX_HOT static void load_block(reg_t *r, const void *base, int dt, const cx_view 
         case OP_GELU_GRAD:                                                                                     \
             for (int j = 0; j < len; j++) {                                                                    \
                 float x = a[j], cdf = 0.5f * (cx_verff(x * (float)M_SQRT1_2) + 1.0f);                          \
-                o[j] = R(cdf + x * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2) * cx_vexpf(-0.5f * x * x));           \
+                o[j] = R(cdf + x * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2) * cx_vexpf_nonpos(-0.5f * x * x));           \
             }                                                                                                  \
             break;                                                                                             \
         case OP_ABS: for (int j = 0; j < len; j++) o[j] = R(fabsf(a[j])); break;                              \

@@ -1279,6 +1279,28 @@ Test(kernels, vexpf_is_within_2_ulp)
     cr_assert(isnan(cx_vexpf(NAN)));
 }
 
+/* The shortcut the GELU gradient takes must not move a bit: every 61st
+ * non-positive float (subnormals, the underflow edge, -inf) and NaN. */
+Test(kernels, vexpf_nonpos_is_vexpf_to_the_bit)
+{
+    long differ = 0;
+    uint32_t first = 0;
+    for (uint64_t u = 0x80000000u; u <= 0xff800000u; u += 61) {
+        float x, a, b;
+        uint32_t v = (uint32_t)u;
+        memcpy(&x, &v, sizeof x);
+        a = cx_vexpf(x);
+        b = cx_vexpf_nonpos(x);
+        if (memcmp(&a, &b, sizeof a) && !differ++) first = v;
+    }
+    const float edges[] = { -87.3365f, -87.33654475f, -87.33655f, -86.0f, -0.0f, -INFINITY, NAN };
+    for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) {
+        float a = cx_vexpf(edges[i]), b = cx_vexpf_nonpos(edges[i]);
+        if (memcmp(&a, &b, sizeof a)) differ++;
+    }
+    cr_assert_eq(differ, 0, "%ld values differ, the first at bits 0x%08x", differ, first);
+}
+
 Test(kernels, vlogf_is_within_2_ulp)
 {
     double worst = 0, at = 0;
