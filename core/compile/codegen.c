@@ -86,6 +86,7 @@ typedef enum {
     LAYOUT_MATMUL,       /* also transposed or batch-broadcast rows */
     LAYOUT_STRIDED,      /* any affine view whose last dim is contiguous (attention) */
     LAYOUT_SHIFTED,      /* the own row-major layout at an offset (a concat's part sliced out of a packed buffer) */
+    LAYOUT_ROW_INDEX,    /* a gather's index expanded over its rows (the caller checks cx_index_is_rows) */
 } layout;
 
 /* Any unmasked view with non-negative strides whose innermost dim is
@@ -138,6 +139,11 @@ static bool resolve_input(const cgctx *c, int x, layout lay, cx_kin *out)
     }
     if (lay == LAYOUT_STRIDED) return strided_layout(xn, &v, out);
     if (lay == LAYOUT_SHIFTED) return shifted_layout(xn, &v, S, out);
+    if (lay == LAYOUT_ROW_INDEX) {
+        out->view = v;
+        out->offset = v.offset;
+        return true;
+    }
     return lay == LAYOUT_MATMUL && matmul_layout(xn, &v, out);
 }
 
@@ -316,8 +322,17 @@ static bool lower_heavy(cgctx *c, int i)
     k->nin = n->ninputs;
     layout lay = n->op == OP_MATMUL ? LAYOUT_MATMUL
                  : n->op == OP_ATTENTION || n->op == OP_ATTENTION_BWD ? LAYOUT_STRIDED : LAYOUT_CONTIGUOUS;
-    for (int j = 0; j < n->ninputs; j++)
-        if (!resolve_input(c, n->inputs[j], lay, &k->in[j])) { c->fail_node = n->inputs[j]; return false; }
+    bool indexed = n->op == OP_GATHER || n->op == OP_SCATTER_ADD;
+    for (int j = 0; j < n->ninputs; j++) {
+        bool index = indexed && j == 1;
+        int64_t so, sd;
+        if (!resolve_input(c, n->inputs[j], index ? LAYOUT_ROW_INDEX : lay, &k->in[j]) ||
+            (index && !cx_view_is_identity(&k->in[j].view, k->in[j].shape, k->in[j].ndim) &&
+             !cx_index_is_rows(&k->in[j], (int)CX_ATTR(n, CX_AT_AXIS), &so, &sd))) {
+            c->fail_node = n->inputs[j];
+            return false;
+        }
+    }
     int64_t scratch = heavy_scratch(c, n, k);
     if (scratch <= 0) return true;
     int s = cx_exec_add_slot(c->e, SLOT_ARENA, -1, scratch);

@@ -99,6 +99,24 @@ bool cx_view_is_identity(const cx_view *v, const int64_t *shape, int nd)
     return true;
 }
 
+bool cx_index_is_rows(const cx_kin *ix, int axis, int64_t *outer_stride, int64_t *axis_stride)
+{
+    const cx_view *v = &ix->view;
+    if (v->masked || v->offset < 0 || axis < 0 || axis >= ix->ndim) return false;
+    for (int d = axis + 1; d < ix->ndim; d++) if (ix->shape[d] > 1 && v->strides[d] != 0) return false;
+    int64_t so = 0, expect = -1;
+    for (int d = axis - 1; d >= 0; d--) {
+        if (ix->shape[d] == 1) continue;
+        if (v->strides[d] < 0 || (expect >= 0 && v->strides[d] != expect)) return false;
+        if (expect < 0) so = v->strides[d];
+        if (__builtin_mul_overflow(v->strides[d], ix->shape[d], &expect)) return false;
+    }
+    if (v->strides[axis] < 0) return false;
+    *outer_stride = so;
+    *axis_stride = ix->shape[axis] > 1 ? v->strides[axis] : 0;
+    return true;
+}
+
 void cx_exec_clear_kernels(cx_executable *e)
 {
     for (int k = 0; k < e->nkernels; k++) {

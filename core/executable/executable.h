@@ -178,6 +178,13 @@ void cx_prog_rename_loads(cx_program *p, int from, int to);
 bool cx_view_is_identity(const cx_view *v, const int64_t *shape, int nd);
 void cx_contiguous_strides(const int64_t *shape, int nd, int64_t *strides);
 
+/* A gather's or scatter-add's index read one value per (outer, axis) row
+ * (an embedding's row index expanded over the row): an unmasked view with
+ * stride 0 on every dim after `axis` and outer dims that collapse to one
+ * stride. @return whether ix is one; row (o, i) is then at view offset
+ * + o * *outer_stride + i * *axis_stride. */
+bool cx_index_is_rows(const cx_kin *ix, int axis, int64_t *outer_stride, int64_t *axis_stride);
+
 /* Drops every kernel and slot (the codegen retry starts over). */
 void cx_exec_clear_kernels(cx_executable *e);
 /* Frees e and everything it owns (NULL is fine). */

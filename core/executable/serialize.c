@@ -272,7 +272,13 @@ static bool attrs_ok(const cx_kernel *k)
     case K_CONV_BI: case K_CONV_BW: return k->nattrs == CX_AT_CONV_BWD_COUNT;
     case K_MAXPOOL: case K_AVGPOOL: case K_MAXPOOL_BWD: return k->nattrs >= CX_AT_POOL_COUNT;
     case K_AVGPOOL_BWD: return k->nattrs == CX_AT_POOL_BWD_COUNT;
-    case K_GATHER: case K_SCATTER_ADD: return k->nattrs >= 1;
+    case K_GATHER: case K_SCATTER_ADD: {
+        /* the index contiguous or one value per row (run_indexed reads no other) */
+        int64_t so, sd;
+        return k->nattrs >= 1 && k->nin >= 2 && CX_ATTR(k, CX_AT_AXIS) >= 0 && CX_ATTR(k, CX_AT_AXIS) < k->in[1].ndim &&
+               (cx_view_is_identity(&k->in[1].view, k->in[1].shape, k->in[1].ndim) ||
+                cx_index_is_rows(&k->in[1], (int)CX_ATTR(k, CX_AT_AXIS), &so, &sd));
+    }
     case K_CONCAT: return k->nattrs >= CX_AT_CONCAT_COUNT;
     case K_COLL: return k->nattrs >= CX_AT_COLL_COUNT;
     case K_PAD: return k->nin >= 1 && k->nattrs >= CX_AT_PAD_COUNT(k->in[0].ndim);

@@ -519,5 +519,12 @@ int64_t cx_gather_f32(float *out, const float *src, const int64_t *index,
 /* out (outer, out_dim, inner) += src (outer, idx_dim, inner) at index. */
 int64_t cx_scatter_add_f32(float *out, const float *src, const int64_t *index,
                            int64_t outer, int64_t out_dim, int64_t idx_dim, int64_t inner);
+/* The same with one index per (o, i) row, at index[o * idx_outer_stride
+ * + i * idx_dim_stride]: whole rows of inner values move. An index out of
+ * range counts inner times (once per element it stands for). */
+int64_t cx_gather_rows_f32(float *out, const float *src, const int64_t *index, int64_t idx_outer_stride,
+                           int64_t idx_dim_stride, int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner);
+int64_t cx_scatter_add_rows_f32(float *out, const float *src, const int64_t *index, int64_t idx_outer_stride,
+                                int64_t idx_dim_stride, int64_t outer, int64_t out_dim, int64_t idx_dim, int64_t inner);
 
 #endif

@@ -185,6 +185,37 @@ static bool run_pool_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void
     return true;
 }
 
+/* torch.gather / scatter_add along the axis attribute. The index is
+ * contiguous, or one value per row read in place (an embedding's). */
+static cx_status run_indexed(const run_ctx *rc, const cx_kernel *k, float *out)
+{
+    const bool gather = k->kind == K_GATHER;
+    const int ax = (int)CX_ATTR(k, CX_AT_AXIS);
+    const cx_kin *ix = &k->in[1], *src = &k->in[gather ? 0 : 2], *base = &k->in[0];
+    const int64_t other = gather ? src->shape[ax] : base->shape[ax];
+    const int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
+    const int64_t *index = rc->slot_ptr[ix->slot];
+    const float *from = rc->slot_ptr[src->slot];
+    if (!gather && rc->slot_ptr[base->slot] != out) memcpy(out, rc->slot_ptr[base->slot], (size_t)base->numel * sizeof(float));
+    int64_t so, sd, bad;
+    if (cx_view_is_identity(&ix->view, ix->shape, ix->ndim)) {
+        bad = gather ? cx_gather_f32(out, from, index, outer, other, ix->shape[ax], inner)
+                     : cx_scatter_add_f32(out, from, index, outer, other, ix->shape[ax], inner);
+    } else {
+        const bool rows = cx_index_is_rows(ix, ax, &so, &sd);
+        CX_ASSERT(rows);   /* the compiler and the cache loader admit no other index view */
+        index += ix->view.offset;
+        bad = gather ? cx_gather_rows_f32(out, from, index, so, sd, outer, other, ix->shape[ax], inner)
+                     : cx_scatter_add_rows_f32(out, from, index, so, sd, outer, other, ix->shape[ax], inner);
+    }
+    if (bad) {
+        cx_set_last_error("%s: %lld indices out of range [0, %lld)", gather ? "gather" : "scatter_add", (long long)bad,
+                          (long long)other);
+        return CX_ERR_ARG;
+    }
+    return CX_OK;
+}
+
 cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
 {
     void *out = rc->slot_ptr[k->out_slot];
@@ -235,23 +266,9 @@ cx_status cx_run_heavy(const run_ctx *rc, const cx_kernel *k)
         cx_avg_pool2d_bwd(out, rc->slot_ptr[k->in[0].slot], &g);
         break;
     }
-    case K_GATHER: {
-        int ax = (int)CX_ATTR(k, CX_AT_AXIS);
-        const cx_kin *src = &k->in[0], *ix = &k->in[1];
-        int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
-        int64_t bad = cx_gather_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, src->shape[ax],
-                                    ix->shape[ax], inner);
-        if (bad) { cx_set_last_error("gather: %lld indices out of range [0, %lld)", (long long)bad, (long long)src->shape[ax]); return CX_ERR_ARG; }
-        break;
-    }
-    case K_SCATTER_ADD: {
-        int ax = (int)CX_ATTR(k, CX_AT_AXIS);
-        const cx_kin *base = &k->in[0], *ix = &k->in[1], *src = &k->in[2];
-        if (rc->slot_ptr[base->slot] != out) memcpy(out, rc->slot_ptr[base->slot], (size_t)base->numel * sizeof(float));
-        int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
-        int64_t bad = cx_scatter_add_f32(out, rc->slot_ptr[src->slot], rc->slot_ptr[ix->slot], outer, base->shape[ax],
-                                         ix->shape[ax], inner);
-        if (bad) { cx_set_last_error("scatter_add: %lld indices out of range [0, %lld)", (long long)bad, (long long)base->shape[ax]); return CX_ERR_ARG; }
+    case K_GATHER: case K_SCATTER_ADD: {
+        cx_status st = run_indexed(rc, k, out);
+        if (st != CX_OK) return st;
         break;
     }
     case K_PAD: run_pad(rc, k); break;

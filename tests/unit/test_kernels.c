@@ -985,6 +985,47 @@ Test(scatter_add, against_reference_and_deterministic)
         run_scatter_case(rng_int(1, 6), rng_int(1, 9), rng_int(1, 9), rng_int(1, 9), true);
 }
 
+/* The row-index kernels against the element kernels on the same index
+ * expanded over the rows: the same bits, the same count of bad indices. */
+static void run_rows_case(int64_t outer, int64_t dim, int64_t idx_dim, int64_t inner, int64_t gap)
+{
+    const int64_t sd = gap, so = idx_dim * gap + 1;   /* strided rows, and outer rows apart */
+    const size_t rn = (size_t)(outer * so), xn = (size_t)(outer * idx_dim * inner), dn = (size_t)(outer * dim * inner);
+    int64_t *rows = malloc(sizeof(int64_t) * rn), *full = malloc(sizeof(int64_t) * xn);
+    cr_assert(rows && full);
+    for (size_t i = 0; i < rn; i++) rows[i] = random_index(dim, true);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < idx_dim; i++)
+            for (int64_t e = 0; e < inner; e++) full[(o * idx_dim + i) * inner + e] = rows[o * so + i * sd];
+    float *src = random_buf(dn), *a = guarded(xn), *b = guarded(xn);
+    fill_nan(a, xn);
+    fill_nan(b, xn);
+    cr_assert_eq(cx_gather_rows_f32(a, src, rows, so, sd, outer, dim, idx_dim, inner),
+                 cx_gather_f32(b, src, full, outer, dim, idx_dim, inner));
+    check_guards(a, xn, "gather rows out");
+    cr_assert(memcmp(a, b, sizeof(float) * xn) == 0, "gather rows differ from gather");
+    float *vals = random_buf(xn), *acc = random_buf(dn), *acc2 = guarded(dn);
+    memcpy(acc2, acc, sizeof(float) * dn);
+    cr_assert_eq(cx_scatter_add_rows_f32(acc, vals, rows, so, sd, outer, dim, idx_dim, inner),
+                 cx_scatter_add_f32(acc2, vals, full, outer, dim, idx_dim, inner));
+    check_guards(acc, dn, "scatter rows out");
+    cr_assert(memcmp(acc, acc2, sizeof(float) * dn) == 0, "scatter_add rows differ from scatter_add");
+    free(rows);
+    free(full);
+    guarded_free(src); guarded_free(a); guarded_free(b);
+    guarded_free(vals); guarded_free(acc); guarded_free(acc2);
+}
+
+Test(gather, row_indices_match_the_expanded_index)
+{
+    rng_seed(8);
+    run_rows_case(1, 256, 2048, 256, 1);   /* the gpt's token embedding */
+    run_rows_case(1, 50, 3000, 3, 2);
+    run_rows_case(3, 10, 50, 1000, 1);     /* several column blocks per slice */
+    run_rows_case(2, 4, 300, 700, 3);
+    for (int it = 0; it < 20; it++) run_rows_case(rng_int(1, 6), rng_int(1, 9), rng_int(1, 9), rng_int(1, 9), rng_int(1, 3));
+}
+
 Test(gather, reports_every_bad_index)
 {
     const float src[6] = { 1, 2, 3, 4, 5, 6 }; /* (1, 3, 2) */
