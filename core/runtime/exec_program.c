@@ -558,6 +558,33 @@ static inline float as_f32(float x) { return x; }
 DEFINE_SUM_BLOCK(sum_block, float, as_f32)
 DEFINE_SUM_BLOCK(sum_block_bf16, uint16_t, cx_bf16_to_f32_inline)
 
+/* The largest of a block's len >= 1 values, in CX_SUM_LANES lanes the
+ * compiler vectorizes (a loop of compares through the running maximum,
+ * with its NaN test, ran one value at a time: the loss's max over a GPT's
+ * logits took 0.26 ms a step). *nan: whether any value is NaN. Max is
+ * exact, so the lanes give the sequential loop's value; of a +0 and a -0
+ * tied for the maximum either may come back. */
+CX_HOT static float max_block(const float *f, int len, bool *nan)
+{
+    float m[CX_SUM_LANES];
+    int bad = 0, q = 0;
+    for (int l = 0; l < CX_SUM_LANES; l++) m[l] = -INFINITY;
+    for (; q + CX_SUM_LANES <= len; q += CX_SUM_LANES)
+        for (int l = 0; l < CX_SUM_LANES; l++) {
+            float x = f[q + l];
+            bad |= x != x;
+            m[l] = x > m[l] ? x : m[l];
+        }
+    for (int l = 0; q < len; q++, l++) {
+        bad |= f[q] != f[q];
+        m[l] = f[q] > m[l] ? f[q] : m[l];
+    }
+    float best = m[0];
+    for (int l = 1; l < CX_SUM_LANES; l++) best = m[l] > best ? m[l] : best;
+    *nan = bad != 0;
+    return best;
+}
+
 /* A program that is one unmasked load of f32 or bf16 values (widened, or
  * kept in their dtype) contiguous along the last of nd axes: a plain sum
  * reads its rows in place. */
@@ -604,16 +631,17 @@ CX_HOT static void reduce_one(const reduce_job *j, reg_t *regs, val_t *vals, int
             if (k->red_op == OP_REDUCE_SUM) {
                 if (fc) *acc_f += sum_block(r->f, len);
                 else { int64_t s = 0; for (int q = 0; q < len; q++) s += r->i[q]; *acc_i += s; }
+            } else if (k->red_op == OP_REDUCE_MAX && fc) {
+                bool nan;
+                double x = max_block(r->f, len, &nan);
+                if (nan) x = NAN;
+                /* NaN wins and stays, as torch.max */
+                if (*first) *acc_f = x;
+                else if (*acc_f == *acc_f && (x > *acc_f || x != x)) *acc_f = x;
+                *first = false;
             } else if (k->red_op == OP_REDUCE_MAX) {
                 for (int q = 0; q < len; q++) {
-                    if (fc) {
-                        double x = r->f[q];
-                        /* NaN wins and stays, as torch.max */
-                        if (*first) *acc_f = x;
-                        else if (*acc_f == *acc_f && (x > *acc_f || x != x)) *acc_f = x;
-                    } else if (*first || r->i[q] > *acc_i) {
-                        *acc_i = r->i[q];
-                    }
+                    if (*first || r->i[q] > *acc_i) *acc_i = r->i[q];
                     *first = false;
                 }
             } else { /* argmax over the single reduced axis */

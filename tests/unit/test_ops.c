@@ -514,6 +514,34 @@ Test(ops, reductions_sum_max_mean_var)
     free(x);
 }
 
+/* Max over rows longer than a block and not a multiple of the lanes: the
+ * largest value wherever it sits, a NaN anywhere (here in the tail) wins as
+ * in torch.max, +inf wins, and a row of -inf gives -inf. */
+Test(ops, max_over_long_rows_finds_the_largest_and_nan)
+{
+    enum { R = 5, C = 1000 };
+    rng_seed(12);
+    float *x = rand_f32(R * C, -5, -1);
+    x[0 * C + 0] = -0.5f;                      /* the first value */
+    x[1 * C + 517] = -0.25f;                   /* inside the third block */
+    x[2 * C + 999] = NAN;                      /* the tail's last value */
+    x[3 * C + 300] = INFINITY;
+    for (int c = 0; c < C; c++) x[4 * C + c] = -INFINITY;
+    BEGIN();
+    const int64_t shape[] = { R, C };
+    const int ax = 1;
+    cx_tensor *y = cx_max(tf32(x, shape, 2), &ax, 1, false);
+    float got[R];
+    cr_assert_eq(cx_to_host(y, got, CX_F32), CX_OK, "%s", cx_last_error());
+    END();
+    cr_assert_eq(got[0], -0.5f);
+    cr_assert_eq(got[1], -0.25f);
+    cr_assert(isnan(got[2]), "row 2: %g, not NaN", got[2]);
+    cr_assert(isinf(got[3]) && got[3] > 0, "row 3: %g", got[3]);
+    cr_assert(isinf(got[4]) && got[4] < 0, "row 4: %g", got[4]);
+    free(x);
+}
+
 Test(ops, reduction_large_sum_accuracy)
 {
     /* 1M values: a naive float accumulator drifts far beyond 1e-5. */
