@@ -13,7 +13,7 @@
  * gradient-norm sums follow while the data is still in cache.
  *
  * A kernel that reads no intermediate (a value of the step's inputs alone)
- * waits until nothing else is ready, and then the one needed soonest goes
+ * waits until nothing else is ready, and then the one that can wait least goes
  * first, so it runs right before its first reader instead of holding its
  * buffer from the start. Ties keep the lowered order, so a chain stays as
  * it was. */
@@ -27,22 +27,24 @@ typedef struct {
     int n;
     int *succ_start, *succ;   /* CSR: the kernels that must follow each kernel */
     int *preds_left;          /* unscheduled predecessors */
-    int *reads_start, *reads; /* CSR: the distinct slots each kernel reads (out slot excluded) */
+    int *reads_start, *reads; /* CSR: the distinct slots each kernel reads (out and scratch excluded) */
     int *readers_left;        /* per slot: unscheduled kernels reading it */
     char *written;            /* per slot: a kernel writing it has been scheduled */
+    int *latest;              /* per kernel: the latest place it can take (latest_places) */
 } order_state;
 
 static void order_state_free(order_state *s)
 {
     free(s->succ_start); free(s->succ); free(s->preds_left);
     free(s->reads_start); free(s->reads); free(s->readers_left); free(s->written);
+    free(s->latest);
 }
 
-typedef struct { int *list; int n, cap; bool oom; int out; } slot_list;
+typedef struct { int *list; int n, cap; bool oom; int out, scratch; } slot_list;
 static void collect_read(void *p, int slot)
 {
     slot_list *l = p;
-    if (slot == l->out) return;
+    if (slot == l->out || slot == l->scratch) return;
     for (int i = 0; i < l->n; i++) if (l->list[i] == slot) return;
     if (!CX_GROW(l->list, l->cap, l->n + 1)) { l->oom = true; return; }
     l->list[l->n++] = slot;
@@ -61,6 +63,7 @@ static bool build_reads(const cx_executable *e, order_state *s)
     for (int k = 0; k < n; k++) {
         l.n = 0;
         l.out = e->kernels[k].out_slot;
+        l.scratch = e->kernels[k].scratch_slot;   /* lives within the kernel: neither freed nor kept by it */
         cx_kernel_each_read(&e->kernels[k], collect_read, &l);
         s->reads_start[k] = nflat;
         if (l.oom || !CX_GROW(flat, cap, nflat + l.n + 1)) { free(l.list); free(flat); return false; }
@@ -147,17 +150,28 @@ static bool reads_intermediate(const cx_executable *e, const order_state *s, int
     return false;
 }
 
-/* The first kernel, in the lowered order, that must follow k. */
-static int first_follower(const order_state *s, int k)
+/* The latest place each kernel can take, given the longest chain of
+ * kernels that must follow it: a forward's first gather (every layer after
+ * it) is needed before a loss's target (a short chain to the loss's
+ * gradient). Edges run from lower to higher lowered indices, so one
+ * backward pass does. */
+static bool latest_places(order_state *s)
 {
-    int first = s->n;
-    for (int j = s->succ_start[k]; j < s->succ_start[k + 1]; j++) if (s->succ[j] < first) first = s->succ[j];
-    return first;
+    int n = s->n;
+    s->latest = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!s->latest) return false;
+    for (int k = n - 1; k >= 0; k--) {
+        int at = n - 1;
+        for (int j = s->succ_start[k]; j < s->succ_start[k + 1]; j++)
+            if (s->latest[s->succ[j]] - 1 < at) at = s->latest[s->succ[j]] - 1;
+        s->latest[k] = at;
+    }
+    return true;
 }
 
 /* The ready kernel to run next: one reading an intermediate before one that
  * does not; among the former the most bytes freed, among the latter the one
- * needed soonest in the lowered order; then the lowered order. */
+ * with the least room to wait; then the lowered order. */
 static int pick(const cx_executable *e, const order_state *s, const int *ready, int nready)
 {
     int best = -1;
@@ -166,7 +180,7 @@ static int pick(const cx_executable *e, const order_state *s, const int *ready, 
     for (int i = 0; i < nready; i++) {
         int k = ready[i];
         bool inter = reads_intermediate(e, s, k);
-        int64_t key = inter ? net_freed(e, s, k) : -(int64_t)first_follower(s, k);
+        int64_t key = inter ? net_freed(e, s, k) : -(int64_t)s->latest[k];
         bool better = best < 0 || (inter && !best_inter) ||
                       (inter == best_inter && (key > best_key || (key == best_key && k < ready[best])));
         if (better) { best = i; best_inter = inter; best_key = key; }
@@ -183,7 +197,7 @@ bool cx_pass_order_by_memory(cx_executable *e)
     order_state s = { .n = n };
     int *ready = malloc(sizeof(int) * (size_t)n);
     cx_kernel *order = malloc(sizeof *order * (size_t)n);
-    bool ok = ready && order && build_reads(e, &s) && build_edges(e, &s);
+    bool ok = ready && order && build_reads(e, &s) && build_edges(e, &s) && latest_places(&s);
     int nready = 0;
     for (int k = 0; ok && k < n; k++) if (s.preds_left[k] == 0) ready[nready++] = k;
     for (int t = 0; ok && t < n; t++) {
