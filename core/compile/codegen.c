@@ -87,6 +87,7 @@ typedef enum {
     LAYOUT_STRIDED,      /* any affine view whose last dim is contiguous (attention) */
     LAYOUT_SHIFTED,      /* the own row-major layout at an offset (a concat's part sliced out of a packed buffer) */
     LAYOUT_ROW_INDEX,    /* a gather's index expanded over its rows (the caller checks cx_index_is_rows) */
+    LAYOUT_BROADCAST,    /* one value read everywhere (a scatter-add's zero base) */
 } layout;
 
 /* Any unmasked view with non-negative strides whose innermost dim is
@@ -139,10 +140,10 @@ static bool resolve_input(const cgctx *c, int x, layout lay, cx_kin *out)
     }
     if (lay == LAYOUT_STRIDED) return strided_layout(xn, &v, out);
     if (lay == LAYOUT_SHIFTED) return shifted_layout(xn, &v, S, out);
-    if (lay == LAYOUT_ROW_INDEX) {
+    if (lay == LAYOUT_ROW_INDEX || lay == LAYOUT_BROADCAST) {
         out->view = v;
         out->offset = v.offset;
-        return true;
+        return lay == LAYOUT_ROW_INDEX || cx_view_is_broadcast(&v, xn->shape, xn->ndim);
     }
     return lay == LAYOUT_MATMUL && matmul_layout(xn, &v, out);
 }
@@ -310,6 +311,41 @@ static bool lower_concat(cgctx *c, int i)
     return true;
 }
 
+/* The root a broadcast of one value stands on: through reshapes and
+ * expands to a one-element node (a constant) made its own root, so the
+ * value is stored once and not expanded into a buffer; else x itself. */
+static int broadcast_source(const cgctx *c, int x)
+{
+    int cur = x;
+    while (!c->root[cur] && (c->g->nodes[cur].op == OP_RESHAPE || c->g->nodes[cur].op == OP_EXPAND))
+        cur = c->g->nodes[cur].inputs[0];
+    return !c->root[cur] && c->g->nodes[cur].numel == 1 ? cur : x;
+}
+
+/* Input j of heavy node n in the layout its kernel reads. A gather's or
+ * scatter-add's index may be one value per row, read in place; a
+ * scatter-add's base may be one value broadcast (the zeros a gather's
+ * gradient starts from). On failure the node to make a root is set. */
+static bool resolve_heavy_input(cgctx *c, const cx_gnode *n, int j, layout lay, cx_kin *in)
+{
+    const bool index = (n->op == OP_GATHER || n->op == OP_SCATTER_ADD) && j == 1;
+    const bool base = n->op == OP_SCATTER_ADD && j == 0;
+    int64_t so, sd;
+    if (index) {
+        if (resolve_input(c, n->inputs[j], LAYOUT_ROW_INDEX, in) &&
+            (cx_view_is_identity(&in->view, in->shape, in->ndim) || cx_index_is_rows(in, (int)CX_ATTR(n, CX_AT_AXIS), &so, &sd)))
+            return true;
+    } else if (base) {
+        if (resolve_input(c, n->inputs[j], LAYOUT_BROADCAST, in)) return true;
+        int src = broadcast_source(c, n->inputs[j]);
+        if (src != n->inputs[j]) { c->fail_node = src; return false; }
+    } else if (resolve_input(c, n->inputs[j], lay, in)) {
+        return true;
+    }
+    c->fail_node = n->inputs[j];
+    return false;
+}
+
 static bool lower_heavy(cgctx *c, int i)
 {
     const cx_gnode *n = &c->g->nodes[i];
@@ -322,17 +358,8 @@ static bool lower_heavy(cgctx *c, int i)
     k->nin = n->ninputs;
     layout lay = n->op == OP_MATMUL ? LAYOUT_MATMUL
                  : n->op == OP_ATTENTION || n->op == OP_ATTENTION_BWD ? LAYOUT_STRIDED : LAYOUT_CONTIGUOUS;
-    bool indexed = n->op == OP_GATHER || n->op == OP_SCATTER_ADD;
-    for (int j = 0; j < n->ninputs; j++) {
-        bool index = indexed && j == 1;
-        int64_t so, sd;
-        if (!resolve_input(c, n->inputs[j], index ? LAYOUT_ROW_INDEX : lay, &k->in[j]) ||
-            (index && !cx_view_is_identity(&k->in[j].view, k->in[j].shape, k->in[j].ndim) &&
-             !cx_index_is_rows(&k->in[j], (int)CX_ATTR(n, CX_AT_AXIS), &so, &sd))) {
-            c->fail_node = n->inputs[j];
-            return false;
-        }
-    }
+    for (int j = 0; j < n->ninputs; j++)
+        if (!resolve_heavy_input(c, n, j, lay, &k->in[j])) return false;
     int64_t scratch = heavy_scratch(c, n, k);
     if (scratch <= 0) return true;
     int s = cx_exec_add_slot(c->e, SLOT_ARENA, -1, scratch);

@@ -99,6 +99,13 @@ bool cx_view_is_identity(const cx_view *v, const int64_t *shape, int nd)
     return true;
 }
 
+bool cx_view_is_broadcast(const cx_view *v, const int64_t *shape, int nd)
+{
+    if (v->masked || v->offset < 0) return false;
+    for (int d = 0; d < nd; d++) if (shape[d] > 1 && v->strides[d] != 0) return false;
+    return true;
+}
+
 bool cx_index_is_rows(const cx_kin *ix, int axis, int64_t *outer_stride, int64_t *axis_stride)
 {
     const cx_view *v = &ix->view;

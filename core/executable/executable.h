@@ -178,6 +178,10 @@ void cx_prog_rename_loads(cx_program *p, int from, int to);
 bool cx_view_is_identity(const cx_view *v, const int64_t *shape, int nd);
 void cx_contiguous_strides(const int64_t *shape, int nd, int64_t *strides);
 
+/* One value read at every index: an unmasked view at a non-negative
+ * offset with stride 0 on every dim longer than 1. */
+bool cx_view_is_broadcast(const cx_view *v, const int64_t *shape, int nd);
+
 /* A gather's or scatter-add's index read one value per (outer, axis) row
  * (an embedding's row index expanded over the row): an unmasked view with
  * stride 0 on every dim after `axis` and outer dims that collapse to one

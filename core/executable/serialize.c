@@ -201,6 +201,16 @@ static bool prog_ok(const cx_executable *e, const cx_kernel *k, const cx_program
     return true;
 }
 
+/* Whether input i is one a kernel reads only through its view, which can
+ * repeat values (view_fits bounds it, not numel): a gather's or
+ * scatter-add's row index, a scatter-add's broadcast base. */
+static bool reads_fewer_than_numel(const cx_kernel *k, int i)
+{
+    if ((k->kind != K_GATHER && k->kind != K_SCATTER_ADD) || i > 1) return false;
+    const cx_kin *x = &k->in[i];
+    return !cx_view_is_identity(&x->view, x->shape, x->ndim) && (i == 1 || k->kind == K_SCATTER_ADD);
+}
+
 /* A heavy kernel's input view (strides over the input's own shape, from an
  * offset) stays inside its buffer. */
 static bool view_fits(const cx_kin *x, int64_t slot_bytes)
@@ -273,11 +283,15 @@ static bool attrs_ok(const cx_kernel *k)
     case K_MAXPOOL: case K_AVGPOOL: case K_MAXPOOL_BWD: return k->nattrs >= CX_AT_POOL_COUNT;
     case K_AVGPOOL_BWD: return k->nattrs == CX_AT_POOL_BWD_COUNT;
     case K_GATHER: case K_SCATTER_ADD: {
-        /* the index contiguous or one value per row (run_indexed reads no other) */
+        /* the index contiguous or one value per row, a scatter-add's base
+         * contiguous or one value (run_indexed reads no other) */
         int64_t so, sd;
+        const cx_kin *b = &k->in[0];
         return k->nattrs >= 1 && k->nin >= 2 && CX_ATTR(k, CX_AT_AXIS) >= 0 && CX_ATTR(k, CX_AT_AXIS) < k->in[1].ndim &&
                (cx_view_is_identity(&k->in[1].view, k->in[1].shape, k->in[1].ndim) ||
-                cx_index_is_rows(&k->in[1], (int)CX_ATTR(k, CX_AT_AXIS), &so, &sd));
+                cx_index_is_rows(&k->in[1], (int)CX_ATTR(k, CX_AT_AXIS), &so, &sd)) &&
+               (k->kind == K_GATHER || cx_view_is_identity(&b->view, b->shape, b->ndim) ||
+                cx_view_is_broadcast(&b->view, b->shape, b->ndim));
     }
     case K_CONCAT: return k->nattrs >= CX_AT_CONCAT_COUNT;
     case K_COLL: return k->nattrs >= CX_AT_COLL_COUNT;
@@ -400,7 +414,7 @@ static bool exec_ok(const cx_executable *e)
         for (int i = 0; i < k->nin; i++) {
             const cx_kin *x = &k->in[i];
             if (x->slot < 0 || x->slot >= e->nslots || !dtype_ok(x->dtype) || x->ndim < 0 || x->ndim > CX_MAX_DIMS) return false;
-            if (!fits(x->numel, x->dtype, e->slots[x->slot].bytes)) return false;
+            if (!reads_fewer_than_numel(k, i) && !fits(x->numel, x->dtype, e->slots[x->slot].bytes)) return false;
             if (!view_fits(x, e->slots[x->slot].bytes)) return false;
         }
         if (k->kind == K_REDUCE && (k->nkeep < 0 || k->nkeep > k->ndim || k->prog.n == 0)) return false;

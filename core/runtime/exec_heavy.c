@@ -185,6 +185,19 @@ static bool run_pool_bf16(const run_ctx *rc, const cx_kernel *k, void *out, void
     return true;
 }
 
+/* A scatter-add's output starts as its base: a copy unless it is the
+ * same buffer, or one value broadcast (a gather gradient's zeros). */
+static void start_from_base(const run_ctx *rc, const cx_kin *base, float *out)
+{
+    const float *from = rc->slot_ptr[base->slot];
+    if (!cx_view_is_identity(&base->view, base->shape, base->ndim)) {
+        const float v = from[base->view.offset];
+        for (int64_t i = 0; i < base->numel; i++) out[i] = v;
+    } else if (from != out) {
+        memcpy(out, from, (size_t)base->numel * sizeof(float));
+    }
+}
+
 /* torch.gather / scatter_add along the axis attribute. The index is
  * contiguous, or one value per row read in place (an embedding's). */
 static cx_status run_indexed(const run_ctx *rc, const cx_kernel *k, float *out)
@@ -196,7 +209,7 @@ static cx_status run_indexed(const run_ctx *rc, const cx_kernel *k, float *out)
     const int64_t outer = prod(ix->shape, 0, ax), inner = prod(ix->shape, ax + 1, ix->ndim);
     const int64_t *index = rc->slot_ptr[ix->slot];
     const float *from = rc->slot_ptr[src->slot];
-    if (!gather && rc->slot_ptr[base->slot] != out) memcpy(out, rc->slot_ptr[base->slot], (size_t)base->numel * sizeof(float));
+    if (!gather) start_from_base(rc, base, out);
     int64_t so, sd, bad;
     if (cx_view_is_identity(&ix->view, ix->shape, ix->ndim)) {
         bad = gather ? cx_gather_f32(out, from, index, outer, other, ix->shape[ax], inner)
