@@ -5,6 +5,7 @@
 #include "passes.h"
 
 #include <limits.h>
+#include <string.h>
 
 typedef struct { cx_executable *e; int k; } live_ctx;
 static void mark_read(void *p, int slot)
@@ -41,6 +42,13 @@ static int cmp_size_desc(const void *a, const void *b, void *ctx)
     return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);
 }
 
+static int cmp_first_use(const void *a, const void *b, void *ctx)
+{
+    const cx_slot *s = ctx, *p = &s[*(const int *)a], *q = &s[*(const int *)b];
+    if (p->def != q->def) return p->def < q->def ? -1 : 1;
+    return cmp_size_desc(a, b, ctx);
+}
+
 /* The lowest offset for s (size bytes) that overlaps no placed slot alive
  * at the same time, a slot counting as alive for `gap` kernels more at
  * either end. */
@@ -61,27 +69,10 @@ static int64_t lowest_offset(const cx_executable *e, const int *placed, int np, 
     return off;
 }
 
-bool cx_pass_plan_memory(cx_executable *e)
+/* Places the slots in the given order, each at the lowest offset that
+ * fits. @return the arena's top. */
+static int64_t place(cx_executable *e, const int *order, int n, int *placed)
 {
-    int *order = malloc(sizeof(int) * (size_t)(e->nslots + 1));
-    int *placed = malloc(sizeof(int) * (size_t)(e->nslots + 1));
-    if (!order || !placed) { free(order); free(placed); return false; }
-    int n = 0;
-    e->intermediate_bytes = 0;
-    for (int s = 0; s < e->nslots; s++) {
-        if (e->slots[s].kind != SLOT_ARENA) continue;
-        if (e->slots[s].last >= 0) {
-            order[n++] = s;
-            e->intermediate_bytes += e->slots[s].bytes;
-        } else {
-            /* a dead slot (a heavy kernel's output its epilogue now takes)
-             * holds nothing: sized 0 it lies inside any arena, as the
-             * persistent cache's check of a loaded program demands */
-            e->slots[s].bytes = 0;
-            e->slots[s].offset = 0;
-        }
-    }
-    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, e->slots);
     int np = 0;
     int64_t top = 0;
     for (int i = 0; i < n; i++) {
@@ -104,6 +95,48 @@ bool cx_pass_plan_memory(cx_executable *e)
         placed[np++] = order[i];
         if (off + size > top) top = off + size;
     }
+    return top;
+}
+
+bool cx_pass_plan_memory(cx_executable *e)
+{
+    int *order = malloc(sizeof(int) * (size_t)(e->nslots + 1));
+    int *placed = malloc(sizeof(int) * (size_t)(e->nslots + 1));
+    if (!order || !placed) { free(order); free(placed); return false; }
+    int n = 0;
+    e->intermediate_bytes = 0;
+    for (int s = 0; s < e->nslots; s++) {
+        if (e->slots[s].kind != SLOT_ARENA) continue;
+        if (e->slots[s].last >= 0) {
+            order[n++] = s;
+            e->intermediate_bytes += e->slots[s].bytes;
+        } else {
+            /* a dead slot (a heavy kernel's output its epilogue now takes)
+             * holds nothing: sized 0 it lies inside any arena, as the
+             * persistent cache's check of a loaded program demands */
+            e->slots[s].bytes = 0;
+            e->slots[s].offset = 0;
+        }
+    }
+    /* Two greedy orders, the smaller arena kept: largest first packs a
+     * step of few sizes tightly (the default gpt's f32 arena is its most
+     * bytes live at once), first use first packs one whose big buffers
+     * are born in a row better (its bf16-mixed arena: 85.0 MB, not 86.3,
+     * over 83.9 live at once). */
+    int64_t *by_size = malloc(sizeof(int64_t) * (size_t)(n + 1));   /* the first plan's offsets */
+    if (!by_size) { free(order); free(placed); return false; }
+    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, e->slots);
+    int64_t top = place(e, order, n, placed);
+    for (int i = 0; i < n; i++) by_size[i] = e->slots[order[i]].offset;
+    int *first_use = placed;   /* place() has filled it with order's slots: sort that copy */
+    int *scratch = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!scratch) { free(by_size); free(order); free(placed); return false; }
+    qsort_r(first_use, (size_t)n, sizeof(int), cmp_first_use, e->slots);
+    int64_t top_first_use = place(e, first_use, n, scratch);
+    free(scratch);
+    if (top_first_use < top) top = top_first_use;
+    else for (int i = 0; i < n; i++) e->slots[order[i]].offset = by_size[i];
+    free(by_size);
     e->arena_bytes = top;
     free(order);
     free(placed);

@@ -169,9 +169,31 @@ static bool latest_places(order_state *s)
     return true;
 }
 
+/* Whether kernel k reads an intermediate already computed: k keeps it
+ * alive while it waits. */
+static bool holds_an_intermediate(const cx_executable *e, const order_state *s, int k)
+{
+    for (int r = s->reads_start[k]; r < s->reads_start[k + 1]; r++)
+        if (e->slots[s->reads[r]].kind == SLOT_ARENA && s->written[s->reads[r]]) return true;
+    return false;
+}
+
+/* Whether running k lets a kernel start that holds an intermediate (a
+ * weight's cast before its product), counting k's edges to it. */
+static bool enables_a_reader(const cx_executable *e, const order_state *s, int k)
+{
+    for (int j = s->succ_start[k]; j < s->succ_start[k + 1]; j++) {
+        int f = s->succ[j], edges = 0;
+        for (int q = s->succ_start[k]; q < s->succ_start[k + 1]; q++) edges += s->succ[q] == f;
+        if (s->preds_left[f] == edges && holds_an_intermediate(e, s, f)) return true;
+    }
+    return false;
+}
+
 /* The ready kernel to run next: one reading an intermediate before one that
- * does not; among the former the most bytes freed, among the latter the one
- * with the least room to wait; then the lowered order. */
+ * does not; among the former the most bytes freed, among the latter first
+ * one that lets a kernel holding an intermediate start, then the one with
+ * the least room to wait; then the lowered order. */
 static int pick(const cx_executable *e, const order_state *s, const int *ready, int nready)
 {
     int best = -1;
@@ -180,7 +202,8 @@ static int pick(const cx_executable *e, const order_state *s, const int *ready, 
     for (int i = 0; i < nready; i++) {
         int k = ready[i];
         bool inter = reads_intermediate(e, s, k);
-        int64_t key = inter ? net_freed(e, s, k) : -(int64_t)s->latest[k];
+        int64_t key = inter ? net_freed(e, s, k)
+                            : (enables_a_reader(e, s, k) ? (int64_t)1 << 40 : 0) - (int64_t)s->latest[k];
         bool better = best < 0 || (inter && !best_inter) ||
                       (inter == best_inter && (key > best_key || (key == best_key && k < ready[best])));
         if (better) { best = i; best_inter = inter; best_key = key; }

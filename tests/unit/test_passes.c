@@ -333,6 +333,33 @@ Test(passes, memory_plan_reuses_space_of_dead_buffers)
     cx_executable_free(e);
 }
 
+/* Lifetimes largest-first packs badly: the 128 of kernels 0-1 and the two
+ * 64s of kernel 2 take 0-256, and the 64 alive through kernels 0-3 finds
+ * no room under them: 320 bytes. Placed by first use the arena is the
+ * most bytes alive at once, 256. */
+Test(passes, memory_plan_keeps_the_smaller_of_two_packings)
+{
+    static const struct { int64_t bytes; int def, last; } lives[] = {
+        { 256, 4, 4 }, { 64, 2, 2 }, { 64, 2, 2 }, { 64, 0, 3 }, { 128, 0, 1 },
+    };
+    cx_executable *e = exec_new(0, 0);
+    for (size_t i = 0; i < sizeof lives / sizeof *lives; i++) {
+        int sl = cx_exec_add_slot(e, SLOT_ARENA, -1, lives[i].bytes);
+        e->slots[sl].def = lives[i].def;
+        e->slots[sl].last = lives[i].last;
+    }
+    cr_assert(cx_pass_plan_memory(e));
+    cr_assert_eq(e->arena_bytes, 256, "got %lld", (long long)e->arena_bytes);
+    for (int a = 0; a < e->nslots; a++)
+        for (int b = a + 1; b < e->nslots; b++) {
+            const cx_slot *p = &e->slots[a], *q = &e->slots[b];
+            bool together = !(p->last < q->def || q->last < p->def);
+            bool overlap = p->offset < q->offset + q->bytes && q->offset < p->offset + p->bytes;
+            cr_assert(!(together && overlap), "slots %d and %d alive together share space", a, b);
+        }
+    cx_executable_free(e);
+}
+
 Test(passes, async_collectives_keep_their_buffers_until_the_wait)
 {
     cx_executable *e = exec_new(5, 256);
@@ -488,6 +515,33 @@ Test(passes, order_runs_a_weight_gradient_right_after_the_gradient_it_reads)
     cr_assert(cx_pass_order_by_memory(e));
     cr_assert_eq(e->kernels[2].out_slot, big2, "the read of a's first value stays before its overwrite");
     cr_assert_eq(e->kernels[3].out_slot, a);
+    cx_executable_free(e);
+
+    /* a loss's end: once the forward (h0 -> h1 -> h) is done, the logits'
+     * product waits for its weight's cast, and a chain of the target alone
+     * (t1 -> t2 -> t3, longer than the cast) is needed only by the loss's
+     * gradient. The cast goes first: the product runs before the target's
+     * values exist, and not beside them. */
+    e = exec_new(0, 0);
+    x = cx_exec_add_slot(e, SLOT_INPUT, 0, 64);
+    int y = cx_exec_add_slot(e, SLOT_INPUT, 1, 64);
+    int h0 = cx_exec_add_slot(e, SLOT_ARENA, -1, 256), h1 = cx_exec_add_slot(e, SLOT_ARENA, -1, 256);
+    int h = cx_exec_add_slot(e, SLOT_ARENA, -1, 256), cast = cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
+    int logits = cx_exec_add_slot(e, SLOT_ARENA, -1, 1024);
+    int t1 = cx_exec_add_slot(e, SLOT_ARENA, -1, 64), t2 = cx_exec_add_slot(e, SLOT_ARENA, -1, 64);
+    int t3 = cx_exec_add_slot(e, SLOT_ARENA, -1, 1024), grad = cx_exec_add_slot(e, SLOT_OUTPUT, 0, 64);
+    fused(e, t1, 1, (int[]){ y });
+    fused(e, t2, 1, (int[]){ t1 });
+    fused(e, t3, 1, (int[]){ t2 });
+    fused(e, h0, 1, (int[]){ x });   /* the forward: longer than the target's chain, so first */
+    fused(e, h1, 1, (int[]){ h0 });
+    fused(e, h, 1, (int[]){ h1 });
+    fused(e, cast, 1, (int[]){ x });
+    fused(e, logits, 2, (int[]){ h, cast });
+    fused(e, grad, 2, (int[]){ logits, t3 });
+    cr_assert(cx_pass_order_by_memory(e));
+    cr_assert_lt(position(e, logits), position(e, t1), "the product before the target's chain");
+    cr_assert_eq(position(e, cast), position(e, logits) - 1, "the cast right before its product");
     cx_executable_free(e);
 }
 
