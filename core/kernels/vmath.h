@@ -15,6 +15,23 @@ static inline float cx_vmath_pow2i(int32_t n)
     return e.f;
 }
 
+/* e^r for x = n ln2 + r, n the nearest integer to x / ln2 (*n), x finite
+ * and clamped by the caller: Cephes' polynomial. */
+static inline float cx_vexpf_reduced(float x, float *n)
+{
+    /* round to nearest by the 1.5 * 2^23 trick: an add, where roundf is a call */
+    const float shifter = 12582912.0f;
+    *n = (x * 1.44269504088896341f + shifter) - shifter;
+    float r = x - *n * 0.693359375f + *n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return p * r * r + r + 1.0f;
+}
+
 /* exp(x) within 2 ulp wherever the result is a normal float: Cephes'
  * polynomial after the reduction x = n ln2 + r, 2^n applied as two powers
  * so every n in [-126, 128] stays in range. Results below FLT_MIN flush to
@@ -24,17 +41,7 @@ static inline float cx_vexpf(float x)
     float xc = x > 88.7228f ? 88.7228f : x;
     xc = xc < -87.3365f ? -87.3365f : xc;
     xc = xc == xc ? xc : 0.0f;   /* NaN: computed on 0, restored below */
-    /* round to nearest by the 1.5 * 2^23 trick: an add, where roundf is a call */
-    const float shifter = 12582912.0f;
-    float n = (xc * 1.44269504088896341f + shifter) - shifter;
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float n, p = cx_vexpf_reduced(xc, &n);
     int32_t ni = (int32_t)n, half = ni / 2;
     float y = p * cx_vmath_pow2i(half) * cx_vmath_pow2i(ni - half);
     y = x > 88.72283935546875f ? INFINITY : y;
@@ -52,16 +59,7 @@ static inline float cx_vexpf_nonpos(float x)
 {
     float xc = x < -87.3365f ? -87.3365f : x;
     xc = xc == xc ? xc : 0.0f;
-    const float shifter = 12582912.0f;
-    float n = (xc * 1.44269504088896341f + shifter) - shifter;
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float n, p = cx_vexpf_reduced(xc, &n);
     float y = p * cx_vmath_pow2i((int32_t)n);
     y = x < -87.33654475f ? 0.0f : y;
     return x == x ? y : x;
