@@ -137,12 +137,21 @@ static int gen_leaf(progctx *c, const cx_gnode *n, const cx_mview *m)
     return push(c, in);
 }
 
+/* Whether a program reads node x from its buffer. A constant made a root
+ * (a scatter-add's broadcast base stores it once) stays an immediate for
+ * every other reader: loaded, it would hide relu's zero from the epilogue
+ * matcher and cost each fused loop a load. */
+static bool loads_root(const progctx *c, int x)
+{
+    return c->root[x] && c->g->nodes[x].op != OP_CONST;
+}
+
 static int gen_reshape(progctx *c, const cx_gnode *n, const cx_mview *m)
 {
     int x = n->inputs[0];
     const cx_gnode *xn = &c->g->nodes[x];
     /* a buffer is linear: reshaping a root is only a new way to count */
-    if (c->root[x]) return emit_load(c, x, m, n->shape);
+    if (loads_root(c, x)) return emit_load(c, x, m, n->shape);
     cx_mview r;
     if (!cx_mview_unravel(m, c->it_nd, c->it_shape, n->shape, xn->shape, xn->ndim, &r)) { c->fail_node = x; return -1; }
     return gen(c, x, &r);
@@ -255,7 +264,7 @@ static int gen_elementwise(progctx *c, const cx_gnode *n, const cx_mview *m)
 static int gen_uncached(progctx *c, int i, const cx_mview *m)
 {
     const cx_gnode *n = &c->g->nodes[i];
-    if (c->root[i] && i != c->self) return emit_load(c, i, m, n->shape);
+    if (loads_root(c, i) && i != c->self) return emit_load(c, i, m, n->shape);
     cx_op_group grp = cx_op_table[n->op].group;
     switch (n->op) {
     case OP_CONST: case OP_RTSCALAR: case OP_IOTA: case OP_RNG: return gen_leaf(c, n, m);

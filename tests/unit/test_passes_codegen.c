@@ -290,6 +290,69 @@ Test(codegen, a_matmul_is_a_kernel_of_its_own_reading_a_transposed_operand_in_pl
     cx_executable_free(e);
 }
 
+/* Groups and generates as cx_lower does, forcing a root each time codegen
+ * names one, until it succeeds. */
+static cx_executable *lower_with_retries(const gbuild *b, char *force_root, char *root)
+{
+    for (int attempt = 0; attempt <= b->g.n; attempt++) {
+        cx_executable *e;
+        group(b, force_root, root);
+        int fail = codegen(b, root, &e);
+        if (fail < 0) return e;
+        cr_assert(!force_root[fail], "codegen asked twice for node %d", fail);
+        force_root[fail] = 1;
+        cx_executable_free(e);
+    }
+    cr_assert_fail("codegen never finished");
+    return NULL;
+}
+
+Test(codegen, a_zero_stored_for_a_scatter_add_base_stays_an_immediate_for_relu)
+{
+    /* One zero constant, as the tracer dedups it: relu's zero and a
+     * scatter-add's base (a gather's gradient starts from zeros). The
+     * base stores the zero once; relu must still see an immediate, or the
+     * peephole makes no relu and a conv or matmul epilogue no bias+relu. */
+    gbuild b;
+    gb_init(&b);
+    static const int64_t M41[] = { 4, 1 }, ONES[] = { 1, 1 };
+    int x = gb_node(&b, OP_DATA, 2, M44, 0, NULL), ix = gb_node(&b, OP_DATA, 2, M41, 0, NULL);
+    int src = gb_node(&b, OP_DATA, 2, M41, 0, NULL);
+    b.nodes[ix].dtype = CX_I64;
+    int zero = gb_node(&b, OP_CONST, 0, NULL, 0, NULL);
+    int zr = gb_node(&b, OP_RESHAPE, 2, ONES, 1, &zero);
+    int zeros = gb_node(&b, OP_EXPAND, 2, M44, 1, &zr);
+    int ex = gb_node(&b, OP_EXP, 2, M44, 1, &x);
+    int lt = gb_node(&b, OP_LT, 2, M44, 2, (int[]){ zeros, ex });
+    b.nodes[lt].dtype = CX_BOOL;
+    gb_output(&b, gb_node(&b, OP_WHERE, 2, M44, 3, (int[]){ lt, ex, zeros }), -1);
+    int sa = gb_node(&b, OP_SCATTER_ADD, 2, M44, 3, (int[]){ zeros, ix, src });
+    gb_attrs(&b, sa, 1, (int64_t[]){ 1 });
+    gb_output(&b, sa, -1);
+    char force_root[16] = { 0 }, root[16];
+    cx_executable *e = lower_with_retries(&b, force_root, root);
+    cr_assert(force_root[zero], "the zero is stored once for the base, not expanded into a buffer");
+    const cx_kernel *relu = NULL, *scatter = NULL;
+    for (int k = 0; k < e->nkernels; k++) {
+        if (e->kernels[k].kind == K_SCATTER_ADD) scatter = &e->kernels[k];
+        if (e->kernels[k].out_slot == e->out_slot[0]) relu = &e->kernels[k];
+    }
+    cr_assert(relu && scatter);
+    cr_assert(cx_view_is_broadcast(&scatter->in[0].view, scatter->in[0].shape, 2), "the base is read as one value");
+    cr_assert(!cx_kernel_reads(relu, scatter->in[0].slot), "relu loads no stored zero");
+    cr_assert_eq(count_kind(&relu->prog, P_RELU), 1, "the where became a relu");
+
+    float xv[16], out[16], want[16], sv[4] = { 1, 2, 3, 4 }, got[16];
+    int64_t iv[4] = { 3, 0, 1, 3 };
+    fill(xv, 16, 0.1f);
+    for (int i = 0; i < 16; i++) want[i] = expf(xv[i]);
+    run(e, (void *[]){ xv, iv, sv }, (void *[]){ out, got });
+    assert_close(out, want, 16);
+    for (int i = 0; i < 16; i++) want[i] = (i % 4 == iv[i / 4]) ? sv[i / 4] : 0.0f;
+    assert_close(got, want, 16);
+    cx_executable_free(e);
+}
+
 /* ---- epilogue ----------------------------------------------------------------------- */
 
 /* relu as autograd records it: where(0 < v, v, 0) */
