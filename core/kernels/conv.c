@@ -1,8 +1,8 @@
 /* 2-D convolution and its two backward ops.
  *
  * Routes, by shape:
- *  - 3x3, stride 1, one group, >= 8 channels, >= 2 images: Winograd
- *    F(2x2, 3x3) (winograd.c);
+ *  - 3x3, stride 1, one group, >= 8 channels, >= 2 images, an output
+ *    plane of at least 2x2: Winograd F(2x2, 3x3) (winograd.c);
  *  - other convs on >= 2 images: im2col + sgemm per image on the pool.
  *    Each pool thread takes one image (or a block of its output rows) at a
  *    time: im2col into the thread's own column block, which stays in L2,

@@ -80,10 +80,12 @@ static int64_t xi_stride(int64_t n) { return (int64_t)round16(n) + 16; }
 bool cx_wino_applies(const cx_conv_geom *g)
 {
     /* The input gradient runs with padding 2 - pad, so pad <= 2. Few input
-     * channels leave the 16 products too thin to beat one sgemm. */
+     * channels leave the 16 products too thin to beat one sgemm. A 1x1
+     * output uses one value of its 2x2 tile: 16 products where the
+     * direct sum has at most 9 taps. */
     return g->kh == 3 && g->kw == 3 && g->stride_h == 1 && g->stride_w == 1 && g->dil_h == 1 &&
            g->dil_w == 1 && g->groups == 1 && g->pad_h <= 2 && g->pad_w <= 2 && g->c >= 8 && g->o >= 8 &&
-           g->n >= 2;
+           g->n >= 2 && g->oh >= 2 && g->ow >= 2;
 }
 
 static wino_shape shape_of(const cx_conv_geom *g, wino_dir dir)

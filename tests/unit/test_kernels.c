@@ -268,7 +268,21 @@ static const conv_case conv_cases[] = {
     { 3, 8, 9, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1 },        /* Winograd: padding 1, odd planes, 3 images */
     { 2, 9, 6, 11, 10, 3, 3, 1, 1, 2, 0, 1, 1, 1 },      /* Winograd: padding 2 and 0 */
     { 3, 48, 40, 38, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1 },    /* Winograd: two tile-row blocks per image */
+    { 4, 16, 1, 1, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1 },      /* 3x3 padding 1 on a 1x1 plane: not Winograd */
 };
+
+/* A 1x1 output is a quarter of a 2x2 tile: Winograd's 16 products for one
+ * output cost more than the 9 taps (resnet18's layer4 at 32x32 input ran
+ * an epoch 1.35x slower through it). */
+Test(conv2d, winograd_needs_a_plane_of_2x2)
+{
+    conv_case one = { 4, 512, 1, 1, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1 };
+    conv_case two = { 4, 512, 2, 2, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1 };
+    cx_conv_geom g1 = geom_of(&one), g2 = geom_of(&two);
+    cr_assert(cx_conv_geom_finish(&g1) && cx_conv_geom_finish(&g2));
+    cr_assert_not(cx_wino_applies(&g1), "a 1x1 output took Winograd");
+    cr_assert(cx_wino_applies(&g2), "a 2x2 output did not take Winograd");
+}
 
 Test(conv2d, against_reference)
 {
