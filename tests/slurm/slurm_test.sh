@@ -69,6 +69,20 @@ gone() {
         sleep 0.1
     done
 }
+# waits for job J to end, as sbatch --wait does, and is true when it
+# completed with exit 0. sbatch --wait polls after 2, 8 and then every 32
+# s, so a 3-second job took 42 s of the test; squeue is asked every 0.1 s
+# here, and the job's record (kept MinJobAge = 300 s) gives its end.
+ended_ok() {
+    end=$(($(date +%s) + ${2:-300}))
+    while on1 squeue -h -j "$1" 2> /dev/null | grep -q .; do
+        [ "$(date +%s)" -lt "$end" ] || fail "job $1 is still in the queue after ${2:-300} s"
+        sleep 0.1
+    done
+    st=$(on1 scontrol -o show job "$1") || fail "job $1: slurmctld has no record of it"
+    case $st in *" JobState=COMPLETED "*" ExitCode=0:0 "*) return 0 ;; esac
+    return 1
+}
 # waits until FILE has a line matching RE, at most SECONDS (default 60)
 await() {
     k=0
@@ -134,7 +148,7 @@ sbatch_zero3)
     RUN="--model mlp --width 64 --depth 2 --data fake --steps 20 --log-every 5 --threads 1 --parallel fsdp --zero 3"
     "$LAUNCH" --nproc 4 "$TRAIN" $RUN > "$W/one.out" 2>&1 || { cat "$W/one.out"; fail "one-node run"; }
     script z3 "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ck"
-    J=$(on1 sbatch --parsable --wait "$W/z3.sh") || { cat "$W"/z3.*.out; fail "the sbatch job failed"; }
+    J=$(on1 sbatch --parsable "$W/z3.sh") && ended_ok "$J" || { cat "$W"/z3.*.out; fail "the sbatch job failed"; }
     O=$(out_of z3 "$J")
     grep -q "4 rank(s), parallel fsdp" "$O" || { cat "$O"; fail "not the allocation's 4 ranks"; }
     [ -f "$W/ck/ckpt-step-20.commit" ] && [ "$(ls "$W/ck" | grep -c 'ckpt-step-20_rank-')" -eq 4 ] ||
@@ -152,7 +166,7 @@ scancel | usr1 | requeue)
     # before slurm delivered USR1: "job stopped", nothing left to save)
     RUN="--model mlp --width 64 --depth 2 --data fake --epochs 8 --log-every 50 --threads 1 --parallel ddp"
     script ref "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ref"
-    on1 sbatch --parsable --wait "$W/ref.sh" > /dev/null || { cat "$W"/ref.*.out; fail "the uninterrupted job failed"; }
+    J=$(on1 sbatch --parsable "$W/ref.sh") && ended_ok "$J" || { cat "$W"/ref.*.out; fail "the uninterrupted job failed"; }
     script run "$LAUNCH" "$TRAIN" $RUN --ckpt-dir "$W/ck" --resume auto
     flags=""
     [ "$CASE" = requeue ] && flags="--requeue --open-mode=append"
@@ -185,7 +199,7 @@ scancel | usr1 | requeue)
         gone "$J"
     else
         gone "$J"
-        J2=$(on1 sbatch --parsable --wait "$W/run.sh") || { cat "$W"/run.*.out; fail "the second job failed"; }
+        J2=$(on1 sbatch --parsable "$W/run.sh") && ended_ok "$J2" || { cat "$W"/run.*.out; fail "the second job failed"; }
         O=$(out_of run "$J2")
     fi
     grep -q "Resumed from $W/ck/ckpt-step-$step:" "$O" || { cat "$O"; fail "did not resume from step $step"; }
@@ -235,7 +249,7 @@ timelimit)
     step=$(sed -n "s/^xla-launch: interrupted by SIGTERM; saved step \([0-9]*\) in .*/\1/p" "$O")
     [ -f "$W/ck/ckpt-step-$step.commit" ] || { ls "$W/ck"; fail "no committed checkpoint of step $step"; }
     epoch=$(sed -n 's/^\(\[rank 0\] \)\{0,1\}Train Epoch: \([0-9]*\).*/\2/p' "$O" | tail -1)
-    J2=$(on1 sbatch --parsable --wait --export=ALL,EPOCHS=$((epoch + 1)) "$W/tl.sh") ||
+    J2=$(on1 sbatch --parsable --export=ALL,EPOCHS=$((epoch + 1)) "$W/tl.sh") && ended_ok "$J2" ||
         { cat "$W"/tl.*.out; fail "the second job failed"; }
     O2=$(out_of tl "$J2")
     grep -q "Resumed from $W/ck/ckpt-step-$step:" "$O2" || { cat "$O2"; fail "did not resume from step $step"; }
@@ -257,10 +271,10 @@ readme)
     await "$W/r/train-ddp.out" "^xla-launch: interrupted by SIGTERM; saved step [0-9]* in ckpt-ddp; rerun with --resume auto"
     gone "$J"
     step=$(sed -n 's/^xla-launch: interrupted by SIGTERM; saved step \([0-9]*\) .*/\1/p' "$W/r/train-ddp.out")
-    sub sbatch --wait -J ddp train.sbatch > /dev/null || { cat "$W/r/train-ddp.out"; fail "the resumed DDP job failed"; }
+    J=$(sub sbatch --parsable -J ddp train.sbatch) && ended_ok "$J" || { cat "$W/r/train-ddp.out"; fail "the resumed DDP job failed"; }
     grep -q "Resumed from ckpt-ddp/ckpt-step-$step:" "$W/r/train-ddp.out" || { cat "$W/r/train-ddp.out"; fail "no resume from step $step"; }
-    PARALLEL="fsdp --zero 3" sub sbatch --wait -J zero3 train.sbatch > /dev/null || { cat "$W/r/train-zero3.out"; fail "ZeRO-3 job"; }
-    PARALLEL=spmd sub sbatch --wait -J spmd train.sbatch > /dev/null || { cat "$W/r/train-spmd.out"; fail "SPMD job"; }
+    J=$(PARALLEL="fsdp --zero 3" sub sbatch --parsable -J zero3 train.sbatch) && ended_ok "$J" || { cat "$W/r/train-zero3.out"; fail "ZeRO-3 job"; }
+    J=$(PARALLEL=spmd sub sbatch --parsable -J spmd train.sbatch) && ended_ok "$J" || { cat "$W/r/train-spmd.out"; fail "SPMD job"; }
     for m in ddp zero3 spmd; do
         grep -q "^\[rank 0\] Done: .* over 4 rank(s)" "$W/r/train-$m.out" || { cat "$W/r/train-$m.out"; fail "$m: no 4-rank Done line"; }
         [ -n "$(ls "$W/r/ckpt-$m" | grep '\.commit$')" ] || fail "$m: no committed checkpoint"
