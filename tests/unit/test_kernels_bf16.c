@@ -178,6 +178,8 @@ static const mm_case k_edge_cases[] = {
     { 4, 12, 32, 6, false, true, false, true },
     { 2, 25, 9, 15, true, false, true, false },
     { 1, 5, 300, 2, false, false, false, false },
+    /* rows of A 4 KiB apart: packed, not read in place */
+    { 1, 30, 40, 2048, false, false, false, false },
     /* a shared B: folded into one tall product unless A is transposed */
     { 5, 40, 70, 33, false, false, false, true },
     { 3, 20, 10, 8, true, false, false, true },
