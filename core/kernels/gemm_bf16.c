@@ -544,7 +544,7 @@ static void block_bf16(const bgemm_job *j, float *tile, uint16_t *bp, uint32_t *
      * KiB: then a micro-tile's 12 row streams all map to one L1 set (8 or
      * 12 ways) and evict each other and B's panel (2048^3: 270 -> 315
      * GFLOP/s packed, Zen 4) */
-    bool in_place = !j->ta && !(kb & 1) && ((2 * j->k) % 4096 != 0);
+    bool in_place = !j->ta && !(kb & 1) && (j->k * (int64_t)sizeof(uint16_t)) % 4096 != 0;
     for (int64_t r0 = 0; r0 < mt; r0 += MC) {
         int64_t mb = min64(MC, mt - r0);
         bool packed = !in_place || mb % MR;

@@ -17,8 +17,8 @@ W=$(mktemp -d /tmp/cx_spmd_cache.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # (each run evaluates the 10000 fake test images, in 500-image steps: in
-# the training batch's 16 they took most of a run, and 5 minutes of the
-# test under ASan)
+# the training batch's 16, 313 steps a rank, the test took 216 s under
+# ASan + UBSan against 173 s, and 30.5 against 28.2 s in release, Zen 4)
 EVAL="--test_set_batch_size 500"
 ARGS="--model cnn --data fake --steps 3 --log-every 1 --batch-size 16 $EVAL --parallel spmd --threads 1"
 

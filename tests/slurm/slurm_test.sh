@@ -61,24 +61,20 @@ script() {
 }
 # the job's output file
 out_of() { echo "$W/$1.$2.out"; }
-# waits until job J has left the queue
+# waits until job J has left the queue, at most SECONDS (default 60)
 gone() {
-    k=0
+    end=$(($(date +%s) + ${2:-60}))
     while on1 squeue -h -j "$1" 2> /dev/null | grep -q .; do
-        k=$((k + 1)); [ $k -lt 600 ] || fail "job $1 is still in the queue"
+        [ "$(date +%s)" -lt "$end" ] || fail "job $1 is still in the queue after ${2:-60} s"
         sleep 0.1
     done
 }
 # waits for job J to end, as sbatch --wait does, and is true when it
 # completed with exit 0. sbatch --wait polls after 2, 8 and then every 32
-# s, so a 3-second job took 42 s of the test; squeue is asked every 0.1 s
-# here, and the job's record (kept MinJobAge = 300 s) gives its end.
+# s, so a 3-second job took 42 s of the test; here squeue is asked every
+# 0.1 s (gone), and the job's record (kept MinJobAge = 300 s) gives its end.
 ended_ok() {
-    end=$(($(date +%s) + ${2:-300}))
-    while on1 squeue -h -j "$1" 2> /dev/null | grep -q .; do
-        [ "$(date +%s)" -lt "$end" ] || fail "job $1 is still in the queue after ${2:-300} s"
-        sleep 0.1
-    done
+    gone "$1" 300
     st=$(on1 scontrol -o show job "$1") || fail "job $1: slurmctld has no record of it"
     case $st in *" JobState=COMPLETED "*" ExitCode=0:0 "*) return 0 ;; esac
     return 1
