@@ -1070,6 +1070,13 @@ Test(bf16_conv, every_direction_is_the_f32_kernel_rounded)
                           .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
     cr_assert(cx_conv_geom_finish(&deep) && cx_wino_applies(&deep));
     check_conv(deep);
+    /* 7 tiles a row, even channels: with AVX512_BF16 a pair of channels
+     * goes into the panels 4 tiles at a time, and tile row 9's step
+     * (tiles 63..66) crosses from one 32-column panel into the next */
+    cx_conv_geom seven = { .n = 2, .c = 8, .h = 22, .w = 14, .o = 8, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                           .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 1, .groups = 1 };
+    cr_assert(cx_conv_geom_finish(&seven) && cx_wino_applies(&seven));
+    check_conv(seven);
     direct.n = 17;
     check_conv(direct);
     /* planes large enough for the widening route to split 17 images into
