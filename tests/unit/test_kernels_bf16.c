@@ -9,6 +9,8 @@
  * 4e-6 sum |a b|. A wrong or missing term is of the size of one |a b|,
  * far above that. */
 #include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <stdio.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -42,21 +44,39 @@ static uint16_t *bf16_random(size_t n)
     return p;
 }
 
+/* The level CX_CPU_ISA names, or -1 for none (unset, auto or unknown). */
+static int requested_isa(const char *want)
+{
+    if (!want || !strcmp(want, "auto")) return -1;
+    for (int l = CX_ISA_BASELINE; l <= CX_ISA_AMX; l++)
+        if (!strcmp(want, cx_isa_name((cx_isa)l))) return l;
+    return -1;
+}
+
+/* A run at a level the CPU lacks says why once, before every test skips:
+ * Criterion prints a skip's reason only with --verbose. ctest marks such
+ * a run skipped by this line (tests/CMakeLists.txt). */
+ReportHook(PRE_ALL)(struct criterion_test_set *tests)
+{
+    (void)tests;
+    const char *want = getenv("CX_CPU_ISA");
+    const int l = requested_isa(want);
+    if (l > (int)cx_isa_detected())
+        fprintf(stderr, "test_kernels_bf16: every test skips: CX_CPU_ISA=%s, and this CPU has only %s\n", want,
+                cx_isa_name(cx_isa_detected()));
+}
+
 /* The level this run was asked for (CX_CPU_ISA), or skip if the CPU lacks it. */
 static void expect_requested_isa(void)
 {
     const char *want = getenv("CX_CPU_ISA");
     if (!want || !strcmp(want, "auto")) return;
+    const int l = requested_isa(want);
+    if (l < 0) cr_assert_fail("unknown CX_CPU_ISA '%s' in the test's environment", want);
     cx_isa have = cx_isa_detected();
-    for (int l = CX_ISA_BASELINE; l <= CX_ISA_AMX; l++) {
-        if (strcmp(want, cx_isa_name((cx_isa)l))) continue;
-        if (l > (int)have)
-            cr_skip_test("CX_CPU_ISA=%s: this CPU has only %s, so that path cannot run here", want,
-                         cx_isa_name(have));
-        cr_assert_eq(cx_isa_active(), (cx_isa)l, "asked for %s, running %s", want, cx_isa_name(cx_isa_active()));
-        return;
-    }
-    cr_assert_fail("unknown CX_CPU_ISA '%s' in the test's environment", want);
+    if (l > (int)have)
+        cr_skip_test("CX_CPU_ISA=%s: this CPU has only %s, so that path cannot run here", want, cx_isa_name(have));
+    cr_assert_eq(cx_isa_active(), (cx_isa)l, "asked for %s, running %s", want, cx_isa_name(cx_isa_active()));
 }
 
 /* CX_CPU_ISA below the CPU's level caps oneDNN's kernels too, so the
