@@ -558,9 +558,9 @@ WINO_BF16_TARGET static void transform_input_panels(uint32_t *bp, int64_t bps, u
             d_[r_][3] = (VT)(b_ & 0xffff0000u);                                                     \
         }                                                                                           \
         int64_t off_;                                                                               \
-        const bool run_ = panel_run(&off_, pairs, c / 2, t0 + (j), W);                              \
-        const int64_t at_ = (t0 + (j)) % PANEL_COLS;                                                \
-        INPUT_CORE_PUT(VT, d_, PUT, bp, off_, run_ ? 0 : at_);                                      \
+        /* put_pair's at: 0, or where a run that crosses panels starts */                           \
+        const int64_t at_ = panel_run(&off_, pairs, c / 2, t0 + (j), W) ? 0 : (t0 + (j)) % PANEL_COLS; \
+        INPUT_CORE_PUT(VT, d_, PUT, bp, off_, at_);                                                 \
     } while (0)
 /* the step of W tiles (8 or 4) for a pair of channels */
 #define PANEL_PAIR_STEP(T, W, j)                                                                    \
