@@ -55,15 +55,36 @@ static bgemm_route route_active(void)
 
 typedef struct {
     int64_t mch, nc, kc;   /* the task's rows and columns, the K block */
+    bool wide;             /* FMA route, one K block straight into C: no task tile (wide_dims) */
 } bgemm_dims;
 
 static bgemm_dims dims_of(int64_t m, int64_t n, int64_t k, bgemm_route r)
 {
     const bool lib = r == ROUTE_LIB;
     bgemm_dims d = { min64(lib ? MCH_F32 : MCH, round_up(m, MR)), min64(lib ? NC_F32 : NC, round_up(n, NR)),
-                     min64(r == ROUTE_FMA ? KC_FMA : KC, round_up(k, 2)) };
+                     min64(r == ROUTE_FMA ? KC_FMA : KC, round_up(k, 2)), false };
     return d;
 }
+
+/* The FMA route's product of one K block into C, not added to it, takes
+ * all of a row chunk's columns (up to NC_WIDE) in one task: its sums go
+ * straight into C, so the task needs no tile but a ragged micro-tile's,
+ * and each row of A is widened once rather than once per NC columns (4
+ * times for the gpt's 1024-wide products). Single-threaded, against the
+ * NC-column tasks (Zen 4, CX_CPU_ISA=avx2, 9 alternated rounds): the gpt's
+ * 2048x768x256 nt 1.08-1.12x, 2048x1024x256 nt 1.05-1.06x and nn
+ * 1.05-1.06x; the 256-wide ones take the same blocks as before. */
+enum { NC_WIDE = 1024 };
+static bgemm_dims wide_dims(const bgemm_dims *d, int64_t n)
+{
+    bgemm_dims w = *d;
+    w.nc = min64(NC_WIDE, round_up(n, NR));
+    w.wide = true;
+    return w;
+}
+
+/* the bytes of a task's f32 tile: a wide task's holds one micro-tile */
+static int64_t tile_bytes(const bgemm_dims *d) { return d->wide ? CX_FMA_TILE_ROWS * NR * 4 : d->mch * d->nc * 4; }
 
 /* the bytes of a packed B block */
 static int64_t bblk_bytes(const bgemm_dims *d, bgemm_route r) { return d->kc * d->nc * (r == ROUTE_BF16 ? 2 : 4); }
@@ -74,7 +95,7 @@ static int64_t bblk_bytes(const bgemm_dims *d, bgemm_route r) { return d->kc * d
  * (one sgemm call per K block: OpenBLAS packs its B panel once per call). */
 static size_t per_thread_bytes(const bgemm_dims *d, bgemm_route r)
 {
-    int64_t tile = d->mch * d->nc * 4, bblk = bblk_bytes(d, r);
+    int64_t tile = tile_bytes(d), bblk = bblk_bytes(d, r);
     int64_t ablk = r == ROUTE_LIB ? d->mch * d->kc * 4 : min64(MC, d->mch) * d->kc * (r == ROUTE_BF16 ? 2 : 4);
     return (size_t)(round_up(tile, 64) + round_up(bblk, 64) + round_up(ablk, 64) + 64);
 }
@@ -106,6 +127,14 @@ static size_t panel_plan_bytes(int64_t m, int64_t n, int64_t k, bgemm_route r)
     bgemm_dims d = dims_of(m, n, k, r), rows = dims_of(m, n, k, ROUTE_BF16);
     rows.mch = MR;
     size_t own = per_thread_bytes(&d, r), lib = per_thread_bytes(&rows, ROUTE_LIB);
+    if (r == ROUTE_FMA && k <= d.kc) {
+        /* room for the wide tasks where they take about the narrow ones'
+         * bytes (tall products: their B block is at most the narrow tile
+         * and B block, plus one micro-tile), not where M is short */
+        const bgemm_dims w = wide_dims(&d, n);
+        const size_t wide = per_thread_bytes(&w, r);
+        if (wide > own && wide <= own + (size_t)tile_bytes(&w) + 64) own = wide;
+    }
     return own > lib ? own : lib;
 }
 
@@ -610,10 +639,12 @@ static void block_fma(const bgemm_job *j, float *tile, float *bp, float *ap, con
                     cx_fma_gemm_panels(outf + at, j->n, true, apr, bpc, rows, cols, kb);
                     continue;
                 }
-                float *ct = tile + (r0 + rp) * j->d.nc + cp;
-                cx_fma_gemm_panels(ct, j->d.nc, true, apr, bpc, rows, cols, kb);
-                if (out) round_rows(out + at, j->n, ct, j->d.nc, rows, cols, bias, j->relu);
-                else store_rows(outf + at, j->n, ct, j->d.nc, rows, cols, false);
+                /* a wide task's tile holds one micro-tile */
+                const int64_t ldt = j->d.wide ? nr : j->d.nc;
+                float *ct = j->d.wide ? tile : tile + (r0 + rp) * j->d.nc + cp;
+                cx_fma_gemm_panels(ct, ldt, true, apr, bpc, rows, cols, kb);
+                if (out) round_rows(out + at, j->n, ct, ldt, rows, cols, bias, j->relu);
+                else store_rows(outf + at, j->n, ct, ldt, rows, cols, false);
             }
     }
 }
@@ -627,7 +658,7 @@ static void run_task(const bgemm_job *j, char *ws, int64_t t)
     const uint16_t *a = j->a + bi * j->sa, *b = j->b + bi * j->sb;
     /* the tile's rows are padded to MR so the micro-kernel's last panel fits */
     float *tile = (float *)ws;
-    char *bblk = ws + round_up(j->d.mch * j->d.nc * 4, 64);
+    char *bblk = ws + round_up(tile_bytes(&j->d), 64);
     char *ablk = bblk + round_up(bblk_bytes(&j->d, j->route), 64);
     /* one K block into a bf16 C: the micro-tiles round into C themselves */
     uint16_t *direct = j->route != ROUTE_LIB && j->c && j->k <= j->d.kc ? j->c + bi * j->m * j->n + i0 * j->n + j0
@@ -702,6 +733,10 @@ static void bgemm_run(uint16_t *c, float *cf, bool acc, const cx_bf16_epi *epi, 
          * fit the blocks to that share */
         size_t share = scratch_bytes / (size_t)threads_for(batch, m, n);
         if (share < per_thread_bytes(&j.d, j.route)) j.d = fit_route(m, n, k, j.route, share);
+        /* within the plan's share only: the plan is the narrow tasks' */
+        const bgemm_dims w = wide_dims(&j.d, n);
+        if (j.route == ROUTE_FMA && !acc && k <= j.d.kc && w.nc > j.d.nc && per_thread_bytes(&w, j.route) <= share)
+            j.d = w;
     }
     j.per = per_thread_bytes(&j.d, j.route);
     j.nt = (n + j.d.nc - 1) / j.d.nc;

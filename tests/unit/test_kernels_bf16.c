@@ -186,7 +186,9 @@ TestSuite(bf16_gemm, .init = expect_requested_isa);
 TestSuite(bf16_attention, .init = expect_requested_isa);
 
 /* edges of every blocking: MR 12, NR 32, MC 96, NC 256, KC 512, MCH 768;
- * odd K; the FMA route's 6-row tiles and K blocks of 256 */
+ * odd K; the FMA route's 6-row tiles and K blocks of 256, and its wide
+ * tasks (one K block: up to 1024 columns, ragged micro-tiles through a
+ * tile of one) */
 static const mm_case k_edge_cases[] = {
     { 1, 1, 1, 1, false, false, false, false },
     { 1, 13, 33, 7, false, false, false, false },
@@ -200,6 +202,8 @@ static const mm_case k_edge_cases[] = {
     { 4, 12, 32, 6, false, true, false, true },
     { 2, 25, 9, 15, true, false, true, false },
     { 1, 5, 300, 2, false, false, false, false },
+    { 1, 31, 1100, 40, false, true, false, false },
+    { 1, 50, 700, 256, true, false, false, false },
     /* rows of A 4 KiB apart: packed, not read in place */
     { 1, 30, 40, 2048, false, false, false, false },
     /* a shared B: folded into one tall product unless A is transposed */
@@ -247,6 +251,7 @@ Test(bf16_gemm, thread_count_free)
     static const mm_case cases[] = {
         { 1, 1030, 1100, 600, false, false, false, false },
         { 1, 300, 1100, 520, true, true, false, false },
+        { 1, 700, 1100, 200, false, true, false, false },
     };
     const int saved = cx_get_num_threads();
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -347,7 +352,7 @@ Test(bf16_gemm, empty_k_with_bias_gives_the_bias)
 Test(bf16_gemm, folded_bias_matches_the_plain_product)
 {
     rng_state = 0x6a09e667f3bcc908ull;
-    static const int64_t shapes[][3] = { { 13, 35, 64 }, { 24, 64, 256 }, { 30, 48, 600 } };
+    static const int64_t shapes[][3] = { { 13, 35, 64 }, { 24, 64, 256 }, { 30, 48, 600 }, { 19, 1050, 100 } };
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
         uint16_t *a = bf16_random((size_t)(m * k)), *b = bf16_random((size_t)(k * n));
