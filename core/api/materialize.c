@@ -1,8 +1,29 @@
-/* The API entry points that sync to give a tensor its value: a deferred
+/* The API entry points that sync to give a tensor its value: a leaf that
+ * requires grad computed before it is marked, a deferred
  * tensor materialized whole, a deferred tensor sharded by mark_sharding
  * (each rank computes only its shard), and reads of a rank's shard. They
  * sit above the ops, autograd and sync, so nothing below them syncs. */
 #include "api.h"
+
+/* A tensor still to be computed is computed first, as a parameter is:
+ * backward finds its leaves by their nodes, so marking the pending op
+ * would leave the tensor without a gradient, and nothing would say so. */
+cx_tensor *cx_requires_grad(cx_tensor *t, bool on)
+{
+    if (!t || t->node->op == OP_ERROR) return t;
+    const cx_node *x = t->node;
+    if (on && !cx_dtype_is_float((cx_dtype)x->dtype)) {
+        cx_set_last_error("requires_grad: dtype %s cannot require grad", cx_dtype_name((cx_dtype)x->dtype));
+        return t;
+    }
+    if (on && x->op != OP_DATA && (x->flags & NF_REQUIRES_GRAD)) {
+        cx_set_last_error("requires_grad: the tensor is the result of an op on tensors that require grad, not a "
+                          "leaf: backward already takes its gradient to them");
+        return t;
+    }
+    if (on && x->op != OP_DATA && cx_materialize(&t, 1, "requires_grad") != CX_OK) return t;
+    return cx_autograd_mark_leaf(t, on);
+}
 
 cx_status cx_deferred_materialize(cx_tensor *t)
 {

@@ -7,13 +7,8 @@
 #include "cx_vec.h"
 
 
-cx_tensor *cx_requires_grad(cx_tensor *t, bool on)
+cx_tensor *cx_autograd_mark_leaf(cx_tensor *t, bool on)
 {
-    if (!t || t->node->op == OP_ERROR) return t;
-    if (on && !cx_dtype_is_float((cx_dtype)t->node->dtype)) {
-        cx_set_last_error("requires_grad: dtype %s cannot require grad", cx_dtype_name((cx_dtype)t->node->dtype));
-        return t;
-    }
     if (on) {
         t->flags |= TF_REQUIRES_GRAD;
         if (t->node->op == OP_DATA) {

@@ -14,6 +14,11 @@ typedef cx_tensor *(*cx_vjp_fn)(cx_node *n, cx_tensor *const *in, cx_tensor *out
 /* The rule per op, NULL where the op is not differentiable. */
 extern const cx_vjp_fn cx_vjp_table[OP_COUNT];
 
+/* cx_requires_grad's flags, for a float tensor whose node is its value
+ * (OP_DATA, a placeholder or deferred init included) or turning off: the
+ * node is then the leaf backward accumulates into t's grad. @return t. */
+cx_tensor *cx_autograd_mark_leaf(cx_tensor *t, bool on);
+
 /* Sums `g` down to `shape` (the reverse of broadcasting). */
 cx_tensor *cx_sum_to(cx_tensor *g, const int64_t *shape, int ndim);
 

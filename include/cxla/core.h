@@ -510,8 +510,13 @@ CX_API cx_tensor *cx_bernoulli(const int64_t *shape, int ndim, double p, cx_dtyp
 
 /* ---- autograd -------------------------------------------------------- */
 
-/* Marks a persistent float tensor as a leaf that accumulates gradients.
- * @return t. */
+/* Marks a float tensor (a parameter: persistent) as a leaf that
+ * accumulates gradients, or (on false) no longer. A tensor not computed
+ * yet, the pending result of ops on tensors that require no grad (a cast,
+ * a random init), is computed first, as cx_sync_tensors does.
+ * @return t. On error t is left as it was and cx_last_error says why: a
+ * dtype that is not float, the result of ops on tensors that require grad
+ * (not a leaf), or the computation failed. */
 CX_API cx_tensor *cx_requires_grad(cx_tensor *t, bool on);
 CX_API bool cx_get_requires_grad(const cx_tensor *t);
 /* Accumulates d(loss)/d(leaf) into each reachable leaf's grad (a persistent

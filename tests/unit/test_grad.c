@@ -914,6 +914,36 @@ Test(grad, requires_grad_flags)
     cx_free(b);
 }
 
+/* A leaf marked while still an op's pending result (a random init, a cast
+ * not yet computed) is computed then, and gets its gradient; it had been
+ * left with none, backward returning CX_OK. An op's result on tensors
+ * that require grad is not a leaf: refused, with the line saying so. */
+Test(grad, requires_grad_on_a_pending_tensor)
+{
+    const int64_t s[] = { 4 };
+    float x[4] = { 1, -2, 3, 0.5f };
+    cx_tensor *p = cx_persist(cx_mul_scalar(tf32(x, s, 1), 2.0));
+    cr_assert(cx_is_pending(p));
+    cr_assert_eq(cx_requires_grad(p, true), p);
+    cr_assert(cx_get_requires_grad(p) && !cx_is_pending(p), "the pending leaf was not computed when marked");
+    cx_tensor *w = cx_persist(tf32(x, s, 1));
+    cx_step_begin();
+    cr_assert_eq(cx_backward(cx_sum(cx_mul(p, w), NULL, 0, false)), CX_OK);
+    step_end_ok("pending leaf");
+    float *g = grad_of("p", p);
+    for (int i = 0; i < 4; i++) cr_assert_float_eq(g[i], x[i], 1e-6);
+    free(g);
+
+    cx_tensor *y = cx_persist(cx_mul_scalar(p, 3.0));
+    cx_clear_error();
+    cr_assert_eq(cx_requires_grad(y, true), y);
+    cr_assert(!cx_get_requires_grad(y), "an op's result on a leaf was marked as a leaf");
+    cr_assert(strstr(cx_last_error(), "not a leaf"), "error: %s", cx_last_error());
+    cx_free(y);
+    cx_free(w);
+    cx_free(p);
+}
+
 Test(grad, no_grad_and_detach)
 {
     rng_seed(118);
