@@ -375,17 +375,23 @@ static int gpt_attention_bf16_vs_f32(const bench_cfg *cfg)
 typedef struct {
     const char *name;
     int (*run)(const bench_cfg *cfg);
+    const char *also;   /* a figure the same run gives: --figure takes either name */
 } precision_figure;
 
 static const precision_figure g_figures[] = {
-    { "bf16_gemm_gflops", bf16_gemm },
-    { "bf16_matmul_vs_f32", bf16_matmul_vs_f32 },
-    { "cnn_conv_bf16_vs_f32", cnn_conv_bf16_vs_f32 },
-    { "gpt_attention_bf16_vs_f32", gpt_attention_bf16_vs_f32 },
-    { "gpt_bf16_tokens_per_s", bench_precision_gpt }, /* and gpt_bf16_peak_bytes */
-    { "cnn_bf16_images_per_s", bench_precision_cnn },
+    { "bf16_gemm_gflops", bf16_gemm, NULL },
+    { "bf16_matmul_vs_f32", bf16_matmul_vs_f32, NULL },
+    { "cnn_conv_bf16_vs_f32", cnn_conv_bf16_vs_f32, NULL },
+    { "gpt_attention_bf16_vs_f32", gpt_attention_bf16_vs_f32, NULL },
+    { "gpt_bf16_tokens_per_s", bench_precision_gpt, "gpt_bf16_peak_bytes" },
+    { "cnn_bf16_images_per_s", bench_precision_cnn, NULL },
 };
 #define N_FIGURES ((int)(sizeof g_figures / sizeof *g_figures))
+
+static bool names_figure(const precision_figure *f, const char *name)
+{
+    return !strcmp(name, f->name) || (f->also && !strcmp(name, f->also));
+}
 
 int bench_precision(int argc, char **argv, bench_cfg cfg)
 {
@@ -394,19 +400,21 @@ int bench_precision(int argc, char **argv, bench_cfg cfg)
         { .name = "figure", .kind = CLI_STRING, .dest = &only, .metavar = "NAME",
           .help = "run only this figure (default: all)" },
         { .name = "gemm-n", .kind = CLI_INT, .dest = &g_gemm_n, .metavar = "N",
-          .help = "bf16_gemm_gflops' matrices are N x N (default 2048)", .min = 16, .max = 16384 },
+          .help = "bf16_gemm_gflops' matrices are N x N", .min = 16, .max = 16384 },
     };
     int rc = bench_parse("precision", argc, argv, extra, 2, &cfg);
     if (rc >= 0) return rc;
     bool found = !only;
-    for (int i = 0; i < N_FIGURES && !found; i++) found = !strcmp(only, g_figures[i].name);
+    for (int i = 0; i < N_FIGURES && !found; i++) found = names_figure(&g_figures[i], only);
     if (!found) {
         fprintf(stderr, "cxla-bench precision: unknown figure '%s'; the figures:", only);
-        for (int i = 0; i < N_FIGURES; i++) fprintf(stderr, " %s", g_figures[i].name);
+        for (int i = 0; i < N_FIGURES; i++)
+            fprintf(stderr, " %s%s%s", g_figures[i].name, g_figures[i].also ? " " : "",
+                    g_figures[i].also ? g_figures[i].also : "");
         fprintf(stderr, "\n");
         return 2;
     }
     for (int i = 0; i < N_FIGURES; i++)
-        if ((!only || !strcmp(only, g_figures[i].name)) && g_figures[i].run(&cfg)) return 1;
+        if ((!only || names_figure(&g_figures[i], only)) && g_figures[i].run(&cfg)) return 1;
     return 0;
 }

@@ -124,7 +124,11 @@ static bool enabled_locked(cx_log_level level, const char *module)
 
 static void report(char errs[2][512], int nerr)
 {
-    for (int i = 0; i < nerr; i++) deliver(CX_LOG_ERROR, "settings", errs[i]);
+    char line[600];
+    for (int i = 0; i < nerr; i++) {
+        snprintf(line, sizeof line, "%s; the value is ignored", errs[i]);
+        deliver(CX_LOG_ERROR, "settings", line);
+    }
 }
 
 static void ensure_loaded(void)

@@ -278,7 +278,7 @@ static cx_setting_value get(const char *name, cx_setting_type type)
     cx_setting_value v;
     char err[512];
     if (read_setting(st, &v, err, sizeof err) < 0 && !atomic_exchange(&g_reported[st - g_table], true))
-        cx_logf(CX_LOG_ERROR, "settings", "%s", err);
+        cx_logf(CX_LOG_ERROR, "settings", "%s; the value is ignored", err);
     return v;
 }
 

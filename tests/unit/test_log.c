@@ -107,7 +107,7 @@ Test(log, bad_level_is_one_error_line, .init = cr_redirect_stderr)
     cr_assert_eq(g_rec[0].level, CX_LOG_ERROR);
     cr_assert_str_eq(g_rec[0].module, "settings");
     cr_assert_str_eq(g_rec[0].msg, "bad CX_LOG_LEVEL 'loud': want one of error, warning, info, debug or 0-3 "
-                                   "(default info)");
+                                   "(default info); the value is ignored");
     through("shm", got);
     cr_assert_str_eq(got, "EWI", "the default level");
     cx_log_set_handler(NULL, NULL);
@@ -122,7 +122,7 @@ Test(log, bad_module_list_is_one_error_line)
     with_env("warning", "shm");
     cr_assert_eq(g_n, 1);
     cr_assert_str_eq(g_rec[0].msg, "bad CX_LOG_MODULES 'shm': want module=level,... with levels error, warning, "
-                                   "info, debug or 0-3");
+                                   "info, debug or 0-3; the value is ignored");
     through("shm", got);
     cr_assert_str_eq(got, "EW", "the list is ignored, CX_LOG_LEVEL holds");
     cr_assert(cx_log_modules_valid("a=1,b=debug,"));
