@@ -53,6 +53,10 @@ cx_status cx_autocast_end(void)
         return CX_ERR_STATE;
     }
     t_rec.autocast_depth--;
+    /* a region that was open when a step began, closed inside it: what
+     * opens after it in that step is that step's to close */
+    for (int d = 1; d <= t_rec.step_depth && d <= CX_RECORD_MAX_STEPS; d++)
+        if (t_rec.autocast_at_step[d] > t_rec.autocast_depth) t_rec.autocast_at_step[d] = t_rec.autocast_depth;
     return CX_OK;
 }
 
@@ -71,9 +75,14 @@ cx_status cx_autocast_step_check(void)
     int d = t_rec.step_depth;
     if (d < 1 || d > CX_RECORD_MAX_STEPS || t_rec.autocast_depth <= t_rec.autocast_at_step[d]) return CX_OK;
     int open = t_rec.autocast_depth - t_rec.autocast_at_step[d];
+    /* their dtypes, innermost first */
+    char dtypes[CX_AUTOCAST_MAX_DEPTH * 6] = "";
+    for (int i = t_rec.autocast_depth - 1, at = 0; i >= t_rec.autocast_at_step[d] && at < (int)sizeof dtypes; i--)
+        at += snprintf(dtypes + at, sizeof dtypes - (size_t)at, "%s%s", at ? ", " : "",
+                       cx_dtype_name((cx_dtype)t_rec.autocast_dtype[i]));
     cx_set_last_error("cx_step_end: %d autocast region%s (%s) opened in this step %s still open; call "
-                      "cx_autocast_end before the step ends", open, open > 1 ? "s" : "",
-                      cx_dtype_name(cx_autocast_dtype()), open > 1 ? "are" : "is");
+                      "cx_autocast_end before the step ends", open, open > 1 ? "s" : "", dtypes,
+                      open > 1 ? "are" : "is");
     t_rec.autocast_depth = t_rec.autocast_at_step[d];
     return CX_ERR_STATE;
 }

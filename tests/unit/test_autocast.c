@@ -137,6 +137,23 @@ Test(autocast, region_left_open_at_step_end)
     cr_expect_float_eq(cx_item(y), 54.0, 1e-6, "the step's graph still ran");
 }
 
+/* An outer region closed inside the step and another opened there: the
+ * depth at the end is the depth at the start, but the open region is the
+ * step's. The line names each open region's dtype, innermost first. */
+Test(autocast, region_swapped_inside_a_step_is_still_open)
+{
+    cr_assert_eq(cx_autocast_begin(CX_F32), CX_OK);
+    cx_step_begin();
+    cr_assert_eq(cx_autocast_end(), CX_OK);
+    cr_assert_eq(cx_autocast_begin(CX_F32), CX_OK);
+    cr_assert_eq(cx_autocast_begin(CX_BF16), CX_OK);
+    cr_expect_eq(cx_step_end(), CX_ERR_STATE);
+    cr_expect(strstr(cx_last_error(), "cx_step_end: 2 autocast regions (bf16, f32) opened in this step are still open"),
+              "%s", cx_last_error());
+    cr_expect_eq(cx_autocast_dtype(), CX_F32, "the step end closed them");
+    cr_expect_eq(cx_autocast_end(), CX_ERR_STATE, "a region is still open");
+}
+
 /* loss = sum(x_bf16 @ w_bf16): d/dw = x_bf16^T @ ones, the bf16 matmul's
  * gradient cast back to f32 for the f32 w. The compiler folds that cast
  * into the matmul, which then writes its f32 sums unrounded (PyTorch rounds
