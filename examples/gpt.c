@@ -57,6 +57,7 @@ typedef struct {
     const char *grad_comm;      /* ddp: f32 or bf16 */
     const char *precision_flag;
     precision precision;
+    char saved_precision[16];   /* the checkpoint's (adopt_model_meta), "" if unknown */
     int zero;
     int threads;
     const char *ckpt_dir, *resume, *log_file;
@@ -194,10 +195,20 @@ static cli_result parse_flags(config *c, int argc, char **argv)
  * Not a tensor: the model must be built before a checkpoint can load into
  * it, and the state dict stays PyTorch's (a consolidated file loads into
  * nanoGPT's module with strict=True). */
-static void model_meta(const cx_gpt_config *g, char *out, size_t cap)
+static void model_meta(const cx_gpt_config *g, precision p, char *out, size_t cap)
 {
-    snprintf(out, cap, "vocab_size=%lld block_size=%lld n_layer=%d n_head=%d n_embd=%lld", (long long)g->vocab_size,
-             (long long)g->block_size, g->n_layer, g->n_head, (long long)g->n_embd);
+    snprintf(out, cap, "vocab_size=%lld block_size=%lld n_layer=%d n_head=%d n_embd=%lld precision=%s",
+             (long long)g->vocab_size, (long long)g->block_size, g->n_layer, g->n_head, (long long)g->n_embd,
+             precision_name(p));
+}
+
+/* The --precision of the run that saved it ("" when the metadata has
+ * none: saved before gpt wrote it), into out. */
+static void meta_precision(const char *meta, char *out, size_t cap)
+{
+    const char *at = strstr(meta, "precision=");
+    while (at && at != meta && at[-1] != ' ') at = strstr(at + 1, "precision=");
+    snprintf(out, cap, "%.*s", at ? (int)strcspn(at + 10, " ") : 0, at ? at + 10 : "");
 }
 
 /* Parses model_meta's string into v (vocab_size, block_size, n_layer,
@@ -245,6 +256,7 @@ static int adopt_model_meta(config *c, const char *src)
         free(meta);
         return EXIT_DATA;
     }
+    meta_precision(meta, c->saved_precision, sizeof c->saved_precision);
     free(meta);
     static const char *const names[4] = { "n-layer", "n-head", "n-embd", "block-size" };
     int64_t flags[4] = { c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.block_size };
@@ -613,7 +625,7 @@ static int resume(const config *c, trainer *t, cx_ckpt_extra *ex)
         mo.save_interval = c->ckpt_every;
         mo.max_to_keep = c->keep;
         char meta[256];
-        model_meta(&c->model, meta, sizeof meta);
+        model_meta(&c->model, c->precision, meta, sizeof meta);
         mo.meta = meta;   /* every save: eval, sample and --resume read the shape back */
         if (!(t->ckpts = cx_ckpt_manager_new(c->ckpt_dir, mo))) {
             fprintf(stderr, "gpt: --ckpt-dir: %s\n", cx_last_error());
@@ -1094,6 +1106,11 @@ int main(int argc, char **argv)
         }
     }
     if (parsed == CLI_OK && !rc && precision_setup("gpt", c.precision_flag, &c.precision) != 0) rc = EXIT_USAGE;
+    if (parsed == CLI_OK && !rc && c.saved_precision[0] && strcmp(c.saved_precision, precision_name(c.precision)) &&
+        cx_global_ordinal() == 0)
+        printf("gpt %s: notice: the checkpoint was saved by a --precision %s run, and this one runs %s (checkpoints "
+               "hold f32 weights and optimizer state, so it loads either way)\n", c.cmd, c.saved_precision,
+               precision_name(c.precision));
     if (parsed == CLI_OK && !rc) {
         if (c.threads > 0) cx_set_num_threads(c.threads);
         if (!strcmp(c.cmd, "train")) rc = cmd_train(&c);

@@ -24,6 +24,12 @@ static inline const char *precision_banner(precision p)
     return p == PRECISION_BF16_MIXED ? ", precision bf16-mixed" : p == PRECISION_BF16 ? ", precision bf16" : "";
 }
 
+/* The --precision value that selects p. */
+static inline const char *precision_name(precision p)
+{
+    return p == PRECISION_BF16_MIXED ? "bf16-mixed" : p == PRECISION_BF16 ? "bf16" : "f32";
+}
+
 /* The forward's autocast region under bf16-mixed; nothing otherwise. */
 static inline void precision_forward_begin(precision p) { if (p == PRECISION_BF16_MIXED) cx_autocast_begin(CX_BF16); }
 static inline void precision_forward_end(precision p) { if (p == PRECISION_BF16_MIXED) cx_autocast_end(); }

@@ -29,6 +29,12 @@ VAL=$(sed -n 's/^val loss: //p' "$W/train.out")
 "$GPT" sample --ckpt "$W/ck/ckpt-step-20" --prompt "And" --tokens 10 > "$W/sample.out" 2>&1 || { cat "$W/sample.out"; fail "sample without model flags"; }
 # flags given anyway: the same values pass, another is one line, exit 2
 "$GPT" eval --data "$W/corpus.txt" $MODEL --ckpt "$W/ck/ckpt-step-20" > /dev/null 2>&1 || fail "eval with train's model flags"
+grep -q "notice" "$W/eval.out" && { cat "$W/eval.out"; fail "a notice on an eval at the checkpoint's precision"; }
+# another precision than the checkpoint's loads, and says so in one line
+"$GPT" eval --data "$W/corpus.txt" --precision bf16-mixed --ckpt "$W/ck/ckpt-step-20" > "$W/eval16.out" 2>&1 ||
+    { cat "$W/eval16.out"; fail "eval of an f32 checkpoint in bf16-mixed"; }
+[ "$(grep -c "^gpt eval: notice: the checkpoint was saved by a --precision f32 run, and this one runs bf16-mixed" "$W/eval16.out")" = 1 ] ||
+    { cat "$W/eval16.out"; fail "eval in bf16-mixed: no one-line notice of the checkpoint's f32"; }
 set +e
 "$GPT" eval --data "$W/corpus.txt" --n-layer 4 --ckpt "$W/ck/ckpt-step-20" > "$W/err.out" 2>&1; rc=$?
 set -e
@@ -44,7 +50,7 @@ grep -q "^step 30/30" "$W/resume.out" || { cat "$W/resume.out"; fail "resume did
 # the shape is the checkpoint's program_meta, written by every save, resumed ones too
 if command -v h5dump > /dev/null 2>&1; then
     h5dump -a /program_meta "$W/ck/ckpt-step-30_rank-0-of-1.h5" |
-        grep -q '"vocab_size=256 block_size=32 n_layer=2 n_head=2 n_embd=32"' || fail "step 30's file lacks gpt's program_meta"
+        grep -q '"vocab_size=256 block_size=32 n_layer=2 n_head=2 n_embd=32 precision=f32"' || fail "step 30's file lacks gpt's program_meta"
     if h5dump -H "$W/ck/ckpt-step-30_rank-0-of-1.h5" | grep -q 'DATASET "model_args"'; then fail "a model_args tensor"; fi
 fi
 
