@@ -1,5 +1,6 @@
 #include "precision.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +13,21 @@ static void say(const char *prog, const char *what)
 int precision_setup(const char *prog, const char *value, precision *out)
 {
     char line[512];
-    static const char *const names[] = { "f32", "bf16-mixed", "bf16" };
+    /* the names, Lightning's spellings of them too ("32-true", "bf16-true"),
+     * in any case and with _ for - as the flags' names take it */
+    static const struct { const char *name; precision p; } names[] = {
+        { "f32", PRECISION_F32 }, { "32", PRECISION_F32 }, { "32-true", PRECISION_F32 }, { "fp32", PRECISION_F32 },
+        { "bf16-mixed", PRECISION_BF16_MIXED }, { "bf16", PRECISION_BF16 }, { "bf16-true", PRECISION_BF16 },
+    };
+    char norm[32];
+    snprintf(norm, sizeof norm, "%s", value);
+    for (char *c = norm; *c; c++) *c = *c == '_' ? '-' : (char)tolower((unsigned char)*c);
     int p = -1;
-    for (int i = 0; i < 3; i++) if (!strcmp(value, names[i])) p = i;
+    for (size_t i = 0; i < sizeof names / sizeof *names && strlen(value) < sizeof norm; i++)
+        if (!strcmp(norm, names[i].name)) p = (int)names[i].p;
     if (p < 0) {
-        bool f16 = !strcmp(value, "fp16") || !strcmp(value, "16") || !strcmp(value, "16-mixed") || !strcmp(value, "fp16-mixed");
+        bool f16 = !strcmp(norm, "fp16") || !strcmp(norm, "16") || !strcmp(norm, "16-mixed") ||
+                   !strcmp(norm, "fp16-mixed") || !strcmp(norm, "16-true");
         snprintf(line, sizeof line, "--precision %s: %s; use f32, bf16-mixed or bf16", value,
                  f16 ? "cxla has no float16 (its CPU kernels compute in f32 and bf16)" : "unknown precision");
         say(prog, line);
@@ -39,8 +50,9 @@ int precision_setup(const char *prog, const char *value, precision *out)
         return -1;
     }
     if (p == PRECISION_BF16 && env && !strcmp(env, "0")) {
-        say(prog, "--precision bf16 holds every f32 tensor as bf16 (XLA_USE_BF16=1), but the environment sets "
-                  "XLA_USE_BF16=0; unset it, or use another --precision");
+        snprintf(line, sizeof line, "--precision %s holds every f32 tensor as bf16 (XLA_USE_BF16=1), but the "
+                 "environment sets XLA_USE_BF16=0; unset it, or use another --precision", value);
+        say(prog, line);
         return -1;
     }
     if (p == PRECISION_BF16 && setenv("XLA_USE_BF16", "1", 1) != 0) {

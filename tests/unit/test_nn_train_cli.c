@@ -89,6 +89,12 @@ Test(train_cli, bad_precision_exits_2_with_one_line, .init = find_train)
     cr_assert_eq(setenv("XLA_USE_BF16", "0", 1), 0);
     expect_usage_error("--precision bf16", "--precision bf16 holds every f32 tensor as bf16 (XLA_USE_BF16=1), but the "
                                            "environment sets XLA_USE_BF16=0");
+    /* Lightning's spellings, any case, _ for -: read as the names they stand for */
+    expect_usage_error("--precision bf16-true", "--precision bf16-true holds every f32 tensor as bf16");
+    expect_usage_error("--precision 16-true", "--precision 16-true: cxla has no float16");
+    cr_assert_eq(setenv("XLA_USE_BF16", "1", 1), 0);
+    expect_usage_error("--precision BF16_Mixed", "--precision BF16_Mixed, but XLA_USE_BF16=1");
+    expect_usage_error("--precision 32-true", "--precision 32-true (the default), but XLA_USE_BF16=1");
     unsetenv("XLA_USE_BF16");
 }
 
