@@ -1,7 +1,8 @@
 #!/bin/sh
 # A bad CX_COLLECTIVE_TIMEOUT reads the same in xla-launch (which refuses to
 # start, exit 2) and in the library (which logs it once and uses the
-# default): one line each, equal but for the program's prefix.
+# default): one line each, equal but for the program's prefix and the
+# library's "; the value is ignored", which says it went on.
 # usage: check_settings_line.sh XLA_LAUNCH SETTINGS_TOOL
 set -u
 launch=$1 tool=$2
@@ -20,7 +21,8 @@ CX_COLLECTIVE_TIMEOUT=abc "$tool" --get CX_COLLECTIVE_TIMEOUT > "$tmp/value" 2> 
 [ "$(wc -l < "$tmp/lib")" -eq 1 ] || { cat "$tmp/lib"; fail "library: not one line"; }
 
 l=$(sed 's/^xla-launch: //' "$tmp/launch")
-b=$(sed 's/^cxla: //' "$tmp/lib")
+b=$(sed 's/^cxla: //; s/; the value is ignored$//' "$tmp/lib")
+grep -q "; the value is ignored$" "$tmp/lib" || fail "the library's line does not say the value is ignored: $(cat "$tmp/lib")"
 [ "$l" = "$b" ] || fail "different lines: xla-launch '$(cat "$tmp/launch")', library '$(cat "$tmp/lib")'"
 case $l in
 "bad CX_COLLECTIVE_TIMEOUT 'abc': want "*) ;;

@@ -111,7 +111,8 @@ Test(settings, getters_report_a_bad_value_once)
     cr_assert_eq(cx_setting_int("CX_SHM_CHUNK_KIB"), 1024, "the default");
     cr_assert_eq(cx_setting_int("CX_SHM_CHUNK_KIB"), 1024);
     cr_assert_eq(g_n, 1, "%d lines", g_n);
-    cr_assert_str_eq(g_lines[0], "bad CX_SHM_CHUNK_KIB '2': want an integer from 4 to 65536 (default 1024)");
+    cr_assert_str_eq(g_lines[0], "bad CX_SHM_CHUNK_KIB '2': want an integer from 4 to 65536 (default 1024); "
+                                 "the value is ignored");
     setenv("CX_COLLECTIVE_TIMEOUT", "soon", 1);
     cr_assert_eq(cx_setting_double("CX_COLLECTIVE_TIMEOUT"), 300);
     cr_assert_eq(g_n, 2, "another variable has its own line");
