@@ -11,7 +11,7 @@ The state dict loads with strict=True apart from lm_head.weight, which is
 tied to transformer.wte.weight and stored once under that name. The number
 of heads, which no weight's shape tells, comes from the file's root
 attribute program_meta, where gpt stores its model config ("vocab_size=256
-block_size=128 n_layer=4 n_head=4 n_embd=256"); --n-head is for files
+block_size=128 n_layer=4 n_head=4 n_embd=256 precision=f32"); --n-head is for files
 saved before it, and must agree with it otherwise.
 """
 import argparse

@@ -59,7 +59,7 @@ EVAL=$("$GPT" eval --data "$W/corpus.txt" --ckpt "$W/fs/ckpt-step-20" | sed -n '
 # the config is the file's metadata, not a tensor: the state dict stays
 # PyTorch's (load_state_dict(strict=True) takes it)
 if command -v h5dump > /dev/null 2>&1; then
-    h5dump -a /program_meta "$W/full.h5" | grep -q '"vocab_size=256 block_size=32 n_layer=2 n_head=2 n_embd=32"' ||
+    h5dump -a /program_meta "$W/full.h5" | grep -q '"vocab_size=256 block_size=32 n_layer=2 n_head=2 n_embd=32 precision=f32"' ||
         { h5dump -A "$W/full.h5" | head -40; fail "the consolidated file lacks gpt's program_meta"; }
     if h5dump -H "$W/full.h5" | grep -q 'DATASET "model_args"'; then fail "the state dict holds a model_args tensor"; fi
 fi
