@@ -202,25 +202,22 @@ static void model_meta(const cx_gpt_config *g, precision p, char *out, size_t ca
              precision_name(p));
 }
 
-/* The --precision of the run that saved it ("" when the metadata has
- * none: saved before gpt wrote it), into out. */
-static void meta_precision(const char *meta, char *out, size_t cap)
-{
-    const char *at = strstr(meta, "precision=");
-    while (at && at != meta && at[-1] != ' ') at = strstr(at + 1, "precision=");
-    snprintf(out, cap, "%.*s", at ? (int)strcspn(at + 10, " ") : 0, at ? at + 10 : "");
-}
 
 /* Parses model_meta's string into v (vocab_size, block_size, n_layer,
- * n_head, n_embd; any order, unknown keys skipped). @return the name of a
- * key missing or not a positive integer, or NULL when all five are there. */
-static const char *parse_model_meta(const char *meta, int64_t v[5])
+ * n_head, n_embd; any order, unknown keys skipped) and the saving run's
+ * --precision into prec ("" when absent: saved before gpt wrote it).
+ * @return the name of a key missing or not a positive integer, or NULL
+ * when all five are there. */
+static const char *parse_model_meta(const char *meta, int64_t v[5], char *prec, size_t prec_cap)
 {
     static const char *const keys[5] = { "vocab_size", "block_size", "n_layer", "n_head", "n_embd" };
     bool seen[5] = { false };
+    if (prec_cap) prec[0] = '\0';
     for (const char *p = meta; *p;) {
         size_t len = strcspn(p, " ");
         const char *eq = memchr(p, '=', len);
+        if (eq && eq - p == 9 && !strncmp(p, "precision", 9))
+            snprintf(prec, prec_cap, "%.*s", (int)(p + len - eq - 1), eq + 1);
         for (int k = 0; eq && k < 5; k++) {
             if ((size_t)(eq - p) != strlen(keys[k]) || strncmp(p, keys[k], strlen(keys[k]))) continue;
             char *e;
@@ -248,7 +245,7 @@ static int adopt_model_meta(config *c, const char *src)
         return 0;
     }
     int64_t v[5];
-    const char *bad = parse_model_meta(meta, v);
+    const char *bad = parse_model_meta(meta, v, c->saved_precision, sizeof c->saved_precision);
     if (bad) {
         if (cx_global_ordinal() == 0)
             fprintf(stderr, "gpt %s: %s: the checkpoint's metadata \"%s\" has no valid %s (not saved by gpt?)\n",
@@ -256,7 +253,6 @@ static int adopt_model_meta(config *c, const char *src)
         free(meta);
         return EXIT_DATA;
     }
-    meta_precision(meta, c->saved_precision, sizeof c->saved_precision);
     free(meta);
     static const char *const names[4] = { "n-layer", "n-head", "n-embd", "block-size" };
     int64_t flags[4] = { c->model.n_layer, c->model.n_head, c->model.n_embd, c->model.block_size };

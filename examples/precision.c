@@ -23,7 +23,8 @@ int precision_setup(const char *prog, const char *value, precision *out)
     snprintf(norm, sizeof norm, "%s", value);
     for (char *c = norm; *c; c++) *c = *c == '_' ? '-' : (char)tolower((unsigned char)*c);
     int p = -1;
-    for (size_t i = 0; i < sizeof names / sizeof *names && strlen(value) < sizeof norm; i++)
+    const bool whole = strlen(value) < sizeof norm;   /* a longer value names none of them */
+    for (size_t i = 0; whole && i < sizeof names / sizeof *names; i++)
         if (!strcmp(norm, names[i].name)) p = (int)names[i].p;
     if (p < 0) {
         bool f16 = !strcmp(norm, "fp16") || !strcmp(norm, "16") || !strcmp(norm, "16-mixed") ||
