@@ -292,7 +292,7 @@ CX_HOT static void pair_rows_mr(uint32_t *dst, int64_t panel_words, const uint16
 /* The packers read a new pair of rows, ld apart, per step: ask for the
  * pair PREFETCH_PAIRS on (the hardware's stride prefetcher did not keep
  * up: the loads of each new row stalled the packing). */
-enum { PREFETCH_PAIRS = 4, PREFETCH_LANES = 8 };
+enum { PREFETCH_PAIRS = 4 };
 static void prefetch_pair(const uint16_t *row, int64_t ld, int64_t count)
 {
     for (int64_t e = 0; e < count; e += 32) {
@@ -320,14 +320,19 @@ static void pair_lane(uint32_t *dst, int64_t width, const uint16_t *s, int64_t k
     if (kb & 1) dst[kb / 2 * width] = s[kb - 1];
 }
 
-/* 16 lanes x 16 pairs of NR-lane panels from 16 rows (lane c at src + c
- * ld, its pairs q0.. along it): the rows' 16 words each go through a
- * 16 x 16 transpose of 32-bit words, and word q of every lane is one
- * store at dst + q NR. */
-__attribute__((target("avx512f"))) static inline void lanes16_pairs16(uint32_t *dst, const uint16_t *src, int64_t ld)
+/* 16 pairs of `lanes` (at most 16) panel lanes from as many rows (lane c
+ * at src + c ld, its pairs q0.. along it): the rows' 16 words each go
+ * through a 16 x 16 transpose of 32-bit words, and word q of every lane
+ * is one store at dst + q stride (NR-lane panels take 16 lanes a store,
+ * MR-lane ones their 12). */
+__attribute__((target("avx512f"), always_inline)) static inline void lanes_pairs16(uint32_t *dst, int64_t stride,
+                                                                                   const uint16_t *src, int64_t ld,
+                                                                                   const int lanes)
 {
+    const __mmask16 keep = (__mmask16)((1u << lanes) - 1);
     __m512i r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(src + i * ld));
+    for (int i = 0; i < 16; i++)
+        r[i] = i < lanes ? _mm512_loadu_si512((const void *)(src + i * ld)) : _mm512_setzero_si512();
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
@@ -343,20 +348,20 @@ __attribute__((target("avx512f"))) static inline void lanes16_pairs16(uint32_t *
         const __m512i x0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), x1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xee);
         const __m512i y0 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
         const __m512i y1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xee);
-        _mm512_storeu_si512((void *)(dst + (0 + j) * NR), _mm512_shuffle_i32x4(x0, y0, 0x88));
-        _mm512_storeu_si512((void *)(dst + (4 + j) * NR), _mm512_shuffle_i32x4(x0, y0, 0xdd));
-        _mm512_storeu_si512((void *)(dst + (8 + j) * NR), _mm512_shuffle_i32x4(x1, y1, 0x88));
-        _mm512_storeu_si512((void *)(dst + (12 + j) * NR), _mm512_shuffle_i32x4(x1, y1, 0xdd));
+        _mm512_mask_storeu_epi32(dst + (0 + j) * stride, keep, _mm512_shuffle_i32x4(x0, y0, 0x88));
+        _mm512_mask_storeu_epi32(dst + (4 + j) * stride, keep, _mm512_shuffle_i32x4(x0, y0, 0xdd));
+        _mm512_mask_storeu_epi32(dst + (8 + j) * stride, keep, _mm512_shuffle_i32x4(x1, y1, 0x88));
+        _mm512_mask_storeu_epi32(dst + (12 + j) * stride, keep, _mm512_shuffle_i32x4(x1, y1, 0xdd));
     }
 }
 
 /* NR-lane panels whose lanes run along src's rows (a transposed B):
- * whole groups of 16 lanes by 16 pairs through lanes16_pairs16, the rest
+ * whole groups of 16 lanes by 16 pairs through lanes_pairs16, the rest
  * (a ragged group's lanes, the pairs past the last 16, an odd K's last
  * word) a word at a time. Word at a time, all of it had taken 3 % of a
  * bf16-mixed cnn step (fc1's weights, K = 9216, packed by both
  * threads). */
-static void pack_lanes_nr(uint32_t *dst, const uint16_t *src, int64_t ld, int64_t count, int64_t kb,
+__attribute__((target("avx512f"))) static void pack_lanes_nr(uint32_t *dst, const uint16_t *src, int64_t ld, int64_t count, int64_t kb,
                           bool prefetch_lanes)
 {
     const int64_t pairs = (kb + 1) / 2, whole = kb / 32 * 16;
@@ -369,10 +374,31 @@ static void pack_lanes_nr(uint32_t *dst, const uint16_t *src, int64_t ld, int64_
                     for (int64_t e = 0; e < kb; e += 32) __builtin_prefetch(src + (p + c + 16 + l) * ld + e);
             if (lanes == 16)
                 for (int64_t q0 = 0; q0 < whole; q0 += 16)
-                    lanes16_pairs16(panel + q0 * NR + c, src + (p + c) * ld + 2 * q0, ld);
+                    lanes_pairs16(panel + q0 * NR + c, NR, src + (p + c) * ld + 2 * q0, ld, 16);
             for (int64_t l = 0; l < lanes; l++)
                 pair_lane(panel + c + l, NR, src + (p + c + l) * ld, kb, lanes == 16 ? whole : 0);
         }
+    }
+}
+
+/* MR-lane panels whose lanes run along src's rows (an untransposed A):
+ * a full panel 16 pairs at a time through lanes_pairs16, the rest (the
+ * pairs past the last 16, an odd K's last word, a ragged panel) a word at
+ * a time. Word at a time, all of it, packing took a fifth of a 2048^3
+ * product's time (its rows 4 KiB apart are packed, not read in place). */
+__attribute__((target("avx512f"))) static void pack_lanes_mr(uint32_t *dst, const uint16_t *src, int64_t ld, int64_t count, int64_t kb,
+                          bool prefetch_lanes)
+{
+    const int64_t pairs = (kb + 1) / 2, whole = kb / 32 * 16;
+    for (int64_t p = 0; p < count; p += MR) {
+        uint32_t *panel = dst + p * pairs;
+        const int64_t lanes = min64(MR, count - p);
+        if (prefetch_lanes)
+            for (int64_t l = p + MR; l < min64(p + 2 * MR, count); l++)
+                for (int64_t e = 0; e < kb; e += 32) __builtin_prefetch(src + l * ld + e);
+        if (lanes == MR)
+            for (int64_t q0 = 0; q0 < whole; q0 += 16) lanes_pairs16(panel + q0 * MR, MR, src + p * ld + 2 * q0, ld, MR);
+        for (int64_t l = 0; l < lanes; l++) pair_lane(panel + l, MR, src + (p + l) * ld, kb, lanes == MR ? whole : 0);
     }
 }
 
@@ -402,12 +428,7 @@ static void pack_panels_as(uint32_t *dst, int64_t width, bool k_major, const uin
         pack_lanes_nr(dst, src, ld, count, kb, prefetch_lanes);
         return;
     }
-    for (int64_t p = 0; p < count; p += width)
-        for (int64_t c = 0; c < min64(width, count - p); c++) {
-            if (prefetch_lanes && p + c + PREFETCH_LANES < count)
-                for (int64_t e = 0; e < kb; e += 32) __builtin_prefetch(src + (p + c + PREFETCH_LANES) * ld + e);
-            pair_lane(dst + p * pairs + c, width, src + (p + c) * ld, kb, 0);
-        }
+    pack_lanes_mr(dst, src, ld, count, kb, prefetch_lanes);
 }
 
 /* The GEMM's own blocks: their lanes are rows of one operand, read in
