@@ -86,6 +86,11 @@ int bench_common_flags(bench_cfg *cfg, cli_flag *out);
  * global flags' values, already in *cfg) and the subcommand's own `extra`.
  * @return -1 to go on, else the exit code (0 after --help, 2 on an error). */
 int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg);
+/* bench_parse, then check(), which reads the parsed flags and returns -1
+ * if they go together or prints its one line and returns 2; it runs
+ * before the machine line, so a bad combination prints only its error. */
+int bench_parse_checked(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg,
+                        int (*check)(void));
 /* What a subcommand compares and how it is run (main.c's table): the help
  * of `cxla-bench SUB --help` and of `cxla-bench --help` alike. */
 const char *bench_summary(const char *sub);

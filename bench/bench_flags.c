@@ -21,6 +21,12 @@ int bench_common_flags(bench_cfg *cfg, cli_flag *out)
 
 int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg)
 {
+    return bench_parse_checked(sub, argc, argv, extra, nextra, cfg, NULL);
+}
+
+int bench_parse_checked(const char *sub, int argc, char **argv, const cli_flag *extra, int nextra, bench_cfg *cfg,
+                        int (*check)(void))
+{
     cli_flag flags[16];
     int n = bench_common_flags(cfg, flags);
     for (int i = 0; i < nextra && n < (int)(sizeof flags / sizeof *flags); i++) flags[n++] = extra[i];
@@ -28,10 +34,13 @@ int bench_parse(const char *sub, int argc, char **argv, const cli_flag *extra, i
     snprintf(prog, sizeof prog, "cxla-bench %s", sub);
     cli_spec spec = { .prog = prog, .args = "[flags]", .summary = bench_summary(sub), .flags = flags, .nflags = n };
     switch (cli_parse(&spec, argc, argv, NULL)) {
-    case CLI_OK:
+    case CLI_OK: {
+        const int rc = check ? check() : -1;
+        if (rc >= 0) return rc;
         if (cfg->rounds == 0) cfg->rounds = bench_default_rounds(sub);
         bench_machine_start();
         return -1;
+    }
     case CLI_HELP: return 0;
     default: return 2;
     }

@@ -393,28 +393,43 @@ static bool names_figure(const precision_figure *f, const char *name)
     return !strcmp(name, f->name) || (f->also && !strcmp(name, f->also));
 }
 
-int bench_precision(int argc, char **argv, bench_cfg cfg)
+/* --figure and --gemm-n, read by check_flags before the machine line */
+static const char *g_only;
+static bool g_gemm_n_given;
+
+static int check_flags(void)
 {
-    const char *only = NULL;
-    cli_flag extra[2] = {
-        { .name = "figure", .kind = CLI_STRING, .dest = &only, .metavar = "NAME",
-          .help = "run only this figure (default: all)" },
-        { .name = "gemm-n", .kind = CLI_INT, .dest = &g_gemm_n, .metavar = "N",
-          .help = "bf16_gemm_gflops' matrices are N x N", .min = 16, .max = 16384 },
-    };
-    int rc = bench_parse("precision", argc, argv, extra, 2, &cfg);
-    if (rc >= 0) return rc;
-    bool found = !only;
-    for (int i = 0; i < N_FIGURES && !found; i++) found = names_figure(&g_figures[i], only);
+    const char *gemm = g_figures[0].name;
+    bool found = !g_only;
+    for (int i = 0; i < N_FIGURES && !found; i++) found = names_figure(&g_figures[i], g_only);
     if (!found) {
-        fprintf(stderr, "cxla-bench precision: unknown figure '%s'; the figures:", only);
+        fprintf(stderr, "cxla-bench precision: unknown figure '%s'; the figures:", g_only);
         for (int i = 0; i < N_FIGURES; i++)
             fprintf(stderr, " %s%s%s", g_figures[i].name, g_figures[i].also ? " " : "",
                     g_figures[i].also ? g_figures[i].also : "");
         fprintf(stderr, "\n");
         return 2;
     }
+    if (g_gemm_n_given && g_only && strcmp(g_only, gemm)) {
+        fprintf(stderr, "cxla-bench precision: --gemm-n sizes %s, which --figure %s does not run\n", gemm, g_only);
+        return 2;
+    }
+    return -1;
+}
+
+int bench_precision(int argc, char **argv, bench_cfg cfg)
+{
+    g_only = NULL;
+    g_gemm_n_given = false;
+    cli_flag extra[2] = {
+        { .name = "figure", .kind = CLI_STRING, .dest = &g_only, .metavar = "NAME",
+          .help = "run only this figure (default: all)" },
+        { .name = "gemm-n", .kind = CLI_INT, .dest = &g_gemm_n, .metavar = "N", .given = &g_gemm_n_given,
+          .help = "bf16_gemm_gflops' matrices are N x N", .min = 16, .max = 16384 },
+    };
+    int rc = bench_parse_checked("precision", argc, argv, extra, 2, &cfg, check_flags);
+    if (rc >= 0) return rc;
     for (int i = 0; i < N_FIGURES; i++)
-        if ((!only || names_figure(&g_figures[i], only)) && g_figures[i].run(&cfg)) return 1;
+        if ((!g_only || names_figure(&g_figures[i], g_only)) && g_figures[i].run(&cfg)) return 1;
     return 0;
 }

@@ -56,6 +56,7 @@ typedef struct {
     const char *mesh;           /* spmd: "data=D,model=M"; fsdpv2: "fsdp=N,model=M" (NULL: the first = every rank) */
     const char *grad_comm;      /* ddp: f32 or bf16 */
     const char *precision_flag;
+    bool precision_given;       /* --precision was on the command line */
     precision precision;
     char saved_precision[16];   /* the checkpoint's (adopt_model_meta), "" if unknown */
     int zero;
@@ -117,7 +118,7 @@ static cli_result parse_flags(config *c, int argc, char **argv)
           .help = "fsdp: ZeRO stage" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
           .help = "ddp: gradients all-reduced as they are, or as\nbf16 summed in f32 (bf16_compress_hook)" },
-        { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P",
+        { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P", .given = &c->precision_given,
           .help = "train, eval, sample: " PRECISION_HELP },
         { .name = "log-every", .kind = CLI_I64, .dest = &c->log_every, .min = 1, .max = 0x1p40,
           .help = "log the loss every N steps" },
@@ -1101,7 +1102,8 @@ int main(int argc, char **argv)
             rc = EXIT_RUNTIME;
         }
     }
-    if (parsed == CLI_OK && !rc && precision_setup("gpt", c.precision_flag, &c.precision) != 0) rc = EXIT_USAGE;
+    if (parsed == CLI_OK && !rc && precision_setup("gpt", c.precision_flag, c.precision_given, &c.precision) != 0)
+        rc = EXIT_USAGE;
     if (parsed == CLI_OK && !rc && c.saved_precision[0] && strcmp(c.saved_precision, precision_name(c.precision)) &&
         cx_global_ordinal() == 0)
         printf("gpt %s: notice: the checkpoint was saved by a --precision %s run, and this one runs %s (checkpoints "

@@ -10,7 +10,7 @@ static void say(const char *prog, const char *what)
     if (cx_global_ordinal() == 0) fprintf(stderr, "%s: %s\n", prog, what);
 }
 
-int precision_setup(const char *prog, const char *value, precision *out)
+int precision_setup(const char *prog, const char *value, bool given, precision *out)
 {
     char line[512];
     /* the names, Lightning's spellings of them too ("32-true", "bf16-true"),
@@ -45,7 +45,7 @@ int precision_setup(const char *prog, const char *value, precision *out)
     bool held = (env && !strcmp(env, "1")) || (down && !strcmp(down, "1"));
     if (held && p != PRECISION_BF16) {
         snprintf(line, sizeof line, "--precision %s%s, but %s=1 holds every f32 tensor as bf16; unset it, or use "
-                 "--precision bf16", value, p == PRECISION_F32 ? " (the default)" : "",
+                 "--precision bf16", value, given ? "" : " (the default)",
                  env && !strcmp(env, "1") ? "XLA_USE_BF16" : "XLA_DOWNCAST_BF16");
         say(prog, line);
         return -1;

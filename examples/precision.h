@@ -12,10 +12,11 @@ typedef enum {
 
 #define PRECISION_HELP "f32, bf16-mixed (autocast: matmul, conv and\nattention in bf16, f32 weights) or bf16\n(XLA_USE_BF16: every f32 tensor held as bf16)"
 
-/* Reads --precision and sets it up; call before the first tensor is made
- * (bf16 sets XLA_USE_BF16=1). @return 0, or -1 after one line on stderr
- * (rank 0 only) naming what is wrong. */
-int precision_setup(const char *prog, const char *value, precision *out);
+/* Reads --precision (given: on the command line, else value is the
+ * default) and sets it up; call before the first tensor is made (bf16
+ * sets XLA_USE_BF16=1). @return 0, or -1 after one line on stderr (rank 0
+ * only) naming what is wrong. */
+int precision_setup(const char *prog, const char *value, bool given, precision *out);
 
 /* What the run banner adds after its parallel mode: nothing for f32, so
  * the default run's line is as it was. */

@@ -53,6 +53,7 @@ typedef struct {
     const char *parallel;     /* none, ddp, xm, fsdp, spmd */
     const char *grad_comm;    /* ddp, xm: f32 or bf16 */
     const char *precision_flag;
+    bool precision_given;       /* --precision was on the command line */
     precision precision;
     int zero;                 /* fsdp: 2 or 3 */
     bool nested;              /* fsdp: every Linear / Conv2d its own unit */
@@ -133,7 +134,8 @@ static cli_result parse_flags(config *c, int argc, char **argv)
                   "spmd = the seed's mnist_xla.py\nshardings (cnn; an even number of ranks)" },
         { .name = "grad-comm", .kind = CLI_CHOICE, .dest = &c->grad_comm, .choices = k_grad_comms,
           .help = "ddp, xm: gradients all-reduced as they are, or\nas bf16 summed in f32 (bf16_compress_hook)" },
-        { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P", .help = PRECISION_HELP },
+        { .name = "precision", .kind = CLI_STRING, .dest = &c->precision_flag, .metavar = "P", .given = &c->precision_given,
+          .help = PRECISION_HELP },
         { .name = "zero", .kind = CLI_INT, .dest = &c->zero, .metavar = "{2,3}", .min = 2, .max = 3,
           .help = "fsdp: ZeRO stage, 3 reshards after forward" },
         { .name = "nested", .kind = CLI_BOOL, .dest = &c->nested, .help = "fsdp: every Linear / Conv2d is its own unit" },
@@ -808,7 +810,7 @@ int main(int argc, char **argv)
         cx_dist_finalize();
         return EXIT_USAGE;
     }
-    if (precision_setup("train", c.precision_flag, &c.precision) != 0) {
+    if (precision_setup("train", c.precision_flag, c.precision_given, &c.precision) != 0) {
         cx_dist_finalize();
         return EXIT_USAGE;
     }

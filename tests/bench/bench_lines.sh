@@ -24,4 +24,15 @@ PY
 "$BENCH" --help > "$W/help"
 grep -q "{bench, value, unit, ref, ratio, better, rounds, ratio_min, ratio_max}" "$W/help" || fail "--help does not list better"
 grep -q 'better is' "$W/help" || fail "--help does not say what better means"
+# a bad --figure or a --gemm-n its figure does not read: the one error line,
+# exit 2, and no machine line before it (nothing ran)
+bad_flags() {
+  want=$1; shift
+  if "$BENCH" precision "$@" > "$W/out" 2> "$W/err"; then fail "precision $*: exit 0"; fi
+  [ "$(wc -l < "$W/err")" -eq 1 ] || { cat "$W/err"; fail "precision $*: not one line"; }
+  grep -q "$want" "$W/err" || { cat "$W/err"; fail "precision $*: no '$want'"; }
+}
+bad_flags "unknown figure 'nope'" --figure nope
+bad_flags "gemm-n sizes bf16_gemm_gflops, which --figure cnn_bf16_images_per_s does not run" \
+  --figure cnn_bf16_images_per_s --gemm-n 64
 echo "bench_lines: ok"

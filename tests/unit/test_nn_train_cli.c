@@ -94,7 +94,9 @@ Test(train_cli, bad_precision_exits_2_with_one_line, .init = find_train)
     expect_usage_error("--precision 16-true", "--precision 16-true: cxla has no float16");
     cr_assert_eq(setenv("XLA_USE_BF16", "1", 1), 0);
     expect_usage_error("--precision BF16_Mixed", "--precision BF16_Mixed, but XLA_USE_BF16=1");
-    expect_usage_error("--precision 32-true", "--precision 32-true (the default), but XLA_USE_BF16=1");
+    /* given, f32 is no longer "the default" in the line */
+    expect_usage_error("--precision 32-true", "--precision 32-true, but XLA_USE_BF16=1");
+    expect_usage_error("--precision f32", "--precision f32, but XLA_USE_BF16=1");
     unsetenv("XLA_USE_BF16");
 }
 
