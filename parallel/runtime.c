@@ -71,6 +71,7 @@ static struct {
     int pending;          /* enqueued and not yet completed */
     bool stop;
     group_comm *groups;
+    bool exit_hook;       /* finalize_at_exit is registered (once a process) */
 } R = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER,
         .size = 1, .local_size = 1 };
 
@@ -504,6 +505,21 @@ static cx_status read_place(cx_job_info *j)
     return CX_OK;
 }
 
+/* A program that ends with status 0 without cx_dist_finalize is finalized
+ * here, as a torch.distributed or PyTorch/XLA program never calls one:
+ * otherwise mpirun counts the rank as failed and prints a screen of its
+ * own lines. A rank that exits non-zero is left alone: MPI_Finalize waits
+ * for the other ranks, which may be waiting for it, and the launcher
+ * stops the job and names the rank. The output is flushed first, since
+ * the launcher may stop this rank while it waits (another rank failed). */
+static void finalize_at_exit(int status, void *unused)
+{
+    (void)unused;
+    if (status != 0 || !R.initialized) return;
+    fflush(NULL);
+    cx_dist_finalize();
+}
+
 cx_status cx_dist_init(int *argc, char ***argv)
 {
     if (R.initialized) return CX_OK;
@@ -527,6 +543,7 @@ cx_status cx_dist_init(int *argc, char ***argv)
             MPI_Finalize();
             return CX_ERR_COMM;
         }
+        if (!R.exit_hook && on_exit(finalize_at_exit, NULL) == 0) R.exit_hook = true;
         MPI_Comm_dup(MPI_COMM_WORLD, &R.world);
         MPI_Comm_set_errhandler(R.world, MPI_ERRORS_RETURN);
         MPI_Comm_rank(R.world, &R.rank);

@@ -42,7 +42,11 @@ CX_API cx_status cx_dist_init(int *argc, char ***argv);
  * variable is not a number. */
 CX_API bool cx_job_place(int *rank, int *world_size, int *local_rank, int *local_world_size, const char **launcher,
                          char *msg, size_t cap);
-/* Drains pending collectives and finalizes MPI. Safe to call twice. */
+/* Drains pending collectives and finalizes MPI. Safe to call twice. A
+ * process that exits with status 0 (returns 0 from main) without calling
+ * it is finalized at exit, as torch.distributed programs are; one that
+ * exits non-zero is not (finalizing waits for the other ranks), and the
+ * launcher stops the job naming its rank. */
 CX_API void cx_dist_finalize(void);
 CX_API bool cx_dist_is_initialized(void);
 
