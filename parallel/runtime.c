@@ -72,6 +72,7 @@ static struct {
     bool stop;
     group_comm *groups;
     bool exit_hook;       /* finalize_at_exit is registered (once a process) */
+    pid_t hook_pid;       /* by this process: a child forked after inherits it */
 } R = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER,
         .size = 1, .local_size = 1 };
 
@@ -511,11 +512,13 @@ static cx_status read_place(cx_job_info *j)
  * own lines. A rank that exits non-zero is left alone: MPI_Finalize waits
  * for the other ranks, which may be waiting for it, and the launcher
  * stops the job and names the rank. The output is flushed first, since
- * the launcher may stop this rank while it waits (another rank failed). */
+ * the launcher may stop this rank while it waits (another rank failed).
+ * A child the program forked inherits the handler, and must not finalize
+ * its parent's MPI. */
 static void finalize_at_exit(int status, void *unused)
 {
     (void)unused;
-    if (status != 0 || !R.initialized) return;
+    if (status != 0 || !R.initialized || getpid() != R.hook_pid) return;
     fflush(NULL);
     cx_dist_finalize();
 }
@@ -543,7 +546,10 @@ cx_status cx_dist_init(int *argc, char ***argv)
             MPI_Finalize();
             return CX_ERR_COMM;
         }
-        if (!R.exit_hook && on_exit(finalize_at_exit, NULL) == 0) R.exit_hook = true;
+        if (!R.exit_hook && on_exit(finalize_at_exit, NULL) == 0) {
+            R.exit_hook = true;
+            R.hook_pid = getpid();
+        }
         MPI_Comm_dup(MPI_COMM_WORLD, &R.world);
         MPI_Comm_set_errhandler(R.world, MPI_ERRORS_RETURN);
         MPI_Comm_rank(R.world, &R.rank);
